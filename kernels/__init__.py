@@ -1,0 +1,1 @@
+"""Triton kernels with their PyTorch references (see DESIGN.md, "Kernels")."""

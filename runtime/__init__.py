@@ -1,0 +1,24 @@
+"""accrewrite.runtime: what migrated scripts import (DESIGN.md, "Runtime API").
+
+Members load on first use, so ``import accrewrite.runtime.xla_model as xm`` does not pay for the
+graph compiler or the kernels.
+"""
+
+from accrewrite.lazy import lazy_attributes
+
+_ATTRIBUTES = {
+    "xla_model": "xla_model",
+    "parallel_loader": "parallel_loader",
+    "amp": "amp",
+    "io": "io",
+    "nn": "nn",
+    "optim": "optim",
+    "hooks": "hooks",
+    "memory": "memory",
+    "utils": "utils",
+    "compile": "compiler:compile",
+    "explain": "compiler:explain",
+    "auto_checkpoint": "memory:auto_checkpoint",
+}
+__all__ = list(_ATTRIBUTES)
+__getattr__ = lazy_attributes(__name__, _ATTRIBUTES)

@@ -1,0 +1,11 @@
+"""Data reading (seed 000/001): prefetching, packed datasets, a preprocessing cache."""
+
+from accrewrite.lazy import lazy_attributes
+
+_ATTRIBUTES = {
+    "Prefetcher": "prefetcher:Prefetcher",
+    "PackedDataset": "packed:PackedDataset",
+    "PreprocessCache": "cache:PreprocessCache",
+}
+__all__ = list(_ATTRIBUTES)
+__getattr__ = lazy_attributes(__name__, _ATTRIBUTES)

@@ -1,0 +1,20 @@
+"""Fused modules (seed 001, "Kernel fusion optimizations"): the Triton path on CUDA tensors, the
+PyTorch reference elsewhere. Each name lives in the submodule seed 001 imports it from."""
+
+from accrewrite.lazy import lazy_attributes
+
+_ATTRIBUTES = {
+    "FusedLayerNorm": "layer_norm:FusedLayerNorm",
+    "QuickGelu": "quick_gelu:QuickGelu",
+    "dropout_add_fused_train": "dropout_add:dropout_add_fused_train",
+    "dropout_add_fused": "dropout_add:dropout_add_fused",
+    "WindowProcess": "window_process:WindowProcess",
+    "WindowProcessReverse": "window_process:WindowProcessReverse",
+    "FusedSwinFmha": "fmha:FusedSwinFmha",
+    "nms": "nms:nms",
+    "nms_normal": "nms:nms_normal",
+    "soft_nms": "nms:soft_nms",
+    "batched_soft_nms": "nms:batched_soft_nms",
+}
+__all__ = list(_ATTRIBUTES)
+__getattr__ = lazy_attributes(__name__, _ATTRIBUTES)
