@@ -1,0 +1,39 @@
+"""Which implementation a kernel call takes: the Triton kernel or the PyTorch reference.
+
+CUDA tensors take the Triton kernel and everything else the reference. The environment variable
+``ACCREWRITE_KERNELS`` overrides that: ``reference`` forces the reference everywhere (to rule a
+kernel out when chasing a numerical difference), ``triton`` forces the kernel everywhere (the
+tests use it with ``TRITON_INTERPRET=1`` to run the kernels on the CPU).
+"""
+
+import functools
+import os
+
+MODE_ENV = "ACCREWRITE_KERNELS"
+_MODES = ("auto", "reference", "triton")
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_ENV, "auto") or "auto"
+    if value not in _MODES:
+        raise ValueError(f"{MODE_ENV}={value!r}: expected one of {', '.join(_MODES)}")
+    return value
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(*tensors) -> bool:
+    """True when a kernel called on ``tensors`` should run its Triton implementation."""
+    chosen = mode()
+    if chosen == "reference":
+        return False
+    if chosen == "triton":
+        return True
+    return triton_available() and all(t.is_cuda for t in tensors)
