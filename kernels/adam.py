@@ -1,0 +1,283 @@
+"""Adam / AdamW step over a whole parameter group: one multi-tensor Triton launch, or the reference.
+
+``adam_step`` is the update that ``torch.optim.Adam`` and ``torch.optim.AdamW`` apply (same
+formulas, same state: ``exp_avg``, ``exp_avg_sq`` and a float32 ``step`` tensor per parameter),
+with the two extras that an AMP training step needs without a host sync:
+
+- ``grad_scale``: gradients are divided by it (a tensor on the device) as they are read; the
+  ``.grad`` tensors themselves are left as they are.
+- ``found_inf``: a float tensor, nonzero when the scaler found an overflow. Then nothing changes
+  (parameters, moments, steps). It is decided on the device: there is no ``.item()`` anywhere.
+
+It serves ``FusedAdam``/``FusedAdamW`` and the syncfree optimizers alike.
+
+The arithmetic is done in float32 whatever the parameter dtype (as ``torch.optim.Adam(fused=True)``
+does) and stored back in each tensor's own dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from accrewrite.kernels.dispatch import triton_available, use_triton
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+
+def adam_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    *,
+    lr: float | torch.Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled_weight_decay: bool,
+    maximize: bool = False,
+    grad_scale: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+) -> None:
+    """Apply one Adam (``decoupled_weight_decay=False``) or AdamW step in place.
+
+    All lists are parallel, one entry per parameter; ``steps`` holds each parameter's float32
+    scalar step count (``state["step"]``), incremented here unless ``found_inf`` is nonzero.
+    ``lr`` may be a float or a scalar tensor.
+    """
+    tensors = _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps)
+    if not params:
+        return
+    kwargs = dict(
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        decoupled_weight_decay=decoupled_weight_decay,
+        maximize=maximize,
+        grad_scale=grad_scale,
+        found_inf=found_inf,
+    )
+    if use_triton(*params):
+        _adam_step_triton(*tensors, **kwargs)
+    else:
+        adam_step_reference(*tensors, **kwargs)
+
+
+def adam_step_reference(
+    params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay,
+    decoupled_weight_decay, maximize=False, grad_scale=None, found_inf=None,
+) -> None:
+    """The PyTorch reference of ``adam_step``: one parameter at a time, float32 arithmetic."""
+    # A skipped step is chosen with torch.where rather than a Python `if`, so that the decision
+    # stays on the device.
+    keep = None if found_inf is None else found_inf == 0
+    for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+        p = param.float()
+        g = grad.float()
+        if grad_scale is not None:
+            g = g / grad_scale
+        if maximize:
+            g = -g
+        if weight_decay != 0:
+            if decoupled_weight_decay:
+                p = p * (1 - lr * weight_decay)
+            else:
+                g = g + weight_decay * p
+        new_step = step + 1
+        m = exp_avg.float().lerp(g, 1 - beta1)
+        v = exp_avg_sq.float() * beta2 + (1 - beta2) * g * g
+        bias_correction1 = 1 - beta1**new_step
+        bias_correction2_sqrt = (1 - beta2**new_step).sqrt()
+        p = p - (lr / bias_correction1) * m / (v.sqrt() / bias_correction2_sqrt + eps)
+        for target, value in ((param, p), (exp_avg, m), (exp_avg_sq, v), (step, new_step)):
+            target.copy_(value if keep is None else torch.where(keep, value, target))
+
+
+def _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps):
+    """Validate the parallel lists; return them with complex tensors viewed as real pairs."""
+    lists = (params, grads, exp_avgs, exp_avg_sqs, steps)
+    if len({len(x) for x in lists}) != 1:
+        raise ValueError(
+            "adam_step: params, grads, exp_avgs, exp_avg_sqs and steps must have the same length, "
+            f"got {[len(x) for x in lists]}"
+        )
+    for i, (p, g, m, v, s) in enumerate(zip(*lists)):
+        if not (p.shape == g.shape == m.shape == v.shape):
+            raise ValueError(
+                f"adam_step: parameter {i} has shape {tuple(p.shape)} but its grad/exp_avg/"
+                f"exp_avg_sq have {tuple(g.shape)}/{tuple(m.shape)}/{tuple(v.shape)}"
+            )
+        if g.is_sparse:
+            raise RuntimeError("adam_step does not support sparse gradients; use SparseAdam")
+        if s.numel() != 1 or not s.is_floating_point():
+            raise ValueError(f"adam_step: steps[{i}] must be a floating-point scalar tensor")
+    return [
+        [torch.view_as_real(t) if t.is_complex() else t for t in tensors] for tensors in lists[:4]
+    ] + [list(steps)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton path
+#
+# Layout: one launch per (device, dtypes) bucket -- in practice one per param group. Every
+# tensor is cut into CHUNK-element chunks and each program updates one chunk. The program finds
+# its tensor through a device-side table: the addresses of every parameter, grad and moment, the
+# address of its step and its element count (the pattern of Triton's grouped-GEMM tutorial).
+#
+# The steps are incremented by one foreach add *before* the launch: chunks of one tensor run in
+# any order, so none of them may write the step that the others still have to read.
+
+_CHUNK = 16384
+_BLOCK = 1024
+
+_TRITON_DTYPES = {}
+if triton_available():
+    _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+if triton_available():
+
+    @triton.jit
+    def _adam_kernel(
+        table_ptr, n_tensors, lr_ptr, lr, beta1, beta2, log2_beta1, log2_beta2, eps, weight_decay,
+        grad_scale_ptr, found_inf_ptr,
+        PARAM_TY: tl.constexpr, GRAD_TY: tl.constexpr, STATE_TY: tl.constexpr,
+        LR_IS_TENSOR: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr,
+        HAS_GRAD_SCALE: tl.constexpr, HAS_FOUND_INF: tl.constexpr,
+        CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        # table rows (each n_tensors long): param, grad, exp_avg, exp_avg_sq, step addresses,
+        # numels; then per program: tensor index, chunk start.
+        pid = tl.program_id(0)
+        t = tl.load(table_ptr + 6 * n_tensors + 2 * pid)
+        start = tl.load(table_ptr + 6 * n_tensors + 2 * pid + 1)
+        param_ptr = tl.load(table_ptr + t).to(tl.pointer_type(PARAM_TY))
+        grad_ptr = tl.load(table_ptr + n_tensors + t).to(tl.pointer_type(GRAD_TY))
+        exp_avg_ptr = tl.load(table_ptr + 2 * n_tensors + t).to(tl.pointer_type(STATE_TY))
+        exp_avg_sq_ptr = tl.load(table_ptr + 3 * n_tensors + t).to(tl.pointer_type(STATE_TY))
+        step_ptr = tl.load(table_ptr + 4 * n_tensors + t).to(tl.pointer_type(tl.float32))
+        numel = tl.load(table_ptr + 5 * n_tensors + t)
+
+        step = tl.load(step_ptr)
+        if LR_IS_TENSOR:
+            lr = tl.load(lr_ptr).to(tl.float32)
+        bias_correction1 = 1.0 - tl.exp2(step * log2_beta1)
+        bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp2(step * log2_beta2))
+        step_size = lr / bias_correction1
+        if HAS_FOUND_INF:
+            # A skipped step has nothing to update: every load and store is masked off.
+            numel = tl.where(tl.load(found_inf_ptr) == 0, numel, 0)
+        inv_scale = 1.0
+        if HAS_GRAD_SCALE:
+            inv_scale = 1.0 / tl.load(grad_scale_ptr).to(tl.float32)
+
+        for i in range(0, CHUNK, BLOCK):
+            offs = start + i + tl.arange(0, BLOCK)
+            mask = offs < numel
+            p = tl.load(param_ptr + offs, mask=mask).to(tl.float32)
+            g = tl.load(grad_ptr + offs, mask=mask).to(tl.float32) * inv_scale
+            m = tl.load(exp_avg_ptr + offs, mask=mask).to(tl.float32)
+            v = tl.load(exp_avg_sq_ptr + offs, mask=mask).to(tl.float32)
+            if MAXIMIZE:
+                g = -g
+            if DECOUPLED:
+                p = p * (1.0 - lr * weight_decay)
+            else:
+                g = g + weight_decay * p
+            m = m + (1.0 - beta1) * (g - m)
+            v = beta2 * v + (1.0 - beta2) * g * g
+            p = p - step_size * m / (tl.sqrt(v) / bias_correction2_sqrt + eps)
+            tl.store(param_ptr + offs, p.to(PARAM_TY), mask=mask)
+            tl.store(exp_avg_ptr + offs, m.to(STATE_TY), mask=mask)
+            tl.store(exp_avg_sq_ptr + offs, v.to(STATE_TY), mask=mask)
+
+
+def _adam_step_triton(
+    params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay,
+    decoupled_weight_decay, maximize=False, grad_scale=None, found_inf=None,
+) -> None:
+    buckets: dict[tuple, list[int]] = {}
+    for i, (p, g, m, v, s) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps)):
+        if not _same_dense_layout(p, g, m, v) or s.device != p.device or s.dtype != torch.float32:
+            # A strided view or a CPU-held step cannot go through the address table.
+            adam_step_reference(
+                [p], [g], [m], [v], [s], lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                weight_decay=weight_decay, decoupled_weight_decay=decoupled_weight_decay,
+                maximize=maximize, grad_scale=grad_scale, found_inf=found_inf,
+            )
+            continue
+        for t in (p, g, m):
+            if t.dtype not in _TRITON_DTYPES:
+                raise TypeError(f"adam_step: dtype {t.dtype} is not supported by the Triton path")
+        buckets.setdefault((p.device, p.dtype, g.dtype, m.dtype, v.dtype), []).append(i)
+
+    for (device, p_dtype, g_dtype, m_dtype, v_dtype), index in buckets.items():
+        if m_dtype != v_dtype:
+            raise TypeError(f"adam_step: exp_avg is {m_dtype} but exp_avg_sq is {v_dtype}")
+        bucket_steps = [steps[i] for i in index]
+        if found_inf is None:
+            torch._foreach_add_(bucket_steps, 1.0)
+        else:
+            torch._foreach_add_(bucket_steps, (found_inf == 0).to(device, torch.float32))
+        addresses = [
+            t.data_ptr() for tensors in (params, grads, exp_avgs, exp_avg_sqs, steps)
+            for t in (tensors[i] for i in index)
+        ]
+        numels = tuple(params[i].numel() for i in index)
+        chunks = _chunk_table(numels, device)
+        table = torch.cat([torch.tensor(addresses, dtype=torch.int64).to(device), chunks])
+        lr_is_tensor = isinstance(lr, torch.Tensor)
+        _adam_kernel[((len(chunks) - len(numels)) // 2,)](
+            table, len(index),
+            lr if lr_is_tensor else table, 0.0 if lr_is_tensor else float(lr),
+            beta1, beta2, _log2(beta1), _log2(beta2), eps, weight_decay,
+            table if grad_scale is None else grad_scale,
+            table if found_inf is None else found_inf,
+            PARAM_TY=_TRITON_DTYPES[p_dtype], GRAD_TY=_TRITON_DTYPES[g_dtype],
+            STATE_TY=_TRITON_DTYPES[m_dtype],
+            LR_IS_TENSOR=lr_is_tensor, DECOUPLED=decoupled_weight_decay, MAXIMIZE=maximize,
+            HAS_GRAD_SCALE=grad_scale is not None, HAS_FOUND_INF=found_inf is not None,
+            CHUNK=_CHUNK, BLOCK=_BLOCK,
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _chunk_table(numels: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The device-side tail of the kernel's table: the numels, then (tensor, start) per chunk.
+
+    It depends only on the shapes, so it is built once per param group and reused every step.
+    """
+    pairs = [
+        value
+        for t, numel in enumerate(numels)
+        for start in range(0, numel, _CHUNK)
+        for value in (t, start)
+    ]
+    return torch.tensor(list(numels) + pairs, dtype=torch.int64).to(device)
+
+
+def _log2(beta: float) -> float:
+    # beta == 0 (no momentum) is allowed: beta ** step is then 0 = 2 ** -inf.
+    return math.log2(beta) if beta > 0 else -math.inf
+
+
+def _same_dense_layout(*tensors: torch.Tensor) -> bool:
+    """True when the tensors cover dense, non-overlapping memory laid out alike, so that element
+    k of one is element k of the others in a flat walk from data_ptr."""
+    first = tensors[0]
+    if any(t.stride() != first.stride() for t in tensors[1:]):
+        return False
+    expected = 1
+    for size, stride in sorted(zip(first.shape, first.stride()), key=lambda dim: dim[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
