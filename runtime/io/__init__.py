@@ -5,6 +5,7 @@ from accrewrite.lazy import lazy_attributes
 _ATTRIBUTES = {
     "Prefetcher": "prefetcher:Prefetcher",
     "PackedDataset": "packed:PackedDataset",
+    "block_causal_mask": "packed:block_causal_mask",
     "PreprocessCache": "cache:PreprocessCache",
 }
 __all__ = list(_ATTRIBUTES)
