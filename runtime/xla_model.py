@@ -118,10 +118,10 @@ def is_master_ordinal(local=True):
     return (get_local_ordinal() if local else get_ordinal()) == 0
 
 
-def master_print(*args, fd=sys.stdout, finalizer=None):
-    """``print`` on the global master only."""
+def master_print(*args, fd=None, finalizer=None):
+    """``print`` to ``fd`` (default: the current ``sys.stdout``) on the global master only."""
     if is_master_ordinal(local=False):
-        print(*args, file=fd, flush=True)
+        print(*args, file=fd if fd is not None else sys.stdout, flush=True)
         if finalizer is not None:
             finalizer()
 

@@ -1,0 +1,265 @@
+"""xm in one process: devices, the process world from the environment, single-process
+collectives, optimizer_step, step closures and save. (Two-process collectives:
+test_collectives.py.)"""
+
+import io
+import threading
+import traceback
+
+import pytest
+import torch
+
+import accrewrite.runtime.xla_model as xm
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    xm.mark_step(wait=True)  # leave no closure queued for the next test
+
+
+# --- devices and the world ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_xla_device_is_cpu_without_cuda():
+    assert xm.xla_device() == torch.device("cpu")
+    xm.set_replication(xm.xla_device(), [xm.xla_device()])
+    assert xm.dist_backend() == "gloo"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_xla_device_is_the_local_rank_gpu(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert xm.xla_device() == torch.device("cuda", 0)
+    assert xm.dist_backend() == "nccl"
+
+
+def test_set_replication_rejects_a_foreign_device():
+    with pytest.raises(ValueError, match="not one of"):
+        xm.set_replication(torch.device("cpu"), [torch.device("meta")])
+
+
+def test_world_defaults_to_one_process():
+    assert (xm.world_size(), xm.xrt_world_size(), xm.get_ordinal(), xm.get_local_ordinal()) == (1, 1, 0, 0)
+    assert xm.is_master_ordinal() and xm.is_master_ordinal(local=False)
+
+
+def test_world_from_torchrun_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert (xm.world_size(), xm.xrt_world_size(), xm.get_ordinal(), xm.get_local_ordinal()) == (4, 4, 3, 0)
+    # torch_xla: is_master_ordinal is per machine unless local=False
+    assert xm.is_master_ordinal() and not xm.is_master_ordinal(local=False)
+
+
+def test_bad_environment_is_reported(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="WORLD_SIZE='two'"):
+        xm.world_size()
+
+
+def test_master_print_prints_on_the_global_master_only(monkeypatch, capsys):
+    xm.master_print("hello", 3)
+    assert capsys.readouterr().out == "hello 3\n"
+    monkeypatch.setenv("RANK", "1")
+    xm.master_print("hidden")
+    assert capsys.readouterr().out == ""
+
+
+def test_set_rng_state_makes_runs_repeat():
+    xm.set_rng_state(1234)
+    first = torch.randn(5)
+    assert xm.get_rng_state() == 1234
+    xm.set_rng_state(1234)
+    assert torch.equal(torch.randn(5), first)
+
+
+# --- collectives with one process ----------------------------------------------------------
+
+
+def test_all_reduce_single_process_applies_scale_only():
+    t = torch.tensor([2.0, 4.0])
+    out = xm.all_reduce(xm.REDUCE_SUM, t, scale=0.5)
+    assert torch.equal(out, torch.tensor([1.0, 2.0])) and torch.equal(t, torch.tensor([2.0, 4.0]))
+    maximum = xm.all_reduce("max", t)
+    assert maximum.data_ptr() != t.data_ptr() and torch.equal(maximum, t)
+    grads = [torch.ones(2), torch.full((3,), 3.0)]
+    assert xm.all_reduce("mean", grads, scale=2.0) is grads
+    assert torch.equal(grads[1], torch.full((3,), 6.0))
+
+
+def test_all_reduce_rejects_bad_input():
+    with pytest.raises(ValueError, match="unknown reduce_type 'avg'"):
+        xm.all_reduce("avg", torch.ones(1))
+    with pytest.raises(TypeError, match="tensor or a list"):
+        xm.all_reduce("sum", [1.0, 2.0])
+    with pytest.raises(ValueError, match="floating-point"):
+        xm.all_reduce("sum", [torch.ones(2, dtype=torch.int64)], scale=0.5)
+
+
+def _tiny_problem():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(8, 3), torch.randn(8, 2)
+    return model, x, y
+
+
+def test_optimizer_step_single_process_is_optimizer_step_and_ends_the_step():
+    model, x, y = _tiny_problem()
+    reference = torch.nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    ran = []
+    for step in range(3):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+        xm.add_step_closure(ran.append, args=(step,))
+        xm.optimizer_step(opt)
+        ref_opt.step()
+        assert ran == list(range(step + 1))  # the closure ran at optimizer_step
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_optimizer_step_passes_optimizer_args_and_returns_the_loss():
+    model, x, y = _tiny_problem()
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=2)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    loss = xm.optimizer_step(opt, optimizer_args={"closure": closure})
+    assert isinstance(loss, torch.Tensor) and loss.ndim == 0
+
+
+# --- step closures -------------------------------------------------------------------------
+
+
+def test_sync_closures_run_in_order_at_mark_step_only():
+    seen = []
+    for i in range(5):
+        xm.add_step_closure(lambda i, tag: seen.append((tag, i)), args=(i, "s"))
+    assert seen == []
+    xm.mark_step()
+    assert seen == [("s", i) for i in range(5)]
+    xm.mark_step()
+    assert len(seen) == 5
+
+
+def test_sync_closure_error_propagates_and_drops_the_rest_of_the_step():
+    seen = []
+
+    def boom():
+        raise KeyError("bad closure")
+
+    xm.add_step_closure(boom)
+    xm.add_step_closure(seen.append, args=(1,))
+    with pytest.raises(KeyError, match="bad closure"):
+        xm.mark_step()
+    xm.mark_step()
+    assert seen == []
+
+
+def test_async_closures_run_in_order_without_blocking_the_step():
+    release = threading.Event()
+    seen = []
+
+    def slow(i):
+        assert release.wait(10), "the step blocked on the async closure"
+        seen.append((i, threading.current_thread() is threading.main_thread()))
+
+    for i in range(20):
+        xm.add_step_closure(slow, args=(i,), run_async=True)
+    xm.mark_step()  # returns while every closure is still waiting for `release`
+    assert seen == []
+    release.set()
+    xm.mark_step(wait=True)
+    assert seen == [(i, False) for i in range(20)]
+
+
+def test_async_closures_keep_order_across_steps():
+    seen = []
+    for step in range(10):
+        xm.add_step_closure(seen.append, args=(step,), run_async=True)
+        xm.mark_step()
+    xm.wait_device_ops()
+    assert seen == list(range(10))
+
+
+def _failing_log_closure(step):
+    raise RuntimeError(f"log failed at step {step}")
+
+
+def test_async_closure_error_surfaces_at_the_next_step_with_its_traceback():
+    seen = []
+    xm.add_step_closure(_failing_log_closure, args=(7,), run_async=True)
+    xm.add_step_closure(seen.append, args=("after the failure",), run_async=True)
+    xm.mark_step()
+    xm.STEP_CLOSURES._runner.wait()  # the worker has run (and failed)
+    with pytest.raises(RuntimeError, match="log failed at step 7") as info:
+        xm.mark_step()
+    text = "".join(traceback.format_exception(info.value))
+    assert "_failing_log_closure" in text and "async step closure" in text
+    assert seen == []  # dropped: it was queued behind the failure
+    # the error is raised once; later steps run normally
+    xm.add_step_closure(seen.append, args=("next",), run_async=True)
+    xm.mark_step(wait=True)
+    assert seen == ["next"]
+
+
+def test_add_step_closure_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="callable"):
+        xm.add_step_closure("print")
+    with pytest.raises(TypeError, match="tuple or list"):
+        xm.add_step_closure(print, args="abc")
+
+
+# --- save ----------------------------------------------------------------------------------
+
+
+def test_save_moves_tensors_to_cpu_and_keeps_structure(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    path = tmp_path / "ckpt.pt"
+    xm.save({"model": model.state_dict(), "step": 3, "extra": (torch.ones(1, requires_grad=True),)}, path)
+    loaded = torch.load(path)
+    assert loaded["step"] == 3 and set(loaded["model"]) == {"weight", "bias"}
+    assert torch.equal(loaded["model"]["weight"], model.weight.detach())
+    assert loaded["extra"][0].device.type == "cpu" and not loaded["extra"][0].requires_grad
+
+
+def test_save_writes_on_the_master_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    xm.save({"a": torch.ones(1)}, tmp_path / "not_master.pt")
+    assert not (tmp_path / "not_master.pt").exists()
+    xm.save({"a": torch.ones(1)}, tmp_path / "everyone.pt", master_only=False)
+    assert (tmp_path / "everyone.pt").exists()
+    # the local master of a machine that is not the first writes unless global_master
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("RANK", "2")
+    xm.save({"a": torch.ones(1)}, tmp_path / "local.pt")
+    xm.save({"a": torch.ones(1)}, tmp_path / "global.pt", global_master=True)
+    assert (tmp_path / "local.pt").exists() and not (tmp_path / "global.pt").exists()
+
+
+def test_save_to_a_file_object():
+    buffer = io.BytesIO()
+    xm.save([torch.arange(3)], buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer)[0], torch.arange(3))
+
+
+def test_mark_step_is_cheap_without_closures():
+    # a behavioural check, not a timing: nothing is created or started by an empty step
+    threads = threading.active_count()
+    for _ in range(1000):
+        xm.mark_step()
+    assert threading.active_count() == threads
