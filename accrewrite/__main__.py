@@ -1,0 +1,5 @@
+import sys
+
+from accrewrite.cli import main
+
+sys.exit(main())

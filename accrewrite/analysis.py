@@ -1,0 +1,295 @@
+"""One analysis pass over a training script: the facts every rule reads.
+
+Names resolve through the file's imports (``import torch.optim as optim; optim.Adam`` and
+``from torch.optim import AdamW as W`` both give ``torch.optim.Adam(W)``), never by bare text.
+The pass is a single libcst visitor walk with no metadata providers: scope and qualified-name
+providers cost several times a parse, and a training script's imports are simple enough to
+resolve from a table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+OPTIMIZER_MODULES = ("torch.optim.",)
+SCALER_NAMES = {
+    "torch.cuda.amp.GradScaler",
+    "torch.cuda.amp.grad_scaler.GradScaler",
+    "torch.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+    "torch.GradScaler",
+}
+LOADER_NAMES = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+WRAPPER_NAMES = {
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+}
+
+
+def dotted(node: cst.CSTNode) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def string_value(node: cst.CSTNode) -> str | None:
+    """The value of a plain (non-f, non-bytes) string literal, else None."""
+    if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
+        return node.evaluated_value
+    if isinstance(node, cst.ConcatenatedString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def call_arg(call: cst.Call, position: int, keyword: str | None = None) -> cst.Arg | None:
+    """The argument passed at ``position`` or as ``keyword``."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if position < len(positional):
+        return positional[position]
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg
+    return None
+
+
+@dataclass(eq=False)
+class TrainingLoop:
+    """A for/while loop that trains: it calls backward or an optimizer step, directly or
+    through a function of the same file."""
+
+    node: cst.For | cst.While
+    scope: cst.FunctionDef | None
+    calls_backward: bool = False
+    calls_step: bool = False
+
+
+@dataclass
+class Facts:
+    """What one analysis pass learns about a file."""
+
+    # Local name -> fully qualified name, from the file's imports.
+    imports: dict[str, str] = field(default_factory=dict)
+    # Device variables assigned a CUDA device, as (code of the target, enclosing function).
+    devices: list[tuple[str, cst.FunctionDef | None]] = field(default_factory=list)
+    # The values of those assignments (so that a rule rewrites the assignment, not the value).
+    device_values: set[cst.CSTNode] = field(default_factory=set)
+    models: set[str] = field(default_factory=set)
+    optimizers: dict[str, cst.Call] = field(default_factory=dict)
+    scalers: set[str] = field(default_factory=set)
+    loaders: set[str] = field(default_factory=set)
+    loops: list[TrainingLoop] = field(default_factory=list)
+    # Seeds passed to torch.manual_seed, as code.
+    torch_seeds: set[str] = field(default_factory=set)
+    # Each statement's next sibling in its block (None for the last).
+    next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
+
+    def qualname(self, node: cst.CSTNode) -> str | None:
+        """The fully qualified name ``node`` refers to, through the imports; None when its root
+        is not an imported name."""
+        name = dotted(node)
+        if name is None:
+            return None
+        root, _, rest = name.partition(".")
+        if root not in self.imports:
+            return None
+        base = self.imports[root]
+        return f"{base}.{rest}" if rest else base
+
+    def device_in(self, scope: cst.FunctionDef | None) -> str | None:
+        """The device variable visible in ``scope``: one assigned there, else at module level."""
+        for wanted in (scope, None):
+            for name, where in self.devices:
+                if where is wanted:
+                    return name
+        return None
+
+    def is_cuda_device(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` selects a CUDA device: ``"cuda"``, ``"cuda:0"``, ``f"cuda:{r}"``,
+        ``torch.device("cuda", r)``, ``"cuda" if torch.cuda.is_available() else "cpu"``."""
+        text = string_value(node)
+        if text is not None:
+            return text == "cuda" or text.startswith("cuda:")
+        if isinstance(node, cst.FormattedString):
+            first = node.parts[0] if node.parts else None
+            return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
+        if isinstance(node, cst.Call) and self.qualname(node.func) == "torch.device":
+            first = call_arg(node, 0, "type")
+            return first is not None and self.is_cuda_device(first.value)
+        if isinstance(node, cst.IfExp):
+            return self.is_cuda_device(node.body)
+        return False
+
+
+class _Analyzer(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.facts = Facts()
+        self._functions: list[cst.FunctionDef] = []
+        self._loops: list[TrainingLoop] = []
+        # Functions (by name) that call backward or step: loops calling them train.
+        self._step_functions: dict[str, tuple[bool, bool]] = {}
+        self._function_calls: dict[cst.FunctionDef | None, tuple[bool, bool]] = {}
+        self._loop_callees: list[tuple[TrainingLoop, str]] = []
+
+    @property
+    def _scope(self) -> cst.FunctionDef | None:
+        return self._functions[-1] if self._functions else None
+
+    # Imports ---------------------------------------------------------------------------------
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = dotted(alias.name)
+            if alias.asname is not None:
+                self.facts.imports[alias.asname.name.value] = full
+            else:
+                root = full.split(".")[0]
+                self.facts.imports[root] = root
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = dotted(node.module)
+        for alias in node.names:
+            name = alias.name.value if isinstance(alias.name, cst.Name) else dotted(alias.name)
+            local = alias.asname.name.value if alias.asname is not None else name
+            self.facts.imports[local] = f"{module}.{name}"
+
+    # Blocks ----------------------------------------------------------------------------------
+
+    def _record_siblings(self, body) -> None:
+        for statement, following in zip(body, [*body[1:], None]):
+            self.facts.next_statement[statement] = following
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._record_siblings(node.body)
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._record_siblings(node.body)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
+        backward, step = self._function_calls.pop(original_node, (False, False))
+        if backward or step:
+            self._step_functions[original_node.name.value] = (backward, step)
+
+    def _enter_loop(self, node) -> None:
+        self._loops.append(TrainingLoop(node=node, scope=self._scope))
+
+    def _leave_loop(self) -> None:
+        loop = self._loops.pop()
+        if loop.calls_backward or loop.calls_step:
+            self.facts.loops.append(loop)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._enter_loop(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self._leave_loop()
+
+    def visit_While(self, node: cst.While) -> None:
+        self._enter_loop(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self._leave_loop()
+
+    # Assignments -----------------------------------------------------------------------------
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) != 1:
+            return
+        target = dotted(node.targets[0].target)
+        if target is None:
+            return
+        value = node.value
+        if self.facts.is_cuda_device(value):
+            self.facts.devices.append((target, self._scope))
+            self.facts.device_values.add(value)
+            return
+        if not isinstance(value, cst.Call):
+            return
+        callee = self.facts.qualname(value.func) or ""
+        if callee in SCALER_NAMES:
+            self.facts.scalers.add(target)
+        elif callee in LOADER_NAMES:
+            self.facts.loaders.add(target)
+        elif callee in WRAPPER_NAMES:
+            self.facts.models.add(target)
+        elif callee.startswith(OPTIMIZER_MODULES) and ".lr_scheduler." not in callee:
+            self.facts.optimizers[target] = value
+            self._note_parameters(value)
+
+    def _note_parameters(self, optimizer_call: cst.Call) -> None:
+        first = call_arg(optimizer_call, 0, "params")
+        if first is None:
+            return
+        value = first.value
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+            if value.func.attr.value in ("parameters", "named_parameters"):
+                owner = dotted(value.func.value)
+                if owner:
+                    self.facts.models.add(owner)
+
+    # Calls -----------------------------------------------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        callee = self.facts.qualname(func)
+        if callee == "torch.manual_seed":
+            seed = call_arg(node, 0, "seed")
+            if seed is not None:
+                self.facts.torch_seeds.add(cst.Module([]).code_for_node(seed.value))
+        if not isinstance(func, cst.Attribute):
+            if isinstance(func, cst.Name) and self._loops:
+                self._loop_callees.append((self._loops[-1], func.value))
+            return
+        method = func.attr.value
+        backward = method == "backward"
+        step = method == "step" and self._is_optimizer_step(node)
+        if backward or step:
+            for loop in self._loops:
+                loop.calls_backward |= backward
+                loop.calls_step |= step
+            previous = self._function_calls.get(self._scope, (False, False))
+            self._function_calls[self._scope] = (previous[0] or backward, previous[1] or step)
+        if method in ("train", "eval") and not node.args:
+            owner = dotted(func.value)
+            if owner:
+                self.facts.models.add(owner)
+
+    def _is_optimizer_step(self, node: cst.Call) -> bool:
+        owner = dotted(node.func.value)
+        if owner in self.facts.optimizers:
+            return True
+        if owner in self.facts.scalers:
+            return True
+        # Optimizers built elsewhere (a factory, another module) still read as optimizers.
+        return owner is not None and owner.split(".")[-1] in ("optimizer", "optim", "opt")
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        known = {loop.node for loop in self.facts.loops}
+        for loop, callee in self._loop_callees:
+            if callee in self._step_functions and loop.node not in known:
+                backward, step = self._step_functions[callee]
+                loop.calls_backward |= backward
+                loop.calls_step |= step
+                self.facts.loops.append(loop)
+                known.add(loop.node)
+
+
+def analyze(module: cst.Module) -> Facts:
+    """Run the analysis pass over ``module``."""
+    analyzer = _Analyzer()
+    module.visit(analyzer)
+    return analyzer.facts

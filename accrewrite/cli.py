@@ -1,0 +1,195 @@
+"""The ``accrewrite`` command line.
+
+Exit codes are a contract (as ruff's): 0 nothing to do or changes written; 1 ``--check`` found
+files that would change; 2 an error (bad arguments or configuration, a file that could not be
+read, decoded, parsed or written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.syntax import Syntax
+from rich.table import Table
+
+from accrewrite import __version__, reporting
+from accrewrite.config import ConfigError, find_config
+from accrewrite.discovery import discover
+from accrewrite.engine import Options
+from accrewrite.registry import SelectionError, all_rules, find_rule
+from accrewrite.runner import Job, run
+from accrewrite.targets import DEFAULT_TARGET, all_targets
+
+EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+# Below this many files a progress bar would only flicker.
+PROGRESS_MIN_FILES = 20
+
+
+def _codes(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accrewrite",
+        description="Migrate PyTorch CUDA training scripts to TorchAcc, torch_xla or accrewrite.runtime.",
+    )
+    parser.add_argument("--version", action="version", version=f"accrewrite {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    migrate = commands.add_parser("migrate", help="rewrite training scripts (shows a diff by default)")
+    migrate.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
+    migrate.add_argument("--target", choices=list(all_targets()), help=f"default: {DEFAULT_TARGET}")
+    modes = migrate.add_mutually_exclusive_group()
+    modes.add_argument("--diff", dest="mode", action="store_const", const="diff", help="print a diff (default)")
+    modes.add_argument("--in-place", dest="mode", action="store_const", const="in-place", help="rewrite the files")
+    modes.add_argument("--check", dest="mode", action="store_const", const="check",
+                       help="exit 1 when a file would change; write nothing")
+    modes.add_argument("--output-dir", metavar="DIR", help="write migrated copies under DIR")
+    migrate.add_argument("--guard", metavar="ENV_VAR",
+                         help="write the dual-path form: the target path runs only when ENV_VAR is set")
+    migrate.add_argument("--select", type=_codes, metavar="CODES", help="rules to run: codes, prefixes, names, ALL")
+    migrate.add_argument("--ignore", type=_codes, metavar="CODES", help="rules not to run")
+    migrate.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
+                         help="apply fixes that may change numerics")
+    migrate.add_argument("--format", choices=reporting.FORMATS, default="text")
+    migrate.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                         help="worker processes (0: one per CPU)")
+    migrate.add_argument("--exclude", type=_codes, action="extend", metavar="GLOB",
+                         help="skip paths matching these globs (repeatable, comma-separated)")
+
+    rules = commands.add_parser("rules", help="list every rule")
+    rules.add_argument("--format", choices=("text", "json"), default="text")
+
+    explain = commands.add_parser("explain", help="a rule's documentation and examples")
+    explain.add_argument("rule", metavar="CODE|NAME")
+    return parser
+
+
+def _options(args, config) -> Options:
+    def pick(flag, key, default):
+        return flag if flag is not None else config.get(key, default)
+
+    return Options(
+        target=pick(args.target, "target", DEFAULT_TARGET),
+        select=tuple(pick(args.select, "select", [])),
+        ignore=tuple(pick(args.ignore, "ignore", [])),
+        unsafe_fixes=bool(pick(args.unsafe_fixes, "unsafe-fixes", False)),
+        guard=pick(args.guard, "guard", None),
+    )
+
+
+def _jobs(paths: list[Path], inputs: list[str], output_dir: str | None) -> list[Job]:
+    if output_dir is None:
+        return [Job(path) for path in paths]
+    roots = [Path(p).resolve() for p in inputs]
+    jobs = []
+    for path in paths:
+        real = path.resolve()
+        root = next((r for r in roots if r.is_dir() and real.is_relative_to(r)), None)
+        relative = real.relative_to(root) if root else Path(path.name)
+        jobs.append(Job(path, Path(output_dir) / relative))
+    return jobs
+
+
+def _migrate(args, out: Console, err: Console) -> int:
+    try:
+        config = find_config(Path(args.paths[0]))
+        options = _options(args, config)
+        options.selection()  # reject unknown codes before touching any file
+        if options.target not in all_targets():
+            raise ConfigError(f"unknown target {options.target!r}; choose one of: {', '.join(all_targets())}")
+        excludes = tuple(args.exclude or ()) + tuple(config.get("exclude", []))
+        paths = discover(args.paths, excludes)
+    except (ConfigError, SelectionError, FileNotFoundError) as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return EXIT_ERROR
+    mode = "output-dir" if args.output_dir else (args.mode or "diff")
+    jobs = _jobs(paths, args.paths, args.output_dir)
+    workers = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
+    if err.is_terminal and len(jobs) >= PROGRESS_MIN_FILES:
+        with Progress(
+            TextColumn("migrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err, transient=True,
+        ) as progress:
+            task = progress.add_task("files", total=len(jobs))
+            outcomes = run(jobs, options, mode, workers, lambda: progress.advance(task))
+    else:
+        outcomes = run(jobs, options, mode, workers)
+
+    if args.format == "text":
+        reporting.text(outcomes, mode, options.target, out)
+    elif args.format == "json":
+        print(reporting.as_json(outcomes, options.target))
+    elif args.format == "github":
+        print(reporting.github(outcomes, mode))
+    else:
+        print(reporting.sarif(outcomes, mode))
+
+    if any(o.error is not None for o in outcomes):
+        return EXIT_ERROR
+    if mode == "check" and any(o.changed for o in outcomes):
+        return EXIT_CHANGES
+    return EXIT_OK
+
+
+def _rules(args, out: Console) -> int:
+    rules = all_rules().values()
+    if args.format == "json":
+        import json
+
+        print(json.dumps([
+            {"code": r.code, "name": r.name, "summary": r.summary, "safe": r.safe, "opt_in": r.opt_in,
+             "targets": r.supported_targets()}
+            for r in rules
+        ], indent=2))
+        return EXIT_OK
+    table = Table()
+    for column in ("code", "name", "fix", "targets", "summary"):
+        table.add_column(column)
+    for rule in rules:
+        kind = ("safe" if rule.safe else "unsafe") + (", opt-in" if rule.opt_in else "")
+        table.add_row(rule.code, rule.name, kind, ", ".join(rule.supported_targets()), rule.summary)
+    out.print(table)
+    return EXIT_OK
+
+
+def _explain(args, out: Console, err: Console) -> int:
+    try:
+        rule = find_rule(args.rule)
+    except SelectionError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return EXIT_ERROR
+    kind = "safe fix" if rule.safe else "unsafe fix (applied with --unsafe-fixes or when selected by code)"
+    out.print(f"[bold]{rule.code} {rule.name}[/]: {rule.summary}", highlight=False)
+    out.print(f"{kind}{'; opt-in' if rule.opt_in else ''}; targets: {', '.join(rule.supported_targets())}\n")
+    out.print(rule.documentation(), highlight=False)
+    for number, example in enumerate(rule.examples, start=1):
+        out.print(f"\n[bold]Example {number}[/] (target {example.target})")
+        out.print("Before:")
+        out.print(Syntax(example.before, "python", theme="ansi_dark", background_color="default"))
+        out.print("After:")
+        out.print(Syntax(example.after, "python", theme="ansi_dark", background_color="default"))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out, err = Console(), Console(stderr=True)
+    commands = {"migrate": lambda: _migrate(args, out, err), "rules": lambda: _rules(args, out),
+                "explain": lambda: _explain(args, out, err)}
+    try:
+        return commands[args.command]()
+    except BrokenPipeError:
+        # The reader went away (`| head`): not an error of ours. Silence the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

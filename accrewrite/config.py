@@ -1,0 +1,59 @@
+"""``[tool.accrewrite]`` in the nearest pyproject.toml.
+
+The nearest is the first pyproject.toml with a ``[tool.accrewrite]`` table found walking up from
+the first path given on the command line (or the working directory). Command-line flags override
+it. Keys: target, guard, select, ignore, unsafe-fixes, exclude.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+_LISTS = ("select", "ignore", "exclude")
+_KEYS = {"target": str, "guard": str, "unsafe-fixes": bool, **{key: list for key in _LISTS}}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class FileConfig:
+    path: Path | None = None
+    values: dict | None = None
+
+    def get(self, key: str, default=None):
+        return (self.values or {}).get(key, default)
+
+
+def find_config(start: Path) -> FileConfig:
+    start = start.resolve()
+    for directory in [start, *start.parents] if start.is_dir() else list(start.parents):
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{candidate}: cannot read: {exc}") from None
+            table = data.get("tool", {}).get("accrewrite")
+            if table is not None:
+                return FileConfig(candidate, _validate(candidate, table))
+    return FileConfig()
+
+
+def _validate(path: Path, table: dict) -> dict:
+    for key, value in table.items():
+        if key not in _KEYS:
+            raise ConfigError(f"{path}: [tool.accrewrite] has unknown key {key!r}; known: {', '.join(_KEYS)}")
+        expected = _KEYS[key]
+        if not isinstance(value, expected) or (expected is list and not all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"{path}: [tool.accrewrite] {key} must be a {expected.__name__}"
+                              + (" of strings" if expected is list else ""))
+    return table

@@ -1,0 +1,163 @@
+"""Migrating one file's source: pre-filter, parse, analyse, run the rules, print, verify.
+
+Everything here works on bytes in and bytes out, so that encoding (coding cookie, BOM) and newline
+style survive untouched: libcst decodes with the file's own declared encoding and prints back in
+it. Nothing here touches the file system (see ``accrewrite.runner``).
+"""
+
+from __future__ import annotations
+
+import re
+import tokenize
+from dataclasses import dataclass, field
+from io import BytesIO
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, ImportItem
+
+from accrewrite.analysis import analyze, dotted
+from accrewrite.registry import Selection, select
+from accrewrite.rule import Finding, RuleContext
+from accrewrite.targets import DEFAULT_TARGET, get_target
+from accrewrite.transform import BatchedTransformer
+
+SKIP_FILE = re.compile(rb"#\s*accrewrite:\s*skip-file")
+# A file that never names torch or CUDA cannot concern a training script migration.
+_RELEVANT = re.compile(rb"torch|cuda")
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str = DEFAULT_TARGET
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    unsafe_fixes: bool = False
+    guard: str | None = None
+
+    def selection(self) -> Selection:
+        return select(list(self.select), list(self.ignore), self.unsafe_fixes)
+
+
+@dataclass
+class FileError:
+    """Why a file could not be migrated, with the line (1-based; 0 when unknown)."""
+
+    reason: str
+    line: int = 0
+    col: int = 0
+
+
+@dataclass
+class FileResult:
+    path: str
+    source: bytes
+    output: bytes
+    fixes: list[Finding] = field(default_factory=list)
+    diagnostics: list[Finding] = field(default_factory=list)
+    withheld: list[Finding] = field(default_factory=list)
+    error: FileError | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.error is None and self.output != self.source
+
+
+class MigrationError(Exception):
+    def __init__(self, error: FileError):
+        super().__init__(error.reason)
+        self.error = error
+
+
+def _decode(source: bytes) -> str:
+    """The source as text, in its declared encoding, or a MigrationError saying where and why."""
+    try:
+        encoding, _ = tokenize.detect_encoding(BytesIO(source).readline)
+    except SyntaxError as exc:
+        raise MigrationError(FileError(f"cannot decode: {exc.msg}; fix the coding cookie", exc.lineno or 0)) from None
+    try:
+        return source.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = source.count(b"\n", 0, exc.start) + 1
+        raise MigrationError(
+            FileError(
+                f"cannot decode as {encoding}: byte {source[exc.start]:#04x} is invalid; "
+                f"declare the file's real encoding in a coding cookie or convert it to UTF-8",
+                line,
+            )
+        ) from None
+
+
+def _parse(source: bytes) -> cst.Module:
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise MigrationError(
+            FileError(f"syntax error: {exc.message}; fix it (the file must parse as Python)", exc.raw_line, exc.raw_column)
+        ) from None
+
+
+def _import_item(line: str) -> ImportItem:
+    statement = cst.parse_statement(line).body[0]
+    if isinstance(statement, cst.Import):
+        alias = statement.names[0]
+        return ImportItem(dotted(alias.name), alias=alias.asname.name.value if alias.asname else None)
+    alias = statement.names[0]
+    return ImportItem(
+        dotted(statement.module), alias.name.value, alias.asname.name.value if alias.asname else None
+    )
+
+
+def _add_imports(module: cst.Module, lines: list[str]) -> cst.Module:
+    context = CodemodContext()
+    return AddImportsVisitor(context, [_import_item(line) for line in lines]).transform_module(module)
+
+
+def _verify(original: bytes, output: bytes, path: str) -> None:
+    """The rewrite must compile wherever the original did: anything else is a rule's bug, and
+    the file is left as it was."""
+    try:
+        compile(output, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        try:
+            compile(original, path, "exec", dont_inherit=True)
+        except SyntaxError:
+            return
+        raise MigrationError(
+            FileError(
+                f"internal error: the migration produced code that does not compile ({exc.msg}); "
+                "the file was left unchanged; please report it with the file",
+                exc.lineno or 0,
+            )
+        ) from None
+
+
+def migrate_source(source: bytes, path: str = "<string>", options: Options = Options()) -> FileResult:
+    """Migrate one file's bytes. Never raises for bad input: errors land in ``result.error``."""
+    result = FileResult(path=path, source=source, output=source)
+    try:
+        text = _decode(source)
+        if SKIP_FILE.search(source) or not _RELEVANT.search(source):
+            return result
+        if options.guard:
+            raise MigrationError(FileError("--guard is not yet supported"))
+        module = _parse(source)
+        facts = analyze(module)
+        target = get_target(options.target)
+        ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
+        selection = options.selection()
+        rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
+        if not rules:
+            return result
+        migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld))
+        if ctx.imports:
+            migrated = _add_imports(migrated, [target.import_line(key) for key in ctx.imports])
+        output = migrated.bytes
+        if output != source:
+            _verify(source, output, path)
+        ctx.resolve_lines()
+        result.output = output
+        result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
+    except MigrationError as exc:
+        result.error = exc.error
+    return result

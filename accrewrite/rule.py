@@ -1,0 +1,188 @@
+"""What a rule is, and the per-file context it works through.
+
+A rule is a class in ``rules/`` (one per module). It reads like its documentation: the class
+docstring says what it does and why, ``examples`` show before/after code that the test suite runs,
+and its ``visit_<Node>``/``leave_<Node>`` methods are those of a libcst transformer. All the
+selected rules of a file run in one batched walk (``accrewrite.transform``); each reaches the
+file's facts, the target's spellings and the report through ``self.ctx``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from accrewrite.analysis import Facts
+from accrewrite.targets import Concept, Target, all_targets
+
+
+@dataclass(frozen=True)
+class Example:
+    """A before/after pair in a rule's documentation; the test suite migrates ``before`` with
+    only this rule selected and expects ``after`` exactly."""
+
+    before: str
+    after: str
+    target: str = "runtime"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "before", textwrap.dedent(self.before).lstrip("\n"))
+        object.__setattr__(self, "after", textwrap.dedent(self.after).lstrip("\n"))
+
+
+class Rule:
+    """Base class of every rule. Subclasses set the class attributes below."""
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    # An unsafe fix may change numerics; it applies only with --unsafe-fixes or when selected
+    # by its exact code or name.
+    safe: ClassVar[bool] = True
+    # An opt-in rule runs only when selected by its exact code or name.
+    opt_in: ClassVar[bool] = False
+    # Concepts the rule needs from a target profile: a target without them does not support
+    # the rule (the rule reports "not available on this target" and changes nothing).
+    concepts: ClassVar[tuple[str, ...]] = ()
+    examples: ClassVar[tuple[Example, ...]] = ()
+
+    def __init__(self, ctx: "RuleContext") -> None:
+        self.ctx = ctx
+
+    def applies(self) -> bool:
+        """A cheap gate on ``self.ctx.facts``: False skips the rule for this file."""
+        return True
+
+    @classmethod
+    def supported_targets(cls) -> list[str]:
+        return [name for name, target in all_targets().items() if target.has(*cls.concepts)]
+
+    @classmethod
+    def documentation(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+
+@dataclass
+class Finding:
+    """A fix or diagnostic, attached to the original node until lines are resolved."""
+
+    code: str
+    name: str
+    message: str
+    node: cst.CSTNode
+    line: int = 0
+    col: int = 0
+
+
+_NOQA = re.compile(r"#\s*noqa:\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)", re.IGNORECASE)
+
+
+@dataclass
+class RuleContext:
+    """Everything a rule reaches while a file is migrated."""
+
+    module: cst.Module
+    facts: Facts
+    target: Target
+    source_text: str
+    # The function being walked (innermost), kept by the batched transformer.
+    scopes: list[cst.FunctionDef] = field(default_factory=list)
+    fixes: list[Finding] = field(default_factory=list)
+    diagnostics: list[Finding] = field(default_factory=list)
+    # Import keys (target profile) that committed fixes need.
+    imports: list[str] = field(default_factory=list)
+    # Fixes a rule made but may not apply here (unsafe without permission): offered, not done.
+    withheld: list[Finding] = field(default_factory=list)
+    _rule: Rule | None = None
+    _pending_fixes: list[Finding] = field(default_factory=list)
+    _pending_imports: list[str] = field(default_factory=list)
+    _positions: dict | None = None
+    _noqa: dict[int, set[str]] | None = None
+
+    # What rules call -------------------------------------------------------------------------
+
+    @property
+    def scope(self) -> cst.FunctionDef | None:
+        return self.scopes[-1] if self.scopes else None
+
+    def code(self, node: cst.CSTNode) -> str:
+        """Source code of ``node`` (as the module would print it)."""
+        return self.module.code_for_node(node)
+
+    def concept(self, name: str) -> Concept:
+        """The target's spelling of a concept; raises ConceptMissing where the target lacks it."""
+        return self.target.concept(name)
+
+    def expr(self, concept: str, **values: str) -> cst.BaseExpression:
+        """The target's expression for ``concept``, its imports noted for this fix."""
+        spelled = self.concept(concept)
+        self._pending_imports.extend(spelled.imports)
+        return cst.parse_expression(spelled.render_expr(**values), config=self.module.config_for_parsing)
+
+    def statements(self, concept: str, **values: str) -> list[cst.BaseStatement]:
+        """The target's statements for ``concept``, its imports noted for this fix."""
+        spelled = self.concept(concept)
+        self._pending_imports.extend(spelled.imports)
+        config = self.module.config_for_parsing
+        return [cst.parse_statement(line, config=config) for line in spelled.render_stmts(**values)]
+
+    def fix(self, node: cst.CSTNode, message: str) -> None:
+        """Record that the current rule changed ``node`` (an original node)."""
+        rule = self._rule
+        self._pending_fixes.append(Finding(rule.code, rule.name, message, node))
+
+    def diagnose(self, node: cst.CSTNode, message: str, code: str | None = None) -> None:
+        """Report something that needs a human at ``node`` (an original node)."""
+        rule = self._rule
+        self.diagnostics.append(Finding(code or rule.code, rule.name, message, node))
+
+    # What the batched transformer calls ----------------------------------------------------
+
+    def begin(self, rule: Rule) -> None:
+        self._rule = rule
+        self._pending_fixes = []
+        self._pending_imports = []
+
+    def commit(self) -> None:
+        self.fixes.extend(self._pending_fixes)
+        self.imports.extend(key for key in self._pending_imports if key not in self.imports)
+
+    def withhold(self) -> None:
+        self.withheld.extend(self._pending_fixes)
+
+    def suppressed(self, code: str, node: cst.CSTNode) -> bool:
+        """Whether a ``# noqa: CODE`` comment on one of ``node``'s lines covers ``code``."""
+        if self._noqa is None:
+            self._noqa = {}
+            for number, line in enumerate(self.source_text.splitlines(), start=1):
+                match = _NOQA.search(line)
+                if match:
+                    codes = re.split(r"[\s,]+", match.group("codes").upper())
+                    self._noqa[number] = set(codes)
+        if not self._noqa:
+            return False
+        where = self.position(node)
+        return any(code in self._noqa.get(line, ()) for line in range(where.start.line, where.end.line + 1))
+
+    def position(self, node: cst.CSTNode):
+        """The original node's code range. Positions are computed once, on first need: a
+        migration that reports nothing never pays for them."""
+        if self._positions is None:
+            wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
+            self._positions = wrapper.resolve(PositionProvider)
+        return self._positions[node]
+
+    def resolve_lines(self) -> None:
+        """Give every finding its line and column; drop diagnostics suppressed by noqa."""
+        for finding in (*self.fixes, *self.diagnostics, *self.withheld):
+            start = self.position(finding.node).start
+            finding.line, finding.col = start.line, start.column
+        self.diagnostics = [d for d in self.diagnostics if not self.suppressed(d.code, d.node)]
+        self.fixes.sort(key=lambda f: (f.line, f.col))
+        self.diagnostics.sort(key=lambda d: (d.line, d.col))

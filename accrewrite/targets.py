@@ -1,0 +1,113 @@
+"""Target profiles: how each target spells the concepts that rules ask for.
+
+Rules decide *where* a change goes and *which concept* it needs ("the device", "the seed call");
+a profile in ``rules/targets/<name>.toml`` decides the spelling: a code template and the import
+lines it needs. A concept missing from a profile means the target lacks it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+class ConceptMissing(LookupError):
+    """The target has no spelling for a concept a rule needs."""
+
+    def __init__(self, target: str, concept: str):
+        super().__init__(f"target {target!r} has no {concept!r}")
+        self.target = target
+        self.concept = concept
+
+
+@dataclass(frozen=True)
+class Concept:
+    """One concept's spelling: an expression or statements, with ``{placeholder}`` fields."""
+
+    name: str
+    expr: str | None = None
+    stmts: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()
+    # The statements follow the original code instead of replacing it.
+    keep: bool = False
+
+    def render_expr(self, **values: str) -> str:
+        if self.expr is None:
+            raise ValueError(f"concept {self.name!r} is spelled as statements, not an expression")
+        return self.expr.format(**values)
+
+    def render_stmts(self, **values: str) -> list[str]:
+        if not self.stmts:
+            raise ValueError(f"concept {self.name!r} is spelled as an expression, not statements")
+        return [stmt.format(**values) for stmt in self.stmts]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    summary: str
+    imports: dict[str, str] = field(default_factory=dict)
+    concepts: dict[str, Concept] = field(default_factory=dict)
+
+    def has(self, *concepts: str) -> bool:
+        return all(name in self.concepts for name in concepts)
+
+    def concept(self, name: str) -> Concept:
+        try:
+            return self.concepts[name]
+        except KeyError:
+            raise ConceptMissing(self.name, name) from None
+
+    def import_line(self, key: str) -> str:
+        return self.imports[key]
+
+
+def _parse(data: dict, origin: str) -> Target:
+    imports = dict(data.get("imports", {}))
+    concepts = {}
+    for name, spec in data.get("concepts", {}).items():
+        unknown = set(spec) - {"expr", "stmts", "imports", "keep"}
+        if unknown:
+            raise ValueError(f"{origin}: concept {name!r} has unknown keys {sorted(unknown)}")
+        if ("expr" in spec) == ("stmts" in spec):
+            raise ValueError(f"{origin}: concept {name!r} needs exactly one of expr or stmts")
+        for key in spec.get("imports", ()):
+            if key not in imports:
+                raise ValueError(f"{origin}: concept {name!r} imports {key!r}, not in [imports]")
+        concepts[name] = Concept(
+            name=name,
+            expr=spec.get("expr"),
+            stmts=tuple(spec.get("stmts", ())),
+            imports=tuple(spec.get("imports", ())),
+            keep=bool(spec.get("keep", False)),
+        )
+    return Target(name=data["name"], summary=data.get("summary", ""), imports=imports, concepts=concepts)
+
+
+@functools.cache
+def all_targets() -> dict[str, Target]:
+    """Every bundled target profile by name, in a stable order."""
+    folder = resources.files("accrewrite.rules").joinpath("targets")
+    targets = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            target = _parse(tomllib.loads(entry.read_text(encoding="utf-8")), entry.name)
+            targets[target.name] = target
+    return targets
+
+
+def get_target(name: str) -> Target:
+    targets = all_targets()
+    if name not in targets:
+        raise KeyError(f"unknown target {name!r}; choose one of: {', '.join(targets)}")
+    return targets[name]
+
+
+DEFAULT_TARGET = "runtime"

@@ -1,0 +1,190 @@
+import libcst as cst
+
+from accrewrite.analysis import WRAPPER_NAMES, call_arg
+from accrewrite.rule import Example, Rule
+
+# Keywords that name where tensors go; a CUDA value there moves to the target device.
+_DEVICE_KEYWORDS = ("device", "map_location")
+# Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
+_CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
+
+
+class DevicePlacement(Rule):
+    """Place the model and tensors on the target device instead of CUDA.
+
+    Seed 001, step 2: obtain the target device (``xm.xla_device()``) and call
+    ``xm.set_replication(device, [device])`` after it, where the target needs that. So:
+
+    - a variable assigned a CUDA device (``torch.device("cuda")``, ``torch.device(f"cuda:{r}")``,
+      ``"cuda" if torch.cuda.is_available() else "cpu"``, ``"cuda:0"``) is assigned the target
+      device, followed by the replication call;
+    - ``torch.cuda.set_device(...)`` is removed (the target picks the device per process);
+    - ``x.cuda(...)`` and ``x.to("cuda")`` become ``x.to(device)``, using the device variable
+      visible in that function, else the target's device call; ``non_blocking`` is kept;
+    - ``device="cuda"`` and ``map_location="cuda"`` arguments name the target device;
+    - ``device_ids=`` and ``output_device=`` are dropped from DistributedDataParallel and
+      DataParallel, which pin them to CUDA.
+    """
+
+    code = "ACC002"
+    name = "device-placement"
+    summary = "CUDA device selection, .cuda(), set_device, device_ids= -> the target device"
+    concepts = ("device",)
+    examples = (
+        Example(
+            before="""
+            import os
+            import torch
+
+            local_rank = int(os.environ["LOCAL_RANK"])
+            device = torch.device(f"cuda:{local_rank}")
+            torch.cuda.set_device(device)
+            model = Net().cuda()
+            mask = torch.ones(8, device="cuda")
+            """,
+            after="""
+            import os
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            local_rank = int(os.environ["LOCAL_RANK"])
+            device = xm.xla_device()
+            xm.set_replication(device, [device])
+            model = Net().to(device)
+            mask = torch.ones(8, device=device)
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def main_worker(gpu, args):
+                model = torch.nn.parallel.DistributedDataParallel(model.cuda(gpu), device_ids=[gpu])
+                for images, target in loader:
+                    images = images.cuda(gpu, non_blocking=True)
+            """,
+            after="""
+            import torch
+            import torch_xla
+
+            def main_worker(gpu, args):
+                model = torch.nn.parallel.DistributedDataParallel(model.to(torch_xla.device()))
+                for images, target in loader:
+                    images = images.to(torch_xla.device(), non_blocking=True)
+            """,
+        ),
+    )
+
+    # Statements ------------------------------------------------------------------------------
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if len(original_node.body) != 1:
+            return updated_node
+        statement = original_node.body[0]
+        if isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call):
+            if self.ctx.facts.qualname(statement.value.func) == "torch.cuda.set_device":
+                self.ctx.fix(original_node, "removed torch.cuda.set_device(): the target chooses the device per process")
+                return cst.RemoveFromParent()
+        if (
+            isinstance(statement, cst.Assign)
+            and len(statement.targets) == 1
+            and self.ctx.facts.is_cuda_device(statement.value)
+        ):
+            return self._assign_device(original_node, updated_node)
+        return updated_node
+
+    def _assign_device(self, original_node, updated_node):
+        assign = updated_node.body[0]
+        name = self.ctx.code(assign.targets[0].target)
+        new_line = updated_node.with_changes(body=[assign.with_changes(value=self.ctx.expr("device"))])
+        self.ctx.fix(original_node, f"{name} is the target device")
+        if not self.ctx.target.has("set_replication"):
+            return new_line
+        return cst.FlattenSentinel([new_line, *self.ctx.statements("set_replication", device=name)])
+
+    # Expressions -----------------------------------------------------------------------------
+
+    def _device(self) -> cst.BaseExpression:
+        name = self.ctx.facts.device_in(self.ctx.scope)
+        return cst.parse_expression(name) if name else self.ctx.expr("device")
+
+    def leave_Call(self, original_node, updated_node):
+        func = updated_node.func
+        facts = self.ctx.facts
+        callee = facts.qualname(func)
+        if callee == "torch.device" and facts.is_cuda_device(original_node):
+            if original_node in facts.device_values:
+                return updated_node  # the assignment is rewritten whole, at statement level
+            self.ctx.fix(original_node, "torch.device('cuda') -> the target device")
+            return self.ctx.expr("device")
+        if callee in WRAPPER_NAMES:
+            return self._drop_cuda_keywords(original_node, updated_node)
+        if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and callee is None:
+            return self._cuda_method(original_node, updated_node)
+        if isinstance(func, cst.Attribute) and func.attr.value == "to":
+            moved = self._to_cuda(original_node, updated_node)
+            if moved is not updated_node:
+                return moved
+        return self._device_keywords(original_node, updated_node)
+
+    def _cuda_method(self, original_node, updated_node):
+        kept = [
+            arg for arg in updated_node.args
+            if arg.keyword is not None and arg.keyword.value == "non_blocking"
+        ]
+        args = [cst.Arg(self._device()), *kept]
+        self.ctx.fix(original_node, ".cuda() -> .to(the target device)")
+        return updated_node.with_changes(
+            func=updated_node.func.with_changes(attr=cst.Name("to")), args=_with_commas(args)
+        )
+
+    def _to_cuda(self, original_node, updated_node):
+        first = call_arg(original_node, 0, "device")
+        if first is None or not self.ctx.facts.is_cuda_device(first.value):
+            return updated_node
+        index = original_node.args.index(first)
+        args = list(updated_node.args)
+        args[index] = args[index].with_changes(value=self._device())
+        self.ctx.fix(original_node, ".to('cuda') -> .to(the target device)")
+        return updated_node.with_changes(args=args)
+
+    def _device_keywords(self, original_node, updated_node):
+        args = list(updated_node.args)
+        changed = False
+        for index, arg in enumerate(original_node.args):
+            if (
+                arg.keyword is not None
+                and arg.keyword.value in _DEVICE_KEYWORDS
+                and self.ctx.facts.is_cuda_device(arg.value)
+            ):
+                args[index] = args[index].with_changes(value=self._device())
+                changed = True
+        if not changed:
+            return updated_node
+        self.ctx.fix(original_node, "device='cuda' -> the target device")
+        return updated_node.with_changes(args=args)
+
+    def _drop_cuda_keywords(self, original_node, updated_node):
+        args = [
+            arg for arg in updated_node.args
+            if arg.keyword is None or arg.keyword.value not in _CUDA_ONLY_KEYWORDS
+        ]
+        if len(args) == len(updated_node.args):
+            return updated_node
+        self.ctx.fix(original_node, "dropped device_ids/output_device: they pin the wrapper to CUDA")
+        return updated_node.with_changes(args=_with_commas(args))
+
+
+def _with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
+    """Arguments with a comma after each but the last (the last keeps none)."""
+    fixed = []
+    for position, arg in enumerate(args):
+        last = position == len(args) - 1
+        if last:
+            fixed.append(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+        elif arg.comma is cst.MaybeSentinel.DEFAULT:
+            fixed.append(arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
+        else:
+            fixed.append(arg)
+    return fixed
