@@ -1,0 +1,174 @@
+"""Swin Transformer's windowed attention scores: ``softmax(attn + relative_position_bias + mask)``
+fused into one pass (seed 001, "FusedSwinFmha").
+
+``attn`` is ``q @ k.transpose(-2, -1)`` with ``q`` already scaled, shape ``(B * nW, nH, N, N)``
+(B images, nW windows per image, nH heads, N = window_size ** 2 tokens per window);
+``relative_pos_bias`` is ``(nH, N, N)`` (or ``(1, nH, N, N)``) and is broadcast over windows;
+``attn_mask`` is ``(nW, N, N)`` (shifted windows) or None, broadcast over images and heads.
+
+Eager Swin makes three full-size passes (two broadcast adds, then softmax) and keeps the sums;
+here each row is loaded once, summed in fp32, normalised and stored once. Numerics: sums and
+softmax in fp32, the probabilities returned in ``attn``'s dtype (eager promotes a bf16 ``attn``
+plus an fp32 bias to fp32; returning bf16 is what halves the memory traffic).
+
+Backward does not keep the probabilities: it keeps ``attn`` and one fp32 log-sum-exp per row and
+recomputes them in fp32, so gradients are as precise as the fp32 reference's. The gradient of
+the bias, a sum over all B * nW windows, is accumulated in fp32 inside the kernel.
+"""
+
+import torch
+
+from accrewrite.kernels.dispatch import use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the reference path works without triton
+    triton = None
+
+__all__ = ["swin_fmha", "swin_fmha_reference"]
+
+# Programs per launch worth splitting the windows for (a few per SM of a large GPU).
+_TARGET_PROGRAMS = 1024
+
+
+def swin_fmha_reference(attn, relative_pos_bias, attn_mask=None):
+    """Eager Swin (``WindowAttention.forward``) in fp32, returned in ``attn.dtype``."""
+    windows, heads, n = _check(attn, relative_pos_bias, attn_mask)
+    x = attn.float() + relative_pos_bias.float().view(1, heads, n, n)
+    if attn_mask is not None:
+        nw = attn_mask.numel() // (n * n)
+        x = x.view(-1, nw, heads, n, n) + attn_mask.float().view(1, nw, 1, n, n)
+        x = x.view(windows, heads, n, n)
+    return torch.softmax(x, dim=-1).to(attn.dtype)
+
+
+def swin_fmha(attn, relative_pos_bias, attn_mask=None):
+    """``softmax(attn + relative_pos_bias + attn_mask)`` over the last dimension: the Triton
+    kernel when ``use_triton`` says so for the inputs, else the reference."""
+    tensors = [t for t in (attn, relative_pos_bias, attn_mask) if t is not None]
+    if not use_triton(*tensors):
+        return swin_fmha_reference(attn, relative_pos_bias, attn_mask)
+    _check(attn, relative_pos_bias, attn_mask)
+    return _SwinFmha.apply(attn, relative_pos_bias, attn_mask)
+
+
+def _check(attn, bias, mask):
+    if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        raise ValueError(f"swin_fmha: attn must be (B * nW, nH, N, N), got {tuple(attn.shape)}")
+    windows, heads, n, _ = attn.shape
+    if bias.numel() != heads * n * n:
+        raise ValueError(
+            f"swin_fmha: relative_pos_bias of shape {tuple(bias.shape)} is not "
+            f"(nH, N, N) = {(heads, n, n)}"
+        )
+    if mask is not None:
+        nw = mask.numel() // (n * n) if n else 0
+        if nw == 0 or mask.numel() != nw * n * n or windows % nw:
+            raise ValueError(
+                f"swin_fmha: attn_mask of shape {tuple(mask.shape)} is not (nW, N, N) with nW "
+                f"dividing the {windows} windows of attn (N = {n})"
+            )
+    return windows, heads, n
+
+
+class _SwinFmha(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, attn, bias, mask):
+        attn_c, bias_c = attn.contiguous(), bias.contiguous()
+        mask_c = mask.contiguous() if mask is not None else None
+        probs = torch.empty_like(attn_c)
+        lse = torch.empty(attn.shape[:-1], dtype=torch.float32, device=attn.device)
+        _launch(attn_c, bias_c, mask_c, probs, lse, grad_probs=None, partial_bias=None)
+        ctx.save_for_backward(attn_c, bias_c, mask_c, lse)
+        ctx.bias_shape = bias.shape
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad_probs):
+        attn, bias, mask, lse = ctx.saved_tensors
+        grad_attn = torch.empty_like(attn)
+        partial_bias = _launch(attn, bias, mask, grad_attn, lse, grad_probs.contiguous(),
+                               partial_bias=True)
+        grad_bias = partial_bias.sum(0).to(bias.dtype).view(ctx.bias_shape)
+        grad_mask = None
+        if ctx.needs_input_grad[2]:
+            heads, n = attn.shape[1], attn.shape[-1]
+            nw = mask.numel() // (n * n)
+            grad_mask = grad_attn.float().view(-1, nw, heads, n, n).sum((0, 2))
+            grad_mask = grad_mask.to(mask.dtype).view(mask.shape)
+        return grad_attn, grad_bias, grad_mask
+
+
+def _launch(attn, bias, mask, out, lse, grad_probs, partial_bias):
+    """Forward (``grad_probs`` None): ``out`` = probabilities, ``lse`` filled. Backward: ``out``
+    = grad of attn; returns the per-split fp32 partial sums of the bias gradient."""
+    windows, heads, n, _ = attn.shape
+    block_n = triton.next_power_of_2(n)
+    block_m = max(1, min(4096 // block_n, triton.next_power_of_2(windows)))
+    # Programs own one (head, query row) of the bias, so its gradient sums in registers; the
+    # windows are split over a second grid axis so that small heads * N still fill the GPU.
+    splits = max(1, min(triton.cdiv(windows, block_m), _TARGET_PROGRAMS // (heads * n)))
+    backward = grad_probs is not None
+    partial = (
+        torch.empty((splits, heads, n, n), dtype=torch.float32, device=attn.device)
+        if backward else None
+    )
+    nw = mask.numel() // (n * n) if mask is not None else 1
+    _swin_fmha_kernel[(heads * n, splits)](
+        attn, bias, mask if mask is not None else attn, out, lse,
+        grad_probs if backward else attn, partial if backward else lse,
+        windows, heads, n, nw,
+        HAS_MASK=mask is not None, BACKWARD=backward, BLOCK_M=block_m, BLOCK_N=block_n,
+    )
+    return partial
+
+
+if triton is not None:
+
+    @triton.jit
+    def _swin_fmha_kernel(
+        attn, bias, mask, out, lse, grad_probs, partial_bias,
+        windows, heads, n, nw,
+        HAS_MASK: tl.constexpr, BACKWARD: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        head_row = tl.program_id(0)  # h * n + i: one row of the bias
+        split = tl.program_id(1)
+        splits = tl.num_programs(1)
+        h = head_row // n
+        i = head_row % n
+        cols = tl.arange(0, BLOCK_N)
+        col_ok = cols < n
+        bias_row = tl.load(bias + head_row * n + cols, mask=col_ok, other=0.0).to(tl.float32)
+        bias_grad = tl.zeros((BLOCK_N,), dtype=tl.float32)
+
+        for start in range(split * BLOCK_M, windows, splits * BLOCK_M):
+            win = start + tl.arange(0, BLOCK_M)
+            ok = (win[:, None] < windows) & col_ok[None, :]
+            row = (win.to(tl.int64) * heads + h) * n + i  # row index into (B*nW, nH, N)
+            offsets = row[:, None] * n + cols[None, :]
+            x = tl.load(attn + offsets, mask=ok, other=0.0).to(tl.float32) + bias_row[None, :]
+            if HAS_MASK:
+                mask_row = ((win % nw) * n + i) * n
+                x += tl.load(mask + mask_row[:, None] + cols[None, :], mask=ok,
+                             other=0.0).to(tl.float32)
+            # Padding columns drop out of the softmax; padding rows stay finite (never stored).
+            x = tl.where(col_ok[None, :], x, float("-inf"))
+            if BACKWARD:
+                row_lse = tl.load(lse + row, mask=win < windows, other=0.0)
+                p = tl.exp(x - row_lse[:, None])
+                dp = tl.load(grad_probs + offsets, mask=ok, other=0.0).to(tl.float32)
+                ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
+                ds = tl.where(ok, ds, 0.0)
+                tl.store(out + offsets, ds.to(out.dtype.element_ty), mask=ok)
+                bias_grad += tl.sum(ds, axis=0)
+            else:
+                row_max = tl.max(x, axis=1)
+                e = tl.exp(x - row_max[:, None])
+                total = tl.sum(e, axis=1)
+                tl.store(out + offsets, (e / total[:, None]).to(out.dtype.element_ty), mask=ok)
+                tl.store(lse + row, row_max + tl.log(total), mask=win < windows)
+        if BACKWARD:
+            tl.store(partial_bias + (split * heads * n + head_row) * n + cols, bias_grad,
+                     mask=col_ok)
