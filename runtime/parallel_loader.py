@@ -1,0 +1,223 @@
+"""``pl``: torch_xla's device loaders (``MpDeviceLoader``, ``ParallelLoader``) on plain PyTorch.
+
+A background thread iterates the wrapped loader and moves each batch to the device ahead of the
+training loop, through a bounded queue (``device_prefetch_size`` batches, default 4), so that
+loading overlaps the step. On CUDA each batch is pinned (unless the loader already pinned it)
+and copied with ``non_blocking=True`` on a side stream; the training stream waits for that copy
+before the batch is handed out. Batches may nest tensors in dicts, lists, tuples, namedtuples,
+dataclasses and mappings such as HF ``BatchEncoding`` (see ``_tensor_tree``).
+
+An exception raised while loading reaches the training loop as itself, with the loader's
+traceback. Breaking out of the loop or dropping the iterator stops the thread (and with it the
+wrapped loader's iterator and its workers). As in torch_xla, fetching a batch marks the step
+(``xm.mark_step``) every ``batches_per_execution`` batches, so step closures also run there.
+
+One process drives one device (torchrun style): ``ParallelLoader`` takes a single device.
+``batchdim``, ``loader_prefetch_size``, ``host_to_device_transfer_threads`` and
+``input_sharding`` are accepted for torch_xla compatibility and have no effect.
+"""
+
+import queue
+import threading
+
+import torch
+
+from . import xla_model as xm
+from ._tensor_tree import map_tensors, tensors_in
+
+_POLL_S = 0.05  # how often a blocked producer checks that it has been asked to stop
+_JOIN_S = 2.0  # how long close() waits for the producer to finish the batch it is loading
+
+
+class _End:
+    """Queue item after the last batch."""
+
+
+class _Failure:
+    """Queue item carrying an exception raised while loading."""
+
+    def __init__(self, error):
+        self.error = error
+
+
+def _produce(loader, move, out, stop):
+    """Thread body: load, move and enqueue batches until the loader ends or ``stop`` is set.
+
+    It holds no reference to the ParallelLoader, so dropping that object (a ``break`` out of
+    the training loop) lets its ``__del__`` stop this thread.
+    """
+
+    def put(item):
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    try:
+        for batch in loader:
+            if stop.is_set() or not put(move(batch)):
+                return
+    except BaseException as error:  # noqa: BLE001 - handed to the training loop
+        put(_Failure(error))
+        return
+    put(_End())
+
+
+class _DeviceMover:
+    """Moves a batch to ``device``; on CUDA pins it and copies on a side stream, recording an
+    event that the consumer waits on."""
+
+    def __init__(self, device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def __call__(self, batch):
+        if self.stream is None:
+            return map_tensors(lambda t: t.to(self.device), batch), None
+        with torch.cuda.stream(self.stream):
+            moved = map_tensors(self._copy_to_cuda, batch)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return moved, ready
+
+    def _copy_to_cuda(self, tensor):
+        if tensor.device.type == "cpu" and not tensor.is_pinned():
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def hand_over(self, moved, ready):
+        """Make ``moved`` safe to use on the current stream."""
+        if ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready)
+            for tensor in tensors_in(moved):
+                if tensor.device.type == "cuda":
+                    # the allocator must not reuse the memory while the training stream uses it
+                    tensor.record_stream(current)
+        return moved
+
+
+class ParallelLoader:
+    """Prefetches ``cpu_loader`` onto ``devices[0]`` in a background thread (started here)."""
+
+    def __init__(self, cpu_loader, devices, batchdim=0, batches_per_execution=1,
+                 loader_prefetch_size=8, device_prefetch_size=4,
+                 host_to_device_transfer_threads=1, input_sharding=None):
+        del batchdim, loader_prefetch_size, host_to_device_transfer_threads, input_sharding
+        devices = [torch.device(d) for d in devices]
+        if len(devices) != 1:
+            raise ValueError(
+                f"ParallelLoader drives one device per process (torchrun style), got {devices}"
+            )
+        if batches_per_execution < 1 or device_prefetch_size < 1:
+            raise ValueError("batches_per_execution and device_prefetch_size must be at least 1")
+        self._loader = cpu_loader
+        self._device = devices[0]
+        self._batches_per_execution = batches_per_execution
+        self._mover = _DeviceMover(self._device)
+        self._queue = queue.Queue(maxsize=device_prefetch_size)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_produce,
+            args=(cpu_loader, self._mover, self._queue, self._stop),
+            name="accrewrite-device-loader",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def per_device_loader(self, device):
+        if torch.device(device) != self._device:
+            raise ValueError(f"per_device_loader({device}): this loader feeds {self._device}")
+        return PerDeviceLoader(self)
+
+    def per_device_samples(self):
+        return len(self._loader)
+
+    def _next(self):
+        """The next batch on the device; None once the loader is exhausted, failed or closed."""
+        if self._stop.is_set():
+            return None
+        item = self._queue.get()
+        if isinstance(item, _End):
+            self.close()
+            return None
+        if isinstance(item, _Failure):
+            self.close()
+            item.error.add_note("(raised while loading in the device loader's background thread)")
+            raise item.error
+        return self._mover.hand_over(*item)
+
+    def close(self):
+        """Stop the background thread and drop the prefetched batches."""
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_S)
+
+    def __del__(self):
+        if hasattr(self, "_thread"):
+            self.close()
+
+
+class PerDeviceLoader:
+    """The iterator over one device's batches; marks the step as batches are fetched."""
+
+    def __init__(self, parallel_loader):
+        self._parallel_loader = parallel_loader
+        self._fetched = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._fetched % self._parallel_loader._batches_per_execution == 0:
+            xm.mark_step()
+        batch = self._parallel_loader._next()
+        if batch is None:
+            xm.mark_step()
+            raise StopIteration
+        self._fetched += 1
+        return batch
+
+    next = __next__
+
+    def __len__(self):
+        return self._parallel_loader.per_device_samples()
+
+    def close(self):
+        self._parallel_loader.close()
+
+
+def _forward(name):
+    return property(lambda self: getattr(self._loader, name), doc=f"The wrapped loader's ``{name}``.")
+
+
+class MpDeviceLoader:
+    """``pl.MpDeviceLoader(loader, device, **kwargs)``: iterate it like ``loader``, get batches
+    already on ``device``. Every ``iter()`` starts a fresh prefetching ``ParallelLoader`` (kwargs
+    go to it). ``len()``, ``.dataset``, ``.sampler``, ``.batch_sampler`` and ``.batch_size``
+    are the wrapped loader's, so ``loader.sampler.set_epoch(epoch)`` keeps working."""
+
+    def __init__(self, loader, device, **kwargs):
+        self._loader = loader
+        self._device = torch.device(device)
+        self._parallel_loader_kwargs = kwargs
+
+    def __iter__(self):
+        loader = ParallelLoader(self._loader, [self._device], **self._parallel_loader_kwargs)
+        return loader.per_device_loader(self._device)
+
+    def __len__(self):
+        return len(self._loader)
+
+    dataset = _forward("dataset")
+    sampler = _forward("sampler")
+    batch_sampler = _forward("batch_sampler")
+    batch_size = _forward("batch_size")

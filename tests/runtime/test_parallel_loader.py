@@ -1,0 +1,226 @@
+"""pl.MpDeviceLoader / ParallelLoader: device placement of nested batches, background prefetch,
+loader attributes, errors and thread cleanup.
+
+Batches are moved to the ``meta`` device where a test must see that every tensor was moved
+(on the CPU a move to ``cpu`` is the identity)."""
+
+import collections
+import dataclasses
+import gc
+import itertools
+import multiprocessing
+import threading
+import time
+import traceback
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+
+import accrewrite.runtime.parallel_loader as pl
+import accrewrite.runtime.xla_model as xm
+
+THREAD_NAME = "accrewrite-device-loader"
+Pair = collections.namedtuple("Pair", "inputs labels")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    pixels: torch.Tensor
+    meta: dict
+    name: str = "x"
+
+
+class Encoding(collections.UserDict):
+    """Like HF BatchEncoding: a UserDict with state of its own next to the data."""
+
+    def __init__(self, data=None, encodings=None):
+        super().__init__(data)
+        self.encodings = encodings
+
+
+def loader_threads():
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left_behind():
+    yield
+    gc.collect()
+    assert wait_until(lambda: not loader_threads()), "a device loader thread outlived its test"
+
+
+def test_nested_batches_are_moved_with_their_types():
+    batches = [
+        torch.ones(2),
+        {"a": torch.ones(1), "b": [torch.zeros(2), (torch.ones(3), 7)], "c": "text"},
+        Pair(torch.ones(2), torch.zeros(2, dtype=torch.long)),
+        Sample(torch.ones(2, 2), {"id": torch.arange(2)}),
+        Encoding({"input_ids": torch.ones(2, 4, dtype=torch.long)}, encodings=["enc"]),
+        [None, 3.5],
+    ]
+    got = list(pl.MpDeviceLoader(batches, "meta"))
+    assert len(got) == len(batches)
+    plain, mapping, pair, sample, encoding, leaves = got
+    assert plain.device.type == "meta"
+    assert mapping["a"].device.type == "meta" and mapping["b"][0].device.type == "meta"
+    assert isinstance(mapping["b"][1], tuple) and mapping["b"][1][1] == 7 and mapping["c"] == "text"
+    assert mapping["b"][1][0].device.type == "meta"
+    assert type(pair) is Pair and pair.labels.dtype == torch.long and pair.inputs.device.type == "meta"
+    assert type(sample) is Sample and sample.pixels.device.type == "meta"
+    assert sample.meta["id"].device.type == "meta" and sample.name == "x"
+    assert type(encoding) is Encoding and encoding.encodings == ["enc"]
+    assert encoding["input_ids"].device.type == "meta"
+    assert leaves == [None, 3.5]
+    # the source batches are left alone
+    assert batches[1]["a"].device.type == "cpu" and batches[4]["input_ids"].device.type == "cpu"
+
+
+def test_values_and_order_of_a_dataloader_on_cpu():
+    data = TensorDataset(torch.arange(20.0).view(10, 2), torch.arange(10))
+    loader = DataLoader(data, batch_size=3)
+    device = xm.xla_device()
+    for epoch in range(2):  # every iter() starts over
+        got = list(pl.MpDeviceLoader(loader, device))
+        expected = list(loader)
+        assert len(got) == len(expected) == 4
+        for (x, y), (ex, ey) in zip(got, expected):
+            assert torch.equal(x, ex) and torch.equal(y, ey) and x.device == device
+
+
+def test_len_and_loader_attributes_are_the_wrapped_loaders():
+    data = TensorDataset(torch.arange(10.0))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=3)
+    loader = DataLoader(data, batch_size=2, sampler=sampler)
+    device_loader = pl.MpDeviceLoader(loader, "cpu")
+    assert len(device_loader) == len(loader) == 3
+    assert device_loader.dataset is data and device_loader.sampler is sampler
+    assert device_loader.batch_sampler is loader.batch_sampler and device_loader.batch_size == 2
+    device_loader.sampler.set_epoch(5)
+    assert sampler.epoch == 5
+    assert [b[0].tolist() for b in device_loader] == [b[0].tolist() for b in loader]
+    iterator = iter(device_loader)
+    assert len(iterator) == 3
+    iterator.close()
+
+
+def test_prefetches_ahead_in_the_background_with_a_bounded_queue():
+    produced = []
+
+    def endless():
+        for i in itertools.count():
+            produced.append(i)
+            yield torch.tensor([i])
+
+    iterator = iter(pl.MpDeviceLoader(endless(), "cpu", device_prefetch_size=3))
+    assert next(iterator).item() == 0
+    # without another next(), the thread fills the queue (3) and holds one more batch ready
+    assert wait_until(lambda: len(produced) >= 5)
+    time.sleep(0.2)
+    assert len(produced) == 5, "the prefetch queue is not bounded"
+    assert [next(iterator).item() for _ in range(4)] == [1, 2, 3, 4]
+    del iterator
+
+
+def _failing_getitem(index):
+    if index == 3:
+        raise ValueError(f"corrupt sample {index}")
+    return torch.tensor([index])
+
+
+class FailingDataset(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, index):
+        return _failing_getitem(index)
+
+
+def test_a_loader_exception_reaches_the_loop_with_its_traceback():
+    seen = []
+    with pytest.raises(ValueError, match="corrupt sample 3") as info:
+        for batch in pl.MpDeviceLoader(DataLoader(FailingDataset(), batch_size=1), "cpu"):
+            seen.append(batch.item())
+    assert seen == [0, 1, 2]
+    text = "".join(traceback.format_exception(info.value))
+    assert "_failing_getitem" in text and "background thread" in text
+
+
+def test_exhausted_loader_keeps_raising_stop_iteration():
+    iterator = iter(pl.MpDeviceLoader([torch.ones(1)], "cpu"))
+    assert list(iterator) == [torch.ones(1)]
+    with pytest.raises(StopIteration):
+        next(iterator)
+
+
+def test_breaking_out_of_the_loop_leaves_no_thread():
+    before = threading.active_count()
+    for i, _ in enumerate(pl.MpDeviceLoader((torch.ones(1) for _ in itertools.count()), "cpu")):
+        if i == 2:
+            assert len(loader_threads()) == 1
+            break
+    gc.collect()
+    assert wait_until(lambda: not loader_threads())
+    assert threading.active_count() == before
+
+
+def test_deleting_the_loader_mid_epoch_stops_thread_and_workers():
+    loader = pl.MpDeviceLoader(DataLoader(TensorDataset(torch.arange(64.0)), batch_size=2, num_workers=1), "cpu")
+    iterator = iter(loader)
+    next(iterator)
+    assert len(loader_threads()) == 1 and multiprocessing.active_children()
+    del iterator, loader
+    gc.collect()
+    assert wait_until(lambda: not loader_threads())
+    assert wait_until(lambda: not multiprocessing.active_children())
+
+
+def test_fetching_a_batch_marks_the_step():
+    ran = []
+    iterator = iter(pl.MpDeviceLoader([torch.ones(1)] * 3, "cpu"))
+    next(iterator)
+    xm.add_step_closure(ran.append, args=("logged",))
+    assert ran == []
+    next(iterator)
+    assert ran == ["logged"]
+    xm.add_step_closure(ran.append, args=("last",))
+    assert list(iterator) and ran == ["logged", "last"]
+
+
+def test_batches_per_execution_marks_every_nth_batch():
+    marks = []
+    iterator = iter(pl.MpDeviceLoader([torch.ones(1)] * 6, "cpu", batches_per_execution=3))
+    for _ in range(6):
+        xm.add_step_closure(marks.append, args=(1,))
+        next(iterator)
+    # closures were added before fetches 1..6; the step is marked before fetches 1 and 4
+    assert len(marks) == 4
+
+
+def test_parallel_loader_checks_devices():
+    with pytest.raises(ValueError, match="one device per process"):
+        pl.ParallelLoader([], ["cpu", "meta"])
+    parallel = pl.ParallelLoader([torch.ones(2)], ["cpu"])
+    with pytest.raises(ValueError, match="feeds cpu"):
+        parallel.per_device_loader("meta")
+    assert list(parallel.per_device_loader("cpu"))[0].shape == (2,)
+    with pytest.raises(RuntimeError):
+        pl.MpDeviceLoader([], "not-a-device")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_are_pinned_and_copied_non_blocking():
+    batches = [{"x": torch.randn(64, 64), "y": torch.arange(64)} for _ in range(5)]
+    got = list(pl.MpDeviceLoader(batches, "cuda"))
+    for batch, ref in zip(got, batches):
+        assert batch["x"].is_cuda and torch.equal(batch["x"].cpu(), ref["x"])
+        assert torch.equal(batch["y"].cpu(), ref["y"])
