@@ -91,6 +91,8 @@ class Facts:
     torch_seeds: set[str] = field(default_factory=set)
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
+    # Statements that mention a trigger word of the selected rules (None: every statement).
+    hot: set[cst.CSTNode] | None = None
 
     def qualname(self, node: cst.CSTNode) -> str | None:
         """The fully qualified name ``node`` refers to, through the imports; None when its root
@@ -130,8 +132,10 @@ class Facts:
 
 
 class _Analyzer(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.facts = Facts()
+    def __init__(self, triggers: frozenset[str] | None) -> None:
+        self.facts = Facts(hot=None if triggers is None else set())
+        self._triggers = triggers
+        self._statements: list[cst.CSTNode] = []
         self._functions: list[cst.FunctionDef] = []
         self._loops: list[TrainingLoop] = []
         # Functions (by name) that call backward or step: loops calling them train.
@@ -142,6 +146,33 @@ class _Analyzer(cst.CSTVisitor):
     @property
     def _scope(self) -> cst.FunctionDef | None:
         return self._functions[-1] if self._functions else None
+
+    # Hot statements ------------------------------------------------------------------------
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._statements.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if self._statements and self._statements[-1] is original_node:
+            self._statements.pop()
+            hot = self.facts.hot
+            if hot is not None and original_node in hot and self._statements:
+                hot.add(self._statements[-1])
+
+    def _mark_hot(self) -> None:
+        if self.facts.hot is not None and self._statements:
+            self.facts.hot.add(self._statements[-1])
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if self._triggers is not None and node.value in self._triggers:
+            self._mark_hot()
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        if self._triggers is not None and any(word in node.value for word in self._triggers):
+            self._mark_hot()
 
     # Imports ---------------------------------------------------------------------------------
 
@@ -288,8 +319,10 @@ class _Analyzer(cst.CSTVisitor):
                 known.add(loop.node)
 
 
-def analyze(module: cst.Module) -> Facts:
-    """Run the analysis pass over ``module``."""
-    analyzer = _Analyzer()
+def analyze(module: cst.Module, triggers: frozenset[str] | None = None) -> Facts:
+    """Run the analysis pass over ``module``. With ``triggers`` (words: names, attribute names,
+    text in string literals), ``facts.hot`` holds the statements that mention one of them,
+    and those enclosing such a statement."""
+    analyzer = _Analyzer(triggers)
     module.visit(analyzer)
     return analyzer.facts

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from io import BytesIO
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
-from accrewrite.analysis import analyze, dotted
+from accrewrite.analysis import analyze
+from accrewrite.imports import add_imports
 from accrewrite.registry import Selection, select
 from accrewrite.rule import Finding, RuleContext
 from accrewrite.targets import DEFAULT_TARGET, get_target
@@ -97,22 +96,6 @@ def _parse(source: bytes) -> cst.Module:
         ) from None
 
 
-def _import_item(line: str) -> ImportItem:
-    statement = cst.parse_statement(line).body[0]
-    if isinstance(statement, cst.Import):
-        alias = statement.names[0]
-        return ImportItem(dotted(alias.name), alias=alias.asname.name.value if alias.asname else None)
-    alias = statement.names[0]
-    return ImportItem(
-        dotted(statement.module), alias.name.value, alias.asname.name.value if alias.asname else None
-    )
-
-
-def _add_imports(module: cst.Module, lines: list[str]) -> cst.Module:
-    context = CodemodContext()
-    return AddImportsVisitor(context, [_import_item(line) for line in lines]).transform_module(module)
-
-
 def _verify(original: bytes, output: bytes, path: str) -> None:
     """The rewrite must compile wherever the original did: anything else is a rule's bug, and
     the file is left as it was."""
@@ -132,6 +115,15 @@ def _verify(original: bytes, output: bytes, path: str) -> None:
         ) from None
 
 
+def _triggers(selection: Selection) -> frozenset[str] | None:
+    words: set[str] = set()
+    for rule in selection.rules:
+        if rule.triggers is None:
+            return None
+        words |= rule.triggers
+    return frozenset(words)
+
+
 def migrate_source(source: bytes, path: str = "<string>", options: Options = Options()) -> FileResult:
     """Migrate one file's bytes. Never raises for bad input: errors land in ``result.error``."""
     result = FileResult(path=path, source=source, output=source)
@@ -142,16 +134,16 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         if options.guard:
             raise MigrationError(FileError("--guard is not yet supported"))
         module = _parse(source)
-        facts = analyze(module)
+        selection = options.selection()
+        facts = analyze(module, _triggers(selection))
         target = get_target(options.target)
         ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
-        selection = options.selection()
         rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
         if not rules:
             return result
         migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld))
         if ctx.imports:
-            migrated = _add_imports(migrated, [target.import_line(key) for key in ctx.imports])
+            migrated = add_imports(migrated, facts, [target.import_line(key) for key in ctx.imports])
         output = migrated.bytes
         if output != source:
             _verify(source, output, path)

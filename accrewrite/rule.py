@@ -19,6 +19,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accrewrite.analysis import Facts
+from accrewrite.positions import starts
 from accrewrite.targets import Concept, Target, all_targets
 
 
@@ -51,6 +52,10 @@ class Rule:
     # the rule (the rule reports "not available on this target" and changes nothing).
     concepts: ClassVar[tuple[str, ...]] = ()
     examples: ClassVar[tuple[Example, ...]] = ()
+    # Words (names, attribute names, text in string literals) of which every node the rule
+    # may change or report mentions at least one: statements without any are not walked.
+    # None walks everything.
+    triggers: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, ctx: "RuleContext") -> None:
         self.ctx = ctx
@@ -171,8 +176,8 @@ class RuleContext:
         return any(code in self._noqa.get(line, ()) for line in range(where.start.line, where.end.line + 1))
 
     def position(self, node: cst.CSTNode):
-        """The original node's code range. Positions are computed once, on first need: a
-        migration that reports nothing never pays for them."""
+        """The original node's code range, for noqa checks. Computed for every node at once,
+        and only in a file that has a noqa comment for some code."""
         if self._positions is None:
             wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
             self._positions = wrapper.resolve(PositionProvider)
@@ -180,9 +185,10 @@ class RuleContext:
 
     def resolve_lines(self) -> None:
         """Give every finding its line and column; drop diagnostics suppressed by noqa."""
-        for finding in (*self.fixes, *self.diagnostics, *self.withheld):
-            start = self.position(finding.node).start
-            finding.line, finding.col = start.line, start.column
+        findings = (*self.fixes, *self.diagnostics, *self.withheld)
+        found = starts(self.module, (finding.node for finding in findings))
+        for finding in findings:
+            finding.line, finding.col = found[finding.node]
         self.diagnostics = [d for d in self.diagnostics if not self.suppressed(d.code, d.node)]
         self.fixes.sort(key=lambda f: (f.line, f.col))
         self.diagnostics.sort(key=lambda d: (d.line, d.col))

@@ -38,7 +38,11 @@ class BatchedTransformer(cst.CSTTransformer):
         for rule, method in self._visitors.get(type(node).__name__, ()):
             self.ctx.begin(rule)
             method(node)
-        return True
+        hot = self.ctx.facts.hot
+        # A statement that mentions no rule's trigger word cannot change: skip its subtree.
+        return hot is None or node in hot or not isinstance(
+            node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)
+        )
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         result = updated_node

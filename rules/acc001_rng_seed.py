@@ -23,6 +23,7 @@ class RngSeed(Rule):
     name = "rng-seed"
     summary = "torch.manual_seed / torch.cuda.manual_seed[_all] -> the target's seed call"
     concepts = ("seed",)
+    triggers = frozenset({"manual_seed", "manual_seed_all"})
     examples = (
         Example(
             before="""

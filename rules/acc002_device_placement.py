@@ -30,6 +30,7 @@ class DevicePlacement(Rule):
     name = "device-placement"
     summary = "CUDA device selection, .cuda(), set_device, device_ids= -> the target device"
     concepts = ("device",)
+    triggers = frozenset({"cuda", "to", "set_device", "device", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS})
     examples = (
         Example(
             before="""
