@@ -45,12 +45,13 @@ def layer_norm(
 
 
 def layer_norm_reference(x, normalized_shape, weight=None, bias=None, eps=1e-5) -> torch.Tensor:
-    """``F.layer_norm`` computed in float32 and returned in ``x``'s dtype."""
+    """``F.layer_norm`` computed in float32 (float64 for float64 input), returned in ``x``'s dtype."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
     out = F.layer_norm(
-        x.float(),
+        x.to(dtype),
         _as_shape(normalized_shape),
-        None if weight is None else weight.float(),
-        None if bias is None else bias.float(),
+        None if weight is None else weight.to(dtype),
+        None if bias is None else bias.to(dtype),
         eps,
     )
     return out.to(x.dtype)
