@@ -1,0 +1,5 @@
+"""Helpers for migrated scripts (seed 001: ``torchacc.runtime.utils.misc``)."""
+
+from accrewrite.runtime.utils.misc import multi_apply_multi_stream
+
+__all__ = ["multi_apply_multi_stream"]
