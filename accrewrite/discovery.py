@@ -25,8 +25,12 @@ def _is_virtualenv(directory: Path) -> bool:
     return (directory / "pyvenv.cfg").is_file()
 
 
-def _excluded(path: Path, excludes: tuple[str, ...]) -> bool:
-    text = path.as_posix()
+def _excluded(path: Path, root: Path, excludes: tuple[str, ...]) -> bool:
+    """Whether a glob matches ``path`` (relative to the walk's root), its name, or one of its
+    directories."""
+    if not excludes:
+        return False
+    text = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
     return any(
         fnmatch.fnmatch(text, pattern) or fnmatch.fnmatch(path.name, pattern)
         or fnmatch.fnmatch(text, f"*/{pattern}") or fnmatch.fnmatch(text, f"{pattern}/*")
@@ -46,7 +50,7 @@ def discover(paths: list[str], excludes: tuple[str, ...] = ()) -> list[Path]:
         if path.is_dir():
             for file in _walk(path, excludes):
                 found.setdefault(file)
-        elif not _excluded(path, excludes):
+        elif not _excluded(path, Path.cwd(), excludes):
             found.setdefault(path)
     return list(found)
 
@@ -66,11 +70,11 @@ def _walk(root: Path, excludes: tuple[str, ...]):
             if name not in SKIPPED_DIRS
             and not name.endswith(".egg-info")
             and not _is_virtualenv(here / name)
-            and not _excluded(here / name, excludes)
+            and not _excluded(here / name, root, excludes)
         )
         for name in sorted(files):
             file = here / name
-            if not name.endswith(".py") or _excluded(file, excludes):
+            if not name.endswith(".py") or _excluded(file, root, excludes):
                 continue
             if file.is_symlink() and not file.resolve().is_relative_to(real_root):
                 continue

@@ -87,12 +87,19 @@ def _decode(source: bytes) -> str:
         ) from None
 
 
-def _parse(source: bytes) -> cst.Module:
+def _parse(source: bytes, path: str) -> cst.Module:
     try:
         return cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
+        # CPython's own parser names the place and the cause more precisely than libcst's.
+        try:
+            compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as precise:
+            line, col, message = precise.lineno or 0, max((precise.offset or 1) - 1, 0), precise.msg
+        else:
+            line, col, message = exc.raw_line, exc.raw_column, exc.message
         raise MigrationError(
-            FileError(f"syntax error: {exc.message}; fix it (the file must parse as Python)", exc.raw_line, exc.raw_column)
+            FileError(f"syntax error: {message}; fix it, the file must parse as Python", line, col)
         ) from None
 
 
@@ -133,7 +140,7 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
             return result
         if options.guard:
             raise MigrationError(FileError("--guard is not yet supported"))
-        module = _parse(source)
+        module = _parse(source, path)
         selection = options.selection()
         facts = analyze(module, _triggers(selection))
         target = get_target(options.target)

@@ -108,6 +108,7 @@ class RuleContext:
     _pending_fixes: list[Finding] = field(default_factory=list)
     _pending_imports: list[str] = field(default_factory=list)
     _positions: dict | None = None
+    _parsed: dict[str, cst.BaseExpression] = field(default_factory=dict)
     _noqa: dict[int, set[str]] | None = None
 
     # What rules call -------------------------------------------------------------------------
@@ -128,7 +129,11 @@ class RuleContext:
         """The target's expression for ``concept``, its imports noted for this fix."""
         spelled = self.concept(concept)
         self._pending_imports.extend(spelled.imports)
-        return cst.parse_expression(spelled.render_expr(**values), config=self.module.config_for_parsing)
+        code = spelled.render_expr(**values)
+        # Syntax trees are immutable, so one parsed expression can stand in many places.
+        if code not in self._parsed:
+            self._parsed[code] = cst.parse_expression(code, config=self.module.config_for_parsing)
+        return self._parsed[code]
 
     def statements(self, concept: str, **values: str) -> list[cst.BaseStatement]:
         """The target's statements for ``concept``, its imports noted for this fix."""

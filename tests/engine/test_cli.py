@@ -1,0 +1,159 @@
+"""The CLI contract: modes, exit codes 0/1/2, formats, rules, explain."""
+
+import json
+
+from conftest import TRAIN
+
+
+def write(tmp_path, name="train.py", data=TRAIN):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def test_diff_is_the_default_and_writes_nothing(tmp_path, cli):
+    path = write(tmp_path)
+    code, out, _ = cli("migrate", path)
+    assert code == 0
+    assert "+device = xm.xla_device()" in out
+    assert "-torch.manual_seed(0)" in out
+    assert path.read_bytes() == TRAIN
+    assert "files" in out and "changed" in out and "diagnostics" in out  # the summary table
+
+
+def test_check_exits_1_when_a_file_would_change_and_0_when_migrated(tmp_path, cli):
+    path = write(tmp_path)
+    code, out, _ = cli("migrate", "--check", path)
+    assert code == 1
+    assert "Would migrate" in out
+    assert path.read_bytes() == TRAIN
+    assert cli("migrate", "--in-place", path)[0] == 0
+    assert cli("migrate", "--check", path)[0] == 0
+
+
+def test_in_place_rewrites_and_second_run_changes_nothing(tmp_path, cli):
+    path = write(tmp_path)
+    assert cli("migrate", "--in-place", path)[0] == 0
+    migrated = path.read_bytes()
+    assert b"import accrewrite.runtime.xla_model as xm" in migrated
+    assert b".to(device)" in migrated
+    stat_before = path.stat()
+    assert cli("migrate", "--in-place", path)[0] == 0
+    assert path.read_bytes() == migrated
+    assert path.stat().st_mtime_ns == stat_before.st_mtime_ns  # not rewritten at all
+
+
+def test_output_dir_mirrors_the_tree_and_leaves_sources(tmp_path, cli):
+    source = tmp_path / "src"
+    (source / "pkg").mkdir(parents=True)
+    write(source / "pkg")
+    write(source, "other.py", b"x = 1\n")
+    out_dir = tmp_path / "out"
+    code, _, _ = cli("migrate", source, "--output-dir", out_dir, "--target", "torchacc")
+    assert code == 0
+    assert b"torchacc.torch_xla.core.xla_model" in (out_dir / "pkg" / "train.py").read_bytes()
+    assert (out_dir / "other.py").read_bytes() == b"x = 1\n"
+    assert (source / "pkg" / "train.py").read_bytes() == TRAIN
+
+
+def test_error_exit_2_and_other_files_still_run(tmp_path, cli):
+    bad = write(tmp_path, "bad.py", b"import torch\ndef f(:\n    pass\n")
+    good = write(tmp_path, "good.py")
+    code, out, _ = cli("migrate", "--in-place", bad, good)
+    assert code == 2
+    assert f"{bad}:2:" in out and "syntax error" in out
+    assert b"xm.xla_device()" in good.read_bytes()
+
+
+def test_bad_arguments_exit_2(tmp_path, cli, capsys):
+    path = write(tmp_path)
+    assert cli("migrate", path, "--select", "ACC999")[0] == 2
+    assert cli("migrate", tmp_path / "missing.py")[0] == 2
+    try:
+        cli("migrate", path, "--target", "nowhere")
+    except SystemExit as exc:  # argparse's own exit for a bad choice
+        assert exc.code == 2
+    else:
+        raise AssertionError("a bad --target must exit 2")
+
+
+def test_guard_is_reported_as_not_yet_supported(tmp_path, cli):
+    code, out, _ = cli("migrate", write(tmp_path), "--guard", "ACC_ON")
+    assert code == 2
+    assert "not yet supported" in out
+
+
+def test_select_and_ignore(tmp_path, cli):
+    path = write(tmp_path)
+    _, out, _ = cli("migrate", path, "--select", "ACC001", "--format", "json")
+    codes = {fix["code"] for fix in json.loads(out)["files"][0]["fixes"]}
+    assert codes == {"ACC001"}
+    _, out, _ = cli("migrate", path, "--ignore", "rng-seed", "--format", "json")
+    codes = {fix["code"] for fix in json.loads(out)["files"][0]["fixes"]}
+    assert codes == {"ACC002"}
+
+
+def test_json_document(tmp_path, cli):
+    path = write(tmp_path)
+    code, out, _ = cli("migrate", path, "--format", "json")
+    assert code == 0
+    document = json.loads(out)
+    assert document["version"] == 1 and document["target"] == "runtime"
+    (entry,) = document["files"]
+    assert entry["path"] == str(path) and entry["changed"] is True and entry["error"] is None
+    assert {"code": "ACC001", "name": "rng-seed", "line": 3}.items() <= entry["fixes"][0].items()
+    assert document["summary"] == {"files": 1, "changed": 1, "errors": 0, "fixes": 3, "diagnostics": 0}
+
+
+def test_github_annotations(tmp_path, cli):
+    bad = write(tmp_path, "bad.py", b"import torch\nx = (\n")
+    path = write(tmp_path)
+    code, out, _ = cli("migrate", "--check", "--format", "github", path, bad)
+    assert code == 2
+    lines = out.splitlines()
+    assert any(line.startswith(f"::error file={path},line=3,title=ACC001 rng-seed::would migrate") for line in lines)
+    assert any(line.startswith(f"::error file={bad},line=") and "syntax error" in line for line in lines)
+
+
+def test_sarif_is_valid_2_1_0(tmp_path, cli):
+    path = write(tmp_path)
+    code, out, _ = cli("migrate", "--format", "sarif", path)
+    assert code == 0
+    log = json.loads(out)
+    assert log["version"] == "2.1.0"
+    (run,) = log["runs"]
+    driver = run["tool"]["driver"]
+    assert driver["name"] == "accrewrite"
+    rule_ids = [rule["id"] for rule in driver["rules"]]
+    assert "ACC001" in rule_ids and "ACC002" in rule_ids
+    for result in run["results"]:
+        assert rule_ids[result["ruleIndex"]] == result["ruleId"]
+        assert result["level"] in ("none", "note", "warning", "error")
+        region = result["locations"][0]["physicalLocation"]["region"]
+        assert region["startLine"] >= 1 and region["startColumn"] >= 1
+    assert run["results"]
+
+
+def test_jobs_give_the_same_results(tmp_path, cli):
+    for index in range(6):
+        write(tmp_path, f"t{index}.py", TRAIN.replace(b"(4, 4)", f"({index}, 4)".encode()))
+    _, serial, _ = cli("migrate", tmp_path, "--format", "json", "--jobs", "1")
+    _, parallel, _ = cli("migrate", tmp_path, "--format", "json", "--jobs", "2")
+    assert json.loads(serial) == json.loads(parallel)
+    assert json.loads(serial)["summary"]["changed"] == 6
+
+
+def test_rules_lists_every_rule_with_targets(cli):
+    code, out, _ = cli("rules", "--format", "json")
+    assert code == 0
+    rules = {rule["code"]: rule for rule in json.loads(out)}
+    assert rules["ACC001"]["name"] == "rng-seed"
+    assert rules["ACC002"]["targets"] == ["runtime", "torch_xla", "torchacc"]
+    assert all(isinstance(rule["safe"], bool) for rule in rules.values())
+
+
+def test_explain_prints_the_documentation_and_examples(cli):
+    code, out, _ = cli("explain", "device-placement")
+    assert code == 0
+    assert "ACC002 device-placement" in out and "Example 1" in out and "xm.xla_device()" in out
+    assert cli("explain", "ACC999")[0] == 2
