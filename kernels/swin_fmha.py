@@ -5,6 +5,7 @@ fused into one pass (seed 001, "FusedSwinFmha").
 (B images, nW windows per image, nH heads, N = window_size ** 2 tokens per window);
 ``relative_pos_bias`` is ``(nH, N, N)`` (or ``(1, nH, N, N)``) and is broadcast over windows;
 ``attn_mask`` is ``(nW, N, N)`` (shifted windows) or None, broadcast over images and heads.
+All are floating point; the computation is in fp32 (fp64 for fp64 ``attn``).
 
 Eager Swin makes three full-size passes (two broadcast adds, then softmax) and keeps the sums;
 here each row is loaded once, summed in fp32, normalised and stored once. Numerics: sums and
@@ -33,12 +34,14 @@ _TARGET_PROGRAMS = 1024
 
 
 def swin_fmha_reference(attn, relative_pos_bias, attn_mask=None):
-    """Eager Swin (``WindowAttention.forward``) in fp32, returned in ``attn.dtype``."""
+    """Eager Swin (``WindowAttention.forward``) in fp32 (fp64 for fp64 ``attn``), returned in
+    ``attn.dtype``."""
     windows, heads, n = _check(attn, relative_pos_bias, attn_mask)
-    x = attn.float() + relative_pos_bias.float().view(1, heads, n, n)
+    wide = _compute_dtype(attn.dtype)
+    x = attn.to(wide) + relative_pos_bias.to(wide).view(1, heads, n, n)
     if attn_mask is not None:
         nw = attn_mask.numel() // (n * n)
-        x = x.view(-1, nw, heads, n, n) + attn_mask.float().view(1, nw, 1, n, n)
+        x = x.view(-1, nw, heads, n, n) + attn_mask.to(wide).view(1, nw, 1, n, n)
         x = x.view(windows, heads, n, n)
     return torch.softmax(x, dim=-1).to(attn.dtype)
 
@@ -50,10 +53,20 @@ def swin_fmha(attn, relative_pos_bias, attn_mask=None):
     if not use_triton(*tensors):
         return swin_fmha_reference(attn, relative_pos_bias, attn_mask)
     _check(attn, relative_pos_bias, attn_mask)
+    if attn.numel() == 0:
+        return swin_fmha_reference(attn, relative_pos_bias, attn_mask)
     return _SwinFmha.apply(attn, relative_pos_bias, attn_mask)
 
 
+def _compute_dtype(dtype):
+    """fp32 for fp16/bf16/fp32, fp64 for fp64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _check(attn, bias, mask):
+    for name, t in (("attn", attn), ("relative_pos_bias", bias), ("attn_mask", mask)):
+        if t is not None and not t.is_floating_point():
+            raise TypeError(f"swin_fmha: {name} must be floating point, got {t.dtype}")
     if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
         raise ValueError(f"swin_fmha: attn must be (B * nW, nH, N, N), got {tuple(attn.shape)}")
     windows, heads, n, _ = attn.shape
@@ -78,7 +91,7 @@ class _SwinFmha(torch.autograd.Function):
         attn_c, bias_c = attn.contiguous(), bias.contiguous()
         mask_c = mask.contiguous() if mask is not None else None
         probs = torch.empty_like(attn_c)
-        lse = torch.empty(attn.shape[:-1], dtype=torch.float32, device=attn.device)
+        lse = torch.empty(attn.shape[:-1], dtype=_compute_dtype(attn.dtype), device=attn.device)
         _launch(attn_c, bias_c, mask_c, probs, lse, grad_probs=None, partial_bias=None)
         ctx.save_for_backward(attn_c, bias_c, mask_c, lse)
         ctx.bias_shape = bias.shape
@@ -95,7 +108,7 @@ class _SwinFmha(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             heads, n = attn.shape[1], attn.shape[-1]
             nw = mask.numel() // (n * n)
-            grad_mask = grad_attn.float().view(-1, nw, heads, n, n).sum((0, 2))
+            grad_mask = grad_attn.to(lse.dtype).view(-1, nw, heads, n, n).sum((0, 2))
             grad_mask = grad_mask.to(mask.dtype).view(mask.shape)
         return grad_attn, grad_bias, grad_mask
 
@@ -111,7 +124,7 @@ def _launch(attn, bias, mask, out, lse, grad_probs, partial_bias):
     splits = max(1, min(triton.cdiv(windows, block_m), _TARGET_PROGRAMS // (heads * n)))
     backward = grad_probs is not None
     partial = (
-        torch.empty((splits, heads, n, n), dtype=torch.float32, device=attn.device)
+        torch.empty((splits, heads, n, n), dtype=lse.dtype, device=attn.device)
         if backward else None
     )
     nw = mask.numel() // (n * n) if mask is not None else 1
@@ -120,6 +133,7 @@ def _launch(attn, bias, mask, out, lse, grad_probs, partial_bias):
         grad_probs if backward else attn, partial if backward else lse,
         windows, heads, n, nw,
         HAS_MASK=mask is not None, BACKWARD=backward, BLOCK_M=block_m, BLOCK_N=block_n,
+        WIDE_FP64=lse.dtype == torch.float64,
     )
     return partial
 
@@ -131,8 +145,9 @@ if triton is not None:
         attn, bias, mask, out, lse, grad_probs, partial_bias,
         windows, heads, n, nw,
         HAS_MASK: tl.constexpr, BACKWARD: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WIDE_FP64: tl.constexpr,
     ):
+        wide = tl.float64 if WIDE_FP64 else tl.float32
         head_row = tl.program_id(0)  # h * n + i: one row of the bias
         split = tl.program_id(1)
         splits = tl.num_programs(1)
@@ -140,25 +155,25 @@ if triton is not None:
         i = head_row % n
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < n
-        bias_row = tl.load(bias + head_row * n + cols, mask=col_ok, other=0.0).to(tl.float32)
-        bias_grad = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        bias_row = tl.load(bias + head_row * n + cols, mask=col_ok, other=0.0).to(wide)
+        bias_grad = tl.zeros((BLOCK_N,), dtype=wide)
 
         for start in range(split * BLOCK_M, windows, splits * BLOCK_M):
             win = start + tl.arange(0, BLOCK_M)
             ok = (win[:, None] < windows) & col_ok[None, :]
             row = (win.to(tl.int64) * heads + h) * n + i  # row index into (B*nW, nH, N)
             offsets = row[:, None] * n + cols[None, :]
-            x = tl.load(attn + offsets, mask=ok, other=0.0).to(tl.float32) + bias_row[None, :]
+            x = tl.load(attn + offsets, mask=ok, other=0.0).to(wide) + bias_row[None, :]
             if HAS_MASK:
                 mask_row = ((win % nw) * n + i) * n
                 x += tl.load(mask + mask_row[:, None] + cols[None, :], mask=ok,
-                             other=0.0).to(tl.float32)
+                             other=0.0).to(wide)
             # Padding columns drop out of the softmax; padding rows stay finite (never stored).
             x = tl.where(col_ok[None, :], x, float("-inf"))
             if BACKWARD:
                 row_lse = tl.load(lse + row, mask=win < windows, other=0.0)
                 p = tl.exp(x - row_lse[:, None])
-                dp = tl.load(grad_probs + offsets, mask=ok, other=0.0).to(tl.float32)
+                dp = tl.load(grad_probs + offsets, mask=ok, other=0.0).to(wide)
                 ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
                 ds = tl.where(ok, ds, 0.0)
                 tl.store(out + offsets, ds.to(out.dtype.element_ty), mask=ok)

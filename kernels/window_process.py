@@ -139,6 +139,8 @@ def _launch(src, B, H, W, C, shift, window_size, to_windows):
     src = src.contiguous()
     dst = torch.empty(B * H * W * C, dtype=src.dtype, device=src.device)
     tokens = B * H * W
+    if dst.numel() == 0:
+        return dst
     block_c = min(triton.next_power_of_2(C), 128)
     block_t = max(1, 4096 // block_c)
     grid = (triton.cdiv(tokens, block_t), triton.cdiv(C, block_c))

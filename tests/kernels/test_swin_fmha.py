@@ -10,6 +10,7 @@ from accrewrite.kernels.swin_fmha import swin_fmha, swin_fmha_reference
 # the result (the kernel and the reference both compute in fp32 and round once). Bias and mask
 # grads are fp32 sums over windows.
 TOLERANCES = {
+    torch.float64: dict(atol=1e-12, rtol=1e-10),
     torch.float32: dict(atol=1e-6, rtol=1e-5),
     torch.float16: dict(atol=1e-3, rtol=1e-3),
     torch.bfloat16: dict(atol=8e-3, rtol=1.6e-2),
@@ -26,12 +27,14 @@ def force_triton(monkeypatch):
 
 
 def _inputs(device, shape, dtype, with_mask):
+    """attn in ``dtype``; bias and mask fp32 as Swin's parameters and buffers (fp64 for fp64)."""
     images, nw, heads, n = shape
+    param_dtype = torch.promote_types(dtype, torch.float32)
     attn = torch.randn(images * nw, heads, n, n, device=device).to(dtype)
-    bias = torch.randn(heads, n, n, device=device)
+    bias = torch.randn(heads, n, n, device=device).to(param_dtype)
     mask = None
     if with_mask:  # Swin's shifted-window mask: 0 inside a region, -100 across regions
-        mask = torch.randint(0, 2, (nw, n, n), device=device).float() * -100.0
+        mask = torch.randint(0, 2, (nw, n, n), device=device).to(param_dtype) * -100.0
     return attn, bias, mask
 
 
@@ -57,7 +60,8 @@ def test_matches_reference(device, shape, dtype, with_mask):
     torch.testing.assert_close(ours[0], ref[0], **TOLERANCES[dtype])
     torch.testing.assert_close(ours[1], ref[1], **TOLERANCES[dtype])
     assert ours[2].dtype == bias.dtype
-    torch.testing.assert_close(ours[2], ref[2], **PARAM_GRAD_TOLERANCE)
+    param_tolerance = TOLERANCES[dtype] if dtype == torch.float64 else PARAM_GRAD_TOLERANCE
+    torch.testing.assert_close(ours[2], ref[2], **param_tolerance)
     if with_mask:  # summed from the attn grad in attn's dtype, hence its tolerance
         torch.testing.assert_close(ours[3], ref[3], **TOLERANCES[dtype])
 
@@ -90,6 +94,14 @@ def test_bias_with_leading_one_and_strided_attn(device):
     torch.testing.assert_close(swin_fmha(attn, bias), swin_fmha_reference(attn, bias))
 
 
+def test_empty_batch(device):
+    attn = torch.randn(0, 2, 5, 5, device=device, requires_grad=True)
+    probs = swin_fmha(attn, torch.randn(2, 5, 5, device=device))
+    assert probs.shape == attn.shape
+    probs.sum().backward()
+    assert attn.grad.shape == attn.shape
+
+
 def test_bad_shapes_raise(device):
     attn = torch.randn(4, 2, 5, 5, device=device)
     with pytest.raises(ValueError, match="relative_pos_bias"):
@@ -98,3 +110,5 @@ def test_bad_shapes_raise(device):
         swin_fmha(attn, torch.randn(2, 5, 5, device=device), torch.zeros(3, 5, 5, device=device))
     with pytest.raises(ValueError, match="attn must be"):
         swin_fmha(attn[..., :4], torch.randn(2, 5, 4, device=device))
+    with pytest.raises(TypeError, match="floating point"):
+        swin_fmha(attn.long(), torch.randn(2, 5, 5, device=device))

@@ -68,6 +68,15 @@ def test_non_contiguous_input_and_flat_windows(device):
     assert torch.equal(window_process_reverse(flat, 12, 8, 2, 4), x)
 
 
+def test_empty_batch(device):
+    x = torch.randn(0, 4, 4, 3, device=device, requires_grad=True)
+    windows = window_process(x, 1, 2)
+    assert windows.shape == (0, 2, 2, 3)
+    windows.sum().backward()
+    assert x.grad.shape == x.shape
+    assert window_process_reverse(windows, 4, 4, -1, 2).shape == (0, 4, 4, 3)
+
+
 def test_bad_input_raises(device):
     x = torch.randn(1, 6, 6, 2, device=device)
     with pytest.raises(ValueError, match="divide"):
