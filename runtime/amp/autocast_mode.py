@@ -1,0 +1,25 @@
+"""Device-aware ``autocast``: the runtime device unless told otherwise, float16 on CUDA and
+bfloat16 on the CPU unless ``dtype`` says otherwise (torch_xla's ``autocast`` with the device
+optional, as TorchAcc scripts call it: ``with autocast():``)."""
+
+import torch
+
+from .. import xla_model as xm
+
+
+def device_type(device=None) -> str:
+    """The torch device type for ``device``: None or ``"xla"`` mean the runtime's device."""
+    if device is None or device == "xla":
+        return xm.xla_device().type
+    return torch.device(device).type
+
+
+class autocast(torch.autocast):  # noqa: N801 - the torch_xla name
+    """``torch.autocast`` on the runtime device (or ``device``); usable as a context manager
+    or a decorator."""
+
+    def __init__(self, device=None, enabled=True, dtype=None, cache_enabled=True):
+        kind = device_type(device)
+        if dtype is None:
+            dtype = torch.float16 if kind == "cuda" else torch.bfloat16
+        super().__init__(kind, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)

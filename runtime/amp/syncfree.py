@@ -1,0 +1,166 @@
+"""``syncfree.Adam``, ``syncfree.AdamW``, ``syncfree.SGD``: optimizers that skip an overflow step
+on the device.
+
+Each ``step(closure=None, found_inf=None)`` takes the overflow flag as a tensor (nonzero: skip)
+and leaves parameters and optimizer state unchanged when it is set, deciding that on the device
+(``torch.where``), never with ``.item()`` or ``bool(tensor)``. With ``torch.amp.GradScaler`` /
+``amp.GradScaler`` they declare ``_step_supports_amp_scaling``, so ``scaler.step(optimizer)``
+passes them the scale and the flag as tensors (the ``grad_scale`` / ``found_inf`` attributes it
+sets for the call) instead of syncing; the gradients are then divided by the scale here.
+
+Without an overflow the updates are ``torch.optim``'s. The Adam math is the project's one
+implementation, ``accrewrite.kernels.adam.adam_step`` (Triton on CUDA, PyTorch elsewhere); state
+keys match ``torch.optim`` (``step``, ``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``) with
+``step`` kept on the parameter's device so that no step count crosses to the host.
+"""
+
+import torch
+
+from accrewrite.kernels.adam import adam_step
+
+
+class _SyncFree(torch.optim.Optimizer):
+    """What the three optimizers share: the GradScaler protocol and the step skeleton.
+
+    Subclasses define ``_init_state(param, group)`` (fill ``self.state[param]`` on the first
+    step) and ``_update(group, params, grad_scale, found_inf)`` (update the group's parameters
+    that have a gradient).
+    """
+
+    _step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure=None, found_inf=None):
+        """One update of every parameter with a gradient; none where ``found_inf`` is nonzero.
+
+        ``found_inf`` defaults to the flag a GradScaler set for this call.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        grad_scale = getattr(self, "grad_scale", None)
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                if not self.state[p]:
+                    self._init_state(p, group)
+            if params:
+                self._update(group, params, grad_scale, found_inf)
+        return loss
+
+
+def _check_hyperparameters(name, lr, eps=0.0, weight_decay=0.0, betas=(0.0, 0.0), momentum=0.0):
+    checks = [
+        (isinstance(lr, torch.Tensor) or lr >= 0, f"learning rate {lr}"),
+        (eps >= 0, f"eps {eps}"),
+        (weight_decay >= 0, f"weight_decay {weight_decay}"),
+        (0 <= betas[0] < 1 and 0 <= betas[1] < 1, f"betas {betas}"),
+        (momentum >= 0, f"momentum {momentum}"),
+    ]
+    for ok, what in checks:
+        if not ok:
+            raise ValueError(f"{name}: invalid {what}")
+
+
+class Adam(_SyncFree):
+    """``torch.optim.Adam`` that skips overflow steps on the device (no ``amsgrad``)."""
+
+    _decoupled_weight_decay = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, *, maximize=False):
+        if amsgrad:
+            raise ValueError(f"syncfree.{type(self).__name__} does not support amsgrad=True")
+        _check_hyperparameters(type(self).__name__, lr, eps, weight_decay, betas)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=False, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _init_state(self, param, group):
+        state = self.state[param]
+        state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+    def _update(self, group, params, grad_scale, found_inf):
+        states = [self.state[p] for p in params]
+        beta1, beta2 = group["betas"]
+        adam_step(
+            params,
+            [p.grad for p in params],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [s["step"] for s in states],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            decoupled_weight_decay=self._decoupled_weight_decay,
+            maximize=group["maximize"],
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
+
+
+class AdamW(Adam):
+    """``torch.optim.AdamW`` (decoupled weight decay) that skips overflow steps on the device."""
+
+    _decoupled_weight_decay = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+
+
+class SGD(_SyncFree):
+    """``torch.optim.SGD`` (momentum, dampening, nesterov, weight decay, maximize) that skips
+    overflow steps on the device.
+
+    torch.optim creates the momentum buffer from the first gradient; here it exists from the
+    start (zeros) and a per-parameter ``step`` tensor on the device says whether the first real
+    update has happened, so an overflow on the first step leaves the buffer "unstarted" too.
+    """
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, *, maximize=False):
+        _check_hyperparameters("SGD", lr, weight_decay=weight_decay, momentum=momentum)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def _init_state(self, param, group):
+        if group["momentum"] != 0:
+            state = self.state[param]
+            state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+            state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+    def _update(self, group, params, grad_scale, found_inf):
+        keep = None if found_inf is None else found_inf == 0
+        momentum, dampening = group["momentum"], group["dampening"]
+        for param in params:
+            grad = param.grad if grad_scale is None else param.grad / grad_scale
+            if group["maximize"]:
+                grad = -grad
+            if group["weight_decay"] != 0:
+                grad = grad.add(param, alpha=group["weight_decay"])
+            if momentum != 0:
+                state = self.state[param]
+                buf, step = state["momentum_buffer"], state["step"]
+                new_buf = torch.where(step == 0, grad, buf * momentum + (1 - dampening) * grad)
+                _masked_copy_(buf, new_buf, keep)
+                _masked_copy_(step, step + 1, keep)
+                grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
+            _masked_copy_(param, param - group["lr"] * grad, keep)
+
+
+def _masked_copy_(target, value, keep):
+    """``target[...] = value`` where ``keep`` (a device bool tensor) is true; always when None."""
+    target.copy_(value if keep is None else torch.where(keep, value, target))
