@@ -1,0 +1,115 @@
+"""``FusedAdam`` / ``FusedAdamW``: drop-ins for ``torch.optim.Adam`` / ``torch.optim.AdamW`` whose
+step is ``accrewrite.kernels.adam.adam_step`` (one Triton launch per param group on CUDA, the
+PyTorch reference elsewhere).
+
+They subclass the torch classes: same constructor signature and defaults, same param-group keys,
+same per-parameter state (``step``, ``exp_avg``, ``exp_avg_sq``), so a state_dict saved by one
+loads into the other both ways, ``isinstance(opt, torch.optim.Adam)`` holds and LR schedulers
+work unchanged. Differences, by design:
+
+- ``step`` is kept on the parameter's device as float32 (as ``fused=True`` does), so no step
+  count crosses to the host; a loaded state_dict's steps are moved there.
+- The arithmetic is float32 for every parameter dtype; ``foreach=`` and ``fused=`` are accepted
+  and have no effect (the kernel is always the fused one; the group stores ``fused=None``).
+- ``amsgrad=True`` and ``differentiable=True`` raise ``NotImplementedError``: use torch.optim.
+- With a ``GradScaler`` (``_step_supports_amp_scaling``) the scaler hands the step its scale
+  and overflow flag as tensors: gradients are divided by the scale inside the kernel and an
+  overflow step is skipped on the device, as ``torch.optim.Adam(fused=True)`` does; the
+  ``.grad`` tensors themselves stay scaled.
+"""
+
+import torch
+
+from accrewrite.kernels.adam import adam_step
+
+__all__ = ["FusedAdam", "FusedAdamW"]
+
+
+class _FusedAdamStep:
+    """The step and state handling shared by FusedAdam and FusedAdamW (mixed in before the torch
+    class, whose constructor and bookkeeping they keep)."""
+
+    _step_supports_amp_scaling = True
+
+    def add_param_group(self, param_group):
+        _reject_unsupported(type(self).__name__, param_group.get("amsgrad", self.defaults["amsgrad"]),
+                            param_group.get("differentiable", self.defaults["differentiable"]))
+        super().add_param_group(param_group)
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for param, state in self.state.items():
+            if "step" in state:
+                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(param.device)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One Adam(W) update of every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # Set by GradScaler.step for the duration of this call (see the module docstring).
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        for group in self.param_groups:
+            _reject_unsupported(type(self).__name__, group["amsgrad"], group["differentiable"])
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                if not self.state[p]:
+                    self.state[p].update(
+                        step=torch.zeros((), dtype=torch.float32, device=p.device),
+                        exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                        exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
+                    )
+            states = [self.state[p] for p in params]
+            beta1, beta2 = (float(b) for b in group["betas"])
+            adam_step(
+                params,
+                [p.grad for p in params],
+                [s["exp_avg"] for s in states],
+                [s["exp_avg_sq"] for s in states],
+                [s["step"] for s in states],
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                decoupled_weight_decay=group["decoupled_weight_decay"],
+                maximize=group["maximize"],
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+            )
+        return loss
+
+
+class FusedAdam(_FusedAdamStep, torch.optim.Adam):
+    """``torch.optim.Adam`` with the fused multi-tensor step (see the module docstring)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False, fused=None, decoupled_weight_decay=False):
+        _reject_unsupported(type(self).__name__, amsgrad, differentiable)
+        # fused= is accepted for the signature but not passed on: torch's fused=True checks
+        # devices and dtypes for torch's own kernel, which is not the one that runs here.
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
+                         maximize=maximize, capturable=capturable, fused=None,
+                         decoupled_weight_decay=decoupled_weight_decay)
+
+
+class FusedAdamW(_FusedAdamStep, torch.optim.AdamW):
+    """``torch.optim.AdamW`` with the fused multi-tensor step (see the module docstring)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None):
+        _reject_unsupported(type(self).__name__, amsgrad, differentiable)
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                         foreach=foreach, capturable=capturable, fused=None)
+
+
+def _reject_unsupported(name, amsgrad, differentiable):
+    if amsgrad:
+        raise NotImplementedError(f"{name} does not implement amsgrad; use torch.optim with amsgrad=True")
+    if differentiable:
+        raise NotImplementedError(f"{name} is not differentiable; use torch.optim with differentiable=True")
