@@ -91,6 +91,8 @@ class Facts:
     torch_seeds: set[str] = field(default_factory=set)
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
+    # The class each method is defined in.
+    method_class: dict[cst.FunctionDef, cst.ClassDef] = field(default_factory=dict)
     # Statements that mention a trigger word of the selected rules (None: every statement).
     hot: set[cst.CSTNode] | None = None
 
@@ -107,11 +109,18 @@ class Facts:
         return f"{base}.{rest}" if rest else base
 
     def device_in(self, scope: cst.FunctionDef | None) -> str | None:
-        """The device variable visible in ``scope``: one assigned there, else at module level."""
-        for wanted in (scope, None):
-            for name, where in self.devices:
-                if where is wanted:
-                    return name
+        """The device variable visible in ``scope``: one assigned there, else a ``self.``
+        attribute assigned in another method of the same class, else one at module level."""
+        owner = self.method_class.get(scope)
+        for name, where in self.devices:
+            if where is scope:
+                return name
+        for name, where in self.devices:
+            if owner is not None and name.startswith("self.") and self.method_class.get(where) is owner:
+                return name
+        for name, where in self.devices:
+            if where is None:
+                return name
         return None
 
     def is_cuda_device(self, node: cst.CSTNode) -> bool:
@@ -137,6 +146,8 @@ class _Analyzer(cst.CSTVisitor):
         self._triggers = triggers
         self._statements: list[cst.CSTNode] = []
         self._functions: list[cst.FunctionDef] = []
+        # Enclosing classes and functions, innermost last.
+        self._containers: list[cst.ClassDef | cst.FunctionDef] = []
         self._loops: list[TrainingLoop] = []
         # Functions (by name) that call backward or step: loops calling them train.
         self._step_functions: dict[str, tuple[bool, bool]] = {}
@@ -206,10 +217,20 @@ class _Analyzer(cst.CSTVisitor):
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._record_siblings(node.body)
 
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._containers.append(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._containers.pop()
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if self._containers and isinstance(self._containers[-1], cst.ClassDef):
+            self.facts.method_class[node] = self._containers[-1]
+        self._containers.append(node)
         self._functions.append(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._containers.pop()
         self._functions.pop()
         backward, step = self._function_calls.pop(original_node, (False, False))
         if backward or step:
@@ -282,8 +303,8 @@ class _Analyzer(cst.CSTVisitor):
             if seed is not None:
                 self.facts.torch_seeds.add(cst.Module([]).code_for_node(seed.value))
         if not isinstance(func, cst.Attribute):
-            if isinstance(func, cst.Name) and self._loops:
-                self._loop_callees.append((self._loops[-1], func.value))
+            if isinstance(func, cst.Name):
+                self._loop_callees += [(loop, func.value) for loop in self._loops]
             return
         method = func.attr.value
         backward = method == "backward"

@@ -1,0 +1,105 @@
+"""The analysis pass: names resolve through imports, training-script facts are found."""
+
+import libcst as cst
+
+from accrewrite.analysis import analyze
+
+
+def facts_of(code: str):
+    module = cst.parse_module(code)
+    return module, analyze(module)
+
+
+def expression(module, text):
+    """The first node in ``module`` whose code is ``text``."""
+    found = []
+
+    class Finder(cst.CSTVisitor):
+        def on_visit(self, node):
+            if not found and isinstance(node, cst.BaseExpression) and module.code_for_node(node) == text:
+                found.append(node)
+            return not found
+
+    module.visit(Finder())
+    return found[0]
+
+
+def test_names_resolve_through_aliases_and_from_imports():
+    module, facts = facts_of(
+        "import torch.optim as optim\nfrom torch.optim import AdamW as W\nimport torch.nn as nn\n"
+        "import torch.distributed\nfrom torch import cuda\n"
+        "a = optim.Adam\nb = W\nc = nn.LayerNorm\nd = torch.distributed.init_process_group\ne = cuda.manual_seed\n"
+        "f = unknown.thing\n"
+    )
+    resolved = {text: facts.qualname(expression(module, text)) for text in
+                ("optim.Adam", "W", "nn.LayerNorm", "torch.distributed.init_process_group", "cuda.manual_seed",
+                 "unknown.thing")}
+    assert resolved == {
+        "optim.Adam": "torch.optim.Adam",
+        "W": "torch.optim.AdamW",
+        "nn.LayerNorm": "torch.nn.LayerNorm",
+        "torch.distributed.init_process_group": "torch.distributed.init_process_group",
+        "cuda.manual_seed": "torch.cuda.manual_seed",
+        "unknown.thing": None,
+    }
+
+
+TRAINING = '''
+import torch
+from torch.utils.data import DataLoader
+from torch.cuda.amp import GradScaler
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+device = torch.device("cuda")
+train_loader = DataLoader(dataset, batch_size=8)
+net = Net()
+optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 10)
+scaler = GradScaler()
+ddp = DDP(net)
+
+def train_step(batch):
+    loss = ddp(batch).mean()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+
+for epoch in range(3):
+    for batch in train_loader:
+        train_step(batch)
+
+for batch in eval_loader:
+    print(batch)
+'''
+
+
+def test_training_facts():
+    module, facts = facts_of(TRAINING)
+    assert [name for name, _ in facts.devices] == ["device"]
+    assert facts.loaders == {"train_loader"}
+    assert set(facts.optimizers) == {"optimizer"}  # the scheduler is not an optimizer
+    assert facts.scalers == {"scaler"}
+    assert facts.models == {"net", "ddp"}
+    loops = {module.code_for_node(loop.node.iter) for loop in facts.loops}
+    assert loops == {"train_loader", "range(3)"}  # the eval loop trains nothing
+
+
+def test_direct_training_loop_and_methods():
+    module, facts = facts_of(
+        "import torch\nclass Trainer:\n"
+        "    def run(self):\n"
+        "        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n"
+        "        while True:\n"
+        "            self.model(x).sum().backward()\n"
+        "            self.optimizer.step()\n"
+    )
+    (loop,) = facts.loops
+    assert loop.calls_backward and loop.calls_step and isinstance(loop.node, cst.While)
+    assert loop.scope.name.value == "run"
+    assert "self.model" in facts.models and "self.optimizer" in facts.optimizers
+
+
+def test_hot_statements_follow_trigger_words():
+    module = cst.parse_module("import torch\nx = 1\ndef f():\n    y = 2\n    return y.cuda()\n")
+    facts = analyze(module, frozenset({"cuda"}))
+    hot = {module.code_for_node(node).strip().splitlines()[0] for node in facts.hot}
+    assert hot == {"def f():", "return y.cuda()"}
