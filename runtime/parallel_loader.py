@@ -23,7 +23,7 @@ import threading
 import torch
 
 from . import xla_model as xm
-from ._tensor_tree import map_tensors, tensors_in
+from ._transfer import DeviceMover
 
 _POLL_S = 0.05  # how often a blocked producer checks that it has been asked to stop
 _JOIN_S = 2.0  # how long close() waits for the producer to finish the batch it is loading
@@ -66,40 +66,6 @@ def _produce(loader, move, out, stop):
     put(_End())
 
 
-class _DeviceMover:
-    """Moves a batch to ``device``; on CUDA pins it and copies on a side stream, recording an
-    event that the consumer waits on."""
-
-    def __init__(self, device):
-        self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-
-    def __call__(self, batch):
-        if self.stream is None:
-            return map_tensors(lambda t: t.to(self.device), batch), None
-        with torch.cuda.stream(self.stream):
-            moved = map_tensors(self._copy_to_cuda, batch)
-            ready = torch.cuda.Event()
-            ready.record(self.stream)
-        return moved, ready
-
-    def _copy_to_cuda(self, tensor):
-        if tensor.device.type == "cpu" and not tensor.is_pinned():
-            tensor = tensor.pin_memory()
-        return tensor.to(self.device, non_blocking=True)
-
-    def hand_over(self, moved, ready):
-        """Make ``moved`` safe to use on the current stream."""
-        if ready is not None:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(ready)
-            for tensor in tensors_in(moved):
-                if tensor.device.type == "cuda":
-                    # the allocator must not reuse the memory while the training stream uses it
-                    tensor.record_stream(current)
-        return moved
-
-
 class ParallelLoader:
     """Prefetches ``cpu_loader`` onto ``devices[0]`` in a background thread (started here)."""
 
@@ -117,7 +83,7 @@ class ParallelLoader:
         self._loader = cpu_loader
         self._device = devices[0]
         self._batches_per_execution = batches_per_execution
-        self._mover = _DeviceMover(self._device)
+        self._mover = DeviceMover(self._device)
         self._queue = queue.Queue(maxsize=device_prefetch_size)
         self._stop = threading.Event()
         self._thread = threading.Thread(
