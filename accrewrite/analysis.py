@@ -9,6 +9,7 @@ resolve from a table.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -140,7 +141,62 @@ class Facts:
         return False
 
 
-class _Analyzer(cst.CSTVisitor):
+# Fields that hold only whitespace, comments and punctuation: the analysis never needs them.
+_SKIPPED_FIELDS = frozenset(
+    {
+        "leading_lines", "lines_after_decorators", "trailing_whitespace", "header", "footer",
+        "lpar", "rpar", "comma", "semicolon", "equal", "colon", "dot", "star", "operator",
+    }
+)
+_child_fields_cache: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(node_type: type) -> tuple[str, ...]:
+    names = _child_fields_cache.get(node_type)
+    if names is None:
+        names = tuple(
+            f.name for f in dataclasses.fields(node_type)
+            if f.name not in _SKIPPED_FIELDS and not f.name.startswith("whitespace")
+        )
+        _child_fields_cache[node_type] = names
+    return names
+
+
+class _Walker:
+    """A read-only walk with ``visit_<Node>``/``leave_<Node>`` dispatch.
+
+    libcst's own visitor walk rebuilds every node as it goes (its ``visit`` is shared with
+    transformers); reading the dataclass fields directly skips that and the whitespace nodes,
+    several times faster for a pass that only looks.
+    """
+
+    def walk(self, node: cst.CSTNode) -> None:
+        name = type(node).__name__
+        self.on_visit(node)
+        visit = getattr(self, "visit_" + name, None)
+        if visit is not None:
+            visit(node)
+        for field_name in _child_fields(type(node)):
+            value = getattr(node, field_name)
+            if isinstance(value, cst.CSTNode):
+                self.walk(value)
+            elif isinstance(value, (tuple, list)):
+                for item in value:
+                    if isinstance(item, cst.CSTNode):
+                        self.walk(item)
+        leave = getattr(self, "leave_" + name, None)
+        if leave is not None:
+            leave(node)
+        self.on_leave(node)
+
+    def on_visit(self, node: cst.CSTNode) -> None:
+        pass
+
+    def on_leave(self, node: cst.CSTNode) -> None:
+        pass
+
+
+class _Analyzer(_Walker):
     def __init__(self, triggers: frozenset[str] | None) -> None:
         self.facts = Facts(hot=None if triggers is None else set())
         self._triggers = triggers
@@ -160,13 +216,11 @@ class _Analyzer(cst.CSTVisitor):
 
     # Hot statements ------------------------------------------------------------------------
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
+    def on_visit(self, node: cst.CSTNode) -> None:
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._statements.append(node)
-        return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
         if self._statements and self._statements[-1] is original_node:
             self._statements.pop()
             hot = self.facts.hot
@@ -345,5 +399,5 @@ def analyze(module: cst.Module, triggers: frozenset[str] | None = None) -> Facts
     text in string literals), ``facts.hot`` holds the statements that mention one of them,
     and those enclosing such a statement."""
     analyzer = _Analyzer(triggers)
-    module.visit(analyzer)
+    analyzer.walk(module)
     return analyzer.facts
