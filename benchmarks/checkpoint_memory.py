@@ -1,0 +1,183 @@
+"""auto_checkpoint on a CPU GPT: peak memory and step time of forward + backward, side by side.
+
+    python benchmarks/checkpoint_memory.py [--blocks 12] [--dim 128] [--seq 256] [--batch 8]
+
+Goals (issue 7): every block checkpointed brings the peak to at most 0.40x the un-checkpointed
+peak at most 1.25x the step time; with a budget the measured peak ratio is within 10% of it.
+
+Peak memory is measured in a fresh subprocess per configuration: after a warm-up step (which is
+also the budget's calibration step) the kernel's resident-set high-water mark is reset
+(``/proc/self/clear_refs``), one forward + backward runs, and the peak is the high-water mark
+minus the resident set before the step: the activations, gradients and temporaries of the step.
+glibc is told to serve every allocation over 64 KiB by mmap (``MALLOC_MMAP_THRESHOLD_``) so that
+freed tensors leave the resident set at once. Step times come from the parent process, which
+alternates steps of the plain and the checkpointed model (same weights) and takes medians, so
+that load from other processes hits both alike.
+"""
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accrewrite.runtime import auto_checkpoint
+
+
+class Block(nn.Module):
+    """A pre-norm GPT-2 block."""
+
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
+
+    def forward(self, x, attn_mask=None):
+        q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        x = x + F.dropout(self.proj(attended.transpose(1, 2).flatten(2)), self.dropout, self.training)
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """A small GPT-2: token and position embeddings, ``blocks`` blocks, an LM head.
+
+    ``forward(input_ids, position_ids=None, attn_mask=None)``; without a mask, attention is
+    causal; ``position_ids`` and a block-diagonal mask make it train on packed rows. Dropout is
+    0 by default, as nanoGPT pretrains (on the CPU, attention dropout also forces SDPA's math
+    path, whose L x L matrices and RNG calls would dominate the step).
+    """
+
+    def __init__(self, vocab=2048, dim=128, heads=4, blocks=12, max_len=4096, dropout=0.0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(max_len, dim)
+        self.blocks = nn.ModuleList([Block(dim, heads, dropout) for _ in range(blocks)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, input_ids, position_ids=None, attn_mask=None):
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        x = self.embed(input_ids) + self.position(position_ids)
+        for block in self.blocks:
+            x = block(x, attn_mask)
+        return self.head(self.norm(x))
+
+
+def lm_loss(model, batch):
+    logits = model(batch)
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
+
+
+def make(args, budget):
+    """The benchmark model and batch; ``budget`` is "plain", "all" or a fraction."""
+    torch.manual_seed(0)
+    model = GPT(dim=args.dim, blocks=args.blocks)
+    batch = torch.randint(0, 2048, (args.batch, args.seq))
+    if budget != "plain":
+        auto_checkpoint(model, budget=None if budget == "all" else float(budget))
+    return model, batch
+
+
+def step(model, batch):
+    model.zero_grad(set_to_none=True)
+    lm_loss(model, batch).backward()
+
+
+def resident_kib(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field))
+
+
+def measure_peak(args):
+    """Child process: peak memory of one forward + backward above the memory held before it."""
+    torch.set_num_threads(1)
+    model, batch = make(args, args.worker)
+    step(model, batch)  # warm-up; with a budget, the calibration step
+    model.zero_grad(set_to_none=True)
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # reset the resident-set high-water mark (Linux >= 4.0)
+    before = resident_kib("VmRSS:")
+    step(model, batch)
+    peak = (resident_kib("VmHWM:") - before) * 1024
+    plan = getattr(model, "checkpoint_plan", None)
+    print(json.dumps({
+        "peak": peak,
+        "checkpointed": plan.checkpointed if plan else 0,
+        "estimated": plan.estimated_ratio if plan else None,
+    }))
+
+
+def peak_in_subprocess(args, budget):
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    command = [sys.executable, __file__, "--worker", str(budget),
+               *(f"--{name}={getattr(args, name)}" for name in ("blocks", "dim", "seq", "batch"))]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def step_times(args, repeats):
+    """Median step time of the plain and the fully checkpointed model, alternating steps."""
+    plain, batch = make(args, "plain")
+    checkpointed = auto_checkpoint(copy.deepcopy(plain))
+    times = {"plain": [], "all": []}
+    for _ in range(repeats + 1):  # the first round warms up
+        for name, model in (("plain", plain), ("all", checkpointed)):
+            start = time.perf_counter()
+            step(model, batch)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values[1:]) for name, values in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--budgets", default="0.5,0.7,0.85")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return measure_peak(args)
+
+    print(f"GPT: {args.blocks} blocks, dim {args.dim}, seq {args.seq}, batch {args.batch}, fp32, CPU")
+    plain = peak_in_subprocess(args, "plain")
+    print(f"{'configuration':<22}{'blocks ckpt':>12}{'peak MiB':>10}{'ratio':>8}{'estimated':>11}  goal")
+    print(f"{'no checkpointing':<22}{0:>12}{plain['peak'] / 2**20:>10.1f}{1.0:>8.2f}{'':>11}")
+    every = peak_in_subprocess(args, "all")
+    ratio = every["peak"] / plain["peak"]
+    print(f"{'every block':<22}{every['checkpointed']:>12}{every['peak'] / 2**20:>10.1f}{ratio:>8.2f}"
+          f"{'':>11}  <= 0.40 {'ok' if ratio <= 0.40 else 'MISSED'}")
+    for budget in map(float, args.budgets.split(",")):
+        result = peak_in_subprocess(args, budget)
+        ratio = result["peak"] / plain["peak"]
+        verdict = "ok" if ratio <= budget * 1.10 else "MISSED"
+        print(f"{f'budget {budget:.2f}':<22}{result['checkpointed']:>12}{result['peak'] / 2**20:>10.1f}"
+              f"{ratio:>8.2f}{result['estimated']:>11.2f}  <= {budget * 1.1:.2f} {verdict}")
+    times = step_times(args, args.repeats)
+    slowdown = times["all"] / times["plain"]
+    print(f"step time: plain {times['plain'] * 1e3:.0f} ms, every block checkpointed "
+          f"{times['all'] * 1e3:.0f} ms: {slowdown:.2f}x (goal <= 1.25x) "
+          f"{'ok' if slowdown <= 1.25 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
