@@ -120,9 +120,9 @@ def _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps):
             raise RuntimeError("adam_step does not support sparse gradients; use SparseAdam")
         if s.numel() != 1 or not s.is_floating_point():
             raise ValueError(f"adam_step: steps[{i}] must be a floating-point scalar tensor")
-    return [
-        [torch.view_as_real(t) if t.is_complex() else t for t in tensors] for tensors in lists[:4]
-    ] + [list(steps)]
+    if any(p.is_complex() for p in params):
+        lists = [[torch.view_as_real(t) if t.is_complex() else t for t in x] for x in lists[:4]] + [steps]
+    return lists
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,13 +173,13 @@ if triton_available():
         bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp2(step * log2_beta2))
         step_size = lr / bias_correction1
         if HAS_FOUND_INF:
-            # A skipped step has nothing to update: every load and store is masked off.
+            # A skipped step has nothing to update: the loop below does not run.
             numel = tl.where(tl.load(found_inf_ptr) == 0, numel, 0)
         inv_scale = 1.0
         if HAS_GRAD_SCALE:
             inv_scale = 1.0 / tl.load(grad_scale_ptr).to(tl.float32)
 
-        for i in range(0, CHUNK, BLOCK):
+        for i in range(0, tl.minimum(numel - start, CHUNK), BLOCK):
             offs = start + i + tl.arange(0, BLOCK)
             mask = offs < numel
             p = tl.load(param_ptr + offs, mask=mask).to(tl.float32)
@@ -204,64 +204,75 @@ def _adam_step_triton(
     params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay,
     decoupled_weight_decay, maximize=False, grad_scale=None, found_inf=None,
 ) -> None:
+    hyper = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                 decoupled_weight_decay=decoupled_weight_decay, maximize=maximize,
+                 grad_scale=grad_scale, found_inf=found_inf)
     buckets: dict[tuple, list[int]] = {}
-    for i, (p, g, m, v, s) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps)):
-        if not _same_dense_layout(p, g, m, v) or s.device != p.device or s.dtype != torch.float32:
-            # A strided view or a CPU-held step cannot go through the address table.
-            adam_step_reference(
-                [p], [g], [m], [v], [s], lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                weight_decay=weight_decay, decoupled_weight_decay=decoupled_weight_decay,
-                maximize=maximize, grad_scale=grad_scale, found_inf=found_inf,
-            )
-            continue
-        for t in (p, g, m):
-            if t.dtype not in _TRITON_DTYPES:
-                raise TypeError(f"adam_step: dtype {t.dtype} is not supported by the Triton path")
-        buckets.setdefault((p.device, p.dtype, g.dtype, m.dtype, v.dtype), []).append(i)
+    for i, tensors in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps)):
+        if _kernel_takes(*tensors):
+            p, g, m, _, _ = tensors
+            buckets.setdefault((p.device, p.dtype, g.dtype, m.dtype), []).append(i)
+        else:
+            adam_step_reference(*([t] for t in tensors), **hyper)
 
-    for (device, p_dtype, g_dtype, m_dtype, v_dtype), index in buckets.items():
-        if m_dtype != v_dtype:
-            raise TypeError(f"adam_step: exp_avg is {m_dtype} but exp_avg_sq is {v_dtype}")
+    for (device, p_dtype, g_dtype, state_dtype), index in buckets.items():
         bucket_steps = [steps[i] for i in index]
         if found_inf is None:
             torch._foreach_add_(bucket_steps, 1.0)
         else:
             torch._foreach_add_(bucket_steps, (found_inf == 0).to(device, torch.float32))
-        addresses = [
-            t.data_ptr() for tensors in (params, grads, exp_avgs, exp_avg_sqs, steps)
-            for t in (tensors[i] for i in index)
-        ]
+        addresses = tuple(
+            tensors[i].data_ptr()
+            for tensors in (params, grads, exp_avgs, exp_avg_sqs, steps)
+            for i in index
+        )
         numels = tuple(params[i].numel() for i in index)
-        chunks = _chunk_table(numels, device)
-        table = torch.cat([torch.tensor(addresses, dtype=torch.int64).to(device), chunks])
+        table, n_chunks = _table(addresses, numels, device)
         lr_is_tensor = isinstance(lr, torch.Tensor)
-        _adam_kernel[((len(chunks) - len(numels)) // 2,)](
+        _adam_kernel[(n_chunks,)](
             table, len(index),
             lr if lr_is_tensor else table, 0.0 if lr_is_tensor else float(lr),
             beta1, beta2, _log2(beta1), _log2(beta2), eps, weight_decay,
             table if grad_scale is None else grad_scale,
             table if found_inf is None else found_inf,
             PARAM_TY=_TRITON_DTYPES[p_dtype], GRAD_TY=_TRITON_DTYPES[g_dtype],
-            STATE_TY=_TRITON_DTYPES[m_dtype],
+            STATE_TY=_TRITON_DTYPES[state_dtype],
             LR_IS_TENSOR=lr_is_tensor, DECOUPLED=decoupled_weight_decay, MAXIMIZE=maximize,
             HAS_GRAD_SCALE=grad_scale is not None, HAS_FOUND_INF=found_inf is not None,
             CHUNK=_CHUNK, BLOCK=_BLOCK,
         )
 
 
-@functools.lru_cache(maxsize=64)
-def _chunk_table(numels: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The device-side tail of the kernel's table: the numels, then (tensor, start) per chunk.
+def _kernel_takes(param, grad, exp_avg, exp_avg_sq, step) -> bool:
+    """Whether the kernel can update this parameter: the tensors walk alike from their data_ptr,
+    in dtypes it handles, with a float32 step on the same device."""
+    # (runs for every parameter at every step: cheap tests first)
+    return (
+        step.dtype == torch.float32
+        and step.get_device() == param.get_device()
+        and param.dtype in _TRITON_DTYPES
+        and grad.dtype in _TRITON_DTYPES
+        and exp_avg.dtype in _TRITON_DTYPES
+        and exp_avg_sq.dtype == exp_avg.dtype
+        and _same_dense_layout(param, grad, exp_avg, exp_avg_sq)
+    )
 
-    It depends only on the shapes, so it is built once per param group and reused every step.
+
+@functools.lru_cache(maxsize=8)
+def _table(addresses: tuple[int, ...], numels: tuple[int, ...], device: torch.device):
+    """The kernel's device-side table and its number of chunks (= programs).
+
+    Rows: the parameter, grad, exp_avg, exp_avg_sq and step addresses, the numels, then one
+    (tensor, start) pair per chunk. Cached on the addresses: while the tensors stay where they
+    are (the usual case from one step to the next) no table is uploaded at all; otherwise the
+    upload is asynchronous, from pinned memory, so the host does not wait for the device.
     """
-    pairs = [
-        value
-        for t, numel in enumerate(numels)
-        for start in range(0, numel, _CHUNK)
-        for value in (t, start)
-    ]
-    return torch.tensor(list(numels) + pairs, dtype=torch.int64).to(device)
+    pairs = [value for t, numel in enumerate(numels) for start in range(0, numel, _CHUNK)
+             for value in (t, start)]
+    host = torch.tensor(addresses + numels + tuple(pairs), dtype=torch.int64)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True), len(pairs) // 2
 
 
 def _log2(beta: float) -> float:
@@ -272,6 +283,8 @@ def _log2(beta: float) -> float:
 def _same_dense_layout(*tensors: torch.Tensor) -> bool:
     """True when the tensors cover dense, non-overlapping memory laid out alike, so that element
     k of one is element k of the others in a flat walk from data_ptr."""
+    if all(t.is_contiguous() for t in tensors):
+        return True
     first = tensors[0]
     if any(t.stride() != first.stride() for t in tensors[1:]):
         return False

@@ -129,10 +129,12 @@ def test_found_inf_skips_everything(device, step_fn):
         torch.testing.assert_close(p, b - 1e-2, **TOL[torch.float32])
 
 
-def test_triton_strided_params_fall_back_to_reference(device):
+def test_triton_path_leaves_what_it_cannot_take_to_the_reference(device):
     torch.manual_seed(3)
     base = torch.randn(6, 8, device=device)
-    params = [base.t()[:, :3], torch.randn(5, device=device)]  # a non-dense view, a plain one
+    # a non-dense view, a float64 tensor (no kernel dtype) and a plain one
+    params = [base.t()[:, :3], torch.randn(4, device=device, dtype=torch.float64),
+              torch.randn(5, device=device)]
     grads = [torch.randn_like(p) for p in params]
     expected = [p.clone() for p in params]
     adam.adam_step_reference(expected, grads, *_state(expected), **_hyper())
@@ -163,3 +165,19 @@ def test_bad_input_is_reported():
     with pytest.raises(ValueError, match="scalar"):
         adam.adam_step(p, [torch.zeros(3)], [torch.zeros(3)], [torch.zeros(3)],
                        [torch.zeros(2)], **_hyper())
+
+
+@pytest.mark.parametrize("mode", ["triton", "reference"])
+def test_complex_params_match_torch_optim(device, monkeypatch, mode):
+    monkeypatch.setenv("ACCREWRITE_KERNELS", mode)
+    torch.manual_seed(4)
+    param = torch.randn(3, 4, dtype=torch.complex64, device=device)
+    theirs = param.clone().requires_grad_()
+    optimizer = torch.optim.Adam([theirs], lr=1e-2, weight_decay=0.1)
+    exp_avgs, exp_avg_sqs, steps = _state([param])
+    for _ in range(2):
+        grad = torch.randn_like(param)
+        theirs.grad = grad.clone()
+        optimizer.step()
+        adam.adam_step([param], [grad], exp_avgs, exp_avg_sqs, steps, **_hyper())
+    torch.testing.assert_close(param, theirs.detach(), **TOL[torch.float32])
