@@ -123,7 +123,8 @@ def _nms_triton(boxes, scores, iou_threshold, offset):
     words = triton.cdiv(n, _WORD)
     bitmask = torch.empty((n, words), dtype=torch.int64, device=boxes.device)
     _suppression_bitmask_kernel[(words, words)](
-        boxes, bitmask, n, words, float(iou_threshold), float(offset), BLOCK=_WORD
+        boxes, bitmask, n, words, float(iou_threshold), float(offset), BLOCK=_WORD,
+        enable_fp_fusion=False,
     )
     kept = torch.empty(n, dtype=torch.int8, device=boxes.device)
     _greedy_scan_kernel[(1,)](bitmask, kept, n, words, WORDS=triton.next_power_of_2(words))
@@ -201,7 +202,7 @@ def _decay_triton(boxes, scores, labels, i, n, iou_threshold, sigma, min_score, 
     _soft_nms_decay_kernel[(triton.cdiv(count, block),)](
         boxes, scores, labels if labels is not None else scores, survives, i, n,
         iou_threshold, sigma, min_score, offset,
-        METHOD=method, HAS_LABELS=labels is not None, BLOCK=block,
+        METHOD=method, HAS_LABELS=labels is not None, BLOCK=block, enable_fp_fusion=False,
     )
     return survives
 
@@ -210,14 +211,15 @@ if triton is not None:
 
     @triton.jit
     def _iou_tile(x1, y1, x2, y2, bx1, by1, bx2, by2, offset):
-        """IoU of boxes (x1..y2, column vectors) with boxes (bx1..by2, row vectors); the same
-        operation order as ``_iou``."""
+        """IoU of boxes (x1..y2, column vectors) with boxes (bx1..by2, row vectors): the same
+        operations as ``_iou`` with IEEE division and (launched with ``enable_fp_fusion=False``)
+        no fused multiply-adds, so that the GPU makes exactly the reference's decisions."""
         w = tl.minimum(x2, bx2) - tl.maximum(x1, bx1) + offset
         h = tl.minimum(y2, by2) - tl.maximum(y1, by1) + offset
         inter = tl.maximum(w, 0.0) * tl.maximum(h, 0.0)
         area = (x2 - x1 + offset) * (y2 - y1 + offset)
         areas = (bx2 - bx1 + offset) * (by2 - by1 + offset)
-        return inter / (area + areas - inter)
+        return tl.math.div_rn(inter, area + areas - inter)
 
     @triton.jit
     def _suppression_bitmask_kernel(boxes, bitmask, n, words, iou_threshold, offset,
