@@ -44,21 +44,39 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
 
-    def forward(self, x, attn_mask=None):
+    def forward(self, x, attn_mask=None, cu_seqlens=None):
         q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
-        attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+        dropout = self.dropout if self.training else 0.0
+        if cu_seqlens is not None:
+            attended = segment_attention(q, k, v, cu_seqlens, dropout)
+        else:
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None, dropout_p=dropout)
         x = x + F.dropout(self.proj(attended.transpose(1, 2).flatten(2)), self.dropout, self.training)
         return x + self.mlp(self.norm2(x))
+
+
+def segment_attention(q, k, v, cu_seqlens, dropout=0.0):
+    """Causal attention within each segment of each row: q, k, v ``[B, H, L, D]``, segment
+    bounds per row in ``cu_seqlens`` ``[B, *]`` (PackedDataset's). What ``flash_attn_varlen``
+    does in one kernel: no work is spent across documents."""
+    rows = []
+    for row, bounds in enumerate(cu_seqlens.tolist()):
+        bounds = sorted(set(bounds))
+        rows.append(torch.cat([
+            F.scaled_dot_product_attention(q[row:row + 1, :, start:end], k[row:row + 1, :, start:end],
+                                           v[row:row + 1, :, start:end], is_causal=True, dropout_p=dropout)
+            for start, end in zip(bounds, bounds[1:])
+        ], dim=2))
+    return torch.cat(rows)
 
 
 class GPT(nn.Module):
     """A small GPT-2: token and position embeddings, ``blocks`` blocks, an LM head.
 
-    ``forward(input_ids, position_ids=None, attn_mask=None)``; without a mask, attention is
-    causal; ``position_ids`` and a block-diagonal mask make it train on packed rows. Dropout is
+    ``forward(input_ids, position_ids=None, attn_mask=None, cu_seqlens=None)``: attention is
+    causal, or follows ``attn_mask``, or stays within the segments of ``cu_seqlens``; with
+    ``position_ids`` and a block-diagonal mask or ``cu_seqlens`` it trains on packed rows. Dropout is
     0 by default, as nanoGPT pretrains (on the CPU, attention dropout also forces SDPA's math
     path, whose L x L matrices and RNG calls would dominate the step).
     """
@@ -71,12 +89,12 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab)
 
-    def forward(self, input_ids, position_ids=None, attn_mask=None):
+    def forward(self, input_ids, position_ids=None, attn_mask=None, cu_seqlens=None):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
         x = self.embed(input_ids) + self.position(position_ids)
         for block in self.blocks:
-            x = block(x, attn_mask)
+            x = block(x, attn_mask, cu_seqlens)
         return self.head(self.norm(x))
 
 
@@ -134,6 +152,7 @@ def peak_in_subprocess(args, budget):
 
 def step_times(args, repeats):
     """Median step time of the plain and the fully checkpointed model, alternating steps."""
+    torch.set_num_threads(1)  # as the children: two threads on a shared, loaded machine thrash
     plain, batch = make(args, "plain")
     checkpointed = auto_checkpoint(copy.deepcopy(plain))
     times = {"plain": [], "all": []}
