@@ -88,6 +88,9 @@ class Facts:
     scalers: set[str] = field(default_factory=set)
     loaders: set[str] = field(default_factory=set)
     loops: list[TrainingLoop] = field(default_factory=list)
+    # Functions that call backward or an optimizer step (a training step factored out of the
+    # loop, as in seed 001's loop_with_amp).
+    step_functions: set[cst.FunctionDef] = field(default_factory=set)
     # Seeds passed to torch.manual_seed, as code.
     torch_seeds: set[str] = field(default_factory=set)
     # Each statement's next sibling in its block (None for the last).
@@ -258,6 +261,8 @@ class _Analyzer(_Walker):
             name = alias.name.value if isinstance(alias.name, cst.Name) else dotted(alias.name)
             local = alias.asname.name.value if alias.asname is not None else name
             self.facts.imports[local] = f"{module}.{name}"
+            if self._triggers is not None and name in self._triggers and local != name:
+                self._triggers = self._triggers | {local}  # the alias stands for the trigger word
 
     # Blocks ----------------------------------------------------------------------------------
 
@@ -289,6 +294,7 @@ class _Analyzer(_Walker):
         backward, step = self._function_calls.pop(original_node, (False, False))
         if backward or step:
             self._step_functions[original_node.name.value] = (backward, step)
+            self.facts.step_functions.add(original_node)
 
     def _enter_loop(self, node) -> None:
         self._loops.append(TrainingLoop(node=node, scope=self._scope))

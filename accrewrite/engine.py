@@ -15,6 +15,7 @@ from io import BytesIO
 import libcst as cst
 
 from accrewrite.analysis import analyze
+from accrewrite.guard import Guard
 from accrewrite.imports import add_imports
 from accrewrite.registry import Selection, select
 from accrewrite.rule import Finding, RuleContext
@@ -138,8 +139,6 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         text = _decode(source)
         if SKIP_FILE.search(source) or not _RELEVANT.search(source):
             return result
-        if options.guard:
-            raise MigrationError(FileError("--guard is not yet supported"))
         module = _parse(source, path)
         selection = options.selection()
         facts = analyze(module, _triggers(selection))
@@ -148,9 +147,13 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
         if not rules:
             return result
-        migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld))
-        if ctx.imports:
-            migrated = add_imports(migrated, facts, [target.import_line(key) for key in ctx.imports])
+        guard = Guard(options.guard, target.guard_function) if options.guard else None
+        migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld, guard))
+        import_lines = [target.import_line(key) for key in ctx.imports]
+        if guard is not None:
+            migrated = guard.finish(migrated, facts, import_lines)
+        elif import_lines:
+            migrated = add_imports(migrated, facts, import_lines)
         output = migrated.bytes
         if output != source:
             _verify(source, output, path)

@@ -42,6 +42,17 @@ def _is_docstring(statement: cst.CSTNode) -> bool:
     )
 
 
+def leading_imports_end(body) -> int:
+    """Index just past a module body's docstring and leading block of imports."""
+    position = 0
+    for index, statement in enumerate(body):
+        if _is_import(statement) or (index == 0 and _is_docstring(statement)):
+            position = index + 1
+        else:
+            break
+    return position
+
+
 def add_imports(module: cst.Module, facts: Facts, lines: list[str]) -> cst.Module:
     """``module`` with each import line (one name per line) added unless the file already binds
     that name to that module. New lines go after the file's leading block of imports (after its
@@ -56,12 +67,7 @@ def add_imports(module: cst.Module, facts: Facts, lines: list[str]) -> cst.Modul
     if not new:
         return module
     body = list(module.body)
-    position = 0
-    for index, statement in enumerate(body):
-        if _is_import(statement) or (index == 0 and _is_docstring(statement)):
-            position = index + 1
-        else:
-            break
+    position = leading_imports_end(body)
     if position == 0 and body:
         # No leading imports: keep the file's header comments above the new lines.
         new[0] = new[0].with_changes(leading_lines=body[0].leading_lines)

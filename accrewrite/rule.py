@@ -96,8 +96,11 @@ class RuleContext:
     facts: Facts
     target: Target
     source_text: str
-    # The function being walked (innermost), kept by the batched transformer.
+    # Kept by the batched transformer as it walks: enclosing functions, statements and
+    # training loops, innermost last.
     scopes: list[cst.FunctionDef] = field(default_factory=list)
+    open_statements: list[cst.CSTNode] = field(default_factory=list)
+    loops: list = field(default_factory=list)
     fixes: list[Finding] = field(default_factory=list)
     diagnostics: list[Finding] = field(default_factory=list)
     # Import keys (target profile) that committed fixes need.
@@ -107,6 +110,9 @@ class RuleContext:
     _rule: Rule | None = None
     _pending_fixes: list[Finding] = field(default_factory=list)
     _pending_imports: list[str] = field(default_factory=list)
+    _pending_insertions: list[tuple[cst.CSTNode, str, list]] = field(default_factory=list)
+    # Committed insertions: original statement -> (statements before it, statements after it).
+    insertions: dict[cst.CSTNode, tuple[list, list]] = field(default_factory=dict)
     _positions: dict | None = None
     _parsed: dict[str, cst.BaseExpression] = field(default_factory=dict)
     _noqa: dict[int, set[str]] | None = None
@@ -115,7 +121,37 @@ class RuleContext:
 
     @property
     def scope(self) -> cst.FunctionDef | None:
+        """The innermost function being walked (None at module level)."""
         return self.scopes[-1] if self.scopes else None
+
+    @property
+    def statement(self) -> cst.CSTNode | None:
+        """The innermost statement being walked (original node), for ``insert_before/after``."""
+        return self.open_statements[-1] if self.open_statements else None
+
+    @property
+    def loop(self):
+        """The innermost training loop (``analysis.TrainingLoop``) being walked, else None."""
+        return self.loops[-1] if self.loops else None
+
+    @property
+    def in_training(self) -> bool:
+        """Inside a training loop or a function that a training loop calls for its step."""
+        return bool(self.loops) or any(scope in self.facts.step_functions for scope in self.scopes)
+
+    def insert_before(self, statement: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+        """Add statements before an enclosing statement (an original node that is still being
+        walked, such as ``self.statement``). Recorded as part of the current fix."""
+        self._insert(statement, "before", new)
+
+    def insert_after(self, statement: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+        """Add statements after an enclosing statement; see ``insert_before``."""
+        self._insert(statement, "after", new)
+
+    def _insert(self, statement, where, new) -> None:
+        if statement not in self.open_statements:
+            raise ValueError("insertions go next to a statement that encloses the current node")
+        self._pending_insertions.append((statement, where, list(new)))
 
     def code(self, node: cst.CSTNode) -> str:
         """Source code of ``node`` (as the module would print it)."""
@@ -158,10 +194,25 @@ class RuleContext:
         self._rule = rule
         self._pending_fixes = []
         self._pending_imports = []
+        self._pending_insertions = []
 
-    def commit(self) -> None:
+    @property
+    def pending(self) -> bool:
+        """Whether the current rule call recorded a fix."""
+        return bool(self._pending_fixes)
+
+    @property
+    def pending_insertions(self) -> bool:
+        return bool(self._pending_insertions)
+
+    def commit(self) -> int:
+        """Keep what the current rule call recorded; returns how many fixes."""
         self.fixes.extend(self._pending_fixes)
         self.imports.extend(key for key in self._pending_imports if key not in self.imports)
+        for statement, where, new in self._pending_insertions:
+            before, after = self.insertions.setdefault(statement, ([], []))
+            (before if where == "before" else after).extend(new)
+        return len(self._pending_fixes)
 
     def withhold(self) -> None:
         self.withheld.extend(self._pending_fixes)

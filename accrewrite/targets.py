@@ -53,6 +53,8 @@ class Concept:
 class Target:
     name: str
     summary: str
+    # Name of the switch function that --guard writes (seed 001: enable_torchacc_compiler).
+    guard_function: str = "enable_accelerator"
     imports: dict[str, str] = field(default_factory=dict)
     concepts: dict[str, Concept] = field(default_factory=dict)
 
@@ -88,7 +90,13 @@ def _parse(data: dict, origin: str) -> Target:
             imports=tuple(spec.get("imports", ())),
             keep=bool(spec.get("keep", False)),
         )
-    return Target(name=data["name"], summary=data.get("summary", ""), imports=imports, concepts=concepts)
+    return Target(
+        name=data["name"],
+        summary=data.get("summary", ""),
+        guard_function=data.get("guard_function", Target.guard_function),
+        imports=imports,
+        concepts=concepts,
+    )
 
 
 @functools.cache

@@ -2,10 +2,14 @@
 
 Walking the tree once per rule would cost a traversal each; instead the rules' ``visit_<Node>``
 and ``leave_<Node>`` methods are gathered into tables by node type and called from a single
-transformer. Each ``leave_`` call is a small transaction: the fixes and imports a rule records
-while returning a changed node are kept only when the change is kept (not withheld as an unsafe
-fix, not suppressed by ``# noqa``), and a target that lacks a concept turns the rule's change
-into a "not available on this target" diagnostic.
+transformer. Each ``leave_`` call is a small transaction: the fixes, imports and insertions a
+rule records while returning a changed node are kept only when the change is kept (not withheld
+as an unsafe fix, not suppressed by ``# noqa``), and a target that lacks a concept turns the
+rule's change into a "not available on this target" diagnostic.
+
+The walk also keeps the context rules read (enclosing function, statement and training loop),
+applies insertions when their statement is left, and in guarded mode turns every changed
+statement into seed 001's ``if enabled(): new else: original`` form.
 """
 
 from __future__ import annotations
@@ -14,15 +18,31 @@ from collections import defaultdict
 
 import libcst as cst
 
+from accrewrite.guard import Guard, flatten
 from accrewrite.rule import Rule, RuleContext
 from accrewrite.targets import ConceptMissing
 
+_STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
+
+
+class RuleBug(RuntimeError):
+    """A rule changed code without recording a fix: it could not be reported or guarded."""
+
 
 class BatchedTransformer(cst.CSTTransformer):
-    def __init__(self, ctx: RuleContext, rules: list[Rule], withheld: frozenset[type[Rule]]) -> None:
+    def __init__(
+        self, ctx: RuleContext, rules: list[Rule], withheld: frozenset[type[Rule]], guard: Guard | None = None
+    ) -> None:
         super().__init__()
         self.ctx = ctx
         self.withheld_rules = withheld
+        self.guard = guard
+        self._loops = {loop.node: loop for loop in ctx.facts.loops}
+        # Fixes made on each open statement itself (not on statements nested in it).
+        self._own_fixes: list[int] = []
+        # Nodes whose subtree is not walked (on_leave still comes for them).
+        self._skipped: set[cst.CSTNode] = set()
+        self._original_elses: set[cst.CSTNode] = set()
         self._visitors: dict[str, list] = defaultdict(list)
         self._leavers: dict[str, list] = defaultdict(list)
         for rule in rules:
@@ -32,19 +52,84 @@ class BatchedTransformer(cst.CSTTransformer):
                 elif attribute.startswith("leave_"):
                     self._leavers[attribute[6:]].append((rule, getattr(rule, attribute)))
 
+    # Walking ---------------------------------------------------------------------------------
+
     def on_visit(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
+        if self.guard is not None and self._original_branch(node):
+            self._skipped.add(node)  # an earlier guarded migration's original path stays as it is
+            return False
+        if isinstance(node, _STATEMENTS):
+            hot = ctx.facts.hot
+            if hot is not None and node not in hot:
+                self._skipped.add(node)  # mentions no rule's trigger word: nothing can change
+                return False
+            ctx.open_statements.append(node)
+            self._own_fixes.append(0)
         if isinstance(node, cst.FunctionDef):
-            self.ctx.scopes.append(node)
+            ctx.scopes.append(node)
+        if node in self._loops:
+            ctx.loops.append(self._loops[node])
         for rule, method in self._visitors.get(type(node).__name__, ()):
-            self.ctx.begin(rule)
+            ctx.begin(rule)
             method(node)
-        hot = self.ctx.facts.hot
-        # A statement that mentions no rule's trigger word cannot change: skip its subtree.
-        return hot is None or node in hot or not isinstance(
-            node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)
-        )
+        return True
+
+    def _original_branch(self, node: cst.CSTNode) -> bool:
+        """``if not enabled(): ...`` and the ``else`` of ``if enabled(): ...``."""
+        if isinstance(node, cst.If):
+            branch = self.guard.branch(node.test)
+            if branch == "on" and node.orelse is not None:
+                self._original_elses.add(node.orelse)
+            return branch == "off"
+        return node in self._original_elses
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
+        ctx = self.ctx
+        if original_node in self._skipped:
+            self._skipped.discard(original_node)
+            return updated_node
+        if ctx.open_statements and ctx.open_statements[-1] is original_node:
+            return self._leave_statement(original_node, updated_node)
+        result = self._run_all(original_node, updated_node)
+        if isinstance(original_node, cst.FunctionDef):
+            ctx.scopes.pop()
+        if isinstance(result, (cst.IndentedBlock, cst.Module)) and self.guard is not None:
+            result = result.with_changes(body=self.guard.merge(list(result.body)))
+        if isinstance(result, cst.IndentedBlock) and not result.body:
+            result = result.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        return result
+
+    def _leave_statement(self, original_node, updated_node):
+        ctx = self.ctx
+        result = self._run_all(original_node, updated_node)
+        if isinstance(original_node, cst.FunctionDef):
+            ctx.scopes.pop()
+        if original_node in self._loops:
+            ctx.loops.pop()
+        ctx.open_statements.pop()
+        own_fixes = self._own_fixes.pop()
+        before, after = ctx.insertions.pop(original_node, ([], []))
+        if self.guard is None:
+            if not before and not after:
+                return result
+            return cst.FlattenSentinel([*before, *flatten(result), *after])
+        pieces = []
+        if before:
+            pieces.append(self.guard.pair(before, []))
+        if own_fixes:
+            pieces.append(self.guard.pair(flatten(result), [original_node]))
+        else:
+            pieces += flatten(result)
+        if after:
+            pieces.append(self.guard.pair(after, []))
+        if len(pieces) == 1 and pieces[0] is result:
+            return result
+        return cst.FlattenSentinel(pieces)
+
+    # Rules -----------------------------------------------------------------------------------
+
+    def _run_all(self, original_node, updated_node):
         result = updated_node
         for rule, method in self._leavers.get(type(original_node).__name__, ()):
             result = self._run(rule, method, original_node, result)
@@ -52,10 +137,6 @@ class BatchedTransformer(cst.CSTTransformer):
                 # Removed, flattened or replaced by another kind of node: later rules' leave_
                 # methods for this node type no longer apply.
                 break
-        if isinstance(original_node, cst.FunctionDef):
-            self.ctx.scopes.pop()
-        if isinstance(result, cst.IndentedBlock) and not result.body:
-            result = result.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
         return result
 
     def _run(self, rule: Rule, method, original_node, current):
@@ -70,12 +151,16 @@ class BatchedTransformer(cst.CSTTransformer):
                 f"(it has no {missing.concept!r}); left unchanged",
             )
             return current
-        if changed is current:
+        if changed is current and not ctx.pending_insertions:
             return current
+        if not ctx.pending:
+            raise RuleBug(f"{rule.code} changed code without calling ctx.fix()")
         if type(rule) in self.withheld_rules:
             ctx.withhold()
             return current
         if ctx.suppressed(rule.code, original_node):
             return current
-        ctx.commit()
+        fixes = ctx.commit()
+        if self._own_fixes and changed is not current:
+            self._own_fixes[-1] += fixes
         return changed

@@ -77,12 +77,6 @@ def test_bad_arguments_exit_2(tmp_path, cli, capsys):
         raise AssertionError("a bad --target must exit 2")
 
 
-def test_guard_is_reported_as_not_yet_supported(tmp_path, cli):
-    code, out, _ = cli("migrate", write(tmp_path), "--guard", "ACC_ON")
-    assert code == 2
-    assert "not yet supported" in out
-
-
 def test_select_and_ignore(tmp_path, cli):
     path = write(tmp_path)
     _, out, _ = cli("migrate", path, "--select", "ACC001", "--format", "json")

@@ -1,0 +1,124 @@
+"""Guarded (dual-path) output, seed 001's form: the original code runs unless an environment
+variable is set, and the target's code runs when it is.
+
+A migrated statement becomes ``if enabled(): <new> else: <original>``; an inserted statement
+becomes ``if enabled(): <new>``; a removed one ``if not enabled(): <original>``; neighbours in
+one block share one ``if``. The target's imports live in an ``if enabled():`` block at module
+level, after ``def enabled(): return os.getenv(VAR) is not None``, so the script still runs
+where the target is not installed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from accrewrite.analysis import Facts
+from accrewrite.imports import add_imports, leading_imports_end
+
+
+@dataclass
+class Guard:
+    variable: str
+    function: str
+    # Markers the transformer puts in a block's body, merged into ifs when the block is left:
+    # marker -> (new statements, original statements).
+    _pairs: dict[cst.CSTNode, tuple[list, list]] = field(default_factory=dict)
+    used: bool = False
+
+    def call(self) -> cst.Call:
+        return cst.Call(func=cst.Name(self.function))
+
+    def branch(self, test: cst.BaseExpression) -> str | None:
+        """"on" for ``if enabled():``, "off" for ``if not enabled():``, else None."""
+        if isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and test.func.value == self.function:
+            return "on"
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return "off" if self.branch(test.expression) == "on" else None
+        return None
+
+    def pair(self, new: list, old: list) -> cst.CSTNode:
+        """A placeholder statement standing for "new if enabled, else old"."""
+        marker = cst.SimpleStatementLine([cst.Pass()])
+        self._pairs[marker] = (new, old)
+        self.used = True
+        return marker
+
+    def merge(self, body: list) -> list:
+        """``body`` with each run of adjacent placeholders turned into one if/else."""
+        merged: list = []
+        run_new: list = []
+        run_old: list = []
+
+        def flush():
+            if run_new or run_old:
+                merged.append(self._if(list(run_new), list(run_old)))
+                run_new.clear()
+                run_old.clear()
+
+        for statement in body:
+            if statement in self._pairs:
+                new, old = self._pairs.pop(statement)
+                run_new.extend(new)
+                run_old.extend(old)
+            else:
+                flush()
+                merged.append(statement)
+        flush()
+        return merged
+
+    def _if(self, new: list, old: list) -> cst.If:
+        # Comments and blank lines above the first statement stay above the if.
+        first = (old or new)[0]
+        leading = first.leading_lines
+        new = _strip_leading(new)
+        old = _strip_leading(old)
+        if new:
+            orelse = cst.Else(body=cst.IndentedBlock(old)) if old else None
+            return cst.If(test=self.call(), body=cst.IndentedBlock(new), orelse=orelse, leading_lines=leading)
+        negated = cst.UnaryOperation(operator=cst.Not(), expression=self.call())
+        return cst.If(test=negated, body=cst.IndentedBlock(old), leading_lines=leading)
+
+    def finish(self, module: cst.Module, facts: Facts, import_lines: list[str]) -> cst.Module:
+        """Add ``import os``, the switch function and the guarded target imports."""
+        if not self.used:
+            return module
+        module = add_imports(module, facts, ["import os"])
+        config = module.config_for_parsing
+        preamble = []
+        if not _defines(module, self.function):
+            preamble.append(
+                cst.parse_statement(
+                    f"def {self.function}():\n    return os.getenv({self.variable!r}) is not None\n", config=config
+                ).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+            )
+        if import_lines:
+            imports = [cst.parse_statement(line, config=config) for line in import_lines]
+            preamble.append(
+                cst.If(test=self.call(), body=cst.IndentedBlock(imports), leading_lines=[cst.EmptyLine()])
+            )
+        body = list(module.body)
+        position = leading_imports_end(body)
+        if position < len(body):
+            body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine(), *body[position].leading_lines])
+        return module.with_changes(body=[*body[:position], *preamble, *body[position:]])
+
+
+def _defines(module: cst.Module, name: str) -> bool:
+    return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in module.body)
+
+
+def _strip_leading(statements: list) -> list:
+    if not statements:
+        return statements
+    return [statements[0].with_changes(leading_lines=[]), *statements[1:]]
+
+
+def flatten(result) -> list:
+    """A leave_ result as a list of statements."""
+    if isinstance(result, cst.RemovalSentinel):
+        return []
+    if isinstance(result, cst.FlattenSentinel):
+        return list(result.nodes)
+    return [result]
