@@ -12,7 +12,11 @@ with the two extras that an AMP training step needs without a host sync:
 It serves ``FusedAdam``/``FusedAdamW`` and the syncfree optimizers alike.
 
 The arithmetic is done in float32 whatever the parameter dtype (as ``torch.optim.Adam(fused=True)``
-does) and stored back in each tensor's own dtype.
+does) and stored back in each tensor's own dtype. Complex parameters are updated as pairs of
+reals (as torch.optim does).
+
+On the Triton path a parameter the kernel cannot take (a non-dense view, float64, a step held on
+another device) is updated by the reference instead, so every input torch.optim accepts works.
 """
 
 from __future__ import annotations
@@ -76,13 +80,15 @@ def adam_step_reference(
     params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay,
     decoupled_weight_decay, maximize=False, grad_scale=None, found_inf=None,
 ) -> None:
-    """The PyTorch reference of ``adam_step``: one parameter at a time, float32 arithmetic."""
+    """The PyTorch reference of ``adam_step``: one parameter at a time, in float32 (float64 for
+    float64 parameters)."""
     # A skipped step is chosen with torch.where rather than a Python `if`, so that the decision
     # stays on the device.
     keep = None if found_inf is None else found_inf == 0
     for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
-        p = param.float()
-        g = grad.float()
+        dtype = torch.promote_types(param.dtype, torch.float32)
+        p = param.to(dtype)
+        g = grad.to(dtype)
         if grad_scale is not None:
             g = g / grad_scale
         if maximize:
@@ -93,10 +99,10 @@ def adam_step_reference(
             else:
                 g = g + weight_decay * p
         new_step = step + 1
-        m = exp_avg.float().lerp(g, 1 - beta1)
-        v = exp_avg_sq.float() * beta2 + (1 - beta2) * g * g
-        bias_correction1 = 1 - beta1**new_step
-        bias_correction2_sqrt = (1 - beta2**new_step).sqrt()
+        m = exp_avg.to(dtype).lerp(g, 1 - beta1)
+        v = exp_avg_sq.to(dtype) * beta2 + (1 - beta2) * g * g
+        bias_correction1 = 1 - beta1 ** new_step.to(dtype)
+        bias_correction2_sqrt = (1 - beta2 ** new_step.to(dtype)).sqrt()
         p = p - (lr / bias_correction1) * m / (v.sqrt() / bias_correction2_sqrt + eps)
         for target, value in ((param, p), (exp_avg, m), (exp_avg_sq, v), (step, new_step)):
             target.copy_(value if keep is None else torch.where(keep, value, target))
@@ -139,11 +145,10 @@ def _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps):
 _CHUNK = 16384
 _BLOCK = 1024
 
-_TRITON_DTYPES = {}
-if triton_available():
-    _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+_TRITON_DTYPES: dict = {}
 
 if triton_available():
+    _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
     @triton.jit
     def _adam_kernel(

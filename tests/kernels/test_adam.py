@@ -181,3 +181,17 @@ def test_complex_params_match_torch_optim(device, monkeypatch, mode):
         optimizer.step()
         adam.adam_step([param], [grad], exp_avgs, exp_avg_sqs, steps, **_hyper())
     torch.testing.assert_close(param, theirs.detach(), **TOL[torch.float32])
+
+
+def test_reference_keeps_float64_precision():
+    torch.manual_seed(5)
+    param = torch.randn(10, dtype=torch.float64)
+    theirs = param.clone().requires_grad_()
+    optimizer = torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.1)
+    exp_avgs, exp_avg_sqs, steps = _state([param])
+    grad = torch.randn_like(param)
+    theirs.grad = grad.clone()
+    optimizer.step()
+    adam.adam_step_reference([param], [grad], exp_avgs, exp_avg_sqs, steps,
+                             **_hyper(decoupled_weight_decay=True))
+    torch.testing.assert_close(param, theirs.detach(), rtol=1e-12, atol=1e-12)
