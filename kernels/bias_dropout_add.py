@@ -26,6 +26,7 @@ if triton_available():
     import triton.language as tl
 
 _BLOCK = 1024
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 takes the reference
 
 
 def bias_dropout_add(
@@ -44,7 +45,8 @@ def bias_dropout_add(
     """
     _check(x, bias, residual, p)
     tensors = [t for t in (x, bias, residual) if t is not None]
-    if training and p > 0 and use_triton(*tensors):
+    kernel_dtypes = all(t.dtype in KERNEL_DTYPES for t in tensors)
+    if training and p > 0 and kernel_dtypes and use_triton(*tensors):
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())  # a CPU tensor: no device sync
         return _BiasDropoutAddFunction.apply(x, bias, residual, float(p), seed)

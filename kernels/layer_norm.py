@@ -9,7 +9,8 @@ Triton path: the forward normalizes one row per program and keeps the row's mean
 (float32, one value per row) for the backward. The backward gives each program a band of rows:
 it writes their input gradients and accumulates its band's weight and bias gradients in float32
 registers, which are then summed over the programs (the layout of Liger-Kernel's layer norm).
-Rows wider than ``MAX_FUSED_SIZE`` bytes do not fit one program's registers and take the reference.
+Rows wider than ``MAX_FUSED_SIZE`` bytes do not fit one program's registers and take the
+reference, as does float64 (the kernel computes in float32).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ if triton_available():
     import triton.language as tl
 
 MAX_FUSED_SIZE = 65536  # bytes of one row, as in Triton's layer-norm tutorial
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 takes the reference
 
 
 def layer_norm(
@@ -39,7 +41,8 @@ def layer_norm(
     normalized_shape = _check_shapes(x, normalized_shape, weight, bias)
     n = math.prod(normalized_shape)
     params = [t for t in (weight, bias) if t is not None]
-    if use_triton(x, *params) and 0 < n * x.element_size() <= MAX_FUSED_SIZE:
+    fits = 0 < n * x.element_size() <= MAX_FUSED_SIZE
+    if fits and all(t.dtype in KERNEL_DTYPES for t in (x, *params)) and use_triton(x, *params):
         return _LayerNormFunction.apply(x, weight, bias, n, eps)
     return layer_norm_reference(x, normalized_shape, weight, bias, eps)
 

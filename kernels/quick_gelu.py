@@ -15,6 +15,7 @@ if triton_available():
     import triton.language as tl
 
 ALPHA = 1.702
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 takes the reference
 _BLOCK = 1024
 
 
@@ -22,7 +23,7 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(1.702 * x)``, elementwise."""
     if not x.is_floating_point():
         raise TypeError(f"quick_gelu: expected a floating-point tensor, got {x.dtype}")
-    if use_triton(x):
+    if x.dtype in KERNEL_DTYPES and use_triton(x):
         return _QuickGeluFunction.apply(x)
     return quick_gelu_reference(x)
 

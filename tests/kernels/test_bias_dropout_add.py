@@ -121,3 +121,12 @@ def test_bad_input_is_reported():
         bda.bias_dropout_add(x, None, torch.randn(4, 2), 0.1)
     with pytest.raises(ValueError, match="bias must have shape"):
         bda.bias_dropout_add(x, torch.randn(2), x, 0.1)
+
+
+def test_float64_takes_the_reference(monkeypatch):
+    monkeypatch.setattr(bda._BiasDropoutAddFunction, "apply", None)  # float32 kernel
+    x = torch.randn(4, 8, dtype=torch.float64)
+    torch.manual_seed(0)
+    out = bda.bias_dropout_add(x, None, x, 0.5)
+    torch.manual_seed(0)
+    assert torch.equal(out, x + torch.nn.functional.dropout(x, 0.5))

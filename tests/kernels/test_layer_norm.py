@@ -112,3 +112,9 @@ def test_bad_shapes_are_reported():
         ln.layer_norm(x, (2, 2, 8))
     with pytest.raises(ValueError, match="weight has shape"):
         ln.layer_norm(x, 8, torch.ones(4))
+
+
+def test_float64_takes_the_reference(monkeypatch):
+    monkeypatch.setattr(ln._LayerNormFunction, "apply", None)  # the kernel computes in float32
+    x = torch.randn(3, 10, dtype=torch.float64)
+    assert torch.equal(ln.layer_norm(x, 10), torch.nn.functional.layer_norm(x, (10,)))

@@ -53,3 +53,9 @@ def test_strided_input(device):
 def test_integer_input_is_rejected():
     with pytest.raises(TypeError, match="floating-point"):
         qg.quick_gelu(torch.arange(3))
+
+
+def test_float64_takes_the_reference(monkeypatch):
+    monkeypatch.setattr(qg._QuickGeluFunction, "apply", None)  # the kernel computes in float32
+    x = torch.randn(9, dtype=torch.float64)
+    assert torch.equal(qg.quick_gelu(x), x * torch.sigmoid(1.702 * x))
