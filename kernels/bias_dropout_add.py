@@ -88,7 +88,7 @@ class _BiasDropoutAddFunction(torch.autograd.Function):
         scale = 1.0 / (1.0 - p) if p < 1 else 0.0
         if n:
             _forward_kernel[(triton.cdiv(n, _BLOCK),)](
-                x, bias, residual, out, n, x.shape[-1], p, scale, seed,
+                x, bias, residual, out, n, x.shape[-1] if x.dim() else 1, p, scale, seed,
                 HAS_BIAS=bias is not None, BLOCK=_BLOCK,
             )
         ctx.p, ctx.scale, ctx.seed = p, scale, seed

@@ -91,6 +91,12 @@ def test_seeds(device):
     assert not torch.equal(first, second)  # a fresh seed per call
 
 
+def test_scalar_input(device):
+    x = torch.tensor(3.0, device=device)
+    out = bda.bias_dropout_add(x, None, torch.zeros_like(x), 0.5, seed=3)
+    assert out.shape == () and out.item() in (0.0, 6.0)
+
+
 def test_no_dropout_cases(device):
     x, residual = torch.randn(3, 8, device=device), torch.randn(3, 8, device=device)
     bias = torch.randn(8, device=device)

@@ -118,3 +118,13 @@ def test_float64_takes_the_reference(monkeypatch):
     monkeypatch.setattr(ln._LayerNormFunction, "apply", None)  # the kernel computes in float32
     x = torch.randn(3, 10, dtype=torch.float64)
     assert torch.equal(ln.layer_norm(x, 10), torch.nn.functional.layer_norm(x, (10,)))
+
+
+def test_broadcast_output_gradient(device):
+    # y.sum().backward() hands the backward an expanded (stride 0) gradient
+    x = torch.randn(4, 33, device=device, requires_grad=True)
+    weight = torch.randn(33, device=device, requires_grad=True)
+    ln.layer_norm(x, 33, weight).sum().backward()
+    expected = torch.autograd.grad(ln.layer_norm_reference(x, 33, weight).sum(), [x, weight])
+    torch.testing.assert_close(x.grad, expected[0], **TOL[torch.float32])
+    torch.testing.assert_close(weight.grad, expected[1], **PARAM_TOL)
