@@ -22,10 +22,10 @@ TOL = {
 SHAPES = [(3, 5), (1,), (2049,), (7, 11, 13), (0,), (20000,)]  # 20000 spans two kernel chunks
 
 
-def _state(params):
+def _state(params, dtype=None):
     return (
-        [torch.zeros_like(p) for p in params],
-        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p, dtype=dtype) for p in params],
+        [torch.zeros_like(p, dtype=dtype) for p in params],
         [torch.zeros((), dtype=torch.float32, device=p.device) for p in params],
     )
 
@@ -65,11 +65,11 @@ def test_reference_matches_torch_optim(decoupled, maximize):
         assert s.item() == optimizer.state[p]["step"].item() == 4
 
 
-def _compare_steps(device, dtype, grad_scale=None, found_inf=None, **hyper):
+def _compare_steps(device, dtype, grad_scale=None, found_inf=None, state_dtype=None, **hyper):
     """Run N_STEPS steps; each one from the same state through the kernel and the reference."""
     torch.manual_seed(1)
     params = [torch.randn(s, device=device).to(dtype) for s in SHAPES]
-    state = [params, *_state(params)]
+    state = [params, *_state(params, state_dtype)]
     for _ in range(N_STEPS):
         grads = [torch.randn_like(p) for p in params]
         results = []
@@ -94,6 +94,10 @@ def _compare_steps(device, dtype, grad_scale=None, found_inf=None, **hyper):
 )
 def test_triton_matches_reference(device, dtype, hyper):
     _compare_steps(device, dtype, **hyper)
+
+
+def test_triton_low_precision_params_with_float32_moments(device):
+    _compare_steps(device, torch.bfloat16, state_dtype=torch.float32)
 
 
 def test_triton_grad_scale_and_tensor_lr(device):
