@@ -41,6 +41,23 @@ def dotted(node: cst.CSTNode) -> str | None:
     return None
 
 
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every dotted name (``a``, ``a.b``) mentioned in an expression."""
+    found: set[str] = set()
+
+    class Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            full = dotted(attribute)
+            if full:
+                found.add(full)
+
+    node.visit(Names())
+    return found
+
+
 def string_value(node: cst.CSTNode) -> str | None:
     """The value of a plain (non-f, non-bytes) string literal, else None."""
     if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
@@ -87,6 +104,12 @@ class Facts:
     optimizers: dict[str, cst.Call] = field(default_factory=dict)
     scalers: set[str] = field(default_factory=set)
     loaders: set[str] = field(default_factory=set)
+    # Names already assigned a device loader (a migrated file).
+    device_loaders: set[str] = field(default_factory=set)
+    # Where devices and loaders are assigned: (name, statement, enclosing function, order of
+    # the statement in the file), so a rule can put code after both.
+    device_statements: list[tuple[str, cst.CSTNode, cst.FunctionDef | None, int]] = field(default_factory=list)
+    loader_statements: list[tuple[str, cst.CSTNode, cst.FunctionDef | None, int]] = field(default_factory=list)
     loops: list[TrainingLoop] = field(default_factory=list)
     # Functions that call backward or an optimizer step (a training step factored out of the
     # loop, as in seed 001's loop_with_amp).
@@ -113,12 +136,15 @@ class Facts:
         return f"{base}.{rest}" if rest else base
 
     def device_in(self, scope: cst.FunctionDef | None) -> str | None:
-        """The device variable visible in ``scope``: one assigned there, else a ``self.``
-        attribute assigned in another method of the same class, else one at module level."""
+        """The device variable visible in ``scope``: one assigned there, else a parameter named
+        ``device``, else a ``self.`` attribute assigned in another method of the same class,
+        else one at module level."""
         owner = self.method_class.get(scope)
         for name, where in self.devices:
             if where is scope:
                 return name
+        if scope is not None and any(param.name.value == "device" for param in scope.params.params):
+            return "device"
         for name, where in self.devices:
             if owner is not None and name.startswith("self.") and self.method_class.get(where) is owner:
                 return name
@@ -204,6 +230,7 @@ class _Analyzer(_Walker):
         self.facts = Facts(hot=None if triggers is None else set())
         self._triggers = triggers
         self._statements: list[cst.CSTNode] = []
+        self._order = 0
         self._functions: list[cst.FunctionDef] = []
         # Enclosing classes and functions, innermost last.
         self._containers: list[cst.ClassDef | cst.FunctionDef] = []
@@ -222,6 +249,7 @@ class _Analyzer(_Walker):
     def on_visit(self, node: cst.CSTNode) -> None:
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._statements.append(node)
+            self._order += 1
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         if self._statements and self._statements[-1] is original_node:
@@ -303,6 +331,8 @@ class _Analyzer(_Walker):
         loop = self._loops.pop()
         if loop.calls_backward or loop.calls_step:
             self.facts.loops.append(loop)
+            if self.facts.hot is not None:
+                self.facts.hot.add(loop.node)  # every rule may look at a training loop
 
     def visit_For(self, node: cst.For) -> None:
         self._enter_loop(node)
@@ -325,9 +355,11 @@ class _Analyzer(_Walker):
         if target is None:
             return
         value = node.value
+        where = (target, self._statements[-1], self._scope, self._order)
         if self.facts.is_cuda_device(value):
             self.facts.devices.append((target, self._scope))
             self.facts.device_values.add(value)
+            self.facts.device_statements.append(where)
             return
         if not isinstance(value, cst.Call):
             return
@@ -336,6 +368,9 @@ class _Analyzer(_Walker):
             self.facts.scalers.add(target)
         elif callee in LOADER_NAMES:
             self.facts.loaders.add(target)
+            self.facts.loader_statements.append(where)
+        elif callee.endswith(".MpDeviceLoader"):
+            self.facts.device_loaders.add(target)
         elif callee in WRAPPER_NAMES:
             self.facts.models.add(target)
         elif callee.startswith(OPTIMIZER_MODULES) and ".lr_scheduler." not in callee:

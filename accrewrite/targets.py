@@ -37,6 +37,9 @@ class Concept:
     imports: tuple[str, ...] = ()
     # The statements follow the original code instead of replacing it.
     keep: bool = False
+    # The result stands in for the original object everywhere (same attributes), so it may be
+    # bound to the original's name.
+    rebind: bool = True
 
     def render_expr(self, **values: str) -> str:
         if self.expr is None:
@@ -75,7 +78,7 @@ def _parse(data: dict, origin: str) -> Target:
     imports = dict(data.get("imports", {}))
     concepts = {}
     for name, spec in data.get("concepts", {}).items():
-        unknown = set(spec) - {"expr", "stmts", "imports", "keep"}
+        unknown = set(spec) - {"expr", "stmts", "imports", "keep", "rebind"}
         if unknown:
             raise ValueError(f"{origin}: concept {name!r} has unknown keys {sorted(unknown)}")
         if ("expr" in spec) == ("stmts" in spec):
@@ -89,6 +92,7 @@ def _parse(data: dict, origin: str) -> Target:
             stmts=tuple(spec.get("stmts", ())),
             imports=tuple(spec.get("imports", ())),
             keep=bool(spec.get("keep", False)),
+            rebind=bool(spec.get("rebind", True)),
         )
     return Target(
         name=data["name"],

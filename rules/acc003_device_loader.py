@@ -1,0 +1,286 @@
+import libcst as cst
+
+from accrewrite.analysis import call_arg, dotted, names_in
+from accrewrite.rule import Example, Rule
+
+_DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
+
+
+class DeviceLoader(Rule):
+    """Feed training and evaluation loops from a device loader, and stop moving each batch.
+
+    Seed 001, step 2: ``loader = pl.MpDeviceLoader(loader, device)``. The device loader copies
+    the next batches to the device in the background while the current step runs, so the
+    per-batch ``x = x.to(device)`` / ``.cuda()`` in the loop is removed (as are dict and tuple
+    forms such as ``batch = {k: v.to(device) for k, v in batch.items()}``).
+
+    Where the wrap goes: a ``DataLoader`` assigned in a function that can see the device is
+    rebound right after both exist (after the device's statement when the device is chosen
+    later, as in seed 001's example). The target's device loader then answers ``len()``,
+    ``.dataset`` and ``.sampler.set_epoch()`` like the loader it wraps. Where the target's
+    device loader does not stand in for the loader (torch_xla's has no ``.dataset`` or
+    ``.sampler``), or no device is visible where the loader is made, the loop's iterable is
+    wrapped instead (``for x, y in pl.MpDeviceLoader(loader, device)``) and the loader keeps its
+    name and attributes.
+    """
+
+    code = "ACC003"
+    name = "device-loader"
+    summary = "DataLoaders feeding loops -> the target's device loader; per-batch .to(device) removed"
+    concepts = ("device_loader",)
+    triggers = frozenset({"DataLoader", "cuda", "device", "to"})
+    examples = (
+        Example(
+            before="""
+            import torch
+            from torch.utils.data import DataLoader
+
+            loader = DataLoader(dataset, batch_size=32, shuffle=True)
+            device = torch.device("cuda")
+            model = Net().to(device)
+            for epoch in range(10):
+                for step, (x, y) in enumerate(loader):
+                    x, y = x.to(device), y.to(device)
+                    loss = loss_fn(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                print(len(loader.dataset))
+            """,
+            after="""
+            import torch
+            from torch.utils.data import DataLoader
+            import accrewrite.runtime.parallel_loader as pl
+
+            loader = DataLoader(dataset, batch_size=32, shuffle=True)
+            device = torch.device("cuda")
+            loader = pl.MpDeviceLoader(loader, device)
+            model = Net().to(device)
+            for epoch in range(10):
+                for step, (x, y) in enumerate(loader):
+                    loss = loss_fn(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                print(len(loader.dataset))
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def train(model, train_loader, device):
+                for batch in train_loader:
+                    batch = {k: v.to(device) for k, v in batch.items()}
+                    inputs = batch["input_ids"].cuda(non_blocking=True)
+                    model(inputs, **batch).loss.backward()
+                    optimizer.step()
+            """,
+            after="""
+            import torch
+            import torch_xla.distributed.parallel_loader as pl
+
+            def train(model, train_loader, device):
+                for batch in pl.MpDeviceLoader(train_loader, device):
+                    inputs = batch["input_ids"]
+                    model(inputs, **batch).loss.backward()
+                    optimizer.step()
+            """,
+        ),
+    )
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        facts = ctx.facts
+        rebind = ctx.target.has("device_loader") and ctx.concept("device_loader").rebind
+        # Loaders rebound at their assignment: statement -> [(loader, device)] to add after it.
+        self._wraps: dict[cst.CSTNode, list[tuple[str, str]]] = {}
+        self._rebound: set[str] = set(facts.device_loaders)
+        for name, statement, scope, order in facts.loader_statements:
+            if name in facts.device_loaders or not rebind:
+                continue
+            device = self._device_statement(scope)
+            if device is None:
+                continue
+            device_name, device_statement, device_order = device
+            anchor = device_statement if device_order > order else statement
+            self._wraps.setdefault(anchor, []).append((name, device_name))
+            self._rebound.add(name)
+        # Loops fed by a device loader, innermost last: (loop, names its batches bind, the
+        # loader to wrap at the loop or None).
+        self._fed: list[tuple[cst.CSTNode, set[str], str | None]] = []
+
+    def applies(self) -> bool:
+        return bool(self.ctx.facts.loaders or self.ctx.facts.loops)
+
+    def _device_statement(self, scope):
+        """(name, statement, order) of the device visible in ``scope``: one assigned in the
+        same function, else at module level."""
+        for wanted in (scope, None):
+            for name, statement, where, order in self.ctx.facts.device_statements:
+                if where is wanted:
+                    return name, statement, order if wanted is scope else -1
+        return None
+
+    # Rebinding at the assignment ------------------------------------------------------------
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        for loader, device in self._wraps.get(original_node, ()):
+            wrapped = self.ctx.expr("device_loader", loader=loader, device=device)
+            line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.parse_expression(loader))], wrapped)])
+            self.ctx.insert_after(original_node, [line])
+            self.ctx.fix(original_node, f"{loader} is wrapped in the target's device loader")
+        if self._fed and self._is_inside_fed_loop():
+            return self._drop_batch_moves(original_node, updated_node)
+        return updated_node
+
+    # Loops ----------------------------------------------------------------------------------
+
+    def visit_For(self, node: cst.For) -> None:
+        iterated = names_in(node.iter)
+        if any(name.endswith("MpDeviceLoader") for name in iterated) or iterated & self._rebound:
+            self._fed.append((node, names_in(node.target), None))
+            return
+        loader = self._loader_to_wrap(node, iterated)
+        if loader is not None:
+            self._fed.append((node, names_in(node.target), loader))
+
+    def _loader_to_wrap(self, node: cst.For, iterated: set[str]) -> str | None:
+        """The loader this loop's iterable is wrapped in, when none is rebound in this file.
+        (Where loaders are rebound, a loop over a parameter already gets a device loader.)"""
+        if self._rebound:
+            return None
+        trains = any(loop.node is node for loop in self.ctx.facts.loops)
+        for name in sorted(iterated):
+            if name in self.ctx.facts.loaders or (trains and "loader" in name.split(".")[-1].lower()):
+                return name
+        return None
+
+    def leave_For(self, original_node, updated_node):
+        if not self._fed or self._fed[-1][0] is not original_node:
+            return updated_node
+        _, _, loader = self._fed.pop()
+        if loader is None:
+            return updated_node
+        device = self.ctx.facts.device_in(self.ctx.scope) or self.ctx.code(self.ctx.expr("device"))
+        wrapped = self.ctx.expr("device_loader", loader=loader, device=device)
+        self.ctx.fix(original_node, f"the loop over {loader} reads from the target's device loader")
+        return updated_node.with_changes(iter=_Replace(loader, wrapped).visit_expr(updated_node.iter))
+
+    # Per-batch moves --------------------------------------------------------------------------
+
+    def _is_inside_fed_loop(self) -> bool:
+        return any(loop in self.ctx.open_statements for loop, _, _ in self._fed)
+
+    def _batch_names(self) -> set[str]:
+        names: set[str] = set()
+        for loop, bound, _ in self._fed:
+            if loop in self.ctx.open_statements:
+                names |= bound
+        return names
+
+    def _drop_batch_moves(self, original_node, updated_node):
+        if len(updated_node.body) != 1:
+            return updated_node
+        statement = updated_node.body[0]
+        batch = self._batch_names()
+        if isinstance(statement, cst.Expr) and self._is_move(statement.value, batch):
+            self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
+            return cst.RemoveFromParent()
+        if not isinstance(statement, cst.Assign) or len(statement.targets) != 1:
+            return updated_node
+        stripped = _StripMoves(self, batch | names_in(statement.value)).visit_expr(statement.value)
+        if stripped.deep_equals(statement.value):
+            return updated_node
+        self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
+        if _rebinds_itself(statement.targets[0].target, stripped):
+            return cst.RemoveFromParent()
+        return updated_node.with_changes(body=[statement.with_changes(value=stripped)])
+
+    def _is_move(self, node: cst.CSTNode, batch: set[str]) -> bool:
+        """``x.to(device)``, ``x.cuda(...)``, ``x.to(device, non_blocking=True)`` of a batch."""
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return False
+        root = dotted(node.func.value) or ""
+        if not (names_in(node.func.value) & batch) and root.split(".")[0] not in batch:
+            return False
+        method = node.func.attr.value
+        if method == "cuda":
+            return True
+        if method != "to":
+            return False
+        where = call_arg(node, 0, "device")
+        if where is None:
+            return False
+        facts = self.ctx.facts
+        name = dotted(where.value) or ""
+        if (facts.qualname(where.value) or "").startswith(_DTYPE_PREFIX):
+            return False
+        devices = {device for device, _ in facts.devices}
+        return (
+            name in devices
+            or name.split(".")[-1] in ("device", "gpu", "local_rank", "rank")
+            or facts.is_cuda_device(where.value)
+        )
+
+
+class _StripMoves(cst.CSTTransformer):
+    """Replaces each move of a batch value by the value itself."""
+
+    def __init__(self, rule: DeviceLoader, batch: set[str]):
+        super().__init__()
+        self.rule = rule
+        self.batch = batch
+
+    def visit_expr(self, node):
+        return node.visit(self)
+
+    def leave_Call(self, original_node, updated_node):
+        if self.rule._is_move(original_node, self.batch):
+            return updated_node.func.value
+        return updated_node
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, name: str, replacement: cst.BaseExpression):
+        super().__init__()
+        self.name = name
+        self.replacement = replacement
+
+    def visit_expr(self, node):
+        return node.visit(self)
+
+    def leave_Name(self, original_node, updated_node):
+        return self.replacement if original_node.value == self.name else updated_node
+
+    def leave_Attribute(self, original_node, updated_node):
+        return self.replacement if dotted(original_node) == self.name else updated_node
+
+
+def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bool:
+    """``x = x``, ``x, y = x, y``, ``b = {k: v for k, v in b.items()}``, ``b = tuple(t for t in b)``."""
+    if target.deep_equals(value):
+        return True
+    if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple):
+        return len(target.elements) == len(value.elements) and all(
+            t.value.deep_equals(v.value) for t, v in zip(target.elements, value.elements)
+        )
+    name = dotted(target)
+    if isinstance(value, cst.Call) and dotted(value.func) in ("tuple", "list") and len(value.args) == 1:
+        value = value.args[0].value
+    if isinstance(value, (cst.GeneratorExp, cst.ListComp)):
+        loop = value.for_in
+        return dotted(loop.iter) == name and value.elt.deep_equals(loop.target) and not loop.ifs
+    if isinstance(value, cst.DictComp):
+        loop = value.for_in
+        items = loop.iter
+        return (
+            isinstance(items, cst.Call)
+            and isinstance(items.func, cst.Attribute)
+            and items.func.attr.value == "items"
+            and dotted(items.func.value) == name
+            and isinstance(loop.target, cst.Tuple)
+            and len(loop.target.elements) == 2
+            and value.key.deep_equals(loop.target.elements[0].value)
+            and value.value.deep_equals(loop.target.elements[1].value)
+        )
+    return False
