@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from accrewrite.runtime import auto_checkpoint
-from accrewrite.runtime.memory import _estimate_peak
+from accrewrite.runtime.memory import FULL, PLAIN, SELECTIVE, _BlockCost, _estimate_peak
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Block(nn.Module):
@@ -64,10 +65,11 @@ def assert_same_training(reference, model, ids, steps=2):
             torch.testing.assert_close(grads[name], expected[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
-def test_every_block_recomputes_and_gradients_match():
+@pytest.mark.parametrize("selective", [True, False])
+def test_every_block_recomputes_and_gradients_match(selective):
     reference, ids = make()
-    model = auto_checkpoint(copy.deepcopy(reference))
-    assert model.checkpoint_plan.checkpointed == 6
+    model = auto_checkpoint(copy.deepcopy(reference), selective=selective)
+    assert model.checkpoint_plan.modes == [SELECTIVE if selective else FULL] * 6
     assert_same_training(reference, model, ids)
     Block.calls = 0
     train_step(model, ids)
@@ -118,16 +120,44 @@ def blocks_for(budget):
 
 
 def test_budget_chooses_how_many_blocks_to_checkpoint():
-    plans = {budget: blocks_for(budget) for budget in (1.0, 0.9, 0.75, 0.6, 0.01)}
-    chosen = [plans[budget].checkpointed for budget in sorted(plans, reverse=True)]
-    assert chosen[0] == 0 and chosen[-1] == 6
-    assert chosen == sorted(chosen) and len(set(chosen)) >= 4
+    plans = {budget: blocks_for(budget) for budget in (1.0, 0.9, 0.75, 0.6, 0.45, 0.01)}
+    chosen = [plans[budget].modes for budget in sorted(plans, reverse=True)]
+    assert chosen[0] == [PLAIN] * 6 and chosen[-1] == [FULL] * 6
+    # Tighter budgets walk down the ladder: more blocks checkpointed, then fully recomputed.
+    ladder = [modes for modes, _ in plans[1.0].ladder]
+    steps = [ladder.index(modes) for modes in chosen]
+    assert steps == sorted(steps) and len(set(steps)) >= 5
     for budget, plan in plans.items():
-        estimates = plan.estimates
-        assert len(estimates) == 7 and estimates == sorted(estimates, reverse=True)
+        peaks = [peak for _, peak in plan.ladder]
+        assert len(peaks) == 13 and peaks == sorted(peaks, reverse=True)
+        position = ladder.index(plan.modes)
         if budget > 0.01:
             assert plan.estimated_ratio <= budget
-            assert estimates[plan.checkpointed - 1] / estimates[0] > budget if plan.checkpointed else True
+            assert position == 0 or peaks[position - 1] / peaks[0] > budget  # the first that fits
+
+
+def test_selective_checkpoint_keeps_down_projections():
+    """The MLP's second linear (contraction 4x its width) is not recomputed; the first is."""
+
+    class CountMatmuls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten.addmm.default
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for name, kwargs in {"plain": None, "full": {"selective": False}, "selective": {}}.items():
+        model, ids = make()
+        if kwargs is not None:
+            auto_checkpoint(model, **kwargs)
+        with CountMatmuls() as mode:
+            train_step(model, ids)
+        counts[name] = mode.count
+    assert counts["full"] == counts["plain"] + 6 * 2  # both MLP linears of every block again
+    assert counts["selective"] == counts["plain"] + 6  # only the up-projection again
 
 
 def test_budget_plan_trains_like_the_plain_model_and_checkpoints_the_first_blocks():
@@ -142,6 +172,15 @@ def test_budget_plan_trains_like_the_plain_model_and_checkpoints_the_first_block
     assert Block.calls == 6 + chosen
     checkpointed = ["forward" in block.__dict__ for block in model.blocks]
     assert checkpointed == [True] * chosen + [False] * (6 - chosen)
+
+
+def test_budget_without_selective_recomputes_fully():
+    model, ids = make()
+    auto_checkpoint(model, budget=0.6, selective=False)
+    train_step(model, ids)
+    modes = model.checkpoint_plan.modes
+    assert set(modes) == {FULL, PLAIN} and modes == sorted(modes)  # full first, then plain
+    assert len(model.checkpoint_plan.ladder) == 7
 
 
 def test_unreachable_budget_checkpoints_everything_and_says_so(caplog):
@@ -163,12 +202,19 @@ def test_evaluation_does_not_calibrate():
 
 
 def test_estimate_follows_the_backward_timeline():
-    # Two blocks: inputs 1, activations 10, parameter gradients 2; 5 bytes outside the blocks.
-    plain = _estimate_peak(0, 5, 0, [1, 1], [10, 10], [2, 2])
+    # Two blocks: inputs 1, activations 10 (4 of them kept by selective), parameter gradients 2;
+    # 5 bytes outside the blocks.
+    costs = [_BlockCost(inputs=1, activations=10, kept=4, grads=2)] * 2
+    plain = _estimate_peak([PLAIN, PLAIN], costs, 5, 0)
     assert plain == 5 + 10 + 10 + 2  # backward of the last block: both saved, its grad flow
-    every = _estimate_peak(2, 5, 0, [1, 1], [10, 10], [2, 2])
-    assert every == 5 + 10 + 2 + 2  # backward of the first block: recomputed, grad flow, grads
-    assert plain > _estimate_peak(1, 5, 0, [1, 1], [10, 10], [2, 2]) >= every
+    full = _estimate_peak([FULL, FULL], costs, 5, 0)
+    assert full == 5 + 10 + 2 + 2  # backward of the first block: recomputed, grad flow, grads
+    selective = _estimate_peak([SELECTIVE, SELECTIVE], costs, 5, 0)
+    assert selective == 5 + (1 + 4) + 10 + 2  # backward of the last: the first keeps 1 + 4
+    assert plain > selective > full
+    # Checkpointing only the first block helps; only the last does not (its backward is the peak).
+    assert plain > _estimate_peak([SELECTIVE, PLAIN], costs, 5, 0) >= selective
+    assert _estimate_peak([PLAIN, SELECTIVE], costs, 5, 0) == plain
 
 
 @pytest.mark.parametrize(
