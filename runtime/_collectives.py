@@ -11,7 +11,9 @@ dtype's precision. It is selected by the ``compress`` argument of ``xm.all_reduc
 ``xm.reduce_gradients`` (``"bf16"``, ``"fp16"``, a torch dtype, or ``"none"``) and otherwise by
 the environment variable ``ACCREWRITE_ALLREDUCE_DTYPE`` (same values; default none). float16
 has a narrow range: a scaled AMP gradient can overflow to inf there, which the GradScaler then
-treats as an overflow step. The bucket size comes from the ``bucket_cap_mb`` argument or
+treats as an overflow step. Compression pays where the wire is the bottleneck (NCCL between
+machines); gloo on the CPU reduces bf16/fp16 more slowly than float32, so it is off by default
+(benchmarks/allreduce_bucketing.py measures it). The bucket size comes from the ``bucket_cap_mb`` argument or
 ``ACCREWRITE_BUCKET_MB`` (default 25, as DistributedDataParallel).
 """
 

@@ -56,6 +56,9 @@ def _produce(loader, move, out, stop):
                 pass
         return False
 
+    # One intra-op thread, as DataLoader workers do: collating and copying must not take the
+    # cores from the step running on the main thread.
+    torch.set_num_threads(1)
     try:
         for batch in loader:
             if stop.is_set() or not put(move(batch)):
