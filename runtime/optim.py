@@ -10,8 +10,8 @@ work unchanged. Differences, by design:
 - ``step`` is kept on the parameter's device as float32 (as ``fused=True`` does), so no step
   count crosses to the host; a loaded state_dict's steps are moved there.
 - The arithmetic is float32 for float32/bfloat16/float16 parameters (float64 for float64 ones);
-  ``foreach=`` and ``fused=`` are accepted
-  and have no effect (the kernel is always the fused one; the group stores ``fused=None``).
+  ``foreach=`` and ``fused=`` are accepted and have no effect (the kernel is always the fused
+  one; the group stores ``fused=None``).
 - ``amsgrad=True`` and ``differentiable=True`` raise ``NotImplementedError``: use torch.optim.
 - With a ``GradScaler`` (``_step_supports_amp_scaling``) the scaler hands the step its scale
   and overflow flag as tensors: gradients are divided by the scale inside the kernel and an
