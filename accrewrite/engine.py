@@ -20,7 +20,7 @@ from accrewrite.imports import add_imports
 from accrewrite.registry import Selection, select
 from accrewrite.rule import Finding, RuleContext
 from accrewrite.targets import DEFAULT_TARGET, get_target
-from accrewrite.transform import BatchedTransformer
+from accrewrite.transform import BatchedTransformer, RuleBug
 
 SKIP_FILE = re.compile(rb"#\s*accrewrite:\s*skip-file")
 # A file that never names torch or CUDA cannot concern a training script migration.
@@ -149,6 +149,8 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
             return result
         guard = Guard(options.guard, target.guard_function) if options.guard else None
         migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld, guard))
+        if ctx.insertions:
+            raise RuleBug("a rule inserted next to a statement the walk had already left")
         import_lines = [target.import_line(key) for key in ctx.imports]
         if guard is not None:
             migrated = guard.finish(migrated, facts, import_lines)
@@ -162,4 +164,6 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
     except MigrationError as exc:
         result.error = exc.error
+    except RuleBug as bug:
+        result.error = FileError(f"internal error: {bug}; the file was left unchanged; please report it")
     return result

@@ -26,11 +26,14 @@ from accrewrite.targets import Concept, Target, all_targets
 @dataclass(frozen=True)
 class Example:
     """A before/after pair in a rule's documentation; the test suite migrates ``before`` with
-    only this rule selected and expects ``after`` exactly."""
+    only this rule selected and expects ``after`` exactly, and the diagnostics listed in
+    ``diagnostics`` as ``"CODE:LINE"`` (lines of ``before``), in order. A diagnostic rule's
+    example changes nothing: its ``after`` equals ``before``."""
 
     before: str
     after: str
     target: str = "runtime"
+    diagnostics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "before", textwrap.dedent(self.before).lstrip("\n"))
@@ -140,18 +143,14 @@ class RuleContext:
         return bool(self.loops) or any(scope in self.facts.step_functions for scope in self.scopes)
 
     def insert_before(self, statement: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
-        """Add statements before an enclosing statement (an original node that is still being
-        walked, such as ``self.statement``). Recorded as part of the current fix."""
-        self._insert(statement, "before", new)
+        """Add statements before a statement (an original node) that the walk has not left
+        yet: one that encloses the current node (``self.statement``), or one still ahead, such
+        as a later statement of a block being visited. Recorded as part of the current fix."""
+        self._pending_insertions.append((statement, "before", list(new)))
 
     def insert_after(self, statement: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
-        """Add statements after an enclosing statement; see ``insert_before``."""
-        self._insert(statement, "after", new)
-
-    def _insert(self, statement, where, new) -> None:
-        if statement not in self.open_statements:
-            raise ValueError("insertions go next to a statement that encloses the current node")
-        self._pending_insertions.append((statement, where, list(new)))
+        """Add statements after a statement; see ``insert_before``."""
+        self._pending_insertions.append((statement, "after", list(new)))
 
     def code(self, node: cst.CSTNode) -> str:
         """Source code of ``node`` (as the module would print it)."""

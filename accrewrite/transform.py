@@ -71,8 +71,7 @@ class BatchedTransformer(cst.CSTTransformer):
         if node in self._loops:
             ctx.loops.append(self._loops[node])
         for rule, method in self._visitors.get(type(node).__name__, ()):
-            ctx.begin(rule)
-            method(node)
+            self._run(rule, lambda original, current: method(original) or current, node, node)
         return True
 
     def _original_branch(self, node: cst.CSTNode) -> bool:
@@ -88,7 +87,7 @@ class BatchedTransformer(cst.CSTTransformer):
         ctx = self.ctx
         if original_node in self._skipped:
             self._skipped.discard(original_node)
-            return updated_node
+            return self._with_insertions(original_node, updated_node, own_fixes=0)
         if ctx.open_statements and ctx.open_statements[-1] is original_node:
             return self._leave_statement(original_node, updated_node)
         result = self._run_all(original_node, updated_node)
@@ -108,8 +107,12 @@ class BatchedTransformer(cst.CSTTransformer):
         if original_node in self._loops:
             ctx.loops.pop()
         ctx.open_statements.pop()
-        own_fixes = self._own_fixes.pop()
-        before, after = ctx.insertions.pop(original_node, ([], []))
+        return self._with_insertions(original_node, result, self._own_fixes.pop())
+
+    def _with_insertions(self, original_node, result, own_fixes: int):
+        """The statement's result with the statements rules inserted around it, and in guarded
+        mode its changed parts as placeholders for ``if enabled(): ... else: ...``."""
+        before, after = self.ctx.insertions.pop(original_node, ([], []))
         if self.guard is None:
             if not before and not after:
                 return result
@@ -152,7 +155,7 @@ class BatchedTransformer(cst.CSTTransformer):
             )
             return current
         if changed is current and not ctx.pending_insertions:
-            return current
+            return current  # nothing changed, nothing inserted
         if not ctx.pending:
             raise RuleBug(f"{rule.code} changed code without calling ctx.fix()")
         if type(rule) in self.withheld_rules:

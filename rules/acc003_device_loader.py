@@ -123,12 +123,15 @@ class DeviceLoader(Rule):
 
     # Rebinding at the assignment ------------------------------------------------------------
 
-    def leave_SimpleStatementLine(self, original_node, updated_node):
-        for loader, device in self._wraps.get(original_node, ()):
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        # On the way down: another rule may replace this statement on the way up.
+        for loader, device in self._wraps.get(node, ()):
             wrapped = self.ctx.expr("device_loader", loader=loader, device=device)
             line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.parse_expression(loader))], wrapped)])
-            self.ctx.insert_after(original_node, [line])
-            self.ctx.fix(original_node, f"{loader} is wrapped in the target's device loader")
+            self.ctx.insert_after(node, [line])
+            self.ctx.fix(node, f"{loader} is wrapped in the target's device loader")
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
         if self._fed and self._is_inside_fed_loop():
             return self._drop_batch_moves(original_node, updated_node)
         return updated_node

@@ -1,0 +1,180 @@
+import libcst as cst
+
+from accrewrite.analysis import dotted
+from accrewrite.rule import Example, Rule
+
+# Calls that read gradients after the backward passes of a step: the reduction goes before the
+# first of them (seed 001: overflow detection must see reduced gradients).
+_GRADIENT_READERS = ("unscale_", "clip_grad_norm_", "clip_grad_value_")
+
+
+class GradientAllReduce(Rule):
+    """All-reduce gradients across workers where the optimizer step happens.
+
+    Seed 001, step 4. DistributedDataParallel is removed (ACC005), so the gradients are reduced
+    explicitly:
+
+    - with a GradScaler, the target's gradient reduction is inserted before the first statement
+      of the step's block that reads gradients: ``scaler.unscale_``, ``clip_grad_norm_`` or
+      ``scaler.step`` itself. Overflow detection then sees reduced gradients, and with gradient
+      accumulation (``for micro_step in ...: scaler.scale(loss).backward()``, or ``if (i + 1) %
+      accum == 0:``) the reduction happens once per step, not per micro-batch;
+    - without one, ``optimizer.step()`` becomes ``xm.optimizer_step(optimizer)``, which reduces
+      and steps.
+
+    Scheduler steps, ``zero_grad`` and EMA updates keep their places.
+    """
+
+    code = "ACC006"
+    name = "gradient-allreduce"
+    summary = "gradient all-reduce before the AMP step; optimizer.step() -> xm.optimizer_step()"
+    concepts = ("gradient_allreduce", "optimizer_step")
+    triggers = frozenset({"step", *_GRADIENT_READERS})
+    examples = (
+        Example(
+            target="torchacc",
+            before="""
+            import torch
+
+            for micro_step in range(accumulation):
+                with ctx:
+                    loss = model(X, Y) / accumulation
+                scaler.scale(loss).backward()
+            if grad_clip != 0.0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            """,
+            after="""
+            import torch
+            import torchacc.torch_xla.core.xla_model as xm
+
+            for micro_step in range(accumulation):
+                with ctx:
+                    loss = model(X, Y) / accumulation
+                scaler.scale(loss).backward()
+            gradients = xm._fetch_gradients(optimizer)
+            xm.all_reduce('sum', gradients, scale=1.0 / xm.xrt_world_size())
+            if grad_clip != 0.0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            for step, (x, y) in enumerate(loader):
+                loss = criterion(model(x), y) / accum
+                loss.backward()
+                if (step + 1) % accum == 0:
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            for step, (x, y) in enumerate(loader):
+                loss = criterion(model(x), y) / accum
+                loss.backward()
+                if (step + 1) % accum == 0:
+                    xm.optimizer_step(optimizer)
+                    scheduler.step()
+                    optimizer.zero_grad()
+            """,
+        ),
+    )
+
+    def applies(self) -> bool:
+        return bool(self.ctx.facts.loops or self.ctx.facts.step_functions)
+
+    # With a GradScaler: reduce before the gradients are read ----------------------------------
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._reduce_in(node.body)
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._reduce_in(node.body)
+
+    def _reduce_in(self, body) -> None:
+        for index, statement in enumerate(body):
+            optimizer = self._scaler_step(statement)
+            if optimizer is None:
+                continue
+            earlier = body[:index]
+            if any(self._reduces(s) for s in earlier):
+                return  # migrated already
+            anchor = next((s for s in earlier if _mentions(s, _GRADIENT_READERS)), statement)
+            self.ctx.insert_before(anchor, self.ctx.statements("gradient_allreduce", optimizer=optimizer))
+            self.ctx.fix(statement, f"gradients of {optimizer} are all-reduced before the scaler reads them")
+            return
+
+    def _scaler_step(self, statement) -> str | None:
+        """The optimizer's code when ``statement`` is ``<scaler>.step(<optimizer>)``."""
+        call = _call_statement(statement)
+        if call is None or call.func.attr.value != "step" or not call.args:
+            return None
+        owner = dotted(call.func.value) or ""
+        # A scaler passed in as a parameter (seed 001's loop_with_amp) is known by its name.
+        if owner not in self.ctx.facts.scalers and "scaler" not in owner.split(".")[-1].lower():
+            return None
+        return self.ctx.code(call.args[0].value)
+
+    def _reduces(self, statement) -> bool:
+        """A statement that already reduces gradients (a migrated file)."""
+        call = _call_statement(statement)
+        if call is None:
+            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+            call = assign.value if isinstance(assign, cst.Assign) else None
+        name = (self.ctx.facts.qualname(call.func) or "") if isinstance(call, cst.Call) else ""
+        return name.endswith(("._fetch_gradients", ".all_reduce", ".reduce_gradients"))
+
+    # Without one: the target's optimizer step ----------------------------------------------
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        call = _call_statement(original_node)
+        if call is None or call.func.attr.value != "step" or call.args:
+            return updated_node
+        owner = dotted(call.func.value)
+        facts = self.ctx.facts
+        if owner is None or owner in facts.scalers or "scaler" in owner.split(".")[-1].lower():
+            return updated_node
+        if owner not in facts.optimizers and not (self.ctx.in_training and owner.split(".")[-1] in ("optimizer", "optim", "opt")):
+            return updated_node
+        step = self.ctx.expr("optimizer_step", optimizer=owner)
+        self.ctx.fix(original_node, f"{owner}.step() -> the target's optimizer step, which reduces gradients first")
+        return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=step)])
+
+
+def _call_statement(statement) -> cst.Call | None:
+    """The call when ``statement`` is a lone ``x.method(...)`` expression statement."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    expression = statement.body[0]
+    if not isinstance(expression, cst.Expr) or not isinstance(expression.value, cst.Call):
+        return None
+    call = expression.value
+    return call if isinstance(call.func, cst.Attribute) else None
+
+
+class _Finder(cst.CSTVisitor):
+    def __init__(self, methods):
+        super().__init__()
+        self.methods = methods
+        self.found = False
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if node.attr.value in self.methods:
+            self.found = True
+        return not self.found
+
+
+def _mentions(statement, methods) -> bool:
+    finder = _Finder(methods)
+    statement.visit(finder)
+    return finder.found
