@@ -53,6 +53,14 @@ class _SyncFree(torch.optim.Optimizer):
                 self._update(group, params, grad_scale, found_inf)
         return loss
 
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        # torch.optim leaves a loaded "step" where it was saved (the CPU, after xm.save or from a
+        # torch.optim checkpoint); the update reads it on the parameter's device, without a sync.
+        for param, state in self.state.items():
+            if "step" in state:
+                state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
+
 
 def _check_hyperparameters(name, lr, eps=0.0, weight_decay=0.0, betas=(0.0, 0.0), momentum=0.0):
     checks = [

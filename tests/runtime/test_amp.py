@@ -138,6 +138,27 @@ def test_overflow_steps_change_nothing(ours_cls, ref_cls, kwargs):
     _assert_same(ours_model, ours, ref_model, ref)
 
 
+@pytest.mark.parametrize("name", ["Adam", "SGD"])
+def test_state_dict_round_trip_continues_the_same_run(name, tmp_path):
+    kwargs = dict(lr=0.05, momentum=0.9) if name == "SGD" else dict(lr=1e-2)
+    models = [_model(), _model()]
+    straight = getattr(syncfree, name)(models[0].parameters(), **kwargs)
+    for step in range(3):
+        _set_grads(models, step)
+        straight.step()
+    xm.save(straight.state_dict(), tmp_path / "optimizer.pt")
+    models[1].load_state_dict(models[0].state_dict())
+    resumed = getattr(syncfree, name)(models[1].parameters(), **kwargs)
+    resumed.load_state_dict(torch.load(tmp_path / "optimizer.pt"))
+    for step in range(3, 6):
+        _set_grads(models, step)
+        straight.step()
+        resumed.step()
+    for p, q in zip(*(m.parameters() for m in models)):
+        assert torch.equal(p, q)
+    assert all(s["step"].item() == 6 for s in resumed.state.values())
+
+
 def test_grad_scale_divides_the_gradients():
     ours_model, ours, ref_model, ref = _pair(syncfree.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.5))
     for step in range(5):
