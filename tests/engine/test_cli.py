@@ -151,3 +151,33 @@ def test_explain_prints_the_documentation_and_examples(cli):
     assert code == 0
     assert "ACC002 device-placement" in out and "Example 1" in out and "xm.xla_device()" in out
     assert cli("explain", "ACC999")[0] == 2
+
+
+def test_progress_bar_on_a_terminal_for_large_trees(tmp_path):
+    """The bar goes to stderr only when stderr is a terminal (here a pseudo-terminal)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    for index in range(25):
+        write(tmp_path, f"t{index}.py")
+    leader, follower = pty.openpty()
+    done = subprocess.run(
+        [sys.executable, "-m", "accrewrite", "migrate", str(tmp_path), "--format", "json"],
+        stdout=subprocess.PIPE, stderr=follower, env={**os.environ, "TERM": "xterm", "COLUMNS": "100"},
+    )
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert done.returncode == 0
+    assert b"migrating" in seen and b"25/25" in seen
+    assert json.loads(done.stdout)["summary"]["files"] == 25  # stdout stays clean JSON
