@@ -12,7 +12,9 @@ work unchanged. Differences, by design:
 - The arithmetic is float32 for float32/bfloat16/float16 parameters (float64 for float64 ones);
   ``foreach=`` and ``fused=`` are accepted and have no effect (the kernel is always the fused
   one; the group stores ``fused=None``).
-- ``amsgrad=True`` and ``differentiable=True`` raise ``NotImplementedError``: use torch.optim.
+- The kernel has no ``amsgrad`` and is not ``differentiable``: an optimizer with a group that
+  asks for either runs torch's own step (and then does not take GradScaler's tensors), so that
+  ``hooks.enable_fused_adam()`` never breaks a script.
 - With a ``GradScaler`` (``_step_supports_amp_scaling``) the scaler hands the step its scale
   and overflow flag as tensors: gradients are divided by the scale inside the kernel and an
   overflow step is skipped on the device, as ``torch.optim.Adam(fused=True)`` does; the
@@ -30,12 +32,13 @@ class _FusedAdamStep:
     """The step and state handling shared by FusedAdam and FusedAdamW (mixed in before the torch
     class, whose constructor and bookkeeping they keep)."""
 
-    _step_supports_amp_scaling = True
+    def _needs_torch_step(self) -> bool:
+        return any(group["amsgrad"] or group["differentiable"] for group in self.param_groups)
 
-    def add_param_group(self, param_group):
-        _reject_unsupported(type(self).__name__, param_group.get("amsgrad", self.defaults["amsgrad"]),
-                            param_group.get("differentiable", self.defaults["differentiable"]))
-        super().add_param_group(param_group)
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        # GradScaler's protocol: pass grad_scale / found_inf to step() instead of unscaling.
+        return not self._needs_torch_step()
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
@@ -46,6 +49,8 @@ class _FusedAdamStep:
     @torch.no_grad()
     def step(self, closure=None):
         """One Adam(W) update of every parameter that has a gradient."""
+        if self._needs_torch_step():
+            return super().step(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -54,7 +59,6 @@ class _FusedAdamStep:
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
-            _reject_unsupported(type(self).__name__, group["amsgrad"], group["differentiable"])
             params = [p for p in group["params"] if p.grad is not None]
             for p in params:
                 if not self.state[p]:
@@ -90,12 +94,11 @@ class FusedAdam(_FusedAdamStep, torch.optim.Adam):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False, fused=None, decoupled_weight_decay=False):
-        _reject_unsupported(type(self).__name__, amsgrad, differentiable)
         # fused= is accepted for the signature but not passed on: torch's fused=True checks
         # devices and dtypes for torch's own kernel, which is not the one that runs here.
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
-                         maximize=maximize, capturable=capturable, fused=None,
-                         decoupled_weight_decay=decoupled_weight_decay)
+                         maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=None, decoupled_weight_decay=decoupled_weight_decay)
 
 
 class FusedAdamW(_FusedAdamStep, torch.optim.AdamW):
@@ -104,13 +107,7 @@ class FusedAdamW(_FusedAdamStep, torch.optim.AdamW):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None):
-        _reject_unsupported(type(self).__name__, amsgrad, differentiable)
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         foreach=foreach, capturable=capturable, fused=None)
+                         foreach=foreach, capturable=capturable, differentiable=differentiable,
+                         fused=None)
 
-
-def _reject_unsupported(name, amsgrad, differentiable):
-    if amsgrad:
-        raise NotImplementedError(f"{name} does not implement amsgrad; use torch.optim with amsgrad=True")
-    if differentiable:
-        raise NotImplementedError(f"{name} is not differentiable; use torch.optim with differentiable=True")

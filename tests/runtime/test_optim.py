@@ -119,15 +119,33 @@ def test_closure_and_lr_scheduler():
     assert optimizer.step(closure) < first
 
 
-def test_unsupported_options_are_reported():
-    params = _model().parameters
-    for cls in (FusedAdam, FusedAdamW):
-        with pytest.raises(NotImplementedError, match="amsgrad"):
-            cls(params(), amsgrad=True)
-        with pytest.raises(NotImplementedError, match="differentiable"):
-            cls(params(), differentiable=True)
-        optimizer = cls(params())
-        with pytest.raises(NotImplementedError, match="amsgrad"):
-            optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))], "amsgrad": True})
+@pytest.mark.parametrize("ours_class, torch_class", PAIRS, ids=["adam", "adamw"])
+def test_amsgrad_runs_torchs_own_step(ours_class, torch_class):
+    a, b = _model(), _model()
+    ours = ours_class(_groups(a, amsgrad=True), lr=1e-2)
+    theirs = torch_class(_groups(b, amsgrad=True), lr=1e-2)
+    assert ours._step_supports_amp_scaling is False  # GradScaler unscales for torch's step
+    _train(a, ours, 4)
+    _train(b, theirs, 4)
+    _assert_same_params(a, b)
+    assert "max_exp_avg_sq" in ours.state[a[0].weight]
+
+
+def test_differentiable_runs_torchs_own_step():
+    results = []
+    for optimizer_class in (FusedAdam, torch.optim.Adam):
+        start = torch.arange(3.0, requires_grad=True)
+        param = start.clone()  # the update stays differentiable with respect to `start`
+        param.grad = torch.ones(3)
+        optimizer_class([param], lr=0.1, differentiable=True).step()
+        (grad,) = torch.autograd.grad(param.sum(), start)
+        results.append((param.detach(), grad))
+    for ours, theirs in zip(*results):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_bad_hyperparameters_are_reported():
     with pytest.raises(ValueError, match="learning rate"):
-        FusedAdam(params(), lr=-1.0)
+        FusedAdam(_model().parameters(), lr=-1.0)
+    with pytest.raises(ValueError, match="beta"):
+        FusedAdamW(_model().parameters(), betas=(1.5, 0.9))
