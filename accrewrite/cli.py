@@ -173,8 +173,12 @@ def _explain(args, out: Console, err: Console) -> int:
         out.print(f"\n[bold]Example {number}[/] (target {example.target})")
         out.print("Before:")
         out.print(Syntax(example.before, "python", theme="ansi_dark", background_color="default"))
-        out.print("After:")
-        out.print(Syntax(example.after, "python", theme="ansi_dark", background_color="default"))
+        if example.after != example.before:
+            out.print("After:")
+            out.print(Syntax(example.after, "python", theme="ansi_dark", background_color="default"))
+        if example.diagnostics:
+            reports = (f"{code} at line {line}" for code, _, line in (d.partition(":") for d in example.diagnostics))
+            out.print("Reports: " + ", ".join(reports), highlight=False)
     return EXIT_OK
 
 

@@ -23,6 +23,10 @@ def test_example(rule, number, example):
     result = migrate_source(example.before.encode(), f"{rule.code}-example-{number}.py", options)
     assert result.error is None
     assert result.output.decode() == example.after
-    assert all(fix.code == rule.code for fix in result.fixes) and result.fixes
+    assert all(fix.code == rule.code for fix in result.fixes)
+    # A fix rule's example shows a fix; a diagnostic rule's shows the findings it reports.
+    assert result.fixes or example.diagnostics
+    if example.diagnostics:
+        assert [f"{d.code}:{d.line}" for d in result.diagnostics] == list(example.diagnostics)
     compile(result.output, "after.py", "exec")
     assert migrate_source(result.output, "after.py", options).output == result.output

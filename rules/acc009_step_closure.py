@@ -1,0 +1,346 @@
+import re
+
+import libcst as cst
+
+from accrewrite.analysis import dotted
+from accrewrite.rule import Example, Rule
+from accrewrite.rules._training_code import BUILTIN_NAMES, LoopDiagnostic, bound_names, root_name
+
+# Logger methods (logging module, logging.Logger, loguru, accelerate's logger).
+_LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception", "log"})
+# TensorBoard SummaryWriter / tensorboardX methods.
+_WRITER_METHODS = frozenset(
+    {"add_scalar", "add_scalars", "add_histogram", "add_text", "add_image", "add_images", "add_figure", "add_pr_curve"}
+)
+# tqdm progress bars.
+_PROGRESS_METHODS = frozenset({"set_postfix", "set_postfix_str", "set_description", "write"})
+# Logging helpers of the script itself that training scripts commonly define (seed 001's
+# log_metrics, Megatron's print_rank_0, ...).
+_LOG_FUNCTIONS = frozenset(
+    {"print", "log_metrics", "log_metric", "log_stats", "log_dict", "print_rank_0", "print_rank0", "rank0_print",
+     "master_print", "print_log", "log_info", "print_metrics", "log_step", "log"}
+)
+_LOGGER_OWNER = re.compile(r"log", re.IGNORECASE)
+
+
+class StepClosure(LoopDiagnostic, Rule):
+    """Log tensor values in a step closure instead of waiting for the device in the loop.
+
+    Seed 001's BERT example: logging a step's loss reads the loss tensor on the host, which
+    waits for the device and (with XLA) cuts the lazy graph every step. The migrated script
+    hands the logging to ``xm.add_step_closure(fn, args=(...), run_async=True)``: it runs after
+    the step's graph has executed, on a worker thread, and the loop never waits.
+
+    A logging call in a training loop (or a step function) moves when it reads a tensor's value:
+    ``print``, ``logging.*``/``logger.*``, ``writer.add_scalar`` and the other SummaryWriter
+    methods, ``wandb.log``, tqdm's ``set_postfix``, and the script's own helpers such as
+    ``log_metrics``/``print_rank_0``, given ``.item()``/``.tolist()``/``float(t)`` of a tensor or
+    a tensor itself (printed or formatted). Logging that reads only Python values stays.
+
+    The values the call reads are evaluated where the call was, as before, and passed to the
+    closure as arguments: a step closure runs later, when loop variables such as ``step`` have
+    moved on. Only what reads a tensor's value (``.item()``, formatting) happens inside the
+    closure, on the tensors passed. A call whose arguments are all plain values is passed as is,
+    as in seed 001 (``xm.add_step_closure(log_metrics, args=(epoch, step, loss), ...)``);
+    otherwise the closure is a lambda taking the values. Logging already inside a step closure
+    is left alone.
+    """
+
+    code = "ACC009"
+    name = "step-closure"
+    summary = "logging that reads tensor values in the loop -> xm.add_step_closure(fn, args=(...), run_async=True)"
+    concepts = ("step_closure",)
+    triggers = frozenset(_LOG_FUNCTIONS | _LOG_LEVELS | _WRITER_METHODS | _PROGRESS_METHODS)
+    examples = (
+        Example(
+            before="""
+            import torch
+
+            for epoch in range(epochs):
+                for step, (x, y) in enumerate(train_loader):
+                    loss = criterion(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                    if step % 10 == 0:
+                        # progress
+                        print(f"epoch {epoch} step {step} loss {loss.item():.4f}")
+                        writer.add_scalar("train/loss", loss.item(), global_step)
+                    print(f"epoch {epoch} done")
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            for epoch in range(epochs):
+                for step, (x, y) in enumerate(train_loader):
+                    loss = criterion(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                    if step % 10 == 0:
+                        # progress
+                        xm.add_step_closure(lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"), args=(epoch, step, loss), run_async=True)
+                        xm.add_step_closure(lambda loss, global_step: writer.add_scalar("train/loss", loss.item(), global_step), args=(loss, global_step), run_async=True)
+                    print(f"epoch {epoch} done")
+            """,
+        ),
+        Example(
+            target="torchacc",
+            before="""
+            import logging
+            import torch
+
+            logger = logging.getLogger(__name__)
+
+            def full_train_epoch(epoch, model, loader, optimizer):
+                for step, inputs in enumerate(loader):
+                    outputs = model(**inputs)
+                    loss = outputs["loss"]
+                    loss.backward()
+                    optimizer.step()
+                    log_metrics(epoch, step, loss, time_elapsed)
+                    logger.info("step %d lr %.2e loss %s", step, scheduler.get_last_lr()[0], loss)
+            """,
+            after="""
+            import logging
+            import torch
+            import torchacc.torch_xla.core.xla_model as xm
+
+            logger = logging.getLogger(__name__)
+
+            def full_train_epoch(epoch, model, loader, optimizer):
+                for step, inputs in enumerate(loader):
+                    outputs = model(**inputs)
+                    loss = outputs["loss"]
+                    loss.backward()
+                    optimizer.step()
+                    xm.add_step_closure(log_metrics, args=(epoch, step, loss, time_elapsed), run_async=True)
+                    xm.add_step_closure(logger.info, args=("step %d lr %.2e loss %s", step, scheduler.get_last_lr()[0], loss), run_async=True)
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            import wandb
+
+            def train(model, loader, optimizer):
+                for batch in loader:
+                    loss = model(**batch).loss
+                    loss.backward()
+                    optimizer.step()
+                    wandb.log({"loss": loss.item(), "lr": optimizer.param_groups[0]["lr"]})
+            """,
+            after="""
+            import torch
+            import wandb
+            import torch_xla.core.xla_model as xm
+
+            def train(model, loader, optimizer):
+                for batch in loader:
+                    loss = model(**batch).loss
+                    loss.backward()
+                    optimizer.step()
+                    xm.add_step_closure(lambda loss, lr: wandb.log({"loss": loss.item(), "lr": lr}), args=(loss, optimizer.param_groups[0]["lr"]), run_async=True)
+            """,
+        ),
+    )
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if not self.in_loop or len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
+            return updated_node
+        call = original_node.body[0].value
+        if not isinstance(call, cst.Call) or not self._is_logging(call):
+            return updated_node
+        tensors = self.tensors()
+        if not self._reads_tensors(call, tensors):
+            return updated_node
+        closure, values = self._closure(call, tensors)
+        args = ", ".join(self.ctx.code(value) for value in values) + ("," if len(values) == 1 else "")
+        replacement = self.ctx.expr("step_closure", closure=closure, args=args)
+        self.ctx.fix(
+            original_node,
+            f"{self.ctx.code(call.func)}(...) reads tensor values: moved into a step closure, "
+            f"so the loop does not wait for the device",
+        )
+        return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=replacement)])
+
+    # Which calls log -------------------------------------------------------------------------
+
+    def _is_logging(self, call: cst.Call) -> bool:
+        func = call.func
+        facts = self.ctx.facts
+        if isinstance(func, cst.Name):
+            return func.value in _LOG_FUNCTIONS and (func.value != "log" or func.value in facts.imports)
+        if not isinstance(func, cst.Attribute):
+            return False
+        method = func.attr.value
+        callee = facts.qualname(func) or ""
+        owner = dotted(func.value) or ""
+        if callee.startswith("logging.") or callee in ("wandb.log", "wandb.run.log"):
+            return method in _LOG_LEVELS
+        if method in _WRITER_METHODS or method in _PROGRESS_METHODS and method != "write":
+            return True
+        if method in _LOG_LEVELS:
+            return bool(_LOGGER_OWNER.search(owner.split(".")[-1])) or owner.split(".")[-1] in ("run", "wandb")
+        return method in ("print", "master_print") and callee == ""
+
+    @staticmethod
+    def _reads_tensors(call: cst.Call, tensors) -> bool:
+        if tensors.reads_value(call):
+            return True
+
+        def tensor_inside(node) -> bool:
+            if tensors.is_tensor(node):
+                return True
+            if isinstance(node, (cst.Dict,)):
+                return any(tensor_inside(e.value) for e in node.elements if isinstance(e, cst.DictElement))
+            if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+                return any(tensor_inside(e.value) for e in node.elements)
+            return False
+
+        return any(tensor_inside(arg.value) for arg in call.args)
+
+    # The closure -----------------------------------------------------------------------------
+
+    def _closure(self, call: cst.Call, tensors) -> tuple[str, list[cst.BaseExpression]]:
+        """The closure's code and the values passed to it."""
+        bound = bound_names(call)
+        plain = all(arg.keyword is None and not arg.star for arg in call.args) and dotted(call.func) is not None
+        if plain and all(self._eager(arg.value, tensors, bound) for arg in call.args):
+            return self.ctx.code(call.func), [arg.value for arg in call.args]
+        extract = _Extract(self, tensors, bound, call)
+        body = call.visit(extract)
+        params = ", ".join(extract.params)
+        head = f"lambda {params}" if params else "lambda"
+        return f"{head}: {self.ctx.code(body)}", extract.values
+
+    def _eager(self, node: cst.CSTNode, tensors, bound: set[str]) -> bool:
+        """Whether ``node`` can be evaluated where the call was: it reads no tensor value and
+        no name bound inside the call."""
+        return not tensors.reads_value(node) and not (_free_names(node) & bound) and not _has_lambda(node)
+
+    def _passed(self, node: cst.CSTNode, bound: set[str]) -> bool:
+        """Whether ``node`` reads a variable (rather than only literals, imports and builtins)."""
+        imports = self.ctx.facts.imports
+        return any(
+            name not in imports and name not in BUILTIN_NAMES and name not in bound for name in _free_names(node)
+        )
+
+
+class _Extract(cst.CSTTransformer):
+    """Replaces the values a logging call reads by the closure's parameters."""
+
+    def __init__(self, rule: StepClosure, tensors, bound: set[str], call: cst.Call):
+        super().__init__()
+        self.rule = rule
+        self.tensors = tensors
+        self.bound = bound
+        self.params: list[str] = []
+        self.values: list[cst.BaseExpression] = []
+        self._by_code: dict[str, str] = {}
+        self._replace: dict[cst.CSTNode, str] = {}
+        self._kept: set[cst.CSTNode] = {call.func}  # the logging function itself stays as it is
+        self._method: set[cst.CSTNode] = set()
+        self._taken = (_free_names(call) | bound) & set(self._all_names(call))
+
+    @staticmethod
+    def _all_names(node):
+        return _free_names(node)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node in self._kept:
+            return False
+        if isinstance(node, cst.Attribute):
+            self._kept.add(node.attr)
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            self._kept.add(node.keyword)
+        if isinstance(node, cst.Call):
+            func = node.func
+            if isinstance(func, cst.Name):
+                self._kept.add(func)
+            elif isinstance(func, cst.Attribute):
+                receiver = func.value
+                if root_name(receiver) in self.rule.ctx.facts.imports or not self._is_value(receiver):
+                    self._kept.add(func)
+                else:
+                    self._method.add(func)  # the receiver is a value; the method call stays
+        if node in self._method:
+            return True
+        if isinstance(node, cst.BaseExpression) and self._is_value(node):
+            self._replace[node] = self._param(node)
+            return False
+        return True
+
+    def _is_value(self, node: cst.CSTNode) -> bool:
+        return self.rule._eager(node, self.tensors, self.bound) and self.rule._passed(node, self.bound)
+
+    def on_leave(self, original_node, updated_node):
+        name = self._replace.get(original_node)
+        if name is not None:
+            return cst.Name(name).with_changes(lpar=(), rpar=())
+        return updated_node
+
+    def _param(self, node: cst.CSTNode) -> str:
+        code = self.rule.ctx.code(node).strip()
+        if code in self._by_code:
+            return self._by_code[code]
+        name = _param_name(node)
+        candidate, number = name, 2
+        while candidate in self.params or (candidate != code and candidate in self._taken) or candidate in BUILTIN_NAMES:
+            candidate, number = f"{name}_{number}", number + 1
+        self._by_code[code] = candidate
+        self.params.append(candidate)
+        self.values.append(node)
+        return candidate
+
+
+def _param_name(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Subscript):
+        index = node.slice[0].slice if len(node.slice) == 1 else None
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+            text = index.value.evaluated_value
+            if isinstance(text, str) and text.isidentifier():
+                return text
+        return _param_name(node.value)
+    if isinstance(node, cst.Call):
+        if isinstance(node.func, cst.Name) and node.func.value in BUILTIN_NAMES and len(node.args) == 1:
+            return f"{node.func.value}_{_param_name(node.args[0].value)}"  # len(losses) -> len_losses
+        return _param_name(node.func)
+    return "value"
+
+
+def _free_names(node: cst.CSTNode) -> set[str]:
+    """Names an expression reads (not attribute names or keywords)."""
+    found: set[str] = set()
+
+    class Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
+            attribute.value.visit(self)
+            return False
+
+        def visit_Arg(self, arg: cst.Arg) -> bool:
+            arg.value.visit(self)
+            return False
+
+    node.visit(Names())
+    return found
+
+
+def _has_lambda(node: cst.CSTNode) -> bool:
+    found = False
+
+    class Finder(cst.CSTVisitor):
+        def visit_Lambda(self, lam: cst.Lambda) -> bool:
+            nonlocal found
+            found = True
+            return False
+
+    node.visit(Finder())
+    return found

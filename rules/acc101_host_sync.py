@@ -1,0 +1,118 @@
+import libcst as cst
+
+from accrewrite.rule import Example, Rule
+from accrewrite.rules._training_code import LoopDiagnostic
+
+_PRINTERS = frozenset({"print"})
+
+
+class HostSync(LoopDiagnostic, Rule):
+    """Report reads of a tensor's value on the host inside the training loop.
+
+    ``.item()``, ``.cpu()``, ``.numpy()``, ``.tolist()``, ``float(t)``/``int(t)``/``bool(t)``,
+    and printing or formatting a tensor copy its value to the host: Python stops until the
+    device has computed it. On an XLA target that forces the pending lazy graph to compile and
+    run in the middle of the step (an XLA sync), and with torch.compile it is a graph break: the
+    compiled graph ends at that line and a new one starts after it. Each finding says so; the
+    lines reported are exactly the ones that cut the compiled graph.
+
+    What to do: keep the value as a tensor while training (``running_loss += loss.detach()``),
+    read it every N steps instead of every step, or read it in a step closure
+    (``xm.add_step_closure``; ACC009 moves logging there by itself).
+
+    Only the training loop and its step functions are checked: elsewhere a host read costs once.
+    Nothing inside a step closure is reported, including the logging that ACC009 moves into one
+    in the same run.
+    """
+
+    code = "ACC101"
+    name = "host-sync"
+    summary = "host sync in the loop (.item(), .cpu(), .numpy(), .tolist(), printing a tensor): breaks the graph"
+    triggers = frozenset({"item", "tolist", "numpy", "cpu", "float", "int", "bool", "print", "format", "str"})
+    examples = (
+        Example(
+            before="""
+            import torch
+
+            running = 0.0
+            for step, (x, y) in enumerate(train_loader):
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+                running += loss.item()
+                preds = model(x).argmax(-1).cpu().numpy()
+                if step % 100 == 0:
+                    print(f"step {step} loss {loss.item():.3f}")
+            print(f"done: {running / len(train_loader):.3f}")
+            """,
+            after="""
+            import torch
+
+            running = 0.0
+            for step, (x, y) in enumerate(train_loader):
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+                running += loss.item()
+                preds = model(x).argmax(-1).cpu().numpy()
+                if step % 100 == 0:
+                    print(f"step {step} loss {loss.item():.3f}")
+            print(f"done: {running / len(train_loader):.3f}")
+            """,
+            diagnostics=("ACC101:8", "ACC101:9", "ACC101:11"),
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def train_step(model, batch, optimizer):
+                loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                return {"loss": float(loss), "ok": bool(torch.isfinite(loss))}
+            """,
+            after="""
+            import torch
+
+            def train_step(model, batch, optimizer):
+                loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                return {"loss": float(loss), "ok": bool(torch.isfinite(loss))}
+            """,
+            diagnostics=("ACC101:7", "ACC101:7"),
+        ),
+    )
+
+    def check_call(self, node: cst.Call) -> None:
+        if not self.in_loop:
+            return
+        tensors = self.tensors()
+        how = tensors.sync(node)
+        if how is None and isinstance(node.func, cst.Name) and node.func.value in _PRINTERS:
+            if any(tensors.is_tensor(arg.value) for arg in node.args):
+                how = "printing a tensor"
+        if how is None:
+            return
+        func = node.func
+        if isinstance(func, cst.Attribute) and tensors.sync(func.value) is not None:
+            return  # `.cpu().numpy()`: the first read is the one that waits
+        self.report(node, _message(self.ctx.code(node), how))
+
+    def leave_FormattedStringExpression(self, original_node, updated_node):
+        if self.in_loop and self.tensors().sync(original_node) is not None:
+            self.report(original_node.expression, _message(self.ctx.code(original_node.expression), "formatting a tensor"))
+        return updated_node
+
+
+def _message(code: str, how: str) -> str:
+    code = " ".join(code.split())
+    if len(code) > 60:
+        code = code[:57] + "..."
+    return (
+        f"host sync: `{code}` ({how}) waits for the device: on XLA it forces the pending graph to run "
+        "mid-step (an XLA sync), and under torch.compile the compiled graph breaks at this line. "
+        "Keep the value as a tensor (e.g. `total += loss.detach()`), read it every N steps, or read it "
+        "in a step closure (xm.add_step_closure; ACC009 moves logging there)"
+    )
