@@ -104,6 +104,10 @@ class Facts:
     optimizers: dict[str, cst.Call] = field(default_factory=dict)
     scalers: set[str] = field(default_factory=set)
     loaders: set[str] = field(default_factory=set)
+    # Every ``name = call(...)`` of the file: target -> the callee's qualified name.
+    assigned_calls: dict[str, str] = field(default_factory=dict)
+    # Qualified names of everything the file calls.
+    called: set[str] = field(default_factory=set)
     # Names already assigned a device loader (a migrated file).
     device_loaders: set[str] = field(default_factory=set)
     # Where devices and loaders are assigned: (name, statement, enclosing function, order of
@@ -364,6 +368,8 @@ class _Analyzer(_Walker):
         if not isinstance(value, cst.Call):
             return
         callee = self.facts.qualname(value.func) or ""
+        if callee:
+            self.facts.assigned_calls.setdefault(target, callee)
         if callee in SCALER_NAMES:
             self.facts.scalers.add(target)
         elif callee in LOADER_NAMES:
@@ -393,6 +399,8 @@ class _Analyzer(_Walker):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         callee = self.facts.qualname(func)
+        if callee:
+            self.facts.called.add(callee)
         if callee == "torch.manual_seed":
             seed = call_arg(node, 0, "seed")
             if seed is not None:

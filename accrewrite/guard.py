@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accrewrite.analysis import Facts
-from accrewrite.imports import add_imports, leading_imports_end
+from accrewrite.imports import leading_imports_end
 
 
 @dataclass
@@ -81,28 +81,51 @@ class Guard:
         return cst.If(test=negated, body=cst.IndentedBlock(old), leading_lines=leading)
 
     def finish(self, module: cst.Module, facts: Facts, import_lines: list[str]) -> cst.Module:
-        """Add ``import os``, the switch function and the guarded target imports."""
+        """Add ``import os`` and the switch function at the top of the file (guarded code may
+        run before the file's own imports: hooks that patch torch first), and the target's
+        imports in an ``if enabled():`` block after the file's imports."""
         if not self.used:
             return module
-        module = add_imports(module, facts, ["import os"])
         config = module.config_for_parsing
-        preamble = []
+        header = []
+        if facts.imports.get("os") != "os":
+            header.append(cst.parse_statement("import os\n", config=config))
         if not _defines(module, self.function):
-            preamble.append(
+            header.append(
                 cst.parse_statement(
                     f"def {self.function}():\n    return os.getenv({self.variable!r}) is not None\n", config=config
                 ).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
             )
+        body = list(module.body)
+        top = _header_end(body)
+        position = leading_imports_end(body)
+        guarded_imports = []
         if import_lines:
             imports = [cst.parse_statement(line, config=config) for line in import_lines]
-            preamble.append(
+            guarded_imports.append(
                 cst.If(test=self.call(), body=cst.IndentedBlock(imports), leading_lines=[cst.EmptyLine()])
             )
-        body = list(module.body)
-        position = leading_imports_end(body)
-        if position < len(body):
+        if header and top < len(body):
+            body[top] = body[top].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *body[top].leading_lines])
+        if guarded_imports and position < len(body):
             body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine(), *body[position].leading_lines])
-        return module.with_changes(body=[*body[:position], *preamble, *body[position:]])
+        return module.with_changes(
+            body=[*body[:top], *header, *body[top:position], *guarded_imports, *body[position:]]
+        )
+
+
+def _header_end(body) -> int:
+    """Index just past a module's docstring and ``from __future__`` imports."""
+    position = 0
+    for index, statement in enumerate(body):
+        first = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        is_future = isinstance(first, cst.ImportFrom) and not first.relative and getattr(first.module, "value", None) == "__future__"
+        is_docstring = index == 0 and isinstance(first, cst.Expr) and isinstance(first.value, (cst.SimpleString, cst.ConcatenatedString))
+        if is_future or is_docstring:
+            position = index + 1
+        else:
+            break
+    return position
 
 
 def _defines(module: cst.Module, name: str) -> bool:

@@ -24,10 +24,11 @@ class SelectionError(ValueError):
 
 
 def _rules_in(module) -> list[type[Rule]]:
+    """The rules a module defines (classes with a code; shared base classes have none)."""
     return [
         obj
         for obj in vars(module).values()
-        if inspect.isclass(obj) and issubclass(obj, Rule) and obj is not Rule
+        if inspect.isclass(obj) and issubclass(obj, Rule) and "code" in vars(obj)
         and obj.__module__ == module.__name__
     ]
 

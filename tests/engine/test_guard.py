@@ -31,12 +31,14 @@ def test_guarded_form_keeps_the_original_in_else_branches():
     output = guarded("import torch\n\ntorch.manual_seed(0)\nmodel = model.cuda()\ntorch.cuda.set_device(0)\n", "torchacc")
     assert output == textwrap.dedent(
         '''\
-        import torch
         import os
 
 
         def enable_torchacc_compiler():
             return os.getenv('ACC_ON') is not None
+
+
+        import torch
 
         if enable_torchacc_compiler():
             import torchacc.torch_xla.core.xla_model as xm
