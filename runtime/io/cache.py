@@ -52,6 +52,7 @@ import time
 import warnings
 import zlib
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -65,7 +66,7 @@ FORMAT_VERSION = 1
 _MAGIC = b"ACCPREP\x00"
 _HEADER = struct.Struct("<8sI")  # magic, format version
 _FOOTER = struct.Struct("<8sQQI32s")  # magic, index offset, samples, index crc32, fingerprint
-_ALIGN = 64  # tensor payload alignment: any dtype can be viewed in place, cache-line aligned
+_ALIGN = 64  # payloads start cache-line aligned, whatever their dtype
 
 
 class CacheCorruptionWarning(RuntimeWarning):
@@ -260,19 +261,14 @@ class _Invalid(Exception):
 _CORRUPT = object()
 
 
-class _TensorRef:
+class _TensorRef(NamedTuple):
     """Placeholder for a tensor or array in a pickled record: where its bytes are."""
 
-    __slots__ = ("numpy", "dtype", "shape", "offset", "nbytes")
-
-    def __init__(self, numpy, dtype, shape, offset, nbytes):
-        self.numpy, self.dtype, self.shape, self.offset, self.nbytes = numpy, dtype, shape, offset, nbytes
-
-    def __getstate__(self):
-        return (self.numpy, self.dtype, self.shape, self.offset, self.nbytes)
-
-    def __setstate__(self, state):
-        self.numpy, self.dtype, self.shape, self.offset, self.nbytes = state
+    numpy: bool  # an np.ndarray (else a torch.Tensor)
+    dtype: object  # torch.dtype, or the numpy dtype string
+    shape: tuple
+    offset: int  # from the record's first payload byte
+    nbytes: int
 
 
 class _CacheFile:
