@@ -210,7 +210,10 @@ class RuleContext:
         self.imports.extend(key for key in self._pending_imports if key not in self.imports)
         for statement, where, new in self._pending_insertions:
             before, after = self.insertions.setdefault(statement, ([], []))
-            (before if where == "before" else after).extend(new)
+            placed = before if where == "before" else after
+            # Rules that need the same line at the same place (an import) get it once.
+            present = {self.code(line) for line in placed}
+            placed.extend(line for line in new if self.code(line) not in present)
         return len(self._pending_fixes)
 
     def withhold(self) -> None:
