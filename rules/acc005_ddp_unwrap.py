@@ -1,0 +1,306 @@
+import libcst as cst
+
+from accrewrite.analysis import WRAPPER_NAMES, _Walker, call_arg, dotted
+from accrewrite.rule import Example, Rule
+
+# Attributes of a DDP-wrapped model that only DDP has.
+_SYNC_FLAG = "require_backward_grad_sync"
+
+
+class _Wrapped(_Walker):
+    """Names assigned a DDP/DataParallel wrapper anywhere in the file (``model = DDP(model)``,
+    ``self.model = DDP(...)``, ``model = DDP(model) if ddp else model``)."""
+
+    def __init__(self, facts) -> None:
+        self.facts = facts
+        self.names: set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) != 1:
+            return
+        target = dotted(node.targets[0].target)
+        values = [node.value.body, node.value.orelse] if isinstance(node.value, cst.IfExp) else [node.value]
+        if target and any(isinstance(v, cst.Call) and self.facts.qualname(v.func) in WRAPPER_NAMES for v in values):
+            self.names.add(target)
+
+
+class DdpUnwrap(Rule):
+    """Remove DistributedDataParallel / DataParallel wrapping.
+
+    On the target, gradients are all-reduced explicitly where the optimizer steps (ACC006,
+    seed 001 step 4), so the model is not wrapped: seed 001's guarded BERT example wraps with
+    DDP only on the original path. So:
+
+    - ``model = DDP(model, device_ids=[...])`` disappears (``if ddp:`` around it too, when
+      nothing else is left in it); ``ddp_model = DDP(model)`` becomes ``ddp_model = model``;
+      a wrapper call used as a value becomes the module it wraps;
+    - ``model.module`` becomes ``model`` for every wrapped name, and nanoGPT's
+      ``raw_model = model.module if ddp else model`` collapses to ``raw_model = model``;
+    - ``model.require_backward_grad_sync = ...`` (nanoGPT's gradient-accumulation switch) is
+      removed: nothing is reduced during backward any more;
+    - ``with model.no_sync():`` (gradient accumulation with DDP) becomes its plain block:
+      no_sync only stopped DDP's all-reduce during backward, and the explicit all-reduce runs
+      only where the step happens, which is what the accumulation steps wanted; any other use
+      of ``model.no_sync`` becomes ``contextlib.nullcontext``, with a diagnostic to check it.
+
+    The DDP import is left in place (unused imports are harmless and may be used elsewhere).
+    """
+
+    code = "ACC005"
+    name = "ddp-unwrap"
+    summary = "DistributedDataParallel/DataParallel wrapping removed; model.module, no_sync() follow"
+    concepts = ()
+    triggers = frozenset({"DistributedDataParallel", "DataParallel", "module", "no_sync", _SYNC_FLAG})
+    examples = (
+        Example(
+            before="""
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            model = Net().to(device)
+            if ddp:
+                model = DDP(model, device_ids=[ddp_local_rank])
+            raw_model = model.module if ddp else model
+            for micro_step in range(accum):
+                if ddp:
+                    model.require_backward_grad_sync = (micro_step == accum - 1)
+                loss = model(x)
+                loss.backward()
+            """,
+            after="""
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            model = Net().to(device)
+            raw_model = model
+            for micro_step in range(accum):
+                loss = model(x)
+                loss.backward()
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+            for step, batch in enumerate(loader):
+                if (step + 1) % accum != 0:
+                    with ddp_model.no_sync():  # accumulate locally
+                        ddp_model(batch).backward()
+                else:
+                    ddp_model(batch).backward()
+                    optimizer.step()
+            torch.save(ddp_model.module.state_dict(), "model.pt")
+            """,
+            after="""
+            import torch
+
+            ddp_model = model
+            for step, batch in enumerate(loader):
+                if (step + 1) % accum != 0:
+                    # accumulate locally
+                    ddp_model(batch).backward()
+                else:
+                    ddp_model(batch).backward()
+                    optimizer.step()
+            torch.save(ddp_model.state_dict(), "model.pt")
+            """,
+        ),
+    )
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._wrapped: set[str] = set()
+        self._removed: set[cst.CSTNode] = set()
+        self._with_items: set[cst.CSTNode] = set()
+
+    def applies(self) -> bool:
+        if "DataParallel" not in self.ctx.source_text:  # a cheap gate; names resolve below
+            return False
+        finder = _Wrapped(self.ctx.facts)
+        finder.walk(self.ctx.module)
+        self._wrapped = finder.names
+        return True
+
+    def _wraps(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in WRAPPER_NAMES
+
+    def _no_sync(self, node: cst.CSTNode) -> bool:
+        return (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "no_sync"
+            and dotted(node.func.value) in self._wrapped
+        )
+
+    # Expressions -----------------------------------------------------------------------------
+
+    def leave_Call(self, original_node, updated_node):
+        if not self._wraps(original_node):
+            return updated_node
+        module = call_arg(updated_node, 0, "module")
+        if module is None or any(arg.star for arg in original_node.args):
+            self.ctx.diagnose(original_node, "cannot tell which module this wrapper wraps; unwrap it by hand", code="ACC105")
+            return updated_node
+        self.ctx.fix(original_node, "unwrapped: the target all-reduces gradients at the step (ACC006), not in DDP")
+        return module.value.with_changes(lpar=[], rpar=[]) if isinstance(module.value, cst.Name) else module.value
+
+    def leave_Attribute(self, original_node, updated_node):
+        attr = original_node.attr.value
+        if attr == "module" and dotted(original_node.value) in self._wrapped:
+            self.ctx.fix(original_node, f"{dotted(original_node.value)}.module -> {dotted(original_node.value)}: the model is not wrapped")
+            return updated_node.value
+        if attr == "no_sync" and dotted(original_node.value) in self._wrapped and original_node not in self._with_items:
+            self.ctx.diagnose(
+                original_node,
+                "model.no_sync is now a no-op context (contextlib.nullcontext): gradients are all-reduced "
+                "only where the optimizer steps (ACC006); check that the step is where no_sync ended",
+            )
+            self.ctx.fix(original_node, "model.no_sync -> contextlib.nullcontext: nothing is reduced during backward")
+            return self.ctx.expr("null_context")
+        return updated_node
+
+    def leave_IfExp(self, original_node, updated_node):
+        same = self.ctx.code(updated_node.body) == self.ctx.code(updated_node.orelse)
+        if not same or self.ctx.code(original_node.body) == self.ctx.code(original_node.orelse):
+            return updated_node
+        self.ctx.fix(original_node, "both branches are the unwrapped model: collapsed")
+        return updated_node.body
+
+    # Statements ------------------------------------------------------------------------------
+
+    def visit_With(self, node: cst.With) -> None:
+        for item in node.items:
+            if self._no_sync(item.item):
+                self._with_items.add(item.item.func)
+
+    def leave_With(self, original_node, updated_node):
+        syncs = [self._no_sync(item.item) for item in original_node.items]
+        if not any(syncs):
+            return updated_node
+        message = "with model.no_sync(): -> its plain block: the target reduces gradients only at the step (ACC006)"
+        kept = [item for item, sync in zip(updated_node.items, syncs) if not sync]
+        self.ctx.fix(original_node, message)
+        if kept:
+            kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            return updated_node.with_changes(items=kept)
+        body = list(updated_node.body.body) if isinstance(updated_node.body, cst.IndentedBlock) else [
+            cst.SimpleStatementLine(list(updated_node.body.body))
+        ]
+        comment = updated_node.body.header.comment if isinstance(updated_node.body, cst.IndentedBlock) else None
+        leading = list(updated_node.leading_lines)
+        if comment is not None:
+            leading.append(cst.EmptyLine(comment=comment))
+        body[0] = body[0].with_changes(leading_lines=[*leading, *body[0].leading_lines])
+        return cst.FlattenSentinel(body)
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Assign):
+            return updated_node
+        assign = original_node.body[0]
+        if len(assign.targets) != 1:
+            return updated_node
+        target = assign.targets[0].target
+        if isinstance(target, cst.Attribute) and target.attr.value == _SYNC_FLAG and dotted(target.value) in self._wrapped:
+            self._removed.add(original_node)
+            self.ctx.fix(original_node, f"removed {_SYNC_FLAG}: nothing is reduced during backward on the target")
+            return cst.RemoveFromParent()
+        new = updated_node.body[0]
+        if (
+            isinstance(new, cst.Assign)
+            and self.ctx.code(new.value).strip() == self.ctx.code(target).strip()
+            and self.ctx.code(assign.value) != self.ctx.code(new.value)
+        ):
+            self._removed.add(original_node)
+            self.ctx.fix(original_node, f"removed {self.ctx.code(target)} = {self.ctx.code(target)} left by unwrapping")
+            return cst.RemoveFromParent()
+        return updated_node
+
+    # Comments of removed statements -----------------------------------------------------------
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        return self._keep_comments(original_node, updated_node)
+
+    def leave_Module(self, original_node, updated_node):
+        return self._keep_comments(original_node, updated_node)
+
+    def _keep_comments(self, original_block, updated_block):
+        """Comments above (and inside) statements this rule removed move to the statement that
+        follows them, or to the block's end. In guarded mode the removed statement stays on the
+        original path, comments and all: a guard placeholder (a new bare ``pass``) is left in
+        its place, and nothing moves."""
+        removed = [s for s in original_block.body if s in self._removed]
+        if not removed:
+            return updated_block
+        originals = set(original_block.body)
+        if any(s not in originals and _is_pass(s) for s in updated_block.body):
+            return updated_block
+        body = list(updated_block.body)
+        footer = list(getattr(updated_block, "footer", []))
+        changed = None
+        for statement in removed:
+            comments = _comments(statement)
+            if not comments:
+                continue
+            # The removed statement's own blank lines stay with its comments.
+            comments = [*statement.leading_lines, *comments[len([l for l in statement.leading_lines if l.comment]):]]
+            following = self.ctx.facts.next_statement.get(statement)
+            while following is not None and following in self._removed:
+                comments += _comments(following)
+                following = self.ctx.facts.next_statement.get(following)
+            if following is None:
+                footer = [*comments, *footer]
+            else:
+                index = _index(body, following, original_block.body, self._removed)
+                body[index] = body[index].with_changes(leading_lines=[*comments, *body[index].leading_lines])
+            changed = changed or statement
+        if changed is None:
+            return updated_block
+        self.ctx.fix(changed, "kept the comments of removed wrapper statements")
+        return updated_block.with_changes(body=body, footer=footer)
+
+    def leave_If(self, original_node, updated_node):
+        body = original_node.body
+        if original_node.orelse is not None or not isinstance(body, cst.IndentedBlock):
+            return updated_node
+        if not body.body or not all(statement in self._removed for statement in body.body):
+            return updated_node
+        self._removed.add(original_node)
+        self.ctx.fix(original_node, "removed an if whose statements only wrapped the model")
+        return cst.RemoveFromParent()
+
+
+def _is_pass(statement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Pass)
+    )
+
+
+def _comments(statement: cst.CSTNode) -> list[cst.EmptyLine]:
+    """The comment lines of a statement and of the statements nested in it, in order."""
+    found = [line for line in getattr(statement, "leading_lines", ()) if line.comment is not None]
+    trailing = getattr(statement, "trailing_whitespace", None)
+    if trailing is not None and trailing.comment is not None:
+        found.append(cst.EmptyLine(comment=trailing.comment))
+    body = getattr(statement, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        if body.header.comment is not None:
+            found.append(cst.EmptyLine(comment=body.header.comment))
+        for inner in body.body:
+            found += _comments(inner)
+    return [cst.EmptyLine(comment=line.comment) for line in found]
+
+
+def _index(body: list, following, original_body, removed) -> int:
+    """Where ``following`` (an original statement) is in the updated ``body``: itself when no
+    rule changed it, else an equal statement, else its position among the statements that were not removed."""
+    for index, statement in enumerate(body):
+        if statement is following:
+            return index
+    for index, statement in enumerate(body):
+        if statement.deep_equals(following):
+            return index
+    kept = [s for s in original_body if s not in removed]
+    return min(kept.index(following), len(body) - 1)

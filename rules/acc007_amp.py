@@ -1,0 +1,278 @@
+import libcst as cst
+
+from accrewrite.analysis import call_arg, dotted, string_value
+from accrewrite.rule import Example, Rule
+from accrewrite.rules.acc002_device_placement import _with_commas
+
+# Autocast callables that are CUDA-only, and their positional parameters.
+_CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
+_CUDA_AUTOCAST_PARAMETERS = ("enabled", "dtype", "cache_enabled")
+# Device-generic autocast callables: CUDA when their device type says so.
+_AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"}
+_AUTOCAST_PARAMETERS = ("device_type", "dtype", "enabled", "cache_enabled")
+_CUDA_SCALER = {"torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler"}
+_SCALER = {"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
+_SCALER_PARAMETERS = ("device", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
+# Modules whose autocast/GradScaler are CUDA's: imports from them are re-pointed.
+_CUDA_AMP_MODULES = {"torch.cuda.amp"}
+_CONCEPT_OF = {"autocast": "autocast", "GradScaler": "grad_scaler"}
+
+
+class Amp(Rule):
+    """CUDA automatic mixed precision -> the target's AMP.
+
+    Seed 001, "Integrate with mixed precision": AMP code stays as PyTorch's, with the target's
+    ``autocast`` and ``GradScaler`` (``from torchacc.torch_xla.amp import autocast, GradScaler``).
+    Rewritten: ``torch.cuda.amp.autocast(...)``, ``torch.amp.autocast("cuda", ...)``,
+    ``torch.autocast(device_type=...)`` (a device type given as a variable, as nanoGPT's
+    ``device_type``, is taken to be the training device; ``"cpu"`` autocast is left alone),
+    ``torch.cuda.amp.GradScaler(...)``, ``torch.amp.GradScaler("cuda", ...)``, and the import
+    ``from torch.cuda.amp import autocast, GradScaler``, which is re-pointed at the target's
+    module so that call sites stay as they are (the seed's guarded form). The target's autocast
+    picks its device itself: the device argument is dropped and positional arguments become
+    keywords; ``enabled``, ``dtype`` and ``cache_enabled`` are kept.
+
+    Where the target has no CUDA-style AMP (torch_xla 2.9: no ``GradScaler``, and autocast on
+    its CPU backend only as ``torch.autocast('xla', dtype=torch.bfloat16)``), the rewrite is
+    code that runs there, with a diagnostic: autocast becomes bfloat16 autocast on the target
+    device (bfloat16 has float32's range, so no loss scaling is needed), and a GradScaler
+    becomes PyTorch's scaler *disabled*, so ``scaler.scale(loss).backward()``,
+    ``scaler.unscale_``, ``scaler.step`` and ``scaler.update`` still run, as plain calls.
+    """
+
+    code = "ACC007"
+    name = "amp"
+    summary = "CUDA autocast / GradScaler (torch.cuda.amp.*, torch.amp.*('cuda')) -> the target's AMP"
+    concepts = ("autocast",)
+    triggers = frozenset({"autocast", "GradScaler"})
+    examples = (
+        Example(
+            before="""
+            import torch
+
+            scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))
+            ctx = torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+            with torch.cuda.amp.autocast():
+                loss = model(x)
+            """,
+            after="""
+            import torch
+            from accrewrite.runtime.amp import GradScaler
+            from accrewrite.runtime.amp import autocast
+
+            scaler = GradScaler(enabled=(dtype == 'float16'))
+            ctx = autocast(dtype=ptdtype)
+            with autocast():
+                loss = model(x)
+            """,
+        ),
+        Example(
+            target="torchacc",
+            before="""
+            import torch
+            from torch.cuda.amp import autocast, GradScaler
+
+            scaler = GradScaler()
+            with autocast():
+                loss = model(x)
+            """,
+            after="""
+            import torch
+            from torchacc.torch_xla.amp import autocast, GradScaler
+
+            scaler = GradScaler()
+            with autocast():
+                loss = model(x)
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            from torch.cuda.amp import autocast, GradScaler
+
+            scaler = GradScaler(init_scale=1024)
+            with autocast(dtype=torch.float16):
+                loss = model(x)
+            """,
+            after="""
+            import torch
+
+            scaler = torch.amp.GradScaler('xla', enabled=False)
+            with torch.autocast('xla', dtype=torch.bfloat16):
+                loss = model(x)
+            """,
+        ),
+    )
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # Local names imported from torch.cuda.amp that the import rewrite re-points at the
+        # target's own autocast/GradScaler: their call sites need no change.
+        self._repointed: set[str] = set()
+        for local, qualified in ctx.facts.imports.items():
+            module, _, name = qualified.rpartition(".")
+            if module in _CUDA_AMP_MODULES and name in _CONCEPT_OF and self._bare(name) is not None:
+                self._repointed.add(local)
+
+    def _bare(self, name: str) -> str | None:
+        """The target's import line when it spells ``name`` as that very name imported from a
+        module (``from M import autocast``), else None."""
+        target = self.ctx.target
+        concept = _CONCEPT_OF[name]
+        if not target.has(concept):
+            return None
+        spelled = target.concept(concept)
+        if spelled.expr != name or len(spelled.imports) != 1:
+            return None
+        line = target.import_line(spelled.imports[0])
+        return line if line.startswith("from ") and line.endswith(f" import {name}") else None
+
+    # Imports ---------------------------------------------------------------------------------
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.ImportFrom):
+            return updated_node
+        node = original_node.body[0]
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return updated_node
+        if dotted(node.module) not in _CUDA_AMP_MODULES:
+            return updated_node
+        kept, moved, dropped = [], {}, []
+        for alias in node.names:
+            name = alias.name.value if isinstance(alias.name, cst.Name) else None
+            if name not in _CONCEPT_OF:
+                kept.append(alias)
+                continue
+            line = self._bare(name)
+            if line is not None:
+                module = line[len("from "):line.index(" import ")]
+                moved.setdefault(module, []).append(alias)
+            else:
+                dropped.append(name)
+        if not moved and not dropped:
+            return updated_node
+        statements = []
+        config = self.ctx.module.config_for_parsing
+        for module, aliases in moved.items():
+            new = cst.parse_statement(f"from {module} import x", config=config)
+            statements.append(new.with_changes(body=[new.body[0].with_changes(names=_aliases(aliases))]))
+        if kept:
+            statements.append(updated_node.with_changes(body=[node.with_changes(names=_aliases(kept))]))
+        parts = [f"{', '.join(a.name.value for aliases in moved.values() for a in aliases)} from the target's AMP"] if moved else []
+        if dropped:
+            parts.append(f"dropped {', '.join(dropped)}: the target has none to import; call sites are rewritten")
+        self.ctx.fix(original_node, "from torch.cuda.amp import: " + "; ".join(parts))
+        if not statements:
+            return cst.RemoveFromParent()
+        statements[0] = statements[0].with_changes(
+            leading_lines=updated_node.leading_lines, trailing_whitespace=updated_node.trailing_whitespace
+        )
+        return cst.FlattenSentinel(statements) if len(statements) > 1 else statements[0]
+
+    # Calls -----------------------------------------------------------------------------------
+
+    def leave_Call(self, original_node, updated_node):
+        callee = self.ctx.facts.qualname(original_node.func)
+        if callee is None:
+            return updated_node
+        repointed = isinstance(original_node.func, cst.Name) and original_node.func.value in self._repointed
+        if callee in _CUDA_AUTOCAST:
+            return self._autocast(original_node, updated_node, _CUDA_AUTOCAST_PARAMETERS, repointed)
+        if callee in _AUTOCAST and self._on_cuda(original_node, "device_type"):
+            return self._autocast(original_node, updated_node, _AUTOCAST_PARAMETERS, False)
+        if callee in _CUDA_SCALER:
+            return self._scaler(original_node, updated_node, _SCALER_PARAMETERS[1:], repointed)
+        if callee in _SCALER and self._on_cuda(original_node, "device"):
+            return self._scaler(original_node, updated_node, _SCALER_PARAMETERS, False)
+        return updated_node
+
+    def _on_cuda(self, call: cst.Call, keyword: str) -> bool:
+        """Whether a device-generic AMP call is CUDA's: a "cuda" device, none (GradScaler's
+        default), or an expression (the training device, as nanoGPT's ``device_type``)."""
+        device = call_arg(call, 0, keyword)
+        if device is None:
+            return keyword == "device"
+        text = string_value(device.value)
+        if text is None:
+            return not isinstance(device.value, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString))
+        return text == "cuda" or text.startswith("cuda:")
+
+    @staticmethod
+    def _named(original: cst.Call, updated: cst.Call, parameters) -> list[tuple[str, cst.Arg]]:
+        named = []
+        for position, (before, arg) in enumerate(zip(original.args, updated.args)):
+            name = arg.keyword.value if arg.keyword is not None else parameters[position]
+            if arg.keyword is None:
+                arg = arg.with_changes(keyword=cst.Name(name), equal=_EQUAL)
+            named.append((name, arg))
+        return named
+
+    def _autocast(self, original_node, updated_node, parameters, repointed):
+        ctx = self.ctx
+        if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
+            ctx.diagnose(original_node, "autocast(*args/**kwargs): migrate this call to the target's autocast by hand", code="ACC105")
+            return updated_node
+        named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device_type"]
+        if repointed and not ctx.target.has("autocast_device") and all(a.keyword for a in updated_node.args):
+            return updated_node  # the import now names the target's autocast
+        callee = ctx.expr("autocast")
+        args = []
+        if ctx.target.has("autocast_device"):
+            args.append(cst.Arg(ctx.expr("autocast_device")))
+        message = "autocast -> the target's autocast on its device"
+        if ctx.target.has("autocast_dtype"):
+            dtype = ctx.expr("autocast_dtype")
+            given = dict(named).get("dtype")
+            if given is None or ctx.code(given.value) != ctx.code(dtype):
+                was = ctx.code(given.value) if given is not None else "float16 (CUDA's default)"
+                ctx.diagnose(
+                    original_node,
+                    f"autocast now runs in {ctx.code(dtype)} instead of {was}: this target's autocast "
+                    "supports only that dtype on its device; it has float32's range, so no loss scaling "
+                    "is needed (the GradScaler is disabled)",
+                )
+            args.append(_keyword("dtype", dtype))
+            named = [(n, a) for n, a in named if n != "dtype"]
+            message += f" in {ctx.code(dtype)}"
+        args += [a for _, a in named]
+        ctx.fix(original_node, message)
+        return updated_node.with_changes(func=callee, args=_with_commas(args))
+
+    def _scaler(self, original_node, updated_node, parameters, repointed):
+        ctx = self.ctx
+        if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
+            ctx.diagnose(original_node, "GradScaler(*args/**kwargs): migrate this call to the target's GradScaler by hand", code="ACC105")
+            return updated_node
+        if not ctx.target.has("grad_scaler") and ctx.target.has("disabled_grad_scaler"):
+            ctx.diagnose(
+                original_node,
+                "this target has no GradScaler: the scaler is PyTorch's, disabled, so scaler.scale(), "
+                "unscale_(), step() and update() pass through; autocast runs in bfloat16, which needs "
+                "no loss scaling. Remove the scaler when the script no longer runs on CUDA",
+            )
+            ctx.fix(original_node, "GradScaler -> a disabled scaler (the target has none)")
+            return ctx.expr("disabled_grad_scaler")
+        named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device"]
+        if repointed and all(a.keyword for a in updated_node.args):
+            return updated_node  # the import now names the target's GradScaler
+        callee = ctx.expr("grad_scaler")
+        ctx.fix(original_node, "GradScaler -> the target's GradScaler on its device")
+        return updated_node.with_changes(func=callee, args=_with_commas([a for _, a in named]))
+
+
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(keyword=cst.Name(name), value=value, equal=_EQUAL)
+
+
+def _aliases(aliases: list[cst.ImportAlias]) -> list[cst.ImportAlias]:
+    fixed = []
+    for position, alias in enumerate(aliases):
+        if position == len(aliases) - 1:
+            fixed.append(alias.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+        else:
+            fixed.append(alias.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
+    return fixed

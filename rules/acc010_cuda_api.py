@@ -1,0 +1,146 @@
+import libcst as cst
+
+from accrewrite.analysis import dotted
+from accrewrite.rule import Example, Rule
+
+_SYNCHRONIZE = {"torch.cuda.synchronize"}
+_MEMORY = {
+    f"torch.cuda.{name}"
+    for name in (
+        "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+        "reset_peak_memory_stats", "memory_stats", "memory_summary",
+    )
+}
+_QUERIES = {"torch.cuda.is_available", "torch.cuda.device_count"}
+_CUDNN = "torch.backends.cudnn."
+
+
+class CudaApi(Rule):
+    """CUDA runtime calls -> the target's device-agnostic calls, or a diagnostic.
+
+    - ``torch.cuda.synchronize()`` (timing code, benchmarks) becomes the target's wait for the
+      device (``xm.wait_device_ops()``): it raises where CUDA is absent, and on an XLA device it
+      would not wait for the device's work.
+    - On a target whose device is not a CUDA device (torchacc, torch_xla), these are reported,
+      not changed, because they still run there but no longer describe the training device:
+      ``torch.cuda.memory_allocated()``/``max_memory_allocated()``/``memory_reserved()``... (0
+      where CUDA is not initialised; the device's memory is ``xm.get_memory_info(device)``),
+      ``torch.cuda.is_available()``/``device_count()`` outside the device selection that
+      ACC002 rewrites (False/0 on TPU or CPU hosts, where the code they gate takes its CPU path),
+      and ``torch.backends.cudnn.*`` settings (no effect: the target does not run cuDNN).
+      On ``runtime``, which trains on CUDA itself where CUDA is present, they are right as
+      they are.
+    """
+
+    code = "ACC010"
+    name = "cuda-api"
+    summary = "torch.cuda.synchronize/memory_allocated/is_available, torch.backends.cudnn.* -> target calls or a diagnostic"
+    concepts = ("synchronize",)
+    triggers = frozenset({
+        "synchronize", "is_available", "device_count", "cudnn",
+        *(name.rpartition(".")[2] for name in _MEMORY),
+    })
+    examples = (
+        Example(
+            before="""
+            import time
+            import torch
+
+            torch.cuda.synchronize()
+            t0 = time.time()
+            """,
+            after="""
+            import time
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            xm.wait_device_ops()
+            t0 = time.time()
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            torch.backends.cudnn.benchmark = True
+            for batch in loader:
+                loss = step(batch)
+                torch.cuda.synchronize(device)
+                peak = torch.cuda.max_memory_allocated() / 2**30
+            """,
+            after="""
+            import torch
+            import torch_xla.core.xla_model as xm
+
+            torch.backends.cudnn.benchmark = True
+            for batch in loader:
+                loss = step(batch)
+                xm.wait_device_ops()
+                peak = torch.cuda.max_memory_allocated() / 2**30
+            """,
+        ),
+    )
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # Depth inside device-selection expressions (ACC002's): nothing is reported there.
+        self._selecting = 0
+
+    def _selects_device(self, node) -> bool:
+        facts = self.ctx.facts
+        return node in facts.device_values or facts.is_cuda_device(node)
+
+    def visit_IfExp(self, node) -> None:
+        self._selecting += self._selects_device(node)
+
+    def leave_IfExp(self, original_node, updated_node):
+        self._selecting -= self._selects_device(original_node)
+        return updated_node
+
+    def visit_Call(self, node) -> None:
+        self._selecting += self._selects_device(node)
+
+    def leave_Call(self, original_node, updated_node):
+        self._selecting -= self._selects_device(original_node)
+        callee = self.ctx.facts.qualname(original_node.func)
+        if callee in _SYNCHRONIZE:
+            self.ctx.fix(original_node, "torch.cuda.synchronize() -> the target's wait for the device")
+            return self.ctx.expr("synchronize")
+        if not self.ctx.target.has("device_type"):
+            return updated_node
+        if callee in _MEMORY:
+            memory = self.ctx.concept("memory_info").render_expr(device="device")
+            self.ctx.diagnose(
+                original_node,
+                f"{callee}() measures CUDA's allocator, not this target's device (0 where CUDA is not "
+                f"initialised); left as it is so the script runs: for device memory use {memory}",
+            )
+        elif callee in _QUERIES and not self._selecting:
+            self.ctx.diagnose(
+                original_node,
+                f"{callee}() describes CUDA, not this target's device (False/0 on TPU or CPU hosts), so "
+                "the code it gates takes its CPU path there; left as it is: if it chooses the device or "
+                "CUDA-only features, decide by the target device instead",
+            )
+        return updated_node
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if not self.ctx.target.has("device_type"):
+            return updated_node
+        for small in original_node.body:
+            if isinstance(small, cst.Assign):
+                targets = [t.target for t in small.targets]
+            elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+                targets = [small.target]
+            else:
+                continue
+            for target in targets:
+                name = self.ctx.facts.qualname(target) if dotted(target) else None
+                if name and name.startswith(_CUDNN):
+                    self.ctx.diagnose(
+                        original_node,
+                        f"{name} has no effect on this target, which does not run cuDNN; left as it is "
+                        "(remove it, or keep it for the script's CUDA path)",
+                    )
+        return updated_node
