@@ -74,6 +74,9 @@ def auto_checkpoint(model: nn.Module, budget: float | None = None, *, selective:
             f"{type(model).__name__} has no repeated blocks to checkpoint (an nn.ModuleList or "
             f"nn.Sequential of two or more modules of one class)"
         )
+    pending = model.__dict__.get("forward")
+    if isinstance(pending, _Calibration):  # applied again before the first training forward
+        _restore_forward(model, pending.original)
     plan = CheckpointPlan(groups=groups, budget=budget, selective=selective)
     everything = SELECTIVE if selective and budget is None else FULL
     for group in groups:

@@ -100,14 +100,16 @@ def test_names_state_dict_and_copies_are_unchanged():
         assert Block.calls == 12
 
 
-def test_applying_again_replaces_the_plan():
+@pytest.mark.parametrize("first_budget", [None, 0.5])
+def test_applying_again_replaces_the_plan(first_budget):
     reference, ids = make()
-    model = auto_checkpoint(auto_checkpoint(copy.deepcopy(reference)), budget=1.0)
+    model = auto_checkpoint(auto_checkpoint(copy.deepcopy(reference), first_budget), budget=1.0)
     train_step(model, ids)  # calibration
     assert model.checkpoint_plan.checkpointed == 0
     Block.calls = 0
     train_step(model, ids)
     assert Block.calls == 6
+    assert "forward" not in model.__dict__
     assert_same_training(reference, model, ids, steps=1)
 
 
