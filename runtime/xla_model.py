@@ -184,7 +184,7 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True, *, 
         )
     single = isinstance(inputs, torch.Tensor)
     if single:
-        tensors = [inputs.clone()]
+        tensors = [inputs.detach().clone()]  # collectives are not differentiable
     elif isinstance(inputs, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in inputs):
         tensors = list(inputs)
     else:

@@ -92,6 +92,13 @@ def test_all_reduce_single_process_applies_scale_only():
     assert torch.equal(grads[1], torch.full((3,), 6.0))
 
 
+def test_all_reduce_of_a_loss_with_grad_gives_a_plain_tensor():
+    loss = (torch.ones(2, requires_grad=True) * 3).sum()
+    reduced = xm.all_reduce("mean", loss, scale=0.5)
+    assert not reduced.requires_grad and reduced.item() == 3.0
+    loss.backward()  # the graph is untouched
+
+
 def test_all_reduce_rejects_bad_input():
     with pytest.raises(ValueError, match="unknown reduce_type 'avg'"):
         xm.all_reduce("avg", torch.ones(1))
