@@ -275,6 +275,7 @@ def rank_main(rank, cache_dir, log_dir, barrier, results):
     results.put((rank, cache.status, [int(cache[i]) for i in range(len(cache))]))
 
 
+@pytest.mark.slow  # two spawned interpreters importing torch
 @pytest.mark.timeout(120)
 def test_two_ranks_share_one_build(tmp_path):
     cache_dir, log_dir = tmp_path / "cache", tmp_path / "log"
