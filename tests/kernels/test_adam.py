@@ -199,3 +199,21 @@ def test_reference_keeps_float64_precision():
     adam.adam_step_reference([param], [grad], exp_avgs, exp_avg_sqs, steps,
                              **_hyper(decoupled_weight_decay=True))
     torch.testing.assert_close(param, theirs.detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_builds_for_sm90():
+    from _gpu_build import build_for_sm90
+
+    signature = dict(table_ptr="*i64", n_tensors="i32", lr_ptr="*fp32", lr="fp32", beta1="fp32",
+                     beta2="fp32", log2_beta1="fp32", log2_beta2="fp32", eps="fp32",
+                     weight_decay="fp32", grad_scale_ptr="*fp32", found_inf_ptr="*fp32")
+    builds = []
+    for param, state, extras in [("float32", "float32", False), ("bfloat16", "float32", True),
+                                 ("float16", "float16", False)]:
+        flags = dict(LR_IS_TENSOR=extras, DECOUPLED=not extras, MAXIMIZE=extras,
+                     HAS_GRAD_SCALE=extras, HAS_FOUND_INF=extras)
+        builds.append(("_adam_kernel", signature,
+                       dict(flags, PARAM_TY=f"tl.{param}", GRAD_TY=f"tl.{param}",
+                            STATE_TY=f"tl.{state}", CHUNK=adam._CHUNK, BLOCK=adam._BLOCK), 4))
+    assert build_for_sm90("accrewrite.kernels.adam", builds) == [""] * len(builds)

@@ -136,3 +136,20 @@ def test_float64_takes_the_reference(monkeypatch):
     out = bda.bias_dropout_add(x, None, x, 0.5)
     torch.manual_seed(0)
     assert torch.equal(out, x + torch.nn.functional.dropout(x, 0.5))
+
+
+@pytest.mark.slow
+def test_builds_for_sm90():
+    from _gpu_build import build_for_sm90
+
+    builds = []
+    for dtype, has_bias in [("bf16", True), ("fp32", False), ("fp16", True)]:
+        x = f"*{dtype}"
+        builds.append(("_forward_kernel",
+                       dict(X=x, Bias=x, Residual=x, Out=x, n="i32", n_cols="i32", p="fp32",
+                            scale="fp32", seed="i32"),
+                       dict(HAS_BIAS=has_bias, BLOCK=bda._BLOCK), 4))
+        builds.append(("_backward_kernel",
+                       dict(DOut=x, DX=x, n="i64", p="fp32", scale="fp32", seed="i64"),
+                       dict(BLOCK=bda._BLOCK), 4))
+    assert build_for_sm90("accrewrite.kernels.bias_dropout_add", builds) == [""] * len(builds)

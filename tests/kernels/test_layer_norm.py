@@ -128,3 +128,25 @@ def test_broadcast_output_gradient(device):
     expected = torch.autograd.grad(ln.layer_norm_reference(x, 33, weight).sum(), [x, weight])
     torch.testing.assert_close(x.grad, expected[0], **TOL[torch.float32])
     torch.testing.assert_close(weight.grad, expected[1], **PARAM_TOL)
+
+
+@pytest.mark.slow
+def test_builds_for_sm90():
+    from _gpu_build import build_for_sm90
+
+    builds = []
+    for dtype, hidden, has_weight, has_bias in [("bf16", 4096, True, True), ("fp32", 1, False, False),
+                                                ("fp16", 8192, True, False), ("bf16", 1000, False, True)]:
+        flags = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias)
+        forward_block, forward_warps = ln._block_settings(hidden)
+        backward_block, backward_warps = ln._block_settings(hidden, backward=True)
+        x = f"*{dtype}"
+        builds.append(("_layer_norm_forward_kernel",
+                       dict(X=x, Y=x, W=x, B=x, Mean="*fp32", Rstd="*fp32", stride_row="i32", N="i32",
+                            eps="fp32"),
+                       dict(flags, BLOCK_N=forward_block), forward_warps))
+        builds.append(("_layer_norm_backward_kernel",
+                       dict(X=x, W=x, Mean="*fp32", Rstd="*fp32", DY=x, DX=x, DW="*fp32", DB="*fp32",
+                            stride_x="i32", stride_dy="i32", M="i32", N="i32", rows_per_program="i32"),
+                       dict(flags, BLOCK_N=backward_block), backward_warps))
+    assert build_for_sm90("accrewrite.kernels.layer_norm", builds) == [""] * len(builds)

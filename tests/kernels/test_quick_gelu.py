@@ -59,3 +59,17 @@ def test_float64_takes_the_reference(monkeypatch):
     monkeypatch.setattr(qg._QuickGeluFunction, "apply", None)  # the kernel computes in float32
     x = torch.randn(9, dtype=torch.float64)
     assert torch.equal(qg.quick_gelu(x), x * torch.sigmoid(1.702 * x))
+
+
+@pytest.mark.slow
+def test_builds_for_sm90():
+    from _gpu_build import build_for_sm90
+
+    builds = []
+    for dtype in ("fp32", "bf16", "fp16"):
+        x = f"*{dtype}"
+        builds.append(("_quick_gelu_forward_kernel", dict(X=x, Y=x, n="i32", alpha="fp32"),
+                       dict(BLOCK=qg._BLOCK), 4))
+        builds.append(("_quick_gelu_backward_kernel", dict(X=x, DY=x, DX=x, n="i32", alpha="fp32"),
+                       dict(BLOCK=qg._BLOCK), 4))
+    assert build_for_sm90("accrewrite.kernels.quick_gelu", builds) == [""] * len(builds)
