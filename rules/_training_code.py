@@ -345,7 +345,18 @@ class LoopDiagnostic:
 
     @property
     def in_loop(self) -> bool:
-        return self.ctx.in_training and not self.in_closure
+        """In a training loop, or in a step function (one that calls backward or step without
+        looping itself, like seed 001's loop_with_amp); not in a step closure. Code before or
+        after the loop of the function that holds it runs once, and is not in the loop."""
+        ctx = self.ctx
+        if self.in_closure:
+            return False
+        if ctx.loops:
+            return True
+        scope = ctx.scope
+        if scope is None or scope not in ctx.facts.step_functions:
+            return False
+        return not any(loop.scope is scope for loop in ctx.facts.loops)
 
     def visit_Call(self, node: cst.Call) -> None:
         if is_step_closure_call(node):

@@ -1,0 +1,100 @@
+import libcst as cst
+
+from accrewrite.rule import Example, Rule
+from accrewrite.rules._training_code import LoopDiagnostic
+
+
+class TensorControlFlow(LoopDiagnostic, Rule):
+    """Report Python control flow that depends on a tensor's value inside the training loop.
+
+    ``if loss > best:``, ``while (x != 0).any():``, ``if torch.isnan(loss):`` or
+    ``if loss.item() > 10:`` make Python decide on a value that only the device knows: the
+    host waits for it (an XLA sync that runs the pending graph mid-step), and under
+    torch.compile the graph breaks at the test, with a separate graph (and recompilation) for
+    each branch taken. A test on Python values (``if step % 10 == 0``) is fine.
+
+    What to do: compute both sides and select with ``torch.where(cond, a, b)`` (or multiply by
+    a mask), check the condition every N steps or in a step closure, or keep such checks out of
+    the compiled region. Only the training loop and its step functions are checked, and only
+    tests that mention a tensor word (``loss``, ``.item()``, ``torch.*``, ``.any()``, ...).
+    """
+
+    code = "ACC102"
+    name = "tensor-control-flow"
+    summary = "Python control flow (if/while/ternary/assert) on a tensor value inside the loop"
+    # Words that tests on tensors almost always mention (walking every statement of every file
+    # would cost all rules their skip of untouched statements).
+    triggers = frozenset(
+        {"item", "torch", "any", "all", "isnan", "isinf", "isfinite", "loss", "losses", "sum", "mean", "max",
+         "min", "eq", "ne", "equal", "allclose", "float", "bool", "int", "tolist", "numpy", "grad", "norm",
+         "logits", "outputs", "output", "pred", "preds", "acc", "accuracy", "mask"}
+    )
+    examples = (
+        Example(
+            before="""
+            import torch
+
+            for step, (x, y) in enumerate(train_loader):
+                loss = criterion(model(x), y)
+                if torch.isnan(loss):
+                    continue
+                loss.backward()
+                optimizer.step()
+                if step % 100 == 0 and loss.item() < best:
+                    best = loss.item()
+            """,
+            after="""
+            import torch
+
+            for step, (x, y) in enumerate(train_loader):
+                loss = criterion(model(x), y)
+                if torch.isnan(loss):
+                    continue
+                loss.backward()
+                optimizer.step()
+                if step % 100 == 0 and loss.item() < best:
+                    best = loss.item()
+            """,
+            diagnostics=("ACC102:5", "ACC102:9"),
+        ),
+    )
+
+    def applies(self) -> bool:
+        return bool(self.ctx.facts.loops or self.ctx.facts.step_functions)
+
+    def _check(self, node: cst.CSTNode, test: cst.BaseExpression, what: str) -> None:
+        if not self.in_loop:
+            return
+        tensors = self.tensors()
+        if tensors.is_tensor(test):
+            how = "a tensor's truth value"
+        elif tensors.reads_value(test):
+            how = "a value read from a tensor"
+        else:
+            return
+        code = " ".join(self.ctx.code(test).split())
+        if len(code) > 60:
+            code = code[:57] + "..."
+        self.ctx.diagnose(
+            test,
+            f"control flow on a tensor: {what} `{code}` tests {how}, so the host waits for the device "
+            "(an XLA sync mid-step) and torch.compile breaks the graph here, with one graph per branch. "
+            "Select with torch.where(cond, a, b) or a mask instead, or check it every N steps or in a step "
+            "closure",
+        )
+
+    def leave_If(self, original_node, updated_node):
+        self._check(original_node, original_node.test, "`if`")
+        return updated_node
+
+    def leave_While(self, original_node, updated_node):
+        self._check(original_node, original_node.test, "`while`")
+        return updated_node
+
+    def leave_IfExp(self, original_node, updated_node):
+        self._check(original_node, original_node.test, "the conditional expression on")
+        return updated_node
+
+    def leave_Assert(self, original_node, updated_node):
+        self._check(original_node, original_node.test, "`assert`")
+        return updated_node

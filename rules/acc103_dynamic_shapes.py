@@ -1,0 +1,141 @@
+import libcst as cst
+
+from accrewrite.analysis import call_arg, dotted, string_value
+from accrewrite.rule import Example, Rule
+from accrewrite.rules._training_code import LoopDiagnostic
+
+# Hugging Face collators that pad each batch to its longest sample unless told otherwise.
+_PADDING_COLLATORS = frozenset(
+    {"DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForTokenClassification",
+     "DataCollatorForLanguageModeling", "DataCollatorForWholeWordMask"}
+)
+# Ops whose output size depends on the data.
+_DATA_SIZED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"})
+_PACKING = (
+    "pack samples into fixed-length rows (accrewrite.runtime.io.PackedDataset) or pad to a fixed "
+    "length (padding=\"max_length\", max_length=N)"
+)
+
+
+class DynamicShapes(LoopDiagnostic, Rule):
+    """Report shapes that change from step to step.
+
+    A compiled step (XLA, or torch.compile without dynamic shapes) is specialised to its input
+    and intermediate shapes: every new shape compiles a new graph, and on XLA a data-dependent
+    size also forces a sync to learn it. Reported:
+
+    - per-batch padding to the longest sample: ``DataCollatorWithPadding(tokenizer)`` and the
+      other padding collators without ``padding="max_length"``, ``tokenizer(..., padding=True)``
+      or ``padding="longest"``, ``pad_sequence(...)`` (typically in a ``collate_fn``). What to
+      do: pack variable-length samples into fixed-length rows with
+      ``accrewrite.runtime.io.PackedDataset`` (seed 001, "Pack dataset"), or pad to a fixed
+      ``max_length``. These are reported wherever they are, since the loop sees their batches;
+    - in the training loop: boolean-mask indexing (``x[mask]``, ``logits[labels != -100]``),
+      ``nonzero()``/``argwhere``/``masked_select``/``unique`` and one-argument
+      ``torch.where(cond)``, whose sizes depend on the data. What to do: keep the full shape and
+      weight by the mask (``(loss * mask).sum() / mask.sum()``), or use ``ignore_index``.
+    """
+
+    code = "ACC103"
+    name = "dynamic-shapes"
+    summary = "dynamic shapes: boolean-mask indexing, nonzero(), padding to the longest sample per batch"
+    triggers = frozenset(
+        {*_PADDING_COLLATORS, *_DATA_SIZED, "where", "padding", "pad_sequence", "mask", "masks", "labels",
+         "attention_mask", "loss_mask", "valid"}
+    )
+    examples = (
+        Example(
+            before="""
+            import torch
+            from torch.nn.utils.rnn import pad_sequence
+            from transformers import DataCollatorWithPadding
+
+            collator = DataCollatorWithPadding(tokenizer)
+
+            def collate_fn(samples):
+                return pad_sequence([s["ids"] for s in samples], batch_first=True)
+
+            for batch in train_loader:
+                logits = model(batch["input_ids"])
+                mask = batch["labels"] != -100
+                loss = criterion(logits[mask], batch["labels"][mask])
+                loss.backward()
+                optimizer.step()
+            """,
+            after="""
+            import torch
+            from torch.nn.utils.rnn import pad_sequence
+            from transformers import DataCollatorWithPadding
+
+            collator = DataCollatorWithPadding(tokenizer)
+
+            def collate_fn(samples):
+                return pad_sequence([s["ids"] for s in samples], batch_first=True)
+
+            for batch in train_loader:
+                logits = model(batch["input_ids"])
+                mask = batch["labels"] != -100
+                loss = criterion(logits[mask], batch["labels"][mask])
+                loss.backward()
+                optimizer.step()
+            """,
+            diagnostics=("ACC103:5", "ACC103:8", "ACC103:13", "ACC103:13"),
+        ),
+    )
+
+    def check_call(self, node: cst.Call) -> None:
+        func = node.func
+        callee = self.ctx.facts.qualname(func) or dotted(func) or ""
+        last = callee.split(".")[-1]
+        if last in _PADDING_COLLATORS:
+            padding = call_arg(node, 99, "padding")
+            if padding is None or string_value(padding.value) not in ("max_length", "do_not_pad"):
+                self.report(node, f"`{last}` pads each batch to its longest sample, so every batch has a new "
+                                  f"shape and a new compiled graph; {_PACKING}")
+            return
+        if last == "pad_sequence":
+            self.report(node, f"`pad_sequence` pads to the longest sequence of each batch, so batch shapes vary "
+                              f"and each new shape compiles a new graph; {_PACKING}")
+            return
+        padding = call_arg(node, 99, "padding")
+        if padding is not None and (
+            string_value(padding.value) == "longest"
+            or isinstance(padding.value, cst.Name) and padding.value.value == "True"
+        ):
+            self.report(node, f"`padding={self.ctx.code(padding.value)}` pads to the longest sample of each batch, "
+                              f"so shapes vary from batch to batch; {_PACKING}")
+            return
+        if not self.in_loop:
+            return
+        tensors = self.tensors()
+        is_method = isinstance(func, cst.Attribute) and self.ctx.facts.qualname(func) is None
+        if last in _DATA_SIZED and (callee.startswith("torch.") or is_method and tensors.is_tensor(func.value)):
+            self._data_sized(node, f"`{last}()`")
+        elif callee == "torch.where" and len(node.args) == 1:
+            self._data_sized(node, "one-argument `torch.where`")
+
+    def _data_sized(self, node: cst.CSTNode, what: str) -> None:
+        self.report(
+            node,
+            f"dynamic shape: {what} returns as many elements as the data selects, so the size is known only "
+            "after the device computes it (an XLA sync) and each size compiles a new graph. Keep the full shape "
+            "and weight by the mask (e.g. `(loss * mask).sum() / mask.sum()`), or use ignore_index",
+        )
+
+    def leave_Subscript(self, original_node, updated_node):
+        if not self.in_loop or len(original_node.slice) != 1:
+            return updated_node
+        index = original_node.slice[0].slice
+        if not isinstance(index, cst.Index):
+            return updated_node
+        tensors = self.tensors()
+        if tensors.is_mask(index.value) and tensors.is_tensor(original_node.value):
+            code = " ".join(self.ctx.code(original_node).split())
+            self.report(
+                original_node,
+                f"dynamic shape: boolean-mask indexing `{code}` keeps as many elements as the mask selects, so the "
+                "size is known only after the device computes it (an XLA sync) and each size compiles a new graph. "
+                "Keep the full shape and weight by the mask (e.g. `(loss * mask).sum() / mask.sum()`), use "
+                "ignore_index, or torch.where(mask, x, 0)",
+            )
+        return updated_node
