@@ -59,8 +59,12 @@ def bias_dropout_add_reference(x, bias, residual, p, training=True, mask=None) -
     h = x if bias is None else x + bias
     if mask is None:
         return residual + F.dropout(h, p, training)
-    scale = 1.0 / (1.0 - p) if p < 1 else 0.0
-    return residual + h * mask * scale
+    return residual + h * mask * _keep_scale(p)
+
+
+def _keep_scale(p: float) -> float:
+    """What a kept element is multiplied by (p = 1 keeps nothing)."""
+    return 1.0 / (1.0 - p) if p < 1 else 0.0
 
 
 def _check(x, bias, residual, p):
@@ -85,7 +89,7 @@ class _BiasDropoutAddFunction(torch.autograd.Function):
         dtypes = [t.dtype for t in (x, bias, residual) if t is not None]
         out = torch.empty_like(x, dtype=functools.reduce(torch.promote_types, dtypes))
         n = x.numel()
-        scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+        scale = _keep_scale(p)
         if n:
             _forward_kernel[(triton.cdiv(n, _BLOCK),)](
                 x, bias, residual, out, n, x.shape[-1] if x.dim() else 1, p, scale, seed,
