@@ -90,30 +90,38 @@ class TrainingLoop:
     calls_step: bool = False
 
 
+@dataclass(frozen=True, eq=False)
+class Binding:
+    """An assignment a rule may place code after: ``name = ...`` in ``statement``, inside
+    function ``scope`` (None at module level), ``order``-th statement of the file."""
+
+    name: str
+    statement: cst.CSTNode
+    scope: cst.FunctionDef | None
+    order: int
+
+
 @dataclass
 class Facts:
     """What one analysis pass learns about a file."""
 
     # Local name -> fully qualified name, from the file's imports.
     imports: dict[str, str] = field(default_factory=dict)
-    # Device variables assigned a CUDA device, as (code of the target, enclosing function).
-    devices: list[tuple[str, cst.FunctionDef | None]] = field(default_factory=list)
+    # Variables assigned a CUDA device.
+    devices: list[Binding] = field(default_factory=list)
     # The values of those assignments (so that a rule rewrites the assignment, not the value).
     device_values: set[cst.CSTNode] = field(default_factory=set)
     models: set[str] = field(default_factory=set)
     optimizers: dict[str, cst.Call] = field(default_factory=dict)
     scalers: set[str] = field(default_factory=set)
     loaders: set[str] = field(default_factory=set)
+    loader_bindings: list[Binding] = field(default_factory=list)
     # Every ``name = call(...)`` of the file: target -> the callee's qualified name.
     assigned_calls: dict[str, str] = field(default_factory=dict)
     # Qualified names of everything the file calls.
     called: set[str] = field(default_factory=set)
     # Names already assigned a device loader (a migrated file).
     device_loaders: set[str] = field(default_factory=set)
-    # Where devices and loaders are assigned: (name, statement, enclosing function, order of
-    # the statement in the file), so a rule can put code after both.
-    device_statements: list[tuple[str, cst.CSTNode, cst.FunctionDef | None, int]] = field(default_factory=list)
-    loader_statements: list[tuple[str, cst.CSTNode, cst.FunctionDef | None, int]] = field(default_factory=list)
     loops: list[TrainingLoop] = field(default_factory=list)
     # Functions that call backward or an optimizer step (a training step factored out of the
     # loop, as in seed 001's loop_with_amp).
@@ -144,17 +152,17 @@ class Facts:
         ``device``, else a ``self.`` attribute assigned in another method of the same class,
         else one at module level."""
         owner = self.method_class.get(scope)
-        for name, where in self.devices:
-            if where is scope:
-                return name
+        for device in self.devices:
+            if device.scope is scope:
+                return device.name
         if scope is not None and any(param.name.value == "device" for param in scope.params.params):
             return "device"
-        for name, where in self.devices:
-            if owner is not None and name.startswith("self.") and self.method_class.get(where) is owner:
-                return name
-        for name, where in self.devices:
-            if where is None:
-                return name
+        for device in self.devices:
+            if owner is not None and device.name.startswith("self.") and self.method_class.get(device.scope) is owner:
+                return device.name
+        for device in self.devices:
+            if device.scope is None:
+                return device.name
         return None
 
     def is_cuda_device(self, node: cst.CSTNode) -> bool:
@@ -359,11 +367,10 @@ class _Analyzer(_Walker):
         if target is None:
             return
         value = node.value
-        where = (target, self._statements[-1], self._scope, self._order)
+        binding = Binding(target, self._statements[-1], self._scope, self._order)
         if self.facts.is_cuda_device(value):
-            self.facts.devices.append((target, self._scope))
+            self.facts.devices.append(binding)
             self.facts.device_values.add(value)
-            self.facts.device_statements.append(where)
             return
         if not isinstance(value, cst.Call):
             return
@@ -374,7 +381,7 @@ class _Analyzer(_Walker):
             self.facts.scalers.add(target)
         elif callee in LOADER_NAMES:
             self.facts.loaders.add(target)
-            self.facts.loader_statements.append(where)
+            self.facts.loader_bindings.append(binding)
         elif callee.endswith(".MpDeviceLoader"):
             self.facts.device_loaders.add(target)
         elif callee in WRAPPER_NAMES:

@@ -95,16 +95,14 @@ class DeviceLoader(Rule):
         # Loaders rebound at their assignment: statement -> [(loader, device)] to add after it.
         self._wraps: dict[cst.CSTNode, list[tuple[str, str]]] = {}
         self._rebound: set[str] = set(facts.device_loaders)
-        for name, statement, scope, order in facts.loader_statements:
-            if name in facts.device_loaders or not rebind:
+        for loader in facts.loader_bindings:
+            device = self._device_for(loader.scope)
+            if loader.name in facts.device_loaders or not rebind or device is None:
                 continue
-            device = self._device_statement(scope)
-            if device is None:
-                continue
-            device_name, device_statement, device_order = device
-            anchor = device_statement if device_order > order else statement
-            self._wraps.setdefault(anchor, []).append((name, device_name))
-            self._rebound.add(name)
+            later = device.scope is loader.scope and device.order > loader.order
+            anchor = device.statement if later else loader.statement
+            self._wraps.setdefault(anchor, []).append((loader.name, device.name))
+            self._rebound.add(loader.name)
         # Loops fed by a device loader, innermost last: (loop, names its batches bind, the
         # loader to wrap at the loop or None).
         self._fed: list[tuple[cst.CSTNode, set[str], str | None]] = []
@@ -112,14 +110,10 @@ class DeviceLoader(Rule):
     def applies(self) -> bool:
         return bool(self.ctx.facts.loaders or self.ctx.facts.loops)
 
-    def _device_statement(self, scope):
-        """(name, statement, order) of the device visible in ``scope``: one assigned in the
-        same function, else at module level."""
-        for wanted in (scope, None):
-            for name, statement, where, order in self.ctx.facts.device_statements:
-                if where is wanted:
-                    return name, statement, order if wanted is scope else -1
-        return None
+    def _device_for(self, scope):
+        """The CUDA device binding visible in ``scope``: the function's own, else the module's."""
+        devices = self.ctx.facts.devices
+        return next((d for d in devices if d.scope is scope), None) or next((d for d in devices if d.scope is None), None)
 
     # Rebinding at the assignment ------------------------------------------------------------
 
@@ -218,7 +212,7 @@ class DeviceLoader(Rule):
         name = dotted(where.value) or ""
         if (facts.qualname(where.value) or "").startswith(_DTYPE_PREFIX):
             return False
-        devices = {device for device, _ in facts.devices}
+        devices = {device.name for device in facts.devices}
         return (
             name in devices
             or name.split(".")[-1] in ("device", "gpu", "local_rank", "rank")

@@ -74,7 +74,7 @@ for batch in eval_loader:
 
 def test_training_facts():
     module, facts = facts_of(TRAINING)
-    assert [name for name, _ in facts.devices] == ["device"]
+    assert [device.name for device in facts.devices] == ["device"]
     assert facts.loaders == {"train_loader"}
     assert set(facts.optimizers) == {"optimizer"}  # the scheduler is not an optimizer
     assert facts.scalers == {"scaler"}
