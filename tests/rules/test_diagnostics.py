@@ -1,0 +1,163 @@
+"""Diagnostics ACC101-ACC106 through the CLI: each finding has a line, a reason and what to do,
+in text and JSON output; nothing is reported inside a step closure (including the logging that
+ACC009 moves into one in the same run) or outside the training loop where it is harmless."""
+
+import json
+
+import pytest
+
+from accrewrite.cli import main
+
+SCRIPT = b'''import torch
+from torch.utils.cpp_extension import load
+from transformers import DataCollatorWithPadding
+# A training script with something for every diagnostic rule.
+
+ops = load(name="ops", sources=["ops.cpp", "ops_kernel.cu"])
+collator = DataCollatorWithPadding(tokenizer)
+scaler = torch.cuda.amp.GradScaler()
+optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
+print(torch.ones(1).item())  # before the loop: runs once, harmless
+
+
+def report_later(value):
+    print(value.item())  # inside a step closure: not reported
+
+
+for step, batch in enumerate(train_loader):
+    logits = model(batch["input_ids"])
+    mask = batch["labels"] != -100
+    loss = criterion(logits[mask], batch["labels"][mask])
+    if torch.isnan(loss):
+        continue
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    running += loss.item()
+    if step % 10 == 0:
+        print(f"step {step} loss {loss.item():.4f}")
+    xm.add_step_closure(report_later, args=(loss,))
+    xm.add_step_closure(lambda: print(loss.item()))
+torch.save(model.state_dict(), "model.pt")
+'''
+
+# (code, line) each diagnostic rule reports on SCRIPT with the default selection.
+EXPECTED = [
+    ("ACC104", 6),  # load(...) of a CUDA extension
+    ("ACC103", 7),  # DataCollatorWithPadding pads to the longest sample
+    ("ACC105", 9),  # optimizer from an unseen factory
+    ("ACC103", 20),  # logits[mask]
+    ("ACC103", 20),  # batch["labels"][mask]
+    ("ACC102", 21),  # if torch.isnan(loss)
+    ("ACC101", 25),  # running += loss.item()
+]
+SAVE = ("ACC106", 30)
+LOGGING = 27  # print(f"... {loss.item()}"): moved into a step closure by ACC009
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # rich wraps at the terminal width
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+def _json(cli, path, *options):
+    code, out, _ = cli("migrate", path, "--format", "json", *options)
+    assert code == 0
+    return json.loads(out)
+
+
+def _ours(findings):
+    """ACC101-ACC106 findings; ACC105 only from its own rule (other rules report ACC105 for
+    the fixes they could not apply, which their tests cover)."""
+    return [
+        (d["code"], d["line"]) for d in findings
+        if d["code"].startswith("ACC10") and (d["code"] != "ACC105" or "`optimizer` is built by" in d["message"])
+    ]
+
+
+@pytest.mark.parametrize("target", ["runtime", "torchacc", "torch_xla"])
+def test_json_reports_each_finding_with_line_reason_and_remedy(tmp_path, cli, target):
+    path = tmp_path / "train.py"
+    path.write_bytes(SCRIPT)
+    document = _json(cli, path, "--target", target)
+    (file,) = document["files"]
+    expected = EXPECTED + ([SAVE] if target != "runtime" else [])
+    assert _ours(file["diagnostics"]) == sorted(expected, key=lambda f: f[1])
+    for diagnostic in file["diagnostics"]:
+        if (diagnostic["code"], diagnostic["line"]) not in expected:
+            continue  # another rule's report
+        assert diagnostic["line"] > 0 and diagnostic["col"] >= 0
+        message = diagnostic["message"]
+        assert len(message) > 60 and "`" in message, message  # says what (quoted code) and why
+    assert document["summary"]["diagnostics"] == len(file["diagnostics"])
+    # The logging line was moved into a step closure, not reported.
+    assert any(fix["code"] == "ACC009" and fix["line"] == LOGGING for fix in file["fixes"])
+
+
+def test_text_output_names_path_line_column_and_code(tmp_path, cli):
+    path = tmp_path / "train.py"
+    path.write_bytes(SCRIPT)
+    code, out, _ = cli("migrate", path, "--target", "torch_xla")
+    assert code == 0
+    lines = [line for line in out.splitlines() if " ACC1" in line and line.startswith(str(path))]
+    found = [(line.split(" ")[1], int(line.split(":")[1])) for line in lines]
+    assert [f for f in found if f[0] != "ACC105"] == sorted(
+        [f for f in EXPECTED + [SAVE] if f[0] != "ACC105"], key=lambda f: f[1]
+    )
+    assert ("ACC105", 9) in found
+    host_sync = next(line for line in lines if " ACC101 " in line)
+    assert "graph breaks at this line" in host_sync and "XLA sync" in host_sync
+    assert "step closure" in host_sync  # what to do
+    save = next(line for line in lines if " ACC106 " in line)
+    assert 'xm.save(model.state_dict(), "model.pt")' in save
+
+
+def test_without_step_closures_the_logging_is_a_host_sync(tmp_path, cli):
+    path = tmp_path / "train.py"
+    path.write_bytes(SCRIPT)
+    document = _json(cli, path, "--ignore", "ACC009")
+    host_syncs = [d["line"] for d in document["files"][0]["diagnostics"] if d["code"] == "ACC101"]
+    assert host_syncs == [25, LOGGING]
+
+
+def test_migrated_closures_stay_quiet_on_a_second_run(tmp_path, cli):
+    path = tmp_path / "train.py"
+    path.write_bytes(SCRIPT)
+    assert cli("migrate", path, "--in-place", "--target", "torchacc")[0] == 0
+    migrated = path.read_bytes()
+    assert b"xm.add_step_closure(lambda step, loss: print(" in migrated
+    document = _json(cli, path, "--target", "torchacc")
+    (file,) = document["files"]
+    assert not file["changed"] and file["fixes"] == []
+    assert [code for code, _ in _ours(file["diagnostics"])] == [
+        code for code, _ in sorted(EXPECTED + [SAVE], key=lambda f: f[1])
+    ]
+
+
+def test_guarded_output_reports_the_same(tmp_path, cli):
+    path = tmp_path / "train.py"
+    path.write_bytes(SCRIPT)
+    document = _json(cli, path, "--target", "torchacc", "--guard", "TORCHACC_COMPILER_OPT")
+    assert _ours(document["files"][0]["diagnostics"]) == sorted(EXPECTED + [SAVE], key=lambda f: f[1])
+
+
+def test_selecting_one_diagnostic(tmp_path, cli):
+    path = tmp_path / "train.py"
+    path.write_bytes(SCRIPT)
+    document = _json(cli, path, "--select", "ACC102")
+    (file,) = document["files"]
+    assert not file["changed"] and file["fixes"] == []
+    assert [(d["code"], d["line"]) for d in file["diagnostics"]] == [("ACC102", 21)]
+
+
+def test_noqa_silences_a_diagnostic(tmp_path, cli):
+    path = tmp_path / "train.py"
+    path.write_bytes(SCRIPT.replace(b"running += loss.item()", b"running += loss.item()  # noqa: ACC101"))
+    document = _json(cli, path, "--select", "ACC101")
+    assert [d["line"] for d in document["files"][0]["diagnostics"]] == [LOGGING]
