@@ -145,7 +145,7 @@ def _rules(args, out: Console) -> int:
 
         print(json.dumps([
             {"code": r.code, "name": r.name, "summary": r.summary, "safe": r.safe, "opt_in": r.opt_in,
-             "targets": r.supported_targets()}
+             "diagnostic": r.diagnostic_only(), "targets": r.supported_targets()}
             for r in rules
         ], indent=2))
         return EXIT_OK
@@ -154,6 +154,7 @@ def _rules(args, out: Console) -> int:
         table.add_column(column)
     for rule in rules:
         kind = ("safe" if rule.safe else "unsafe") + (", opt-in" if rule.opt_in else "")
+        kind = "diagnostic" if rule.diagnostic_only() else kind
         table.add_row(rule.code, rule.name, kind, ", ".join(rule.supported_targets()), rule.summary)
     out.print(table)
     return EXIT_OK
@@ -166,6 +167,7 @@ def _explain(args, out: Console, err: Console) -> int:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         return EXIT_ERROR
     kind = "safe fix" if rule.safe else "unsafe fix (applied with --unsafe-fixes or when selected by code)"
+    kind = "diagnostic (reports, changes nothing)" if rule.diagnostic_only() else kind
     out.print(f"[bold]{rule.code} {rule.name}[/]: {rule.summary}", highlight=False)
     out.print(f"{kind}{'; opt-in' if rule.opt_in else ''}; targets: {', '.join(rule.supported_targets())}\n")
     out.print(rule.documentation(), highlight=False)

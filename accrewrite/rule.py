@@ -72,6 +72,11 @@ class Rule:
         return [name for name, target in all_targets().items() if target.has(*cls.concepts)]
 
     @classmethod
+    def diagnostic_only(cls) -> bool:
+        """A rule that only reports: each of its examples changes nothing and lists findings."""
+        return bool(cls.examples) and all(e.after == e.before and e.diagnostics for e in cls.examples)
+
+    @classmethod
     def documentation(cls) -> str:
         return inspect.cleandoc(cls.__doc__ or "")
 

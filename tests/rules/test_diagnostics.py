@@ -161,3 +161,20 @@ def test_noqa_silences_a_diagnostic(tmp_path, cli):
     path.write_bytes(SCRIPT.replace(b"running += loss.item()", b"running += loss.item()  # noqa: ACC101"))
     document = _json(cli, path, "--select", "ACC101")
     assert [d["line"] for d in document["files"][0]["diagnostics"]] == [LOGGING]
+
+
+def test_rules_and_explain_show_diagnostics_as_such(cli):
+    code, out, _ = cli("rules", "--format", "json")
+    assert code == 0
+    rules = {rule["code"]: rule for rule in json.loads(out)}
+    for number in range(101, 107):
+        assert rules[f"ACC{number}"]["diagnostic"], number
+    assert not rules["ACC009"]["diagnostic"]
+    assert rules["ACC106"]["targets"] == ["torch_xla", "torchacc"]  # the runtime's tensors save as they are
+    code, out, _ = cli("explain", "ACC101")
+    assert code == 0
+    assert "diagnostic (reports, changes nothing)" in out
+    assert "Reports: ACC101 at line 8, ACC101 at line 9, ACC101 at line 11" in out
+    assert "After:" not in out
+    code, out, _ = cli("explain", "step-closure")
+    assert code == 0 and "After:" in out and "add_step_closure(lambda epoch, step, loss:" in out
