@@ -59,3 +59,38 @@ def test_harness_rejects_unknown_kernels(capsys):
 def test_ratio_formatting():
     row = _harness().format_row("eager", 3.0, 2 * 2**20, ours_ms=1.5, ours_peak=2**20)
     assert "speedup  2.00x" in row and "memory   0.50x" in row
+
+
+def test_harness_prints_a_row_per_implementation(capsys, monkeypatch):
+    """main()'s GPU loop with the GPU parts stubbed: every case is measured, ours first, and
+    each baseline gets its ratios."""
+    harness = _harness()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stub GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    runs = []
+
+    def measure(fn, warmup, rep):
+        fn()
+        runs.append(fn)
+        return 2.0, 2**20
+
+    original_load = kernel_cases.load
+    monkeypatch.setattr(harness, "measure", measure)
+    monkeypatch.setattr(kernel_cases, "load", lambda name: _SmokeCases(original_load(name)))
+    assert harness.main(["--kernels", "quick_gelu,adam"]) == 0
+    out = capsys.readouterr().out
+    assert "stub GPU" in out and "quick_gelu float32 5x33" in out and "adamw float32" in out
+    assert out.count("speedup  1.00x") == 5  # quick_gelu: eager, compile; adam: + torch fused
+    assert len(runs) == 7
+
+
+class _SmokeCases:
+    """A case module whose cases() ignores the device and builds the smoke cases on the CPU,
+    without compiling (dynamo would believe the stubbed torch.cuda.is_available)."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def cases(self, device):
+        return self.module.cases("cpu", smoke=True, compile=lambda fn: fn)
