@@ -104,7 +104,8 @@ class PackedDataset(IterableDataset):
     initialised ``torch.distributed`` group (else one replica). A map-style dataset is split by a
     ``DistributedSampler`` (``shuffle``, ``seed``, ``drop_last`` and :meth:`set_epoch` as there);
     an iterable one round-robin. DataLoader workers split their replica's share further, so no
-    document is read twice. Ranks may produce different numbers of rows (packing depends on the
+    document is read twice. Call :meth:`set_epoch` before iterating the loader (with
+    ``persistent_workers`` the workers keep the epoch they started with, as with the sampler). Ranks may produce different numbers of rows (packing depends on the
     lengths), so drive distributed training by a step count rather than by loader exhaustion.
     """
 
