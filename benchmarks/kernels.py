@@ -41,10 +41,12 @@ def measure(fn, warmup: int, rep: int) -> tuple[float, int]:
     import triton.testing
 
     fn()
-    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"), peak_memory(fn)
+    ms = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    return ms, peak_memory(fn)
 
 
-def format_row(name: str, ms: float, peak: int, ours_ms: float | None, ours_peak: int | None) -> str:
+def format_row(name: str, ms: float, peak: int, ours_ms: float | None,
+               ours_peak: int | None) -> str:
     row = f"  {name:<14} {ms:9.3f} ms {peak / 2**20:10.1f} MiB"
     if ours_ms is not None:
         memory = f"{ours_peak / peak:6.2f}x" if peak else "     -"
@@ -62,7 +64,8 @@ def main(argv=None) -> int:
     names = [n for n in args.kernels.split(",") if n]
     unknown = sorted(set(names) - set(kernel_cases.kernel_names()))
     if unknown:
-        parser.error(f"no case module for {', '.join(unknown)}; known: {', '.join(kernel_cases.kernel_names())}")
+        known = ", ".join(kernel_cases.kernel_names())
+        parser.error(f"no case module for {', '.join(unknown)}; known: {known}")
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py measures the Triton kernels on a CUDA GPU and none is "
               "available here; the CPU runs the PyTorch references only (their correctness is "

@@ -127,7 +127,8 @@ def _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps):
         if s.numel() != 1 or not s.is_floating_point():
             raise ValueError(f"adam_step: steps[{i}] must be a floating-point scalar tensor")
     if any(p.is_complex() for p in params):
-        lists = [[torch.view_as_real(t) if t.is_complex() else t for t in x] for x in lists[:4]] + [steps]
+        real = [[torch.view_as_real(t) if t.is_complex() else t for t in x] for x in lists[:4]]
+        lists = real + [steps]
     return lists
 
 
@@ -148,7 +149,9 @@ _BLOCK = 1024
 _TRITON_DTYPES: dict = {}
 
 if triton_available():
-    _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+    _TRITON_DTYPES = {
+        torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16,
+    }
 
     @triton.jit
     def _adam_kernel(

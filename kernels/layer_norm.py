@@ -48,7 +48,8 @@ def layer_norm(
 
 
 def layer_norm_reference(x, normalized_shape, weight=None, bias=None, eps=1e-5) -> torch.Tensor:
-    """``F.layer_norm`` computed in float32 (float64 for float64 input), returned in ``x``'s dtype."""
+    """``F.layer_norm`` computed in float32 (float64 for float64 input), returned in ``x``'s
+    dtype."""
     dtype = torch.promote_types(x.dtype, torch.float32)
     out = F.layer_norm(
         x.to(dtype),
@@ -145,7 +146,9 @@ def _block_settings(n: int, backward: bool = False) -> tuple[int, int]:
 def _backward_programs(device: torch.device, rows: int) -> int:
     # One band of rows per SM keeps the float32 partial sums small; on the CPU (the interpreter)
     # a few bands still exercise the band logic and the final reduction.
-    slots = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    slots = 4
+    if device.type == "cuda":
+        slots = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(rows, slots))
 
 

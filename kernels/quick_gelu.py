@@ -52,7 +52,8 @@ class _QuickGeluFunction(torch.autograd.Function):
         dx = torch.empty_like(x)
         n = x.numel()
         if n:
-            _quick_gelu_backward_kernel[(triton.cdiv(n, _BLOCK),)](x, dy, dx, n, ALPHA, BLOCK=_BLOCK)
+            grid = (triton.cdiv(n, _BLOCK),)
+            _quick_gelu_backward_kernel[grid](x, dy, dx, n, ALPHA, BLOCK=_BLOCK)
         return dx
 
 

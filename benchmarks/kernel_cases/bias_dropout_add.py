@@ -33,7 +33,8 @@ def cases(device, *, smoke=False, compile=torch.compile):
         inputs = (x, bias, residual)
         grad_out = torch.randn_like(x)
         result.append(Case(
-            name=f"bias_dropout_add {str(dtype).removeprefix('torch.')} {'x'.join(map(str, shape))}",
+            name=f"bias_dropout_add {str(dtype).removeprefix('torch.')} "
+                 f"{'x'.join(map(str, shape))}",
             ours=forward_backward(ours, inputs, grad_out),
             eager=forward_backward(eager_bias_dropout_add, inputs, grad_out),
             compiled=forward_backward(compile(eager_bias_dropout_add), inputs, grad_out),

@@ -19,11 +19,14 @@ from accrewrite.kernels.bias_dropout_add import bias_dropout_add
 __all__ = ["dropout_add_fused_train", "dropout_add_fused"]
 
 
-def dropout_add_fused_train(x: torch.Tensor, to_add: torch.Tensor, drop_rate: float) -> torch.Tensor:
+def dropout_add_fused_train(
+    x: torch.Tensor, to_add: torch.Tensor, drop_rate: float
+) -> torch.Tensor:
     """Training mode: ``to_add + dropout(x, drop_rate)``."""
     return bias_dropout_add(x, None, to_add, drop_rate, training=True)
 
 
 def dropout_add_fused(x: torch.Tensor, to_add: torch.Tensor, drop_rate: float) -> torch.Tensor:
-    """Inference mode: dropout is the identity, so ``to_add + x`` (``drop_rate`` is checked only)."""
+    """Inference mode: dropout is the identity, so ``to_add + x`` (``drop_rate`` is only
+    checked)."""
     return bias_dropout_add(x, None, to_add, drop_rate, training=False)

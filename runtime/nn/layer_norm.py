@@ -1,5 +1,5 @@
-"""``FusedLayerNorm``: a drop-in for ``torch.nn.LayerNorm`` that runs ``accrewrite.kernels.layer_norm``
-(the Triton kernel on CUDA, ``F.layer_norm`` elsewhere).
+"""``FusedLayerNorm``: a drop-in for ``torch.nn.LayerNorm`` that runs
+``accrewrite.kernels.layer_norm`` (the Triton kernel on CUDA, ``F.layer_norm`` elsewhere).
 
 It is a subclass of ``nn.LayerNorm``: the same constructor (``normalized_shape``, ``eps``,
 ``elementwise_affine``, ``bias``, ``device``, ``dtype``), the same parameter initialization and

@@ -21,7 +21,9 @@ class QuickGelu(torch.nn.Module):
     def __init__(self, approximate: str = "none"):
         super().__init__()
         if approximate not in ("none", "tanh"):
-            raise ValueError(f"QuickGelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+            raise ValueError(
+                f"QuickGelu: approximate must be 'none' or 'tanh', got {approximate!r}"
+            )
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return quick_gelu(input)

@@ -31,7 +31,8 @@ for kernel_name, signature, constexprs, num_warps in builds:
     kernel = getattr(module, kernel_name)
     names = kernel.arg_names
     full = {name: signature.get(name, "constexpr") for name in names}
-    values = {(names.index(k),): getattr(tl, v[3:]) if isinstance(v, str) and v.startswith("tl.") else v
+    # dtypes travel as "tl.<name>" strings
+    values = {(names.index(k),): getattr(tl, v[3:]) if str(v).startswith("tl.") else v
               for k, v in constexprs.items()}
     try:
         triton.compile(ASTSource(fn=kernel, signature=full, constexprs=values),

@@ -44,7 +44,9 @@ def test_matches_reference_with_the_kernels_mask(device, shape, dtype, with_bias
     torch.manual_seed(0)
     p, seed = 0.3, 1234
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
-    bias = torch.randn(shape[-1], device=device, dtype=dtype, requires_grad=True) if with_bias else None
+    bias = None
+    if with_bias:
+        bias = torch.randn(shape[-1], device=device, dtype=dtype, requires_grad=True)
     residual = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
     inputs = [t for t in (x, bias, residual) if t is not None]
     mask = _kernel_mask(shape, p, seed, device)

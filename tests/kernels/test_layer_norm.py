@@ -94,14 +94,16 @@ def test_rows_too_wide_for_one_program_take_the_reference(monkeypatch):
     monkeypatch.setattr(ln._LayerNormFunction, "apply", refuse)
     hidden = ln.MAX_FUSED_SIZE // 4 + 1
     x = torch.randn(2, hidden)
-    torch.testing.assert_close(ln.layer_norm(x, hidden), torch.nn.functional.layer_norm(x, (hidden,)))
+    expected = torch.nn.functional.layer_norm(x, (hidden,))
+    torch.testing.assert_close(ln.layer_norm(x, hidden), expected)
 
 
 def test_reference_is_torch_layer_norm_in_float32():
     torch.manual_seed(3)
     x = torch.randn(4, 10)
     w, b = torch.randn(10), torch.randn(10)
-    assert torch.equal(ln.layer_norm_reference(x, (10,), w, b), torch.nn.functional.layer_norm(x, (10,), w, b))
+    expected = torch.nn.functional.layer_norm(x, (10,), w, b)
+    assert torch.equal(ln.layer_norm_reference(x, (10,), w, b), expected)
 
 
 def test_bad_shapes_are_reported():
@@ -134,19 +136,20 @@ def test_broadcast_output_gradient(device):
 def test_builds_for_sm90():
     from _gpu_build import build_for_sm90
 
+    variants = [("bf16", 4096, True, True), ("fp32", 1, False, False),
+                ("fp16", 8192, True, False), ("bf16", 1000, False, True)]
     builds = []
-    for dtype, hidden, has_weight, has_bias in [("bf16", 4096, True, True), ("fp32", 1, False, False),
-                                                ("fp16", 8192, True, False), ("bf16", 1000, False, True)]:
+    for dtype, hidden, has_weight, has_bias in variants:
         flags = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias)
         forward_block, forward_warps = ln._block_settings(hidden)
         backward_block, backward_warps = ln._block_settings(hidden, backward=True)
-        x = f"*{dtype}"
+        x, f32 = f"*{dtype}", "*fp32"
         builds.append(("_layer_norm_forward_kernel",
-                       dict(X=x, Y=x, W=x, B=x, Mean="*fp32", Rstd="*fp32", stride_row="i32", N="i32",
+                       dict(X=x, Y=x, W=x, B=x, Mean=f32, Rstd=f32, stride_row="i32", N="i32",
                             eps="fp32"),
                        dict(flags, BLOCK_N=forward_block), forward_warps))
         builds.append(("_layer_norm_backward_kernel",
-                       dict(X=x, W=x, Mean="*fp32", Rstd="*fp32", DY=x, DX=x, DW="*fp32", DB="*fp32",
-                            stride_x="i32", stride_dy="i32", M="i32", N="i32", rows_per_program="i32"),
+                       dict(X=x, W=x, Mean=f32, Rstd=f32, DY=x, DX=x, DW=f32, DB=f32, stride_x="i32",
+                            stride_dy="i32", M="i32", N="i32", rows_per_program="i32"),
                        dict(flags, BLOCK_N=backward_block), backward_warps))
     assert build_for_sm90("accrewrite.kernels.layer_norm", builds) == [""] * len(builds)

@@ -40,7 +40,8 @@ def _train(model, optimizer, steps, seed=1):
 
 def _parameters(cls):
     """The constructor's parameters: names, kinds and defaults (annotations aside)."""
-    return [(p.name, p.kind, p.default) for p in inspect.signature(cls.__init__).parameters.values()]
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return [(p.name, p.kind, p.default) for p in parameters]
 
 
 def _assert_same_params(a, b):
