@@ -147,6 +147,11 @@ class Facts:
         base = self.imports[root]
         return f"{base}.{rest}" if rest else base
 
+    @property
+    def uses_grad_scaler(self) -> bool:
+        """Whether the file trains with a GradScaler (AMP with loss scaling)."""
+        return bool(self.scalers or self.called & SCALER_NAMES)
+
     def device_in(self, scope: cst.FunctionDef | None) -> str | None:
         """The device variable visible in ``scope``: one assigned there, else a parameter named
         ``device``, else a ``self.`` attribute assigned in another method of the same class,

@@ -81,37 +81,46 @@ class Guard:
         return cst.If(test=negated, body=cst.IndentedBlock(old), leading_lines=leading)
 
     def finish(self, module: cst.Module, facts: Facts, import_lines: list[str]) -> cst.Module:
-        """Add ``import os`` and the switch function at the top of the file (guarded code may
-        run before the file's own imports: hooks that patch torch first), and the target's
-        imports in an ``if enabled():`` block after the file's imports."""
+        """Add the switch function (and ``import os``) and the target's imports in an
+        ``if enabled():`` block, after the file's imports as in seed 001; when guarded code
+        runs before the file's imports (hooks that patch torch first), the switch goes at the
+        very top instead, after the docstring and ``__future__`` imports."""
         if not self.used:
             return module
         config = module.config_for_parsing
-        header = []
-        if facts.imports.get("os") != "os":
-            header.append(cst.parse_statement("import os\n", config=config))
+        body = list(module.body)
+        top = _header_end(body)
+        early = top < len(body) and isinstance(body[top], cst.If) and self.branch(body[top].test) is not None
+        position = self._imports_end(body, top)
+        switch = []
+        if early or facts.imports.get("os") != "os":
+            switch.append(cst.parse_statement("import os\n", config=config))
         if not _defines(module, self.function):
-            header.append(
+            switch.append(
                 cst.parse_statement(
                     f"def {self.function}():\n    return os.getenv({self.variable!r}) is not None\n", config=config
                 ).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
             )
-        body = list(module.body)
-        top = _header_end(body)
-        position = leading_imports_end(body)
         guarded_imports = []
         if import_lines:
             imports = [cst.parse_statement(line, config=config) for line in import_lines]
             guarded_imports.append(
                 cst.If(test=self.call(), body=cst.IndentedBlock(imports), leading_lines=[cst.EmptyLine()])
             )
-        if header and top < len(body):
-            body[top] = body[top].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *body[top].leading_lines])
-        if guarded_imports and position < len(body):
+        if position < len(body):
             body[position] = body[position].with_changes(leading_lines=[cst.EmptyLine(), *body[position].leading_lines])
-        return module.with_changes(
-            body=[*body[:top], *header, *body[top:position], *guarded_imports, *body[position:]]
-        )
+        if early:
+            return module.with_changes(
+                body=[*body[:top], *switch, *body[top:position], *guarded_imports, *body[position:]]
+            )
+        return module.with_changes(body=[*body[:position], *switch, *guarded_imports, *body[position:]])
+
+    def _imports_end(self, body, top: int) -> int:
+        """Index just past the file's leading imports, after any guarded code at the top."""
+        position = top
+        while position < len(body) and isinstance(body[position], cst.If) and self.branch(body[position].test):
+            position += 1
+        return position + leading_imports_end(body[position:])
 
 
 def _header_end(body) -> int:

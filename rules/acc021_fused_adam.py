@@ -36,4 +36,4 @@ class FusedAdam(ConstructorSwap):
     )
 
     def applies(self) -> bool:
-        return not self.ctx.facts.scalers and super().applies()
+        return not self.ctx.facts.uses_grad_scaler and super().applies()

@@ -31,14 +31,12 @@ def test_guarded_form_keeps_the_original_in_else_branches():
     output = guarded("import torch\n\ntorch.manual_seed(0)\nmodel = model.cuda()\ntorch.cuda.set_device(0)\n", "torchacc")
     assert output == textwrap.dedent(
         '''\
+        import torch
         import os
 
 
         def enable_torchacc_compiler():
             return os.getenv('ACC_ON') is not None
-
-
-        import torch
 
         if enable_torchacc_compiler():
             import torchacc.torch_xla.core.xla_model as xm
@@ -54,6 +52,15 @@ def test_guarded_form_keeps_the_original_in_else_branches():
         '''
     )
     compile(output, "guarded.py", "exec")
+
+
+def test_hooks_before_the_imports_get_the_switch_at_the_top():
+    output = guarded("import torch\nimport torch.nn as nn\nnorm = nn.LayerNorm(8)\n", "torchacc")
+    assert output.startswith(
+        "import os\n\n\ndef enable_torchacc_compiler():\n    return os.getenv('ACC_ON') is not None\n"
+        "if enable_torchacc_compiler():\n    from torchacc.runtime import hooks\n    hooks.enable_fused_layer_norm()\n"
+        "import torch\n"
+    )
 
 
 def test_removal_alone_becomes_if_not_enabled():
