@@ -19,14 +19,13 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from accrewrite.kernels.dispatch import triton_available, use_triton
+from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
 
 if triton_available():
     import triton
     import triton.language as tl
 
 _BLOCK = 1024
-KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 takes the reference
 
 
 def bias_dropout_add(

@@ -9,6 +9,8 @@ tests use it with ``TRITON_INTERPRET=1`` to run the kernels on the CPU).
 import functools
 import os
 
+import torch
+
 MODE_ENV = "ACCREWRITE_KERNELS"
 _MODES = ("auto", "reference", "triton")
 
@@ -35,5 +37,12 @@ def use_triton(*tensors) -> bool:
     if chosen == "reference":
         return False
     if chosen == "triton":
+        if not triton_available():
+            raise RuntimeError(f"{MODE_ENV}=triton but triton is not installed: pip install triton")
         return True
     return triton_available() and all(t.is_cuda for t in tensors)
+
+
+# The floating dtypes the elementwise and normalisation kernels compute (in float32 inside);
+# float64 takes the reference, which keeps its precision.
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

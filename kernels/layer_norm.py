@@ -20,14 +20,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from accrewrite.kernels.dispatch import triton_available, use_triton
+from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
 
 if triton_available():
     import triton
     import triton.language as tl
 
 MAX_FUSED_SIZE = 65536  # bytes of one row, as in Triton's layer-norm tutorial
-KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 takes the reference
 
 
 def layer_norm(

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from accrewrite.kernels.dispatch import triton_available, use_triton
+from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
 
 if triton_available():
     import triton
     import triton.language as tl
 
 ALPHA = 1.702
-KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 takes the reference
 _BLOCK = 1024
 
 
