@@ -19,7 +19,7 @@ import re
 
 import libcst as cst
 
-from accrewrite.analysis import dotted
+from accrewrite.analysis import _child_fields, dotted
 
 # Methods that copy a tensor's value to the host (the caller waits for the device).
 SYNC_METHODS = frozenset({"item", "tolist", "numpy", "cpu"})
@@ -67,22 +67,41 @@ def root_name(node: cst.CSTNode) -> str | None:
     return node.value if isinstance(node, cst.Name) else None
 
 
-def _names(node: cst.CSTNode) -> set[str]:
+def walk(node: cst.CSTNode, enter) -> None:
+    """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
+    rebuilding visit (see ``accrewrite.analysis._Walker``); ``enter`` returning False skips a
+    node's children."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if enter(current) is False:
+            continue
+        children = []
+        for name in _child_fields(type(current)):
+            value = getattr(current, name)
+            if isinstance(value, cst.CSTNode):
+                children.append(value)
+            elif isinstance(value, (tuple, list)):
+                children.extend(item for item in value if isinstance(item, cst.CSTNode))
+        stack.extend(reversed(children))
+
+
+def free_names(node: cst.CSTNode) -> set[str]:
+    """Names an expression reads (not attribute names or keywords)."""
     found: set[str] = set()
 
-    class Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            attribute.value.visit(self)
+    def enter(child):
+        if isinstance(child, cst.Name):
+            found.add(child.value)
+        elif isinstance(child, cst.Attribute):
+            walk(child.value, enter)
             return False
-
-        def visit_Arg(self, arg: cst.Arg) -> bool:
-            arg.value.visit(self)
+        elif isinstance(child, cst.Arg):
+            walk(child.value, enter)
             return False
+        return True
 
-    node.visit(Names())
+    walk(node, enter)
     return found
 
 
@@ -90,14 +109,28 @@ def bound_names(node: cst.CSTNode) -> set[str]:
     """Names bound inside an expression (comprehension targets, lambda parameters)."""
     found: set[str] = set()
 
-    class Bound(cst.CSTVisitor):
-        def visit_CompFor(self, comp: cst.CompFor) -> None:
-            found.update(_names(comp.target))
+    def enter(child):
+        if isinstance(child, cst.CompFor):
+            found.update(free_names(child.target))
+        elif isinstance(child, cst.Lambda):
+            found.update(p.name.value for p in child.params.params)
+        return True
 
-        def visit_Lambda(self, lam: cst.Lambda) -> None:
-            found.update(p.name.value for p in lam.params.params)
+    walk(node, enter)
+    return found
 
-    node.visit(Bound())
+
+def contains(node: cst.CSTNode, kind: type) -> bool:
+    found = False
+
+    def enter(child):
+        nonlocal found
+        if found or isinstance(child, kind):
+            found = True
+            return False
+        return True
+
+    walk(node, enter)
     return found
 
 
@@ -260,19 +293,15 @@ class Tensors:
     def reads_value(self, node: cst.CSTNode) -> bool:
         """Whether evaluating ``node`` reads some tensor's value on the host."""
         found = False
-        tensors = self
 
-        class Reads(cst.CSTVisitor):
-            def on_visit(self, child: cst.CSTNode) -> bool:
-                nonlocal found
-                if found:
-                    return False
-                if tensors.sync(child) is not None:
-                    found = True
-                    return False
-                return True
+        def enter(child):
+            nonlocal found
+            if found or self.sync(child) is not None:
+                found = True
+                return False
+            return True
 
-        node.visit(Reads())
+        walk(node, enter)
         return found
 
 
@@ -281,36 +310,23 @@ def _own_statements(body: cst.CSTNode) -> list[cst.CSTNode]:
     classes), in source order."""
     found: list[cst.CSTNode] = []
 
-    class Collect(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+    def enter(node):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
             found.append(node)
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
             found.append(node)
+        return True
 
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            found.append(node)
-
-        def visit_For(self, node: cst.For) -> None:
-            found.append(node)
-
-        def visit_Call(self, node: cst.Call) -> None:
-            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
-                found.append(node)
-
-    body.visit(Collect())
+    for statement in body.body:
+        walk(statement, enter)
     return found
 
 
+# Tensor facts by function, for the file being migrated (the rules of one file share them; a
+# new file replaces them, so at most one file's facts are held).
+_TENSORS: dict = {"module": None, "by_scope": {}}
 _CLOSURE_FUNCTION = re.compile(rf"{STEP_CLOSURE}\(\s*([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -328,16 +344,20 @@ class LoopDiagnostic:
         if state is None:
             text = self.ctx.source_text
             functions = set(_CLOSURE_FUNCTION.findall(text)) if STEP_CLOSURE in text else set()
-            state = self._loop_diagnostic_state = {"depth": 0, "functions": functions, "pending": {}, "tensors": {}}
+            state = self._loop_diagnostic_state = {"depth": 0, "functions": functions, "pending": {}}
         return state
 
     def tensors(self) -> Tensors:
-        """Tensor facts of the function being walked."""
-        cache = self._closure_state()["tensors"]
+        """Tensor facts of the function being walked (shared by the rules of one file)."""
+        module = self.ctx.module
+        if _TENSORS["module"] is not module:
+            _TENSORS.update(module=module, by_scope={})  # a new file: the previous file's facts go
+        by_scope = _TENSORS["by_scope"]
         scope = self.ctx.scope
-        if scope not in cache:
-            cache[scope] = Tensors(self.ctx.facts, scope, self.ctx.module)
-        return cache[scope]
+        found = by_scope.get(scope)
+        if found is None:
+            found = by_scope[scope] = Tensors(self.ctx.facts, scope, module)
+        return found
 
     @property
     def in_closure(self) -> bool:

@@ -4,7 +4,14 @@ import libcst as cst
 
 from accrewrite.analysis import dotted
 from accrewrite.rule import Example, Rule
-from accrewrite.rules._training_code import BUILTIN_NAMES, LoopDiagnostic, bound_names, root_name
+from accrewrite.rules._training_code import (
+    BUILTIN_NAMES,
+    LoopDiagnostic,
+    bound_names,
+    contains,
+    free_names,
+    root_name,
+)
 
 # Logger methods (logging module, logging.Logger, loguru, accelerate's logger).
 _LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception", "log"})
@@ -217,13 +224,13 @@ class StepClosure(LoopDiagnostic, Rule):
     def _eager(self, node: cst.CSTNode, tensors, bound: set[str]) -> bool:
         """Whether ``node`` can be evaluated where the call was: it reads no tensor value and
         no name bound inside the call."""
-        return not tensors.reads_value(node) and not (_free_names(node) & bound) and not _has_lambda(node)
+        return not tensors.reads_value(node) and not (free_names(node) & bound) and not contains(node, cst.Lambda)
 
     def _passed(self, node: cst.CSTNode, bound: set[str]) -> bool:
         """Whether ``node`` reads a variable (rather than only literals, imports and builtins)."""
         imports = self.ctx.facts.imports
         return any(
-            name not in imports and name not in BUILTIN_NAMES and name not in bound for name in _free_names(node)
+            name not in imports and name not in BUILTIN_NAMES and name not in bound for name in free_names(node)
         )
 
 
@@ -241,11 +248,7 @@ class _Extract(cst.CSTTransformer):
         self._replace: dict[cst.CSTNode, str] = {}
         self._kept: set[cst.CSTNode] = {call.func}  # the logging function itself stays as it is
         self._method: set[cst.CSTNode] = set()
-        self._taken = (_free_names(call) | bound) & set(self._all_names(call))
-
-    @staticmethod
-    def _all_names(node):
-        return _free_names(node)
+        self._taken = free_names(call) | bound
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if node in self._kept:
@@ -311,36 +314,3 @@ def _param_name(node: cst.CSTNode) -> str:
             return f"{node.func.value}_{_param_name(node.args[0].value)}"  # len(losses) -> len_losses
         return _param_name(node.func)
     return "value"
-
-
-def _free_names(node: cst.CSTNode) -> set[str]:
-    """Names an expression reads (not attribute names or keywords)."""
-    found: set[str] = set()
-
-    class Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            attribute.value.visit(self)
-            return False
-
-        def visit_Arg(self, arg: cst.Arg) -> bool:
-            arg.value.visit(self)
-            return False
-
-    node.visit(Names())
-    return found
-
-
-def _has_lambda(node: cst.CSTNode) -> bool:
-    found = False
-
-    class Finder(cst.CSTVisitor):
-        def visit_Lambda(self, lam: cst.Lambda) -> bool:
-            nonlocal found
-            found = True
-            return False
-
-    node.visit(Finder())
-    return found
