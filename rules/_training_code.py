@@ -19,7 +19,7 @@ import re
 
 import libcst as cst
 
-from accrewrite.analysis import _child_fields, dotted
+from accrewrite.analysis import _child_fields, dotted, string_value
 
 # Methods that copy a tensor's value to the host (the caller waits for the device).
 SYNC_METHODS = frozenset({"item", "tolist", "numpy", "cpu"})
@@ -277,6 +277,12 @@ class Tensors:
             if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS:
                 if self.facts.qualname(func) is None:  # a method, not a module's function
                     return f".{func.attr.value}()"
+            if isinstance(func, cst.Attribute) and func.attr.value == "to" and node.args:
+                first = node.args[0].value
+                if isinstance(first, cst.Call) and self.facts.qualname(first.func) == "torch.device" and first.args:
+                    first = first.args[0].value
+                if string_value(first) == "cpu" and self.is_tensor(func.value):
+                    return '.to("cpu")'
             if isinstance(func, cst.Name) and func.value in SYNC_BUILTINS and func.value not in self.facts.imports:
                 if any(self.is_tensor(arg.value) for arg in node.args):
                     return f"{func.value}() of a tensor"

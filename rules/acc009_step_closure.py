@@ -51,6 +51,13 @@ class StepClosure(LoopDiagnostic, Rule):
     as in seed 001 (``xm.add_step_closure(log_metrics, args=(epoch, step, loss), ...)``);
     otherwise the closure is a lambda taking the values. Logging already inside a step closure
     is left alone.
+
+    Objects are passed by reference, as Python passes them: a tensor or a meter (imagenet's
+    ``AverageMeter``) that the loop updates in place after the call is read when the closure
+    runs. Pass a copy (``running.clone()``) where the exact value at that line matters.
+    Logging in a function that the loop calls but that does not train (seed 001's
+    ``log_metrics`` body) is not followed: the call of such a helper in the loop is what moves,
+    when it is a known logging helper (``log_metrics``, ``print_rank_0``, ...).
     """
 
     code = "ACC009"

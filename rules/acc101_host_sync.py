@@ -9,7 +9,7 @@ _PRINTERS = frozenset({"print"})
 class HostSync(LoopDiagnostic, Rule):
     """Report reads of a tensor's value on the host inside the training loop.
 
-    ``.item()``, ``.cpu()``, ``.numpy()``, ``.tolist()``, ``float(t)``/``int(t)``/``bool(t)``,
+    ``.item()``, ``.cpu()``, ``.to("cpu")``, ``.numpy()``, ``.tolist()``, ``float(t)``/``int(t)``/``bool(t)``,
     and printing or formatting a tensor copy its value to the host: Python stops until the
     device has computed it. On an XLA target that forces the pending lazy graph to compile and
     run in the middle of the step (an XLA sync), and with torch.compile it is a graph break: the
