@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import call_arg, dotted, string_value
+from accrewrite.analysis import _Walker, call_arg, dotted, string_value
 from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc002_device_placement import _with_commas
 
@@ -110,10 +110,30 @@ class Amp(Rule):
         # Local names imported from torch.cuda.amp that the import rewrite re-points at the
         # target's own autocast/GradScaler: their call sites need no change.
         self._repointed: set[str] = set()
+        # Local names of torch.amp's device-generic autocast/GradScaler (``from torch.amp import
+        # autocast``) where the target spells its own by the same name: re-pointed too when every
+        # call is a CUDA one (their device argument is dropped), else left to torch.amp.
+        self._generic: dict[str, str] = {}
+        self._clashes: set[str] = set()
         for local, qualified in ctx.facts.imports.items():
             module, _, name = qualified.rpartition(".")
-            if module in _CUDA_AMP_MODULES and name in _CONCEPT_OF and self._bare(name) is not None:
+            if name not in _CONCEPT_OF or self._bare(name) is None:
+                continue
+            if module in _CUDA_AMP_MODULES:
                 self._repointed.add(local)
+            elif qualified in _AUTOCAST or qualified in _SCALER:
+                self._generic[local] = qualified
+            elif local == self.ctx.target.concept(_CONCEPT_OF[name]).expr:
+                self._clashes.add(local)
+        if self._generic:
+            calls = _Calls(set(self._generic))
+            calls.walk(ctx.module)
+            for local, found in calls.found.items():
+                keyword = "device_type" if self._generic[local] in _AUTOCAST else "device"
+                if not all(self._on_cuda(call, keyword) for call in found):
+                    self._clashes.add(local)
+            for local in self._clashes:
+                self._generic.pop(local, None)
 
     def _bare(self, name: str) -> str | None:
         """The target's import line when it spells ``name`` as that very name imported from a
@@ -128,6 +148,36 @@ class Amp(Rule):
         line = target.import_line(spelled.imports[0])
         return line if line.startswith("from ") and line.endswith(f" import {name}") else None
 
+    def _callee(self, concept: str) -> cst.BaseExpression:
+        """The target's spelling; a bare name that a re-pointed import already binds needs no
+        import of its own."""
+        name = self.ctx.target.concept(concept).expr
+        if name in self._repointed or name in self._generic:
+            return cst.Name(name)
+        return self.ctx.expr(concept)
+
+    def _clash(self, call: cst.Call, concept: str) -> bool:
+        """Whether the target's bare name for ``concept`` is already this file's name for
+        something else that stays (torch.amp's autocast, also used for the CPU): then the call
+        is left as it is, with a diagnostic."""
+        name = self.ctx.target.concept(concept).expr
+        if not name.isidentifier() or name in self._repointed or name in self._generic:
+            return False
+        line = self._bare(name) if name in _CONCEPT_OF else None
+        bound = self.ctx.facts.imports.get(name)
+        if bound is None or line is None:
+            return False
+        module = line[len("from "):line.index(" import ")]
+        if bound == f"{module}.{name}":
+            return False
+        self.ctx.diagnose(
+            call,
+            f"{self.ctx.code(call.func)}() left as it is: the target's own is called {name}, which this "
+            f"file already binds to {bound}; import the target's under another name and call it here",
+            code="ACC105",
+        )
+        return True
+
     # Imports ---------------------------------------------------------------------------------
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
@@ -136,12 +186,17 @@ class Amp(Rule):
         node = original_node.body[0]
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return updated_node
-        if dotted(node.module) not in _CUDA_AMP_MODULES:
+        module_name = dotted(node.module)
+        generic = module_name not in _CUDA_AMP_MODULES
+        if generic and not any(
+            self.ctx.facts.imports.get(_local(alias)) == f"{module_name}.{_name(alias)}" and _local(alias) in self._generic
+            for alias in node.names
+        ):
             return updated_node
         kept, moved, dropped = [], {}, []
         for alias in node.names:
-            name = alias.name.value if isinstance(alias.name, cst.Name) else None
-            if name not in _CONCEPT_OF:
+            name = _name(alias)
+            if name not in _CONCEPT_OF or (generic and _local(alias) not in self._generic):
                 kept.append(alias)
                 continue
             line = self._bare(name)
@@ -162,7 +217,7 @@ class Amp(Rule):
         parts = [f"{', '.join(a.name.value for aliases in moved.values() for a in aliases)} from the target's AMP"] if moved else []
         if dropped:
             parts.append(f"dropped {', '.join(dropped)}: the target has none to import; call sites are rewritten")
-        self.ctx.fix(original_node, "from torch.cuda.amp import: " + "; ".join(parts))
+        self.ctx.fix(original_node, f"from {module_name} import: " + "; ".join(parts))
         if not statements:
             return cst.RemoveFromParent()
         statements[0] = statements[0].with_changes(
@@ -176,15 +231,26 @@ class Amp(Rule):
         callee = self.ctx.facts.qualname(original_node.func)
         if callee is None:
             return updated_node
-        repointed = isinstance(original_node.func, cst.Name) and original_node.func.value in self._repointed
+        local = original_node.func.value if isinstance(original_node.func, cst.Name) else None
+        repointed = local in self._repointed or local in self._generic
+        if local in self._clashes and (callee in _AUTOCAST or callee in _SCALER):
+            if self._on_cuda(original_node, "device_type" if callee in _AUTOCAST else "device"):
+                self.ctx.diagnose(
+                    original_node,
+                    f"{local}() is {callee}, which this file also calls for other devices, and the target's "
+                    f"own is called {local} too: left as it is (CUDA AMP, inactive off CUDA); call the "
+                    "target's by hand here, imported under another name",
+                    code="ACC105",
+                )
+            return updated_node
         if callee in _CUDA_AUTOCAST:
             return self._autocast(original_node, updated_node, _CUDA_AUTOCAST_PARAMETERS, repointed)
         if callee in _AUTOCAST and self._on_cuda(original_node, "device_type"):
-            return self._autocast(original_node, updated_node, _AUTOCAST_PARAMETERS, False)
+            return self._autocast(original_node, updated_node, _AUTOCAST_PARAMETERS, repointed)
         if callee in _CUDA_SCALER:
             return self._scaler(original_node, updated_node, _SCALER_PARAMETERS[1:], repointed)
         if callee in _SCALER and self._on_cuda(original_node, "device"):
-            return self._scaler(original_node, updated_node, _SCALER_PARAMETERS, False)
+            return self._scaler(original_node, updated_node, _SCALER_PARAMETERS, repointed)
         return updated_node
 
     def _on_cuda(self, call: cst.Call, keyword: str) -> bool:
@@ -214,9 +280,15 @@ class Amp(Rule):
             ctx.diagnose(original_node, "autocast(*args/**kwargs): migrate this call to the target's autocast by hand", code="ACC105")
             return updated_node
         named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device_type"]
-        if repointed and not ctx.target.has("autocast_device") and all(a.keyword for a in updated_node.args):
-            return updated_node  # the import now names the target's autocast
-        callee = ctx.expr("autocast")
+        if repointed and not ctx.target.has("autocast_device"):
+            # The import now names the target's autocast: only the arguments may change.
+            if len(named) == len(original_node.args) and all(a.keyword for a in updated_node.args):
+                return updated_node
+            ctx.fix(original_node, "autocast: the target's picks its device; arguments by keyword")
+            return updated_node.with_changes(args=_with_commas([a for _, a in named]))
+        if self._clash(original_node, "autocast"):
+            return updated_node
+        callee = self._callee("autocast")
         args = []
         if ctx.target.has("autocast_device"):
             args.append(cst.Arg(ctx.expr("autocast_device")))
@@ -224,7 +296,9 @@ class Amp(Rule):
         if ctx.target.has("autocast_dtype"):
             dtype = ctx.expr("autocast_dtype")
             given = dict(named).get("dtype")
-            if given is None or ctx.code(given.value) != ctx.code(dtype):
+            enabled = dict(named).get("enabled")
+            disabled = enabled is not None and ctx.code(enabled.value) == "False"
+            if not disabled and (given is None or ctx.code(given.value) != ctx.code(dtype)):
                 was = ctx.code(given.value) if given is not None else "float16 (CUDA's default)"
                 ctx.diagnose(
                     original_node,
@@ -254,9 +328,15 @@ class Amp(Rule):
             ctx.fix(original_node, "GradScaler -> a disabled scaler (the target has none)")
             return ctx.expr("disabled_grad_scaler")
         named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device"]
-        if repointed and all(a.keyword for a in updated_node.args):
-            return updated_node  # the import now names the target's GradScaler
-        callee = ctx.expr("grad_scaler")
+        if repointed:
+            # The import now names the target's GradScaler: only the arguments may change.
+            if len(named) == len(original_node.args) and all(a.keyword for a in updated_node.args):
+                return updated_node
+            ctx.fix(original_node, "GradScaler: the target's picks its device; arguments by keyword")
+            return updated_node.with_changes(args=_with_commas([a for _, a in named]))
+        if self._clash(original_node, "grad_scaler"):
+            return updated_node
+        callee = self._callee("grad_scaler")
         ctx.fix(original_node, "GradScaler -> the target's GradScaler on its device")
         return updated_node.with_changes(func=callee, args=_with_commas([a for _, a in named]))
 
@@ -276,3 +356,22 @@ def _aliases(aliases: list[cst.ImportAlias]) -> list[cst.ImportAlias]:
         else:
             fixed.append(alias.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
     return fixed
+
+
+def _name(alias: cst.ImportAlias) -> str | None:
+    return alias.name.value if isinstance(alias.name, cst.Name) else None
+
+
+def _local(alias: cst.ImportAlias) -> str | None:
+    return alias.asname.name.value if alias.asname is not None else _name(alias)
+
+
+class _Calls(_Walker):
+    """The calls of some bare names in a module."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.found: dict[str, list[cst.Call]] = {name: [] for name in names}
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value in self.found:
+            self.found[node.func.value].append(node)
