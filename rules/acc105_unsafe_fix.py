@@ -14,13 +14,14 @@ class UnsafeFix(Rule):
     would rewrite is out of their sight or ambiguous, and leave it unchanged rather than guess:
     what follows must then be done by hand, as the message says.
 
-    This rule itself reports optimizers that the migration cannot see being built: one returned
-    by a factory (``model.configure_optimizers(...)`` in nanoGPT, ``create_optimizer(...)``,
-    ``build_optimizer(cfg)``), or a class chosen at run time (``getattr(torch.optim, name)``).
-    Where the script uses a GradScaler, ACC008 would have built the target's syncfree
-    Adam/AdamW/SGD (seed 001: no host sync to skip a step); without one, ACC021 the fused
-    Adam/AdamW. What to do: make the same replacement where the optimizer is built (syncfree
-    with a GradScaler, fused Adam otherwise), or build it in the script from ``torch.optim``.
+    This rule itself reports optimizers that the migration cannot see being built, in a script
+    without a GradScaler, where ACC021 would have given the target's fused Adam/AdamW: one
+    returned by a factory (minGPT's ``model.configure_optimizers(...)``,
+    ``create_optimizer(...)``, ``build_optimizer(cfg)``), or a class chosen at run time
+    (``getattr(torch.optim, name)``). What to do: build ``FusedAdam``/``FusedAdamW`` where the
+    optimizer is built (or call ``hooks.enable_fused_adam()`` first), or build it in the script
+    from ``torch.optim``. With a GradScaler, ACC008 reports the same optimizer at
+    ``scaler.step(optimizer)`` (the syncfree replacement), so it is not reported twice.
     """
 
     code = "ACC105"
@@ -32,22 +33,22 @@ class UnsafeFix(Rule):
             before="""
             import torch
 
-            scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))
-            optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+            optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2))
             while True:
-                scaler.scale(model(X, Y)[1]).backward()
-                scaler.step(optimizer)
+                logits, loss = model(X, Y)
+                loss.backward()
+                optimizer.step()
             """,
             after="""
             import torch
 
-            scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))
-            optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+            optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2))
             while True:
-                scaler.scale(model(X, Y)[1]).backward()
-                scaler.step(optimizer)
+                logits, loss = model(X, Y)
+                loss.backward()
+                optimizer.step()
             """,
-            diagnostics=("ACC105:4",),
+            diagnostics=("ACC105:3",),
         ),
         Example(
             before="""
@@ -71,7 +72,10 @@ class UnsafeFix(Rule):
     )
 
     def applies(self) -> bool:
-        return bool(self.ctx.facts.loops or self.ctx.facts.step_functions)
+        facts = self.ctx.facts
+        return (
+            bool(facts.loops or facts.step_functions) and not facts.uses_grad_scaler and self.ctx.target.has("fused_adam")
+        )
 
     def leave_Assign(self, original_node, updated_node):
         if len(original_node.targets) != 1 or not isinstance(original_node.value, cst.Call):
@@ -82,19 +86,15 @@ class UnsafeFix(Rule):
         call = original_node.value
         callee = self.ctx.facts.qualname(call.func)
         if callee is not None and callee.startswith("torch.optim."):
-            return updated_node  # built from torch.optim in plain sight: ACC008/ACC021 handle it
+            return updated_node  # built from torch.optim in plain sight: ACC021 handles it
         how = self._how(call)
         if how is None:
             return updated_node
-        if self.ctx.facts.scalers:
-            instead = ("the script uses a GradScaler, so ACC008 would build the target's syncfree Adam/AdamW/SGD "
-                       "(no host sync to skip a step)")
-        else:
-            instead = "ACC021 would build the fused Adam/AdamW"
         self.ctx.diagnose(
             original_node,
-            f"`{target}` is {how}, which the migration cannot see: {instead}, but could not here. Make that "
-            "replacement where the optimizer is built, or build it in this script from torch.optim",
+            f"`{target}` is {how}, which the migration cannot see: ACC021 would have made an Adam/AdamW the "
+            "target's FusedAdam/FusedAdamW. Make that replacement where the optimizer is built (or call "
+            "hooks.enable_fused_adam() before it), or build it in this script from torch.optim",
         )
         return updated_node
 
