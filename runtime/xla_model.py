@@ -245,9 +245,11 @@ def add_step_closure(closure, args=(), run_async=False):
     STEP_CLOSURES.add(closure, args, run_async)
 
 
-def mark_step(wait=False):
+def mark_step(wait=False, reset_scope=True):
     """The step boundary: runs the pending step closures and raises the error of an earlier
-    async closure. With ``wait``, also waits for the async closures and the device."""
+    async closure. With ``wait``, also waits for the async closures and the device.
+    ``reset_scope`` is accepted for torch_xla compatibility (there is no IR scope here)."""
+    del reset_scope
     STEP_CLOSURES.run()
     if wait:
         wait_device_ops()
