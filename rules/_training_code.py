@@ -138,9 +138,10 @@ class Tensors:
     """The tensor-valued names of one function (or of module level) and questions about
     expressions there."""
 
-    def __init__(self, facts, scope: cst.CSTNode | None, module: cst.Module):
+    def __init__(self, facts, scope: cst.CSTNode | None, module: cst.Module, params=frozenset()):
         self.facts = facts
-        self.names: set[str] = set()
+        # ``params``: parameters that the training loop passes tensors to (logging helpers).
+        self.names: set[str] = set(params)
         self.masks: set[str] = set()
         body = scope.body if isinstance(scope, cst.FunctionDef) else module
         statements = _own_statements(body)
@@ -332,8 +333,68 @@ def _own_statements(body: cst.CSTNode) -> list[cst.CSTNode]:
 
 # Tensor facts by function, for the file being migrated (the rules of one file share them; a
 # new file replaces them, so at most one file's facts are held).
-_TENSORS: dict = {"module": None, "by_scope": {}}
+_TENSORS: dict = {"module": None, "by_scope": {}, "helpers": None}
 _CLOSURE_FUNCTION = re.compile(rf"{STEP_CLOSURE}\(\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _file_cache(ctx) -> dict:
+    if _TENSORS["module"] is not ctx.module:
+        _TENSORS.update(module=ctx.module, by_scope={}, helpers=None)  # a new file: the last one's facts go
+    return _TENSORS
+
+
+def tensors_of(ctx, scope: cst.FunctionDef | None) -> Tensors:
+    """Tensor facts of ``scope`` (a function, or None for module level), computed once per file."""
+    cache = _file_cache(ctx)
+    by_scope = cache["by_scope"]
+    found = by_scope.get(scope)
+    if found is None:
+        params = loop_helpers(ctx).get(scope, frozenset())
+        found = by_scope[scope] = Tensors(ctx.facts, scope, ctx.module, params)
+    return found
+
+
+def loop_helpers(ctx) -> dict[cst.FunctionDef, frozenset[str]]:
+    """Functions of this file that a training loop (or step function) calls with tensors but
+    that do not train themselves (seed 001's ``log_metrics``), with the parameters that
+    receive the tensors."""
+    cache = _file_cache(ctx)
+    if cache["helpers"] is not None:
+        return cache["helpers"]
+    cache["helpers"] = {}  # while computing: tensors_of() below must not recurse here
+    facts = ctx.facts
+    defs: dict[str, cst.FunctionDef] = {}
+    for statement in ctx.module.body:
+        if isinstance(statement, cst.FunctionDef) and statement not in facts.step_functions:
+            defs[statement.name.value] = statement
+    if not defs:
+        return cache["helpers"]
+    found: dict[cst.FunctionDef, set[str]] = {}
+    places = [(loop.node, loop.scope) for loop in facts.loops]
+    places += [(function, function) for function in facts.step_functions]
+    for node, scope in places:
+        tensors = tensors_of(ctx, scope)
+
+        def enter(child, tensors=tensors):
+            if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and child is not node:
+                return False
+            if isinstance(child, cst.Call) and isinstance(child.func, cst.Name) and child.func.value in defs:
+                helper = defs[child.func.value]
+                params = [p.name.value for p in helper.params.params]
+                positional = [a for a in child.args if a.keyword is None and not a.star]
+                for index, arg in enumerate(positional):
+                    if index < len(params) and tensors.is_tensor(arg.value):
+                        found.setdefault(helper, set()).add(params[index])
+                for arg in child.args:
+                    if arg.keyword is not None and tensors.is_tensor(arg.value):
+                        found.setdefault(helper, set()).add(arg.keyword.value)
+            return True
+
+        walk(node, enter)
+    helpers = {helper: frozenset(names) for helper, names in found.items()}
+    cache["helpers"] = helpers
+    cache["by_scope"] = {}  # computed without the helpers' parameters
+    return helpers
 
 
 class LoopDiagnostic:
@@ -355,15 +416,7 @@ class LoopDiagnostic:
 
     def tensors(self) -> Tensors:
         """Tensor facts of the function being walked (shared by the rules of one file)."""
-        module = self.ctx.module
-        if _TENSORS["module"] is not module:
-            _TENSORS.update(module=module, by_scope={})  # a new file: the previous file's facts go
-        by_scope = _TENSORS["by_scope"]
-        scope = self.ctx.scope
-        found = by_scope.get(scope)
-        if found is None:
-            found = by_scope[scope] = Tensors(self.ctx.facts, scope, module)
-        return found
+        return tensors_of(self.ctx, self.ctx.scope)
 
     @property
     def in_closure(self) -> bool:

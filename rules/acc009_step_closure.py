@@ -10,7 +10,11 @@ from accrewrite.rules._training_code import (
     bound_names,
     contains,
     free_names,
+    is_step_closure_call,
+    loop_helpers,
     root_name,
+    tensors_of,
+    walk,
 )
 
 # Logger methods (logging module, logging.Logger, loguru, accelerate's logger).
@@ -25,7 +29,8 @@ _PROGRESS_METHODS = frozenset({"set_postfix", "set_postfix_str", "set_descriptio
 # log_metrics, Megatron's print_rank_0, ...).
 _LOG_FUNCTIONS = frozenset(
     {"print", "log_metrics", "log_metric", "log_stats", "log_dict", "print_rank_0", "print_rank0", "rank0_print",
-     "master_print", "print_log", "log_info", "print_metrics", "log_step", "log"}
+     "master_print", "print_log", "log_info", "print_metrics", "log_step", "log", "print_test_update",
+     "print_progress", "log_progress", "log_scalars"}
 )
 _LOGGER_OWNER = re.compile(r"log", re.IGNORECASE)
 
@@ -55,9 +60,11 @@ class StepClosure(LoopDiagnostic, Rule):
     Objects are passed by reference, as Python passes them: a tensor or a meter (imagenet's
     ``AverageMeter``) that the loop updates in place after the call is read when the closure
     runs. Pass a copy (``running.clone()``) where the exact value at that line matters.
-    Logging in a function that the loop calls but that does not train (seed 001's
-    ``log_metrics`` body) is not followed: the call of such a helper in the loop is what moves,
-    when it is a known logging helper (``log_metrics``, ``print_rank_0``, ...).
+
+    A helper of the same file that the loop calls with tensors (seed 001's ``log_metrics(...,
+    loss, ...)``) is followed one level: its parameters that receive tensors are tensors, and
+    its own logging call moves into the step closure inside it, exactly where seed 001 puts
+    it; the call in the loop then stays as it is.
     """
 
     code = "ACC009"
@@ -132,6 +139,40 @@ class StepClosure(LoopDiagnostic, Rule):
             """,
         ),
         Example(
+            target="torchacc",
+            before="""
+            import torch
+
+            def log_metrics(epoch, step, batch_size, loss, batch_time, samples_per_step, peak_mem):
+                batch_time = f"{batch_time:.3f}"
+                print_test_update(epoch, step, batch_size, loss, batch_time, samples_per_step, peak_mem)
+
+            def full_train_epoch(epoch, model, train_device_loader, optimizer):
+                for step, inputs in enumerate(train_device_loader):
+                    loss = model(**inputs)["loss"]
+                    loss.backward()
+                    optimizer.step()
+                    if step % args.log_interval == 0:
+                        log_metrics(epoch, step, args.batch_size, loss, time_elapsed, samples_per_step, peak_mem)
+            """,
+            after="""
+            import torch
+            import torchacc.torch_xla.core.xla_model as xm
+
+            def log_metrics(epoch, step, batch_size, loss, batch_time, samples_per_step, peak_mem):
+                batch_time = f"{batch_time:.3f}"
+                xm.add_step_closure(print_test_update, args=(epoch, step, batch_size, loss, batch_time, samples_per_step, peak_mem), run_async=True)
+
+            def full_train_epoch(epoch, model, train_device_loader, optimizer):
+                for step, inputs in enumerate(train_device_loader):
+                    loss = model(**inputs)["loss"]
+                    loss.backward()
+                    optimizer.step()
+                    if step % args.log_interval == 0:
+                        log_metrics(epoch, step, args.batch_size, loss, time_elapsed, samples_per_step, peak_mem)
+            """,
+        ),
+        Example(
             target="torch_xla",
             before="""
             import torch
@@ -160,10 +201,13 @@ class StepClosure(LoopDiagnostic, Rule):
     )
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
-        if not self.in_loop or len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
+        call = self._logging_call(original_node)
+        if call is None:
             return updated_node
-        call = original_node.body[0].value
-        if not isinstance(call, cst.Call) or not self._is_logging(call):
+        if self.in_loop:
+            if self._helper_logs_inside(call):
+                return updated_node  # the helper's own logging call moves, as in seed 001
+        elif self.in_closure or self.ctx.scope not in loop_helpers(self.ctx):
             return updated_node
         tensors = self.tensors()
         if not self._reads_tensors(call, tensors):
@@ -179,6 +223,42 @@ class StepClosure(LoopDiagnostic, Rule):
         return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=replacement)])
 
     # Which calls log -------------------------------------------------------------------------
+
+    def _logging_call(self, line: cst.CSTNode) -> cst.Call | None:
+        """The logging call that ``line`` consists of, else None."""
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            return None
+        statement = line.body[0]
+        if not isinstance(statement, cst.Expr) or not isinstance(statement.value, cst.Call):
+            return None
+        return statement.value if self._is_logging(statement.value) else None
+
+    def _helper_logs_inside(self, call: cst.Call) -> bool:
+        """Whether ``call`` calls a helper of this file (seed 001's ``log_metrics``) whose own
+        logging of the tensors it is given moves (or has moved) into a step closure."""
+        if not isinstance(call.func, cst.Name):
+            return False
+        for helper in loop_helpers(self.ctx):
+            if helper.name.value == call.func.value:
+                tensors = tensors_of(self.ctx, helper)
+                found = False
+
+                def enter(child):
+                    nonlocal found
+                    if found or isinstance(child, (cst.FunctionDef, cst.ClassDef)) and child is not helper:
+                        return False
+                    if is_step_closure_call(child):  # migrated already: it logs in a step closure
+                        found = True
+                        return False
+                    logging = self._logging_call(child)
+                    if logging is not None and self._reads_tensors(logging, tensors):
+                        found = True
+                        return False
+                    return True
+
+                walk(helper, enter)
+                return found
+        return False
 
     def _is_logging(self, call: cst.Call) -> bool:
         func = call.func
