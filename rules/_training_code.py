@@ -473,3 +473,12 @@ class LoopDiagnostic:
             for node, message in pending:
                 self.ctx.diagnose(node, message)
         return updated_node
+
+    def leave_Module(self, original_node, updated_node):
+        # Statements that an earlier rule replaced by several (or none): their leave_ did not
+        # reach this rule, and their findings still stand.
+        for pending in self._closure_state()["pending"].values():
+            for node, message in pending:
+                self.ctx.diagnose(node, message)
+        self._closure_state()["pending"].clear()
+        return updated_node
