@@ -29,13 +29,11 @@ Neither has a gradient (the indices are not differentiable; torchvision's nms ha
 
 import torch
 
-from accrewrite.kernels.dispatch import use_triton
+from accrewrite.kernels.dispatch import triton_available, use_triton
 
-try:
+if triton_available():  # without triton only the reference path exists
     import triton
     import triton.language as tl
-except ImportError:  # the reference path works without triton
-    triton = None
 
 __all__ = ["nms", "nms_reference", "soft_nms", "soft_nms_reference", "SOFT_NMS_METHODS"]
 
@@ -207,7 +205,7 @@ def _decay_triton(boxes, scores, labels, i, n, iou_threshold, sigma, min_score, 
     return survives
 
 
-if triton is not None:
+if triton_available():
 
     @triton.jit
     def _iou_tile(x1, y1, x2, y2, bx1, by1, bx2, by2, offset):

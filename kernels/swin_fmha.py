@@ -19,13 +19,11 @@ the bias, a sum over all B * nW windows, is accumulated in fp32 inside the kerne
 
 import torch
 
-from accrewrite.kernels.dispatch import use_triton
+from accrewrite.kernels.dispatch import triton_available, use_triton
 
-try:
+if triton_available():  # without triton only the reference path exists
     import triton
     import triton.language as tl
-except ImportError:  # the reference path works without triton
-    triton = None
 
 __all__ = ["swin_fmha", "swin_fmha_reference"]
 
@@ -92,7 +90,7 @@ class _SwinFmha(torch.autograd.Function):
         mask_c = mask.contiguous() if mask is not None else None
         probs = torch.empty_like(attn_c)
         lse = torch.empty(attn.shape[:-1], dtype=_compute_dtype(attn.dtype), device=attn.device)
-        _launch(attn_c, bias_c, mask_c, probs, lse, grad_probs=None, partial_bias=None)
+        _launch(attn_c, bias_c, mask_c, probs, lse)
         ctx.save_for_backward(attn_c, bias_c, mask_c, lse)
         ctx.bias_shape = bias.shape
         return probs
@@ -101,8 +99,7 @@ class _SwinFmha(torch.autograd.Function):
     def backward(ctx, grad_probs):
         attn, bias, mask, lse = ctx.saved_tensors
         grad_attn = torch.empty_like(attn)
-        partial_bias = _launch(attn, bias, mask, grad_attn, lse, grad_probs.contiguous(),
-                               partial_bias=True)
+        partial_bias = _launch(attn, bias, mask, grad_attn, lse, grad_probs.contiguous())
         grad_bias = partial_bias.sum(0).to(bias.dtype).view(ctx.bias_shape)
         grad_mask = None
         if ctx.needs_input_grad[2]:
@@ -113,9 +110,9 @@ class _SwinFmha(torch.autograd.Function):
         return grad_attn, grad_bias, grad_mask
 
 
-def _launch(attn, bias, mask, out, lse, grad_probs, partial_bias):
-    """Forward (``grad_probs`` None): ``out`` = probabilities, ``lse`` filled. Backward: ``out``
-    = grad of attn; returns the per-split fp32 partial sums of the bias gradient."""
+def _launch(attn, bias, mask, out, lse, grad_probs=None):
+    """Forward (no ``grad_probs``): ``out`` = probabilities, ``lse`` filled. Backward: ``out``
+    = grad of attn; returns the per-split partial sums of the bias gradient (in lse's dtype)."""
     windows, heads, n, _ = attn.shape
     block_n = triton.next_power_of_2(n)
     block_m = max(1, min(4096 // block_n, triton.next_power_of_2(windows)))
@@ -138,7 +135,7 @@ def _launch(attn, bias, mask, out, lse, grad_probs, partial_bias):
     return partial
 
 
-if triton is not None:
+if triton_available():
 
     @triton.jit
     def _swin_fmha_kernel(

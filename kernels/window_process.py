@@ -18,13 +18,11 @@ so each is the other's backward and one kernel serves all four (two forwards, tw
 
 import torch
 
-from accrewrite.kernels.dispatch import use_triton
+from accrewrite.kernels.dispatch import triton_available, use_triton
 
-try:
+if triton_available():  # without triton only the reference path exists
     import triton
     import triton.language as tl
-except ImportError:  # the reference path works without triton
-    triton = None
 
 __all__ = [
     "window_process",
@@ -153,7 +151,7 @@ def _launch(src, B, H, W, C, shift, window_size, to_windows):
     return dst
 
 
-if triton is not None:
+if triton_available():
 
     @triton.jit
     def _window_shuffle_kernel(
