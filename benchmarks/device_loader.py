@@ -11,10 +11,16 @@ in one run, per step:
 
 Goal (issue 4): MpDeviceLoader step time <= 1.15 x max(load, compute).
 
-    python benchmarks/device_loader.py [--steps 40]
+The loader runs on a thread of the same interpreter: each batch it yields needs the GIL, which
+the training step holds between torch calls, so on a busy machine the loader waits for it (up to
+``sys.getswitchinterval()``, 5 ms) once per batch. That wait adds to the loader's own time, and
+shows when load and compute are about equal, as here.
+
+    python benchmarks/device_loader.py [--steps 40] [--repeats 3] [--threads N]
 """
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -65,7 +71,11 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = xm.xla_device()
     batches = [
@@ -81,8 +91,8 @@ def main():
         for batch in on_device:
             step(batch)
 
-    compute = per_step(compute_only, args.steps)
-    loader = SlowLoader(batches, seconds=compute)  # as long per batch as the step
+    calibration = per_step(compute_only, args.steps)
+    loader = SlowLoader(batches, seconds=calibration)  # as long per batch as the step
 
     def load_only():
         for _ in loader:
@@ -96,11 +106,15 @@ def main():
         for batch in pl.MpDeviceLoader(loader, device):
             step(batch)
 
-    load = per_step(load_only, args.steps)
-    plain_time = per_step(plain, args.steps)
-    ours = per_step(device_loader, args.steps)
+    loops = {"compute": compute_only, "load": load_only, "plain": plain, "ours": device_loader}
+    times = {name: [] for name in loops}
+    for _ in range(args.repeats):  # interleaved, so that a busy spell hits every variant
+        for name, loop in loops.items():
+            times[name].append(per_step(loop, args.steps))
+    compute, load, plain_time, ours = (statistics.median(times[name]) for name in loops)
     bound = max(load, compute)
-    print(f"device={device} steps={args.steps} batch={args.batch_size} width={args.width}")
+    print(f"device={device} steps={args.steps} batch={args.batch_size} width={args.width} "
+          f"threads={torch.get_num_threads()} repeats={args.repeats} (medians)")
     print(f"compute only      : {compute * 1e3:8.2f} ms/step")
     print(f"load only         : {load * 1e3:8.2f} ms/batch")
     print(f"plain loop        : {plain_time * 1e3:8.2f} ms/step  ({plain_time / bound:.2f} x max(load, compute))")
