@@ -1,0 +1,90 @@
+"""The dynamo backend ``"accrewrite"``: AOTAutograd's joint graph, our FX passes, then inductor.
+
+Inductor's ``compile_fx`` already runs AOTAutograd (joint forward + backward graph, then the
+min-cut rematerialisation partitioner) and lowers what remains; this backend runs it with the
+kernel-selection pass as inductor's joint-graph pre-pass and with the activation-memory budget
+set for the partitioner. ``torch.compile(model, backend="accrewrite", options={...})`` uses it
+directly; ``accrewrite.runtime.compile`` builds one ``Backend`` per model so that the model's
+report collects what each of its graphs did.
+"""
+
+import dataclasses
+
+import torch
+from torch._dynamo import register_backend
+from torch._inductor.compile_fx import compile_fx
+
+from accrewrite.runtime.compiler import regional
+from accrewrite.runtime.compiler.kernel_selection import (
+    KernelMatch,
+    KernelSelectionPass,
+    check_policy,
+)
+from accrewrite.runtime.compiler.memory import activation_budget, check_budget
+
+OPTIONS = ("kernels", "memory_budget")
+
+
+@dataclasses.dataclass
+class CompileReport:
+    """What compiling one model or optimizer did: each compiled graph (by the code it came
+    from), each kernel-selection match with its choice, and other choices (notes). A graph that
+    inductor loads from its on-disk cache is not traced again, so its matches are not listed
+    (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`` shows them)."""
+
+    graphs: list[str] = dataclasses.field(default_factory=list)
+    matches: list[KernelMatch] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)  # choices made without a graph
+
+    def __str__(self):
+        lines = [f"{len(self.graphs)} graph(s) compiled"]
+        lines += [f"  graph: {graph}" for graph in self.graphs]
+        lines += [f"  {note}" for note in self.notes]
+        lines += [f"  kernel selection: {match}" for match in self.matches]
+        return "\n".join(lines)
+
+
+class Backend:
+    """A dynamo backend compiling with the given options into ``report``."""
+
+    def __init__(self, *, mode=None, kernels="auto", memory_budget=None, report=None):
+        check_policy(kernels)
+        self.mode = None if mode in (None, "default") else mode
+        self.kernels = kernels
+        self.memory_budget = check_budget(memory_budget)
+        self.report = CompileReport() if report is None else report
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        self.report.graphs.append(_graph_origin(gm))
+        patches = dict(torch._inductor.list_mode_options(self.mode)) if self.mode else {}
+        patches["joint_custom_pre_pass"] = KernelSelectionPass(self.kernels, self.report.matches)
+        with activation_budget(self.memory_budget):
+            return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def _graph_origin(gm: torch.fx.GraphModule) -> str:
+    """Where a dynamo graph came from: the outermost traced frame of the model's own code, as
+    'file, line, function'; for a graph of torch.nn modules only (whose frames dynamo does not
+    record), the classes of those modules."""
+    classes = {}
+    for node in gm.graph.nodes:
+        for line in node.meta.get("stack_trace", "").splitlines():
+            line = line.strip()
+            if line.startswith("File ") and f'"{regional.__file__}"' not in line:
+                return line.removeprefix("File ")
+        for _, cls in (node.meta.get("nn_module_stack") or {}).values():
+            classes.setdefault(cls.__name__)
+    return f"torch.nn modules {', '.join(classes)}" if classes else "<unknown>"
+
+
+@register_backend(name="accrewrite")
+def accrewrite(gm, example_inputs, *, mode=None, options=None):
+    """``torch.compile(..., backend="accrewrite", mode=..., options={"kernels": ...,
+    "memory_budget": ...})``."""
+    options = dict(options or {})
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"unknown accrewrite backend options {sorted(unknown)}; expected {OPTIONS}"
+        )
+    return Backend(mode=mode, **options)(gm, example_inputs)

@@ -1,0 +1,114 @@
+"""``accrewrite.runtime.compile``: what migrated scripts call on their model (rule ACC011)."""
+
+import weakref
+
+import torch
+from torch import nn
+
+from accrewrite.runtime.compiler.backend import Backend, CompileReport
+from accrewrite.runtime.compiler.regional import CompiledCalls, compile_regions
+
+_REGIONAL = ("auto", True, False)
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_reports: "weakref.WeakKeyDictionary[object, CompileReport]" = weakref.WeakKeyDictionary()
+
+
+def compile(
+    model,
+    *,
+    regional="auto",
+    mode="default",
+    dynamic=None,
+    memory_budget=None,
+    kernels="auto",
+):
+    """Compile ``model`` (an ``nn.Module``) in place with the ``"accrewrite"`` backend and return
+    it; its forward is compiled, and its backward through AOTAutograd. The module keeps its
+    class, attributes and ``state_dict`` keys, so checkpoints move between the eager and the
+    compiled model unchanged.
+
+    ``regional``: "auto" compiles only the repeated blocks (``nn.ModuleList``/``nn.Sequential``
+    of one class) when the model has some, else the whole model; True requires repeated blocks;
+    False compiles the whole model. ``mode`` and ``dynamic`` are ``torch.compile``'s.
+    ``memory_budget``: None or a fraction in [0, 1] of the activation memory the compiled
+    training graph may keep (see ``memory.py``). ``kernels``: "auto" lets the kernel-selection
+    pass choose by device and shape, "accrewrite" always uses the accrewrite kernels, "inductor"
+    never does.
+
+    An optimizer (``torch.optim.Optimizer``) may be passed instead of a model, right after it is
+    built, so that the optimizer step is not left to per-parameter eager loops: Adam, AdamW and
+    SGD switch to their fused implementation, others get their ``step`` compiled.
+    ``compile_report(model)`` tells what was compiled and chosen.
+    """
+    if regional not in _REGIONAL:
+        raise ValueError(f"regional={regional!r}: expected 'auto', True or False")
+    if mode not in _MODES:
+        raise ValueError(f"mode={mode!r}: expected one of {', '.join(_MODES)}")
+    if dynamic not in (None, True, False):
+        raise ValueError(f"dynamic={dynamic!r}: expected None, True or False")
+    backend = Backend(mode=mode, kernels=kernels, memory_budget=memory_budget)
+    if isinstance(model, torch.optim.Optimizer):
+        return _compile_optimizer(model, backend, dynamic)
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            "compile() expects an nn.Module or a torch.optim.Optimizer, "
+            f"got {type(model).__name__}"
+        )
+
+    calls = CompiledCalls(backend=backend, dynamic=dynamic)
+    regions = compile_regions(model, calls) if regional is not False else []
+    if regional is True and not regions:
+        raise ValueError(
+            f"regional=True but {type(model).__name__} has no repeated blocks (an nn.ModuleList or "
+            "nn.Sequential of two or more modules of one class); use regional='auto' or False"
+        )
+    if not regions:
+        calls.install(model)
+    _reports[model] = backend.report
+    return model
+
+
+# torch.optim classes with a fused implementation (one kernel per parameter group and step).
+_FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+def _compile_optimizer(optimizer, backend, dynamic):
+    """Make the whole optimizer step run as few kernels as possible.
+
+    Adam, AdamW and SGD have fused implementations (``fused=True``: one kernel for a whole
+    parameter group, CPU and CUDA); switching to it gives the step a compiled step's speed
+    without its cold start, which grows with the number of parameters (minutes for a small GPT
+    on 2 CPU cores). Other optimizers get their ``step`` compiled with the accrewrite backend.
+    """
+    if _can_fuse(optimizer):
+        for settings in (optimizer.defaults, *optimizer.param_groups):
+            settings.update(fused=True, foreach=False)
+        optimizer._step_supports_amp_scaling = True  # as the constructor sets for fused=True
+        backend.report.notes.append(f"{type(optimizer).__name__}: fused step, not compiled")
+    else:
+        # The instance attribute shadows the class's step; schedulers that wrap it wrap this.
+        optimizer.step = torch.compile(optimizer.step, backend=backend, dynamic=dynamic)
+    _reports[optimizer] = backend.report
+    return optimizer
+
+
+def _can_fuse(optimizer) -> bool:
+    devices = torch.utils._foreach_utils._get_fused_kernels_supported_devices()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return (
+        type(optimizer) in _FUSABLE
+        and not optimizer.state  # the fused step keeps its state as the constructor sets it up
+        and not any(group.get("differentiable") for group in optimizer.param_groups)
+        and all(p.is_floating_point() and p.device.type in devices for p in params)
+    )
+
+
+def compile_report(compiled) -> CompileReport:
+    """What ``compile`` did for ``compiled`` (a model or optimizer it returned): the graphs
+    compiled so far (compilation happens at the first call) and the kernel-selection matches."""
+    try:
+        return _reports[compiled]
+    except KeyError:
+        raise ValueError(
+            f"{type(compiled).__name__} was not compiled by accrewrite.runtime.compile"
+        ) from None

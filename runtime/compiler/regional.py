@@ -1,0 +1,64 @@
+"""Compiling modules in place, whole or by region (seed 003's regional compilation).
+
+A transformer spends most of its compile time tracing and optimising N copies of one block.
+Regional compilation compiles the repeated blocks only, and dynamo reuses the first block's
+compiled code for the others: parameters are graph inputs (dynamo's
+``inline_inbuilt_nn_modules``), so the guards check the block's class and the shapes, not its
+identity, and one cache entry fits every instance. The code around the blocks (embeddings, head,
+loss) stays eager, as in Accelerate's ``compile_regions`` and PyTorch's regional compilation
+recipe.
+"""
+
+import functools
+import types
+
+import torch
+from torch import nn
+
+from accrewrite.runtime.blocks import repeated_blocks
+
+
+def call_module(module: nn.Module, *args, **kwargs):
+    """The frame that gets compiled for a module: calling it, hooks included.
+
+    ``nn.Module.compile`` compiles ``module._call_impl`` itself, and dynamo does not trace a
+    top-level frame inside torch.nn, so a built-in block (an ``nn.Sequential`` of layers) would
+    silently stay eager. This frame is user code for dynamo, which inlines the call below; and
+    since the module is an argument, one compiled function serves every module of one class.
+    """
+    return module._call_impl(*args, **kwargs)
+
+
+class CompiledCalls:
+    """``torch.compile`` of :func:`call_module`, one per module class, installed on modules.
+
+    Dynamo keeps its compiled code, and counts recompilations against its limit of 8, per code
+    object. Each class therefore gets its own copy of ``call_module``'s code, named after the
+    class (it reads well in dynamo's logs), so that models and block classes do not use up each
+    other's recompilations.
+    """
+
+    def __init__(self, **compile_kwargs):
+        self._compile_kwargs = compile_kwargs
+        self._by_class = {}
+
+    def install(self, module: nn.Module) -> None:
+        """Make ``module(...)`` run compiled, keeping the module object, its class and its
+        state_dict keys."""
+        cls = type(module)
+        if cls not in self._by_class:
+            name = f"call_{cls.__name__}"
+            code = call_module.__code__.replace(co_name=name, co_qualname=name)
+            fn = types.FunctionType(code, call_module.__globals__, code.co_name)
+            self._by_class[cls] = torch.compile(fn, **self._compile_kwargs)
+        module._compiled_call_impl = functools.partial(self._by_class[cls], module)
+
+
+def compile_regions(model: nn.Module, calls: CompiledCalls) -> list[str]:
+    """Compile in place every block of every repeated-block container of ``model``; return the
+    containers' names (none: nothing was compiled)."""
+    found = repeated_blocks(model)
+    for _, container in found:
+        for block in container:
+            calls.install(block)
+    return [name for name, _ in found]
