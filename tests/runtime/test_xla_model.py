@@ -108,6 +108,12 @@ def test_all_reduce_rejects_bad_input():
         xm.all_reduce("sum", [torch.ones(2, dtype=torch.int64)], scale=0.5)
 
 
+def test_all_reduce_groups_must_place_this_rank_once():
+    assert torch.equal(xm.all_reduce("sum", torch.ones(2), groups=[[0]]), torch.ones(2))
+    with pytest.raises(ValueError, match="rank 0 must be in exactly one group"):
+        xm.all_reduce("sum", torch.ones(2), groups=[[1]])
+
+
 def _tiny_problem():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
