@@ -11,7 +11,8 @@ threshold (torchvision and mmcv). Returns the kept indices, int64, by decreasing
 path, as torchvision's CUDA kernel: one kernel computes the suppression bitmask (for every box,
 a bit per later box that it would suppress, in 64-box words, one program per 64x64 tile), a
 second kernel, a single program, does the inherently sequential greedy scan over that bitmask
-on the device.
+on the device, 64 boxes at a time: the sequential part touches only registers, and each block's
+kept rows are merged into the removed set with one vectorised load.
 
 ``soft_nms``: mmcv's Soft-NMS (its ``softnms_cpu``, the one mmcv implementation). Repeatedly
 take the highest remaining score (the first one on ties), then decay every remaining score by
@@ -39,6 +40,7 @@ __all__ = ["nms", "nms_reference", "soft_nms", "soft_nms_reference", "SOFT_NMS_M
 
 SOFT_NMS_METHODS = {"naive": 0, "linear": 1, "gaussian": 2}
 _WORD = 64  # boxes per suppression-bitmask word (int64)
+_SCAN_TILE = 4096  # bitmask words the greedy scan loads at once (registers of one program)
 
 
 def nms(boxes, scores, iou_threshold, offset=0):
@@ -125,7 +127,9 @@ def _nms_triton(boxes, scores, iou_threshold, offset):
         enable_fp_fusion=False,
     )
     kept = torch.empty(n, dtype=torch.int8, device=boxes.device)
-    _greedy_scan_kernel[(1,)](bitmask, kept, n, words, WORDS=triton.next_power_of_2(words))
+    padded_words = triton.next_power_of_2(words)
+    _greedy_scan_kernel[(1,)](bitmask, kept, n, words, WORDS=padded_words,
+                              ROWS=max(1, min(_WORD, _SCAN_TILE // padded_words)))
     return order[kept.bool()]
 
 
@@ -244,18 +248,35 @@ if triton_available():
         tl.store(bitmask + rows.to(tl.int64) * words + tl.program_id(1), word, mask=row_ok)
 
     @triton.jit
-    def _greedy_scan_kernel(bitmask, kept, n, words, WORDS: tl.constexpr):
-        # One program walks the boxes by score, keeping a box unless an earlier kept box has
-        # set its bit, and or-ing each kept box's row into the running removed set.
+    def _bitwise_or(a, b):
+        return a | b
+
+    @triton.jit
+    def _greedy_scan_kernel(bitmask, kept, n, words, WORDS: tl.constexpr, ROWS: tl.constexpr):
+        # One program walks the boxes by score, 64 at a time. Inside a block the walk is
+        # sequential but stays in registers: box j is kept unless bit j of `current` (the
+        # block's word of the removed set) is set, and a kept box ors in its own word of the
+        # block. Then the kept boxes' whole rows are or-ed into `removed`, ROWS rows per load.
         word_ids = tl.arange(0, WORDS)
+        word_ok = word_ids < words
+        lanes = tl.arange(0, 64)
         removed = tl.zeros((WORDS,), dtype=tl.int64)
-        for i in range(n):
-            word = tl.sum(tl.where(word_ids == i // 64, removed, 0))
-            keep = ((word >> (i % 64)) & 1) == 0
-            if keep:
-                row = tl.load(bitmask + i * words + word_ids, mask=word_ids < words, other=0)
-                removed = removed | row
-            tl.store(kept + i, keep.to(tl.int8))
+        for block in range(words):
+            rows = block * 64 + lanes
+            own = tl.load(bitmask + rows.to(tl.int64) * words + block, mask=rows < n, other=0)
+            current = tl.sum(tl.where(word_ids == block, removed, 0))
+            for j in range(64):
+                own_j = tl.sum(tl.where(lanes == j, own, 0))
+                current = tl.where(((current >> j) & 1) == 0, current | own_j, current)
+            keep = ((current >> lanes.to(tl.int64)) & 1) == 0
+            tl.store(kept + rows, keep.to(tl.int8), mask=rows < n)
+            for first in range(0, 64, ROWS):
+                sub = first + tl.arange(0, ROWS)
+                sub_rows = block * 64 + sub
+                sub_keep = (((current >> sub.to(tl.int64)) & 1) == 0) & (sub_rows < n)
+                tile = tl.load(bitmask + sub_rows.to(tl.int64)[:, None] * words + word_ids[None, :],
+                               mask=sub_keep[:, None] & word_ok[None, :], other=0)
+                removed = removed | tl.reduce(tile, 0, _bitwise_or)
 
     @triton.jit
     def _soft_nms_decay_kernel(boxes, scores, labels, survives, i, n, iou_threshold, sigma,

@@ -76,6 +76,16 @@ def test_triton_matches_reference(device, n):
 
 
 @pytest.mark.usefixtures("triton_mode")
+def test_scan_merging_kept_rows_in_several_loads(device, monkeypatch):
+    import accrewrite.kernels.nms as module
+
+    monkeypatch.setattr(module, "_SCAN_TILE", 16)  # 150 boxes: 4 words, so 4 rows per load
+    boxes, scores = random_boxes(150, device, seed=7)
+    for threshold in (0.1, 0.5):
+        assert torch.equal(nms(boxes, scores, threshold), nms_reference(boxes, scores, threshold))
+
+
+@pytest.mark.usefixtures("triton_mode")
 @pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=str)
 def test_triton_matches_reference_per_input_dtype(device, dtype):
     boxes, scores = random_boxes(70, device, seed=1, dtype=dtype)
