@@ -292,6 +292,8 @@ class Tensors:
                     return "formatting a tensor"
         if isinstance(node, cst.FormattedStringExpression) and self.is_tensor(node.expression):
             return "formatting a tensor"
+        if isinstance(node, cst.IfExp) and self.is_tensor(node.test):
+            return "a tensor's truth value"
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
             if isinstance(node.left, (cst.SimpleString, cst.ConcatenatedString)) and self.is_tensor(node.right):
                 return "formatting a tensor"

@@ -75,7 +75,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
         code = " ".join(self.ctx.code(test).split())
         if len(code) > 60:
             code = code[:57] + "..."
-        self.ctx.diagnose(
+        self.report(
             test,
             f"control flow on a tensor: {what} `{code}` tests {how}, so the host waits for the device "
             "(an XLA sync mid-step) and torch.compile breaks the graph here, with one graph per branch. "
