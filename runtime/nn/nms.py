@@ -15,6 +15,9 @@ batched_soft_nms"), over ``accrewrite.kernels.nms`` (Triton on CUDA, PyTorch els
 The mmcv functions accept numpy arrays too and then return numpy arrays, as mmcv does.
 """
 
+import sys
+import types
+
 import numpy as np
 import torch
 
@@ -83,3 +86,16 @@ def _like_input(boxes, dets, inds):
     if isinstance(boxes, np.ndarray):
         return dets.cpu().numpy(), inds.cpu().numpy()
     return dets, inds
+
+
+class _NmsModule(types.ModuleType):
+    """This module is also callable as ``nms``. DESIGN lists ``nms`` among the names of
+    ``accrewrite.runtime.nn`` and seed 001 imports the functions from ``...nn.nms``: once this
+    module is imported, Python binds ``accrewrite.runtime.nn.nms`` to it, shadowing the function
+    of the same name, so ``from accrewrite.runtime.nn import nms; nms(...)`` must still work."""
+
+    def __call__(self, boxes, scores, iou_threshold):
+        return nms(boxes, scores, iou_threshold)
+
+
+sys.modules[__name__].__class__ = _NmsModule

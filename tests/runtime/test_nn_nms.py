@@ -24,6 +24,15 @@ def test_nms_is_torchvision_interface():
     assert keep.tolist() == [1, 2]
 
 
+def test_package_level_nms_stays_callable_after_the_submodule_import():
+    import accrewrite.runtime.nn as runtime_nn
+    import accrewrite.runtime.nn.nms  # noqa: F401  binds runtime_nn.nms to the submodule
+
+    boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11]])
+    assert runtime_nn.nms(boxes, torch.tensor([0.5, 0.9]), 0.5).tolist() == [1]
+    assert runtime_nn.nms.soft_nms is soft_nms
+
+
 def test_nms_normal_is_mmcv_nms():
     dets, inds = nms_normal(MMCV_NMS_BOXES, MMCV_NMS_SCORES, 0.6)
     assert isinstance(dets, np.ndarray) and isinstance(inds, np.ndarray)
