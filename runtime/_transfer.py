@@ -25,7 +25,9 @@ class DeviceMover:
         if self.stream is None:
             moved = map_tensors(lambda t: t.to(self.device), batch)
             return (moved if then is None else then(moved)), None
-        with torch.cuda.stream(self.stream):
+        # The current CUDA device is per thread: the loader's thread must pin and copy for this
+        # process's device, not device 0.
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             moved = map_tensors(self._copy_to_cuda, batch)
             if then is not None:
                 moved = then(moved)
