@@ -57,7 +57,8 @@ def window_process_reference(x: torch.Tensor, shift_size: int, window_size: int)
 def window_process_reverse_reference(
     windows: torch.Tensor, height: int, width: int, shift_size: int, window_size: int
 ) -> torch.Tensor:
-    """``torch.roll(window_reverse(windows, window_size, H, W), (shift_size, shift_size), (1, 2))``."""
+    """``torch.roll(window_reverse(windows, window_size, H, W), (shift, shift), (1, 2))`` with
+    ``shift = shift_size``."""
     _check_windows(windows, height, width, window_size)
     x = window_reverse(windows, window_size, height, width)
     if shift_size:

@@ -22,7 +22,8 @@ def random_detections(n, device):
     """Boxes clustered around n / 20 objects, as a detector proposes them."""
     g = torch.Generator().manual_seed(0)
     centers = torch.rand(max(1, n // 20), 2, generator=g) * 800
-    xy = centers[torch.randint(len(centers), (n,), generator=g)] + torch.randn(n, 2, generator=g) * 8
+    jitter = torch.randn(n, 2, generator=g) * 8
+    xy = centers[torch.randint(len(centers), (n,), generator=g)] + jitter
     wh = torch.rand(n, 2, generator=g) * 60 + 20
     return torch.cat([xy, xy + wh], dim=1).to(device), torch.rand(n, generator=g).to(device)
 
