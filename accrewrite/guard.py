@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accrewrite.analysis import Facts
-from accrewrite.imports import leading_imports_end
+from accrewrite.imports import leading_imports_end, missing
 
 
 @dataclass
@@ -102,8 +102,8 @@ class Guard:
                 ).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
             )
         guarded_imports = []
-        if import_lines:
-            imports = [cst.parse_statement(line, config=config) for line in import_lines]
+        imports = missing(module, facts, import_lines)
+        if imports:
             guarded_imports.append(
                 cst.If(test=self.call(), body=cst.IndentedBlock(imports), leading_lines=[cst.EmptyLine()])
             )

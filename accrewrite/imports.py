@@ -13,7 +13,7 @@ import libcst as cst
 from accrewrite.analysis import Facts, dotted
 
 
-def _binding(statement: cst.SimpleStatementLine) -> tuple[str, str]:
+def binding(statement: cst.SimpleStatementLine) -> tuple[str, str]:
     """(local name, qualified name) that a one-name import line binds."""
     node = statement.body[0]
     alias = node.names[0]
@@ -42,6 +42,14 @@ def _is_docstring(statement: cst.CSTNode) -> bool:
     )
 
 
+def missing(module: cst.Module, facts: Facts, lines: list[str]) -> list[cst.SimpleStatementLine]:
+    """The import lines (one name each) whose name the file does not already bind to that
+    module, parsed."""
+    config = module.config_for_parsing
+    statements = [cst.parse_statement(line, config=config) for line in lines]
+    return [s for s in statements if facts.imports.get(binding(s)[0]) != binding(s)[1]]
+
+
 def leading_imports_end(body) -> int:
     """Index just past a module body's docstring and leading block of imports."""
     position = 0
@@ -57,13 +65,7 @@ def add_imports(module: cst.Module, facts: Facts, lines: list[str]) -> cst.Modul
     """``module`` with each import line (one name per line) added unless the file already binds
     that name to that module. New lines go after the file's leading block of imports (after its
     docstring when it has none)."""
-    config = module.config_for_parsing
-    new = []
-    for line in lines:
-        statement = cst.parse_statement(line, config=config)
-        local, qualified = _binding(statement)
-        if facts.imports.get(local) != qualified:
-            new.append(statement)
+    new = missing(module, facts, lines)
     if not new:
         return module
     body = list(module.body)

@@ -1,9 +1,13 @@
 import libcst as cst
 
-from accrewrite.analysis import call_arg
+from accrewrite.analysis import WRAPPER_NAMES, call_arg
 from accrewrite.rule import Example, Rule
 
 _CUDA_SEEDS = ("torch.cuda.manual_seed", "torch.cuda.manual_seed_all")
+_INIT = "torch.distributed.init_process_group"
+# The seed given to a script that had none (any constant does: what matters is that every
+# worker uses the same one).
+_DEFAULT_SEED = "0"
 
 
 class RngSeed(Rule):
@@ -17,13 +21,17 @@ class RngSeed(Rule):
 
     Only a seed call standing alone as a statement is rewritten: one used as a value (its
     generator) is left as it is.
+
+    A script that wraps its model in DistributedDataParallel but never seeds relied on DDP
+    broadcasting rank 0's weights; ACC005 removes the wrapper, so the target's seed call (with
+    seed 0) goes right after ``dist.init_process_group(...)``, as in seed 001's example.
     """
 
     code = "ACC001"
     name = "rng-seed"
     summary = "torch.manual_seed / torch.cuda.manual_seed[_all] -> the target's seed call"
     concepts = ("seed",)
-    triggers = frozenset({"manual_seed", "manual_seed_all"})
+    triggers = frozenset({"manual_seed", "manual_seed_all", "init_process_group"})
     examples = (
         Example(
             before="""
@@ -56,7 +64,58 @@ class RngSeed(Rule):
                 xm.set_rng_state(seed)
             """,
         ),
+        Example(
+            before="""
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            dist.init_process_group(backend="nccl")
+            model = DDP(Net().cuda())
+            """,
+            after="""
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import accrewrite.runtime.xla_model as xm
+
+            dist.init_process_group(backend="nccl")
+            xm.set_rng_state(0)
+            model = DDP(Net().cuda())
+            """,
+        ),
     )
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._seeded_after_init = False
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        facts = self.ctx.facts
+        if facts.torch_seeds or facts.called & set(_CUDA_SEEDS) or not facts.called & WRAPPER_NAMES:
+            return
+        if self._seeded_after_init or not self._is_init(node):
+            return
+        self._seeded_after_init = True
+        seeds = self._seed_statements(_DEFAULT_SEED, kept=None)
+        if self._already_seeded(node, seeds):
+            return  # seeded by an earlier migration
+        self.ctx.insert_after(node, seeds)
+        self.ctx.fix(node, "DistributedDataParallel no longer broadcasts rank 0's weights: every worker is seeded alike")
+
+    def _is_init(self, line: cst.SimpleStatementLine) -> bool:
+        if len(line.body) != 1 or not isinstance(line.body[0], cst.Expr):
+            return False
+        call = line.body[0].value
+        return isinstance(call, cst.Call) and self.ctx.facts.qualname(call.func) == _INIT
+
+    def _seed_statements(self, seed: str, kept) -> list:
+        """The target's seed call; where the target keeps torch's own seed, ``kept`` (or a new
+        ``torch.manual_seed``) comes first."""
+        statements = self.ctx.statements("seed", seed=seed)
+        if self.ctx.concept("seed").keep:
+            if kept is None:
+                kept = cst.parse_statement(f"torch.manual_seed({seed})", config=self.ctx.module.config_for_parsing)
+            statements = [kept, *statements]
+        return statements
 
     def _seed_call(self, line: cst.SimpleStatementLine) -> tuple[str, cst.Arg] | None:
         """(qualified name, seed argument) when the line is exactly one seed call."""
@@ -81,15 +140,10 @@ class RngSeed(Rule):
         if callee in _CUDA_SEEDS and self.ctx.facts.torch_seeds:
             self.ctx.fix(original_node, f"removed {callee}(): the target's seed call covers it")
             return cst.RemoveFromParent()
-        replacement = self.ctx.statements("seed", seed=seed)
-        if concept.keep:
-            if callee == "torch.manual_seed":
-                if self._already_seeded(original_node, replacement):
-                    return updated_node
-                kept = updated_node
-            else:
-                kept = cst.parse_statement(f"torch.manual_seed({seed})", config=self.ctx.module.config_for_parsing)
-            replacement = [kept, *replacement]
+        kept = updated_node if callee == "torch.manual_seed" else None
+        replacement = self._seed_statements(seed, kept)
+        if concept.keep and kept is not None and self._already_seeded(original_node, replacement):
+            return updated_node
         self.ctx.fix(original_node, f"{callee}({seed}) -> the target's seed call")
         # The first statement keeps the original line's comments and blank lines.
         replacement[0] = replacement[0].with_changes(
@@ -98,5 +152,6 @@ class RngSeed(Rule):
         return cst.FlattenSentinel(replacement)
 
     def _already_seeded(self, line: cst.SimpleStatementLine, replacement) -> bool:
+        """Whether the statement after ``line`` is already the last of ``replacement``."""
         following = self.ctx.facts.next_statement.get(line)
         return following is not None and self.ctx.code(following).strip() == self.ctx.code(replacement[-1]).strip()

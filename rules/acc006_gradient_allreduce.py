@@ -125,14 +125,10 @@ class GradientAllReduce(Rule):
             return None
         return self.ctx.code(call.args[0].value)
 
-    def _reduces(self, statement) -> bool:
-        """A statement that already reduces gradients (a migrated file)."""
-        call = _call_statement(statement)
-        if call is None:
-            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-            call = assign.value if isinstance(assign, cst.Assign) else None
-        name = (self.ctx.facts.qualname(call.func) or "") if isinstance(call, cst.Call) else ""
-        return name.endswith(("._fetch_gradients", ".all_reduce", ".reduce_gradients"))
+    @staticmethod
+    def _reduces(statement) -> bool:
+        """A statement that already reduces gradients (a migrated file, guarded or not)."""
+        return _mentions(statement, ("_fetch_gradients", "all_reduce", "reduce_gradients"))
 
     # Without one: the target's optimizer step ----------------------------------------------
 
