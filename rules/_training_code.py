@@ -40,6 +40,45 @@ _HOST_TORCH = ("torch.cuda.", "torch.distributed.", "torch.backends.", "torch.ut
 BUILTIN_NAMES = frozenset(dir(builtins))
 STEP_CLOSURE = "add_step_closure"
 
+# Logger methods (logging module, logging.Logger, loguru, accelerate's logger).
+_LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception", "log"})
+# TensorBoard SummaryWriter / tensorboardX methods.
+_WRITER_METHODS = frozenset(
+    {"add_scalar", "add_scalars", "add_histogram", "add_text", "add_image", "add_images", "add_figure", "add_pr_curve"}
+)
+# tqdm progress bars.
+_PROGRESS_METHODS = frozenset({"set_postfix", "set_postfix_str", "set_description", "write"})
+# Logging helpers of the script itself that training scripts commonly define (seed 001's
+# log_metrics, Megatron's print_rank_0, ...).
+_LOG_FUNCTIONS = frozenset(
+    {"print", "log_metrics", "log_metric", "log_stats", "log_dict", "print_rank_0", "print_rank0", "rank0_print",
+     "master_print", "print_log", "log_info", "print_metrics", "log_step", "log", "print_test_update",
+     "print_progress", "log_progress", "log_scalars"}
+)
+_LOGGER_OWNER = re.compile(r"log", re.IGNORECASE)
+# Every name a logging call is recognised by (the step-closure rule's trigger words).
+LOGGING_WORDS = frozenset(_LOG_FUNCTIONS | _LOG_LEVELS | _WRITER_METHODS | _PROGRESS_METHODS)
+
+
+def is_logging_call(facts, call: cst.Call) -> bool:
+    """Whether ``call`` logs: print, logging/logger, SummaryWriter, wandb, tqdm, or a known
+    logging helper of the script."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value in _LOG_FUNCTIONS and (func.value != "log" or func.value in facts.imports)
+    if not isinstance(func, cst.Attribute):
+        return False
+    method = func.attr.value
+    callee = facts.qualname(func) or ""
+    owner = dotted(func.value) or ""
+    if callee.startswith("logging.") or callee in ("wandb.log", "wandb.run.log"):
+        return method in _LOG_LEVELS
+    if method in _WRITER_METHODS or method in _PROGRESS_METHODS and method != "write":
+        return True
+    if method in _LOG_LEVELS:
+        return bool(_LOGGER_OWNER.search(owner.split(".")[-1])) or owner.split(".")[-1] in ("run", "wandb")
+    return method in ("print", "master_print") and callee == ""
+
 
 def is_step_closure_call(node: cst.CSTNode) -> bool:
     """``xm.add_step_closure(...)`` in any spelling."""

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.rule import Example, Rule
-from accrewrite.rules._training_code import LoopDiagnostic
+from accrewrite.rules._training_code import LoopDiagnostic, free_names, is_logging_call, walk
 
 _PRINTERS = frozenset({"print"})
 
@@ -98,7 +98,50 @@ class HostSync(LoopDiagnostic, Rule):
         func = node.func
         if isinstance(func, cst.Attribute) and tensors.sync(func.value) is not None:
             return  # `.cpu().numpy()`: the first read is the one that waits
-        self.report(node, _message(self.ctx.code(node), how))
+        message = _message(self.ctx.code(node), how)
+        logged = self._read_only_by_logging()
+        if logged:
+            message += (f". `{logged}` is read only by logging: compute it inside that logging call's step "
+                        "closure (pass the tensor, call .item() there)")
+        self.report(node, message)
+
+    def _read_only_by_logging(self) -> str | None:
+        """The variable this statement assigns, when nothing but logging calls read it (nanoGPT's
+        ``lossf = loss.item() * gradient_accumulation_steps`` before its print)."""
+        statement = self.ctx.statement
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return None
+        assign = statement.body[0]
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+            return None
+        target = assign.targets[0].target
+        if not isinstance(target, cst.Name):
+            return None
+        name = target.value
+        scope = self.ctx.scope
+        body = scope.body if scope is not None else self.ctx.module
+        reads = {"logging": 0, "other": 0}
+        facts = self.ctx.facts
+
+        def enter(node):
+            if node is statement or isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node is not scope:
+                return False
+            if isinstance(node, cst.SimpleStatementLine):
+                if name in free_names(node):
+                    only = (
+                        len(node.body) == 1 and isinstance(node.body[0], cst.Expr)
+                        and isinstance(node.body[0].value, cst.Call) and is_logging_call(facts, node.body[0].value)
+                    )
+                    reads["logging" if only else "other"] += 1
+                return False
+            if isinstance(node, cst.BaseCompoundStatement):
+                header = [getattr(node, attr, None) for attr in ("test", "iter", "items")]
+                if any(part is not None and name in _header_names(part) for part in header):
+                    reads["other"] += 1
+            return True
+
+        walk(body, enter)
+        return name if reads["logging"] and not reads["other"] else None
 
     def leave_FormattedStringExpression(self, original_node, updated_node):
         if self.in_loop and self.tensors().sync(original_node) is not None:
@@ -116,3 +159,9 @@ def _message(code: str, how: str) -> str:
         "Keep the value as a tensor (e.g. `total += loss.detach()`), read it every N steps, or read it "
         "in a step closure (xm.add_step_closure; ACC009 moves logging there)"
     )
+
+
+def _header_names(part) -> set[str]:
+    if isinstance(part, (list, tuple)):  # with-items
+        return set().union(*(free_names(item.item) for item in part)) if part else set()
+    return free_names(part)

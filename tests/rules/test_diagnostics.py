@@ -201,3 +201,26 @@ def test_unsafe_fix_reports_an_unseen_optimizer_factory_where_fused_adam_exists(
     # With a GradScaler, ACC008 reports the optimizer at scaler.step: not reported twice.
     path.write_bytes(FACTORY.replace(b"import torch\n", b"import torch\nscaler = torch.cuda.amp.GradScaler()\n"))
     assert _json(cli, path, "--target", target, "--select", "ACC105")["files"][0]["diagnostics"] == []
+
+
+NANOGPT_LOG = b'''import torch
+while True:
+    logits, loss = model(X, Y)
+    loss.backward()
+    optimizer.step()
+    if iter_num % log_interval == 0 and master_process:
+        lossf = loss.item() * gradient_accumulation_steps
+        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms")
+    best = loss.item()
+    if best < 3:
+        break
+'''
+
+
+def test_host_sync_read_only_for_logging_says_where_it_belongs(tmp_path, cli):
+    path = tmp_path / "train.py"
+    path.write_bytes(NANOGPT_LOG)
+    found = _json(cli, path, "--select", "ACC101")["files"][0]["diagnostics"]
+    assert [d["line"] for d in found] == [7, 9]
+    assert "`lossf` is read only by logging" in found[0]["message"]
+    assert "read only by logging" not in found[1]["message"]  # `best` also decides the loop
