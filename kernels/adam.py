@@ -101,9 +101,12 @@ def adam_step_reference(
         new_step = step + 1
         m = exp_avg.to(dtype).lerp(g, 1 - beta1)
         v = exp_avg_sq.to(dtype) * beta2 + (1 - beta2) * g * g
-        bias_correction1 = 1 - beta1 ** new_step.to(dtype)
-        bias_correction2_sqrt = (1 - beta2 ** new_step.to(dtype)).sqrt()
-        p = p - (lr / bias_correction1) * m / (v.sqrt() / bias_correction2_sqrt + eps)
+        # Bias corrections in float64, as torch.optim computes them (Python floats): in float32
+        # 1 - beta ** step loses digits that show as a drift of ~1e-6 over tens of steps.
+        wide_step = new_step.to(torch.float64)
+        step_size = (lr / (1 - beta1 ** wide_step)).to(dtype)
+        bias_correction2_sqrt = (1 - beta2 ** wide_step).sqrt().to(dtype)
+        p = p - step_size * m / (v.sqrt() / bias_correction2_sqrt + eps)
         for target, value in ((param, p), (exp_avg, m), (exp_avg_sq, v), (step, new_step)):
             target.copy_(value if keep is None else torch.where(keep, value, target))
 

@@ -69,16 +69,7 @@ CONFIGS = {
     "sgd-nesterov": (syncfree.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True)),
     "sgd-maximize": (syncfree.SGD, torch.optim.SGD, dict(lr=1e-3, momentum=0.5, weight_decay=0.01, maximize=True)),
 }
-# kernels.adam.adam_step computes Adam's bias corrections (1 - beta ** step) in float32 where
-# torch.optim uses float64; over 50 steps at lr=1e-2 AdamW drifts 1.02e-6 from torch.optim
-# (3e-8 with float64 bias corrections). Strict: this starts failing once adam_step is fixed.
-_BIAS_CORRECTION_PRECISION = pytest.mark.xfail(
-    strict=True, reason="adam_step: float32 bias correction drifts past 1e-6 (kernels/adam.py)"
-)
-EQUALITY_CASES = [
-    pytest.param(*config, id=name, marks=[_BIAS_CORRECTION_PRECISION] if name == "adamw" else [])
-    for name, config in CONFIGS.items()
-]
+EQUALITY_CASES = [pytest.param(*config, id=name) for name, config in CONFIGS.items()]
 OVERFLOW_CASES = [pytest.param(*config, id=name) for name, config in CONFIGS.items()]
 
 
