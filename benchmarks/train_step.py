@@ -1,0 +1,208 @@
+"""Training-step time and cold start: eager vs torch.compile vs regional vs accrewrite.
+
+For each model, in one run and side by side, one full training step (forward, backward,
+AdamW step) under four setups, each on a fresh copy of the same model:
+
+- eager: the model as written, ``torch.optim.AdamW`` with its default (per-parameter) step;
+- torch.compile: ``torch.compile(model)``, eager optimizer;
+- regional: Accelerate's ``compile_regions`` recipe, ``torch.compile`` of each repeated block and
+  of each other leaf module, eager optimizer;
+- accrewrite: ``accrewrite.runtime.compile(model)`` and ``compile(optimizer)``.
+
+"first step" is the wall time of step 1, compilation included (cold start: dynamo and inductor
+caches are off, so no setup reuses another's work); "step" is the median of the steady steps
+after it. Ratios are against eager and against torch.compile. Run on CPU:
+
+    python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
+                                               # gpt-12: cold start only
+    python benchmarks/train_step.py --quick    # tiny shapes, four steps (a smoke run)
+"""
+
+import argparse
+import copy
+import dataclasses
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accrewrite.runtime import compile as accrewrite_compile
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, blocks, d, heads, seq, vocab):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(seq, d) * 0.02)
+        self.blocks = nn.ModuleList([GPTBlock(d, heads) for _ in range(blocks)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx, target):
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.head(self.ln(x)).flatten(0, 1), target.flatten())
+
+
+class ResBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+
+
+class CNN(nn.Module):
+    def __init__(self, c, blocks, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
+        self.blocks = nn.ModuleList([ResBlock(c) for _ in range(blocks)])
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x, target):
+        x = F.relu(self.stem(x))
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.head(x.mean((2, 3))), target)
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    model: nn.Module
+    batch: tuple
+    steps: int  # steady steps after the first (0: cold start only)
+
+
+def cases(quick: bool) -> list[Case]:
+    g = torch.Generator().manual_seed(0)
+    if quick:
+        gpt = dict(d=32, heads=2, seq=16, vocab=64)
+        tokens = torch.randint(0, 64, (2, 17), generator=g)
+        images = torch.randn(2, 3, 8, 8, generator=g), torch.randint(0, 10, (2,), generator=g)
+        return [
+            Case("gpt-2 (quick)", GPT(2, **gpt), (tokens[:, :-1], tokens[:, 1:]), 3),
+            Case("cnn (quick)", CNN(8, 2), images, 3),
+        ]
+    gpt = dict(d=256, heads=4, seq=128, vocab=4096)
+    tokens = torch.randint(0, 4096, (16, 129), generator=g)
+    text = tokens[:, :-1], tokens[:, 1:]
+    images = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+    return [
+        Case("gpt-4 d256 seq128 b16", GPT(4, **gpt), text, 10),
+        Case("gpt-12 d256 seq128 b16", GPT(12, **gpt), text, 0),
+        Case("cnn resnet-6 c32 32x32 b32", CNN(32, 6), images, 10),
+    ]
+
+
+def compile_regions(module: nn.Module) -> nn.Module:
+    """Accelerate's ``compile_regions`` (accelerate/utils/other.py), ported: an
+    ``nn.ModuleList`` of one class has each block compiled, any other leaf module is compiled on
+    its own, containers are rebuilt around the compiled children."""
+    if isinstance(module, nn.ModuleList):
+        if all(isinstance(block, type(module[0])) for block in module):
+            return nn.ModuleList([torch.compile(block) for block in module])
+        return torch.compile(module)
+    if module._modules:
+        new = copy.copy(module)
+        new._modules = {}
+        for name, child in module._modules.items():
+            new.add_module(name, compile_regions(child))
+        return new
+    return torch.compile(module)
+
+
+def eager(model):
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def full(model):
+    model = torch.compile(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def regional(model):
+    model = compile_regions(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def accrewrite(model):
+    model = accrewrite_compile(model)
+    return model, accrewrite_compile(torch.optim.AdamW(model.parameters(), lr=1e-4))
+
+
+SETUPS = {"eager": eager, "torch.compile": full, "regional": regional, "accrewrite": accrewrite}
+
+
+def run(case: Case, setup) -> tuple[float, float | None]:
+    """(first step in s, median steady step in ms or None)."""
+    torch._dynamo.reset()
+    model, optimizer = setup(copy.deepcopy(case.model))
+
+    def step():
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        model(*case.batch).backward()
+        optimizer.step()
+        return time.perf_counter() - start
+
+    first = step()
+    steady = [step() for _ in range(case.steps)]
+    return first, (statistics.median(steady) * 1e3 if steady else None)
+
+
+def ratio(value, base):
+    return f"{value / base:5.2f}x" if value is not None and base else "    -"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, four steps")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    torch._inductor.config.force_disable_caches = True  # cold start means cold
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    header = f"{'model':28} {'setup':14} {'first step':>11} {'vs eager':>9} {'vs compile':>10}"
+    header += f" {'step':>10} {'vs eager':>9} {'vs compile':>10}"
+    print(header)
+    for case in cases(args.quick):
+        results = {name: run(case, setup) for name, setup in SETUPS.items()}
+        eager_first, eager_step = results["eager"]
+        full_first, full_step = results["torch.compile"]
+        for name, (first, step) in results.items():
+            step_text = f"{step:8.1f}ms" if step is not None else "         -"
+            print(
+                f"{case.name:28} {name:14} {first:10.2f}s {ratio(first, eager_first):>9}"
+                f" {ratio(first, full_first):>10} {step_text:>10} {ratio(step, eager_step):>9}"
+                f" {ratio(step, full_step):>10}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
