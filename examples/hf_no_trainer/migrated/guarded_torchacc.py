@@ -226,7 +226,10 @@ def main():
                 lr_scheduler.step()
                 optimizer.zero_grad()
                 if enable_torchacc_compiler():
-                    xm.add_step_closure(lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"), args=(epoch, completed_steps, loss), run_async=True)
+                    xm.add_step_closure(
+                        lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
+                        args=(epoch, completed_steps, loss),
+                        run_async=True)
                 else:
                     print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}")
                 completed_steps += 1
@@ -244,7 +247,10 @@ def main():
             correct += (predictions == batch["labels"]).sum()
             seen += batch["labels"].numel()
         if enable_torchacc_compiler():
-            xm.add_step_closure(lambda epoch, correct, seen: print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}"), args=(epoch, correct, seen), run_async=True)
+            xm.add_step_closure(
+                lambda epoch, correct, seen: print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}"),
+                args=(epoch, correct, seen),
+                run_async=True)
         else:
             print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}")
         if completed_steps >= max_train_steps:

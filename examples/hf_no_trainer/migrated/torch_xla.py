@@ -202,7 +202,10 @@ def main():
                 xm.optimizer_step(optimizer)
                 lr_scheduler.step()
                 optimizer.zero_grad()
-                xm.add_step_closure(lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"), args=(epoch, completed_steps, loss), run_async=True)
+                xm.add_step_closure(
+                    lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
+                    args=(epoch, completed_steps, loss),
+                    run_async=True)
                 completed_steps += 1
             if completed_steps >= max_train_steps:
                 break
@@ -215,7 +218,10 @@ def main():
             predictions = outputs.logits.argmax(dim=-1)
             correct += (predictions == batch["labels"]).sum()
             seen += batch["labels"].numel()
-        xm.add_step_closure(lambda epoch, correct, seen: print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}"), args=(epoch, correct, seen), run_async=True)
+        xm.add_step_closure(
+            lambda epoch, correct, seen: print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}"),
+            args=(epoch, correct, seen),
+            run_async=True)
         if completed_steps >= max_train_steps:
             break
 

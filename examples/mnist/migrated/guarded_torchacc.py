@@ -71,7 +71,10 @@ def main():
             loss.backward()
             if enable_torchacc_compiler():
                 xm.optimizer_step(optimizer)
-                xm.add_step_closure(lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"), args=(epoch, step, loss), run_async=True)
+                xm.add_step_closure(
+                    lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"),
+                    args=(epoch, step, loss),
+                    run_async=True)
             else:
                 optimizer.step()
                 print(f"epoch {epoch} step {step} loss {loss.item():.4f}")

@@ -55,7 +55,10 @@ def main():
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             xm.optimizer_step(optimizer)
-            xm.add_step_closure(lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"), args=(epoch, step, loss), run_async=True)
+            xm.add_step_closure(
+                lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"),
+                args=(epoch, step, loss),
+                run_async=True)
 
 
 if __name__ == "__main__":
