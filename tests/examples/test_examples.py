@@ -39,10 +39,6 @@ NOT_IDEMPOTENT = {
         "ACC021: after ACC007 the scaler is the target's `GradScaler`, unknown to "
         "analysis.SCALER_NAMES, so a second run adds the fused-Adam hook"
     ),
-    ("nanogpt", "guarded_torchacc.py"): (
-        "ACC006: the all-reduce it inserted sits inside `if enable_torchacc_compiler():`, which a "
-        "second run does not recognise as an existing reduction, so it inserts another"
-    ),
 }
 
 
