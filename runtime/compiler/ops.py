@@ -42,22 +42,10 @@ def _autograd_enabled():
         yield
 
 
-# Stand-ins for kernel modules that have not landed yet (kernels/quick_gelu.py is being written
-# in parallel); each entry goes once its module exists.
-_PENDING = {
-    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
-}
-
-
 def _kernel(module: str):
     """The public dispatching function of ``accrewrite.kernels.<module>``, imported on first
     use so that loading the compiler does not load every kernel."""
-    try:
-        return getattr(importlib.import_module(f"accrewrite.kernels.{module}"), module)
-    except ModuleNotFoundError:
-        if module not in _PENDING:
-            raise
-        return _PENDING[module]
+    return getattr(importlib.import_module(f"accrewrite.kernels.{module}"), module)
 
 
 def _vjp(fn, tensors, grad, *constants):

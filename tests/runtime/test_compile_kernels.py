@@ -1,9 +1,15 @@
 """Kernel selection: the pass finds the patterns, lists each match and its choice, and the
 accrewrite custom ops it can substitute agree with eager."""
 
+import importlib
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    # before any kernel module is imported: triton reads it when a kernel is defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from torch import nn
 import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
@@ -157,6 +163,39 @@ def test_layer_norm_op_matches_torch(dtype, tol):
     torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol)
     for g, e in zip(got, expected_grads):
         torch.testing.assert_close(g.float(), e, rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("kernel", ["layer_norm", "quick_gelu"])
+def test_ops_on_the_triton_path_match_torch(kernel, monkeypatch):
+    """The ops run the kernels' Triton code (the interpreter on CPU) and the generic backward
+    differentiates through the kernel's own autograd.Function."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("ACCREWRITE_KERNELS", "triton")
+    module = importlib.import_module(f"accrewrite.kernels.{kernel}")
+    monkeypatch.setattr(module, f"{kernel}_reference", _must_not_run)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(3, 33, device=device, requires_grad=True)
+    if kernel == "layer_norm":
+        w = torch.randn(33, device=device, requires_grad=True)
+        b = torch.randn(33, device=device, requires_grad=True)
+        args, reference = (x, w, b), lambda x, w, b: F.layer_norm(x, (33,), w, b, 1e-5)
+        out = ops.layer_norm(x, w, b, 1e-5)
+    else:
+        args, reference = (x,), lambda x: x * torch.sigmoid(1.702 * x)
+        out = ops.quick_gelu(x)
+    grad = torch.randn_like(out)
+    expected = reference(*args)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        torch.autograd.grad(out, args, grad),
+        torch.autograd.grad(expected, args, grad),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("the reference ran instead of the Triton kernel")
 
 
 def test_quick_gelu_op_matches_torch():
