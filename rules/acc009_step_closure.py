@@ -83,8 +83,14 @@ class StepClosure(LoopDiagnostic, Rule):
                     optimizer.step()
                     if step % 10 == 0:
                         # progress
-                        xm.add_step_closure(lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"), args=(epoch, step, loss), run_async=True)
-                        xm.add_step_closure(lambda loss, global_step: writer.add_scalar("train/loss", loss.item(), global_step), args=(loss, global_step), run_async=True)
+                        xm.add_step_closure(
+                            lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"),
+                            args=(epoch, step, loss),
+                            run_async=True)
+                        xm.add_step_closure(
+                            lambda loss, global_step: writer.add_scalar("train/loss", loss.item(), global_step),
+                            args=(loss, global_step),
+                            run_async=True)
                     print(f"epoch {epoch} done")
             """,
         ),
@@ -179,7 +185,10 @@ class StepClosure(LoopDiagnostic, Rule):
                     loss = model(**batch).loss
                     loss.backward()
                     optimizer.step()
-                    xm.add_step_closure(lambda loss, lr: wandb.log({"loss": loss.item(), "lr": lr}), args=(loss, optimizer.param_groups[0]["lr"]), run_async=True)
+                    xm.add_step_closure(
+                        lambda loss, lr: wandb.log({"loss": loss.item(), "lr": lr}),
+                        args=(loss, optimizer.param_groups[0]["lr"]),
+                        run_async=True)
             """,
         ),
     )
@@ -199,6 +208,8 @@ class StepClosure(LoopDiagnostic, Rule):
         closure, values = self._closure(call, tensors)
         args = ", ".join(self.ctx.code(value) for value in values) + ("," if len(values) == 1 else "")
         replacement = self.ctx.expr("step_closure", closure=closure, args=args)
+        if closure.startswith("lambda") and len(self.ctx.code(replacement)) > _WRAP_AT:
+            replacement = _one_argument_a_line(replacement)
         self.ctx.fix(
             original_node,
             f"{self.ctx.code(call.func)}(...) reads tensor values: moved into a step closure, "
@@ -351,6 +362,28 @@ class _Extract(cst.CSTTransformer):
         self.params.append(candidate)
         self.values.append(node)
         return candidate
+
+
+# A step-closure call with a lambda longer than this is written one argument a line. (The
+# direct form, ``xm.add_step_closure(log_metrics, args=(...), run_async=True)``, stays on one.)
+_WRAP_AT = 88
+
+
+def _one_argument_a_line(call: cst.Call) -> cst.Call:
+    """``f(\n    a,\n    b)``, indented from the statement's own indentation; the closing
+    parenthesis ends the last line, as in seed 001's ``xm.add_step_closure(...)``."""
+
+    def line_break() -> cst.ParenthesizedWhitespace:
+        return cst.ParenthesizedWhitespace(
+            first_line=cst.TrailingWhitespace(), empty_lines=[], indent=True, last_line=cst.SimpleWhitespace("    ")
+        )
+
+    last = len(call.args) - 1
+    args = [
+        arg.with_changes(comma=cst.MaybeSentinel.DEFAULT if number == last else cst.Comma(whitespace_after=line_break()))
+        for number, arg in enumerate(call.args)
+    ]
+    return call.with_changes(whitespace_before_args=line_break(), args=args)
 
 
 def _param_name(node: cst.CSTNode) -> str:
