@@ -90,6 +90,9 @@ def test_forced_kernels_replace_the_patterns_and_match_eager():
     assert kernel_ops(codes) == {
         "layer_norm", "layer_norm_backward", "quick_gelu", "quick_gelu_backward"
     }
+    # the model's eps (1e-6), not the pattern's example value (1e-5), reaches the kernel
+    assert "torch.ops.accrewrite.layer_norm.default(" in "".join(codes)
+    assert "1e-06)" in "".join(codes) and "1e-05)" not in "".join(codes)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-5)
 
