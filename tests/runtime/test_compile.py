@@ -38,7 +38,11 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # written out rather than scaled_dot_product_attention, whose CPU lowering takes
+        # inductor twice as long to compile
+        scores = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        attn = scores.masked_fill(causal, float("-inf")).softmax(-1) @ v
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
