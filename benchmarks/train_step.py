@@ -16,6 +16,7 @@ after it. Ratios are against eager and against torch.compile. Run on CPU:
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
                                                # gpt-12: cold start only
     python benchmarks/train_step.py --quick    # tiny shapes, four steps (a smoke run)
+    python benchmarks/train_step.py --threads 1  # on a shared, loaded machine
 """
 
 import argparse
@@ -182,7 +183,15 @@ def ratio(value, base):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, four steps")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="intra-op threads (default: torch's); 1 on a shared, loaded machine, where OpenMP "
+        "threads of compiled kernels wait on each other's time slices",
+    )
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     torch._inductor.config.force_disable_caches = True  # cold start means cold
