@@ -43,6 +43,12 @@ class DdpUnwrap(Rule):
       only where the step happens, which is what the accumulation steps wanted; any other use
       of ``model.no_sync`` becomes ``contextlib.nullcontext``, with a diagnostic to check it.
 
+    DDP's constructor also broadcast rank 0's parameters and buffers to every rank. Where the
+    target has that broadcast (torch_xla's ``xm.broadcast_master_param(model)``) it takes the
+    wrapper's place; elsewhere a diagnostic says that every rank must then build equal weights
+    (one seed for all ranks, seed 001 step 1), which a rank-dependent seed such as nanoGPT's
+    ``1337 + seed_offset`` breaks.
+
     The DDP import is left in place (unused imports are harmless and may be used elsewhere).
     """
 
@@ -106,6 +112,22 @@ class DdpUnwrap(Rule):
             torch.save(ddp_model.state_dict(), "model.pt")
             """,
         ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)  # use every GPU
+            torch.save(model.module.state_dict(), "model.pt")
+            """,
+            after="""
+            import torch.nn as nn
+            import torch_xla.core.xla_model as xm
+
+            xm.broadcast_master_param(model)  # use every GPU
+            torch.save(model.state_dict(), "model.pt")
+            """,
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -113,6 +135,7 @@ class DdpUnwrap(Rule):
         self._wrapped: set[str] = set()
         self._removed: set[cst.CSTNode] = set()
         self._with_items: set[cst.CSTNode] = set()
+        self._warned = False
 
     def applies(self) -> bool:
         if "DataParallel" not in self.ctx.source_text:  # a cheap gate; names resolve below
@@ -206,15 +229,48 @@ class DdpUnwrap(Rule):
             self.ctx.fix(original_node, f"removed {_SYNC_FLAG}: nothing is reduced during backward on the target")
             return cst.RemoveFromParent()
         new = updated_node.body[0]
-        if (
-            isinstance(new, cst.Assign)
-            and self.ctx.code(new.value).strip() == self.ctx.code(target).strip()
-            and self.ctx.code(assign.value) != self.ctx.code(new.value)
-        ):
-            self._removed.add(original_node)
+        if not isinstance(new, cst.Assign) or self.ctx.code(assign.value) == self.ctx.code(new.value):
+            return updated_node
+        module = self._wrapped_module(assign.value)
+        if module is None:
+            return updated_node
+        broadcast = self._broadcast(original_node, module)
+        if self.ctx.code(new.value).strip() == self.ctx.code(target).strip():
             self.ctx.fix(original_node, f"removed {self.ctx.code(target)} = {self.ctx.code(target)} left by unwrapping")
+            if broadcast:
+                broadcast[0] = broadcast[0].with_changes(leading_lines=updated_node.leading_lines)
+                broadcast[-1] = broadcast[-1].with_changes(trailing_whitespace=updated_node.trailing_whitespace)
+                return cst.FlattenSentinel(broadcast)
+            self._removed.add(original_node)
             return cst.RemoveFromParent()
+        if broadcast:
+            self.ctx.fix(original_node, "rank 0's weights broadcast where the wrapper did it")
+            return cst.FlattenSentinel([updated_node, *broadcast])
         return updated_node
+
+    def _wrapped_module(self, value: cst.BaseExpression) -> str | None:
+        """The code of the module a wrapper call wraps (``DDP(model)``, ``DDP(m) if ddp else m``)."""
+        for candidate in [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]:
+            if self._wraps(candidate):
+                module = call_arg(candidate, 0, "module")
+                return self.ctx.code(module.value) if module is not None else None
+        return None
+
+    def _broadcast(self, statement, module: str) -> list:
+        """DDP's constructor broadcast rank 0's parameters and buffers to every rank; the
+        target's broadcast takes its place, or a diagnostic says the ranks must start equal."""
+        if self.ctx.target.has("broadcast_master_param"):
+            return self.ctx.statements("broadcast_master_param", model=module)
+        if not self._warned:
+            self._warned = True
+            self.ctx.diagnose(
+                statement,
+                "DDP broadcast rank 0's parameters and buffers to every rank when it wrapped the model; "
+                "without it every rank must build equal weights: seed every rank with the same value "
+                "before the model is built (torch.manual_seed / xm.set_rng_state, seed 001 step 1), "
+                "not with a rank-dependent seed",
+            )
+        return []
 
     # Comments of removed statements -----------------------------------------------------------
 

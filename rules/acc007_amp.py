@@ -115,6 +115,7 @@ class Amp(Rule):
         # call is a CUDA one (their device argument is dropped), else left to torch.amp.
         self._generic: dict[str, str] = {}
         self._clashes: set[str] = set()
+        self._called: set[cst.CSTNode] = set()  # callees seen, to tell names passed around
         for local, qualified in ctx.facts.imports.items():
             module, _, name = qualified.rpartition(".")
             if name not in _CONCEPT_OF or self._bare(name) is None:
@@ -226,6 +227,31 @@ class Amp(Rule):
         return cst.FlattenSentinel(statements) if len(statements) > 1 else statements[0]
 
     # Calls -----------------------------------------------------------------------------------
+
+    def visit_Call(self, node) -> None:
+        self._called.add(node.func)
+
+    def leave_Attribute(self, original_node, updated_node):
+        """``torch.cuda.amp.autocast`` named without a call (``ctx = torch.cuda.amp.autocast if
+        amp else nullcontext``): the target's callable where it has one by name."""
+        if original_node in self._called:
+            return updated_node
+        callee = self.ctx.facts.qualname(original_node)
+        concept = "autocast" if callee in _CUDA_AUTOCAST else "grad_scaler" if callee in _CUDA_SCALER else None
+        if concept is None:
+            return updated_node
+        name = concept if concept == "autocast" else "GradScaler"
+        if self._bare(name) is None or self._clash(original_node, concept):
+            if self._bare(name) is None:
+                self.ctx.diagnose(
+                    original_node,
+                    f"{callee} is passed around uncalled: this target has no CUDA-style {name}; "
+                    "change the calls it reaches by hand (see `accrewrite explain ACC007`)",
+                    code="ACC105",
+                )
+            return updated_node
+        self.ctx.fix(original_node, f"{callee} -> the target's {name}")
+        return self._callee(concept)
 
     def leave_Call(self, original_node, updated_node):
         callee = self.ctx.facts.qualname(original_node.func)

@@ -263,6 +263,8 @@ if compile:
     model = torch.compile(model)  # requires PyTorch 2.0
 
 # wrap model into DDP container
+if ddp:
+    xm.broadcast_master_param(model)
 
 
 # helps estimate an arbitrarily accurate loss over either split using many batches

@@ -73,6 +73,8 @@ class Trainer:
             print("Loading snapshot")
             self._load_snapshot(snapshot_path)
 
+        xm.broadcast_master_param(self.model)
+
     def _load_snapshot(self, snapshot_path):
         loc = torch_xla.device()
         snapshot = torch.load(snapshot_path, map_location=loc)
