@@ -244,3 +244,16 @@ def test_torch_xla_form_runs_on_the_xla_cpu_device(name, tmp_root, tmp_path):
     losses = run_script(script, plain_launcher(example, python), plain_args(example), tmp_path, env, XLA_TIMEOUT)
     print(f"{name} torch_xla losses: {losses}")
     assert_close(losses, reference(name, 1, tmp_root), XLA_TOL, f"{name} torch_xla on PJRT_DEVICE=CPU")
+
+
+@pytest.mark.slow  # mp.spawn workers with their own process group
+def test_imagenet_mp_spawn_workers_runtime_form_matches(tmp_path):
+    """imagenet's other launch: ``--multiprocessing-distributed`` starts the workers with mp.spawn
+    (one per GPU; one on a CPU-only host), no torchrun environment. The runtime form must train
+    like the original there too."""
+    spawn = ("--multiprocessing-distributed",)
+    original = run_script(EXAMPLES / "imagenet" / "train.py", [sys.executable], spawn, tmp_path / "original", _env())
+    migrated = run_script(
+        EXAMPLES / "imagenet" / "migrated" / "runtime.py", [sys.executable], spawn, tmp_path / "runtime", _env()
+    )
+    assert_close(migrated, original, RUNTIME_TOL, "imagenet runtime form under mp.spawn")
