@@ -14,6 +14,12 @@ _SYNCFREE = {
 }
 # torch.optim implementation switches that the syncfree optimizers do not take.
 _IMPLEMENTATION_KEYWORDS = ("foreach", "fused", "capturable", "differentiable")
+# What every target's syncfree optimizers take (the rest of torch.optim's arguments: reported).
+_ACCEPTED = {
+    "Adam": ("params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+    "AdamW": ("params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+    "SGD": ("params", "lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
+}
 
 
 class SyncfreeOptimizer(Rule):
@@ -117,6 +123,21 @@ class SyncfreeOptimizer(Rule):
                 f"{code}(...) is built from *args/**kwargs: cannot check that syncfree.{kind} takes them "
                 f"(it has no foreach/fused/capturable); with a GradScaler use syncfree.{kind} here by hand "
                 "to avoid a host sync per step",
+                code="ACC105",
+            )
+            return updated_node
+        unknown = [
+            arg.keyword.value for arg in original_node.args
+            if arg.keyword is not None
+            and arg.keyword.value not in _ACCEPTED[kind]
+            and arg.keyword.value not in _IMPLEMENTATION_KEYWORDS
+        ]
+        if unknown:
+            self.ctx.diagnose(
+                original_node,
+                f"{code}({', '.join(unknown)}=...) left as it is: syncfree.{kind} does not take "
+                f"{', '.join(unknown)}; without it, use syncfree.{kind} here by hand to avoid a host "
+                "sync per step",
                 code="ACC105",
             )
             return updated_node
