@@ -80,6 +80,22 @@ class CudaApi(Rule):
                 peak = torch.cuda.max_memory_allocated() / 2**30
             """,
         ),
+        Example(
+            target="torchacc",
+            before="""
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            """,
+            after="""
+            import torch
+            import torchacc.torch_xla.core.xla_model as xm
+
+            if torch.cuda.is_available():
+                xm.wait_device_ops()
+            """,
+        ),
     )
 
     def __init__(self, ctx) -> None:
