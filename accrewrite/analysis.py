@@ -88,6 +88,9 @@ class TrainingLoop:
     scope: cst.FunctionDef | None
     calls_backward: bool = False
     calls_step: bool = False
+    # Whether a loop that steps the optimizer is nested inside (an epoch loop around the step
+    # loop; not a gradient-accumulation loop that only calls backward).
+    encloses_step_loop: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,6 +110,8 @@ class Facts:
 
     # Local name -> fully qualified name, from the file's imports.
     imports: dict[str, str] = field(default_factory=dict)
+    # Modules imported without an alias (``import a.b.c``), in full.
+    imported_modules: set[str] = field(default_factory=set)
     # Variables assigned a CUDA device.
     devices: list[Binding] = field(default_factory=list)
     # The values of those assignments (so that a rule rewrites the assignment, not the value).
@@ -183,7 +188,9 @@ class Facts:
             first = call_arg(node, 0, "type")
             return first is not None and self.is_cuda_device(first.value)
         if isinstance(node, cst.IfExp):
-            return self.is_cuda_device(node.body)
+            # ``"cuda" if torch.cuda.is_available() else "cpu"`` chooses a device;
+            # nanoGPT's ``"cuda" if "cuda" in device else "cpu"`` names a device's type.
+            return not isinstance(node.test, cst.Comparison) and self.is_cuda_device(node.body)
         return False
 
 
@@ -297,6 +304,7 @@ class _Analyzer(_Walker):
             else:
                 root = full.split(".")[0]
                 self.facts.imports[root] = root
+                self.facts.imported_modules.add(full)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
@@ -348,6 +356,9 @@ class _Analyzer(_Walker):
         loop = self._loops.pop()
         if loop.calls_backward or loop.calls_step:
             self.facts.loops.append(loop)
+            if loop.calls_step:
+                for outer in self._loops:
+                    outer.encloses_step_loop = True
             if self.facts.hot is not None:
                 self.facts.hot.add(loop.node)  # every rule may look at a training loop
 

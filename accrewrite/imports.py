@@ -47,7 +47,17 @@ def missing(module: cst.Module, facts: Facts, lines: list[str]) -> list[cst.Simp
     module, parsed."""
     config = module.config_for_parsing
     statements = [cst.parse_statement(line, config=config) for line in lines]
-    return [s for s in statements if facts.imports.get(binding(s)[0]) != binding(s)[1]]
+    return [statement for statement in statements if not _present(facts, statement)]
+
+
+def _present(facts: Facts, statement: cst.SimpleStatementLine) -> bool:
+    node = statement.body[0]
+    if isinstance(node, cst.Import) and node.names[0].asname is None:
+        # ``import a.b.c`` loads a.b.c (its side effects matter: a backend registers itself),
+        # which ``import a`` does not.
+        return dotted(node.names[0].name) in facts.imported_modules
+    local, qualified = binding(statement)
+    return facts.imports.get(local) == qualified
 
 
 def leading_imports_end(body) -> int:

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, call_arg
+from accrewrite.analysis import WRAPPER_NAMES, call_arg, dotted, string_value
 from accrewrite.rule import Example, Rule
 
 # Keywords that name where tensors go; a CUDA value there moves to the target device.
@@ -23,7 +23,9 @@ class DevicePlacement(Rule):
       visible in that function, else the target's device call; ``non_blocking`` is kept;
     - ``device="cuda"`` and ``map_location="cuda"`` arguments name the target device;
     - ``device_ids=`` and ``output_device=`` are dropped from DistributedDataParallel and
-      DataParallel, which pin them to CUDA.
+      DataParallel, which pin them to CUDA;
+    - ``"cuda" in device`` (nanoGPT's device type) tests ``str(device)``: the target's device is
+      an object, not a string.
     """
 
     code = "ACC002"
@@ -105,6 +107,22 @@ class DevicePlacement(Rule):
         return cst.FlattenSentinel([new_line, *self.ctx.statements("set_replication", device=name)])
 
     # Expressions -----------------------------------------------------------------------------
+
+    def leave_Comparison(self, original_node, updated_node):
+        """``"cuda" in device`` (nanoGPT's device type) reads a device string; the target's
+        device is an object, so its string is tested instead."""
+        if len(original_node.comparisons) != 1 or string_value(original_node.left) is None:
+            return updated_node
+        target = original_node.comparisons[0]
+        if not isinstance(target.operator, (cst.In, cst.NotIn)):
+            return updated_node
+        name = dotted(target.comparator)
+        if name is None or name not in {device.name for device in self.ctx.facts.devices}:
+            return updated_node
+        as_string = cst.Call(func=cst.Name("str"), args=[cst.Arg(updated_node.comparisons[0].comparator)])
+        self.ctx.fix(original_node, f"{name} is a device object on the target: its string is tested")
+        return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=as_string)])
+
 
     def _device(self) -> cst.BaseExpression:
         name = self.ctx.facts.device_in(self.ctx.scope)

@@ -22,13 +22,17 @@ class DeviceLoader(Rule):
     ``.sampler``), or no device is visible where the loader is made, the loop's iterable is
     wrapped instead (``for x, y in pl.MpDeviceLoader(loader, device)``) and the loader keeps its
     name and attributes.
+
+    A step loop that no device loader feeds (nanoGPT's ``get_batch()`` loop) ends each
+    iteration with the target's ``xm.mark_step()``: the device loader is what otherwise marks
+    step boundaries, where step closures run and, on XLA, each step's graph is executed.
     """
 
     code = "ACC003"
     name = "device-loader"
-    summary = "DataLoaders feeding loops -> the target's device loader; per-batch .to(device) removed"
+    summary = "DataLoaders feeding loops -> the target's device loader; per-batch .to(device) removed; other step loops mark steps"
     concepts = ("device_loader",)
-    triggers = frozenset({"DataLoader", "cuda", "device", "to"})
+    triggers = frozenset({"DataLoader", "cuda", "device", "to", "step"})
     examples = (
         Example(
             before="""
@@ -132,7 +136,28 @@ class DeviceLoader(Rule):
 
     # Loops ----------------------------------------------------------------------------------
 
+    def visit_While(self, node: cst.While) -> None:
+        self._mark_steps(node)
+
     def visit_For(self, node: cst.For) -> None:
+        self._visit_for(node)
+        if not self._fed or self._fed[-1][0] is not node:
+            self._mark_steps(node)
+
+    def _mark_steps(self, node) -> None:
+        """A step loop that no device loader feeds ends each step itself: the device loader
+        is what marks step boundaries (where step closures run and, on XLA, the step's graph
+        is cut and executed), so without one the loop calls the target's mark_step."""
+        loop = next((loop for loop in self.ctx.facts.loops if loop.node is node), None)
+        if loop is None or not loop.calls_step or loop.encloses_step_loop:
+            return
+        body = node.body.body
+        if not body or any(_mentions_mark_step(statement) for statement in body):
+            return
+        self.ctx.insert_after(body[-1], self.ctx.statements("mark_step"))
+        self.ctx.fix(node, "the step loop marks each step's end (no device loader does it)")
+
+    def _visit_for(self, node: cst.For) -> None:
         iterated = names_in(node.iter)
         if any(name.endswith("MpDeviceLoader") for name in iterated) or iterated & self._rebound:
             self._fed.append((node, names_in(node.target), None))
@@ -218,6 +243,10 @@ class DeviceLoader(Rule):
             or name.split(".")[-1] in ("device", "gpu", "local_rank", "rank")
             or facts.is_cuda_device(where.value)
         )
+
+
+def _mentions_mark_step(statement) -> bool:
+    return "mark_step" in cst.Module([]).code_for_node(statement)
 
 
 class _StripMoves(cst.CSTTransformer):

@@ -44,8 +44,8 @@ class DdpUnwrap(Rule):
       of ``model.no_sync`` becomes ``contextlib.nullcontext``, with a diagnostic to check it.
 
     DDP's constructor also broadcast rank 0's parameters and buffers to every rank. Where the
-    target has that broadcast (torch_xla's ``xm.broadcast_master_param(model)``) it takes the
-    wrapper's place; elsewhere a diagnostic says that every rank must then build equal weights
+    target has that broadcast (``xm.broadcast_master_param(model)`` of torch_xla and of
+    accrewrite.runtime) it takes the wrapper's place; elsewhere a diagnostic says that every rank must then build equal weights
     (one seed for all ranks, seed 001 step 1), which a rank-dependent seed such as nanoGPT's
     ``1337 + seed_offset`` breaks.
 
@@ -76,8 +76,11 @@ class DdpUnwrap(Rule):
             after="""
             import torch
             from torch.nn.parallel import DistributedDataParallel as DDP
+            import accrewrite.runtime.xla_model as xm
 
             model = Net().to(device)
+            if ddp:
+                xm.broadcast_master_param(model)
             raw_model = model
             for micro_step in range(accum):
                 loss = model(x)
@@ -100,8 +103,10 @@ class DdpUnwrap(Rule):
             """,
             after="""
             import torch
+            import accrewrite.runtime.xla_model as xm
 
             ddp_model = model
+            xm.broadcast_master_param(model)
             for step, batch in enumerate(loader):
                 if (step + 1) % accum != 0:
                     # accumulate locally

@@ -255,6 +255,17 @@ def mark_step(wait=False, reset_scope=True):
         wait_device_ops()
 
 
+def broadcast_master_param(model):
+    """Copy the master process's parameters and buffers to every process, in place, as
+    torch_xla does (what DistributedDataParallel's constructor did); a no-op with one."""
+    group = _default_group()
+    if group is None:
+        return
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0, group=group)
+
+
 def wait_device_ops(devices=()):
     """Wait for queued async step closures and pending CUDA work."""
     del devices

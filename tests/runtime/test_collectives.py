@@ -118,6 +118,12 @@ def _worker(rank, save_path):
 
     out["rendezvous"] = xm.rendezvous("test", payload=f"rank{rank}")
     xm.save({"rank": torch.tensor(rank), "nested": [torch.ones(2) * rank]}, save_path)
+    # DDP's broadcast, as ACC005 writes it where the wrapper goes
+    torch.manual_seed(100 + rank)
+    replica = torch.nn.BatchNorm1d(3)
+    replica.running_mean.add_(rank)
+    xm.broadcast_master_param(replica)
+    out["broadcast"] = replica.state_dict()
     return out
 
 
@@ -254,3 +260,12 @@ def test_bucket_cap_from_environment(monkeypatch):
     monkeypatch.setenv(_collectives.BUCKET_MB_ENV, "lots")
     with pytest.raises(ValueError, match="megabytes"):
         _collectives.bucket_cap_bytes()
+
+
+def test_broadcast_master_param_copies_rank_0s_parameters_and_buffers(ranks):
+    results, _ = ranks
+    torch.manual_seed(100)
+    expected = torch.nn.BatchNorm1d(3).state_dict()
+    for rank_result in results:
+        for key, value in rank_result["broadcast"].items():
+            assert torch.equal(value, expected[key]), key

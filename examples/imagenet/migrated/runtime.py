@@ -125,6 +125,8 @@ def main_worker(gpu, ngpus_per_node, args):
 
     if not torch.cuda.is_available():
         print('using CPU, this will be slow')
+        if args.distributed:
+            xm.broadcast_master_param(model)
     elif args.distributed:
         # For multiprocessing distributed, DistributedDataParallel constructor
         # should always set the single device scope, otherwise,
@@ -136,10 +138,12 @@ def main_worker(gpu, ngpus_per_node, args):
             # ourselves based on the total number of GPUs of the current node.
             args.batch_size = int(args.batch_size / ngpus_per_node)
             args.workers = int((args.workers + ngpus_per_node - 1) / ngpus_per_node)
+            xm.broadcast_master_param(model)
         else:
             model.to(xm.xla_device())
             # DistributedDataParallel will divide and allocate batch_size to all
             # available GPUs if device_ids are not set
+            xm.broadcast_master_param(model)
     elif args.gpu is not None:
         model = model.to(xm.xla_device())
     else:
@@ -191,6 +195,7 @@ def main_worker(gpu, ngpus_per_node, args):
         scheduler.step()
         if args.global_step >= args.steps:
             break
+        xm.mark_step()
 
     if args.distributed:
         dist.destroy_process_group()

@@ -268,6 +268,8 @@ class Trainer:
             # termination conditions
             if config.max_iters is not None and self.iter_num >= config.max_iters:
                 break
+            if enable_torchacc_compiler():
+                xm.mark_step()
 
 
 # -----------------------------------------------------------------------------

@@ -242,8 +242,7 @@ else:
 torch.backends.cuda.matmul.allow_tf32 = True  # allow tf32 on matmul
 torch.backends.cudnn.allow_tf32 = True  # allow tf32 on cudnn
 if enable_torchacc_compiler():
-    device_type = xm.xla_device()  # for later use in torch.autocast
-    xm.set_replication(device_type, [device_type])
+    device_type = 'cuda' if 'cuda' in str(device) else 'cpu'  # for later use in torch.autocast
 else:
     device_type = 'cuda' if 'cuda' in device else 'cpu'  # for later use in torch.autocast
 # note: float16 data type will automatically use a GradScaler
@@ -402,6 +401,8 @@ while True:
     # termination conditions
     if iter_num >= max_iters:
         break
+    if enable_torchacc_compiler():
+        xm.mark_step()
 
 if ddp:
     destroy_process_group()

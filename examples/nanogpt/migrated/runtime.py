@@ -217,8 +217,7 @@ if master_process and out_dir:
 xm.set_rng_state(1337 + seed_offset)
 torch.backends.cuda.matmul.allow_tf32 = True  # allow tf32 on matmul
 torch.backends.cudnn.allow_tf32 = True  # allow tf32 on cudnn
-device_type = xm.xla_device()  # for later use in torch.autocast
-xm.set_replication(device_type, [device_type])
+device_type = 'cuda' if 'cuda' in str(device) else 'cpu'  # for later use in torch.autocast
 # note: float16 data type will automatically use a GradScaler
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 ctx = nullcontext() if device_type == 'cpu' else autocast(dtype=ptdtype)
@@ -266,6 +265,8 @@ if compile:
     model = torch.compile(model)  # requires PyTorch 2.0
 
 # wrap model into DDP container
+if ddp:
+    xm.broadcast_master_param(model)
 
 
 # helps estimate an arbitrarily accurate loss over either split using many batches
@@ -358,6 +359,7 @@ while True:
     # termination conditions
     if iter_num >= max_iters:
         break
+    xm.mark_step()
 
 if ddp:
     destroy_process_group()

@@ -215,7 +215,7 @@ torch.manual_seed(1337 + seed_offset)
 xm.set_rng_state(1337 + seed_offset)
 torch.backends.cuda.matmul.allow_tf32 = True  # allow tf32 on matmul
 torch.backends.cudnn.allow_tf32 = True  # allow tf32 on cudnn
-device_type = torch_xla.device()  # for later use in torch.autocast
+device_type = 'cuda' if 'cuda' in str(device) else 'cpu'  # for later use in torch.autocast
 # note: float16 data type will automatically use a GradScaler
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 ctx = nullcontext() if device_type == 'cpu' else torch.autocast('xla', dtype=torch.bfloat16)
@@ -357,6 +357,7 @@ while True:
     # termination conditions
     if iter_num >= max_iters:
         break
+    xm.mark_step()
 
 if ddp:
     destroy_process_group()

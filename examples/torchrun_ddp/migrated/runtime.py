@@ -72,6 +72,8 @@ class Trainer:
             print("Loading snapshot")
             self._load_snapshot(snapshot_path)
 
+        xm.broadcast_master_param(self.model)
+
     def _load_snapshot(self, snapshot_path):
         loc = xm.xla_device()
         xm.set_replication(loc, [loc])
