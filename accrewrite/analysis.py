@@ -79,6 +79,24 @@ def call_arg(call: cst.Call, position: int, keyword: str | None = None) -> cst.A
     return None
 
 
+def placed_model(line: cst.CSTNode, models: set[str]) -> str | None:
+    """The model's name when ``line`` moves one of ``models`` to a device: ``model.to(d)``,
+    ``model = model.to(d)``, ``model = Net().cuda()``."""
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None
+    statement = line.body[0]
+    if isinstance(statement, cst.Assign) and len(statement.targets) == 1:
+        name, call = dotted(statement.targets[0].target), statement.value
+    elif isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call):
+        call = statement.value
+        name = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+    else:
+        return None
+    if name not in models or not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        return None
+    return name if call.func.attr.value in ("to", "cuda") else None
+
+
 @dataclass(eq=False)
 class TrainingLoop:
     """A for/while loop that trains: it calls backward or an optimizer step, directly or

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, call_arg, dotted, string_value
+from accrewrite.analysis import WRAPPER_NAMES, call_arg, dotted, placed_model, string_value
 from accrewrite.rule import Example, Rule
 
 # Keywords that name where tensors go; a CUDA value there moves to the target device.
@@ -26,13 +26,18 @@ class DevicePlacement(Rule):
       DataParallel, which pin them to CUDA;
     - ``"cuda" in device`` (nanoGPT's device type) tests ``str(device)``: the target's device is
       an object, not a string.
+
+    Where the target's move creates new parameters (the XLA targets), an optimizer built before
+    the model moves is reported (ACC105): it would step the old ones.
     """
 
     code = "ACC002"
     name = "device-placement"
     summary = "CUDA device selection, .cuda(), set_device, device_ids= -> the target device"
     concepts = ("device",)
-    triggers = frozenset({"cuda", "to", "set_device", "device", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS})
+    triggers = frozenset(
+        {"cuda", "to", "set_device", "device", "optim", "optimizer", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS}
+    )
     examples = (
         Example(
             before="""
@@ -80,6 +85,32 @@ class DevicePlacement(Rule):
     )
 
     # Statements ------------------------------------------------------------------------------
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        """An optimizer built before its model moves holds the parameters of the CPU model
+        where the target's move makes new ones (XLA: a CPU tensor cannot become a device
+        tensor in place), so it would step tensors the model no longer uses."""
+        if not self.ctx.target.has("fresh_parameters_on_move") or len(node.body) != 1:
+            return
+        statement = node.body[0]
+        if isinstance(statement, cst.Assign) and any(statement.value is call for call in self.ctx.facts.optimizers.values()):
+            self._optimizer_scopes.add(self.ctx.scope)
+            return
+        model = placed_model(node, self.ctx.facts.models)
+        if model is not None and self.ctx.scope in self._optimizer_scopes:
+            self.ctx.diagnose(
+                node,
+                f"the optimizer is built before {model} moves to the device; on this target the move "
+                "creates new parameters, so that optimizer would step the old CPU ones: build the "
+                "optimizer after this line",
+                code="ACC105",
+            )
+
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        # Functions where an optimizer has been built so far in the walk.
+        self._optimizer_scopes: set = set()
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if len(original_node.body) != 1:

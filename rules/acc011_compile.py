@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import dotted
+from accrewrite.analysis import placed_model
 from accrewrite.rule import Example, Rule
 
 
@@ -54,7 +54,7 @@ class Compile(Rule):
         return self.ctx.target.has("compile") and bool(self.ctx.facts.models)
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        model = self._placed_model(node)
+        model = placed_model(node, self.ctx.facts.models)
         if model is None or model in self._compiled:
             return
         self._compiled.add(model)
@@ -63,21 +63,3 @@ class Compile(Rule):
             return  # compiled already
         self.ctx.insert_after(node, self.ctx.statements("compile", model=model))
         self.ctx.fix(node, f"{model} is compiled by the target's graph compiler after placement")
-
-    def _placed_model(self, line: cst.SimpleStatementLine) -> str | None:
-        """The model's name when ``line`` moves a model to a device."""
-        if len(line.body) != 1:
-            return None
-        statement = line.body[0]
-        if isinstance(statement, cst.Assign) and len(statement.targets) == 1:
-            name, call = dotted(statement.targets[0].target), statement.value
-        elif isinstance(statement, cst.Expr):
-            call = statement.value
-            name = dotted(call.func.value) if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) else None
-        else:
-            return None
-        if name not in self.ctx.facts.models or not isinstance(call, cst.Call):
-            return None
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda"):
-            return name
-        return None
