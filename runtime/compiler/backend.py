@@ -45,14 +45,14 @@ class CompileReport:
 
 
 class Backend:
-    """A dynamo backend compiling with the given options into ``report``."""
+    """A dynamo backend compiling with the given options; ``report`` collects what it did."""
 
-    def __init__(self, *, mode=None, kernels="auto", memory_budget=None, report=None):
+    def __init__(self, *, mode=None, kernels="auto", memory_budget=None):
         check_policy(kernels)
         self.mode = None if mode in (None, "default") else mode
         self.kernels = kernels
         self.memory_budget = check_budget(memory_budget)
-        self.report = CompileReport() if report is None else report
+        self.report = CompileReport()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         self.report.graphs.append(_graph_origin(gm))
