@@ -21,6 +21,9 @@ SCALER_NAMES = {
     "torch.amp.GradScaler",
     "torch.amp.grad_scaler.GradScaler",
     "torch.GradScaler",
+    # The targets' scalers: a migrated file still trains with loss scaling.
+    "accrewrite.runtime.amp.GradScaler",
+    "torchacc.torch_xla.amp.GradScaler",
 }
 LOADER_NAMES = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 WRAPPER_NAMES = {

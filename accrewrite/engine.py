@@ -164,6 +164,8 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
     except MigrationError as exc:
         result.error = exc.error
-    except RuleBug as bug:
-        result.error = FileError(f"internal error: {bug}; the file was left unchanged; please report it")
+    except Exception as bug:  # noqa: BLE001 - a rule's bug must not stop the other files
+        result.error = FileError(
+            f"internal error ({type(bug).__name__}: {bug}); the file was left unchanged; please report it with the file"
+        )
     return result

@@ -152,9 +152,11 @@ class DeviceLoader(Rule):
         if loop is None or not loop.calls_step or loop.encloses_step_loop:
             return
         body = node.body.body
-        if not body or any(_mentions_mark_step(statement) for statement in body):
-            return
-        self.ctx.insert_after(body[-1], self.ctx.statements("mark_step"))
+        marks = self.ctx.statements("mark_step")
+        spelled = {self.ctx.code(mark).strip() for mark in marks}
+        if not body or any(mark in self.ctx.code(statement) for statement in body for mark in spelled):
+            return  # marked already (guarded or not)
+        self.ctx.insert_after(body[-1], marks)
         self.ctx.fix(node, "the step loop marks each step's end (no device loader does it)")
 
     def _visit_for(self, node: cst.For) -> None:
@@ -243,10 +245,6 @@ class DeviceLoader(Rule):
             or name.split(".")[-1] in ("device", "gpu", "local_rank", "rank")
             or facts.is_cuda_device(where.value)
         )
-
-
-def _mentions_mark_step(statement) -> bool:
-    return "mark_step" in cst.Module([]).code_for_node(statement)
 
 
 class _StripMoves(cst.CSTTransformer):

@@ -315,6 +315,7 @@ class _Extract(cst.CSTTransformer):
         self._replace: dict[cst.CSTNode, str] = {}
         self._kept: set[cst.CSTNode] = {call.func}  # the logging function itself stays as it is
         self._method: set[cst.CSTNode] = set()
+        self._parts: set[cst.CSTNode] = set()
         self._taken = free_names(call) | bound
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -334,7 +335,10 @@ class _Extract(cst.CSTTransformer):
                     self._kept.add(func)
                 else:
                     self._method.add(func)  # the receiver is a value; the method call stays
-        if node in self._method:
+        if isinstance(node, cst.ConcatenatedString):
+            # Its parts must stay strings ("a" f"{x}"): the values inside them are replaced.
+            self._parts.update((node.left, node.right))
+        if node in self._method or node in self._parts:
             return True
         if isinstance(node, cst.BaseExpression) and self._is_value(node):
             self._replace[node] = self._param(node)

@@ -131,3 +131,24 @@ def test_one_megabyte_file(tmp_path):
     assert outcome.error is None and len(outcome.fixes) == 16000
     data = path.read_text()
     assert data.count(".to(xm.xla_device())") == 16000 and "# a comment" in data
+
+
+def test_a_rule_that_crashes_fails_its_file_only(tmp_path, monkeypatch):
+    from accrewrite.registry import all_rules
+
+    rule = all_rules()["ACC001"]
+
+    def crash(self, original_node, updated_node):
+        if b"crash" in self.ctx.source_text.encode():
+            raise RuntimeError("boom")
+        return updated_node
+
+    monkeypatch.setattr(rule, "leave_SimpleStatementLine", crash)
+    bad = tmp_path / "crash.py"
+    bad.write_bytes(b"import torch\n# crash\ntorch.manual_seed(0)\n")
+    good = tmp_path / "good.py"
+    good.write_bytes(b"import torch\nmodel = model.cuda()\n")
+    outcomes = [process(Job(path), Options(), "in-place") for path in (bad, good)]
+    assert "internal error (RuntimeError: boom)" in outcomes[0].error.reason
+    assert bad.read_bytes() == b"import torch\n# crash\ntorch.manual_seed(0)\n"
+    assert outcomes[1].error is None and outcomes[1].written

@@ -29,17 +29,7 @@ CASES = [(name, form) for name in NAMES for form in regenerate.FORMS]
 
 # (example, form) -> the rule bug that makes a second migration change the output; each is
 # xfail(strict=True), so the test fails (XPASS) as soon as the bug is fixed: then drop the entry.
-NOT_IDEMPOTENT = {
-    ("nanogpt", "runtime.py"): (
-        "ACC021: after ACC007 the scaler is `GradScaler` from the target's amp module, which "
-        "analysis.SCALER_NAMES does not list, so a second run sees no GradScaler and swaps AdamW "
-        "for FusedAdamW"
-    ),
-    ("nanogpt", "torchacc.py"): (
-        "ACC021: after ACC007 the scaler is the target's `GradScaler`, unknown to "
-        "analysis.SCALER_NAMES, so a second run adds the fused-Adam hook"
-    ),
-}
+NOT_IDEMPOTENT: dict[tuple[str, str], str] = {}
 
 
 def _second_run_cases():

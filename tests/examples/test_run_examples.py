@@ -75,8 +75,8 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
         "the script builds the optimizer before `model.to(device)`; on torch_xla Module.to() "
         "replaces every Parameter (a CPU tensor cannot become an XLA tensor in place), so AdamW "
         "keeps stepping the stale CPU parameters and the model never trains (its losses are the "
-        "untrained model's). Missing: a rule that places the model before the optimizer is built, "
-        "or at least a diagnostic (ACC002/ACC105)"
+        "untrained model's). ACC002 reports it (ACC105: build the optimizer after the move); "
+        "missing: a rule that moves the model before the optimizer is built"
     ),
     ("nanogpt", "torch_xla"): (
         "nanoGPT ties lm_head.weight to transformer.wte.weight before `model.to(device)`; on "

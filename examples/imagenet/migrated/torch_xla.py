@@ -198,7 +198,7 @@ def main_worker(gpu, ngpus_per_node, args):
         scheduler.step()
         if args.global_step >= args.steps:
             break
-        xm.mark_step()
+        torch_xla.sync()
 
     if args.distributed:
         dist.destroy_process_group()

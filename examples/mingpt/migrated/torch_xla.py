@@ -247,7 +247,7 @@ class Trainer:
             # termination conditions
             if config.max_iters is not None and self.iter_num >= config.max_iters:
                 break
-            xm.mark_step()
+            torch_xla.sync()
 
 
 # -----------------------------------------------------------------------------

@@ -357,7 +357,7 @@ while True:
     # termination conditions
     if iter_num >= max_iters:
         break
-    xm.mark_step()
+    torch_xla.sync()
 
 if ddp:
     destroy_process_group()
