@@ -271,9 +271,10 @@ class _Walker:
 
 
 class _Analyzer(_Walker):
-    def __init__(self, triggers: frozenset[str] | None) -> None:
+    def __init__(self, triggers: frozenset[str] | None, trigger_nodes: tuple[type, ...]) -> None:
         self.facts = Facts(hot=None if triggers is None else set())
         self._triggers = triggers
+        self._trigger_nodes = trigger_nodes
         self._statements: list[cst.CSTNode] = []
         self._order = 0
         self._functions: list[cst.FunctionDef] = []
@@ -295,6 +296,8 @@ class _Analyzer(_Walker):
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._statements.append(node)
             self._order += 1
+        if self._trigger_nodes and isinstance(node, self._trigger_nodes):
+            self._mark_hot()
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         if self._statements and self._statements[-1] is original_node:
@@ -487,10 +490,10 @@ class _Analyzer(_Walker):
                 known.add(loop.node)
 
 
-def analyze(module: cst.Module, triggers: frozenset[str] | None = None) -> Facts:
+def analyze(module: cst.Module, triggers: frozenset[str] | None = None, trigger_nodes: tuple[type, ...] = ()) -> Facts:
     """Run the analysis pass over ``module``. With ``triggers`` (words: names, attribute names,
-    text in string literals), ``facts.hot`` holds the statements that mention one of them,
-    and those enclosing such a statement."""
-    analyzer = _Analyzer(triggers)
+    text in string literals), ``facts.hot`` holds the statements that mention one of them or
+    contain a node of ``trigger_nodes``, and those enclosing such a statement."""
+    analyzer = _Analyzer(triggers, trigger_nodes)
     analyzer.walk(module)
     return analyzer.facts

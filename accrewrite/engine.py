@@ -123,13 +123,17 @@ def _verify(original: bytes, output: bytes, path: str) -> None:
         ) from None
 
 
-def _triggers(selection: Selection) -> frozenset[str] | None:
+def _triggers(selection: Selection) -> tuple[frozenset[str] | None, tuple[type, ...]]:
+    """The words and node types that make a statement worth walking for the selected rules
+    (None words: every statement is)."""
     words: set[str] = set()
+    nodes: set[type] = set()
     for rule in selection.rules:
         if rule.triggers is None:
-            return None
+            return None, ()
         words |= rule.triggers
-    return frozenset(words)
+        nodes.update(rule.trigger_nodes)
+    return frozenset(words), tuple(nodes)
 
 
 def migrate_source(source: bytes, path: str = "<string>", options: Options = Options()) -> FileResult:
@@ -141,7 +145,7 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
             return result
         module = _parse(source, path)
         selection = options.selection()
-        facts = analyze(module, _triggers(selection))
+        facts = analyze(module, *_triggers(selection))
         target = get_target(options.target)
         ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
         rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]

@@ -59,6 +59,9 @@ class Rule:
     # may change or report mentions at least one: statements without any are not walked.
     # None walks everything.
     triggers: ClassVar[frozenset[str] | None] = None
+    # Node types that make a statement worth walking whatever its words (an ``if`` for a rule
+    # about control flow).
+    trigger_nodes: ClassVar[tuple[type[cst.CSTNode], ...]] = ()
 
     def __init__(self, ctx: "RuleContext") -> None:
         self.ctx = ctx

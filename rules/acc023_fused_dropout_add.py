@@ -24,7 +24,15 @@ class FusedDropoutAdd(Rule):
     summary = "residual + dropout(x) -> dropout_add_fused_train (unsafe: another RNG stream)"
     safe = False
     concepts = ("dropout_add",)
-    triggers = frozenset({"self"})
+    # The names dropout submodules usually have (nanoGPT, Hugging Face, timm, Megatron): a
+    # dropout attribute with another name is not looked for, so its addition stays unfused.
+    triggers = frozenset(
+        {
+            "drop", "dropout", "drop1", "drop2", "dropout1", "dropout2", "dropout3", "attn_drop",
+            "attn_dropout", "proj_drop", "resid_drop", "resid_dropout", "hidden_dropout",
+            "attention_dropout", "output_dropout", "drop_path", "ffn_dropout", "mlp_drop",
+        }
+    )
     examples = (
         Example(
             before="""

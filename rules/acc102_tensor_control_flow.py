@@ -24,11 +24,8 @@ class TensorControlFlow(LoopDiagnostic, Rule):
     summary = "Python control flow (if/while/ternary/assert) on a tensor value inside the loop"
     # Words that tests on tensors almost always mention (walking every statement of every file
     # would cost all rules their skip of untouched statements).
-    triggers = frozenset(
-        {"item", "torch", "any", "all", "isnan", "isinf", "isfinite", "loss", "losses", "sum", "mean", "max",
-         "min", "eq", "ne", "equal", "allclose", "float", "bool", "int", "tolist", "numpy", "grad", "norm",
-         "logits", "outputs", "output", "pred", "preds", "acc", "accuracy", "mask"}
-    )
+    triggers = frozenset()
+    trigger_nodes = (cst.If, cst.While, cst.IfExp, cst.Assert)
     examples = (
         Example(
             before="""
