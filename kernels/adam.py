@@ -305,3 +305,39 @@ def _same_dense_layout(*tensors: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+def new_state(param: torch.Tensor) -> dict:
+    """A parameter's Adam state before its first step, under torch.optim's keys."""
+    return {
+        "step": torch.zeros((), dtype=torch.float32, device=param.device),
+        "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+        "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+    }
+
+
+def step_param_group(state, group, params, *, decoupled_weight_decay, grad_scale=None, found_inf=None) -> None:
+    """One ``adam_step`` over ``params`` of the torch.optim-style param ``group``, with the
+    per-parameter state kept under torch.optim's keys (``step``, ``exp_avg``, ``exp_avg_sq``)
+    in ``state`` and created on first use; shared by FusedAdam(W) and syncfree Adam(W)."""
+    for param in params:
+        if not state[param]:
+            state[param].update(new_state(param))
+    states = [state[param] for param in params]
+    beta1, beta2 = (float(beta) for beta in group["betas"])
+    adam_step(
+        params,
+        [param.grad for param in params],
+        [s["exp_avg"] for s in states],
+        [s["exp_avg_sq"] for s in states],
+        [s["step"] for s in states],
+        lr=group["lr"],
+        beta1=beta1,
+        beta2=beta2,
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+        decoupled_weight_decay=decoupled_weight_decay,
+        maximize=group["maximize"],
+        grad_scale=grad_scale,
+        found_inf=found_inf,
+    )

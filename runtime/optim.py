@@ -23,7 +23,7 @@ work unchanged. Differences, by design:
 
 import torch
 
-from accrewrite.kernels.adam import adam_step
+from accrewrite.kernels.adam import step_param_group
 
 __all__ = ["FusedAdam", "FusedAdamW"]
 
@@ -60,30 +60,9 @@ class _FusedAdamStep:
         found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                if not self.state[p]:
-                    self.state[p].update(
-                        step=torch.zeros((), dtype=torch.float32, device=p.device),
-                        exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                        exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format),
-                    )
-            states = [self.state[p] for p in params]
-            beta1, beta2 = (float(b) for b in group["betas"])
-            adam_step(
-                params,
-                [p.grad for p in params],
-                [s["exp_avg"] for s in states],
-                [s["exp_avg_sq"] for s in states],
-                [s["step"] for s in states],
-                lr=group["lr"],
-                beta1=beta1,
-                beta2=beta2,
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                decoupled_weight_decay=group["decoupled_weight_decay"],
-                maximize=group["maximize"],
-                grad_scale=grad_scale,
-                found_inf=found_inf,
+            step_param_group(
+                self.state, group, params, decoupled_weight_decay=group["decoupled_weight_decay"],
+                grad_scale=grad_scale, found_inf=found_inf,
             )
         return loss
 

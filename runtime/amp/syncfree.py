@@ -16,7 +16,7 @@ keys match ``torch.optim`` (``step``, ``exp_avg``, ``exp_avg_sq``, ``momentum_bu
 
 import torch
 
-from accrewrite.kernels.adam import adam_step
+from accrewrite.kernels.adam import new_state, step_param_group
 
 
 class _SyncFree(torch.optim.Optimizer):
@@ -90,29 +90,12 @@ class Adam(_SyncFree):
         super().__init__(params, defaults)
 
     def _init_state(self, param, group):
-        state = self.state[param]
-        state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
-        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        self.state[param].update(new_state(param))
 
     def _update(self, group, params, grad_scale, found_inf):
-        states = [self.state[p] for p in params]
-        beta1, beta2 = group["betas"]
-        adam_step(
-            params,
-            [p.grad for p in params],
-            [s["exp_avg"] for s in states],
-            [s["exp_avg_sq"] for s in states],
-            [s["step"] for s in states],
-            lr=group["lr"],
-            beta1=beta1,
-            beta2=beta2,
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            decoupled_weight_decay=self._decoupled_weight_decay,
-            maximize=group["maximize"],
-            grad_scale=grad_scale,
-            found_inf=found_inf,
+        step_param_group(
+            self.state, group, params, decoupled_weight_decay=self._decoupled_weight_decay,
+            grad_scale=grad_scale, found_inf=found_inf,
         )
 
 
