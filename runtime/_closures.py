@@ -32,10 +32,21 @@ class _AsyncRunner:
             target=self._loop, name="accrewrite-async-step-closures", daemon=True
         )
         self._thread.start()
+        # A daemon thread that ran torch ops and is still alive while the interpreter tears
+        # down can abort the process ("terminate called without an active exception").
+        atexit.register(self.close)
+
+    def close(self):
+        """Run what is queued, then end the thread."""
+        self._queue.put(None)
+        self._thread.join()
 
     def _loop(self):
         while True:
             closure = self._queue.get()
+            if closure is None:
+                self._queue.task_done()
+                return
             try:
                 with self._error_lock:
                     failed = self._error is not None

@@ -12,6 +12,7 @@ eager, so ``mark_step`` does not compile anything: it is the step boundary at wh
 closures run (see ``_closures``).
 """
 
+import atexit
 import os
 import sys
 
@@ -140,7 +141,16 @@ def _default_group():
         return None
     xla_device()  # bind this rank's CUDA device before NCCL sees it
     dist.init_process_group(backend=dist_backend())
+    # A group left to the interpreter's teardown can abort the process ("terminate called
+    # without an active exception"): the runtime closes the one it opened.
+    atexit.register(_close_own_group)
     return dist.group.WORLD
+
+
+def _close_own_group():
+    STEP_CLOSURES.wait()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _group_for(groups):

@@ -1,6 +1,7 @@
 """accrun: torchrun plus the runtime's settings, run for real on 2 processes."""
 
 import importlib.metadata
+import re
 import subprocess
 import sys
 import textwrap
@@ -61,7 +62,8 @@ def test_bad_options_exit_with_usage_errors(argv, message, capsys):
 def test_two_processes_under_accrun(tmp_path):
     result = _accrun(["--allreduce-dtype", "fp16", "--nproc_per_node", "2", ["--lr", "0.1"]], tmp_path)
     assert result.returncode == 0, result.stderr
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank="))
+    # The two ranks share stdout: a line of one may land inside a line of the other.
+    lines = sorted(re.findall(r"rank=\d+ .*?args=\[[^\]]*\]", result.stdout))
     assert len(lines) == 2
     for rank, line in enumerate(lines):
         assert line.startswith(f"rank={rank} world=2 local={rank} sum=3.0 dtype=fp16 ")
