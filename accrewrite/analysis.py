@@ -142,6 +142,7 @@ class Facts:
     scalers: set[str] = field(default_factory=set)
     loaders: set[str] = field(default_factory=set)
     loader_bindings: list[Binding] = field(default_factory=list)
+    optimizer_bindings: list[Binding] = field(default_factory=list)
     # Every ``name = call(...)`` of the file: target -> the callee's qualified name.
     assigned_calls: dict[str, str] = field(default_factory=dict)
     # Qualified names of everything the file calls.
@@ -156,6 +157,8 @@ class Facts:
     torch_seeds: set[str] = field(default_factory=set)
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
+    # Each statement's position in the file (statements numbered in source order).
+    order: dict[cst.CSTNode, int] = field(default_factory=dict)
     # The class each method is defined in.
     method_class: dict[cst.FunctionDef, cst.ClassDef] = field(default_factory=dict)
     # Statements that mention a trigger word of the selected rules (None: every statement).
@@ -296,6 +299,7 @@ class _Analyzer(_Walker):
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._statements.append(node)
             self._order += 1
+            self.facts.order[node] = self._order
         if self._trigger_nodes and isinstance(node, self._trigger_nodes):
             self._mark_hot()
 
@@ -428,6 +432,7 @@ class _Analyzer(_Walker):
             self.facts.models.add(target)
         elif callee.startswith(OPTIMIZER_MODULES) and ".lr_scheduler." not in callee:
             self.facts.optimizers[target] = value
+            self.facts.optimizer_bindings.append(binding)
             self._note_parameters(value)
 
     def _note_parameters(self, optimizer_call: cst.Call) -> None:

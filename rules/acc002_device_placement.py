@@ -36,7 +36,7 @@ class DevicePlacement(Rule):
     summary = "CUDA device selection, .cuda(), set_device, device_ids= -> the target device"
     concepts = ("device",)
     triggers = frozenset(
-        {"cuda", "to", "set_device", "device", "optim", "optimizer", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS}
+        {"cuda", "to", "set_device", "device", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS}
     )
     examples = (
         Example(
@@ -90,14 +90,14 @@ class DevicePlacement(Rule):
         """An optimizer built before its model moves holds the parameters of the CPU model
         where the target's move makes new ones (XLA: a CPU tensor cannot become a device
         tensor in place), so it would step tensors the model no longer uses."""
-        if not self.ctx.target.has("fresh_parameters_on_move") or len(node.body) != 1:
-            return
-        statement = node.body[0]
-        if isinstance(statement, cst.Assign) and any(statement.value is call for call in self.ctx.facts.optimizers.values()):
-            self._optimizer_scopes.add(self.ctx.scope)
+        if not self.ctx.target.has("fresh_parameters_on_move"):
             return
         model = placed_model(node, self.ctx.facts.models)
-        if model is not None and self.ctx.scope in self._optimizer_scopes:
+        if model is None:
+            return
+        facts = self.ctx.facts
+        here = facts.order.get(node, 0)
+        if any(b.scope is self.ctx.scope and b.order < here for b in facts.optimizer_bindings):
             self.ctx.diagnose(
                 node,
                 f"the optimizer is built before {model} moves to the device; on this target the move "
@@ -105,12 +105,6 @@ class DevicePlacement(Rule):
                 "optimizer after this line",
                 code="ACC105",
             )
-
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        # Functions where an optimizer has been built so far in the walk.
-        self._optimizer_scopes: set = set()
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if len(original_node.body) != 1:

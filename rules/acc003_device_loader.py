@@ -32,7 +32,8 @@ class DeviceLoader(Rule):
     name = "device-loader"
     summary = "DataLoaders feeding loops -> the target's device loader; per-batch .to(device) removed; other step loops mark steps"
     concepts = ("device_loader",)
-    triggers = frozenset({"DataLoader", "cuda", "device", "to", "step"})
+    # Training loops are always walked (the analysis marks them), so step loops need no word.
+    triggers = frozenset({"DataLoader", "cuda", "device", "to"})
     examples = (
         Example(
             before="""
