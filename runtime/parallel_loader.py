@@ -17,8 +17,10 @@ One process drives one device (torchrun style): ``ParallelLoader`` takes a singl
 ``input_sharding`` are accepted for torch_xla compatibility and have no effect.
 """
 
+import atexit
 import queue
 import threading
+import weakref
 
 import torch
 
@@ -38,6 +40,18 @@ class _Failure:
 
     def __init__(self, error):
         self.error = error
+
+
+# Loaders whose thread may still run at exit: a thread busy in torch while the interpreter tears
+# down can abort the process ("terminate called without an active exception"), so they are
+# stopped first.
+_OPEN: "weakref.WeakSet[ParallelLoader]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders():
+    for loader in list(_OPEN):
+        loader.close()
 
 
 def _produce(loader, move, out, stop):
@@ -96,6 +110,7 @@ class ParallelLoader:
             daemon=True,
         )
         self._thread.start()
+        _OPEN.add(self)
 
     def per_device_loader(self, device):
         if torch.device(device) != self._device:
