@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import TRAIN
+from engine_scripts import TRAIN
 
 
 def write(tmp_path, name="train.py", data=TRAIN):

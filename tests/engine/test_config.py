@@ -1,6 +1,6 @@
 import json
 
-from conftest import TRAIN
+from engine_scripts import TRAIN
 
 
 def project(tmp_path, table):

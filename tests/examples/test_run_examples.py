@@ -184,6 +184,7 @@ def test_guarded_form_unset_follows_the_original_path(name, tmp_root, tmp_path):
     assert tuple(losses) == reference(name, 1, tmp_root)
 
 
+@pytest.mark.launches_ranks
 @pytest.mark.slow  # torchrun + the runtime's process group
 @pytest.mark.parametrize("name", [_case(name, "runtime-1") for name in NAMES])
 def test_runtime_form_under_accrun_one_process_matches(name, tmp_root, tmp_path):
@@ -193,6 +194,7 @@ def test_runtime_form_under_accrun_one_process_matches(name, tmp_root, tmp_path)
     assert_close(losses, reference(name, 1, tmp_root), RUNTIME_TOL, f"{name} runtime, accrun 1 process")
 
 
+@pytest.mark.launches_ranks
 @pytest.mark.slow  # two ranks of each, on gloo
 @pytest.mark.parametrize("name", [_case(name, "runtime-2") for name in DISTRIBUTED])
 def test_runtime_form_under_accrun_two_processes_matches_ddp(name, tmp_root, tmp_path):
@@ -237,6 +239,7 @@ def test_torch_xla_form_runs_on_the_xla_cpu_device(name, tmp_root, tmp_path):
     assert_close(losses, reference(name, 1, tmp_root), XLA_TOL, f"{name} torch_xla on PJRT_DEVICE=CPU")
 
 
+@pytest.mark.launches_ranks
 @pytest.mark.slow  # mp.spawn workers with their own process group
 def test_imagenet_mp_spawn_workers_runtime_form_matches(tmp_path):
     """imagenet's other launch: ``--multiprocessing-distributed`` starts the workers with mp.spawn

@@ -58,6 +58,7 @@ def test_bad_options_exit_with_usage_errors(argv, message, capsys):
     assert info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.launches_ranks
 @pytest.mark.slow  # starts torchrun and two processes
 def test_two_processes_under_accrun(tmp_path):
     result = _accrun(["--allreduce-dtype", "fp16", "--nproc_per_node", "2", ["--lr", "0.1"]], tmp_path)

@@ -86,6 +86,7 @@ def _train(tmp_path, name, launcher_args, amp):
     return torch.load(out)
 
 
+@pytest.mark.launches_ranks
 @pytest.mark.slow  # a single process, then accrun with two
 @pytest.mark.parametrize("amp", [False, True], ids=["sgd-optimizer_step", "amp-syncfree-adamw"])
 def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path, amp):
