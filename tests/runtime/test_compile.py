@@ -12,13 +12,7 @@ from accrewrite.runtime import compile
 from accrewrite.runtime.compiler import compile_report
 
 
-@pytest.fixture(autouse=True)
-def fresh_compiles():
-    """Every compile traces anew: no on-disk cache hit, no dynamo cache left by another test."""
-    torch._dynamo.reset()
-    with torch._inductor.config.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compiles")
 
 
 class Block(nn.Module):

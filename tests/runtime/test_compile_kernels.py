@@ -19,13 +19,7 @@ from accrewrite.runtime.compiler.backend import Backend, accrewrite
 from accrewrite.runtime.compiler.kernel_selection import choose
 
 
-@pytest.fixture(autouse=True)
-def fresh_compiles():
-    """Every compile traces anew: matches are only seen when the pass runs, not on a cache hit."""
-    torch._dynamo.reset()
-    with torch._inductor.config.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compiles")
 
 
 class Tiny(nn.Module):

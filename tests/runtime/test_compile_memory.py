@@ -8,12 +8,7 @@ from torch import nn
 from accrewrite.runtime import compile
 
 
-@pytest.fixture(autouse=True)
-def fresh_compiles():
-    torch._dynamo.reset()
-    with torch._inductor.config.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compiles")
 
 
 def mlp():
