@@ -163,6 +163,9 @@ class Facts:
     method_class: dict[cst.FunctionDef, cst.ClassDef] = field(default_factory=dict)
     # Statements that mention a trigger word of the selected rules (None: every statement).
     hot: set[cst.CSTNode] | None = None
+    # Nodes whose subtree holds no node of the types the rule walk acts on (``analyze``'s
+    # ``walked``): the walk need not enter them.
+    inert: set[cst.CSTNode] = field(default_factory=set)
 
     def qualname(self, node: cst.CSTNode) -> str | None:
         """The fully qualified name ``node`` refers to, through the imports; None when its root
@@ -274,10 +277,15 @@ class _Walker:
 
 
 class _Analyzer(_Walker):
-    def __init__(self, triggers: frozenset[str] | None, trigger_nodes: tuple[type, ...]) -> None:
+    def __init__(
+        self, triggers: frozenset[str] | None, trigger_nodes: tuple[type, ...], walked: frozenset[str] | None
+    ) -> None:
         self.facts = Facts(hot=None if triggers is None else set())
         self._triggers = triggers
         self._trigger_nodes = trigger_nodes
+        self._walked = walked
+        # Per open node: whether its subtree so far holds a node of a walked type.
+        self._live: list[bool] = []
         self._statements: list[cst.CSTNode] = []
         self._order = 0
         self._functions: list[cst.FunctionDef] = []
@@ -302,8 +310,16 @@ class _Analyzer(_Walker):
             self.facts.order[node] = self._order
         if self._trigger_nodes and isinstance(node, self._trigger_nodes):
             self._mark_hot()
+        if self._walked is not None:
+            self._live.append(False)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
+        if self._walked is not None:
+            live = self._live.pop() or type(original_node).__name__ in self._walked
+            if not live:
+                self.facts.inert.add(original_node)
+            elif self._live:
+                self._live[-1] = True
         if self._statements and self._statements[-1] is original_node:
             self._statements.pop()
             hot = self.facts.hot
@@ -495,10 +511,17 @@ class _Analyzer(_Walker):
                 known.add(loop.node)
 
 
-def analyze(module: cst.Module, triggers: frozenset[str] | None = None, trigger_nodes: tuple[type, ...] = ()) -> Facts:
+def analyze(
+    module: cst.Module,
+    triggers: frozenset[str] | None = None,
+    trigger_nodes: tuple[type, ...] = (),
+    walked: frozenset[str] | None = None,
+) -> Facts:
     """Run the analysis pass over ``module``. With ``triggers`` (words: names, attribute names,
     text in string literals), ``facts.hot`` holds the statements that mention one of them or
-    contain a node of ``trigger_nodes``, and those enclosing such a statement."""
-    analyzer = _Analyzer(triggers, trigger_nodes)
+    contain a node of ``trigger_nodes``, and those enclosing such a statement. With ``walked``
+    (names of node types), ``facts.inert`` holds the nodes whose subtree has none of those types
+    (whitespace and punctuation fields aside, which the analysis does not walk)."""
+    analyzer = _Analyzer(triggers, trigger_nodes, walked)
     analyzer.walk(module)
     return analyzer.facts

@@ -20,7 +20,7 @@ from accrewrite.imports import add_imports
 from accrewrite.registry import Selection, select
 from accrewrite.rule import Finding, RuleContext
 from accrewrite.targets import DEFAULT_TARGET, get_target
-from accrewrite.transform import BatchedTransformer, RuleBug
+from accrewrite.transform import BatchedTransformer, RuleBug, walked_types
 
 SKIP_FILE = re.compile(rb"#\s*accrewrite:\s*skip-file")
 # A file that never names torch or CUDA cannot concern a training script migration.
@@ -145,7 +145,7 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
             return result
         module = _parse(source, path)
         selection = options.selection()
-        facts = analyze(module, *_triggers(selection))
+        facts = analyze(module, *_triggers(selection), walked_types(selection.rules))
         target = get_target(options.target)
         ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
         rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]

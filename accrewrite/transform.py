@@ -23,6 +23,33 @@ from accrewrite.rule import Rule, RuleContext
 from accrewrite.targets import ConceptMissing
 
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
+_STATEMENT_TYPES = frozenset(
+    name for name, value in vars(cst).items() if isinstance(value, type) and issubclass(value, _STATEMENTS)
+)
+
+# Whitespace, comments and punctuation: leaves for every rule (no rule visits them), so the
+# walk does not enter them (entering one would rebuild it and its whitespace).
+_TOKEN_BASES = (
+    cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Newline, cst.Comment,
+    cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp,
+    cst.Comma, cst.Dot, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.ImportStar,
+    cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
+    cst.RightCurlyBrace,
+)
+_TOKEN_TYPES = frozenset(
+    value for value in vars(cst).values() if isinstance(value, type) and issubclass(value, _TOKEN_BASES)
+)
+
+
+def walked_types(rules: list[type[Rule]]) -> frozenset[str]:
+    """Names of the node types the walk acts on for ``rules``: statements (whose context,
+    insertions and guards it keeps) and every type a rule visits or leaves. A subtree without
+    any of them (``Facts.inert``) is not entered: nothing there can change or be reported, and
+    not entering it saves libcst rebuilding it."""
+    names = set(_STATEMENT_TYPES)
+    for rule in rules:
+        names.update(attribute.split("_", 1)[1] for attribute in dir(rule) if attribute.startswith(("visit_", "leave_")))
+    return frozenset(names)
 
 
 class RuleBug(RuntimeError):
@@ -51,11 +78,16 @@ class BatchedTransformer(cst.CSTTransformer):
                     self._visitors[attribute[6:]].append((rule, getattr(rule, attribute)))
                 elif attribute.startswith("leave_"):
                     self._leavers[attribute[6:]].append((rule, getattr(rule, attribute)))
+        self._tokens = frozenset(
+            kind for kind in _TOKEN_TYPES if kind.__name__ not in self._visitors and kind.__name__ not in self._leavers
+        )
 
     # Walking ---------------------------------------------------------------------------------
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         ctx = self.ctx
+        if type(node) in self._tokens or node in ctx.facts.inert:
+            return False
         if self.guard is not None and self._original_branch(node):
             self._skipped.add(node)  # an earlier guarded migration's original path stays as it is
             return False
@@ -85,6 +117,8 @@ class BatchedTransformer(cst.CSTTransformer):
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         ctx = self.ctx
+        if type(original_node) in self._tokens or original_node in ctx.facts.inert:
+            return updated_node
         if original_node in self._skipped:
             self._skipped.discard(original_node)
             return self._with_insertions(original_node, updated_node, own_fixes=0)

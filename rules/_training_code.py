@@ -354,17 +354,25 @@ class Tensors:
 
 
 def _own_statements(body: cst.CSTNode) -> list[cst.CSTNode]:
-    """Assignments, loops and backward calls of a function body (not of nested functions or
-    classes), in source order."""
+    """Assignments, loops and backward calls (``loss.backward()`` as a statement) of a function
+    body (not of nested functions or classes), in source order. Expressions are not entered:
+    what is learned sits at statement level, and entering every expression was most of the cost
+    of the diagnostics."""
     found: list[cst.CSTNode] = []
 
     def enter(node):
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.BaseExpression)):
             return False
-        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             found.append(node)
-        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+            return False
+        if isinstance(node, cst.For):
             found.append(node)
+        elif isinstance(node, cst.Expr):
+            call = node.value
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+                found.append(call)
+            return False
         return True
 
     for statement in body.body:
@@ -434,7 +442,8 @@ def loop_helpers(ctx) -> dict[cst.FunctionDef, frozenset[str]]:
         walk(node, enter)
     helpers = {helper: frozenset(names) for helper, names in found.items()}
     cache["helpers"] = helpers
-    cache["by_scope"] = {}  # computed without the helpers' parameters
+    for helper in helpers:
+        cache["by_scope"].pop(helper, None)  # computed without the helper's parameters
     return helpers
 
 
