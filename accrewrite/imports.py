@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from accrewrite import snippets
 from accrewrite.analysis import Facts, dotted
 
 
@@ -46,7 +47,7 @@ def missing(module: cst.Module, facts: Facts, lines: list[str]) -> list[cst.Simp
     """The import lines (one name each) whose name the file does not already bind to that
     module, parsed."""
     config = module.config_for_parsing
-    statements = [cst.parse_statement(line, config=config) for line in lines]
+    statements = [snippets.statement(line, config) for line in lines]
     return [statement for statement in statements if not _present(facts, statement)]
 
 

@@ -19,6 +19,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accrewrite.analysis import Facts
+from accrewrite import snippets
 from accrewrite.positions import starts
 from accrewrite.targets import Concept, Target, all_targets
 
@@ -125,7 +126,6 @@ class RuleContext:
     # Committed insertions: original statement -> (statements before it, statements after it).
     insertions: dict[cst.CSTNode, tuple[list, list]] = field(default_factory=dict)
     _positions: dict | None = None
-    _parsed: dict[str, cst.BaseExpression] = field(default_factory=dict)
     _noqa: dict[int, set[str]] | None = None
 
     # What rules call -------------------------------------------------------------------------
@@ -172,18 +172,14 @@ class RuleContext:
         """The target's expression for ``concept``, its imports noted for this fix."""
         spelled = self.concept(concept)
         self._pending_imports.extend(spelled.imports)
-        code = spelled.render_expr(**values)
-        # Syntax trees are immutable, so one parsed expression can stand in many places.
-        if code not in self._parsed:
-            self._parsed[code] = cst.parse_expression(code, config=self.module.config_for_parsing)
-        return self._parsed[code]
+        return snippets.expression(spelled.render_expr(**values), self.module.config_for_parsing)
 
     def statements(self, concept: str, **values: str) -> list[cst.BaseStatement]:
         """The target's statements for ``concept``, its imports noted for this fix."""
         spelled = self.concept(concept)
         self._pending_imports.extend(spelled.imports)
         config = self.module.config_for_parsing
-        return [cst.parse_statement(line, config=config) for line in spelled.render_stmts(**values)]
+        return [snippets.statement(line, config) for line in spelled.render_stmts(**values)]
 
     def fix(self, node: cst.CSTNode, message: str) -> None:
         """Record that the current rule changed ``node`` (an original node)."""

@@ -18,26 +18,19 @@ from collections import defaultdict
 
 import libcst as cst
 
+from accrewrite.analysis import STATEMENT_TYPES, node_types
 from accrewrite.guard import Guard, flatten
 from accrewrite.rule import Rule, RuleContext
 from accrewrite.targets import ConceptMissing
 
-_STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
-_STATEMENT_TYPES = frozenset(
-    name for name, value in vars(cst).items() if isinstance(value, type) and issubclass(value, _STATEMENTS)
-)
-
 # Whitespace, comments and punctuation: leaves for every rule (no rule visits them), so the
 # walk does not enter them (entering one would rebuild it and its whitespace).
-_TOKEN_BASES = (
+_TOKEN_TYPES = node_types(
     cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Newline, cst.Comment,
     cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp,
     cst.Comma, cst.Dot, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.ImportStar,
     cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
     cst.RightCurlyBrace,
-)
-_TOKEN_TYPES = frozenset(
-    value for value in vars(cst).values() if isinstance(value, type) and issubclass(value, _TOKEN_BASES)
 )
 
 
@@ -46,7 +39,7 @@ def walked_types(rules: list[type[Rule]]) -> frozenset[str]:
     insertions and guards it keeps) and every type a rule visits or leaves. A subtree without
     any of them (``Facts.inert``) is not entered: nothing there can change or be reported, and
     not entering it saves libcst rebuilding it."""
-    names = set(_STATEMENT_TYPES)
+    names = {kind.__name__ for kind in STATEMENT_TYPES}
     for rule in rules:
         names.update(attribute.split("_", 1)[1] for attribute in dir(rule) if attribute.startswith(("visit_", "leave_")))
     return frozenset(names)
@@ -91,7 +84,7 @@ class BatchedTransformer(cst.CSTTransformer):
         if self.guard is not None and self._original_branch(node):
             self._skipped.add(node)  # an earlier guarded migration's original path stays as it is
             return False
-        if isinstance(node, _STATEMENTS):
+        if type(node) in STATEMENT_TYPES:
             hot = ctx.facts.hot
             if hot is not None and node not in hot:
                 self._skipped.add(node)  # mentions no rule's trigger word: nothing can change

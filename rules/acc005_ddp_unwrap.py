@@ -234,10 +234,8 @@ class DdpUnwrap(Rule):
             self.ctx.fix(original_node, f"removed {_SYNC_FLAG}: nothing is reduced during backward on the target")
             return cst.RemoveFromParent()
         new = updated_node.body[0]
-        if not isinstance(new, cst.Assign) or self.ctx.code(assign.value) == self.ctx.code(new.value):
-            return updated_node
         module = self._wrapped_module(assign.value)
-        if module is None:
+        if module is None or not isinstance(new, cst.Assign) or self.ctx.code(assign.value) == self.ctx.code(new.value):
             return updated_node
         broadcast = self._broadcast(original_node, module)
         if self.ctx.code(new.value).strip() == self.ctx.code(target).strip():
