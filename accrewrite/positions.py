@@ -2,9 +2,10 @@
 
 libcst's PositionProvider records a range for every node of the file and was the costliest
 step of a migration (several times a plain codegen). A report needs the start of a few nodes,
-so this prints the module once with a codegen state that counts lines and columns and notes
-the start of just those nodes, stopping as soon as all are found. It builds on libcst's
-CodegenState, the same (internal) hook its own position providers use.
+so this prints the module once, noting how many tokens had been printed when each of those
+nodes started and stopping as soon as all are found; lines and columns are then counted over
+the printed text in one go. It builds on libcst's CodegenState, the same (internal) hook its
+own position providers use.
 """
 
 from __future__ import annotations
@@ -23,27 +24,13 @@ class _AllFound(Exception):
 @dataclass
 class _StartFinder(CodegenState):
     wanted: set = field(default_factory=set)
+    # Each wanted node found so far: the number of tokens printed before it.
     found: dict = field(default_factory=dict)
-    line: int = 1
-    column: int = 0
-
-    def add_indent_tokens(self) -> None:
-        for token in self.indent_tokens:
-            self.add_token(token)
-
-    def add_token(self, value: str) -> None:
-        self.tokens.append(value)
-        newlines = value.count("\n") or value.count("\r")
-        if newlines:
-            self.line += newlines
-            self.column = len(value) - max(value.rfind("\n"), value.rfind("\r")) - 1
-        else:
-            self.column += len(value)
 
     @contextmanager
     def record_syntactic_position(self, node, *, start_node=None, end_node=None):
         if node in self.wanted and node not in self.found:
-            self.found[node] = (self.line, self.column)
+            self.found[node] = len(self.tokens)
             if len(self.found) == len(self.wanted):
                 raise _AllFound
         yield
@@ -58,4 +45,17 @@ def starts(module: cst.Module, nodes) -> dict[cst.CSTNode, tuple[int, int]]:
             module._codegen(state)
         except _AllFound:
             pass
-    return state.found
+    line, column, printed = 1, 0, 0
+    at: dict[int, tuple[int, int]] = {}
+    for index in sorted(set(state.found.values())):
+        text = "".join(state.tokens[printed:index])
+        printed = index
+        # A line ends at "\n", "\r\n" or a lone "\r" (old Mac files).
+        newlines = text.count("\n") + text.count("\r") - text.count("\r\n")
+        if newlines:
+            line += newlines
+            column = len(text) - max(text.rfind("\n"), text.rfind("\r")) - 1
+        else:
+            column += len(text)
+        at[index] = (line, column)
+    return {node: at[index] for node, index in state.found.items()}
