@@ -10,6 +10,12 @@ Reference path: ``torch.nn.functional.dropout``, which draws from torch's own ge
 two paths drop different elements (the same distribution). ``bias_dropout_add_reference`` also
 takes an explicit ``mask``, which the tests use to check the Triton path against the reference
 with the very mask the kernel drew.
+
+An explicit ``seed`` fixes the mask on both paths (each its own mask): the Triton path's Philox
+stream, and on the reference path a ``torch.Generator`` seeded with it. Compiled graphs
+(``accrewrite.runtime.compiler``) pass a one-element integer tensor that the graph draws on the
+device at every call and the backward recomputes from: the kernels read it there, so a fresh
+mask per call costs no host sync.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ def bias_dropout_add(
 ) -> torch.Tensor:
     """``residual + dropout(x + bias, p, training)``; ``bias`` (over the last dim) may be None.
 
-    ``seed`` fixes the Triton path's dropout mask (by default one is drawn from torch's CPU
-    generator); the reference path ignores it.
+    ``seed`` (an int, or a one-element integer tensor on ``x``'s device) fixes the dropout mask.
+    Without it the Triton path draws one from torch's CPU generator and the reference path is
+    torch's dropout.
     """
     _check(x, bias, residual, p)
     tensors = [t for t in (x, bias, residual) if t is not None]
@@ -49,7 +56,8 @@ def bias_dropout_add(
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, ()).item())  # a CPU tensor: no device sync
         return _BiasDropoutAddFunction.apply(x, bias, residual, float(p), seed)
-    return bias_dropout_add_reference(x, bias, residual, p, training)
+    mask = _seeded_mask(x, p, seed) if training and seed is not None else None
+    return bias_dropout_add_reference(x, bias, residual, p, training, mask)
 
 
 def bias_dropout_add_reference(x, bias, residual, p, training=True, mask=None) -> torch.Tensor:
@@ -59,6 +67,13 @@ def bias_dropout_add_reference(x, bias, residual, p, training=True, mask=None) -
     if mask is None:
         return residual + F.dropout(h, p, training)
     return residual + h * mask * _keep_scale(p)
+
+
+def _seeded_mask(x, p, seed) -> torch.Tensor:
+    """The reference path's keep mask for ``seed``: as in the kernel, an element is kept when its
+    uniform number is >= p; the numbers come from a generator on ``x``'s device."""
+    generator = torch.Generator(x.device).manual_seed(int(seed))
+    return torch.rand(x.shape, generator=generator, device=x.device) >= p
 
 
 def _keep_scale(p: float) -> float:
@@ -118,6 +133,12 @@ class _BiasDropoutAddFunction(torch.autograd.Function):
 if triton_available():
 
     @triton.jit
+    def _seed_value(seed):
+        if seed.dtype.is_ptr():  # a seed tensor, read on the device (see the module docstring)
+            seed = tl.load(seed)
+        return seed
+
+    @triton.jit
     def _forward_kernel(X, Bias, Residual, Out, n, n_cols, p, scale, seed,
                         HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -125,7 +146,7 @@ if triton_available():
         h = tl.load(X + offs, mask=mask).to(tl.float32)
         if HAS_BIAS:
             h += tl.load(Bias + offs % n_cols, mask=mask).to(tl.float32)
-        keep = tl.rand(seed, offs) >= p
+        keep = tl.rand(_seed_value(seed), offs) >= p
         out = tl.load(Residual + offs, mask=mask).to(tl.float32) + tl.where(keep, h * scale, 0.0)
         tl.store(Out + offs, out.to(Out.dtype.element_ty), mask=mask)
 
@@ -134,5 +155,5 @@ if triton_available():
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         dout = tl.load(DOut + offs, mask=mask).to(tl.float32)
-        keep = tl.rand(seed, offs) >= p  # the forward's mask, drawn again
+        keep = tl.rand(_seed_value(seed), offs) >= p  # the forward's mask, drawn again
         tl.store(DX + offs, tl.where(keep, dout * scale, 0.0).to(DX.dtype.element_ty), mask=mask)

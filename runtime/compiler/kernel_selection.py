@@ -16,11 +16,13 @@ import contextvars
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch._inductor import pattern_matcher
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.fx_passes.joint_graph import early_patterns
 from torch._inductor.fx_passes.post_grad import remove_noop_ops
 
 from accrewrite.kernels.dispatch import triton_available
@@ -57,6 +59,12 @@ class KernelMatch:
 # benchmarks/kernels.py on the target GPU: a custom op is opaque to inductor, so it only pays
 # where the hand-written kernel beats inductor's code by more than the fusion it prevents.
 _LAYER_NORM_MIN_HIDDEN = 4096
+# swin_fmha holds each row of N scores in registers and sums the relative position bias's
+# gradient over the windows inside its backward, where inductor runs a reduction of its own over
+# the whole gradient: that should pay where many windows (images * windows per image) share the
+# bias and rows are short (Swin's windows have 7x7 to 12x12 tokens).
+_SWIN_FMHA_MIN_WINDOWS = 512
+_SWIN_FMHA_MAX_TOKENS = 256
 
 
 def _cuda_choice(kernel: str, shape) -> tuple[str, str]:
@@ -64,6 +72,14 @@ def _cuda_choice(kernel: str, shape) -> tuple[str, str]:
         if shape[-1] >= _LAYER_NORM_MIN_HIDDEN:
             return "accrewrite", f"hidden size {shape[-1]} >= {_LAYER_NORM_MIN_HIDDEN}"
         return "inductor", f"hidden size {shape[-1]} < {_LAYER_NORM_MIN_HIDDEN}"
+    if kernel == "swin_fmha":
+        windows, tokens = shape[0], shape[-1]
+        fits = windows >= _SWIN_FMHA_MIN_WINDOWS and tokens <= _SWIN_FMHA_MAX_TOKENS
+        return "accrewrite" if fits else "inductor", (
+            f"{windows} windows of {tokens} tokens; the kernel takes >= {_SWIN_FMHA_MIN_WINDOWS} "
+            f"windows of <= {_SWIN_FMHA_MAX_TOKENS} tokens"
+        )
+    # bias_dropout_add too: inductor draws its dropout mask inside the fused kernel as well
     return "inductor", "pointwise: inductor fuses it into the neighbouring kernels"
 
 
@@ -91,29 +107,62 @@ class _Selection:
     policy: str
     training: bool
     matches: list
+    decided: set = dataclasses.field(default_factory=set)  # output nodes of the matches
 
 
 _ACTIVE: contextvars.ContextVar[_Selection] = contextvars.ContextVar("accrewrite_selection")
 
 
-def _check(kernel: str, input_name: str, training: bool):
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """A subgraph that ``kernel`` implements. ``search`` is written as users write it and
+    ``replace`` calls the kernel's op with the same arguments; both are traced with the example
+    tensors ``inputs(dtype, requires_grad)`` and the example values ``scalars`` of their scalar
+    arguments (values that occur nowhere else in the trace, which is how the matcher tells the
+    argument from a constant). The match's argument ``input_name`` gives the shape and device the
+    choice depends on; ``unsupported(args)`` says why the kernel cannot take a match's arguments
+    (fake tensors and scalars by name), or returns None; without it the kernel takes them all."""
+
+    kernel: str
+    search: Callable
+    replace: Callable
+    inputs: Callable
+    input_name: str = "x"
+    scalars: dict = dataclasses.field(default_factory=dict)
+    unsupported: Callable | None = None
+
+
+def _check(pattern: Pattern, training: bool):
     """``extra_check`` for a pattern: record the match and say whether to replace it."""
 
     def check(match) -> bool:
         selection = _ACTIVE.get(None)
         if selection is None or selection.training != training:
             return False
-        x = match.kwargs[input_name].meta["val"]
-        choice, reason = choose(kernel, x, selection.policy)
+        # A pattern that is part of another (residual + dropout(x) inside bias_dropout_add's
+        # residual + dropout(x + bias)) matches again a subgraph left to inductor: list it once.
+        output = match.output_nodes()[0]
+        if output in selection.decided:
+            return False
+        selection.decided.add(output)
+        args = {
+            name: value.meta["val"] if isinstance(value, torch.fx.Node) else value
+            for name, value in match.kwargs.items()
+        }
+        x = args[pattern.input_name]
+        unsupported = pattern.unsupported and pattern.unsupported(args)
+        if unsupported:
+            choice, reason = "inductor", f"the kernel does not take it: {unsupported}"
+        else:
+            choice, reason = choose(pattern.kernel, x, selection.policy)
         selection.matches.append(
-            KernelMatch(kernel, tuple(x.shape), x.dtype, str(x.device), training, choice, reason)
+            KernelMatch(
+                pattern.kernel, tuple(x.shape), x.dtype, str(x.device), training, choice, reason
+            )
         )
         return choice == "accrewrite"
 
     return check
-
-
-# --- the patterns: (kernel, search, replacement, example inputs, input name, scalar workaround)
 
 
 def _layer_norm_search(x, weight, bias, eps):
@@ -144,9 +193,125 @@ def _quick_gelu_inputs(dtype, grad):
     return [torch.empty(2, 3, 8, dtype=dtype, requires_grad=grad)]
 
 
+# bias_dropout_add, with a bias and without (a Linear's bias is inside its matmul: most models
+# write residual + dropout(proj(h))). The residual is traced without a gradient: its gradient is
+# the incoming one, which the pattern then need not contain, so it matches either way.
+
+
+def _bias_dropout_add_search(x, bias, residual, p):
+    return _dropout_add_search(x + bias, residual, p)
+
+
+def _dropout_add_search(x, residual, p):
+    return residual + F.dropout(x, p, training=True)
+
+
+def _bias_dropout_add_replace(x, bias, residual, p):
+    # The seed is drawn by the graph, at every call and on x's device (see ops.bias_dropout_add).
+    seed = torch.randint(2**31 - 1, (), device=x.device)
+    return ops.bias_dropout_add(x, bias, residual, p, seed)
+
+
+def _dropout_add_replace(x, residual, p):
+    return _bias_dropout_add_replace(x, None, residual, p)
+
+
+def _bias_dropout_add_inputs(dtype, grad):
+    x, residual = _dropout_add_inputs(dtype, grad)
+    return [x, torch.empty(8, dtype=dtype, requires_grad=grad), residual]
+
+
+def _dropout_add_inputs(dtype, grad):
+    return [
+        torch.empty(2, 3, 8, dtype=dtype, requires_grad=grad),
+        torch.empty(2, 3, 8, dtype=dtype),
+    ]
+
+
+def _bias_dropout_add_unsupported(args):
+    x, bias, residual = args["x"], args.get("bias"), args["residual"]
+    if residual.shape != x.shape:
+        return f"residual {list(residual.shape)} is broadcast to x {list(x.shape)}"
+    if bias is not None and bias.shape != x.shape[-1:]:
+        return f"bias {list(bias.shape)} is not over x's last dimension only"
+    return None
+
+
+# swin_fmha: Swin's WindowAttention, from the relative position bias to the softmax, without and
+# with the shifted windows' mask. The matcher compares view sizes literally, so the masked form
+# is registered for both ways Swin code writes its first view: with the image count (Swin's
+# own code, torchvision: B_ // nW) and with -1 (timm). The image count may be symbolic, the
+# number of windows per image may not: dynamo passes a symbolic one to the view as a graph input
+# of its own, where the pattern has the mask's size.
+
+
+def _swin_fmha_search(attn, relative_pos_bias):
+    return torch.softmax(attn + relative_pos_bias.unsqueeze(0), dim=-1)
+
+
+def _swin_fmha_masked_search(images_as_minus_one: bool):
+    def search(attn, relative_pos_bias, attn_mask):
+        windows, heads, n, _ = attn.shape
+        nw = attn_mask.shape[0]
+        images = -1 if images_as_minus_one else windows // nw
+        scores = (attn + relative_pos_bias.unsqueeze(0)).view(images, nw, heads, n, n)
+        scores = scores + attn_mask.unsqueeze(1).unsqueeze(0)
+        return torch.softmax(scores.view(-1, heads, n, n), dim=-1)
+
+    return search
+
+
+def _swin_fmha_replace(attn, relative_pos_bias):
+    return _swin_fmha_masked_replace(attn, relative_pos_bias, None)
+
+
+def _swin_fmha_masked_replace(attn, relative_pos_bias, attn_mask):
+    # Eager Swin adds in the promoted dtype (under autocast a bf16 attn plus the fp32 bias gives
+    # fp32 probabilities), the kernel in fp32 returning attn's dtype: give it the promoted one.
+    dtypes = [t.dtype for t in (attn, relative_pos_bias, attn_mask) if t is not None]
+    attn = attn.to(functools.reduce(torch.promote_types, dtypes))
+    return ops.swin_fmha(attn, relative_pos_bias, attn_mask)
+
+
+def _swin_fmha_inputs(dtype, grad):
+    return [
+        torch.empty(4, 2, 5, 5, dtype=dtype, requires_grad=grad),
+        torch.empty(2, 5, 5, dtype=dtype, requires_grad=grad),
+    ]
+
+
+def _swin_fmha_masked_inputs(dtype, grad):
+    return [*_swin_fmha_inputs(dtype, grad), torch.empty(2, 5, 5, dtype=dtype)]
+
+
+def _swin_fmha_unsupported(args):
+    attn, bias, mask = args["attn"], args["relative_pos_bias"], args.get("attn_mask")
+    if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        return f"attn {list(attn.shape)} is not (windows, heads, N, N)"
+    if bias.shape != attn.shape[1:]:
+        return f"relative_pos_bias {list(bias.shape)} is not (heads, N, N)"
+    if mask is not None and (mask.dim() != 3 or mask.shape[1:] != attn.shape[2:]):
+        return f"attn_mask {list(mask.shape)} is not (windows per image, N, N)"
+    return None
+
+
 PATTERNS = (
-    ("layer_norm", _layer_norm_search, _layer_norm_replace, _layer_norm_inputs, "x", {"eps": 1e-5}),
-    ("quick_gelu", _quick_gelu_search, _quick_gelu_replace, _quick_gelu_inputs, "x", {}),
+    Pattern("layer_norm", _layer_norm_search, _layer_norm_replace, _layer_norm_inputs,
+            scalars={"eps": 1e-5}),
+    Pattern("quick_gelu", _quick_gelu_search, _quick_gelu_replace, _quick_gelu_inputs),
+    # with its bias before without, so that a match is the longest one
+    Pattern("bias_dropout_add", _bias_dropout_add_search, _bias_dropout_add_replace,
+            _bias_dropout_add_inputs, scalars={"p": 0.113377},
+            unsupported=_bias_dropout_add_unsupported),
+    Pattern("bias_dropout_add", _dropout_add_search, _dropout_add_replace, _dropout_add_inputs,
+            scalars={"p": 0.113377}, unsupported=_bias_dropout_add_unsupported),
+    Pattern("swin_fmha", _swin_fmha_search, _swin_fmha_replace, _swin_fmha_inputs, "attn",
+            unsupported=_swin_fmha_unsupported),
+    *(
+        Pattern("swin_fmha", _swin_fmha_masked_search(minus_one), _swin_fmha_masked_replace,
+                _swin_fmha_masked_inputs, "attn", unsupported=_swin_fmha_unsupported)
+        for minus_one in (False, True)
+    ),
 )
 
 
@@ -154,18 +319,18 @@ PATTERNS = (
 def _patterns() -> pattern_matcher.PatternMatcherPass:
     """Every pattern traced and registered, once per process (it takes about a second)."""
     patterns = pattern_matcher.PatternMatcherPass(pass_name="accrewrite_kernel_selection")
-    for kernel, search, replace, inputs, input_name, scalars in PATTERNS:
+    for pattern in PATTERNS:
         for dtype in DTYPES:
             for training in (True, False):
                 trace = pattern_matcher.joint_fwd_bwd if training else pattern_matcher.fwd_only
                 pattern_matcher.register_replacement(
-                    search,
-                    replace,
-                    inputs(dtype, training),
+                    pattern.search,
+                    pattern.replace,
+                    pattern.inputs(dtype, training),
                     trace,
                     patterns,
-                    extra_check=_check(kernel, input_name, training),
-                    scalar_workaround=scalars,
+                    extra_check=_check(pattern, training),
+                    scalar_workaround=pattern.scalars,
                     # a pointwise pattern traces to the same graph for every dtype
                     skip_duplicates=True,
                 )
@@ -183,9 +348,12 @@ class KernelSelectionPass(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> None:
         training = any(n.op == "placeholder" and n.name.startswith("tangents") for n in graph.nodes)
         selection = _Selection(self.policy, training, [])
-        # The patterns were traced without no-op aliases and views (see joint_fwd_bwd);
-        # inductor removes them right after this pass anyway.
+        # The patterns were traced without no-op aliases and views, pointless view pairs and
+        # dead code (see joint_fwd_bwd); inductor removes them right after this pass anyway.
+        # (With dynamic shapes, unused sym_size nodes would make a view look shared.)
         remove_noop_ops(graph)
+        early_patterns.apply(graph)
+        graph.eliminate_dead_code()
         with _activated(selection):
             replaced = _patterns().apply(graph)
         if replaced:

@@ -16,6 +16,7 @@ is what the rematerialising partitioner wants anyway.
 """
 
 import contextlib
+import functools
 import importlib
 
 import torch
@@ -49,13 +50,15 @@ def _kernel(module: str):
 
 
 def _vjp(fn, tensors, grad, *constants):
-    """Gradients of ``fn(*tensors, *constants)`` with respect to ``tensors`` (recompute and
-    differentiate; see the module docstring). Inputs that get no gradient get zeros."""
+    """Gradients of ``fn(*tensors, *constants)`` with respect to those ``tensors`` that are not
+    None (optional inputs), in order (recompute and differentiate; see the module docstring).
+    Inputs that get no gradient get zeros."""
     with _autograd_enabled():
-        leaves = [t.detach().requires_grad_() for t in tensors]
+        leaves = [None if t is None else t.detach().requires_grad_() for t in tensors]
         out = fn(*leaves, *constants)
-        grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)
-    return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads))
+        given = [leaf for leaf in leaves if leaf is not None]
+        grads = torch.autograd.grad(out, given, grad, allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(given, grads))
 
 
 # --- layer_norm: y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension ---
@@ -135,3 +138,97 @@ def _quick_gelu_grad(ctx, grad):
 
 
 quick_gelu.register_autograd(_quick_gelu_grad, setup_context=_quick_gelu_setup)
+
+
+# --- bias_dropout_add: residual + dropout(x + bias, p) ---
+#
+# The backward op recomputes the forward, dropout included: both draw the keep mask from ``seed``,
+# a one-element integer tensor on x's device that the compiled graph draws anew at every call
+# (kernel_selection.py), so they drop the same elements and every call a different set.
+
+
+def _bias_dropout_add(x, bias, residual, p, seed):
+    return _kernel("bias_dropout_add")(x, bias, residual, p, seed=seed)
+
+
+@torch.library.custom_op("accrewrite::bias_dropout_add", mutates_args=())
+def bias_dropout_add(
+    x: Tensor, bias: Tensor | None, residual: Tensor, p: float, seed: Tensor
+) -> Tensor:
+    """``residual + dropout(x + bias, p)`` (``bias``, over the last dimension, may be None),
+    dropping the elements that ``seed`` selects."""
+    return _bias_dropout_add(x, bias, residual, p, seed)
+
+
+@bias_dropout_add.register_fake
+def _(x, bias, residual, p, seed):
+    dtypes = [t.dtype for t in (x, bias, residual) if t is not None]
+    return torch.empty_like(x, dtype=functools.reduce(torch.promote_types, dtypes))
+
+
+@torch.library.custom_op("accrewrite::bias_dropout_add_backward", mutates_args=())
+def bias_dropout_add_backward(
+    grad: Tensor, x: Tensor, bias: Tensor | None, residual: Tensor, p: float, seed: Tensor
+) -> list[Tensor]:
+    """Gradients of :func:`bias_dropout_add` for ``x`` and ``bias`` (when given)."""
+    return list(_vjp(_bias_dropout_add, (x, bias), grad, residual, p, seed))
+
+
+@bias_dropout_add_backward.register_fake
+def _(grad, x, bias, residual, p, seed):
+    return [torch.empty_like(t) for t in (x, bias) if t is not None]
+
+
+def _bias_dropout_add_setup(ctx, inputs, output):
+    x, bias, residual, ctx.p, seed = inputs
+    ctx.save_for_backward(x, bias, residual, seed)
+
+
+def _bias_dropout_add_grad(ctx, grad):
+    x, bias, residual, seed = ctx.saved_tensors
+    dx, *dbias = bias_dropout_add_backward(grad, x, bias, residual, ctx.p, seed)
+    # The residual's gradient is the incoming one, passed on here rather than by the op (whose
+    # outputs may not alias its inputs: it would have to copy it).
+    return dx, dbias[0] if dbias else None, grad, None, None
+
+
+bias_dropout_add.register_autograd(_bias_dropout_add_grad, setup_context=_bias_dropout_add_setup)
+
+
+# --- swin_fmha: softmax(attn + relative_pos_bias + attn_mask) over the last dimension ---
+
+
+@torch.library.custom_op("accrewrite::swin_fmha", mutates_args=())
+def swin_fmha(attn: Tensor, relative_pos_bias: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """Swin's window attention probabilities (see ``accrewrite.kernels.swin_fmha``). The mask is
+    a constant (Swin's is a buffer): it gets no gradient."""
+    return _kernel("swin_fmha")(attn, relative_pos_bias, attn_mask)
+
+
+@swin_fmha.register_fake
+def _(attn, relative_pos_bias, attn_mask):
+    return torch.empty_like(attn)
+
+
+@torch.library.custom_op("accrewrite::swin_fmha_backward", mutates_args=())
+def swin_fmha_backward(
+    grad: Tensor, attn: Tensor, relative_pos_bias: Tensor, attn_mask: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Gradients of :func:`swin_fmha` for ``attn`` and ``relative_pos_bias``."""
+    return _vjp(_kernel("swin_fmha"), (attn, relative_pos_bias), grad, attn_mask)
+
+
+@swin_fmha_backward.register_fake
+def _(grad, attn, relative_pos_bias, attn_mask):
+    return torch.empty_like(attn), torch.empty_like(relative_pos_bias)
+
+
+def _swin_fmha_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swin_fmha_grad(ctx, grad):
+    return *swin_fmha_backward(grad, *ctx.saved_tensors), None
+
+
+swin_fmha.register_autograd(_swin_fmha_grad, setup_context=_swin_fmha_setup)

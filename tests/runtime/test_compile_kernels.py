@@ -1,6 +1,8 @@
 """Kernel selection: the pass finds the patterns, lists each match and its choice, and the
 accrewrite custom ops it can substitute agree with eager."""
 
+import copy
+import functools
 import importlib
 import os
 import subprocess
@@ -35,22 +37,100 @@ class Tiny(nn.Module):
         return h * torch.sigmoid(1.702 * h)
 
 
-def run_step(model, x):
-    """Forward and backward; returns the output and the gradients (parameters and input)."""
-    out = model(x)
+def run_step(model, *inputs):
+    """Forward and backward; returns the output and the gradients (parameters and inputs)."""
+    out = model(*inputs)
     out.square().sum().backward()
-    return out.detach(), [p.grad for p in model.parameters()] + [x.grad]
+    grads = [p.grad for p in model.parameters()]
+    return out.detach(), grads + [x.grad for x in inputs if x.requires_grad]
 
 
 def inputs():
     return torch.randn(3, 5, 12, requires_grad=True)  # odd sizes, 3-D
 
 
+KERNELS = ("layer_norm", "quick_gelu", "bias_dropout_add", "swin_fmha")
+
+
 def kernel_ops(codes):
     """The accrewrite custom ops called by the generated code of a compile."""
     source = "\n".join(codes)
-    names = ("layer_norm", "layer_norm_backward", "quick_gelu", "quick_gelu_backward")
+    names = [op for kernel in KERNELS for op in (kernel, f"{kernel}_backward")]
     return {name for name in names if f"torch.ops.accrewrite.{name}.default" in source}
+
+
+class WindowAttention(nn.Module):
+    """Swin's attention probabilities from the scores ``attn`` (windows, heads, N, N), with the
+    shifted windows' ``mask`` (windows per image, N, N) or without, the first view written as
+    Swin's own code writes it (``B_ // nW``) or as timm's (``-1``)."""
+
+    def __init__(self, heads=2, n=9, timm=False):
+        super().__init__()
+        self.relative_position_bias = nn.Parameter(torch.randn(heads, n, n))
+        self.timm = timm
+
+    def forward(self, attn, mask=None):
+        b_, heads, n, _ = attn.shape
+        attn = attn + self.relative_position_bias.unsqueeze(0)
+        if mask is not None:
+            nw = mask.shape[0]
+            images = -1 if self.timm else b_ // nw
+            attn = attn.view(images, nw, heads, n, n) + mask.unsqueeze(1).unsqueeze(0)
+            attn = attn.view(-1, heads, n, n)
+        return torch.softmax(attn, dim=-1)
+
+
+class Swin(nn.Module):
+    """Unshifted and shifted window attention (each form of the view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            [WindowAttention(), WindowAttention(), WindowAttention(timm=True)]
+        )
+
+    def forward(self, attn, mask):
+        plain, shifted, timm = self.blocks
+        return plain(attn) + shifted(attn, mask) + timm(attn, mask)
+
+
+def swin_inputs():
+    return torch.randn(6, 2, 9, 9, requires_grad=True), torch.randn(3, 9, 9)  # 2 images
+
+
+P, P_NO_BIAS = 0.1, 0.3
+
+
+class DropoutAdd(nn.Module):
+    """Residual dropout as Megatron writes it, with an explicit bias, and as most models do,
+    after a Linear (whose bias is inside its matmul): here without a bias, at another rate. The
+    outputs show the masks: each is residual + kept (x + bias) / (1 - p)."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(d))
+
+    def forward(self, x, residual, y, residual2):
+        return (
+            residual + F.dropout(x + self.bias, P, self.training),
+            residual2 + F.dropout(y, P_NO_BIAS, self.training),
+        )
+
+
+def dropout_inputs(grad=True):
+    return [torch.randn(32, 64, requires_grad=grad) for _ in range(4)]
+
+
+class SwinAndDropoutAdd(nn.Module):
+    """Both kinds in one graph: three Swin matches and two dropout-add ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.swin = Swin()
+        self.dropout = DropoutAdd()
+
+    def forward(self, attn, mask, *dropout_inputs):
+        return self.swin(attn, mask), *self.dropout(*dropout_inputs)
 
 
 def test_on_cpu_auto_lists_each_match_and_leaves_it_to_inductor():
@@ -64,6 +144,32 @@ def test_on_cpu_auto_lists_each_match_and_leaves_it_to_inductor():
         assert (m.shape, m.dtype, m.device, m.training) == ((3, 5, 12), torch.float32, "cpu", True)
         assert m.choice == "inductor" and "on cpu" in m.reason
     assert "layer_norm [3, 5, 12] float32 on cpu (training): inductor" in str(backend.report)
+    assert kernel_ops(codes) == set()
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_on_cpu_auto_lists_dropout_add_and_swin_matches(training):
+    backend = Backend(kernels="auto")
+    # in train mode, so that the inference graph has dropout too
+    model = torch.compile(SwinAndDropoutAdd(), backend=backend)
+
+    def step():
+        outs = model(*swin_inputs(), *dropout_inputs(training))
+        if training:
+            sum(out.sum() for out in outs).backward()
+
+    with torch.set_grad_enabled(training):
+        _, codes = run_and_get_code(step)
+
+    matches = sorted(backend.report.matches, key=lambda m: m.kernel)
+    assert [(m.kernel, m.shape) for m in matches] == [
+        ("bias_dropout_add", (32, 64)), ("bias_dropout_add", (32, 64)),
+    ] + [("swin_fmha", (6, 2, 9, 9))] * 3
+    for m in matches:
+        assert (m.dtype, m.device, m.training) == (torch.float32, "cpu", training)
+        assert m.choice == "inductor" and "on cpu" in m.reason
+    phase = "training" if training else "inference"
+    assert f"swin_fmha [6, 2, 9, 9] float32 on cpu ({phase}): inductor" in str(backend.report)
     assert kernel_ops(codes) == set()
 
 
@@ -106,6 +212,82 @@ def test_forced_kernels_in_an_inference_graph():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_forced_swin_fmha_matches_eager():
+    torch.manual_seed(0)
+    eager = Swin()
+    compiled = copy.deepcopy(eager)
+    attn, mask = swin_inputs()
+    attn2 = attn.detach().clone().requires_grad_()
+
+    backend = Backend(kernels="accrewrite")
+    model = torch.compile(compiled, backend=backend)
+    (out, grads), codes = run_and_get_code(run_step, model, attn2, mask)
+    expected, expected_grads = run_step(eager, attn, mask)
+
+    assert kernel_ops(codes) == {"swin_fmha", "swin_fmha_backward"}
+    assert [m.choice for m in backend.report.matches] == ["accrewrite"] * 3
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-5)
+
+    # Another batch size recompiles with a symbolic image count: the views still match.
+    attn = torch.randn(9, 2, 9, 9)
+    torch.testing.assert_close(model(attn, mask), eager(attn, mask), rtol=1e-5, atol=1e-5)
+    later = backend.report.matches[3:]
+    assert [m.choice for m in later] == ["accrewrite"] * 3
+    assert all(isinstance(m.shape[0], torch.SymInt) for m in later)
+
+
+def test_forced_bias_dropout_add_draws_one_mask_per_step_for_forward_and_backward():
+    """Dropout cannot match eager element by element (another generator), so the test checks
+    what the outputs and gradients show of the mask: kept elements are exactly (x + bias) /
+    (1 - p), the backward keeps the forward's elements, a step draws a new mask, and the kept
+    fraction is 1 - p within 5 binomial standard deviations."""
+    torch.manual_seed(0)
+    backend = Backend(kernels="accrewrite")
+    module = DropoutAdd()
+    model = torch.compile(module, backend=backend)
+
+    @torch.no_grad()
+    def masks(step_inputs, outs):
+        """The keep masks that the outputs show, checked."""
+        x, residual, y, residual2 = step_inputs
+        keeps = []
+        for out, h, r, p in ((outs[0], x + module.bias, residual, P),
+                             (outs[1], y, residual2, P_NO_BIAS)):
+            keep = out != r
+            torch.testing.assert_close(out[keep], (r + h / (1 - p))[keep])
+            sigma = (p * (1 - p) / keep.numel()) ** 0.5
+            assert abs(keep.float().mean().item() - (1 - p)) < 5 * sigma
+            keeps.append(keep.float())
+        return keeps
+
+    def step(inputs):
+        outs = model(*inputs)
+        sum(out.sum() for out in outs).backward()
+        keep, keep2 = masks(inputs, outs)
+        x, residual, y, residual2 = inputs
+        # the backward keeps what the forward kept: d out / d x = keep / (1 - p)
+        torch.testing.assert_close(x.grad, keep / (1 - P))
+        torch.testing.assert_close(y.grad, keep2 / (1 - P_NO_BIAS))
+        torch.testing.assert_close(residual.grad, torch.ones_like(residual))
+        return keep, keep2
+
+    (first, first2), codes = run_and_get_code(step, dropout_inputs())
+    second, second2 = step(dropout_inputs())  # the same compiled code
+    assert kernel_ops(codes) == {"bias_dropout_add", "bias_dropout_add_backward"}
+    assert not torch.equal(first, second) and not torch.equal(first2, second2)
+    torch.testing.assert_close(module.bias.grad, (first + second).sum(0) / (1 - P))
+
+    with torch.no_grad():  # an inference graph, the module still in train mode
+        inputs = dropout_inputs(grad=False)
+        outs, codes = run_and_get_code(model, *inputs)
+        masks(inputs, outs)
+    assert kernel_ops(codes) == {"bias_dropout_add"}
+    assert sorted((m.training, m.choice) for m in backend.report.matches) == (
+        [(False, "accrewrite")] * 2 + [(True, "accrewrite")] * 2
+    )
+
+
 def test_choice_by_policy_device_and_shape(monkeypatch):
     x = torch.empty(4, 8, device="meta")
     assert choose("layer_norm", x, "accrewrite") == ("accrewrite", "kernels='accrewrite'")
@@ -120,6 +302,11 @@ def test_choice_by_policy_device_and_shape(monkeypatch):
     assert choose("layer_norm", cuda(8, 4096), "auto")[0] == "accrewrite"
     assert choose("layer_norm", cuda(8, 1024), "auto")[0] == "inductor"
     assert choose("quick_gelu", cuda(8, 8192), "auto")[0] == "inductor"
+    assert choose("bias_dropout_add", cuda(8, 8192), "auto")[0] == "inductor"
+    # Swin-T at batch 128: stages 1-3 have 8192 to 512 windows, stage 4 128; 7x7 windows
+    assert choose("swin_fmha", cuda(512, 12, 49, 49), "auto")[0] == "accrewrite"
+    assert choose("swin_fmha", cuda(128, 24, 49, 49), "auto")[0] == "inductor"
+    assert choose("swin_fmha", cuda(8192, 3, 512, 512), "auto")[0] == "inductor"
     monkeypatch.setattr(kernel_selection, "triton_available", lambda: False)
     assert choose("layer_norm", cuda(8, 4096), "auto") == ("inductor", "triton is not installed")
 
@@ -161,7 +348,7 @@ def test_layer_norm_op_matches_torch(dtype, tol):
         torch.testing.assert_close(g.float(), e, rtol=tol, atol=tol * 10)
 
 
-@pytest.mark.parametrize("kernel", ["layer_norm", "quick_gelu"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_ops_on_the_triton_path_match_torch(kernel):
     """The ops run the kernels' Triton code and the generic backward differentiates through
     the kernel's own autograd.Function. On CPU the Triton interpreter runs them, in a fresh
@@ -187,15 +374,8 @@ def check_triton_path(kernel):
     module = importlib.import_module(f"accrewrite.kernels.{kernel}")
     setattr(module, f"{kernel}_reference", _must_not_run)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    x = torch.randn(3, 33, device=device, requires_grad=True)
-    if kernel == "layer_norm":
-        w = torch.randn(33, device=device, requires_grad=True)
-        b = torch.randn(33, device=device, requires_grad=True)
-        args, reference = (x, w, b), lambda x, w, b: F.layer_norm(x, (33,), w, b, 1e-5)
-        out = ops.layer_norm(x, w, b, 1e-5)
-    else:
-        args, reference = (x,), lambda x: x * torch.sigmoid(1.702 * x)
-        out = ops.quick_gelu(x)
+    args, op, reference = _triton_case(kernel, module, device)
+    out = op(*args)
     grad = torch.randn_like(out)
     expected = reference(*args)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
@@ -206,6 +386,50 @@ def check_triton_path(kernel):
         atol=1e-4,
     )
     print(f"{kernel}: triton path ok")
+
+
+def _triton_case(kernel, module, device):
+    """(differentiable inputs, ``kernel``'s op on them, the PyTorch reference) for
+    :func:`check_triton_path`."""
+    randn = functools.partial(torch.randn, device=device, requires_grad=True)
+    x = randn(3, 33)
+    if kernel == "layer_norm":
+
+        def op(x, w, b):
+            return ops.layer_norm(x, w, b, 1e-5)
+
+        def reference(x, w, b):
+            return F.layer_norm(x, (33,), w, b, 1e-5)
+
+        return (x, randn(33), randn(33)), op, reference
+    if kernel == "quick_gelu":
+        return (x,), ops.quick_gelu, lambda x: x * torch.sigmoid(1.702 * x)
+    if kernel == "swin_fmha":
+        mask = torch.randn(3, 9, 9, device=device)
+
+        def op(attn, bias):
+            return ops.swin_fmha(attn, bias, mask)
+
+        def reference(attn, bias):  # WindowAttention.forward with a given bias
+            scores = (attn + bias.unsqueeze(0)).view(2, 3, 2, 9, 9)
+            scores = scores + mask.unsqueeze(1).unsqueeze(0)
+            return torch.softmax(scores.view(6, 2, 9, 9), dim=-1)
+
+        return (randn(6, 2, 9, 9), randn(2, 9, 9)), op, reference
+    # bias_dropout_add: the reference applies the mask that the op's output shows; a seed tensor
+    # (the op's) and the same int seed (the kernel's own argument) draw the same mask
+    p, seed = 0.3, 1234
+    b, r = randn(33), randn(3, 33)
+
+    def op(x, b, r):
+        return ops.bias_dropout_add(x, b, r, p, torch.tensor(seed, device=device))
+
+    with torch.no_grad():
+        out = op(x, b, r)
+        assert torch.equal(out, module.bias_dropout_add(x, b, r, p, seed=seed))
+        keep = out != r
+        assert keep.any() and not keep.all()
+    return (x, b, r), op, lambda x, b, r: r + (x + b) * keep / (1 - p)
 
 
 def _must_not_run(*args, **kwargs):
@@ -222,6 +446,10 @@ def t(*shape, grad=False):
     return torch.randn(*shape, requires_grad=grad)
 
 
+def seed():
+    return torch.tensor(7)
+
+
 @pytest.mark.parametrize(
     "op, args",
     [
@@ -229,8 +457,19 @@ def t(*shape, grad=False):
         (ops.layer_norm_backward, lambda: (t(3, 6), t(3, 6), t(6), t(6), 1e-5)),
         (ops.quick_gelu, lambda: (t(3, 6, grad=True),)),
         (ops.quick_gelu_backward, lambda: (t(3, 6), t(3, 6))),
+        (ops.bias_dropout_add,
+         lambda: (t(3, 6, grad=True), t(6, grad=True), t(3, 6, grad=True), 0.3, seed())),
+        (ops.bias_dropout_add, lambda: (t(3, 6, grad=True), None, t(3, 6), 0.3, seed())),
+        (ops.bias_dropout_add_backward, lambda: (t(3, 6), t(3, 6), t(6), t(3, 6), 0.3, seed())),
+        (ops.swin_fmha, lambda: (t(4, 2, 5, 5, grad=True), t(2, 5, 5, grad=True), t(2, 5, 5))),
+        (ops.swin_fmha, lambda: (t(4, 2, 5, 5, grad=True), t(2, 5, 5, grad=True), None)),
+        (ops.swin_fmha_backward, lambda: (t(4, 2, 5, 5), t(4, 2, 5, 5), t(2, 5, 5), None)),
     ],
-    ids=["layer_norm", "layer_norm_backward", "quick_gelu", "quick_gelu_backward"],
+    ids=[
+        "layer_norm", "layer_norm_backward", "quick_gelu", "quick_gelu_backward",
+        "bias_dropout_add", "dropout_add", "bias_dropout_add_backward",
+        "swin_fmha_masked", "swin_fmha", "swin_fmha_backward",
+    ],
 )
 def test_custom_op_registration(op, args):
     """Schema, fake implementation (what inductor plans with) and autograd registration."""
