@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from accrewrite.runtime.compiler.backend import Backend, CompileReport
-from accrewrite.runtime.compiler.regional import CompiledCalls, compile_regions
+from accrewrite.runtime.compiler.regional import CompiledCalls, batch_norm_blocks, compile_regions
 
 _REGIONAL = ("auto", True, False)
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -28,7 +28,8 @@ def compile(
     compiled model unchanged.
 
     ``regional``: "auto" compiles only the repeated blocks (``nn.ModuleList``/``nn.Sequential``
-    of one class) when the model has some, else the whole model; True requires repeated blocks;
+    of one class) when the model has some and they hold no batch norm (see
+    ``regional.batch_norm_blocks``), else the whole model; True requires repeated blocks;
     False compiles the whole model. ``mode`` and ``dynamic`` are ``torch.compile``'s.
     ``memory_budget``: None or a fraction in [0, 1] of the activation memory the compiled
     training graph may keep (see ``memory.py``). ``kernels``: "auto" lets the kernel-selection
@@ -56,6 +57,13 @@ def compile(
         )
 
     calls = CompiledCalls(backend=backend, dynamic=dynamic)
+    with_batch_norm = batch_norm_blocks(model) if regional == "auto" else []
+    if with_batch_norm:
+        regional = False
+        backend.report.notes.append(
+            f"regional='auto': whole model compiled, its blocks ({', '.join(with_batch_norm)}) hold "
+            "batch norm, which steps slower compiled by region"
+        )
     regions = compile_regions(model, calls) if regional is not False else []
     if regional is True and not regions:
         raise ValueError(

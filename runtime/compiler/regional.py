@@ -59,6 +59,22 @@ class CompiledCalls:
         module._compiled_call_impl = functools.partial(self._by_class[cls], module)
 
 
+def batch_norm_blocks(model: nn.Module) -> list[str]:
+    """The repeated-block containers of ``model`` whose blocks hold batch norm layers.
+
+    A block compiled on its own computes training-mode batch norm statistics over its input as
+    it comes from eager code, in inductor code several times slower than ATen's (a ResNet block
+    on CPU: 7.6 ms against 1.4 ms per call), while a whole-model graph keeps the layouts its
+    kernels are fast with: compiled by region, a small ResNet stepped at 1.38x a full compile
+    (1.21x eager). So ``regional="auto"`` compiles such models whole.
+    """
+    return [
+        name
+        for name, container in repeated_blocks(model)
+        if any(isinstance(layer, nn.modules.batchnorm._BatchNorm) for layer in container.modules())
+    ]
+
+
 def compile_regions(model: nn.Module, calls: CompiledCalls) -> list[str]:
     """Compile in place every block of every repeated-block container of ``model``; return the
     containers' names (none: nothing was compiled)."""

@@ -192,6 +192,35 @@ def test_regional_compiles_each_block_class_once():
     assert model._compiled_call_impl is None and model.stem._compiled_call_impl is None
 
 
+class ResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            [
+                nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU())
+                for _ in range(3)
+            ]
+        )
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def test_auto_compiles_whole_a_model_whose_blocks_hold_batch_norm():
+    model = compile(ResNet())
+    with torch.no_grad():
+        model(torch.randn(2, 3, 6, 6))
+    report = compile_report(model)
+    assert len(report.graphs) == 1 and "in forward" in report.graphs[0], report.graphs
+    assert model._compiled_call_impl is not None
+    assert all(block._compiled_call_impl is None for block in model.blocks)
+    assert "blocks (blocks) hold batch norm" in str(report)
+
+
 def test_compiled_model_keeps_class_and_state_dict_keys():
     eager = GPT()
     keys = list(eager.state_dict())
