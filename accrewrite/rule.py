@@ -18,8 +18,8 @@ from typing import ClassVar
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from accrewrite.analysis import Facts
 from accrewrite import snippets
+from accrewrite.analysis import Facts
 from accrewrite.positions import starts
 from accrewrite.targets import Concept, Target, all_targets
 

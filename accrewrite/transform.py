@@ -23,8 +23,8 @@ from accrewrite.guard import Guard, flatten
 from accrewrite.rule import Rule, RuleContext
 from accrewrite.targets import ConceptMissing
 
-# Whitespace, comments and punctuation: leaves for every rule (no rule visits them), so the
-# walk does not enter them (entering one would rebuild it and its whitespace).
+# Whitespace, comments and punctuation: the walk does not enter them (entering one would rebuild
+# it and its whitespace), except those that a rule (of a third-party pack) visits or leaves.
 _TOKEN_TYPES = node_types(
     cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Newline, cst.Comment,
     cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp,
@@ -34,14 +34,17 @@ _TOKEN_TYPES = node_types(
 )
 
 
-def walked_types(rules: list[type[Rule]]) -> frozenset[str]:
+def walked_types(rules: list[type[Rule]]) -> frozenset[str] | None:
     """Names of the node types the walk acts on for ``rules``: statements (whose context,
     insertions and guards it keeps) and every type a rule visits or leaves. A subtree without
     any of them (``Facts.inert``) is not entered: nothing there can change or be reported, and
-    not entering it saves libcst rebuilding it."""
+    not entering it saves libcst rebuilding it. None (every subtree is entered) when a rule
+    visits whitespace or punctuation, which the analysis does not look at."""
     names = {kind.__name__ for kind in STATEMENT_TYPES}
     for rule in rules:
         names.update(attribute.split("_", 1)[1] for attribute in dir(rule) if attribute.startswith(("visit_", "leave_")))
+    if names & {kind.__name__ for kind in _TOKEN_TYPES}:
+        return None
     return frozenset(names)
 
 

@@ -103,3 +103,24 @@ def test_hot_statements_follow_trigger_words():
     facts = analyze(module, frozenset({"cuda"}))
     hot = {module.code_for_node(node).strip().splitlines()[0] for node in facts.hot}
     assert hot == {"def f():", "return y.cuda()"}
+
+
+def test_inert_subtrees_hold_no_walked_node_type():
+    module = cst.parse_module("x = f(a, b.c, [1, g(2)])\n")
+    facts = analyze(module, walked=frozenset({"SimpleStatementLine", "Call"}))
+    inert = {module.code_for_node(node) for node in facts.inert}
+    # the names, the attribute and the literal 1 hold no call; the list holds g(2)
+    assert {"x", "f", "a", "b.c", "1", "2"} <= inert
+    assert not inert & {"f(a, b.c, [1, g(2)])", "[1, g(2)]", "g(2)", "x = f(a, b.c, [1, g(2)])\n"}
+
+
+def test_a_rule_visiting_punctuation_turns_inert_subtrees_off():
+    from accrewrite.rules.acc001_rng_seed import RngSeed
+    from accrewrite.transform import walked_types
+
+    class CommaRule(RngSeed):
+        def visit_Comma(self, node):
+            pass
+
+    assert walked_types([RngSeed]) is not None
+    assert walked_types([RngSeed, CommaRule]) is None
