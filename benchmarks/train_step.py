@@ -13,7 +13,8 @@ AdamW step) under four setups, each on a fresh copy of the same model:
 caches are off, so no setup reuses another's work; what a process pays once, whatever it
 compiles, such as loading inductor and registering patterns, is paid before any measurement by
 a warm-up compile of a tiny model, so that the setup measured first is not charged for it);
-"step" is the median of the steady steps after it. Ratios are against eager and against torch.compile. Run on CPU:
+"step" is the median of the steady steps after it, taken in turns (a step of each setup per
+round) so that the machine's drift falls on every setup alike. Ratios are against eager and against torch.compile. Run on CPU:
 
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
                                                # gpt-12: cold start only
@@ -164,25 +165,37 @@ SETUPS = {"eager": eager, "torch.compile": full, "regional": regional, "accrewri
 def warm_up() -> None:
     """Pay the once-per-process costs of both compilers on a tiny model (see the docstring)."""
     for setup in (full, accrewrite):
-        tiny = cases(quick=True)[0]
-        run(dataclasses.replace(tiny, model=GPT(1, d=8, heads=2, seq=16, vocab=64), steps=0), setup)
+        first_step(GPT(1, d=8, heads=2, seq=16, vocab=64), cases(quick=True)[0].batch, setup)
 
 
-def run(case: Case, setup) -> tuple[float, float | None]:
-    """(first step in s, median steady step in ms or None)."""
-    torch._dynamo.reset()
-    model, optimizer = setup(copy.deepcopy(case.model))
+def first_step(model, batch, setup):
+    """(the first step's time in s, a function that runs one more step and returns its time)."""
+    model, optimizer = setup(copy.deepcopy(model))
 
     def step():
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        model(*case.batch).backward()
+        model(*batch).backward()
         optimizer.step()
         return time.perf_counter() - start
 
-    first = step()
-    steady = [step() for _ in range(case.steps)]
-    return first, (statistics.median(steady) * 1e3 if steady else None)
+    return step(), step
+
+
+def run(case: Case) -> dict[str, tuple[float, float | None]]:
+    """Per setup: (first step in s, median steady step in ms or None)."""
+    # Each setup compiles code objects of its own; the reset only drops the previous case's
+    # (dynamo would otherwise treat the new shapes as dynamic).
+    torch._dynamo.reset()
+    started = {name: first_step(case.model, case.batch, setup) for name, setup in SETUPS.items()}
+    steady = {name: [] for name in SETUPS}
+    for _ in range(case.steps):
+        for name, (_, step) in started.items():
+            steady[name].append(step())
+    return {
+        name: (first, statistics.median(steady[name]) * 1e3 if steady[name] else None)
+        for name, (first, _) in started.items()
+    }
 
 
 def ratio(value, base):
@@ -210,7 +223,7 @@ def main(argv=None):
     header += f" {'step':>10} {'vs eager':>9} {'vs compile':>10}"
     print(header)
     for case in cases(args.quick):
-        results = {name: run(case, setup) for name, setup in SETUPS.items()}
+        results = run(case)
         eager_first, eager_step = results["eager"]
         full_first, full_step = results["torch.compile"]
         for name, (first, step) in results.items():
