@@ -14,7 +14,8 @@ caches are off, so no setup reuses another's work; what a process pays once, wha
 compiles, such as loading inductor and registering patterns, is paid before any measurement by
 a warm-up compile of a tiny model, so that the setup measured first is not charged for it);
 "step" is the median of the steady steps after it, taken in turns (a step of each setup per
-round) so that the machine's drift falls on every setup alike. Ratios are against eager and against torch.compile. Run on CPU:
+round) so that the machine's drift falls on every setup alike. Ratios are against eager and
+against torch.compile. Run on CPU:
 
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
                                                # gpt-12: cold start only
