@@ -145,7 +145,7 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
             return result
         module = _parse(source, path)
         selection = options.selection()
-        facts = analyze(module, *_triggers(selection), walked_types(selection.rules))
+        facts = analyze(module, *_triggers(selection), walked_types(tuple(selection.rules)))
         target = get_target(options.target)
         ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
         rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]

@@ -14,6 +14,7 @@ statement into seed 001's ``if enabled(): new else: original`` form.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import libcst as cst
@@ -34,16 +35,21 @@ _TOKEN_TYPES = node_types(
 )
 
 
-def walked_types(rules: list[type[Rule]]) -> frozenset[str] | None:
+_TOKEN_NAMES = frozenset(kind.__name__ for kind in _TOKEN_TYPES)
+
+
+@functools.lru_cache(maxsize=64)
+def walked_types(rules: tuple[type[Rule], ...]) -> frozenset[str] | None:
     """Names of the node types the walk acts on for ``rules``: statements (whose context,
     insertions and guards it keeps) and every type a rule visits or leaves. A subtree without
     any of them (``Facts.inert``) is not entered: nothing there can change or be reported, and
     not entering it saves libcst rebuilding it. None (every subtree is entered) when a rule
-    visits whitespace or punctuation, which the analysis does not look at."""
+    visits whitespace or punctuation, which the analysis does not look at. Cached: every file of
+    a run has the same rules."""
     names = {kind.__name__ for kind in STATEMENT_TYPES}
     for rule in rules:
         names.update(attribute.split("_", 1)[1] for attribute in dir(rule) if attribute.startswith(("visit_", "leave_")))
-    if names & {kind.__name__ for kind in _TOKEN_TYPES}:
+    if names & _TOKEN_NAMES:
         return None
     return frozenset(names)
 

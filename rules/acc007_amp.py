@@ -300,6 +300,14 @@ class Amp(Rule):
             named.append((name, arg))
         return named
 
+    def _arguments_by_keyword(self, original_node, updated_node, named, what: str):
+        """A call whose import now names the target's ``what``: only its arguments may change,
+        the device one dropped (the target's picks its device) and the others by keyword."""
+        if len(named) == len(original_node.args) and all(a.keyword for a in updated_node.args):
+            return updated_node
+        self.ctx.fix(original_node, f"{what}: the target's picks its device; arguments by keyword")
+        return updated_node.with_changes(args=_with_commas([a for _, a in named]))
+
     def _autocast(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
         if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
@@ -307,11 +315,7 @@ class Amp(Rule):
             return updated_node
         named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device_type"]
         if repointed and not ctx.target.has("autocast_device"):
-            # The import now names the target's autocast: only the arguments may change.
-            if len(named) == len(original_node.args) and all(a.keyword for a in updated_node.args):
-                return updated_node
-            ctx.fix(original_node, "autocast: the target's picks its device; arguments by keyword")
-            return updated_node.with_changes(args=_with_commas([a for _, a in named]))
+            return self._arguments_by_keyword(original_node, updated_node, named, "autocast")
         if self._clash(original_node, "autocast"):
             return updated_node
         callee = self._callee("autocast")
@@ -355,11 +359,7 @@ class Amp(Rule):
             return ctx.expr("disabled_grad_scaler")
         named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device"]
         if repointed:
-            # The import now names the target's GradScaler: only the arguments may change.
-            if len(named) == len(original_node.args) and all(a.keyword for a in updated_node.args):
-                return updated_node
-            ctx.fix(original_node, "GradScaler: the target's picks its device; arguments by keyword")
-            return updated_node.with_changes(args=_with_commas([a for _, a in named]))
+            return self._arguments_by_keyword(original_node, updated_node, named, "GradScaler")
         if self._clash(original_node, "grad_scaler"):
             return updated_node
         callee = self._callee("grad_scaler")

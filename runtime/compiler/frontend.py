@@ -5,6 +5,7 @@ import weakref
 import torch
 from torch import nn
 
+from accrewrite.runtime.blocks import repeated_blocks
 from accrewrite.runtime.compiler.backend import Backend, CompileReport
 from accrewrite.runtime.compiler.regional import CompiledCalls, batch_norm_blocks, compile_regions
 
@@ -57,14 +58,15 @@ def compile(
         )
 
     calls = CompiledCalls(backend=backend, dynamic=dynamic)
-    with_batch_norm = batch_norm_blocks(model) if regional == "auto" else []
+    found = repeated_blocks(model) if regional is not False else []
+    with_batch_norm = batch_norm_blocks(found) if regional == "auto" else []
     if with_batch_norm:
-        regional = False
+        found = []
         backend.report.notes.append(
             f"regional='auto': whole model compiled, its blocks ({', '.join(with_batch_norm)}) hold "
             "batch norm, which steps slower compiled by region"
         )
-    regions = compile_regions(model, calls) if regional is not False else []
+    regions = compile_regions(found, calls)
     if regional is True and not regions:
         raise ValueError(
             f"regional=True but {type(model).__name__} has no repeated blocks (an nn.ModuleList or "

@@ -122,5 +122,5 @@ def test_a_rule_visiting_punctuation_turns_inert_subtrees_off():
         def visit_Comma(self, node):
             pass
 
-    assert walked_types([RngSeed]) is not None
-    assert walked_types([RngSeed, CommaRule]) is None
+    assert walked_types((RngSeed,)) is not None
+    assert walked_types((RngSeed, CommaRule)) is None
