@@ -15,7 +15,9 @@ compiles, such as loading inductor and registering patterns, is paid before any 
 a warm-up compile of a tiny model, so that the setup measured first is not charged for it);
 "step" is the median of the steady steps after it, taken in turns (a step of each setup per
 round) so that the machine's drift falls on every setup alike. Ratios are against eager and
-against torch.compile. Run on CPU:
+against torch.compile. "floor" is the time that the matmuls, convolutions and attention of one
+more eager step take (ATen's kernels, which every setup runs alike): no setup steps faster than
+that unless it replaces those kernels. Run on CPU:
 
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
                                                # gpt-12: cold start only
@@ -32,6 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from accrewrite.runtime import compile as accrewrite_compile
 
@@ -183,8 +186,34 @@ def first_step(model, batch, setup):
     return step(), step
 
 
+# ATen ops (by name prefix) of the matmuls, convolutions and attention, forward and backward
+_FLOOR_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product", "aten::convolution")
+
+
+class _FloorTimer(TorchDispatchMode):
+    """Adds up the time of the ``_FLOOR_OPS`` run under it (CPU kernels run synchronously)."""
+
+    seconds = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.name().startswith(_FLOOR_OPS):
+            return func(*args, **(kwargs or {}))
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def floor(step) -> float:
+    """The time in ms of the ``_FLOOR_OPS`` in one more ``step()``."""
+    with _FloorTimer() as timer:
+        step()
+    return timer.seconds * 1e3
+
+
 def run(case: Case) -> dict[str, tuple[float, float | None]]:
-    """Per setup: (first step in s, median steady step in ms or None)."""
+    """Per setup: (first step in s, median steady step in ms or None); and "floor": (None,
+    floor of the eager step in ms) when there are steady steps."""
     # Each setup compiles code objects of its own; the reset only drops the previous case's
     # (dynamo would otherwise treat the new shapes as dynamic).
     torch._dynamo.reset()
@@ -193,10 +222,13 @@ def run(case: Case) -> dict[str, tuple[float, float | None]]:
     for _ in range(case.steps):
         for name, (_, step) in started.items():
             steady[name].append(step())
-    return {
+    results = {
         name: (first, statistics.median(steady[name]) * 1e3 if steady[name] else None)
         for name, (first, _) in started.items()
     }
+    if case.steps:
+        results["floor"] = (None, floor(started["eager"][1]))
+    return results
 
 
 def ratio(value, base):
@@ -229,8 +261,9 @@ def main(argv=None):
         full_first, full_step = results["torch.compile"]
         for name, (first, step) in results.items():
             step_text = f"{step:8.1f}ms" if step is not None else "         -"
+            first_text = f"{first:10.2f}s" if first is not None else "          -"
             print(
-                f"{case.name:28} {name:14} {first:10.2f}s {ratio(first, eager_first):>9}"
+                f"{case.name:28} {name:14} {first_text} {ratio(first, eager_first):>9}"
                 f" {ratio(first, full_first):>10} {step_text:>10} {ratio(step, eager_step):>9}"
                 f" {ratio(step, full_step):>10}",
                 flush=True,

@@ -32,7 +32,8 @@ class CompileReport:
     inductor loads from its on-disk cache is not traced again, so its matches are not listed
     (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`` shows them)."""
 
-    graphs: list[str] = dataclasses.field(default_factory=list)
+    # each compiled graph: where it came from, or the region of blocks that share it
+    graphs: list["str | regional.Region"] = dataclasses.field(default_factory=list)
     matches: list[KernelMatch] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)  # choices made without a graph
 
@@ -45,36 +46,35 @@ class CompileReport:
 
 
 class Backend:
-    """A dynamo backend compiling with the given options; ``report`` collects what it did."""
+    """A dynamo backend compiling with the given options; ``report`` collects what it did.
 
-    def __init__(self, *, mode=None, kernels="auto", memory_budget=None):
+    ``blocks``: the qualified names (with their class names) of the repeated blocks of the
+    module whose forward is compiled; its graphs are then compiled by region
+    (``regional.compile_by_region``).
+    """
+
+    def __init__(self, *, mode=None, kernels="auto", memory_budget=None, blocks=None):
         check_policy(kernels)
         self.mode = None if mode in (None, "default") else mode
         self.kernels = kernels
         self.memory_budget = check_budget(memory_budget)
         self.report = CompileReport()
+        self.regions = regional.RegionCache(blocks) if blocks else None
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
-        self.report.graphs.append(_graph_origin(gm))
+        if self.regions:
+            return regional.compile_by_region(
+                gm, example_inputs, self.regions, self.compile_graph, self.report
+            )
+        self.report.graphs.append(regional.compile_origin(gm))
+        return self.compile_graph(gm, example_inputs)
+
+    def compile_graph(self, gm: torch.fx.GraphModule, example_inputs):
+        """AOTAutograd, the kernel-selection pass and inductor on one graph."""
         patches = dict(torch._inductor.list_mode_options(self.mode)) if self.mode else {}
         patches["joint_custom_pre_pass"] = KernelSelectionPass(self.kernels, self.report.matches)
         with activation_budget(self.memory_budget):
             return compile_fx(gm, example_inputs, config_patches=patches)
-
-
-def _graph_origin(gm: torch.fx.GraphModule) -> str:
-    """Where a dynamo graph came from: the outermost traced frame of the model's own code, as
-    'file, line, function'; for a graph of torch.nn modules only (whose frames dynamo does not
-    record), the classes of those modules."""
-    classes = {}
-    for node in gm.graph.nodes:
-        for line in node.meta.get("stack_trace", "").splitlines():
-            line = line.strip()
-            if line.startswith("File ") and f'"{regional.__file__}"' not in line:
-                return line.removeprefix("File ")
-        for _, cls in (node.meta.get("nn_module_stack") or {}).values():
-            classes.setdefault(cls.__name__)
-    return f"torch.nn modules {', '.join(classes)}" if classes else "<unknown>"
 
 
 @register_backend(name="accrewrite")

@@ -7,7 +7,7 @@ from torch import nn
 
 from accrewrite.runtime.blocks import repeated_blocks
 from accrewrite.runtime.compiler.backend import Backend, CompileReport
-from accrewrite.runtime.compiler.regional import CompiledCalls, batch_norm_blocks, compile_regions
+from accrewrite.runtime.compiler.regional import CompiledCalls, batch_norm_blocks, block_names
 
 _REGIONAL = ("auto", True, False)
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -28,10 +28,12 @@ def compile(
     class, attributes and ``state_dict`` keys, so checkpoints move between the eager and the
     compiled model unchanged.
 
-    ``regional``: "auto" compiles only the repeated blocks (``nn.ModuleList``/``nn.Sequential``
-    of one class) when the model has some and they hold no batch norm (see
-    ``regional.batch_norm_blocks``), else the whole model; True requires repeated blocks;
-    False compiles the whole model. ``mode`` and ``dynamic`` are ``torch.compile``'s.
+    ``regional``: "auto" compiles by region when the model has repeated blocks
+    (``nn.ModuleList``/``nn.Sequential`` of one class) that hold no batch norm (see
+    ``regional.batch_norm_blocks``): the whole forward is one captured graph, whose blocks are
+    compiled once per block class and whose other code is compiled around them (see
+    ``regional.py``); else the whole graph is compiled at once. True requires repeated blocks;
+    False compiles the whole graph at once. ``mode`` and ``dynamic`` are ``torch.compile``'s.
     ``memory_budget``: None or a fraction in [0, 1] of the activation memory the compiled
     training graph may keep (see ``memory.py``). ``kernels``: "auto" lets the kernel-selection
     pass choose by device and shape, "accrewrite" always uses the accrewrite kernels, "inductor"
@@ -48,8 +50,8 @@ def compile(
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(_MODES)}")
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic={dynamic!r}: expected None, True or False")
-    backend = Backend(mode=mode, kernels=kernels, memory_budget=memory_budget)
     if isinstance(model, torch.optim.Optimizer):
+        backend = Backend(mode=mode, kernels=kernels, memory_budget=memory_budget)
         return _compile_optimizer(model, backend, dynamic)
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -57,23 +59,25 @@ def compile(
             f"got {type(model).__name__}"
         )
 
-    calls = CompiledCalls(backend=backend, dynamic=dynamic)
     found = repeated_blocks(model) if regional is not False else []
-    with_batch_norm = batch_norm_blocks(found) if regional == "auto" else []
-    if with_batch_norm:
-        found = []
-        backend.report.notes.append(
-            f"regional='auto': whole model compiled, its blocks ({', '.join(with_batch_norm)}) hold "
-            "batch norm, which steps slower compiled by region"
-        )
-    regions = compile_regions(found, calls)
-    if regional is True and not regions:
+    if regional is True and not found:
         raise ValueError(
             f"regional=True but {type(model).__name__} has no repeated blocks (an nn.ModuleList or "
             "nn.Sequential of two or more modules of one class); use regional='auto' or False"
         )
-    if not regions:
-        calls.install(model)
+    with_batch_norm = batch_norm_blocks(found) if regional == "auto" else []
+    backend = Backend(
+        mode=mode,
+        kernels=kernels,
+        memory_budget=memory_budget,
+        blocks=block_names([] if with_batch_norm else found),
+    )
+    if with_batch_norm:
+        backend.report.notes.append(
+            f"regional='auto': whole model compiled, its blocks ({', '.join(with_batch_norm)}) hold "
+            "batch norm, which steps slower compiled by region"
+        )
+    CompiledCalls(backend=backend, dynamic=dynamic).install(model)
     _reports[model] = backend.report
     return model
 

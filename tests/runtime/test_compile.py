@@ -7,9 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 from accrewrite.runtime import compile
 from accrewrite.runtime.compiler import compile_report
+from accrewrite.runtime.compiler.regional import Region
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compiles")
@@ -177,19 +179,56 @@ class TwoStacks(nn.Module):
         return x
 
 
+def compiles(model, *inputs):
+    """How many graphs AOTAutograd compiled to run ``model(*inputs)`` without gradients."""
+    counters.clear()
+    with torch.no_grad():  # forward graphs only: the count is the same, the test is faster
+        model(*inputs)
+    return counters["aot_autograd"]["total"]
+
+
+def regions(model):
+    return [(r.cls, r.blocks) for r in compile_report(model).graphs if isinstance(r, Region)]
+
+
 def test_regional_compiles_each_block_class_once():
     model = compile(TwoStacks())
     assert compile_report(model).graphs == []  # compilation happens at the first call
-    with torch.no_grad():  # forward graphs only: the count is the same, the test is faster
-        model(torch.randn(2, 5, 8))
 
-    # 7 blocks of 2 classes: one graph per class, shared by its instances; the rest is eager.
-    graphs = compile_report(model).graphs
-    assert len(graphs) == 2, graphs
-    assert "torch.nn modules Linear, Tanh" in graphs  # the nn.Sequential blocks
-    assert sum("test_compile.py" in g and "in forward" in g for g in graphs) == 1  # Residual
-    assert all(block._compiled_call_impl is not None for block in [*model.encoder, *model.decoder])
-    assert model._compiled_call_impl is None and model.stem._compiled_call_impl is None
+    # 7 blocks of 2 classes: one graph per class, shared by its instances, and the stem's.
+    assert compiles(model, torch.randn(2, 5, 8)) == 3
+    assert regions(model) == [
+        ("Sequential", ["encoder.0", "encoder.1", "encoder.2", "encoder.3"]),
+        ("Residual", ["decoder.0", "decoder.1", "decoder.2"]),
+    ]
+    assert 'glue: "' in str(compile_report(model).graphs[0])  # the stem, a Linear
+    # the model is one compiled call; its blocks are not compiled calls of their own
+    assert model._compiled_call_impl is not None
+    assert all(block._compiled_call_impl is None for block in [*model.encoder, *model.decoder])
+
+
+class BrokenStacks(TwoStacks):
+    def forward(self, x):
+        for block in self.encoder:
+            x = block(x)
+        torch._dynamo.graph_break()
+        for block in self.decoder:
+            x = block(x)
+        return x
+
+
+def test_blocks_in_graphs_split_by_a_graph_break_share_their_compiled_region():
+    model = compile(BrokenStacks())
+    # The break splits the forward in two graphs; each block class still compiles once.
+    assert compiles(model, torch.randn(2, 5, 8)) == 2
+    assert [cls for cls, _ in regions(model)] == ["Sequential", "Residual"]
+    assert compiles(model, torch.randn(2, 5, 8)) == 0
+
+
+def test_glue_without_matmul_runs_as_traced():
+    model = compile(GPT())  # its glue before the blocks: an embedding lookup plus positions
+    assert compiles(model, torch.randint(0, 64, (2, 16))) == 2  # the blocks and the head
+    assert "glue run as traced" in str(compile_report(model))
 
 
 class ResNet(nn.Module):
