@@ -187,7 +187,9 @@ def first_step(model, batch, setup):
 
 
 # ATen ops (by name prefix) of the matmuls, convolutions and attention, forward and backward
-_FLOOR_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product", "aten::convolution")
+_FLOOR_OPS = (
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product", "aten::convolution"
+)
 
 
 class _FloorTimer(TorchDispatchMode):

@@ -74,8 +74,8 @@ def compile(
     )
     if with_batch_norm:
         backend.report.notes.append(
-            f"regional='auto': whole model compiled, its blocks ({', '.join(with_batch_norm)}) hold "
-            "batch norm, which steps slower compiled by region"
+            f"regional='auto': whole model compiled, its blocks ({', '.join(with_batch_norm)}) "
+            "hold batch norm, which steps slower compiled by region"
         )
     CompiledCalls(backend=backend, dynamic=dynamic).install(model)
     _reports[model] = backend.report

@@ -194,16 +194,26 @@ def _quick_gelu_inputs(dtype, grad):
 
 
 # bias_dropout_add, with a bias and without (a Linear's bias is inside its matmul: most models
-# write residual + dropout(proj(h))). The residual is traced without a gradient: its gradient is
-# the incoming one, which the pattern then need not contain, so it matches either way.
+# write residual + dropout(proj(h))), and with the residual on either side of the sum (the
+# matcher does not take the sum as commutative). The residual is traced without a gradient: its
+# gradient is the incoming one, which the pattern then need not contain, so it matches either way.
 
 
-def _bias_dropout_add_search(x, bias, residual, p):
-    return _dropout_add_search(x + bias, residual, p)
+def _dropout_add_search(residual_first: bool):
+    def search(x, residual, p):
+        dropped = F.dropout(x, p, training=True)
+        return residual + dropped if residual_first else dropped + residual
+
+    return search
 
 
-def _dropout_add_search(x, residual, p):
-    return residual + F.dropout(x, p, training=True)
+def _bias_dropout_add_search(residual_first: bool):
+    dropout_add = _dropout_add_search(residual_first)
+
+    def search(x, bias, residual, p):
+        return dropout_add(x + bias, residual, p)
+
+    return search
 
 
 def _bias_dropout_add_replace(x, bias, residual, p):
@@ -300,11 +310,18 @@ PATTERNS = (
             scalars={"eps": 1e-5}),
     Pattern("quick_gelu", _quick_gelu_search, _quick_gelu_replace, _quick_gelu_inputs),
     # with its bias before without, so that a match is the longest one
-    Pattern("bias_dropout_add", _bias_dropout_add_search, _bias_dropout_add_replace,
-            _bias_dropout_add_inputs, scalars={"p": 0.113377},
-            unsupported=_bias_dropout_add_unsupported),
-    Pattern("bias_dropout_add", _dropout_add_search, _dropout_add_replace, _dropout_add_inputs,
-            scalars={"p": 0.113377}, unsupported=_bias_dropout_add_unsupported),
+    *(
+        Pattern("bias_dropout_add", _bias_dropout_add_search(residual_first),
+                _bias_dropout_add_replace, _bias_dropout_add_inputs, scalars={"p": 0.113377},
+                unsupported=_bias_dropout_add_unsupported)
+        for residual_first in (True, False)
+    ),
+    *(
+        Pattern("bias_dropout_add", _dropout_add_search(residual_first), _dropout_add_replace,
+                _dropout_add_inputs, scalars={"p": 0.113377},
+                unsupported=_bias_dropout_add_unsupported)
+        for residual_first in (True, False)
+    ),
     Pattern("swin_fmha", _swin_fmha_search, _swin_fmha_replace, _swin_fmha_inputs, "attn",
             unsupported=_swin_fmha_unsupported),
     *(

@@ -99,21 +99,28 @@ def swin_inputs():
 
 
 P, P_NO_BIAS = 0.1, 0.3
+# where the residual is in the sum
+ORDERS = pytest.mark.parametrize("residual_first", [True, False], ids=["r+dropout", "dropout+r"])
 
 
 class DropoutAdd(nn.Module):
     """Residual dropout as Megatron writes it, with an explicit bias, and as most models do,
-    after a Linear (whose bias is inside its matmul): here without a bias, at another rate. The
-    outputs show the masks: each is residual + kept (x + bias) / (1 - p)."""
+    after a Linear (whose bias is inside its matmul): here without a bias, at another rate; the
+    residual first in the sum or last. The outputs show the masks: each is residual + kept
+    (x + bias) / (1 - p)."""
 
-    def __init__(self, d=64):
+    def __init__(self, d=64, residual_first=True):
         super().__init__()
         self.bias = nn.Parameter(torch.randn(d))
+        self.residual_first = residual_first
 
     def forward(self, x, residual, y, residual2):
+        def add(residual, dropped):
+            return residual + dropped if self.residual_first else dropped + residual
+
         return (
-            residual + F.dropout(x + self.bias, P, self.training),
-            residual2 + F.dropout(y, P_NO_BIAS, self.training),
+            add(residual, F.dropout(x + self.bias, P, self.training)),
+            add(residual2, F.dropout(y, P_NO_BIAS, self.training)),
         )
 
 
@@ -124,10 +131,10 @@ def dropout_inputs(grad=True):
 class SwinAndDropoutAdd(nn.Module):
     """Both kinds in one graph: three Swin matches and two dropout-add ones."""
 
-    def __init__(self):
+    def __init__(self, residual_first=True):
         super().__init__()
         self.swin = Swin()
-        self.dropout = DropoutAdd()
+        self.dropout = DropoutAdd(residual_first=residual_first)
 
     def forward(self, attn, mask, *dropout_inputs):
         return self.swin(attn, mask), *self.dropout(*dropout_inputs)
@@ -147,11 +154,12 @@ def test_on_cpu_auto_lists_each_match_and_leaves_it_to_inductor():
     assert kernel_ops(codes) == set()
 
 
+@ORDERS
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
-def test_on_cpu_auto_lists_dropout_add_and_swin_matches(training):
+def test_on_cpu_auto_lists_dropout_add_and_swin_matches(training, residual_first):
     backend = Backend(kernels="auto")
     # in train mode, so that the inference graph has dropout too
-    model = torch.compile(SwinAndDropoutAdd(), backend=backend)
+    model = torch.compile(SwinAndDropoutAdd(residual_first), backend=backend)
 
     def step():
         outs = model(*swin_inputs(), *dropout_inputs(training))
@@ -237,14 +245,15 @@ def test_forced_swin_fmha_matches_eager():
     assert all(isinstance(m.shape[0], torch.SymInt) for m in later)
 
 
-def test_forced_bias_dropout_add_draws_one_mask_per_step_for_forward_and_backward():
+@ORDERS
+def test_forced_bias_dropout_add_draws_one_mask_per_step_for_forward_and_backward(residual_first):
     """Dropout cannot match eager element by element (another generator), so the test checks
     what the outputs and gradients show of the mask: kept elements are exactly (x + bias) /
     (1 - p), the backward keeps the forward's elements, a step draws a new mask, and the kept
     fraction is 1 - p within 5 binomial standard deviations."""
     torch.manual_seed(0)
     backend = Backend(kernels="accrewrite")
-    module = DropoutAdd()
+    module = DropoutAdd(residual_first=residual_first)
     model = torch.compile(module, backend=backend)
 
     @torch.no_grad()
