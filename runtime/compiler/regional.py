@@ -206,9 +206,9 @@ class _PartCompiler(fx.Interpreter):
             self.report.graphs.append(f"glue: {compile_origin(part)}")
         else:
             compiled = part
-            self.report.notes.append(
-                f"glue run as traced (no matmul, convolution or attention): {compile_origin(part)}"
-            )
+            note = f"glue run as traced (no matmul, convolution or attention): {compile_origin(part)}"
+            if note not in self.report.notes:  # recompilations trace the same glue again
+                self.report.notes.append(note)
         self.module.delete_submodule(node.target)
         self.module.add_submodule(node.target, _Part(compiled, single))
         return outputs[0] if single else outputs

@@ -231,6 +231,37 @@ def test_glue_without_matmul_runs_as_traced():
     assert "glue run as traced" in str(compile_report(model))
 
 
+class DropoutBlock(nn.Module):
+    def forward(self, x):
+        return F.dropout(x, 0.5, self.training)
+
+
+class DropoutStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([DropoutBlock(), DropoutBlock()])
+
+    def forward(self, x):
+        return [block(x) for block in self.blocks]
+
+
+def test_blocks_sharing_compiled_code_draw_masks_of_their_own():
+    model = compile(DropoutStack())
+    first, second = model(torch.ones(1000))
+    assert regions(model) == [("DropoutBlock", ["blocks.0", "blocks.1"])]
+    assert not torch.equal(first == 0, second == 0)
+
+
+def test_regions_with_dynamic_shapes():
+    torch.manual_seed(0)
+    eager = GPT()
+    model = compile(copy.deepcopy(eager), dynamic=True)
+    for length in (16, 12, 8):
+        idx = torch.randint(0, 64, (2, length))
+        torch.testing.assert_close(model(idx), eager(idx), rtol=1e-5, atol=1e-5)
+    assert [cls for cls, _ in regions(model)] == ["Block"]  # one compile for every length
+
+
 class ResNet(nn.Module):
     def __init__(self):
         super().__init__()
