@@ -137,7 +137,8 @@ def compile_by_region(gm: fx.GraphModule, example_inputs, cache: RegionCache, co
             part, previous = part + 1, owner
         parts[node] = part
     split = split_module(gm, None, lambda node: parts[node], keep_original_order=True)
-    owner_of_part = {parts[node]: owner for node, owner in owners.items()}
+    # split_module names the part numbered N "submod_N"
+    owner_of_part = {f"submod_{parts[node]}": owner for node, owner in owners.items()}
     _PartCompiler(split, example_inputs, cache, compile_graph, report, owner_of_part).run(
         *example_inputs
     )
@@ -193,12 +194,12 @@ class _PartCompiler(fx.Interpreter):
             return getattr(self, node.op)(node.target, args, kwargs)
         part = self.fetch_attr(node.target)
         single = _outputs_as_tuple(part)
-        # Parameters are graph inputs, real tensors here (as in DDPOptimizer).
+        # A part's constants (get_attr) are real tensors.
         with self.fake_mode, unittest.mock.patch.object(
             self.fake_mode, "allow_non_fake_inputs", True
         ), FlopCounterMode(display=False) as flops:
             outputs = part(*args)
-        owner = self.owner_of_part[int(node.target.removeprefix("submod_"))]
+        owner = self.owner_of_part[node.target]
         if owner is not None:
             compiled = self._region(part, args, owner)
         elif flops.get_total_flops():
@@ -206,7 +207,8 @@ class _PartCompiler(fx.Interpreter):
             self.report.graphs.append(f"glue: {compile_origin(part)}")
         else:
             compiled = part
-            note = f"glue run as traced (no matmul, convolution or attention): {compile_origin(part)}"
+            note = "glue run as traced (no matmul, convolution or attention): "
+            note += compile_origin(part)
             if note not in self.report.notes:  # recompilations trace the same glue again
                 self.report.notes.append(note)
         self.module.delete_submodule(node.target)
