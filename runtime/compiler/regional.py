@@ -258,20 +258,32 @@ class _Part(nn.Module):
 def _structure(part: fx.GraphModule, args) -> tuple:
     """What makes two parts one compiled function: their operations, wired alike, with
     constants alike, on inputs of the same shapes, strides, dtypes and devices."""
-    index = {}
-    operations = []
-    for i, node in enumerate(part.graph.nodes):
-        index[node] = i
-        wiring = fx.node.map_arg((node.args, node.kwargs), lambda arg: ("%", index[arg]))
-        target = "" if node.op == "placeholder" else str(node.target)
-        operations.append((node.op, target, repr(wiring)))
     inputs = tuple(
         (str(a.shape), str(a.stride()), a.dtype, a.device, a.requires_grad)
         if isinstance(a, torch.Tensor)
         else str(a)
         for a in args
     )
-    return tuple(operations), inputs
+    return _operations(part), inputs
+
+
+def _operations(gm: fx.GraphModule) -> tuple:
+    """``gm``'s operations, each with its inputs by position. A subgraph that an operation
+    runs (the body of a higher-order op, such as activation checkpointing's) counts by its own
+    operations, not by its name, which differs from block to block."""
+    index = {}
+    operations = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        wiring = fx.node.map_arg((node.args, node.kwargs), lambda arg: ("%", index[arg]))
+        if node.op == "placeholder":
+            target = ""
+        elif node.op == "get_attr" and isinstance(getattr(gm, node.target), fx.GraphModule):
+            target = _operations(getattr(gm, node.target))
+        else:
+            target = str(node.target)
+        operations.append((node.op, target, repr(wiring)))
+    return tuple(operations)
 
 
 def compile_origin(gm: fx.GraphModule) -> str:

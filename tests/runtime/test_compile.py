@@ -262,6 +262,20 @@ def test_regions_with_dynamic_shapes():
     assert [cls for cls, _ in regions(model)] == ["Block"]  # one compile for every length
 
 
+def test_checkpointed_blocks_share_their_region_and_keep_eager_gradients():
+    from accrewrite.runtime.memory import auto_checkpoint
+
+    torch.manual_seed(0)
+    eager = GPT()
+    model = compile(auto_checkpoint(copy.deepcopy(eager)))
+    gpt_loss(model, gpt_batch(0)).backward()
+    gpt_loss(eager, gpt_batch(0)).backward()
+    # each block's checkpointed body is a subgraph of its own, alike in structure
+    assert regions(model) == [("Block", ["blocks.0", "blocks.1"])]
+    for compiled, expected in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(compiled.grad, expected.grad, rtol=1e-4, atol=1e-5)
+
+
 class ResNet(nn.Module):
     def __init__(self):
         super().__init__()
