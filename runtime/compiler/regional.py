@@ -257,7 +257,9 @@ class _Part(nn.Module):
 
 def _structure(part: fx.GraphModule, args) -> tuple:
     """What makes two parts one compiled function: their operations, wired alike, with
-    constants alike, on inputs of the same shapes, strides, dtypes and devices."""
+    constants alike, on inputs of the same shapes, strides, dtypes and devices that alike need
+    gradients or not (so a first block fed the batch itself, which needs none, compiles apart
+    from the blocks after it)."""
     inputs = tuple(
         (str(a.shape), str(a.stride()), a.dtype, a.device, a.requires_grad)
         if isinstance(a, torch.Tensor)
