@@ -245,7 +245,7 @@ def node_types(*bases: type) -> frozenset[type]:
     return frozenset(found)
 
 
-_NODES = node_types(cst.CSTNode)
+NODE_TYPES = node_types(cst.CSTNode)
 STATEMENT_TYPES = node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
 
 
@@ -290,11 +290,11 @@ class _Walker:
             visit(self, node)
         for field_name in _child_fields(kind):
             value = getattr(node, field_name)
-            if type(value) in _NODES:
+            if type(value) in NODE_TYPES:
                 self.walk(value)
             elif type(value) in (tuple, list):
                 for item in value:
-                    if type(item) in _NODES:
+                    if type(item) in NODE_TYPES:
                         self.walk(item)
         if leave is not None:
             leave(self, node)

@@ -82,5 +82,6 @@ def measure(directory: str, repeat: int) -> None:
         print(f"accrewrite --jobs {jobs:<2}                {best[jobs]:.3f} s  ours/floor {best[jobs] / best['floor']:.2f}x")
     print(f"--jobs 2 speed-up over --jobs 1      {best[1] / best[2]:.2f}x")
 
+
 if __name__ == "__main__":
     main()

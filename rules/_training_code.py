@@ -19,7 +19,7 @@ import re
 
 import libcst as cst
 
-from accrewrite.analysis import _NODES, _child_fields, dotted, string_value
+from accrewrite.analysis import NODE_TYPES, _child_fields, dotted, string_value
 
 # Methods that copy a tensor's value to the host (the caller waits for the device).
 SYNC_METHODS = frozenset({"item", "tolist", "numpy", "cpu"})
@@ -118,10 +118,10 @@ def walk(node: cst.CSTNode, enter) -> None:
         children = []
         for name in _child_fields(type(current)):
             value = getattr(current, name)
-            if type(value) in _NODES:
+            if type(value) in NODE_TYPES:
                 children.append(value)
             elif type(value) in (tuple, list):
-                children.extend(item for item in value if type(item) in _NODES)
+                children.extend(item for item in value if type(item) in NODE_TYPES)
         stack.extend(reversed(children))
 
 

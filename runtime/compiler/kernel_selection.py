@@ -311,15 +311,12 @@ PATTERNS = (
     Pattern("quick_gelu", _quick_gelu_search, _quick_gelu_replace, _quick_gelu_inputs),
     # with its bias before without, so that a match is the longest one
     *(
-        Pattern("bias_dropout_add", _bias_dropout_add_search(residual_first),
-                _bias_dropout_add_replace, _bias_dropout_add_inputs, scalars={"p": 0.113377},
-                unsupported=_bias_dropout_add_unsupported)
-        for residual_first in (True, False)
-    ),
-    *(
-        Pattern("bias_dropout_add", _dropout_add_search(residual_first), _dropout_add_replace,
-                _dropout_add_inputs, scalars={"p": 0.113377},
-                unsupported=_bias_dropout_add_unsupported)
+        Pattern("bias_dropout_add", search(residual_first), replace, inputs,
+                scalars={"p": 0.113377}, unsupported=_bias_dropout_add_unsupported)
+        for search, replace, inputs in (
+            (_bias_dropout_add_search, _bias_dropout_add_replace, _bias_dropout_add_inputs),
+            (_dropout_add_search, _dropout_add_replace, _dropout_add_inputs),
+        )
         for residual_first in (True, False)
     ),
     Pattern("swin_fmha", _swin_fmha_search, _swin_fmha_replace, _swin_fmha_inputs, "attn",

@@ -222,7 +222,8 @@ class _PartCompiler(fx.Interpreter):
             self.cache.compiled[key] = (self._compile(part, args), region)
             self.report.graphs.append(region)
         compiled, region = self.cache.compiled[key]
-        region.blocks.append(owner)
+        if owner not in region.blocks:  # a recompiled graph meets its blocks again
+            region.blocks.append(owner)
         return compiled
 
     def _compile(self, part, args):

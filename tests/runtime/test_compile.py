@@ -225,6 +225,14 @@ def test_blocks_in_graphs_split_by_a_graph_break_share_their_compiled_region():
     assert compiles(model, torch.randn(2, 5, 8)) == 0
 
 
+def test_a_graph_traced_again_reuses_its_regions():
+    model = compile(TwoStacks())
+    assert compiles(model, torch.randn(2, 5, 8)) == 3
+    torch._dynamo.reset()  # dynamo traces the forward again; the regions are the model's
+    assert compiles(model, torch.randn(2, 5, 8)) == 1  # the stem's glue only
+    assert [len(blocks) for _, blocks in regions(model)] == [4, 3]
+
+
 def test_glue_without_matmul_runs_as_traced():
     model = compile(GPT())  # its glue before the blocks: an embedding lookup plus positions
     assert compiles(model, torch.randint(0, 64, (2, 16))) == 2  # the blocks and the head
