@@ -6,6 +6,8 @@ graph compiler or the kernels.
 
 from accrewrite.lazy import lazy_attributes
 
+from . import _process_exit  # noqa: F401 - first registered exit handler, so it runs last
+
 _ATTRIBUTES = {
     "xla_model": "xla_model",
     "parallel_loader": "parallel_loader",

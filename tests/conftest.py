@@ -2,10 +2,11 @@
 
 import pytest
 
-# An open bug: a worker process now and then aborts at interpreter exit, after its work is done
-# and its results are written ("terminate called without an active exception"; the runtime's own
-# threads are already stopped at exit, see runtime/_closures.py and runtime/parallel_loader.py).
-# Tests that launch ranks rerun on exactly that failure; any other failure fails at once.
+# PyTorch's gloo worker threads can abort a process at interpreter exit, after its work is done
+# and its results are written ("terminate called without an active exception"). Processes that
+# import accrewrite.runtime no longer do (runtime/_process_exit.py); the reference runs of plain
+# PyTorch scripts (the examples' DDP originals under torchrun) still can. Tests that launch ranks
+# rerun on exactly that failure; any other failure fails at once.
 EXIT_ABORT = "terminate called without an active exception"
 
 

@@ -92,6 +92,7 @@ def test_runtime_target_runs_on_cpu(tmp_path):
     _run([sys.executable, str(path)], tmp_path)
 
 
+@pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_runtime_target_two_processes_agree(tmp_path):
     path, _ = _migrated(tmp_path, "runtime")
