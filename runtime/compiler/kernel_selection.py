@@ -8,13 +8,15 @@ the shape, and every match is recorded with its choice and the reason in a ``Ker
 
 Patterns are written as the PyTorch code users write; inductor's pattern matcher traces them
 into aten with the same decompositions as the model, once per dtype and once for training
-(forward + backward) and inference (forward only), and re-checks each match at its real shapes.
+(forward + backward) and inference (forward only), and re-checks each match at its real shapes
+(a pattern with ``view_shapes`` instead checks the shapes of its views).
 """
 
 import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 
@@ -24,6 +26,7 @@ from torch._inductor import pattern_matcher
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._inductor.fx_passes.joint_graph import early_patterns
 from torch._inductor.fx_passes.post_grad import remove_noop_ops
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from accrewrite.kernels.dispatch import triton_available
 from accrewrite.runtime.compiler import ops
@@ -121,7 +124,13 @@ class Pattern:
     arguments (values that occur nowhere else in the trace, which is how the matcher tells the
     argument from a constant). The match's argument ``input_name`` gives the shape and device the
     choice depends on; ``unsupported(args)`` says why the kernel cannot take a match's arguments
-    (fake tensors and scalars by name), or returns None; without it the kernel takes them all."""
+    (fake tensors and scalars by name), or returns None; without it the kernel takes them all.
+
+    The matcher re-traces a pattern at each match's shapes and compares the sizes given to its
+    views, which it cannot do where a size comes from a second symbolic dimension (it binds only
+    the first as a graph input). A pattern with ``view_shapes`` leaves its views' sizes
+    uncompared instead; ``view_shapes(args)`` gives the shapes the matched views must have, in
+    graph order."""
 
     kernel: str
     search: Callable
@@ -130,6 +139,7 @@ class Pattern:
     input_name: str = "x"
     scalars: dict = dataclasses.field(default_factory=dict)
     unsupported: Callable | None = None
+    view_shapes: Callable | None = None
 
 
 def _check(pattern: Pattern, training: bool):
@@ -139,16 +149,18 @@ def _check(pattern: Pattern, training: bool):
         selection = _ACTIVE.get(None)
         if selection is None or selection.training != training:
             return False
+        args = {
+            name: value.meta["val"] if isinstance(value, torch.fx.Node) else value
+            for name, value in match.kwargs.items()
+        }
+        if pattern.view_shapes and not _views_have(match, pattern.view_shapes(args)):
+            return False
         # A pattern that is part of another (residual + dropout(x) inside bias_dropout_add's
         # residual + dropout(x + bias)) matches again a subgraph left to inductor: list it once.
         output = match.output_nodes()[0]
         if output in selection.decided:
             return False
         selection.decided.add(output)
-        args = {
-            name: value.meta["val"] if isinstance(value, torch.fx.Node) else value
-            for name, value in match.kwargs.items()
-        }
         x = args[pattern.input_name]
         unsupported = pattern.unsupported and pattern.unsupported(args)
         if unsupported:
@@ -163,6 +175,30 @@ def _check(pattern: Pattern, training: bool):
         return choice == "accrewrite"
 
     return check
+
+
+def _views_have(match, shapes) -> bool:
+    # A symbolic size not provably the expected one is declined: the views may group otherwise.
+    views = sorted(n for n in match.nodes if n.target is torch.ops.aten.view.default)
+    return len(views) == len(shapes) and all(
+        len(view.meta["val"].shape) == len(shape)
+        and all(statically_known_true(a == b) for a, b in zip(view.meta["val"].shape, shape))
+        for view, shape in zip(views, shapes)
+    )
+
+
+class _AnySize:
+    """Stands for the sizes of a view in a pattern traced for ``Pattern.view_shapes``."""
+
+
+def _pattern_without_view_sizes(search, inputs, trace):
+    """``search`` traced on ``inputs`` into a pattern that compares everything but the sizes
+    given to its views."""
+    gm = trace(search, inputs)
+    for view in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default):
+        view.args = (view.args[0], _AnySize())
+    names = list(inspect.signature(search).parameters)
+    return pattern_matcher.fx_to_pattern(gm, ignore_types=(_AnySize,), argnames=names)
 
 
 def _layer_norm_search(x, weight, bias, eps):
@@ -248,27 +284,28 @@ def _bias_dropout_add_unsupported(args):
 
 
 # swin_fmha: Swin's WindowAttention, from the relative position bias to the softmax, without and
-# with the shifted windows' mask. The matcher compares view sizes literally, so the masked form
-# is registered for both ways Swin code writes its first view: with the image count (Swin's
-# own code, torchvision: B_ // nW) and with -1 (timm). The image count may be symbolic, the
-# number of windows per image may not: dynamo passes a symbolic one to the view as a graph input
-# of its own, where the pattern has the mask's size.
+# with the shifted windows' mask. Swin's own code (and torchvision) writes the image count of the
+# first view as B_ // nW, timm as -1, and either count and the number of windows per image may be
+# symbolic: the masked form matches any sizes of its views and checks their shapes.
 
 
 def _swin_fmha_search(attn, relative_pos_bias):
     return torch.softmax(attn + relative_pos_bias.unsqueeze(0), dim=-1)
 
 
-def _swin_fmha_masked_search(images_as_minus_one: bool):
-    def search(attn, relative_pos_bias, attn_mask):
-        windows, heads, n, _ = attn.shape
-        nw = attn_mask.shape[0]
-        images = -1 if images_as_minus_one else windows // nw
-        scores = (attn + relative_pos_bias.unsqueeze(0)).view(images, nw, heads, n, n)
-        scores = scores + attn_mask.unsqueeze(1).unsqueeze(0)
-        return torch.softmax(scores.view(-1, heads, n, n), dim=-1)
+def _swin_fmha_masked_search(attn, relative_pos_bias, attn_mask):
+    _, heads, n, _ = attn.shape
+    scores = (attn + relative_pos_bias.unsqueeze(0)).view(-1, attn_mask.shape[0], heads, n, n)
+    scores = scores + attn_mask.unsqueeze(1).unsqueeze(0)
+    return torch.softmax(scores.view(-1, heads, n, n), dim=-1)
 
-    return search
+
+def _swin_fmha_masked_views(args):
+    attn, windows_per_image = args["attn"], args["attn_mask"].shape[0]
+    if attn.dim() != 4:
+        return []  # not Swin's scores: no views fit
+    windows, heads, n, _ = attn.shape
+    return [(windows // windows_per_image, windows_per_image, heads, n, n), tuple(attn.shape)]
 
 
 def _swin_fmha_replace(attn, relative_pos_bias):
@@ -321,11 +358,9 @@ PATTERNS = (
     ),
     Pattern("swin_fmha", _swin_fmha_search, _swin_fmha_replace, _swin_fmha_inputs, "attn",
             unsupported=_swin_fmha_unsupported),
-    *(
-        Pattern("swin_fmha", _swin_fmha_masked_search(minus_one), _swin_fmha_masked_replace,
-                _swin_fmha_masked_inputs, "attn", unsupported=_swin_fmha_unsupported)
-        for minus_one in (False, True)
-    ),
+    Pattern("swin_fmha", _swin_fmha_masked_search, _swin_fmha_masked_replace,
+            _swin_fmha_masked_inputs, "attn", unsupported=_swin_fmha_unsupported,
+            view_shapes=_swin_fmha_masked_views),
 )
 
 
@@ -337,14 +372,20 @@ def _patterns() -> pattern_matcher.PatternMatcherPass:
         for dtype in DTYPES:
             for training in (True, False):
                 trace = pattern_matcher.joint_fwd_bwd if training else pattern_matcher.fwd_only
+                inputs = pattern.inputs(dtype, training)
                 pattern_matcher.register_replacement(
                     pattern.search,
                     pattern.replace,
-                    pattern.inputs(dtype, training),
+                    inputs,
                     trace,
                     patterns,
                     extra_check=_check(pattern, training),
                     scalar_workaround=pattern.scalars,
+                    search_fn_pattern=(
+                        _pattern_without_view_sizes(pattern.search, inputs, trace)
+                        if pattern.view_shapes
+                        else None
+                    ),
                     # a pointwise pattern traces to the same graph for every dtype
                     skip_duplicates=True,
                 )

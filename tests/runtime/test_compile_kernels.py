@@ -245,6 +245,54 @@ def test_forced_swin_fmha_matches_eager():
     assert all(isinstance(m.shape[0], torch.SymInt) for m in later)
 
 
+def test_forced_swin_fmha_matches_with_symbolic_windows_per_image():
+    """Under dynamic=True the window count and the windows per image are two symbols; both
+    forms of the view still match, and one compile serves both resolutions."""
+    torch.manual_seed(0)
+    eager = Swin()
+    compiled = copy.deepcopy(eager)
+    backend = Backend(kernels="accrewrite")
+    model = torch.compile(compiled, backend=backend, dynamic=True)
+    for windows, per_image in ((6, 3), (20, 5)):
+        attn = torch.randn(windows, 2, 9, 9, requires_grad=True)
+        attn2 = attn.detach().clone().requires_grad_()
+        mask = torch.randn(per_image, 9, 9)
+        for m in (eager, compiled):
+            m.zero_grad(set_to_none=True)
+        out, grads = run_step(model, attn2, mask)
+        expected, expected_grads = run_step(eager, attn, mask)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-5)
+
+    assert [m.choice for m in backend.report.matches] == ["accrewrite"] * 3
+    assert all(isinstance(m.shape[0], torch.SymInt) for m in backend.report.matches)
+
+
+class WindowsGroupedTheOtherWay(nn.Module):
+    """(windows per image, images) instead of Swin's (images, windows per image): with one
+    image the mask broadcasts over a new axis, so this is not Swin's masked attention."""
+
+    def __init__(self, heads=2, n=9):
+        super().__init__()
+        self.relative_position_bias = nn.Parameter(torch.randn(heads, n, n))
+
+    def forward(self, attn, mask):
+        _, heads, n, _ = attn.shape
+        scores = (attn + self.relative_position_bias.unsqueeze(0)).view(mask.shape[0], -1, heads, n, n)
+        scores = scores + mask.unsqueeze(1).unsqueeze(0)
+        return torch.softmax(scores.view(-1, heads, n, n), dim=-1)
+
+
+def test_a_view_that_is_not_swins_is_not_matched():
+    attn, mask = torch.randn(3, 2, 9, 9), torch.randn(3, 9, 9)
+    backend = Backend(kernels="accrewrite")
+    model = WindowsGroupedTheOtherWay()
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(attn, mask)
+        torch.testing.assert_close(out, model(attn, mask))
+    assert out.shape == (9, 2, 9, 9) and backend.report.matches == []
+
+
 @ORDERS
 def test_forced_bias_dropout_add_draws_one_mask_per_step_for_forward_and_backward(residual_first):
     """Dropout cannot match eager element by element (another generator), so the test checks
