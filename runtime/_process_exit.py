@@ -6,7 +6,9 @@ the GIL. The main thread, back from ``wait()``, keeps the GIL for up to the swit
 (5 ms). A script whose last collective is that close to its end (the last step's all-reduce,
 ``xm.rendezvous`` before exit) reaches interpreter finalization first; the worker thread is then
 ended inside a noexcept destructor and the process aborts with "terminate called without an
-active exception" after its work is done. PyTorch leaves this to the caller (pytorch#179291).
+active exception" after its work is done. ``destroy_process_group`` does not prevent it: the
+group's threads live until the group is garbage-collected. PyTorch leaves this to the caller
+(pytorch#179291).
 
 This handler is registered when ``accrewrite.runtime`` is imported, before any other of the
 runtime's exit handlers, so it runs after them all: after the step closures have drained and
@@ -22,11 +24,30 @@ import time
 GRACE_S = 0.1
 
 
+def _gloo_threads_alive():
+    """Whether a gloo thread runs in this process (they name themselves), or None where
+    ``/proc`` cannot tell."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if "gloo" in comm.read():
+                    return True
+        except OSError:
+            pass  # the thread has ended since the listing
+    return False
+
+
 def _may_have_gloo_threads():
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        return True
+    alive = _gloo_threads_alive()
+    if alive is not None:
+        return alive
     dist = sys.modules.get("torch.distributed")
-    return dist is not None and dist.is_available() and dist.is_initialized()
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    return launched or (dist is not None and dist.is_available() and dist.is_initialized())
 
 
 @atexit.register
