@@ -1,23 +1,27 @@
 """Training-step time and cold start: eager vs torch.compile vs regional vs accrewrite.
 
 For each model, in one run and side by side, one full training step (forward, backward,
-AdamW step) under four setups, each on a fresh copy of the same model:
+AdamW step) under each setup, each in a process of its own (as each would be its own training
+script) on the same model:
 
 - eager: the model as written, ``torch.optim.AdamW`` with its default (per-parameter) step;
+- eager+cache: eager in a process with accrewrite's host memory cache on
+  (``runtime/host_memory.py``, which ``compile`` turns on for a model on the CPU): how much of
+  accrewrite's step comes from the cache, not from compiling;
 - torch.compile: ``torch.compile(model)``, eager optimizer;
 - regional: Accelerate's ``compile_regions`` recipe, ``torch.compile`` of each repeated block and
   of each other leaf module, eager optimizer;
 - accrewrite: ``accrewrite.runtime.compile(model)`` and ``compile(optimizer)``.
 
 "first step" is the wall time of step 1, compilation included (cold start: dynamo and inductor
-caches are off, so no setup reuses another's work; what a process pays once, whatever it
-compiles, such as loading inductor and registering patterns, is paid before any measurement by
-a warm-up compile of a tiny model, so that the setup measured first is not charged for it);
-"step" is the median of the steady steps after it, taken in turns (a step of each setup per
-round) so that the machine's drift falls on every setup alike. Ratios are against eager and
-against torch.compile. "floor" is the time that the matmuls, convolutions and attention of one
-more eager step take (ATen's kernels, which every setup runs alike): no setup steps faster than
-that unless it replaces those kernels. Run on CPU:
+caches are off; what a process pays once, whatever it compiles, such as loading inductor and
+registering patterns, is paid before any measurement by a warm-up compile of a tiny model);
+"step" is the median of the steady steps after it. One process runs at a time: the first steps
+one after another, then the steady steps in turns (a step of each setup per round), so that the
+machine's drift falls on every setup alike. Ratios are against eager and against torch.compile.
+"floor" is the time that the matmuls, convolutions and attention of one more eager+cache step
+take (ATen's kernels, which every setup runs alike): no setup steps faster than that unless it
+replaces those kernels. Run on CPU:
 
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
                                                # gpt-12: cold start only
@@ -28,8 +32,10 @@ that unless it replaces those kernels. Run on CPU:
 import argparse
 import copy
 import dataclasses
+import multiprocessing
 import statistics
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +43,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from accrewrite.runtime import compile as accrewrite_compile
+from accrewrite.runtime.host_memory import cache_host_memory
 
 
 class GPTBlock(nn.Module):
@@ -148,6 +155,11 @@ def eager(model):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
+def eager_cached(model):
+    cache_host_memory()
+    return eager(model)
+
+
 def full(model):
     model = torch.compile(model)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -163,13 +175,18 @@ def accrewrite(model):
     return model, accrewrite_compile(torch.optim.AdamW(model.parameters(), lr=1e-4))
 
 
-SETUPS = {"eager": eager, "torch.compile": full, "regional": regional, "accrewrite": accrewrite}
+SETUPS = {
+    "eager": eager,
+    "eager+cache": eager_cached,
+    "torch.compile": full,
+    "regional": regional,
+    "accrewrite": accrewrite,
+}
 
 
-def warm_up() -> None:
-    """Pay the once-per-process costs of both compilers on a tiny model (see the docstring)."""
-    for setup in (full, accrewrite):
-        first_step(GPT(1, d=8, heads=2, seq=16, vocab=64), cases(quick=True)[0].batch, setup)
+def warm_up(setup) -> None:
+    """Pay the once-per-process costs of ``setup`` on a tiny model (see the docstring)."""
+    first_step(GPT(1, d=8, heads=2, seq=16, vocab=64), cases(quick=True)[0].batch, setup)
 
 
 def first_step(model, batch, setup):
@@ -213,24 +230,84 @@ def floor(step) -> float:
     return timer.seconds * 1e3
 
 
-def run(case: Case) -> dict[str, tuple[float, float | None]]:
+class Worker:
+    """One setup's process for one case. It answers "ready" once warmed up; ``call(command)``
+    then has it run "first" (the first step; answers its time in s), "step" (one more; its time
+    in s) or "floor" (one more; its floor in ms), and waits for the answer."""
+
+    def __init__(self, case_index: int, setup: str, args):
+        context = multiprocessing.get_context("spawn")
+        self.setup = setup
+        self.connection, child = context.Pipe()
+        self.process = context.Process(
+            target=serve, args=(child, case_index, setup, args.quick, args.threads), daemon=True
+        )
+        self.process.start()
+        child.close()
+
+    def call(self, command: str):
+        self.connection.send(command)
+        return self.answer()
+
+    def answer(self):
+        ok, value = self.connection.recv()
+        if not ok:
+            raise RuntimeError(f"{self.setup} failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        self.connection.close()
+        self.process.join(timeout=60)
+        self.process.kill()
+
+
+def serve(connection, case_index: int, setup_name: str, quick: bool, threads: int | None) -> None:
+    """A worker process's loop (see ``Worker``)."""
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        torch._inductor.config.force_disable_caches = True  # cold start means cold
+        torch.manual_seed(0)  # the same model in every process
+        case, setup = cases(quick)[case_index], SETUPS[setup_name]
+        warm_up(setup)
+        connection.send((True, "ready"))
+        while True:
+            command = connection.recv()
+            if command == "first":
+                answer, step = first_step(case.model, case.batch, setup)
+            elif command == "step":
+                answer = step()
+            else:
+                answer = floor(step)
+            connection.send((True, answer))
+    except EOFError:  # the run is over
+        pass
+    except Exception:
+        connection.send((False, traceback.format_exc()))
+
+
+def run(case_index: int, case: Case, args) -> dict[str, tuple[float, float | None]]:
     """Per setup: (first step in s, median steady step in ms or None); and "floor": (None,
-    floor of the eager step in ms) when there are steady steps."""
-    # Each setup compiles code objects of its own; the reset only drops the previous case's
-    # (dynamo would otherwise treat the new shapes as dynamic).
-    torch._dynamo.reset()
-    started = {name: first_step(case.model, case.batch, setup) for name, setup in SETUPS.items()}
-    steady = {name: [] for name in SETUPS}
-    for _ in range(case.steps):
-        for name, (_, step) in started.items():
-            steady[name].append(step())
-    results = {
-        name: (first, statistics.median(steady[name]) * 1e3 if steady[name] else None)
-        for name, (first, _) in started.items()
-    }
-    if case.steps:
-        results["floor"] = (None, floor(started["eager"][1]))
-    return results
+    floor of the eager+cache step in ms) when there are steady steps."""
+    workers = {name: Worker(case_index, name, args) for name in SETUPS}
+    try:
+        for worker in workers.values():  # "ready": they warm up side by side
+            worker.answer()
+        first = {name: worker.call("first") for name, worker in workers.items()}
+        steady = {name: [] for name in SETUPS}
+        for _ in range(case.steps):
+            for name, worker in workers.items():
+                steady[name].append(worker.call("step"))
+        results = {
+            name: (first[name], statistics.median(steady[name]) * 1e3 if steady[name] else None)
+            for name in SETUPS
+        }
+        if case.steps:
+            results["floor"] = (None, workers["eager+cache"].call("floor"))
+        return results
+    finally:
+        for worker in workers.values():
+            worker.close()
 
 
 def ratio(value, base):
@@ -247,18 +324,13 @@ def main(argv=None):
         "threads of compiled kernels wait on each other's time slices",
     )
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    torch.manual_seed(0)
-    torch._inductor.config.force_disable_caches = True  # cold start means cold
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
-    warm_up()
+    threads = args.threads or torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads, CPU, a process per setup")
     header = f"{'model':28} {'setup':14} {'first step':>11} {'vs eager':>9} {'vs compile':>10}"
     header += f" {'step':>10} {'vs eager':>9} {'vs compile':>10}"
     print(header)
-    for case in cases(args.quick):
-        results = run(case)
+    for index, case in enumerate(cases(args.quick)):
+        results = run(index, case, args)
         eager_first, eager_step = results["eager"]
         full_first, full_step = results["torch.compile"]
         for name, (first, step) in results.items():

@@ -17,6 +17,7 @@ _ATTRIBUTES = {
     "optim": "optim",
     "hooks": "hooks",
     "memory": "memory",
+    "host_memory": "host_memory",
     "utils": "utils",
     "compile": "compiler:compile",
     "explain": "compiler:explain",

@@ -1,0 +1,62 @@
+"""Host memory kept for reuse, as CUDA's caching allocator keeps device memory.
+
+PyTorch's CPU tensors come from ``malloc``. glibc maps a large block (from 128 KiB at first; the
+line rises with the blocks freed, up to 32 MiB) from the kernel and unmaps it when freed, and it
+hands the free top of its heap back to the kernel once that exceeds twice the line. A training
+step frees its activations at its end, so on the CPU every step faults in zero-filled pages
+again: 151 MiB of them per step of eager training on a 4-block GPT, 32 MiB under
+``torch.compile``, whose logits (32 MiB) are always over the line. Allocating and filling a
+32 MiB tensor takes 12.4 ms, filling one already there 0.9 ms (2 cores).
+
+:func:`cache_host_memory` sets glibc's thresholds so that blocks under 1 GiB come from the heap
+and the heap is never trimmed: a step reuses the memory the previous step freed. The cost is the
+same as a caching allocator's: the process's resident memory stays at its peak.
+``accrewrite.runtime.compile`` turns it on for models on the CPU; ``ACCREWRITE_HOST_MEMORY_CACHE=0``
+turns that off.
+"""
+
+import ctypes
+import ctypes.util
+import functools
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+# mallopt's parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD = 1 << 30  # larger blocks (a checkpoint being loaded) still go back at once
+_NEVER_TRIM = -1  # mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming completely"
+
+ENV = "ACCREWRITE_HOST_MEMORY_CACHE"
+
+
+@functools.cache
+def cache_host_memory() -> str | None:
+    """Keep freed host memory for reuse, once per process. Returns None once on, else why not
+    (not glibc, or turned off by ``ACCREWRITE_HOST_MEMORY_CACHE=0``)."""
+    if os.environ.get(ENV, "1") == "0":
+        return f"{ENV}=0"
+    mallopt = _glibc_mallopt()
+    if mallopt is None:
+        return "the C library is not glibc"
+    # The trim threshold first: raising the mmap threshold alone would still hand the heap's
+    # free top back to the kernel at every step's end.
+    if not (mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM) and mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)):
+        return "glibc refused the thresholds"
+    log.info("host memory cache on: blocks under %d MiB are reused, not unmapped", _MMAP_THRESHOLD >> 20)
+    return None
+
+
+def _glibc_mallopt():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    # Only glibc has gnu_get_libc_version, and only glibc's mallopt takes these parameters.
+    if not hasattr(libc, "gnu_get_libc_version"):
+        return None
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt
