@@ -41,11 +41,12 @@ def cache_host_memory() -> str | None:
     mallopt = _glibc_mallopt()
     if mallopt is None:
         return "the C library is not glibc"
-    # The trim threshold first: raising the mmap threshold alone would still hand the heap's
-    # free top back to the kernel at every step's end.
-    if not (mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM) and mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)):
+    # Both: with the mmap threshold alone, the heap's free top would still go back to the kernel
+    # at each step's end.
+    trimming_off = mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
+    if not (trimming_off and mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)):
         return "glibc refused the thresholds"
-    log.info("host memory cache on: blocks under %d MiB are reused, not unmapped", _MMAP_THRESHOLD >> 20)
+    log.info("host memory cache on: blocks under %d MiB are reused", _MMAP_THRESHOLD >> 20)
     return None
 
 

@@ -1,4 +1,4 @@
-"""The host memory cache (runtime/host_memory.py): freed host memory is reused, not faulted in again.
+"""The host memory cache (runtime/host_memory.py): freed host memory is reused, not faulted again.
 
 Each case runs in a process of its own, since the cache is set once per process. What is
 counted is the page faults of a "step" that fills three 40 MiB tensors and frees them: without
@@ -85,3 +85,13 @@ def test_the_environment_turns_it_off():
     note, faults = run(COMPILE, env={"ACCREWRITE_HOST_MEMORY_CACHE": "0"})[:2]
     assert note == "host memory cache off: ACCREWRITE_HOST_MEMORY_CACHE=0"
     assert int(faults) > PAGES // 2
+
+
+def test_a_model_off_the_cpu_leaves_host_memory_alone():
+    from torch import nn
+
+    from accrewrite.runtime import compile
+    from accrewrite.runtime.compiler import compile_report
+
+    model = compile(nn.Linear(4, 4, device="meta"))
+    assert not any("host memory" in note for note in compile_report(model).notes)
