@@ -19,9 +19,9 @@ registering patterns, is paid before any measurement by a warm-up compile of a t
 "step" is the median of the steady steps after it. One process runs at a time: the first steps
 one after another, then the steady steps in turns (a step of each setup per round), so that the
 machine's drift falls on every setup alike. Ratios are against eager and against torch.compile.
-"floor" is the time that the matmuls, convolutions and attention of one more eager+cache step
-take (ATen's kernels, which every setup runs alike): no setup steps faster than that unless it
-replaces those kernels. Run on CPU:
+"floor" is the time that the matmuls, convolutions and attention of an eager+cache step take
+(ATen's kernels, which every setup runs alike; the median of three more steps): no setup steps
+faster than that unless it replaces those kernels. Run on CPU:
 
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
                                                # gpt-12: cold start only
@@ -224,16 +224,19 @@ class _FloorTimer(TorchDispatchMode):
 
 
 def floor(step) -> float:
-    """The time in ms of the ``_FLOOR_OPS`` in one more ``step()``."""
-    with _FloorTimer() as timer:
-        step()
-    return timer.seconds * 1e3
+    """The median time in ms of the ``_FLOOR_OPS`` in three more ``step()``s."""
+    times = []
+    for _ in range(3):
+        with _FloorTimer() as timer:
+            step()
+        times.append(timer.seconds * 1e3)
+    return statistics.median(times)
 
 
 class Worker:
     """One setup's process for one case. It answers "ready" once warmed up; ``call(command)``
     then has it run "first" (the first step; answers its time in s), "step" (one more; its time
-    in s) or "floor" (one more; its floor in ms), and waits for the answer."""
+    in s) or "floor" (three more; their floor in ms), and waits for the answer."""
 
     def __init__(self, case_index: int, setup: str, args):
         context = multiprocessing.get_context("spawn")
