@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from accrewrite.runtime.blocks import repeated_blocks
-from accrewrite.runtime.host_memory import cache_host_memory
 from accrewrite.runtime.compiler.backend import Backend, CompileReport
 from accrewrite.runtime.compiler.regional import CompiledCalls, batch_norm_blocks, block_names
+from accrewrite.runtime.host_memory import cache_host_memory
 
 _REGIONAL = ("auto", True, False)
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
