@@ -17,10 +17,10 @@ on for models on the CPU; ``ACCREWRITE_HOST_MEMORY_CACHE=0`` turns that off.
 """
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import os
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,9 @@ def cache_host_memory() -> str | None:
 
 
 def _glibc_mallopt():
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
+    if not sys.platform.startswith("linux"):
         return None
+    libc = ctypes.CDLL(None)  # the symbols the process has loaded, the C library's among them
     # Only glibc has gnu_get_libc_version, and only glibc's mallopt takes these parameters.
     if not hasattr(libc, "gnu_get_libc_version"):
         return None
