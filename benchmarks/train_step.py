@@ -156,7 +156,9 @@ def eager(model):
 
 
 def eager_cached(model):
-    cache_host_memory()
+    off = cache_host_memory()
+    if off:  # the row would be plain eager under another name
+        raise RuntimeError(f"eager+cache: the host memory cache is off ({off})")
     return eager(model)
 
 

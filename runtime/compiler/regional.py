@@ -24,6 +24,7 @@ gradients (21 of its model's 26 parameter gradients differ from eager's, where t
 was 0.6x a full compile's.
 """
 
+import contextlib
 import dataclasses
 import functools
 import types
@@ -194,12 +195,14 @@ class _PartCompiler(fx.Interpreter):
             return getattr(self, node.op)(node.target, args, kwargs)
         part = self.fetch_attr(node.target)
         single = _outputs_as_tuple(part)
+        owner = self.owner_of_part[node.target]
+        # Only glue is compiled or not by its FLOPs: a block's part runs without the counter.
+        flops = FlopCounterMode(display=False) if owner is None else contextlib.nullcontext()
         # A part's constants (get_attr) are real tensors.
         with self.fake_mode, unittest.mock.patch.object(
             self.fake_mode, "allow_non_fake_inputs", True
-        ), FlopCounterMode(display=False) as flops:
+        ), flops:
             outputs = part(*args)
-        owner = self.owner_of_part[node.target]
         if owner is not None:
             compiled = self._region(part, args, owner)
         elif flops.get_total_flops():
