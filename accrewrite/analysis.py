@@ -260,6 +260,22 @@ def _child_fields(node_type: type) -> tuple[str, ...]:
     return names
 
 
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node``'s child nodes in source order, without its whitespace, parentheses and
+    punctuation: what read-only walks descend into, read from the dataclass fields."""
+    found = []
+    for field_name in _child_fields(type(node)):
+        value = getattr(node, field_name)
+        kind = type(value)
+        if kind in NODE_TYPES:
+            found.append(value)
+        elif kind is tuple or kind is list:
+            for item in value:
+                if type(item) in NODE_TYPES:
+                    found.append(item)
+    return found
+
+
 _walk_methods_cache: dict[tuple[type, type], tuple] = {}
 
 
@@ -288,14 +304,8 @@ class _Walker:
         visit, leave = _walk_methods(type(self), kind)
         if visit is not None:
             visit(self, node)
-        for field_name in _child_fields(kind):
-            value = getattr(node, field_name)
-            if type(value) in NODE_TYPES:
-                self.walk(value)
-            elif type(value) in (tuple, list):
-                for item in value:
-                    if type(item) in NODE_TYPES:
-                        self.walk(item)
+        for child in children(node):
+            self.walk(child)
         if leave is not None:
             leave(self, node)
         self.on_leave(node)

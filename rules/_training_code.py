@@ -19,7 +19,7 @@ import re
 
 import libcst as cst
 
-from accrewrite.analysis import NODE_TYPES, _child_fields, dotted, string_value
+from accrewrite.analysis import children, dotted, string_value
 
 # Methods that copy a tensor's value to the host (the caller waits for the device).
 SYNC_METHODS = frozenset({"item", "tolist", "numpy", "cpu"})
@@ -115,14 +115,7 @@ def walk(node: cst.CSTNode, enter) -> None:
         current = stack.pop()
         if enter(current) is False:
             continue
-        children = []
-        for name in _child_fields(type(current)):
-            value = getattr(current, name)
-            if type(value) in NODE_TYPES:
-                children.append(value)
-            elif type(value) in (tuple, list):
-                children.extend(item for item in value if type(item) in NODE_TYPES)
-        stack.extend(reversed(children))
+        stack.extend(reversed(children(current)))
 
 
 def free_names(node: cst.CSTNode) -> set[str]:
