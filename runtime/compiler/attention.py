@@ -1,13 +1,14 @@
 """Causal self-attention from matmuls, in blocks of queries: the kernel-selection pass's
 alternative to ATen's fused CPU attention kernel (``kernel_selection.py`` chooses).
 
-ATen's CPU flash attention works through 32-query chunks with small matmuls, and its causal
-form skips little at short sequences. Written out in blocks of ``BLOCK`` queries, each block
-attends only to the keys up to its last query, so the matmuls skip most of the masked half of
-the scores, run as batched GEMMs, and inductor fuses the mask and softmax (and their backward)
-around them. Training keeps each block's probabilities for the backward: about T / 2 scores per
-query, where the fused kernel keeps one log-sum-exp (see ``kernel_selection`` for when that is
-chosen).
+ATen's fused CPU kernel works through small tiles of queries and keys, and at short sequences
+its causal form gains nothing from the masked half (a training step of 64 tokens: 7.0 ms causal,
+6.5 ms without the mask). Written out in blocks of ``BLOCK`` queries, each block attends only to
+the keys up to its last query, so the matmuls skip much of the masked half of the scores (half of
+it at 128 tokens, 15/16 at 1024), run as batched GEMMs, and inductor fuses the mask and softmax
+(and their backward) around them. Training keeps each block's probabilities for the backward:
+about T / 2 scores per query, where the fused kernel keeps one log-sum-exp (see
+``kernel_selection`` for when the blocks are chosen).
 """
 
 import torch
