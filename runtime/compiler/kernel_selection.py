@@ -89,10 +89,11 @@ def _cuda_choice(kernel: str, shape) -> tuple[str, str]:
 
 
 # causal_attention on the CPU (float32), against ATen's fused kernel: blocks of queries from
-# matmuls took 0.62-0.91x its time for a training step (forward and backward) at 64 to 1024 tokens
-# and head sizes 32 to 128; for inference 0.70-0.82x at 128 to 512 tokens and head sizes of 64
-# or more, but 1.1x at 64 tokens and 1.0x at head size 32. Training keeps T / 2 probabilities
-# per query: at most 8 x head size tokens keeps them no larger than q, k, v and the output.
+# matmuls took 0.61-0.91x its time for a training step (forward and backward) at 64 to 1024
+# tokens and head sizes 32 to 128; for inference 0.70-0.82x at 128 to 512 tokens and head sizes
+# of 64 or more, but 1.1x at 64 tokens and 0.9-1.0x at head size 32. Training keeps T / 2
+# probabilities per query: at most 8 x head size tokens keeps them no larger than q, k, v and
+# the output.
 _ATTENTION_MAX_TOKENS_PER_HEAD_DIM = 8
 _ATTENTION_INFERENCE_MIN_HEAD_DIM = 64
 
