@@ -187,8 +187,11 @@ SETUPS = {
 
 
 def warm_up(setup) -> None:
-    """Pay the once-per-process costs of ``setup`` on a tiny model (see the docstring)."""
+    """Pay the once-per-process costs of ``setup`` on a tiny model (see the docstring), then
+    have dynamo forget it: dynamo remembers the sizes that a function was compiled for, and the
+    measured model, of the same class at other sizes, would compile again with dynamic shapes."""
     first_step(GPT(1, d=8, heads=2, seq=16, vocab=64), cases(quick=True)[0].batch, setup)
+    torch._dynamo.reset()
 
 
 def first_step(model, batch, setup):
