@@ -3,10 +3,10 @@
 AOTAutograd's joint (forward + backward) graph is searched for the aten subgraphs that an
 accrewrite kernel implements (``PATTERNS``). Each match is either left to inductor, which
 generates its own fused code for it (or calls ATen's kernel for it), or replaced by the kernel's
-custom op from ``ops.py`` (forward and backward); causal attention is replaced by a composition
-of matmuls that inductor compiles (``attention.py``). The choice (``choose``) depends on the
-``kernels`` option, the device and the shape (and for attention, on training or inference), and
-every match is recorded with its choice and the reason in a ``KernelMatch``.
+custom op from ``ops.py`` (forward and backward); causal attention on the CPU is replaced by a
+composition of matmuls that inductor compiles (``attention.py``). The choice (``choose``)
+depends on the ``kernels`` option, the device and the shape, and every match is recorded with
+its choice and the reason in a ``KernelMatch``.
 
 Patterns are written as the PyTorch code users write; inductor's pattern matcher traces them
 into aten with the same decompositions as the model, once per dtype and once for training
@@ -88,31 +88,15 @@ def _cuda_choice(kernel: str, shape) -> tuple[str, str]:
     return "inductor", "pointwise: inductor fuses it into the neighbouring kernels"
 
 
-# causal_attention on the CPU (float32), against ATen's fused kernel: blocks of queries from
-# matmuls took 0.61-0.91x its time for a training step (forward and backward) at 64 to 1024
-# tokens and head sizes 32 to 128; for inference 0.70-0.82x at 128 to 512 tokens and head sizes
-# of 64 or more, but 1.1x at 64 tokens and 0.9-1.0x at head size 32. Training keeps T / 2
-# probabilities per query: at most 8 x head size tokens keeps them no larger than q, k, v and
-# the output.
-_ATTENTION_MAX_TOKENS_PER_HEAD_DIM = 8
-_ATTENTION_INFERENCE_MIN_HEAD_DIM = 64
-
-
-def _cpu_choice(kernel: str, x, training: bool) -> tuple[str, str]:
-    if kernel != "causal_attention" or x.dtype != torch.float32:
-        return "inductor", f"on {x.device.type} the kernel is its PyTorch reference"
-    tokens, head_dim = x.shape[-2], x.shape[-1]
-    if training:
-        fits = tokens <= _ATTENTION_MAX_TOKENS_PER_HEAD_DIM * head_dim
-        rule = f"<= {_ATTENTION_MAX_TOKENS_PER_HEAD_DIM} x head size {head_dim} tokens"
-    else:
-        fits = tokens > attention.BLOCK and head_dim >= _ATTENTION_INFERENCE_MIN_HEAD_DIM
-        rule = (
-            f"> {attention.BLOCK} tokens and head size >= {_ATTENTION_INFERENCE_MIN_HEAD_DIM}"
-        )
-    if fits:
-        return "accrewrite", f"{tokens} tokens, head size {head_dim}: {rule}"
-    return "inductor", f"{tokens} tokens, head size {head_dim}: ATen's kernel; blocks take {rule}"
+# causal_attention on the CPU: blocks of queries from matmuls took 0.61-0.91x the time of ATen's
+# fused kernel for a training step of the attention alone (64 to 1024 tokens, head sizes 32 to
+# 128, float32), 0.98-0.99x for a whole gpt-4 training step; but inductor compiles 14 more
+# kernels for them, and the first step of a 12-block GPT took 14.4-15.0 s instead of 9.9-10.1 s.
+# That repays itself only after some 800 steps, so "auto" keeps ATen's kernel.
+_ATTENTION_REASON = (
+    "ATen's fused kernel: blocks of queries step faster but add seconds of compilation "
+    "(kernels='accrewrite' chooses them)"
+)
 
 
 def check_policy(policy) -> str:
@@ -122,13 +106,13 @@ def check_policy(policy) -> str:
     return policy
 
 
-def choose(kernel: str, x: torch.Tensor, policy: str, training: bool) -> tuple[str, str]:
-    """The implementation for ``kernel`` applied to ``x`` (a fake tensor) under ``policy``, in a
-    training or inference graph, and why."""
+def choose(kernel: str, x: torch.Tensor, policy: str) -> tuple[str, str]:
+    """The implementation for ``kernel`` applied to ``x`` (a fake tensor) under ``policy``, and
+    why."""
     if policy != "auto":
         return policy, f"kernels={policy!r}"
-    if x.device.type == "cpu":
-        return _cpu_choice(kernel, x, training)
+    if kernel == "causal_attention":
+        return "inductor", _ATTENTION_REASON
     if x.device.type != "cuda":
         return "inductor", f"on {x.device.type} the kernel is its PyTorch reference"
     if not triton_available():
@@ -199,7 +183,7 @@ def _check(pattern: Pattern, training: bool):
         if unsupported:
             choice, reason = "inductor", f"the kernel does not take it: {unsupported}"
         else:
-            choice, reason = choose(pattern.kernel, x, selection.policy, training)
+            choice, reason = choose(pattern.kernel, x, selection.policy)
         selection.matches.append(
             KernelMatch(
                 pattern.kernel, tuple(x.shape), x.dtype, str(x.device), training, choice, reason

@@ -1,6 +1,7 @@
 """Causal attention in blocks of queries (compiler/attention.py) and its choice by kernel
-selection: it equals ATen's attention, replaces it where the rules say, and leaves alone the
-attention it does not compute (a mask, a scale of its own, dropout, no causal mask)."""
+selection: it equals ATen's attention, replaces it when forced (``kernels="auto"`` keeps ATen's
+kernel and says why), and leaves alone the attention it does not compute (a mask, a scale of its
+own, dropout, no causal mask)."""
 
 import pytest
 
@@ -10,7 +11,6 @@ from torch._inductor.utils import run_and_get_code
 
 from accrewrite.runtime.compiler.attention import BLOCK, causal_attention
 from accrewrite.runtime.compiler.backend import Backend
-from accrewrite.runtime.compiler.kernel_selection import choose
 
 FLASH = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default("
 
@@ -64,13 +64,13 @@ def causal(q, k, v):
 
 
 @pytest.mark.usefixtures("fresh_compiles")
-def test_on_cpu_causal_attention_runs_in_blocks_and_matches_eager():
-    q, k, v = qkv(2, 3, 2 * BLOCK + 2, 32)  # 130 tokens <= 8 x head size 32
-    out, grads, code, matches = compile_and_run(causal, q, k, v)
+def test_forced_causal_attention_runs_in_blocks_and_matches_eager():
+    q, k, v = qkv(2, 3, 2 * BLOCK + 2, 32)
+    out, grads, code, matches = compile_and_run(causal, q, k, v, kernels="accrewrite")
 
     assert [str(m) for m in matches] == [
         "causal_attention [2, 3, 130, 32] float32 on cpu (training): accrewrite "
-        "(130 tokens, head size 32: <= 8 x head size 32 tokens)"
+        "(kernels='accrewrite')"
     ]
     assert FLASH not in code and "extern_kernels.bmm(" in code
     expected, expected_grads = forward_backward(causal, q, k, v)
@@ -79,13 +79,12 @@ def test_on_cpu_causal_attention_runs_in_blocks_and_matches_eager():
 
 
 @pytest.mark.usefixtures("fresh_compiles")
-def test_long_sequences_keep_atens_kernel():
-    # 130 tokens > 8 x head size 8: the kept probabilities would outgrow q, k, v and the output
-    q, k, v = qkv(1, 2, 2 * BLOCK + 2, 8)
+def test_on_cpu_auto_lists_causal_attention_and_keeps_atens_kernel():
+    q, k, v = qkv(1, 2, 2 * BLOCK + 2, 32)
     out, grads, code, matches = compile_and_run(causal, q, k, v)
 
     assert [(m.kernel, m.choice) for m in matches] == [("causal_attention", "inductor")]
-    assert "ATen's kernel; blocks take <= 8 x head size 8 tokens" in matches[0].reason
+    assert "add seconds of compilation" in matches[0].reason
     assert FLASH in code
     expected, expected_grads = forward_backward(causal, q, k, v)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
@@ -125,9 +124,9 @@ def test_attention_with_dropout_is_not_matched():
 
 
 @pytest.mark.usefixtures("fresh_compiles")
-def test_inference_graph_runs_in_blocks():
+def test_forced_blocks_in_an_inference_graph():
     q, k, v = qkv(2, 2, 2 * BLOCK, 64)
-    out, _, code, matches = compile_and_run(causal, q, k, v, training=False)
+    out, _, code, matches = compile_and_run(causal, q, k, v, training=False, kernels="accrewrite")
 
     assert [(m.training, m.choice) for m in matches] == [(False, "accrewrite")]
     assert FLASH not in code
@@ -136,7 +135,7 @@ def test_inference_graph_runs_in_blocks():
 
 @pytest.mark.usefixtures("fresh_compiles")
 def test_a_symbolic_number_of_tokens_keeps_atens_kernel():
-    backend = Backend()
+    backend = Backend(kernels="accrewrite")
     compiled = torch.compile(causal, backend=backend, dynamic=True)
     for tokens in (BLOCK + 3, 2 * BLOCK + 1):
         q, k, v = qkv(2, 2, tokens, 32)
@@ -148,20 +147,3 @@ def test_a_symbolic_number_of_tokens_keeps_atens_kernel():
     assert backend.report.matches and all(
         m.choice == "inductor" and "is symbolic" in m.reason for m in backend.report.matches
     )
-
-
-def test_choice_on_the_cpu_by_phase_and_shape():
-    def q(tokens, head_dim, dtype=torch.float32):
-        return torch.empty(1, 1, tokens, head_dim, dtype=dtype)
-
-    # training: up to 8 x head size tokens
-    assert choose("causal_attention", q(512, 64), "auto", training=True)[0] == "accrewrite"
-    assert choose("causal_attention", q(513, 64), "auto", training=True)[0] == "inductor"
-    assert choose("causal_attention", q(64, 8), "auto", training=True)[0] == "accrewrite"
-    # inference: more than one block, head size 64 or more
-    assert choose("causal_attention", q(128, 64), "auto", training=False)[0] == "accrewrite"
-    assert choose("causal_attention", q(64, 64), "auto", training=False)[0] == "inductor"
-    assert choose("causal_attention", q(128, 32), "auto", training=False)[0] == "inductor"
-    # float32 only (unmeasured in other dtypes); other kernels stay with inductor on the CPU
-    assert choose("causal_attention", q(128, 64, torch.bfloat16), "auto", True)[0] == "inductor"
-    assert choose("layer_norm", q(128, 64), "auto", training=True)[0] == "inductor"
