@@ -3,8 +3,8 @@
 AOTAutograd's joint (forward + backward) graph is searched for the aten subgraphs that an
 accrewrite kernel implements (``PATTERNS``). Each match is either left to inductor, which
 generates its own fused code for it (or calls ATen's kernel for it), or replaced by the kernel's
-custom op from ``ops.py`` (forward and backward); causal attention on the CPU is replaced by a
-composition of matmuls that inductor compiles (``attention.py``). The choice (``choose``)
+custom op from ``ops.py`` (forward and backward); causal attention on the CPU may be replaced
+by a composition of matmuls that inductor compiles (``attention.py``). The choice (``choose``)
 depends on the ``kernels`` option, the device and the shape, and every match is recorded with
 its choice and the reason in a ``KernelMatch``.
 
@@ -90,7 +90,7 @@ def _cuda_choice(kernel: str, shape) -> tuple[str, str]:
 
 # causal_attention on the CPU: blocks of queries from matmuls took 0.61-0.91x the time of ATen's
 # fused kernel for a training step of the attention alone (64 to 1024 tokens, head sizes 32 to
-# 128, float32), 0.98-0.99x for a whole gpt-4 training step; but inductor compiles 14 more
+# 128, float32), 0.98-1.0x for a whole gpt-4 training step; but inductor compiles 14 more
 # kernels for them, and the first step of a 12-block GPT took 14.4-15.0 s instead of 9.9-10.1 s.
 # That repays itself only after some 800 steps, so "auto" keeps ATen's kernel.
 _ATTENTION_REASON = (
