@@ -134,7 +134,8 @@ _ACTIVE: contextvars.ContextVar[_Selection] = contextvars.ContextVar("accrewrite
 @dataclasses.dataclass(frozen=True)
 class Pattern:
     """A subgraph that ``kernel`` implements. ``search`` is written as users write it and
-    ``replace`` calls the kernel's op with the same arguments; both are traced with the example
+    ``replace`` computes it from the same arguments with the kernel's op (for attention, with the
+    blocks of ``attention.py``); both are traced with the example
     tensors ``inputs(dtype, requires_grad)`` and the example values ``scalars`` of their scalar
     arguments (values that occur nowhere else in the trace, which is how the matcher tells the
     argument from a constant). The match's argument ``input_name`` gives the shape and device the
