@@ -12,9 +12,9 @@ import dataclasses
 
 import torch
 from torch._dynamo import register_backend
-from torch._inductor.compile_fx import compile_fx
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-from accrewrite.runtime.compiler import regional
+from accrewrite.runtime.compiler import cpp_library, regional
 from accrewrite.runtime.compiler.kernel_selection import (
     KernelMatch,
     KernelSelectionPass,
@@ -73,8 +73,18 @@ class Backend:
         """AOTAutograd, the kernel-selection pass and inductor on one graph."""
         patches = dict(torch._inductor.list_mode_options(self.mode)) if self.mode else {}
         patches["joint_custom_pre_pass"] = KernelSelectionPass(self.kernels, self.report.matches)
-        with activation_budget(self.memory_budget):
-            return compile_fx(gm, example_inputs, config_patches=patches)
+        with activation_budget(self.memory_budget), cpp_library.batched():
+            return compile_fx(
+                gm, example_inputs, inner_compile=_compile_inner, config_patches=patches
+            )
+
+
+def _compile_inner(gm, example_inputs, **kwargs):
+    """Inductor's compilation of one forward or backward graph. AOTAutograd compiles the
+    backward graph at the first backward, out of ``compile_graph``: its C++ kernels are
+    batched here (see ``cpp_library``)."""
+    with cpp_library.batched():
+        return compile_fx_inner(gm, example_inputs, **kwargs)
 
 
 @register_backend(name="accrewrite")
