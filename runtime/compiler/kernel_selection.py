@@ -90,17 +90,13 @@ def _cuda_choice(kernel: str, shape) -> tuple[str, str]:
 
 # causal_attention on the CPU: blocks of queries from matmuls took 0.61-0.91x the time of ATen's
 # fused kernel for a training step of the attention alone (64 to 1024 tokens, head sizes 32 to
-# 128, float32) and 0.98-1.0x for a whole gpt-4 training step; for inference 0.70-0.82x from
-# 128 to 512 tokens, but 1.1x at 64 (one block). Inductor compiles 14 more kernels for them: with
-# each graph's kernels built as one library (cpp_library.py) a 12-block GPT's first step took
-# 10.0-10.4 s instead of 8.4-8.9 s, which the faster steps repay within a few hundred steps.
-
-
-def _attention_choice(x, training: bool) -> tuple[str, str]:
-    tokens = x.shape[-2]
-    if training or tokens > attention.BLOCK:
-        return "accrewrite", "blocks of queries: fewer scores computed than ATen's fused kernel"
-    return "inductor", f"ATen's fused kernel: {tokens} tokens are one block of queries"
+# 128, float32), 0.98-1.0x for a whole gpt-4 training step; but inductor compiles 14 more
+# kernels for them, and the first step of a 12-block GPT took 14.4-15.0 s instead of 9.9-10.1 s.
+# That repays itself only after some 800 steps, so "auto" keeps ATen's kernel.
+_ATTENTION_REASON = (
+    "ATen's fused kernel: blocks of queries step faster but add seconds of compilation "
+    "(kernels='accrewrite' chooses them)"
+)
 
 
 def check_policy(policy) -> str:
@@ -110,13 +106,13 @@ def check_policy(policy) -> str:
     return policy
 
 
-def choose(kernel: str, x: torch.Tensor, policy: str, training: bool) -> tuple[str, str]:
-    """The implementation for ``kernel`` applied to ``x`` (a fake tensor) under ``policy``, in a
-    training or an inference graph, and why."""
+def choose(kernel: str, x: torch.Tensor, policy: str) -> tuple[str, str]:
+    """The implementation for ``kernel`` applied to ``x`` (a fake tensor) under ``policy``, and
+    why."""
     if policy != "auto":
         return policy, f"kernels={policy!r}"
-    if kernel == "causal_attention":  # the pattern matches ATen's CPU kernel only
-        return _attention_choice(x, training)
+    if kernel == "causal_attention":
+        return "inductor", _ATTENTION_REASON
     if x.device.type != "cuda":
         return "inductor", f"on {x.device.type} the kernel is its PyTorch reference"
     if not triton_available():
@@ -188,7 +184,7 @@ def _check(pattern: Pattern, training: bool):
         if unsupported:
             choice, reason = "inductor", f"the kernel does not take it: {unsupported}"
         else:
-            choice, reason = choose(pattern.kernel, x, selection.policy, training)
+            choice, reason = choose(pattern.kernel, x, selection.policy)
         selection.matches.append(
             KernelMatch(
                 pattern.kernel, tuple(x.shape), x.dtype, str(x.device), training, choice, reason

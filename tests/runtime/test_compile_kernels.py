@@ -17,7 +17,6 @@ from torch._inductor.utils import run_and_get_code
 
 import accrewrite.runtime.compiler  # noqa: F401  (registers the "accrewrite" backend)
 from accrewrite.runtime.compiler import ops
-from accrewrite.runtime.compiler.attention import BLOCK
 from accrewrite.runtime.compiler.backend import Backend, accrewrite
 from accrewrite.runtime.compiler.kernel_selection import choose
 
@@ -348,36 +347,25 @@ def test_forced_bias_dropout_add_draws_one_mask_per_step_for_forward_and_backwar
 
 def test_choice_by_policy_device_and_shape(monkeypatch):
     x = torch.empty(4, 8, device="meta")
-    assert choose("layer_norm", x, "accrewrite", True) == ("accrewrite", "kernels='accrewrite'")
-    assert choose("layer_norm", x, "inductor", True) == ("inductor", "kernels='inductor'")
-    assert choose("layer_norm", x, "auto", True)[0] == "inductor"  # not CUDA
+    assert choose("layer_norm", x, "accrewrite") == ("accrewrite", "kernels='accrewrite'")
+    assert choose("layer_norm", x, "inductor") == ("inductor", "kernels='inductor'")
+    assert choose("layer_norm", x, "auto")[0] == "inductor"  # not CUDA
 
     # On CUDA: layer norm by hidden size, pointwise kernels left to inductor's fusion.
     from accrewrite.runtime.compiler import kernel_selection
 
     cuda = lambda *shape: torch.empty(*shape, device="meta").as_subclass(_Cuda)  # noqa: E731
     monkeypatch.setattr(kernel_selection, "triton_available", lambda: True)
-    assert choose("layer_norm", cuda(8, 4096), "auto", True)[0] == "accrewrite"
-    assert choose("layer_norm", cuda(8, 1024), "auto", True)[0] == "inductor"
-    assert choose("quick_gelu", cuda(8, 8192), "auto", True)[0] == "inductor"
-    assert choose("bias_dropout_add", cuda(8, 8192), "auto", True)[0] == "inductor"
+    assert choose("layer_norm", cuda(8, 4096), "auto")[0] == "accrewrite"
+    assert choose("layer_norm", cuda(8, 1024), "auto")[0] == "inductor"
+    assert choose("quick_gelu", cuda(8, 8192), "auto")[0] == "inductor"
+    assert choose("bias_dropout_add", cuda(8, 8192), "auto")[0] == "inductor"
     # Swin-T at batch 128: stages 1-3 have 8192 to 512 windows, stage 4 128; 7x7 windows
-    assert choose("swin_fmha", cuda(512, 12, 49, 49), "auto", True)[0] == "accrewrite"
-    assert choose("swin_fmha", cuda(128, 24, 49, 49), "auto", True)[0] == "inductor"
-    assert choose("swin_fmha", cuda(8192, 3, 512, 512), "auto", True)[0] == "inductor"
+    assert choose("swin_fmha", cuda(512, 12, 49, 49), "auto")[0] == "accrewrite"
+    assert choose("swin_fmha", cuda(128, 24, 49, 49), "auto")[0] == "inductor"
+    assert choose("swin_fmha", cuda(8192, 3, 512, 512), "auto")[0] == "inductor"
     monkeypatch.setattr(kernel_selection, "triton_available", lambda: False)
-    assert choose("layer_norm", cuda(8, 4096), "auto", True) == (
-        "inductor", "triton is not installed"
-    )
-
-    # Causal attention (the pattern matches on the CPU): blocks for training and for inference
-    # over more than one block of queries.
-    q = lambda tokens: torch.empty(2, 4, tokens, 64, device="meta")  # noqa: E731
-    assert choose("causal_attention", q(BLOCK), "auto", True)[0] == "accrewrite"
-    assert choose("causal_attention", q(BLOCK + 1), "auto", False)[0] == "accrewrite"
-    assert choose("causal_attention", q(BLOCK), "auto", False) == (
-        "inductor", f"ATen's fused kernel: {BLOCK} tokens are one block of queries"
-    )
+    assert choose("layer_norm", cuda(8, 4096), "auto") == ("inductor", "triton is not installed")
 
 
 class _Cuda(torch.Tensor):
