@@ -2,8 +2,9 @@
 
 Inductor's ``compile_fx`` already runs AOTAutograd (joint forward + backward graph, then the
 min-cut rematerialisation partitioner) and lowers what remains; this backend runs it with the
-kernel-selection pass as inductor's joint-graph pre-pass and with the activation-memory budget
-set for the partitioner. ``torch.compile(model, backend="accrewrite", options={...})`` uses it
+kernel-selection pass as inductor's joint-graph pre-pass, with the activation-memory budget
+set for the partitioner, and with each graph's C++ kernels built as one library per compile
+thread (``cpp_library.py``). ``torch.compile(model, backend="accrewrite", options={...})`` uses it
 directly; ``accrewrite.runtime.compile`` builds one ``Backend`` per model so that the model's
 report collects what each of its graphs did.
 """

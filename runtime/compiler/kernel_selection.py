@@ -90,9 +90,11 @@ def _cuda_choice(kernel: str, shape) -> tuple[str, str]:
 
 # causal_attention on the CPU: blocks of queries from matmuls took 0.61-0.91x the time of ATen's
 # fused kernel for a training step of the attention alone (64 to 1024 tokens, head sizes 32 to
-# 128, float32), 0.98-1.0x for a whole gpt-4 training step; but inductor compiles 14 more
-# kernels for them, and the first step of a 12-block GPT took 14.4-15.0 s instead of 9.9-10.1 s.
-# That repays itself only after some 800 steps, so "auto" keeps ATen's kernel.
+# 128, float32), 0.98-0.99x for a whole gpt-4 training step (in one process, alternating); but
+# inductor compiles 14 more kernels for them: a 12-block GPT's first step took 10.0-10.4 s
+# instead of 8.4-8.9 s, even with each graph's kernels built as one library (cpp_library.py),
+# and 10.3 s is 0.49x torch.compile's. Runs on a CPU are mostly short (tests, debugging, small
+# models), where the first step counts for more than 1-2% of the steps, so "auto" keeps ATen's.
 _ATTENTION_REASON = (
     "ATen's fused kernel: blocks of queries step faster but add seconds of compilation "
     "(kernels='accrewrite' chooses them)"
