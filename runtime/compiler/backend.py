@@ -74,6 +74,8 @@ class Backend:
         """AOTAutograd, the kernel-selection pass and inductor on one graph."""
         patches = dict(torch._inductor.list_mode_options(self.mode)) if self.mode else {}
         patches["joint_custom_pre_pass"] = KernelSelectionPass(self.kernels, self.report.matches)
+        # batched here for the graphs that compile_fx loads from inductor's caches, which do not
+        # go through inner_compile
         with activation_budget(self.memory_budget), cpp_library.batched():
             return compile_fx(
                 gm, example_inputs, inner_compile=_compile_inner, config_patches=patches

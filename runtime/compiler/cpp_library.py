@@ -243,8 +243,8 @@ PyMODINIT_FUNC PyInit_kernel(void) {
 def batched():
     """Build the C++ kernels of the graphs inductor compiles (or loads from its cache) in this
     context as libraries of several kernels."""
-    # Generated graph modules import AsyncCompile when they load; outside this context the
-    # subclass is inductor's own, so installing it once for the process changes nothing else.
+    # Generated graph modules import AsyncCompile when they load. Outside this context the
+    # subclass does what inductor's class does, so leaving it installed changes nothing else.
     async_compile.AsyncCompile = LibraryAsyncCompile
     token = _BATCHED.set(True)
     try:

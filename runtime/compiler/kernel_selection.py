@@ -137,10 +137,10 @@ _ACTIVE: contextvars.ContextVar[_Selection] = contextvars.ContextVar("accrewrite
 class Pattern:
     """A subgraph that ``kernel`` implements. ``search`` is written as users write it and
     ``replace`` computes it from the same arguments with the kernel's op (for attention, with the
-    blocks of ``attention.py``); both are traced with the example
-    tensors ``inputs(dtype, requires_grad)`` and the example values ``scalars`` of their scalar
-    arguments (values that occur nowhere else in the trace, which is how the matcher tells the
-    argument from a constant). The match's argument ``input_name`` gives the shape and device the
+    blocks of ``attention.py``); both are traced with the example tensors
+    ``inputs(dtype, requires_grad)`` and the example values ``scalars`` of their scalar arguments
+    (values that occur nowhere else in the trace, which is how the matcher tells the argument
+    from a constant). The match's argument ``input_name`` gives the shape and device the
     choice depends on; ``unsupported(args)`` says why the kernel cannot take a match's arguments
     (fake tensors and scalars by name), or returns None; without it the kernel takes them all.
 
