@@ -20,8 +20,9 @@ registering patterns, is paid before any measurement by a warm-up compile of a t
 one after another, then the steady steps in turns (a step of each setup per round), so that the
 machine's drift falls on every setup alike. Ratios are against eager and against torch.compile.
 "floor" is the time that the matmuls, convolutions and attention of an eager+cache step take
-(ATen's kernels, which every setup runs alike; the median of three more steps): no setup steps
-faster than that unless it replaces those kernels. Run on CPU:
+(ATen's kernels; the median of three more steps): no setup steps faster than that unless it
+replaces those kernels, as accrewrite does for most matmuls on AMD CPUs (``matmul.py``). Run
+on CPU:
 
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
                                                # gpt-12: cold start only

@@ -4,6 +4,7 @@
 - ``backend.py``: the dynamo backend ``"accrewrite"`` (AOTAutograd, our passes, inductor).
 - ``kernel_selection.py``: the pass that swaps aten subgraphs for accrewrite kernels.
 - ``ops.py``: those kernels as ``torch.library`` custom ops.
+- ``matmul.py``: the pass that runs CPU matmuls on oneDNN's GEMM where it is faster than ATen's.
 - ``memory.py``: the activation-memory budget of the rematerialising partitioner.
 - ``regional.py``: regional compilation of repeated blocks.
 - ``explain.py``: ``explain(model, *inputs)``, the graph breaks with file:line and reason.

@@ -2,7 +2,8 @@
 
 Inductor's ``compile_fx`` already runs AOTAutograd (joint forward + backward graph, then the
 min-cut rematerialisation partitioner) and lowers what remains; this backend runs it with the
-kernel-selection pass as inductor's joint-graph pre-pass, with the activation-memory budget
+kernel-selection pass as inductor's joint-graph pre-pass, the matmul selection (``matmul.py``)
+as its post-grad pass on each forward and backward graph, with the activation-memory budget
 set for the partitioner, and with each graph's C++ kernels built as one library per compile
 thread (``cpp_library.py``). ``torch.compile(model, backend="accrewrite", options={...})`` uses it
 directly; ``accrewrite.runtime.compile`` builds one ``Backend`` per model so that the model's
@@ -16,6 +17,7 @@ from torch._dynamo import register_backend
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from accrewrite.runtime.compiler import cpp_library, regional
+from accrewrite.runtime.compiler.matmul import MatmulSelectionPass
 from accrewrite.runtime.compiler.kernel_selection import (
     KernelMatch,
     KernelSelectionPass,
@@ -74,6 +76,9 @@ class Backend:
         """AOTAutograd, the kernel-selection pass and inductor on one graph."""
         patches = dict(torch._inductor.list_mode_options(self.mode)) if self.mode else {}
         patches["joint_custom_pre_pass"] = KernelSelectionPass(self.kernels, self.report.matches)
+        patches["post_grad_custom_post_pass"] = MatmulSelectionPass(
+            self.kernels, self.report.matches
+        )
         # batched here for the graphs that compile_fx loads from inductor's caches, which do not
         # go through inner_compile
         with activation_budget(self.memory_budget), cpp_library.batched():

@@ -1,0 +1,123 @@
+"""Matmul selection on the CPU (compiler/matmul.py): oneDNN's GEMM equals ATen's over odd
+shapes and layouts, ``choose`` follows the measured rule, and a compiled layer runs its forward
+and input-gradient matmuls on oneDNN with eager's results."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn
+from torch._inductor.utils import run_and_get_code
+
+from accrewrite.runtime.compiler import matmul
+from accrewrite.runtime.compiler.backend import Backend
+
+ONEDNN = "torch.ops.accrewrite.onednn_matmul.default("
+
+
+def operands(m, k, n, layout, bias):
+    """(a, b, bias) of an (m, k) @ (k, n) product; ``layout`` says how a and b lie in memory."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k + 3, generator=g)[:, :k]  # rows further apart than k
+    if layout == "b transposed":  # a linear layer's forward: x @ weight.t()
+        b = torch.randn(n, k, generator=g).t()
+    elif layout == "b strided":
+        b = torch.randn(2 * k, 2 * n, generator=g)[::2, ::2]
+    else:
+        b = torch.randn(k, n, generator=g)
+    if layout == "a transposed":  # a weight gradient: grad.t() @ x
+        a = torch.randn(k, m, generator=g).t()
+    return a, b, torch.randn(n, generator=g) if bias else None
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 13, 5), (33, 257, 129), (130, 64, 300)])
+@pytest.mark.parametrize("layout", ["row-major", "b transposed", "b strided", "a transposed"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no bias"])
+def test_onednn_matmul_equals_atens(m, k, n, layout, bias):
+    a, b, c = operands(m, k, n, layout, bias)
+    out = matmul.onednn_matmul(a, b, c)
+    expected = a.double() @ b.double() + (0 if c is None else c.double())
+    assert out.shape == (m, n) and out.is_contiguous()
+    torch.testing.assert_close(out, expected.float(), rtol=1e-5, atol=1e-5 * k**0.5)
+
+
+def meta(*shape, dtype=torch.float32, transposed=False):
+    if transposed:
+        return torch.empty(*reversed(shape), dtype=dtype, device="meta").t()
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize(
+    "vendor, a, b, bias, policy, expected",
+    [
+        ("AuthenticAMD", meta(2048, 256), meta(256, 768), meta(768), "auto", "accrewrite"),
+        ("AuthenticAMD", meta(16, 1024), meta(1024, 1024, transposed=True), None, "auto",
+         "accrewrite"),
+        ("AuthenticAMD", meta(256, 2048, transposed=True), meta(2048, 1024), None, "auto",
+         "inductor: ATen's GEMM: oneDNN is slower with a transposed left operand"),
+        ("AuthenticAMD", meta(8192, 1024), meta(1024, 32), None, "auto",
+         "inductor: ATen's GEMM: oneDNN is slower with K or N under 256"),
+        ("AuthenticAMD", meta(128, 256), meta(256, 256), None, "auto",
+         "inductor: ATen's GEMM: oneDNN is slower under 32 MFLOP"),
+        ("GenuineIntel", meta(2048, 256), meta(256, 768), None, "auto",
+         "inductor: ATen's GEMM (MKL) on a GenuineIntel"),
+        ("AuthenticAMD", meta(2048, 256, dtype=torch.bfloat16),
+         meta(256, 768, dtype=torch.bfloat16), None, "auto",
+         "inductor: oneDNN's kernel does not take it: not float32 (ATen already runs bfloat16 "
+         "matmuls on oneDNN)"),
+        ("AuthenticAMD", meta(2048, 256), meta(256, 768), meta(1, 768), "auto",
+         "inductor: oneDNN's kernel does not take it: bias [1, 768] is not a contiguous "
+         "vector over the columns"),
+        ("AuthenticAMD", meta(0, 256), meta(256, 768), None, "accrewrite",
+         "inductor: oneDNN's kernel does not take it: an empty operand"),
+        ("GenuineIntel", meta(3, 5, transposed=True), meta(5, 2), None, "accrewrite",
+         "accrewrite"),
+        ("AuthenticAMD", meta(2048, 256), meta(256, 768), None, "inductor", "inductor"),
+    ],
+)
+def test_choose(monkeypatch, vendor, a, b, bias, policy, expected):
+    monkeypatch.setattr(matmul, "cpu_vendor", lambda: vendor)
+    choice, reason = matmul.choose(a, b, bias, policy)
+    assert choice == expected.split(":")[0]
+    if ":" in expected:
+        assert f"{choice}: {reason}" == expected
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(256, 512), nn.Linear(512, 256)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.fc(x)))
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+def test_a_compiled_layer_runs_its_forward_and_input_gradient_on_onednn(monkeypatch):
+    monkeypatch.setattr(matmul, "cpu_vendor", lambda: "AuthenticAMD")
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(256, 256)
+    backend = Backend()
+    compiled = torch.compile(model, backend=backend)
+
+    def step(fn):
+        out = fn(x)
+        grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+        return out.detach(), grads
+
+    (out, grads), codes = run_and_get_code(step, compiled)
+
+    # forward: both layers; backward: the input gradient of out (fc's input needs none); the
+    # weight gradients (grad.t() @ input) stay on ATen's kernel
+    assert [(m.shape, m.choice) for m in backend.report.matches] == [
+        ((256, 256, 512), "accrewrite"),
+        ((256, 512, 256), "accrewrite"),
+        ((256, 256, 512), "accrewrite"),
+        ((256, 256, 512), "inductor"),
+        ((512, 256, 256), "inductor"),
+    ]
+    forward, backward = codes
+    assert forward.count(ONEDNN) == 2 and "extern_kernels.addmm(" not in forward
+    assert backward.count(ONEDNN) == 1 and backward.count("extern_kernels.mm(") == 2
+    expected, expected_grads = step(model)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-4)
