@@ -67,8 +67,8 @@ def meta(*shape, dtype=torch.float32, transposed=False):
         ("AuthenticAMD", meta(2048, 256), meta(256, 768), meta(1, 768), "auto",
          "inductor: oneDNN's kernel does not take it: bias [1, 768] is not a contiguous "
          "vector over the columns"),
-        ("AuthenticAMD", meta(0, 256), meta(256, 768), None, "accrewrite",
-         "inductor: oneDNN's kernel does not take it: an empty operand"),
+        ("AuthenticAMD", meta(3, 0), meta(0, 768), None, "accrewrite",
+         "inductor: oneDNN's kernel does not take it: K or N is 0"),
         ("GenuineIntel", meta(3, 5, transposed=True), meta(5, 2), None, "accrewrite",
          "accrewrite"),
         ("AuthenticAMD", meta(2048, 256), meta(256, 768), None, "inductor", "inductor"),
@@ -121,3 +121,20 @@ def test_a_compiled_layer_runs_its_forward_and_input_gradient_on_onednn(monkeypa
     expected, expected_grads = step(model)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+def test_with_dynamic_shapes_the_rows_are_not_counted(monkeypatch):
+    monkeypatch.setattr(matmul, "cpu_vendor", lambda: "AuthenticAMD")
+    torch.manual_seed(0)
+    model = MLP()
+    backend = Backend()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for rows in (5, 300):  # one graph for both, chosen with M symbolic
+            x = torch.randn(rows, 256)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+    (fc, out) = backend.report.matches
+    assert isinstance(fc.shape[0], torch.SymInt) and fc.shape[1:] == (256, 512)
+    assert (fc.choice, out.choice) == ("accrewrite", "accrewrite")
