@@ -10,6 +10,7 @@ directly; ``accrewrite.runtime.compile`` builds one ``Backend`` per model so tha
 report collects what each of its graphs did.
 """
 
+import collections
 import dataclasses
 
 import torch
@@ -31,7 +32,8 @@ OPTIONS = ("kernels", "memory_budget")
 @dataclasses.dataclass
 class CompileReport:
     """What compiling one model or optimizer did: each compiled graph (by the code it came
-    from), each kernel-selection match with its choice, and other choices (notes). A graph that
+    from), each kernel-selection match (patterns and CPU matmuls) with its choice, and other
+    choices (notes); printed, equal matches are one line with their count. A graph that
     inductor loads from its on-disk cache is not traced again, so its matches are not listed
     (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`` shows them)."""
 
@@ -44,7 +46,12 @@ class CompileReport:
         lines = [f"{len(self.graphs)} graph(s) compiled"]
         lines += [f"  graph: {graph}" for graph in self.graphs]
         lines += [f"  {note}" for note in self.notes]
-        lines += [f"  kernel selection: {match}" for match in self.matches]
+        # a model compiled whole repeats each block's matches once per block
+        repeats = collections.Counter(str(match) for match in self.matches)
+        lines += [
+            f"  kernel selection: {f'{n}x ' if n > 1 else ''}{match}"
+            for match, n in repeats.items()
+        ]
         return "\n".join(lines)
 
 

@@ -115,6 +115,10 @@ def test_a_compiled_layer_runs_its_forward_and_input_gradient_on_onednn(monkeypa
         ((256, 256, 512), "inductor"),
         ((512, 256, 256), "inductor"),
     ]
+    assert (
+        "kernel selection: 2x matmul [256, 256, 512] float32 on cpu (training): accrewrite "
+        "(oneDNN's GEMM: faster than MKL's on AMD CPUs)" in str(backend.report)
+    )
     forward, backward = codes
     assert forward.count(ONEDNN) == 2 and "extern_kernels.addmm(" not in forward
     assert backward.count(ONEDNN) == 1 and backward.count("extern_kernels.mm(") == 2
