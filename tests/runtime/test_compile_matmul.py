@@ -34,7 +34,7 @@ def operands(m, k, n, layout, bias):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no bias"])
 def test_onednn_matmul_equals_atens(m, k, n, layout, bias):
     a, b, c = operands(m, k, n, layout, bias)
-    out = matmul.onednn_matmul(a, b, c)
+    out = torch.ops.accrewrite.onednn_matmul(a, b, c)
     expected = a.double() @ b.double() + (0 if c is None else c.double())
     assert out.shape == (m, n) and out.is_contiguous()
     torch.testing.assert_close(out, expected.float(), rtol=1e-5, atol=1e-5 * k**0.5)
