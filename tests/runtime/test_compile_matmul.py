@@ -62,8 +62,8 @@ def meta(*shape, dtype=torch.float32, transposed=False):
          "inductor: ATen's GEMM (MKL) on a GenuineIntel"),
         ("AuthenticAMD", meta(2048, 256, dtype=torch.bfloat16),
          meta(256, 768, dtype=torch.bfloat16), None, "auto",
-         "inductor: oneDNN's kernel does not take it: not float32 (ATen already runs bfloat16 "
-         "matmuls on oneDNN)"),
+         "inductor: oneDNN's kernel does not take it: torch.bfloat16, not float32 (ATen runs "
+         "bfloat16 matmuls on oneDNN already)"),
         ("AuthenticAMD", meta(2048, 256), meta(256, 768), meta(1, 768), "auto",
          "inductor: oneDNN's kernel does not take it: bias [1, 768] is not a contiguous "
          "vector over the columns"),
@@ -75,11 +75,22 @@ def meta(*shape, dtype=torch.float32, transposed=False):
     ],
 )
 def test_choose(monkeypatch, vendor, a, b, bias, policy, expected):
+    """The measured rule under "auto", what oneDNN cannot take, and the forced policies."""
     monkeypatch.setattr(matmul, "cpu_vendor", lambda: vendor)
     choice, reason = matmul.choose(a, b, bias, policy)
     assert choice == expected.split(":")[0]
     if ":" in expected:
         assert f"{choice}: {reason}" == expected
+
+
+def test_choose_respects_onednn_turned_off(monkeypatch):
+    monkeypatch.setattr(matmul, "cpu_vendor", lambda: "AuthenticAMD")
+    with torch.backends.mkldnn.flags(enabled=False):
+        choice, reason = matmul.choose(meta(2048, 256), meta(256, 768), None, "accrewrite")
+    assert (choice, reason) == (
+        "inductor",
+        "oneDNN's kernel does not take it: oneDNN is turned off (torch.backends.mkldnn.enabled)",
+    )
 
 
 class MLP(nn.Module):
