@@ -18,12 +18,12 @@ from torch._dynamo import register_backend
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from accrewrite.runtime.compiler import cpp_library, regional
-from accrewrite.runtime.compiler.matmul import MatmulSelectionPass
 from accrewrite.runtime.compiler.kernel_selection import (
     KernelMatch,
     KernelSelectionPass,
     check_policy,
 )
+from accrewrite.runtime.compiler.matmul import MatmulSelectionPass
 from accrewrite.runtime.compiler.memory import activation_budget, check_budget
 
 OPTIONS = ("kernels", "memory_budget")
@@ -80,7 +80,7 @@ class Backend:
         return self.compile_graph(gm, example_inputs)
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs):
-        """AOTAutograd, the kernel-selection pass and inductor on one graph."""
+        """AOTAutograd, the kernel-selection and matmul passes and inductor on one graph."""
         patches = dict(torch._inductor.list_mode_options(self.mode)) if self.mode else {}
         patches["joint_custom_pre_pass"] = KernelSelectionPass(self.kernels, self.report.matches)
         patches["post_grad_custom_post_pass"] = MatmulSelectionPass(

@@ -37,8 +37,9 @@ def compile(
     False compiles the whole graph at once. ``mode`` and ``dynamic`` are ``torch.compile``'s.
     ``memory_budget``: None or a fraction in [0, 1] of the activation memory the compiled
     training graph may keep (see ``memory.py``). ``kernels``: "auto" lets the kernel-selection
-    pass choose by device and shape, "accrewrite" always uses the accrewrite kernels, "inductor"
-    never does.
+    pass choose by device and shape (and, for float32 matmuls on the CPU, between ATen's GEMM and
+    oneDNN's: ``matmul.py``), "accrewrite" always uses the accrewrite kernels, "inductor" never
+    does.
 
     An optimizer (``torch.optim.Optimizer``) may be passed instead of a model, right after it is
     built, so that the optimizer step is not left to per-parameter eager loops: Adam, AdamW and

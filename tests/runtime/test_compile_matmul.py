@@ -150,6 +150,6 @@ def test_with_dynamic_shapes_the_rows_are_not_counted(monkeypatch):
             x = torch.randn(rows, 256)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
-    (fc, out) = backend.report.matches
+    fc, out = backend.report.matches
     assert isinstance(fc.shape[0], torch.SymInt) and fc.shape[1:] == (256, 512)
     assert (fc.choice, out.choice) == ("accrewrite", "accrewrite")
