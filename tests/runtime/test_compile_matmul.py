@@ -1,6 +1,7 @@
 """Matmul selection on the CPU (compiler/matmul.py): oneDNN's GEMM equals ATen's over odd
-shapes and layouts, ``choose`` follows the measured rule, and a compiled layer runs its forward
-and input-gradient matmuls on oneDNN with eager's results."""
+shapes and layouts, ``choose`` follows the measured rule, and a compiled layer runs its forward,
+input-gradient and weight-gradient matmuls on oneDNN, each with a row-major left operand, with
+eager's results."""
 
 import pytest
 
@@ -53,7 +54,7 @@ def meta(*shape, dtype=torch.float32, transposed=False):
         ("AuthenticAMD", meta(16, 1024), meta(1024, 1024, transposed=True), None, "auto",
          "accrewrite"),
         ("AuthenticAMD", meta(256, 2048, transposed=True), meta(2048, 1024), None, "auto",
-         "inductor: ATen's GEMM: oneDNN is slower with a transposed left operand"),
+         "accrewrite"),  # a weight gradient: the pass copies the left operand row-major
         ("AuthenticAMD", meta(8192, 1024), meta(1024, 32), None, "auto",
          "inductor: ATen's GEMM: oneDNN is slower with K or N under 256"),
         ("AuthenticAMD", meta(128, 256), meta(256, 256), None, "auto",
@@ -102,11 +103,25 @@ class MLP(nn.Module):
         return self.out(torch.relu(self.fc(x)))
 
 
+def copies_inside_onednn(fn) -> int:
+    """How many copies oneDNN's op makes of its operands (of a left operand that is not
+    row-major) while ``fn`` runs."""
+    with torch.profiler.profile() as profile:
+        fn()
+
+    def inside(event):
+        if event is None:
+            return False
+        return event.name == "mkldnn::_linear_pointwise" or inside(event.cpu_parent)
+
+    return sum(e.name == "aten::copy_" and inside(e.cpu_parent) for e in profile.events())
+
+
 @pytest.mark.usefixtures("fresh_compiles")
-def test_a_compiled_layer_runs_its_forward_and_input_gradient_on_onednn(monkeypatch):
+def test_a_compiled_layer_runs_its_matmuls_on_onednn_with_row_major_left_operands(monkeypatch):
     monkeypatch.setattr(matmul, "cpu_vendor", lambda: "AuthenticAMD")
     torch.manual_seed(0)
-    model, x = MLP(), torch.randn(256, 256)
+    model, x = MLP(), torch.randn(1024, 256)
     backend = Backend()
     compiled = torch.compile(model, backend=backend)
 
@@ -117,25 +132,28 @@ def test_a_compiled_layer_runs_its_forward_and_input_gradient_on_onednn(monkeypa
 
     (out, grads), codes = run_and_get_code(step, compiled)
 
-    # forward: both layers; backward: the input gradient of out (fc's input needs none); the
-    # weight gradients (grad.t() @ input) stay on ATen's kernel
+    # forward: both layers; backward: the input gradient of out (fc's input needs none) and both
+    # weight gradients (grad.t() @ input): out's from a row-major copy of its grad.t() (256 x
+    # 1024), fc's computed transposed, from a copy of its input.t() (256 x 1024, then 512 x 256)
     assert [(m.shape, m.choice) for m in backend.report.matches] == [
-        ((256, 256, 512), "accrewrite"),
-        ((256, 512, 256), "accrewrite"),
-        ((256, 256, 512), "accrewrite"),
-        ((256, 256, 512), "inductor"),
-        ((512, 256, 256), "inductor"),
+        ((1024, 256, 512), "accrewrite"),
+        ((1024, 512, 256), "accrewrite"),
+        ((1024, 256, 512), "accrewrite"),
+        ((256, 1024, 512), "accrewrite"),
+        ((512, 1024, 256), "accrewrite"),
     ]
     assert (
-        "kernel selection: 2x matmul [256, 256, 512] float32 on cpu (training): accrewrite "
+        "kernel selection: 2x matmul [1024, 256, 512] float32 on cpu (training): accrewrite "
         "(oneDNN's GEMM: faster than MKL's on AMD CPUs)" in str(backend.report)
     )
     forward, backward = codes
     assert forward.count(ONEDNN) == 2 and "extern_kernels.addmm(" not in forward
-    assert backward.count(ONEDNN) == 1 and backward.count("extern_kernels.mm(") == 2
+    assert backward.count(ONEDNN) == 3 and "extern_kernels.mm(" not in backward
     expected, expected_grads = step(model)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-4)
+    # oneDNN is handed the copies that the graph makes, not views for ATen to copy
+    assert copies_inside_onednn(lambda: step(compiled)) == 0
 
 
 @pytest.mark.usefixtures("fresh_compiles")
