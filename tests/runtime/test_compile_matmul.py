@@ -103,10 +103,10 @@ class MLP(nn.Module):
         return self.out(torch.relu(self.fc(x)))
 
 
-def copies_inside_onednn(fn) -> int:
-    """How many copies oneDNN's op makes of its operands (of a left operand that is not
-    row-major) while ``fn`` runs."""
-    with torch.profiler.profile() as profile:
+def onednn_calls(fn) -> tuple[list, int]:
+    """While ``fn`` runs: the shape of each left operand that oneDNN's op gets, and how many
+    copies of its operands the op makes itself (of a left operand that is not row-major)."""
+    with torch.profiler.profile(record_shapes=True) as profile:
         fn()
 
     def inside(event):
@@ -114,7 +114,9 @@ def copies_inside_onednn(fn) -> int:
             return False
         return event.name == "mkldnn::_linear_pointwise" or inside(event.cpu_parent)
 
-    return sum(e.name == "aten::copy_" and inside(e.cpu_parent) for e in profile.events())
+    events = profile.events()
+    lefts = [e.input_shapes[0] for e in events if e.name == "mkldnn::_linear_pointwise"]
+    return lefts, sum(e.name == "aten::copy_" and inside(e.cpu_parent) for e in events)
 
 
 @pytest.mark.usefixtures("fresh_compiles")
@@ -134,7 +136,7 @@ def test_a_compiled_layer_runs_its_matmuls_on_onednn_with_row_major_left_operand
 
     # forward: both layers; backward: the input gradient of out (fc's input needs none) and both
     # weight gradients (grad.t() @ input): out's from a row-major copy of its grad.t() (256 x
-    # 1024), fc's computed transposed, from a copy of its input.t() (256 x 1024, then 512 x 256)
+    # 1024), fc's computed transposed, from a copy of its input.t() (256 x 1024)
     assert [(m.shape, m.choice) for m in backend.report.matches] == [
         ((1024, 256, 512), "accrewrite"),
         ((1024, 512, 256), "accrewrite"),
@@ -153,7 +155,30 @@ def test_a_compiled_layer_runs_its_matmuls_on_onednn_with_row_major_left_operand
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-4)
     # oneDNN is handed the copies that the graph makes, not views for ATen to copy
-    assert copies_inside_onednn(lambda: step(compiled)) == 0
+    lefts, copies = onednn_calls(lambda: step(compiled))
+    assert len(lefts) == 5 and copies == 0
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+@pytest.mark.parametrize(
+    "m, n, bias, left",
+    [
+        (96, 512, False, [96, 300]),  # a copied: 96 x 300 < 512 x 300 + 96 x 512
+        (512, 80, False, [80, 300]),  # the product transposed: b^T (80 x 300) copied
+        (512, 80, True, [512, 300]),  # with a bias: a copied
+    ],
+)
+def test_a_transposed_left_operand_is_copied_the_cheaper_way(m, n, bias, left):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(300, m, generator=g).t(), torch.randn(300, n, generator=g)
+    c = torch.randn(n, generator=g) if bias else None
+
+    def product(a, b, c):
+        return a @ b if c is None else torch.addmm(c, a, b)
+
+    compiled = torch.compile(product, backend=Backend(kernels="accrewrite"), dynamic=False)
+    torch.testing.assert_close(compiled(a, b, c), product(a, b, c), rtol=1e-5, atol=1e-4)
+    assert onednn_calls(lambda: compiled(a, b, c)) == ([left], 0)
 
 
 @pytest.mark.usefixtures("fresh_compiles")
