@@ -10,12 +10,11 @@ than 256 columns on either side of the product.
 
 A weight gradient, ``dY^T @ X``, has a transposed left operand, which oneDNN reads only
 row-major: handed the view, ATen copies it first (132-189 GFLOP/s with the copy, vs MKL's
-178-194).
-With the copy made in the graph instead (``_onednn_matmul``), where inductor fuses it into the
-kernel that computes ``dY`` or writes it in a tiled kernel, a compiled weight gradient took
-0.76-1.08x ATen's time (median 0.92x) over 15 shapes from 512 to 8192 rows with K and N of at
-least 256, ``dY`` computed in the graph or an input of it; 1.08-1.20x under 32 MFLOP. That is the
-rule of the other matmuls, which the weight gradients now follow too.
+178-194). With the copy made in the graph instead (``_onednn_matmul``), where inductor fuses it
+into the kernel that computes ``dY`` or writes it in a tiled kernel, a compiled weight gradient
+took 0.76-1.08x ATen's time (median 0.92x) over 15 shapes from 512 to 8192 rows with K and N of
+at least 256, ``dY`` computed in the graph or an input of it; 1.08-1.20x under 32 MFLOP. That
+is the rule of the other matmuls, which the weight gradients now follow too.
 
 So this pass, inductor's ``post_grad_custom_post_pass``, runs on each forward, backward and
 inference graph as inductor is about to lower it, and chooses for each float32 ``mm`` and
