@@ -19,5 +19,8 @@ for package, directory in ROOTS.items():
 setup(
     packages=packages,
     package_dir=ROOTS,
-    package_data={"accrewrite.rules": ["targets/*.toml"]},
+    package_data={
+        "accrewrite.rules": ["targets/*.toml"],
+        "accrewrite.runtime.compiler": ["*.cpp"],  # built at run time (attention.py)
+    },
 )

@@ -14,6 +14,9 @@ kernels until ``wait``, puts each in a namespace of its own, adds one Python mod
 function per kernel, and has inductor's ``CppPythonBindingsCodeCache`` build it (flags, the
 precompiled header and its on-disk cache are inductor's). A kernel whose source does not fit
 that shape, or a library that fails to build, is built on its own as inductor would.
+
+``load_functions`` builds accrewrite's own C++ (``attention.cpp``) the same way, with its
+functions bound as the kernels are.
 """
 
 import contextlib
@@ -132,27 +135,41 @@ def library_source(kernels: list[_Kernel]) -> str:
     lines = [*includes, ""]
     for index, kernel in enumerate(kernels):
         lines += [f"namespace accrewrite_kernel_{index} {{", kernel.body, "}", ""]
-    lines.append(_BINDING_PRELUDE)
-    for index, kernel in enumerate(kernels):
+    lines.append(_bindings([
+        (f"kernel_{index}", f"accrewrite_kernel_{index}::kernel", kernel.argtypes)
+        for index, kernel in enumerate(kernels)
+    ]))
+    return "\n".join(lines)
+
+
+def load_functions(source: str, functions: dict[str, list[str]]):
+    """The module built from the C++ ``source`` as inductor builds its kernels (its flags,
+    precompiled header and on-disk cache), with a Python function for each of ``functions``:
+    the name of a C-linkage function of ``source`` and its argument types, as inductor gives
+    them (pointers, which take tensors, ``int64_t`` and ``float``)."""
+    bindings = _bindings([(name, name, argtypes) for name, argtypes in functions.items()])
+    return CppPythonBindingsCodeCache.load_async(f"{source}\n{bindings}")()
+
+
+def _bindings(functions: list[tuple[str, str, list[str]]]) -> str:
+    """The Python module ``kernel`` with, for each (name, C++ function, argument types), a
+    function of that name calling that C++ function."""
+    lines = [_BINDING_PRELUDE]
+    for name, callee, argtypes in functions:
         arguments = ", ".join(
             f"parse_arg<{argtype.replace('const ', '')}>(args, {n})"
-            for n, argtype in enumerate(kernel.argtypes)
+            for n, argtype in enumerate(argtypes)
         )
-        lines.append(
-            _BINDING_FUNCTION.format(
-                index=index, count=len(kernel.argtypes), arguments=arguments
-            )
-        )
-    table = "".join(
-        f'    {{"kernel_{index}", kernel_{index}_py, METH_VARARGS, ""}},\n'
-        for index in range(len(kernels))
-    )
+        lines.append(_BINDING_FUNCTION.format(
+            name=name, callee=callee, count=len(argtypes), arguments=arguments
+        ))
+    table = "".join(f'    {{"{name}", {name}_py, METH_VARARGS, ""}},\n' for name, *_ in functions)
     lines.append(_BINDING_MODULE.replace("@METHODS@", table))
     return "\n".join(lines)
 
 
 _BINDING_PRELUDE = r"""
-// Python bindings: the module "kernel", a function kernel_<i> per kernel
+// Python bindings: the module "kernel", a function per C++ function
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <cerrno>
@@ -204,8 +221,8 @@ template <typename Call> static PyObject* call_kernel(PyObject* args, Py_ssize_t
 """
 
 _BINDING_FUNCTION = """\
-static PyObject* kernel_{index}_py(PyObject* self, PyObject* args) {{
-    return call_kernel(args, {count}, [&] {{ accrewrite_kernel_{index}::kernel({arguments}); }});
+static PyObject* {name}_py(PyObject* self, PyObject* args) {{
+    return call_kernel(args, {count}, [&] {{ {callee}({arguments}); }});
 }}"""
 
 _BINDING_MODULE = r"""

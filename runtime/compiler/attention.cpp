@@ -1,0 +1,186 @@
+// Causal self-attention on the CPU, forward and backward, in float32 (see attention.py).
+//
+// Each (batch, head) pair is one task, and a thread works through its pairs one at a time, so
+// that a pair's keys, values and scores stay in its cache. Queries go in blocks of BLOCK; a
+// block attends to the keys up to its last query only, so the products skip the masked blocks
+// of the scores. The products run on oneDNN's micro-kernel (ATen's cpublas::brgemm); the
+// softmax, its gradient and the transposes the products need run on ATen's vector types.
+//
+// Training keeps the rows' log-sum-exp (lse), as flash attention does: the backward recomputes
+// each block's probabilities from it.
+
+#include <torch/csrc/inductor/cpp_prefix.h>
+
+namespace at::native::cpublas {
+// libtorch_cpu's (declared in ATen/native/CPUBlas.h, whose includes take a second to compile):
+// C (M x N) = A (M x K) @ B (K x N), plus C where add_C; ld_*: the row strides.
+void brgemm(int64_t M, int64_t N, int64_t K, int64_t ld_a, int64_t ld_b, int64_t ld_c,
+            bool add_C, const float* A, const float* B, float* C, bool is_vnni);
+}  // namespace at::native::cpublas
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t BLOCK = 64;  // queries per block
+
+// c (m x n) = a (m x k) @ b (k x n), plus c where accumulate
+void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, accumulate, a, b, c, false);
+}
+
+// dst (cols x rows) = src^T (rows x cols)
+void transpose(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t rows,
+               int64_t cols) {
+  at::vec::transpose_mxn<float>(src, ld_src, dst, ld_dst, rows, cols);
+}
+
+// row[j] = exp(scale * row[j] - shift) for j < valid, 0 for valid <= j < n; returns their sum
+float exp_row(float* row, int64_t valid, int64_t n, float scale, float shift) {
+  const Vec vscale(scale), vshift(shift);
+  Vec sum(0.f);
+  int64_t j = 0;
+  for (; j + Vec::size() <= valid; j += Vec::size()) {
+    const Vec p = (Vec::loadu(row + j) * vscale - vshift).exp_u20();
+    p.store(row + j);
+    sum = sum + p;
+  }
+  if (j < valid) {
+    const int64_t rest = valid - j;
+    // loadu's missing lanes are zeros, whose exp is not: keep the loaded lanes only
+    const Vec p = Vec::set(Vec(0.f), (Vec::loadu(row + j, rest) * vscale - vshift).exp_u20(), rest);
+    p.store(row + j, rest);
+    sum = sum + p;
+  }
+  std::fill(row + valid, row + n, 0.f);
+  return at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sum);
+}
+
+float row_max(const float* row, int64_t size) {
+  return at::vec::reduce_all<float>(
+      [](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, row, size);
+}
+
+float dot(const float* x, const float* y, int64_t size) {
+  return at::vec::map2_reduce_all<float>(
+      [](Vec a, Vec b) { return a * b; }, [](Vec a, Vec b) { return a + b; }, x, y, size);
+}
+
+// The strides of a (batch, heads, tokens, head size) tensor with a contiguous last dimension.
+struct Layout {
+  int64_t batch, head, token;
+
+  template <typename T>
+  T* at(T* base, int64_t b, int64_t h) const {
+    return base + b * batch + h * head;
+  }
+};
+
+// the index-th tensor's layout in strides, 3 per tensor (batch, head, token)
+Layout layout(const int64_t* strides, int index) {
+  return {strides[3 * index], strides[3 * index + 1], strides[3 * index + 2]};
+}
+
+// f(begin, end) over [0, size), one contiguous range per thread
+template <typename F>
+void parallel(int64_t size, int64_t threads, const F& f) {
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t chunk = (size + count - 1) / count;
+    const int64_t begin = std::min(size, id * chunk), end = std::min(size, begin + chunk);
+    if (begin < end) f(begin, end);
+  }
+}
+
+}  // namespace
+
+// out = softmax(q k^T * scale + causal mask) v and lse (batch, heads, tokens: contiguous), the
+// rows' log-sum-exp of the scaled scores. strides: those of q, k, v and out.
+extern "C" void accrewrite_attention_forward(const float* q, const float* k, const float* v,
+                                             float* out, float* lse, const int64_t* strides,
+                                             int64_t batch, int64_t heads, int64_t tokens,
+                                             int64_t dim, float scale, int64_t threads) {
+  const Layout lq = layout(strides, 0), lk = layout(strides, 1), lv = layout(strides, 2),
+               lo = layout(strides, 3);
+  parallel(batch * heads, threads, [&](int64_t begin, int64_t end) {
+    std::vector<float> kt(dim * tokens), s(BLOCK * tokens);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
+      const float *qb = lq.at(q, b, h), *kb = lk.at(k, b, h), *vb = lv.at(v, b, h);
+      float* ob = lo.at(out, b, h);
+      float* lseb = lse + bh * tokens;
+      transpose(kb, lk.token, kt.data(), tokens, tokens, dim);
+      for (int64_t i0 = 0; i0 < tokens; i0 += BLOCK) {
+        const int64_t m = std::min(BLOCK, tokens - i0), n = i0 + m;  // n: keys the block sees
+        gemm(m, n, dim, qb + i0 * lq.token, lq.token, kt.data(), tokens, s.data(), tokens,
+             false);
+        for (int64_t r = 0; r < m; ++r) {
+          float* row = s.data() + r * tokens;
+          const int64_t valid = i0 + r + 1;
+          const float shift = row_max(row, valid) * scale;
+          const float sum = exp_row(row, valid, n, scale, shift);
+          const Vec inverse(1.f / sum);
+          at::vec::map([&](Vec x) { return x * inverse; }, row, row, valid);
+          lseb[i0 + r] = shift + std::log(sum);
+        }
+        gemm(m, dim, n, s.data(), tokens, vb, lv.token, ob + i0 * lo.token, lo.token, false);
+      }
+    }
+  });
+}
+
+// dq, dk and dv of the forward's out for its gradient grad. strides: those of q, k, v, out,
+// grad, dq, dk and dv.
+extern "C" void accrewrite_attention_backward(const float* grad, const float* q, const float* k,
+                                              const float* v, const float* out, const float* lse,
+                                              float* dq, float* dk, float* dv,
+                                              const int64_t* strides, int64_t batch,
+                                              int64_t heads, int64_t tokens, int64_t dim,
+                                              float scale, int64_t threads) {
+  const Layout lq = layout(strides, 0), lk = layout(strides, 1), lv = layout(strides, 2),
+               lo = layout(strides, 3), lg = layout(strides, 4), ldq = layout(strides, 5),
+               ldk = layout(strides, 6), ldv = layout(strides, 7);
+  parallel(batch * heads, threads, [&](int64_t begin, int64_t end) {
+    // dk and dv are summed transposed (dim x tokens), where each block's product adds to them
+    // without transposing the block's scores
+    std::vector<float> kt(dim * tokens), vt(dim * tokens), dkt(dim * tokens), dvt(dim * tokens),
+        p(BLOCK * tokens), dp(BLOCK * tokens), qt(dim * BLOCK), gt(dim * BLOCK);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
+      const float *qb = lq.at(q, b, h), *kb = lk.at(k, b, h), *vb = lv.at(v, b, h),
+                  *ob = lo.at(out, b, h), *gb = lg.at(grad, b, h);
+      const float* lseb = lse + bh * tokens;
+      transpose(kb, lk.token, kt.data(), tokens, tokens, dim);
+      transpose(vb, lv.token, vt.data(), tokens, tokens, dim);
+      std::fill(dkt.begin(), dkt.end(), 0.f);
+      std::fill(dvt.begin(), dvt.end(), 0.f);
+      for (int64_t i0 = 0; i0 < tokens; i0 += BLOCK) {
+        const int64_t m = std::min(BLOCK, tokens - i0), n = i0 + m;
+        const float* qi = qb + i0 * lq.token;
+        const float* gi = gb + i0 * lg.token;
+        gemm(m, n, dim, qi, lq.token, kt.data(), tokens, p.data(), tokens, false);
+        gemm(m, n, dim, gi, lg.token, vt.data(), tokens, dp.data(), tokens, false);
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t valid = i0 + r + 1;
+          float* prow = p.data() + r * tokens;
+          float* dprow = dp.data() + r * tokens;
+          exp_row(prow, valid, n, scale, lseb[i0 + r]);  // the probabilities again
+          // the gradient of the scaled scores, times scale: that of q k^T
+          const Vec d(dot(gi + r * lg.token, ob + (i0 + r) * lo.token, dim)), vscale(scale);
+          at::vec::map2([&](Vec x, Vec y) { return x * (y - d) * vscale; }, dprow, prow, dprow,
+                        valid);
+          std::fill(dprow + valid, dprow + n, 0.f);
+        }
+        gemm(m, dim, n, dp.data(), tokens, kb, lk.token, ldq.at(dq, b, h) + i0 * ldq.token,
+             ldq.token, false);
+        transpose(qi, lq.token, qt.data(), BLOCK, m, dim);
+        transpose(gi, lg.token, gt.data(), BLOCK, m, dim);
+        gemm(dim, n, m, qt.data(), BLOCK, dp.data(), tokens, dkt.data(), tokens, true);
+        gemm(dim, n, m, gt.data(), BLOCK, p.data(), tokens, dvt.data(), tokens, true);
+      }
+      transpose(dkt.data(), tokens, ldk.at(dk, b, h), ldk.token, dim, tokens);
+      transpose(dvt.data(), tokens, ldv.at(dv, b, h), ldv.token, dim, tokens);
+    }
+  });
+}
