@@ -1,10 +1,11 @@
 // Causal self-attention on the CPU, forward and backward, in float32 (see attention.py).
 //
 // Each (batch, head) pair is one task, and a thread works through its pairs one at a time, so
-// that a pair's keys, values and scores stay in its cache. Queries go in blocks of BLOCK; a
-// block attends to the keys up to its last query only, so the products skip the masked blocks
-// of the scores. The products run on oneDNN's micro-kernel (ATen's cpublas::brgemm); the
-// softmax, its gradient and the transposes the products need run on ATen's vector types.
+// that a pair's keys, values and scores stay in its cache. Queries go in blocks of `block`
+// (attention.py chooses it); a block attends to the keys up to its last query only, so the
+// products skip the masked blocks of the scores. The products run on oneDNN's micro-kernel
+// (ATen's cpublas::brgemm); the softmax, its gradient and the transposes the products need run
+// on ATen's vector types.
 //
 // Training keeps the rows' log-sum-exp (lse), as flash attention does: the backward recomputes
 // each block's probabilities from it.
@@ -21,7 +22,6 @@ void brgemm(int64_t M, int64_t N, int64_t K, int64_t ld_a, int64_t ld_b, int64_t
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-constexpr int64_t BLOCK = 64;  // queries per block
 
 // c (m x n) = a (m x k) @ b (k x n), plus c where accumulate
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
@@ -100,19 +100,20 @@ void parallel(int64_t size, int64_t threads, const F& f) {
 extern "C" void accrewrite_attention_forward(const float* q, const float* k, const float* v,
                                              float* out, float* lse, const int64_t* strides,
                                              int64_t batch, int64_t heads, int64_t tokens,
-                                             int64_t dim, float scale, int64_t threads) {
+                                             int64_t dim, float scale, int64_t block,
+                                             int64_t threads) {
   const Layout lq = layout(strides, 0), lk = layout(strides, 1), lv = layout(strides, 2),
                lo = layout(strides, 3);
   parallel(batch * heads, threads, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(dim * tokens), s(BLOCK * tokens);
+    std::vector<float> kt(dim * tokens), s(block * tokens);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
       const float *qb = lq.at(q, b, h), *kb = lk.at(k, b, h), *vb = lv.at(v, b, h);
       float* ob = lo.at(out, b, h);
       float* lseb = lse + bh * tokens;
       transpose(kb, lk.token, kt.data(), tokens, tokens, dim);
-      for (int64_t i0 = 0; i0 < tokens; i0 += BLOCK) {
-        const int64_t m = std::min(BLOCK, tokens - i0), n = i0 + m;  // n: keys the block sees
+      for (int64_t i0 = 0; i0 < tokens; i0 += block) {
+        const int64_t m = std::min(block, tokens - i0), n = i0 + m;  // n: keys the block sees
         gemm(m, n, dim, qb + i0 * lq.token, lq.token, kt.data(), tokens, s.data(), tokens,
              false);
         for (int64_t r = 0; r < m; ++r) {
@@ -137,7 +138,7 @@ extern "C" void accrewrite_attention_backward(const float* grad, const float* q,
                                               float* dq, float* dk, float* dv,
                                               const int64_t* strides, int64_t batch,
                                               int64_t heads, int64_t tokens, int64_t dim,
-                                              float scale, int64_t threads) {
+                                              float scale, int64_t block, int64_t threads) {
   const Layout lq = layout(strides, 0), lk = layout(strides, 1), lv = layout(strides, 2),
                lo = layout(strides, 3), lg = layout(strides, 4), ldq = layout(strides, 5),
                ldk = layout(strides, 6), ldv = layout(strides, 7);
@@ -145,7 +146,7 @@ extern "C" void accrewrite_attention_backward(const float* grad, const float* q,
     // dk and dv are summed transposed (dim x tokens), where each block's product adds to them
     // without transposing the block's scores
     std::vector<float> kt(dim * tokens), vt(dim * tokens), dkt(dim * tokens), dvt(dim * tokens),
-        p(BLOCK * tokens), dp(BLOCK * tokens), qt(dim * BLOCK), gt(dim * BLOCK);
+        p(block * tokens), dp(block * tokens), qt(dim * block), gt(dim * block);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
       const float *qb = lq.at(q, b, h), *kb = lk.at(k, b, h), *vb = lv.at(v, b, h),
@@ -155,8 +156,8 @@ extern "C" void accrewrite_attention_backward(const float* grad, const float* q,
       transpose(vb, lv.token, vt.data(), tokens, tokens, dim);
       std::fill(dkt.begin(), dkt.end(), 0.f);
       std::fill(dvt.begin(), dvt.end(), 0.f);
-      for (int64_t i0 = 0; i0 < tokens; i0 += BLOCK) {
-        const int64_t m = std::min(BLOCK, tokens - i0), n = i0 + m;
+      for (int64_t i0 = 0; i0 < tokens; i0 += block) {
+        const int64_t m = std::min(block, tokens - i0), n = i0 + m;
         const float* qi = qb + i0 * lq.token;
         const float* gi = gb + i0 * lg.token;
         gemm(m, n, dim, qi, lq.token, kt.data(), tokens, p.data(), tokens, false);
@@ -174,10 +175,10 @@ extern "C" void accrewrite_attention_backward(const float* grad, const float* q,
         }
         gemm(m, dim, n, dp.data(), tokens, kb, lk.token, ldq.at(dq, b, h) + i0 * ldq.token,
              ldq.token, false);
-        transpose(qi, lq.token, qt.data(), BLOCK, m, dim);
-        transpose(gi, lg.token, gt.data(), BLOCK, m, dim);
-        gemm(dim, n, m, qt.data(), BLOCK, dp.data(), tokens, dkt.data(), tokens, true);
-        gemm(dim, n, m, gt.data(), BLOCK, p.data(), tokens, dvt.data(), tokens, true);
+        transpose(qi, lq.token, qt.data(), block, m, dim);
+        transpose(gi, lg.token, gt.data(), block, m, dim);
+        gemm(dim, n, m, qt.data(), block, dp.data(), tokens, dkt.data(), tokens, true);
+        gemm(dim, n, m, gt.data(), block, p.data(), tokens, dvt.data(), tokens, true);
       }
       transpose(dkt.data(), tokens, ldk.at(dk, b, h), ldk.token, dim, tokens);
       transpose(dvt.data(), tokens, ldv.at(dv, b, h), ldv.token, dim, tokens);

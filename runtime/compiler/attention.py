@@ -29,9 +29,16 @@ from accrewrite.runtime.compiler import cpp_library
 log = logging.getLogger(__name__)
 
 _FORWARD = ["const float*"] * 3 + ["float*"] * 2 + ["const int64_t*"] + ["int64_t"] * 4 + [
-    "float", "int64_t"]
+    "float", "int64_t", "int64_t"]
 _BACKWARD = ["const float*"] * 6 + ["float*"] * 3 + ["const int64_t*"] + ["int64_t"] * 4 + [
-    "float", "int64_t"]
+    "float", "int64_t", "int64_t"]
+
+
+def _block(tokens: int) -> int:
+    """Queries per block: blocks of 32 skip more of the masked scores, 64 keep the products
+    larger. At (16, 4, 128, 64) blocks of 32 took 0.90-0.95x the time of blocks of 64, from 256
+    to 512 tokens they were even, at 1024 tokens 1.05x."""
+    return 32 if tokens <= 512 else 64
 
 
 @functools.cache
@@ -112,7 +119,7 @@ def _forward(q, k, v):
     out, lse = _attention_like(q), q.new_empty(batch, heads, tokens)
     _library().accrewrite_attention_forward(
         q, k, v, out, lse, _strides(q, k, v, out), batch, heads, tokens, dim, dim**-0.5,
-        torch.get_num_threads(),
+        _block(tokens), torch.get_num_threads(),
     )
     return out, lse
 
@@ -125,7 +132,7 @@ def _backward(grad, q, k, v, out, lse):
     _library().accrewrite_attention_backward(
         grad, q, k, v, out, lse.contiguous(), dq, dk, dv,
         _strides(q, k, v, out, grad, dq, dk, dv), batch, heads, tokens, dim, dim**-0.5,
-        torch.get_num_threads(),
+        _block(tokens), torch.get_num_threads(),
     )
     return dq, dk, dv
 

@@ -16,7 +16,6 @@ from accrewrite.runtime.compiler.backend import Backend
 
 FLASH = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default("
 KERNEL = "torch.ops.accrewrite.causal_attention.default("
-BLOCK = 64  # queries per block in attention.cpp: shapes around it exercise the partial blocks
 
 
 def qkv(*shape, dtype=torch.float32):
@@ -41,8 +40,10 @@ def kernel(q, k, v):
 
 @pytest.mark.parametrize(
     "shape",
-    [(2, 3, 1, 8), (2, 3, BLOCK - 1, 8), (1, 2, BLOCK, 24), (2, 1, BLOCK + 1, 8),
-     (1, 2, 2 * BLOCK + 3, 24), (2, 2, 100, 40), (1, 1, 3 * BLOCK, 128)],
+    # around the blocks of 32 queries (and of 64 over 512 tokens): partial blocks, a last block
+    # of one query
+    [(2, 3, 1, 8), (2, 3, 31, 8), (1, 2, 32, 24), (2, 1, 33, 8), (1, 2, 67, 24),
+     (2, 2, 100, 40), (1, 1, 192, 128), (1, 2, 577, 16)],
     ids=lambda s: "x".join(map(str, s)),
 )
 def test_kernel_equals_atens_causal_attention(shape):
@@ -54,7 +55,7 @@ def test_kernel_equals_atens_causal_attention(shape):
 
 
 def test_log_sum_exp_is_atens():
-    q, k, v = (t.detach() for t in qkv(2, 3, BLOCK + 7, 16))
+    q, k, v = (t.detach() for t in qkv(2, 3, 71, 16))
     _, lse = attention.causal_attention(q, k, v)
     expected = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[1]
     torch.testing.assert_close(lse, expected, rtol=1e-5, atol=1e-5)
@@ -63,7 +64,7 @@ def test_log_sum_exp_is_atens():
 def test_strided_inputs_as_a_model_hands_them():
     # q, k, v: heads of one (batch, tokens, 3 * hidden) projection; the output gradient is
     # non-contiguous, and one input's last dimension is strided (copied for the kernel)
-    batch, tokens, heads, dim = 2, BLOCK + 9, 3, 16
+    batch, tokens, heads, dim = 2, 73, 3, 16
     g = torch.Generator().manual_seed(0)
     qkv_proj = torch.randn(batch, tokens, 3 * heads * dim, generator=g, requires_grad=True)
     q, k, v = (
@@ -113,7 +114,7 @@ def compile_and_run(fn, q, k, v, training=True, kernels="auto"):
 
 @pytest.mark.usefixtures("fresh_compiles")
 def test_on_cpu_auto_runs_causal_attention_on_the_kernel_and_matches_eager():
-    q, k, v = qkv(2, 3, 2 * BLOCK + 2, 32)
+    q, k, v = qkv(2, 3, 130, 32)
     out, grads, code, matches = compile_and_run(causal, q, k, v)
 
     assert [str(m) for m in matches] == [
@@ -129,7 +130,7 @@ def test_on_cpu_auto_runs_causal_attention_on_the_kernel_and_matches_eager():
 
 @pytest.mark.usefixtures("fresh_compiles")
 def test_in_an_inference_graph():
-    q, k, v = qkv(2, 2, 2 * BLOCK, 64)
+    q, k, v = qkv(2, 2, 128, 64)
     out, _, code, matches = compile_and_run(causal, q, k, v, training=False)
 
     assert [(m.training, m.choice) for m in matches] == [(False, "accrewrite")]
@@ -141,8 +142,8 @@ def test_in_an_inference_graph():
 @pytest.mark.parametrize(
     "shape, dtype, kernels, reason",
     [((1, 1, 1025, 8), torch.float32, "auto", "ATen's kernel: 1025 tokens, over the 1024"),
-     ((1, 2, BLOCK, 16), torch.bfloat16, "accrewrite", "torch.bfloat16, not float32"),
-     ((1, 2, BLOCK, 16), torch.float32, "inductor", "kernels='inductor'")],
+     ((1, 2, 64, 16), torch.bfloat16, "accrewrite", "torch.bfloat16, not float32"),
+     ((1, 2, 64, 16), torch.float32, "inductor", "kernels='inductor'")],
     ids=["long", "bfloat16", "kernels=inductor"],
 )
 def test_attention_left_to_atens_kernel_says_why(shape, dtype, kernels, reason):
@@ -160,7 +161,7 @@ def test_attention_left_to_atens_kernel_says_why(shape, dtype, kernels, reason):
 @pytest.mark.usefixtures("fresh_compiles")
 def test_where_the_kernel_cannot_run_atens_is_kept(monkeypatch):
     monkeypatch.setattr(attention, "unavailable", lambda: "RuntimeError: no C++ compiler")
-    q, k, v = qkv(1, 2, BLOCK, 16)
+    q, k, v = qkv(1, 2, 64, 16)
     out, grads, code, matches = compile_and_run(causal, q, k, v)
 
     assert [(m.choice, m.reason) for m in matches] == [
@@ -169,7 +170,7 @@ def test_where_the_kernel_cannot_run_atens_is_kept(monkeypatch):
     assert FLASH in code and KERNEL not in code
 
 
-MASK = torch.rand(2 * BLOCK, 2 * BLOCK, generator=torch.Generator().manual_seed(1)) > 0.5
+MASK = torch.rand(128, 128, generator=torch.Generator().manual_seed(1)) > 0.5
 OTHER_ATTENTION = {
     "mask": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=MASK | MASK.T),
     "scale": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
@@ -182,7 +183,7 @@ OTHER_ATTENTION = {
 def test_attention_the_kernel_does_not_compute_is_not_matched(kind):
     # kernels="accrewrite" would replace any match: none is made
     fn = OTHER_ATTENTION[kind]
-    q, k, v = qkv(1, 2, 2 * BLOCK, 32)
+    q, k, v = qkv(1, 2, 128, 32)
     out, grads, code, matches = compile_and_run(fn, q, k, v, kernels="accrewrite")
 
     assert matches == []
@@ -197,7 +198,7 @@ def test_attention_with_dropout_is_not_matched():
     def dropout(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.5)
 
-    *_, matches = compile_and_run(dropout, *qkv(1, 2, 2 * BLOCK, 32), kernels="accrewrite")
+    *_, matches = compile_and_run(dropout, *qkv(1, 2, 128, 32), kernels="accrewrite")
     assert matches == []
 
 
@@ -205,7 +206,7 @@ def test_attention_with_dropout_is_not_matched():
 def test_a_symbolic_number_of_tokens_keeps_atens_kernel():
     backend = Backend(kernels="accrewrite")
     compiled = torch.compile(causal, backend=backend, dynamic=True)
-    for tokens in (BLOCK + 3, 2 * BLOCK + 1):
+    for tokens in (67, 129):
         q, k, v = qkv(2, 2, tokens, 32)
         out, grads = forward_backward(compiled, q, k, v)
         expected, expected_grads = forward_backward(causal, q, k, v)
