@@ -7,7 +7,8 @@ from the causal mask at short sequences: at (16, 4, 128, 64) it took 2.3 ms forw
 backward on 2 Zen 4 cores, 33 and 51 GFLOP/s on 1 core. ``attention.cpp`` works through one
 (batch, head) pair at a time, skips the masked blocks of scores and runs its products on
 oneDNN's micro-kernel (``cpublas::brgemm``, about 200 GFLOP/s on those tiles): forward and
-backward took 0.54-0.78x ATen's time from 64 to 1024 tokens, head sizes 32 to 128 (float32).
+backward took 0.50-0.86x ATen's time from 64 to 1024 tokens, head sizes 32 to 128 (float32;
+two runs of ``benchmarks/cpu_attention.py``).
 
 The kernel is built from ``attention.cpp`` as inductor builds its own (``cpp_library``): its
 flags, precompiled header and on-disk cache; 2-3 s once per machine, then a load. The compiled
