@@ -43,7 +43,7 @@ def _block(tokens: int) -> int:
 
 
 @functools.cache
-def _library():
+def _kernels():
     source = pathlib.Path(__file__).with_name("attention.cpp").read_text()
     return cpp_library.load_functions(source, {
         "accrewrite_attention_forward": _FORWARD,
@@ -91,10 +91,10 @@ def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError("causal_attention takes float32 tensors on the CPU")
 
 
-_library_ops = torch.library.Library("accrewrite", "FRAGMENT")
+_library = torch.library.Library("accrewrite", "FRAGMENT")
 # Defined on a Library, as onednn_matmul (matmul.py): custom_op's wrapper costs 0.1-0.2 ms a call.
-_library_ops.define("causal_attention(Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor)")
-_library_ops.define(
+_library.define("causal_attention(Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor)")
+_library.define(
     "causal_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, "
     "Tensor lse) -> (Tensor, Tensor, Tensor)"
 )
@@ -118,7 +118,7 @@ def _forward(q, k, v):
     q, k, v = _rows(q), _rows(k), _rows(v)
     batch, heads, tokens, dim = q.shape
     out, lse = _attention_like(q), q.new_empty(batch, heads, tokens)
-    _library().accrewrite_attention_forward(
+    _kernels().accrewrite_attention_forward(
         q, k, v, out, lse, _strides(q, k, v, out), batch, heads, tokens, dim, dim**-0.5,
         _block(tokens), torch.get_num_threads(),
     )
@@ -130,7 +130,7 @@ def _backward(grad, q, k, v, out, lse):
     grad, q, k, v, out = map(_rows, (grad, q, k, v, out))
     dq, dk, dv = _attention_like(q), _attention_like(q), _attention_like(q)
     batch, heads, tokens, dim = q.shape
-    _library().accrewrite_attention_backward(
+    _kernels().accrewrite_attention_backward(
         grad, q, k, v, out, lse.contiguous(), dq, dk, dv,
         _strides(q, k, v, out, grad, dq, dk, dv), batch, heads, tokens, dim, dim**-0.5,
         _block(tokens), torch.get_num_threads(),
@@ -138,16 +138,16 @@ def _backward(grad, q, k, v, out, lse):
     return dq, dk, dv
 
 
-_library_ops.impl("causal_attention", _forward, "CPU")
-_library_ops.impl("causal_attention_backward", _backward, "CPU")
+_library.impl("causal_attention", _forward, "CPU")
+_library.impl("causal_attention_backward", _backward, "CPU")
 
 
-@torch.library.register_fake("accrewrite::causal_attention", lib=_library_ops)
+@torch.library.register_fake("accrewrite::causal_attention", lib=_library)
 def _(q, k, v):
     return _attention_like(q), q.new_empty(q.shape[:3])
 
 
-@torch.library.register_fake("accrewrite::causal_attention_backward", lib=_library_ops)
+@torch.library.register_fake("accrewrite::causal_attention_backward", lib=_library)
 def _(grad, q, k, v, out, lse):
     return _attention_like(q), _attention_like(q), _attention_like(q)
 
@@ -162,5 +162,5 @@ def _gradients(ctx, grad, _grad_lse):
 
 
 torch.library.register_autograd(
-    "accrewrite::causal_attention", _gradients, setup_context=_setup_context, lib=_library_ops
+    "accrewrite::causal_attention", _gradients, setup_context=_setup_context, lib=_library
 )

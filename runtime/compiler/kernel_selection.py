@@ -136,12 +136,13 @@ _ACTIVE: contextvars.ContextVar[_Selection] = contextvars.ContextVar("accrewrite
 @dataclasses.dataclass(frozen=True)
 class Pattern:
     """A subgraph that ``kernel`` implements. ``search`` is written as users write it and
-    ``replace`` computes it from the same arguments with the kernel's op; both are traced with the example tensors
-    ``inputs(dtype, requires_grad)`` and the example values ``scalars`` of their scalar arguments
-    (values that occur nowhere else in the trace, which is how the matcher tells the argument
-    from a constant). The match's argument ``input_name`` gives the shape and device the
-    choice depends on; ``unsupported(args)`` says why the kernel cannot take a match's arguments
-    (fake tensors and scalars by name), or returns None; without it the kernel takes them all.
+    ``replace`` computes it from the same arguments with the kernel's op; both are traced with
+    the example tensors ``inputs(dtype, requires_grad)`` and the example values ``scalars`` of
+    their scalar arguments (values that occur nowhere else in the trace, which is how the
+    matcher tells the argument from a constant). The match's argument ``input_name`` gives the
+    shape and device the choice depends on; ``unsupported(args)`` says why the kernel cannot
+    take a match's arguments (fake tensors and scalars by name), or returns None; without it
+    the kernel takes them all.
 
     The matcher re-traces a pattern at each match's shapes and compares the sizes given to its
     views, which it cannot do where a size comes from a second symbolic dimension (it binds only
@@ -406,7 +407,7 @@ def _causal_attention_unsupported(args):
         return f"the number of tokens or the head size ({list(q.shape[-2:])}) is symbolic"
     if q.dtype != torch.float32:
         return f"{q.dtype}, not float32"
-    if 0 in q.shape:
+    if any(isinstance(size, int) and size == 0 for size in q.shape):  # (a 0 is never symbolic)
         return f"q {list(q.shape)} is empty"
     return attention.unavailable()
 
