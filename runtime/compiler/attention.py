@@ -81,13 +81,16 @@ def _strides(*tensors: Tensor) -> Tensor:
     return torch.tensor([s for t in tensors for s in t.stride()[:3]], dtype=torch.int64)
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
-    if not q.shape == k.shape == v.shape or q.dim() != 4:
+def _check(q: Tensor, *others: Tensor) -> None:
+    """That q and the ``others`` (k and v; the gradient and output in the backward) are float32
+    tensors on the CPU of one shape (batch, heads, tokens, head size), which the kernel assumes."""
+    if q.dim() != 4 or any(t.shape != q.shape for t in others):
+        shapes = ", ".join(str(list(t.shape)) for t in (q, *others))
         raise ValueError(
-            f"causal_attention takes q, k and v of one shape (batch, heads, tokens, head size); "
-            f"got {list(q.shape)}, {list(k.shape)} and {list(v.shape)}"
+            f"causal_attention takes tensors of one shape (batch, heads, tokens, head size); "
+            f"got {shapes}"
         )
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (q, k, v)):
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (q, *others)):
         raise ValueError("causal_attention takes float32 tensors on the CPU")
 
 
@@ -126,7 +129,9 @@ def _forward(q, k, v):
 
 
 def _backward(grad, q, k, v, out, lse):
-    _check(q, k, v)
+    _check(q, k, v, grad, out)
+    if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
+        raise ValueError(f"lse {list(lse.shape)} {lse.dtype} is not float32 {list(q.shape[:3])}")
     grad, q, k, v, out = map(_rows, (grad, q, k, v, out))
     dq, dk, dv = _attention_like(q), _attention_like(q), _attention_like(q)
     batch, heads, tokens, dim = q.shape

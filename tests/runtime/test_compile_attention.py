@@ -98,6 +98,15 @@ def test_kernel_rejects_what_it_does_not_compute(args, message):
         attention.causal_attention(*args)
 
 
+def test_backward_rejects_a_gradient_of_another_shape():
+    q, k, v = (t.detach() for t in qkv(1, 2, 5, 8))
+    out, lse = attention.causal_attention(q, k, v)
+    with pytest.raises(ValueError, match="one shape"):
+        attention.causal_attention_backward(out[:, :, :4], q, k, v, out, lse)
+    with pytest.raises(ValueError, match="lse"):
+        attention.causal_attention_backward(out, q, k, v, out, lse[:, :, :4])
+
+
 def compile_and_run(fn, q, k, v, training=True, kernels="auto"):
     """(output, gradients or None, generated code, kernel-selection matches) of ``fn``
     compiled with the accrewrite backend."""
