@@ -81,16 +81,24 @@ Layout layout(const int64_t* strides, int index) {
   return {strides[3 * index], strides[3 * index + 1], strides[3 * index + 2]};
 }
 
-// f(begin, end) over [0, size), one contiguous range per thread
+// f(begin, end) over [0, size), one contiguous range per thread. An exception (brgemm's, where
+// oneDNN's micro-kernel is missing) is rethrown here: leaving an OpenMP region, it would abort.
 template <typename F>
 void parallel(int64_t size, int64_t threads, const F& f) {
+  std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
   {
     const int64_t count = omp_get_num_threads(), id = omp_get_thread_num();
     const int64_t chunk = (size + count - 1) / count;
     const int64_t begin = std::min(size, id * chunk), end = std::min(size, begin + chunk);
-    if (begin < end) f(begin, end);
+    try {
+      if (begin < end) f(begin, end);
+    } catch (...) {
+#pragma omp critical
+      if (!error) error = std::current_exception();
+    }
   }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace

@@ -5,13 +5,15 @@ kernel with it up to the tokens it is measured at and says why; and the attentio
 compute (a mask, a scale of its own, dropout, no causal mask, other dtypes, symbolic sizes) is
 left to ATen."""
 
+import pathlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
-from accrewrite.runtime.compiler import attention
+from accrewrite.runtime.compiler import attention, cpp_library
 from accrewrite.runtime.compiler.backend import Backend
 
 FLASH = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default("
@@ -105,6 +107,23 @@ def test_backward_rejects_a_gradient_of_another_shape():
         attention.causal_attention_backward(out[:, :, :4], q, k, v, out, lse)
     with pytest.raises(ValueError, match="lse"):
         attention.causal_attention_backward(out, q, k, v, out, lse[:, :, :4])
+
+
+def test_an_error_inside_the_kernel_is_raised_not_an_abort():
+    # brgemm refuses float32 in VNNI layout: this build of the kernel fails inside its
+    # OpenMP region, where an escaping C++ exception would abort the process
+    source = pathlib.Path(attention.__file__).with_name("attention.cpp").read_text()
+    failing = source.replace("a, b, c, false);", "a, b, c, true);")
+    assert failing != source
+    kernels = cpp_library.load_functions(
+        failing, {"accrewrite_attention_forward": attention._FORWARD}
+    )
+    q = torch.randn(1, 2, 3, 8)
+    out, lse = attention._attention_like(q), q.new_empty(1, 2, 3)
+    with pytest.raises(RuntimeError, match="vnni"):
+        kernels.accrewrite_attention_forward(
+            q, q, q, out, lse, attention._strides(q, q, q, out), 1, 2, 3, 8, 0.35, 32, 2
+        )
 
 
 def compile_and_run(fn, q, k, v, training=True, kernels="auto"):
