@@ -1,38 +1,31 @@
-"""Causal self-attention on the CPU by accrewrite's C++ kernel (``attention.cpp``): the
+"""Causal self-attention on the CPU by accrewrite's C++ kernel (``cpu_kernels.cpp``): the
 kernel-selection pass's alternative to ATen's fused CPU attention kernel (``kernel_selection.py``
 chooses).
 
 ATen's kernel runs its small products through MKL's sgemm, one call per tile, and gains little
 from the causal mask at short sequences: at (16, 4, 128, 64) it took 2.3 ms forward and 4.9 ms
-backward on 2 Zen 4 cores, 33 and 51 GFLOP/s on 1 core. ``attention.cpp`` works through one
+backward on 2 Zen 4 cores, 33 and 51 GFLOP/s on 1 core. The kernel works through one
 (batch, head) pair at a time, skips the masked blocks of scores and runs its products on
 oneDNN's micro-kernel (``cpublas::brgemm``, about 200 GFLOP/s on those tiles): forward and
 backward took 0.50-0.86x ATen's time from 64 to 1024 tokens, head sizes 32 to 128 (float32;
 two runs of ``benchmarks/cpu_attention.py``).
 
-The kernel is built from ``attention.cpp`` as inductor builds its own (``cpp_library``): its
-flags, precompiled header and on-disk cache; 2-3 s once per machine, then a load. The compiled
-graphs call it through two operators, ``accrewrite::causal_attention`` (the output and each
-query's log-sum-exp) and ``accrewrite::causal_attention_backward`` (which recomputes the
-probabilities from the log-sum-exp, as flash attention does), each with a fake implementation
-for inductor and the pair joined by autograd for the joint graph that the pattern is traced to.
+The kernel is built at run time (``cpu_kernels.py``). The compiled graphs call it through two
+operators, ``accrewrite::causal_attention`` (the output and each query's log-sum-exp) and
+``accrewrite::causal_attention_backward`` (which recomputes the probabilities from the
+log-sum-exp, as flash attention does), each with a fake implementation for inductor and the
+pair joined by autograd for the joint graph that the pattern is traced to.
 """
 
 import functools
 import logging
-import pathlib
 
 import torch
 from torch import Tensor
 
-from accrewrite.runtime.compiler import cpp_library
+from accrewrite.runtime.compiler import cpu_kernels
 
 log = logging.getLogger(__name__)
-
-_FORWARD = ["const float*"] * 3 + ["float*"] * 2 + ["const int64_t*"] + ["int64_t"] * 4 + [
-    "float", "int64_t", "int64_t"]
-_BACKWARD = ["const float*"] * 6 + ["float*"] * 3 + ["const int64_t*"] + ["int64_t"] * 4 + [
-    "float", "int64_t", "int64_t"]
 
 
 def _block(tokens: int) -> int:
@@ -40,15 +33,6 @@ def _block(tokens: int) -> int:
     larger. At (16, 4, 128, 64) blocks of 32 took 0.90-0.95x the time of blocks of 64, from 256
     to 512 tokens they were even, at 1024 tokens 1.05x."""
     return 32 if tokens <= 512 else 64
-
-
-@functools.cache
-def _kernels():
-    source = pathlib.Path(__file__).with_name("attention.cpp").read_text()
-    return cpp_library.load_functions(source, {
-        "accrewrite_attention_forward": _FORWARD,
-        "accrewrite_attention_backward": _BACKWARD,
-    })
 
 
 @functools.cache
@@ -121,7 +105,7 @@ def _forward(q, k, v):
     q, k, v = _rows(q), _rows(k), _rows(v)
     batch, heads, tokens, dim = q.shape
     out, lse = _attention_like(q), q.new_empty(batch, heads, tokens)
-    _kernels().accrewrite_attention_forward(
+    cpu_kernels.library().accrewrite_attention_forward(
         q, k, v, out, lse, _strides(q, k, v, out), batch, heads, tokens, dim, dim**-0.5,
         _block(tokens), torch.get_num_threads(),
     )
@@ -135,7 +119,7 @@ def _backward(grad, q, k, v, out, lse):
     grad, q, k, v, out = map(_rows, (grad, q, k, v, out))
     dq, dk, dv = _attention_like(q), _attention_like(q), _attention_like(q)
     batch, heads, tokens, dim = q.shape
-    _kernels().accrewrite_attention_backward(
+    cpu_kernels.library().accrewrite_attention_backward(
         grad, q, k, v, out, lse.contiguous(), dq, dk, dv,
         _strides(q, k, v, out, grad, dq, dk, dv), batch, heads, tokens, dim, dim**-0.5,
         _block(tokens), torch.get_num_threads(),

@@ -1,4 +1,4 @@
-"""Causal attention by accrewrite's C++ kernel (compiler/attention.py, attention.cpp) and its
+"""Causal attention by accrewrite's C++ kernel (compiler/attention.py, cpu_kernels.cpp) and its
 choice by kernel selection: the kernel equals ATen's attention, forward and backward, over odd
 shapes and the strided layouts models hand it; on the CPU ``kernels="auto"`` replaces ATen's
 kernel with it up to the tokens it is measured at and says why; and the attention it does not
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
-from accrewrite.runtime.compiler import attention, cpp_library
+from accrewrite.runtime.compiler import attention, cpp_library, cpu_kernels
 from accrewrite.runtime.compiler.backend import Backend
 
 FLASH = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default("
@@ -112,12 +112,11 @@ def test_backward_rejects_a_gradient_of_another_shape():
 def test_an_error_inside_the_kernel_is_raised_not_an_abort():
     # brgemm refuses float32 in VNNI layout: this build of the kernel fails inside its
     # OpenMP region, where an escaping C++ exception would abort the process
-    source = pathlib.Path(attention.__file__).with_name("attention.cpp").read_text()
+    source = pathlib.Path(attention.__file__).with_name("cpu_kernels.cpp").read_text()
     failing = source.replace("a, b, c, false);", "a, b, c, true);")
     assert failing != source
-    kernels = cpp_library.load_functions(
-        failing, {"accrewrite_attention_forward": attention._FORWARD}
-    )
+    name = "accrewrite_attention_forward"
+    kernels = cpp_library.load_functions(failing, {name: cpu_kernels.FUNCTIONS[name]})
     q = torch.randn(1, 2, 3, 8)
     out, lse = attention._attention_like(q), q.new_empty(1, 2, 3)
     with pytest.raises(RuntimeError, match="vnni"):

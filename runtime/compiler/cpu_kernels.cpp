@@ -1,14 +1,8 @@
-// Causal self-attention on the CPU, forward and backward, in float32 (see attention.py).
-//
-// Each (batch, head) pair is one task, and a thread works through its pairs one at a time, so
-// that a pair's keys, values and scores stay in its cache. Queries go in blocks of `block`
-// (attention.py chooses it); a block attends to the keys up to its last query only, so the
-// products skip the masked blocks of the scores. The products run on oneDNN's micro-kernel
-// (ATen's cpublas::brgemm); the softmax, its gradient and the transposes the products need run
-// on ATen's vector types.
-//
-// Training keeps the rows' log-sum-exp (lse), as flash attention does: the backward recomputes
-// each block's probabilities from it.
+// accrewrite's C++ kernels for the CPU, float32, built at run time (cpu_kernels.py):
+// - causal self-attention, forward and backward (attention.py);
+// - cross-entropy, forward and backward with the column sums of its gradient (cross_entropy.py).
+// Both parallelise over rows of work (a (batch, head) pair, a row of logits), one contiguous
+// range per thread, so that each thread's data stays in its cache.
 
 #include <torch/csrc/inductor/cpp_prefix.h>
 
@@ -48,7 +42,8 @@ float exp_row(float* row, int64_t valid, int64_t n, float scale, float shift) {
   if (j < valid) {
     const int64_t rest = valid - j;
     // loadu's missing lanes are zeros, whose exp is not: keep the loaded lanes only
-    const Vec p = Vec::set(Vec(0.f), (Vec::loadu(row + j, rest) * vscale - vshift).exp_u20(), rest);
+    const Vec x = Vec::loadu(row + j, rest) * vscale - vshift;
+    const Vec p = Vec::set(Vec(0.f), x.exp_u20(), rest);
     p.store(row + j, rest);
     sum = sum + p;
   }
@@ -81,8 +76,9 @@ Layout layout(const int64_t* strides, int index) {
   return {strides[3 * index], strides[3 * index + 1], strides[3 * index + 2]};
 }
 
-// f(begin, end) over [0, size), one contiguous range per thread. An exception (brgemm's, where
-// oneDNN's micro-kernel is missing) is rethrown here: leaving an OpenMP region, it would abort.
+// f(begin, end, thread) over [0, size), one contiguous range per thread. An exception (brgemm's
+// where oneDNN's micro-kernel is missing, a bad target) is rethrown here: leaving an OpenMP
+// region, it would abort.
 template <typename F>
 void parallel(int64_t size, int64_t threads, const F& f) {
   std::exception_ptr error;
@@ -92,7 +88,7 @@ void parallel(int64_t size, int64_t threads, const F& f) {
     const int64_t chunk = (size + count - 1) / count;
     const int64_t begin = std::min(size, id * chunk), end = std::min(size, begin + chunk);
     try {
-      if (begin < end) f(begin, end);
+      if (begin < end) f(begin, end, id);
     } catch (...) {
 #pragma omp critical
       if (!error) error = std::current_exception();
@@ -103,6 +99,14 @@ void parallel(int64_t size, int64_t threads, const F& f) {
 
 }  // namespace
 
+// --- causal attention ---
+//
+// Queries go in blocks of `block` (attention.py chooses it); a block attends to the keys up to
+// its last query only, so the products skip the masked blocks of the scores. The products run on
+// oneDNN's micro-kernel (ATen's cpublas::brgemm); the softmax, its gradient and the transposes
+// the products need run on ATen's vector types. Training keeps the rows' log-sum-exp (lse), as
+// flash attention does: the backward recomputes each block's probabilities from it.
+
 // out = softmax(q k^T * scale + causal mask) v and lse (batch, heads, tokens: contiguous), the
 // rows' log-sum-exp of the scaled scores. strides: those of q, k, v and out.
 extern "C" void accrewrite_attention_forward(const float* q, const float* k, const float* v,
@@ -112,7 +116,7 @@ extern "C" void accrewrite_attention_forward(const float* q, const float* k, con
                                              int64_t threads) {
   const Layout lq = layout(strides, 0), lk = layout(strides, 1), lv = layout(strides, 2),
                lo = layout(strides, 3);
-  parallel(batch * heads, threads, [&](int64_t begin, int64_t end) {
+  parallel(batch * heads, threads, [&](int64_t begin, int64_t end, int64_t) {
     std::vector<float> kt(dim * tokens), s(block * tokens);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
@@ -150,7 +154,7 @@ extern "C" void accrewrite_attention_backward(const float* grad, const float* q,
   const Layout lq = layout(strides, 0), lk = layout(strides, 1), lv = layout(strides, 2),
                lo = layout(strides, 3), lg = layout(strides, 4), ldq = layout(strides, 5),
                ldk = layout(strides, 6), ldv = layout(strides, 7);
-  parallel(batch * heads, threads, [&](int64_t begin, int64_t end) {
+  parallel(batch * heads, threads, [&](int64_t begin, int64_t end, int64_t) {
     // dk and dv are summed transposed (dim x tokens), where each block's product adds to them
     // without transposing the block's scores
     std::vector<float> kt(dim * tokens), vt(dim * tokens), dkt(dim * tokens), dvt(dim * tokens),
@@ -192,4 +196,92 @@ extern "C" void accrewrite_attention_backward(const float* grad, const float* q,
       transpose(dvt.data(), tokens, ldv.at(dv, b, h), ldv.token, dim, tokens);
     }
   });
+}
+
+// --- cross-entropy ---
+//
+// F.cross_entropy(logits, target) with its defaults (the mean over the targets that are not
+// ignore_index). A row of logits is read from memory once per pass (the forward's second read,
+// for the sum of exponentials, comes from the cache), and the backward adds each row of the
+// gradient to its thread's column sums while the row is in registers: the column sums are the
+// gradient of the bias of the linear layer that produced the logits, which inductor sums in a
+// pass of its own down the columns.
+
+namespace {
+
+void check_target(int64_t t, int64_t classes, int64_t ignore_index) {
+  if (t != ignore_index && (t < 0 || t >= classes)) {
+    throw std::out_of_range("cross_entropy: target " + std::to_string(t) +
+                            " is out of bounds [0, " + std::to_string(classes) + ")");
+  }
+}
+
+int64_t counted(const int64_t* target, int64_t rows, int64_t ignore_index) {
+  return rows - std::count(target, target + rows, ignore_index);
+}
+
+}  // namespace
+
+// loss (one value) = mean over counted rows of lse - logits[row, target]; lse (rows): each row's
+// log-sum-exp. logits: rows x classes, row stride ld.
+extern "C" void accrewrite_cross_entropy_forward(const float* logits, const int64_t* target,
+                                                 float* loss, float* lse, int64_t rows,
+                                                 int64_t classes, int64_t ld,
+                                                 int64_t ignore_index, int64_t threads) {
+  std::vector<double> losses(std::max<int64_t>(threads, 1), 0.0);
+  parallel(rows, threads, [&](int64_t begin, int64_t end, int64_t thread) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* row = logits + i * ld;
+      check_target(target[i], classes, ignore_index);
+      const float max = row_max(row, classes);
+      const Vec vmax(max);
+      const float sum = at::vec::map_reduce_all<float>(
+          [&](Vec x) { return (x - vmax).exp_u20(); }, [](Vec x, Vec y) { return x + y; }, row,
+          classes);
+      lse[i] = max + std::log(sum);
+      if (target[i] != ignore_index) losses[thread] += lse[i] - row[target[i]];
+    }
+  });
+  double total = 0.0;
+  for (double part : losses) total += part;
+  *loss = static_cast<float>(total / counted(target, rows, ignore_index));  // 0 / 0: nan, as ATen
+}
+
+// grad_logits = grad * (softmax(logits) - one_hot(target)) / counted rows (0 in ignored rows),
+// and column_sum (classes) its sums over the rows. partial: threads x classes floats of scratch.
+extern "C" void accrewrite_cross_entropy_backward(const float* grad, const float* logits,
+                                                  const int64_t* target, const float* lse,
+                                                  float* grad_logits, float* column_sum,
+                                                  float* partial, int64_t rows, int64_t classes,
+                                                  int64_t ld, int64_t ignore_index,
+                                                  int64_t threads) {
+  const float scale = *grad / counted(target, rows, ignore_index);
+  std::fill(partial, partial + threads * classes, 0.f);
+  parallel(rows, threads, [&](int64_t begin, int64_t end, int64_t thread) {
+    float* sums = partial + thread * classes;
+    const Vec vscale(scale);
+    for (int64_t i = begin; i < end; ++i) {
+      const float* row = logits + i * ld;
+      float* grad_row = grad_logits + i * classes;
+      const int64_t t = target[i];
+      if (t == ignore_index) {
+        std::fill(grad_row, grad_row + classes, 0.f);
+        continue;
+      }
+      const Vec vlse(lse[i]);
+      for (int64_t j = 0; j < classes; j += Vec::size()) {
+        const int64_t size = std::min<int64_t>(Vec::size(), classes - j);
+        const Vec g = (Vec::loadu(row + j, size) - vlse).exp_u20() * vscale;
+        g.store(grad_row + j, size);
+        (Vec::loadu(sums + j, size) + g).store(sums + j, size);
+      }
+      grad_row[t] -= scale;
+      sums[t] -= scale;
+    }
+  });
+  for (int64_t j = 0; j < classes; ++j) {
+    float sum = 0.f;
+    for (int64_t thread = 0; thread < threads; ++thread) sum += partial[thread * classes + j];
+    column_sum[j] = sum;
+  }
 }
