@@ -3,8 +3,8 @@
 AOTAutograd's joint (forward + backward) graph is searched for the aten subgraphs that an
 accrewrite kernel implements (``PATTERNS``). Each match is either left to inductor, which
 generates its own fused code for it (or calls ATen's kernel for it), or replaced by the kernel's
-custom op from ``ops.py`` (forward and backward); causal attention on the CPU by accrewrite's
-C++ kernel (``attention.py``). The choice (``choose``)
+custom op from ``ops.py`` (forward and backward); causal attention and cross-entropy on the CPU
+by accrewrite's C++ kernels (``attention.py``, ``cross_entropy.py``). The choice (``choose``)
 depends on the ``kernels`` option, the device and the shape, and every match is recorded with
 its choice and the reason in a ``KernelMatch``.
 
@@ -31,7 +31,7 @@ from torch._inductor.fx_passes.post_grad import remove_noop_ops
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from accrewrite.kernels.dispatch import triton_available
-from accrewrite.runtime.compiler import attention, ops
+from accrewrite.runtime.compiler import attention, cross_entropy, ops
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,10 @@ def _cuda_choice(kernel: str, shape) -> tuple[str, str]:
 # beyond 1024 tokens, where ATen's kernel, which works through keys in blocks, stays.
 _ATTENTION_MAX_TOKENS = 1024
 
+# cross_entropy on the CPU (cross_entropy.py): measured on rows of 4096 classes, where inductor's
+# code reads each row more often than the kernel does; a classifier's few classes stay inductor's.
+_CROSS_ENTROPY_MIN_CLASSES = 1024
+
 
 def check_policy(policy) -> str:
     """``policy`` (the ``kernels`` option) validated."""
@@ -115,6 +119,13 @@ def choose(kernel: str, x: torch.Tensor, policy: str) -> tuple[str, str]:
                 "accrewrite's is measured at"
             )
         return "accrewrite", "accrewrite's C++ kernel: 0.50-0.86x ATen's time on the CPU"
+    if kernel == "cross_entropy":
+        classes = x.shape[-1]
+        if classes < _CROSS_ENTROPY_MIN_CLASSES:
+            return "inductor", (
+                f"inductor's code: {classes} classes, under {_CROSS_ENTROPY_MIN_CLASSES}"
+            )
+        return "accrewrite", "accrewrite's C++ kernel: fewer passes over the logits than inductor's"
     if x.device.type != "cuda":
         return "inductor", f"on {x.device.type} the kernel is its PyTorch reference"
     if not triton_available():
@@ -412,6 +423,34 @@ def _causal_attention_unsupported(args):
     return attention.unavailable()
 
 
+# cross_entropy: F.cross_entropy(logits, target) with its defaults (mean over the targets that are
+# not -100) on (rows, classes) logits. A class weight, label smoothing, another reduction or
+# ignore_index trace to other graphs and do not match.
+
+
+def _cross_entropy_search(logits, target):
+    return F.cross_entropy(logits, target)
+
+
+def _cross_entropy_replace(logits, target):
+    return cross_entropy.cross_entropy(logits, target, -100)[0]
+
+
+def _cross_entropy_inputs(dtype, grad):
+    return [torch.empty(4, 5, dtype=dtype, requires_grad=grad), torch.zeros(4, dtype=torch.long)]
+
+
+def _cross_entropy_unsupported(args):
+    logits = args["logits"]
+    if logits.device.type != "cpu":
+        return f"on {logits.device.type}: the kernel is for the CPU"
+    if logits.dtype != torch.float32:
+        return f"{logits.dtype}, not float32"
+    if not isinstance(logits.shape[1], int):
+        return f"the number of classes ({logits.shape[1]}) is symbolic"
+    return cross_entropy.unavailable()
+
+
 PATTERNS = (
     Pattern("layer_norm", _layer_norm_search, _layer_norm_replace, _layer_norm_inputs,
             scalars={"eps": 1e-5}),
@@ -433,6 +472,8 @@ PATTERNS = (
             view_shapes=_swin_fmha_masked_views),
     Pattern("causal_attention", _causal_attention_search, _causal_attention_replace,
             _causal_attention_inputs, "q", unsupported=_causal_attention_unsupported),
+    Pattern("cross_entropy", _cross_entropy_search, _cross_entropy_replace,
+            _cross_entropy_inputs, "logits", unsupported=_cross_entropy_unsupported),
 )
 
 
@@ -484,6 +525,8 @@ class KernelSelectionPass(CustomGraphPass):
         with _activated(selection):
             replaced = _patterns().apply(graph)
         if replaced:
+            # the bias gradient of the layer before a cross_entropy: the op's column sums
+            cross_entropy.reuse_column_sums(graph)
             # Replacements are inserted where the match's output was; a backward op may now
             # precede the gradient it consumes, so restore a valid order.
             pattern_matcher.stable_topological_sort(graph)
@@ -494,7 +537,8 @@ class KernelSelectionPass(CustomGraphPass):
 
     def uuid(self):
         # Part of inductor's cache key: the code of the pass and its replacements, and the policy.
-        return (get_hash_for_files((__file__, ops.__file__, attention.__file__)), self.policy)
+        files = (__file__, ops.__file__, attention.__file__, cross_entropy.__file__)
+        return get_hash_for_files(files), self.policy
 
 
 @contextlib.contextmanager
