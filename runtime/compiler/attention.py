@@ -8,7 +8,7 @@ backward on 2 Zen 4 cores, 33 and 51 GFLOP/s on 1 core. The kernel works through
 (batch, head) pair at a time, skips the masked blocks of scores and runs its products on
 oneDNN's micro-kernel (``cpublas::brgemm``, about 200 GFLOP/s on those tiles): forward and
 backward took 0.50-0.86x ATen's time from 64 to 1024 tokens, head sizes 32 to 128 (float32;
-two runs of ``benchmarks/cpu_attention.py``).
+two runs of ``benchmarks/cpu_kernels.py``).
 
 The kernel is built at run time (``cpu_kernels.py``). The compiled graphs call it through two
 operators, ``accrewrite::causal_attention`` (the output and each query's log-sum-exp) and
