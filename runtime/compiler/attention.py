@@ -18,14 +18,11 @@ pair joined by autograd for the joint graph that the pattern is traced to.
 """
 
 import functools
-import logging
 
 import torch
 from torch import Tensor
 
 from accrewrite.runtime.compiler import cpu_kernels
-
-log = logging.getLogger(__name__)
 
 
 def _block(tokens: int) -> int:
@@ -37,15 +34,13 @@ def _block(tokens: int) -> int:
 
 @functools.cache
 def unavailable() -> str | None:
-    """Why the kernel cannot run in this process, or None: it is built (or loaded) and run once
-    on a small problem, the first time this is asked."""
-    try:
+    """Why the kernel cannot run in this process, or None; asked once."""
+
+    def trial():
         q = torch.randn(1, 2, 3, 8)
         causal_attention_backward(q, q, q, q, *causal_attention(q, q, q))
-    except Exception as error:  # noqa: BLE001 - no compiler, oneDNN's micro-kernel missing, ...
-        log.warning("accrewrite's CPU attention kernel is unavailable: %s", error)
-        return f"{type(error).__name__}: {error}"
-    return None
+
+    return cpu_kernels.why_unavailable("attention", trial)
 
 
 def _attention_like(q: Tensor) -> Tensor:
@@ -54,11 +49,6 @@ def _attention_like(q: Tensor) -> Tensor:
     heads * head size) view, which the projection after attention reads."""
     batch, heads, tokens, dim = q.shape
     return q.new_empty(batch, tokens, heads, dim).transpose(1, 2)
-
-
-def _rows(x: Tensor) -> Tensor:
-    """x with a contiguous last dimension, which the kernel reads rows of."""
-    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _strides(*tensors: Tensor) -> Tensor:
@@ -102,7 +92,7 @@ def causal_attention_backward(grad, q, k, v, out, lse) -> tuple[Tensor, Tensor, 
 
 def _forward(q, k, v):
     _check(q, k, v)
-    q, k, v = _rows(q), _rows(k), _rows(v)
+    q, k, v = map(cpu_kernels.contiguous_rows, (q, k, v))
     batch, heads, tokens, dim = q.shape
     out, lse = _attention_like(q), q.new_empty(batch, heads, tokens)
     cpu_kernels.library().accrewrite_attention_forward(
@@ -116,7 +106,7 @@ def _backward(grad, q, k, v, out, lse):
     _check(q, k, v, grad, out)
     if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
         raise ValueError(f"lse {list(lse.shape)} {lse.dtype} is not float32 {list(q.shape[:3])}")
-    grad, q, k, v, out = map(_rows, (grad, q, k, v, out))
+    grad, q, k, v, out = map(cpu_kernels.contiguous_rows, (grad, q, k, v, out))
     dq, dk, dv = _attention_like(q), _attention_like(q), _attention_like(q)
     batch, heads, tokens, dim = q.shape
     cpu_kernels.library().accrewrite_attention_backward(

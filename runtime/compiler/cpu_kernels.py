@@ -8,9 +8,14 @@ kernel-selection pass keeps inductor's code where they cannot be built or run.
 """
 
 import functools
+import logging
 import pathlib
 
+from torch import Tensor
+
 from accrewrite.runtime.compiler import cpp_library
+
+log = logging.getLogger(__name__)
 
 # each C function of cpu_kernels.cpp with its argument types (pointers take tensors)
 FUNCTIONS = {
@@ -33,3 +38,19 @@ def library():
     """The built kernels: a module with a function for each of ``FUNCTIONS``."""
     source = pathlib.Path(__file__).with_name("cpu_kernels.cpp").read_text()
     return cpp_library.load_functions(source, FUNCTIONS)
+
+
+def why_unavailable(kernel: str, trial) -> str | None:
+    """Why ``trial()``, a run of ``kernel`` on a small problem (which builds or loads the
+    library first), fails in this process, or None."""
+    try:
+        trial()
+    except Exception as error:  # noqa: BLE001 - no compiler, oneDNN's micro-kernel missing, ...
+        log.warning("accrewrite's CPU %s kernel is unavailable: %s", kernel, error)
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def contiguous_rows(x: Tensor) -> Tensor:
+    """x with a contiguous last dimension: the kernels read rows, whatever their stride."""
+    return x if x.stride(-1) == 1 else x.contiguous()

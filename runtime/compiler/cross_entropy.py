@@ -20,30 +20,25 @@ to, as the attention's (``attention.py``).
 """
 
 import functools
-import logging
 import operator
 
 import torch
 from torch import Tensor
 
 from accrewrite.runtime.compiler import cpu_kernels
-
-log = logging.getLogger(__name__)
 _aten = torch.ops.aten
 
 
 @functools.cache
 def unavailable() -> str | None:
-    """Why the kernel cannot run in this process, or None: it is built (or loaded) and run once
-    on a small problem, the first time this is asked."""
-    try:
+    """Why the kernel cannot run in this process, or None; asked once."""
+
+    def trial():
         logits, target = torch.randn(3, 5), torch.tensor([0, 4, -100])
-        loss, lse = cross_entropy(logits, target, -100)
+        _, lse = cross_entropy(logits, target, -100)
         cross_entropy_backward(torch.ones(()), logits, target, lse, -100)
-    except Exception as error:  # noqa: BLE001 - no compiler, ...
-        log.warning("accrewrite's CPU cross-entropy kernel is unavailable: %s", error)
-        return f"{type(error).__name__}: {error}"
-    return None
+
+    return cpu_kernels.why_unavailable("cross-entropy", trial)
 
 
 def _check(logits: Tensor, target: Tensor) -> None:
@@ -85,13 +80,9 @@ def cross_entropy_backward(grad, logits, target, lse, ignore_index) -> tuple[Ten
     return torch.ops.accrewrite.cross_entropy_backward(grad, logits, target, lse, ignore_index)
 
 
-def _rows(logits: Tensor) -> Tensor:
-    return logits if logits.stride(1) == 1 else logits.contiguous()
-
-
 def _forward(logits, target, ignore_index):
     _check(logits, target)
-    logits, target = _rows(logits), target.contiguous()
+    logits, target = cpu_kernels.contiguous_rows(logits), target.contiguous()
     rows, classes = logits.shape
     loss, lse = logits.new_empty(()), logits.new_empty(rows)
     cpu_kernels.library().accrewrite_cross_entropy_forward(
@@ -108,7 +99,7 @@ def _backward(grad, logits, target, lse, ignore_index):
             f"cross_entropy_backward takes a loss gradient of shape () and lse (rows,); got "
             f"{list(grad.shape)} and {list(lse.shape)}"
         )
-    logits, target = _rows(logits), target.contiguous()
+    logits, target = cpu_kernels.contiguous_rows(logits), target.contiguous()
     rows, classes = logits.shape
     threads = torch.get_num_threads()
     grad_logits, column_sum = logits.new_empty(rows, classes), logits.new_empty(classes)
