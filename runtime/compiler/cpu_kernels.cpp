@@ -264,6 +264,7 @@ extern "C" void accrewrite_cross_entropy_backward(const float* grad, const float
       const float* row = logits + i * ld;
       float* grad_row = grad_logits + i * classes;
       const int64_t t = target[i];
+      check_target(t, classes, ignore_index);
       if (t == ignore_index) {
         std::fill(grad_row, grad_row + classes, 0.f);
         continue;

@@ -144,11 +144,10 @@ _BACKWARD = torch.ops.accrewrite.cross_entropy_backward.default
 _VIEWS = (_aten.view.default, _aten.reshape.default, _aten._unsafe_view.default)
 
 
-def reuse_column_sums(graph: torch.fx.Graph) -> int:
+def reuse_column_sums(graph: torch.fx.Graph) -> None:
     """Replace each sum of a ``cross_entropy_backward`` gradient over all its rows (the bias
     gradient of the linear layer that made the logits, seen through views) by the column sums
-    the op computed; returns how many were replaced."""
-    replaced = 0
+    the op computed."""
     for backward in graph.find_nodes(op="call_function", target=_BACKWARD):
         grad_logits = [u for u in backward.users if u.target is operator.getitem and u.args[1] == 0]
         classes = backward.meta["val"][1].shape[0]
@@ -163,8 +162,6 @@ def reuse_column_sums(graph: torch.fx.Graph) -> int:
             view.meta["val"] = total.meta["val"]
             total.replace_all_uses_with(view)
             graph.erase_node(total)
-            replaced += 1
-    return replaced
 
 
 def _row_sums(node: torch.fx.Node, classes: int) -> list[torch.fx.Node]:

@@ -62,9 +62,13 @@ def test_strided_logits():
 
 def test_a_target_out_of_bounds_is_an_error_not_a_crash():
     logits, target = logits_and_target(5, 7)
+    _, lse = cross_entropy.cross_entropy(logits, target, -100)
     target[3] = 7
     with pytest.raises(RuntimeError, match="target 7 is out of bounds"):
         cross_entropy.cross_entropy(logits, target, -100)
+    target[3] = -2
+    with pytest.raises(RuntimeError, match="target -2 is out of bounds"):
+        cross_entropy.cross_entropy_backward(torch.ones(()), logits, target, lse, -100)
 
 
 @pytest.mark.parametrize(
