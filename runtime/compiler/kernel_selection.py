@@ -96,7 +96,7 @@ _ATTENTION_MAX_TOKENS = 1024
 
 # cross_entropy on the CPU (cross_entropy.py): measured on rows of 4096 and 32000 classes, where
 # inductor's code reads each row more often than the kernel does (a compiled head and loss took
-# 0.90-0.91x the time with the kernel); a classifier's few classes stay inductor's.
+# 0.90-0.93x the time with the kernel); a classifier's few classes stay inductor's.
 _CROSS_ENTROPY_MIN_CLASSES = 1024
 
 
