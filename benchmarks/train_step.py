@@ -16,7 +16,7 @@ script) on the same model:
 "first step" is the wall time of step 1, compilation included (cold start: dynamo and inductor
 caches are off; what a process pays once, whatever it compiles, such as loading inductor and
 registering patterns, is paid before any measurement by a warm-up compile of a tiny model, as is
-loading accrewrite's CPU attention kernel, which is built once per machine);
+loading accrewrite's CPU kernels, which are built once per machine);
 "step" is the median of the steady steps after it. One process runs at a time: the first steps
 one after another, then the steady steps in turns (a step of each setup per round), so that the
 machine's drift falls on every setup alike. Ratios are against eager and against torch.compile.
