@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from accrewrite.runtime.compiler import cpu_kernels
+from accrewrite.runtime.compiler.graph_nodes import call
 _aten = torch.ops.aten
 
 
@@ -153,13 +154,9 @@ def reuse_column_sums(graph: torch.fx.Graph) -> None:
         classes = backward.meta["val"][1].shape[0]
         for total in [s for g in grad_logits for s in _row_sums(g, classes)]:
             with graph.inserting_after(backward):
-                column_sum = graph.call_function(operator.getitem, (backward, 1))
-            column_sum.meta["val"] = backward.meta["val"][1]
+                column_sum = call(graph, operator.getitem, backward, 1)
             with graph.inserting_before(total):
-                view = graph.call_function(
-                    _aten.view.default, (column_sum, list(total.meta["val"].shape))
-                )
-            view.meta["val"] = total.meta["val"]
+                view = call(graph, _aten.view.default, column_sum, list(total.meta["val"].shape))
             total.replace_all_uses_with(view)
             graph.erase_node(total)
 

@@ -31,7 +31,7 @@ from torch._inductor.fx_passes.post_grad import remove_noop_ops
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from accrewrite.kernels.dispatch import triton_available
-from accrewrite.runtime.compiler import attention, cross_entropy, ops
+from accrewrite.runtime.compiler import attention, cross_entropy, graph_nodes, ops
 
 log = logging.getLogger(__name__)
 
@@ -538,7 +538,8 @@ class KernelSelectionPass(CustomGraphPass):
 
     def uuid(self):
         # Part of inductor's cache key: the code of the pass and its replacements, and the policy.
-        files = (__file__, ops.__file__, attention.__file__, cross_entropy.__file__)
+        files = (__file__, ops.__file__, attention.__file__, cross_entropy.__file__,
+                 graph_nodes.__file__)
         return get_hash_for_files(files), self.policy
 
 

@@ -30,6 +30,8 @@ from torch import Tensor
 from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass, get_hash_for_files
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from accrewrite.runtime.compiler import graph_nodes
+from accrewrite.runtime.compiler.graph_nodes import call
 from accrewrite.runtime.compiler.kernel_selection import KernelMatch
 
 _aten = torch.ops.aten
@@ -130,29 +132,20 @@ def _onednn_matmul(graph: torch.fx.Graph, a, b, bias) -> torch.fx.Node:
     computed transposed as ``b^T @ a^T`` (m x n)."""
     a_val, b_val = a.meta["val"], b.meta["val"]
     if statically_known_true(a_val.stride(1) == 1):
-        return _call(graph, _ONEDNN, a, b, bias)
+        return call(graph, _ONEDNN, a, b, bias)
     (m, k), n = a_val.shape, b_val.shape[1]
     if bias is not None or statically_known_true(m * k <= n * k + m * n):
-        return _call(graph, _ONEDNN, _row_major(graph, a), b, bias)
+        return call(graph, _ONEDNN, _row_major(graph, a), b, bias)
     b_t = _row_major(graph, _transpose(graph, b))
-    return _row_major(graph, _transpose(graph, _call(graph, _ONEDNN, b_t, _transpose(graph, a))))
-
-
-def _call(graph: torch.fx.Graph, target, *args, **kwargs) -> torch.fx.Node:
-    """A node calling ``target``, with its fake value (inductor lays out the op's operands by
-    their values' strides)."""
-    node = graph.call_function(target, args, kwargs)
-    values = [arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg for arg in args]
-    node.meta["val"] = target(*values, **kwargs)
-    return node
+    return _row_major(graph, _transpose(graph, call(graph, _ONEDNN, b_t, _transpose(graph, a))))
 
 
 def _transpose(graph, x):
-    return _call(graph, _aten.permute.default, x, [1, 0])
+    return call(graph, _aten.permute.default, x, [1, 0])
 
 
 def _row_major(graph, x):
-    return _call(graph, _aten.clone.default, x, memory_format=torch.contiguous_format)
+    return call(graph, _aten.clone.default, x, memory_format=torch.contiguous_format)
 
 
 class MatmulSelectionPass(CustomInferenceAwareGraphPass):
@@ -188,4 +181,4 @@ class MatmulSelectionPass(CustomInferenceAwareGraphPass):
 
     def uuid(self):
         # Part of inductor's cache key: the code, the policy and what "auto" depends on.
-        return get_hash_for_files((__file__,)), self.policy, cpu_vendor()
+        return get_hash_for_files((__file__, graph_nodes.__file__)), self.policy, cpu_vendor()
