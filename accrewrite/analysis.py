@@ -9,10 +9,13 @@ resolve from a table.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import libcst as cst
+
+from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, node_types, string_value
+from accrewrite.targets import spelled_callees
+from accrewrite.values import FileValues, ScopeValues
 
 OPTIMIZER_MODULES = ("torch.optim.",)
 SCALER_NAMES = {
@@ -22,8 +25,7 @@ SCALER_NAMES = {
     "torch.amp.grad_scaler.GradScaler",
     "torch.GradScaler",
     # The targets' scalers: a migrated file still trains with loss scaling.
-    "accrewrite.runtime.amp.GradScaler",
-    "torchacc.torch_xla.amp.GradScaler",
+    *spelled_callees("grad_scaler"),
 }
 LOADER_NAMES = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 WRAPPER_NAMES = {
@@ -32,54 +34,6 @@ WRAPPER_NAMES = {
     "torch.nn.DataParallel",
     "torch.nn.parallel.DataParallel",
 }
-
-
-def dotted(node: cst.CSTNode) -> str | None:
-    """``a.b.c`` for a Name/Attribute chain, else None."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = dotted(node.value)
-        return f"{base}.{node.attr.value}" if base else None
-    return None
-
-
-def names_in(node: cst.CSTNode) -> set[str]:
-    """Every dotted name (``a``, ``a.b``) mentioned in an expression."""
-    found: set[str] = set()
-
-    class Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> None:
-            full = dotted(attribute)
-            if full:
-                found.add(full)
-
-    node.visit(Names())
-    return found
-
-
-def string_value(node: cst.CSTNode) -> str | None:
-    """The value of a plain (non-f, non-bytes) string literal, else None."""
-    if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
-        return node.evaluated_value
-    if isinstance(node, cst.ConcatenatedString):
-        value = node.evaluated_value
-        return value if isinstance(value, str) else None
-    return None
-
-
-def call_arg(call: cst.Call, position: int, keyword: str | None = None) -> cst.Arg | None:
-    """The argument passed at ``position`` or as ``keyword``."""
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    if position < len(positional):
-        return positional[position]
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == keyword:
-            return arg
-    return None
 
 
 def placed_model(line: cst.CSTNode, models: set[str]) -> str | None:
@@ -166,6 +120,22 @@ class Facts:
     # Nodes whose subtree holds no node of the types the rule walk acts on (``analyze``'s
     # ``walked``): the walk need not enter them.
     inert: set[cst.CSTNode] = field(default_factory=set)
+    module: cst.Module | None = None
+    _values: FileValues | None = None
+
+    def values(self, scope: cst.FunctionDef | None) -> ScopeValues:
+        """What each expression of ``scope`` (a function, or None for module level) holds: the
+        file's one data-flow analysis (``accrewrite.values``), computed for a scope when a rule
+        first asks."""
+        if self._values is None:
+            self._values = FileValues(self.module, self)
+        return self._values.of(scope)
+
+    def passed(self, function: cst.FunctionDef) -> list[tuple[cst.FunctionDef | None, cst.Call, dict]]:
+        """What each call of ``function`` in this file passes: (calling scope, the call,
+        parameter name -> argument expression)."""
+        self.values(None)
+        return self._values.passed(function)
 
     def qualname(self, node: cst.CSTNode) -> str | None:
         """The fully qualified name ``node`` refers to, through the imports; None when its root
@@ -204,7 +174,9 @@ class Facts:
 
     def is_cuda_device(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` selects a CUDA device: ``"cuda"``, ``"cuda:0"``, ``f"cuda:{r}"``,
-        ``torch.device("cuda", r)``, ``"cuda" if torch.cuda.is_available() else "cpu"``."""
+        ``"cuda:{}".format(r)``, ``torch.device("cuda", r)``, ``"cuda" if torch.cuda.is_available()
+        else "cpu"``. (An integer ordinal is a CUDA device too, but only where it is passed as one:
+        see ACC002.)"""
         text = string_value(node)
         if text is not None:
             return text == "cuda" or text.startswith("cuda:")
@@ -214,66 +186,14 @@ class Facts:
         if isinstance(node, cst.Call) and self.qualname(node.func) == "torch.device":
             first = call_arg(node, 0, "type")
             return first is not None and self.is_cuda_device(first.value)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
+            template = string_value(node.func.value)  # "cuda:{}".format(args.gpu)
+            return template is not None and template.startswith("cuda")
         if isinstance(node, cst.IfExp):
             # ``"cuda" if torch.cuda.is_available() else "cpu"`` chooses a device;
             # nanoGPT's ``"cuda" if "cuda" in device else "cpu"`` names a device's type.
             return not isinstance(node.test, cst.Comparison) and self.is_cuda_device(node.body)
         return False
-
-
-# Fields that hold only whitespace, comments and punctuation: the analysis never needs them.
-_SKIPPED_FIELDS = frozenset(
-    {
-        "leading_lines", "lines_after_decorators", "trailing_whitespace", "header", "footer",
-        "lpar", "rpar", "comma", "semicolon", "equal", "colon", "dot", "star", "operator",
-    }
-)
-_child_fields_cache: dict[type, tuple[str, ...]] = {}
-
-
-def node_types(*bases: type) -> frozenset[type]:
-    """Every libcst node class deriving from one of ``bases``. ``type(node) in`` such a set is
-    several times faster than ``isinstance`` against libcst's abstract base classes, which is
-    what walks that test every node do."""
-    found: set[type] = set()
-    pending = list(bases)
-    while pending:
-        kind = pending.pop()
-        if kind not in found:
-            found.add(kind)
-            pending.extend(kind.__subclasses__())
-    return frozenset(found)
-
-
-NODE_TYPES = node_types(cst.CSTNode)
-STATEMENT_TYPES = node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
-
-
-def _child_fields(node_type: type) -> tuple[str, ...]:
-    names = _child_fields_cache.get(node_type)
-    if names is None:
-        names = tuple(
-            f.name for f in dataclasses.fields(node_type)
-            if f.name not in _SKIPPED_FIELDS and not f.name.startswith("whitespace")
-        )
-        _child_fields_cache[node_type] = names
-    return names
-
-
-def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """``node``'s child nodes in source order, without its whitespace, parentheses and
-    punctuation: what read-only walks descend into, read from the dataclass fields."""
-    found = []
-    for field_name in _child_fields(type(node)):
-        value = getattr(node, field_name)
-        kind = type(value)
-        if kind in NODE_TYPES:
-            found.append(value)
-        elif kind is tuple or kind is list:
-            for item in value:
-                if type(item) in NODE_TYPES:
-                    found.append(item)
-    return found
 
 
 _walk_methods_cache: dict[tuple[type, type], tuple] = {}
@@ -484,7 +404,7 @@ class _Analyzer(_Walker):
         elif callee in LOADER_NAMES:
             self.facts.loaders.add(target)
             self.facts.loader_bindings.append(binding)
-        elif callee.endswith(".MpDeviceLoader"):
+        elif callee in spelled_callees("device_loader"):
             self.facts.device_loaders.add(target)
         elif callee in WRAPPER_NAMES:
             self.facts.models.add(target)
@@ -520,6 +440,8 @@ class _Analyzer(_Walker):
                 self._loop_callees += [(loop, func.value) for loop in self._loops]
             return
         method = func.attr.value
+        if isinstance(func.value, cst.Name) and func.value.value == "self":  # a trainer's self._run_batch()
+            self._loop_callees += [(loop, method) for loop in self._loops]
         backward = method == "backward"
         step = method == "step" and self._is_optimizer_step(node)
         if backward or step:
@@ -566,4 +488,5 @@ def analyze(
     (whitespace and punctuation fields aside, which the analysis does not walk)."""
     analyzer = _Analyzer(triggers, trigger_nodes, walked)
     analyzer.walk(module)
+    analyzer.facts.module = module
     return analyzer.facts

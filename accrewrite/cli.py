@@ -24,6 +24,7 @@ from accrewrite.engine import Options
 from accrewrite.registry import SelectionError, all_rules, find_rule
 from accrewrite.runner import Job, run
 from accrewrite.targets import DEFAULT_TARGET, all_targets
+from accrewrite.verify import ORIGINAL, Side, verify
 
 EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 # Below this many files a progress bar would only flicker.
@@ -68,7 +69,33 @@ def _parser() -> argparse.ArgumentParser:
 
     explain = commands.add_parser("explain", help="a rule's documentation and examples")
     explain.add_argument("rule", metavar="CODE|NAME")
+
+    verify = commands.add_parser(
+        "verify", help="run a script and its migration, compare per-step losses and parameters",
+        usage="accrewrite verify SCRIPT [options] [-- ARGS]   (ARGS: the script's own arguments)",
+        description="Run SCRIPT and its migration (or two migrations, --compare) on the same arguments and "
+                    "compare each optimizer step's loss and a parameter checksum. Exit 0 within --rtol, "
+                    "1 when they diverge, 2 when a side cannot run.",
+    )
+    verify.add_argument("script", metavar="SCRIPT")
+    verify.add_argument("--target", choices=list(all_targets()), default=DEFAULT_TARGET)
+    verify.add_argument("--steps", type=int, default=10, metavar="N", help="optimizer steps to compare (default 10)")
+    verify.add_argument("--nproc", type=int, default=1, metavar="N", help="processes, under accrun (torchrun)")
+    verify.add_argument("--rtol", type=float, default=0.02, metavar="R", help="relative tolerance (default 0.02)")
+    verify.add_argument("--compare", type=_sides, metavar="A,B",
+                        help="the two sides: original or a target (default: original,TARGET)")
+    verify.add_argument("--unsafe-fixes", action="store_true", help="migrate with fixes that may change numerics")
+    verify.add_argument("--timeout", type=float, default=900, metavar="S", help="seconds per side (default 900)")
+    verify.add_argument("--keep", action="store_true", help="keep the workspaces, records and logs")
     return parser
+
+
+def _sides(value: str) -> list[str]:
+    sides = _codes(value)
+    known = [ORIGINAL, *all_targets()]
+    if len(sides) != 2 or len(set(sides)) != 2 or not all(side in known for side in sides):
+        raise argparse.ArgumentTypeError(f"two different sides out of {', '.join(known)}, e.g. runtime,torch_xla")
+    return sides
 
 
 def _options(args, config) -> Options:
@@ -184,11 +211,24 @@ def _explain(args, out: Console, err: Console) -> int:
     return EXIT_OK
 
 
+def _verify(args, out: Console, err: Console) -> int:
+    names = args.compare or [ORIGINAL, args.target]
+    sides = [Side(name, None if name == ORIGINAL else name) for name in names]
+    return verify(args.script, args.script_args, sides, args.steps, args.nproc, args.rtol, args.unsafe_fixes,
+                  args.timeout, args.keep, out, err)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    script_args: list[str] = []
+    if argv[:1] == ["verify"] and "--" in argv:  # the script's own arguments, never accrewrite's
+        split = argv.index("--")
+        argv, script_args = argv[:split], argv[split + 1:]
     args = _parser().parse_args(argv)
+    args.script_args = script_args
     out, err = Console(), Console(stderr=True)
     commands = {"migrate": lambda: _migrate(args, out, err), "rules": lambda: _rules(args, out),
-                "explain": lambda: _explain(args, out, err)}
+                "explain": lambda: _explain(args, out, err), "verify": lambda: _verify(args, out, err)}
     try:
         return commands[args.command]()
     except BrokenPipeError:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import libcst as cst
 
 from accrewrite import snippets
-from accrewrite.analysis import Facts, dotted
+from accrewrite.analysis import Facts
+from accrewrite.nodes import dotted
 
 
 def binding(statement: cst.SimpleStatementLine) -> tuple[str, str]:

@@ -122,4 +122,37 @@ def get_target(name: str) -> Target:
     return targets[name]
 
 
+def _import_bindings(line: str) -> dict[str, str]:
+    """Local name -> qualified name, for one import line of a profile."""
+    words = line.split()
+    if words[0] == "import":
+        module = words[1]
+        return {words[3]: module} if len(words) == 4 and words[2] == "as" else {module.split(".")[0]: module.split(".")[0]}
+    module, names = words[1], " ".join(words[3:])
+    bound = {}
+    for part in names.split(","):
+        name, _, alias = part.strip().partition(" as ")
+        bound[alias.strip() or name] = f"{module}.{name}"
+    return bound
+
+
+@functools.cache
+def spelled_callees(concept: str) -> frozenset[str]:
+    """The qualified names of what each target's spelling of ``concept`` calls (or names): how a
+    migrated file is recognised, from the profiles, whatever its target."""
+    found = set()
+    for target in all_targets().values():
+        spelled = target.concepts.get(concept)
+        if spelled is None or spelled.expr is None:
+            continue
+        bound: dict[str, str] = {}
+        for key in spelled.imports:
+            bound.update(_import_bindings(target.imports[key]))
+        head = spelled.expr.split("(", 1)[0].strip()
+        root, _, rest = head.partition(".")
+        if root in bound:
+            found.add(f"{bound[root]}.{rest}" if rest else bound[root])
+    return frozenset(found)
+
+
 DEFAULT_TARGET = "runtime"

@@ -19,7 +19,7 @@ from collections import defaultdict
 
 import libcst as cst
 
-from accrewrite.analysis import STATEMENT_TYPES, node_types
+from accrewrite.nodes import STATEMENT_TYPES, node_types
 from accrewrite.guard import Guard, flatten
 from accrewrite.rule import Rule, RuleContext
 from accrewrite.targets import ConceptMissing

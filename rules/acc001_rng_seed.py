@@ -1,6 +1,7 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, call_arg
+from accrewrite.analysis import WRAPPER_NAMES
+from accrewrite.nodes import call_arg
 from accrewrite.rule import Example, Rule
 
 _CUDA_SEEDS = ("torch.cuda.manual_seed", "torch.cuda.manual_seed_all")

@@ -1,7 +1,9 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, call_arg, dotted, placed_model, string_value
+from accrewrite.analysis import WRAPPER_NAMES, placed_model
+from accrewrite.nodes import call_arg, dotted, string_value
 from accrewrite.rule import Example, Rule
+from accrewrite.values import Kind
 
 # Keywords that name where tensors go; a CUDA value there moves to the target device.
 _DEVICE_KEYWORDS = ("device", "map_location")
@@ -12,7 +14,7 @@ _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
 class DevicePlacement(Rule):
     """Place the model and tensors on the target device instead of CUDA.
 
-    Seed 001, step 2: obtain the target device (``xm.xla_device()``) and call
+    TorchAcc's migration guide, step 2: obtain the target device (``xm.xla_device()``) and call
     ``xm.set_replication(device, [device])`` after it, where the target needs that. So:
 
     - a variable assigned a CUDA device (``torch.device("cuda")``, ``torch.device(f"cuda:{r}")``,
@@ -21,14 +23,20 @@ class DevicePlacement(Rule):
     - ``torch.cuda.set_device(...)`` is removed (the target picks the device per process);
     - ``x.cuda(...)`` and ``x.to("cuda")`` become ``x.to(device)``, using the device variable
       visible in that function, else the target's device call; ``non_blocking`` is kept;
-    - ``device="cuda"`` and ``map_location="cuda"`` arguments name the target device;
+    - an integer where a device goes is a CUDA device's index (``model.to(gpu_id)`` with
+      ``gpu_id = int(os.environ["LOCAL_RANK"])``, ``torch.device(local_rank)``): it names the
+      target device too;
+    - ``device="cuda"`` arguments name the target device, and so does ``map_location="cuda"``,
+      except where the target cannot load onto its device (XLA: ``map_location='cpu'``, and
+      ``load_state_dict`` copies onto the model's device);
     - ``device_ids=`` and ``output_device=`` are dropped from DistributedDataParallel and
       DataParallel, which pin them to CUDA;
     - ``"cuda" in device`` (nanoGPT's device type) tests ``str(device)``: the target's device is
       an object, not a string.
 
-    Where the target's move creates new parameters (the XLA targets), an optimizer built before
-    the model moves is reported (ACC105): it would step the old ones.
+    Where the target's move gives a module new Parameter objects (XLA), the first model move is
+    preceded by PyTorch's setting that keeps them, so weights tied before the move stay tied
+    and an optimizer built before the move steps the moved parameters.
     """
 
     code = "ACC002"
@@ -87,24 +95,35 @@ class DevicePlacement(Rule):
     # Statements ------------------------------------------------------------------------------
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        """An optimizer built before its model moves holds the parameters of the CPU model
-        where the target's move makes new ones (XLA: a CPU tensor cannot become a device
-        tensor in place), so it would step tensors the model no longer uses."""
-        if not self.ctx.target.has("fresh_parameters_on_move"):
+        """Where moving a module to the target's device gives it new Parameter objects (XLA: a CPU
+        tensor cannot become a device tensor in place), weights tied before the move come apart
+        and an optimizer built before it steps the old CPU tensors. The first model move is
+        preceded by the target's setting that keeps the Parameter objects."""
+        if self._parameters_kept or not self.ctx.target.has("keep_parameters_on_move"):
             return
-        model = placed_model(node, self.ctx.facts.models)
-        if model is None:
+        if not self._moves_model(node):
             return
-        facts = self.ctx.facts
-        here = facts.order.get(node, 0)
-        if any(b.scope is self.ctx.scope and b.order < here for b in facts.optimizer_bindings):
-            self.ctx.diagnose(
-                node,
-                f"the optimizer is built before {model} moves to the device; on this target the move "
-                "creates new parameters, so that optimizer would step the old CPU ones: build the "
-                "optimizer after this line",
-                code="ACC105",
-            )
+        self._parameters_kept = True
+        setting = self.ctx.statements("keep_parameters_on_move")
+        if all(self.ctx.code(line).strip() in self.ctx.source_text for line in setting):
+            return  # migrated already
+        self.ctx.insert_before(node, setting)
+        self.ctx.fix(node, "moving the model keeps its Parameter objects (tied weights stay tied, optimizers "
+                           "built before the move step the moved parameters)")
+
+    def _moves_model(self, line: cst.CSTNode) -> bool:
+        """``model.to(device)``, ``model = Net().cuda()``, ``self.model = model.to(gpu_id)``."""
+        if placed_model(line, self.ctx.facts.models) is not None:
+            return True
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            return False
+        statement = line.body[0]
+        call = statement.value if isinstance(statement, (cst.Assign, cst.Expr)) else None
+        if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+            return False
+        if call.func.attr.value not in ("to", "cuda"):
+            return False
+        return self.ctx.facts.values(self.ctx.scope).kind(call.func.value) is Kind.MODEL
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if len(original_node.body) != 1:
@@ -149,6 +168,15 @@ class DevicePlacement(Rule):
         return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=as_string)])
 
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._parameters_kept = False
+
+    def _ordinal(self, node: cst.CSTNode) -> bool:
+        """An int passed where a device goes (``model.to(gpu_id)``, ``torch.device(local_rank)``)
+        is a CUDA device's index."""
+        return self.ctx.facts.values(self.ctx.scope).is_int(node)
+
     def _device(self) -> cst.BaseExpression:
         name = self.ctx.facts.device_in(self.ctx.scope)
         return cst.parse_expression(name) if name else self.ctx.expr("device")
@@ -157,7 +185,7 @@ class DevicePlacement(Rule):
         func = updated_node.func
         facts = self.ctx.facts
         callee = facts.qualname(func)
-        if callee == "torch.device" and facts.is_cuda_device(original_node):
+        if callee == "torch.device" and (facts.is_cuda_device(original_node) or self._ordinal_device(original_node)):
             if original_node in facts.device_values:
                 return updated_node  # the assignment is rewritten whole, at statement level
             self.ctx.fix(original_node, "torch.device('cuda') -> the target device")
@@ -172,6 +200,10 @@ class DevicePlacement(Rule):
                 return moved
         return self._device_keywords(original_node, updated_node)
 
+    def _ordinal_device(self, call: cst.Call) -> bool:
+        first = call_arg(call, 0, "type")
+        return first is not None and len(call.args) == 1 and self._ordinal(first.value)
+
     def _cuda_method(self, original_node, updated_node):
         kept = [
             arg for arg in updated_node.args
@@ -185,7 +217,7 @@ class DevicePlacement(Rule):
 
     def _to_cuda(self, original_node, updated_node):
         first = call_arg(original_node, 0, "device")
-        if first is None or not self.ctx.facts.is_cuda_device(first.value):
+        if first is None or not (self.ctx.facts.is_cuda_device(first.value) or self._ordinal(first.value)):
             return updated_node
         index = original_node.args.index(first)
         args = list(updated_node.args)
@@ -196,12 +228,16 @@ class DevicePlacement(Rule):
     def _device_keywords(self, original_node, updated_node):
         args = list(updated_node.args)
         changed = False
+        devices = {device.name for device in self.ctx.facts.devices}
         for index, arg in enumerate(original_node.args):
-            if (
-                arg.keyword is not None
-                and arg.keyword.value in _DEVICE_KEYWORDS
-                and self.ctx.facts.is_cuda_device(arg.value)
-            ):
+            if arg.keyword is None or arg.keyword.value not in _DEVICE_KEYWORDS:
+                continue
+            cuda = self.ctx.facts.is_cuda_device(arg.value)
+            if arg.keyword.value == "map_location" and self.ctx.target.has("load_location"):
+                if cuda or dotted(arg.value) in devices:
+                    args[index] = args[index].with_changes(value=self.ctx.expr("load_location"))
+                    changed = True
+            elif cuda:
                 args[index] = args[index].with_changes(value=self._device())
                 changed = True
         if not changed:

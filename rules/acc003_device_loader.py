@@ -1,7 +1,9 @@
 import libcst as cst
 
-from accrewrite.analysis import call_arg, dotted, names_in
+from accrewrite.nodes import call_arg, children, dotted, names_in
 from accrewrite.rule import Example, Rule
+from accrewrite.targets import spelled_callees
+from accrewrite.values import Kind
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 
@@ -108,6 +110,7 @@ class DeviceLoader(Rule):
             anchor = device.statement if later else loader.statement
             self._wraps.setdefault(anchor, []).append((loader.name, device.name))
             self._rebound.add(loader.name)
+        self._device_loaders = spelled_callees("device_loader")
         # Loops fed by a device loader, innermost last: (loop, names its batches bind, the
         # loader to wrap at the loop or None).
         self._fed: list[tuple[cst.CSTNode, set[str], str | None]] = []
@@ -161,24 +164,74 @@ class DeviceLoader(Rule):
         self.ctx.fix(node, "the step loop marks each step's end (no device loader does it)")
 
     def _visit_for(self, node: cst.For) -> None:
-        iterated = names_in(node.iter)
-        if any(name.endswith("MpDeviceLoader") for name in iterated) or iterated & self._rebound:
+        if self._device_loader_in(node.iter) or names_in(node.iter) & self._rebound or self._fed_through(node.iter):
             self._fed.append((node, names_in(node.target), None))
             return
-        loader = self._loader_to_wrap(node, iterated)
+        loader = self._loader_to_wrap(node)
         if loader is not None:
             self._fed.append((node, names_in(node.target), loader))
 
-    def _loader_to_wrap(self, node: cst.For, iterated: set[str]) -> str | None:
-        """The loader this loop's iterable is wrapped in, when none is rebound in this file.
-        (Where loaders are rebound, a loop over a parameter already gets a device loader.)"""
-        if self._rebound:
+    def _fed_through(self, iterable: cst.BaseExpression) -> bool:
+        """A loop over a name assigned a device loader or a wrapper of one (``pbar = tqdm(loader)``
+        where ``loader`` is rebound)."""
+        loader = _iterated(iterable)
+        if loader is None:
+            return False
+        behind = _iterated(self.ctx.facts.values(self.ctx.scope).assigned_value(loader))
+        return behind is not loader and (dotted(behind) in self._rebound or self._device_loader_in(behind))
+
+    def _device_loader_in(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` builds a target's device loader already (a migrated file)."""
+        return any(self.ctx.facts.qualname(call.func) in self._device_loaders for call in _calls(node))
+
+    def _loader_to_wrap(self, node: cst.For) -> str | None:
+        """The loader a loop iterates (itself, or through ``enumerate``, ``tqdm`` and the like)
+        when it is to be wrapped at the loop: a loop that trains or calls a model, over a
+        loader that is not rebound. Where loaders are rebound, a loop over a parameter gets a
+        device loader from its caller."""
+        facts = self.ctx.facts
+        values = facts.values(self.ctx.scope)
+        loader = _iterated(node.iter)
+        if loader is None or values.kind(loader) is not Kind.LOADER:
             return None
-        trains = any(loop.node is node for loop in self.ctx.facts.loops)
-        for name in sorted(iterated):
-            if name in self.ctx.facts.loaders or (trains and "loader" in name.split(".")[-1].lower()):
-                return name
+        name = dotted(loader)
+        if name is None or name in self._rebound:
+            return None
+        if self._rebound and isinstance(loader, cst.Name) and _is_parameter(self.ctx.scope, name):
+            return None
+        trains = any(loop.node is node for loop in facts.loops)
+        if trains or name in facts.loaders or _calls_a_model(node.body, values):
+            return name
         return None
+
+    def leave_Call(self, original_node, updated_node):
+        """``iter(loader)`` feeding a training loop's ``next()`` reads from the device loader
+        where the loader is not rebound (``it = iter(loader)`` before ``while True: x =
+        next(it)``); a one-off ``next(iter(loader))`` keeps reading the loader."""
+        if dotted(original_node.func) != "iter" or len(original_node.args) != 1 or not self._feeds_a_step():
+            return updated_node
+        loader = original_node.args[0].value
+        name = dotted(loader)
+        values = self.ctx.facts.values(self.ctx.scope)
+        if name is None or name in self._rebound or values.kind(loader) is not Kind.LOADER:
+            return updated_node
+        if self.ctx.statement is not None and self._peeks(original_node):
+            return updated_node
+        device = self.ctx.facts.device_in(self.ctx.scope) or self.ctx.code(self.ctx.expr("device"))
+        wrapped = self.ctx.expr("device_loader", loader=name, device=device)
+        self.ctx.fix(original_node, f"iter({name}) reads from the target's device loader")
+        return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=wrapped)])
+
+    def _feeds_a_step(self) -> bool:
+        """Whether the function (or module) being walked trains: it holds a step loop."""
+        return any(loop.scope is self.ctx.scope and loop.calls_step for loop in self.ctx.facts.loops)
+
+    def _peeks(self, call: cst.Call) -> bool:
+        """``next(iter(loader))``: one batch, for its shape."""
+        return any(
+            dotted(outer.func) == "next" and outer.args and outer.args[0].value is call
+            for outer in _calls(self.ctx.statement)
+        )
 
     def leave_For(self, original_node, updated_node):
         if not self._fed or self._fed[-1][0] is not original_node:
@@ -192,6 +245,20 @@ class DeviceLoader(Rule):
         return updated_node.with_changes(iter=_Replace(loader, wrapped).visit_expr(updated_node.iter))
 
     # Per-batch moves --------------------------------------------------------------------------
+
+    def leave_If(self, original_node, updated_node):
+        """``if torch.cuda.is_available(): images = images.cuda()`` whose moves are gone goes too."""
+        body = updated_node.body
+        if (
+            self._fed and self._is_inside_fed_loop() and original_node.orelse is None
+            and isinstance(body, cst.IndentedBlock) and len(body.body) == 1
+            and isinstance(body.body[0], cst.SimpleStatementLine)
+            and isinstance(body.body[0].body[0], cst.Pass)
+            and not _has_pass(original_node.body)
+        ):
+            self.ctx.fix(original_node, "removed a branch that only moved the batch: the device loader moves batches")
+            return cst.RemoveFromParent()
+        return updated_node
 
     def _is_inside_fed_loop(self) -> bool:
         return any(loop in self.ctx.open_statements for loop, _, _ in self._fed)
@@ -245,6 +312,8 @@ class DeviceLoader(Rule):
             name in devices
             or name.split(".")[-1] in ("device", "gpu", "local_rank", "rank")
             or facts.is_cuda_device(where.value)
+            # ACC002 has already turned ``.to(gpu_id)`` into the target's device
+            or self.ctx.code(where.value) == self.ctx.concept("device").render_expr()
         )
 
 
@@ -309,3 +378,50 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
             and value.value.deep_equals(loop.target.elements[1].value)
         )
     return False
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call in ``node``'s subtree."""
+    found = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call):
+            found.append(current)
+        stack.extend(children(current))
+    return found
+
+
+# Calls whose iteration is their first argument's: the loader behind ``enumerate(loader)``.
+_PASSING = frozenset({"enumerate", "iter", "tqdm", "trange", "islice", "zip", "log_every"})
+
+
+def _iterated(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """What a for loop's iterable iterates: itself, or the loader that ``enumerate(...)``,
+    ``tqdm(...)`` or ``metric_logger.log_every(...)`` pass through."""
+    while isinstance(node, cst.Call):
+        name = (dotted(node.func) or "").split(".")[-1]
+        positional = [arg.value for arg in node.args if arg.keyword is None and not arg.star]
+        if name.lower() not in _PASSING or not positional:
+            return node
+        node = positional[0]
+    return node
+
+
+def _is_parameter(scope: cst.FunctionDef | None, name: str) -> bool:
+    if scope is None:
+        return False
+    params = scope.params
+    return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params))
+
+
+def _calls_a_model(body: cst.CSTNode, values) -> bool:
+    """Whether ``body`` calls a model (an evaluation loop)."""
+    return any(values.kind(call.func) is Kind.MODEL for call in _calls(body))
+
+
+def _has_pass(block: cst.BaseSuite) -> bool:
+    return any(
+        isinstance(line, cst.SimpleStatementLine) and any(isinstance(small, cst.Pass) for small in line.body)
+        for line in getattr(block, "body", ())
+    )

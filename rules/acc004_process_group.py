@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import string_value
+from accrewrite.nodes import string_value
 from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc002_device_placement import _with_commas
 

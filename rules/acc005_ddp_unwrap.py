@@ -1,6 +1,7 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, _Walker, call_arg, dotted
+from accrewrite.analysis import WRAPPER_NAMES, _Walker
+from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
 
 # Attributes of a DDP-wrapped model that only DDP has.

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import dotted
+from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
 # Calls that read gradients after the backward passes of a step: the reduction goes before the

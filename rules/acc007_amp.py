@@ -1,6 +1,7 @@
 import libcst as cst
 
-from accrewrite.analysis import _Walker, call_arg, dotted, string_value
+from accrewrite.analysis import _Walker
+from accrewrite.nodes import call_arg, dotted, string_value
 from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc002_device_placement import _with_commas
 

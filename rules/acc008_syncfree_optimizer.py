@@ -1,6 +1,7 @@
 import libcst as cst
 
-from accrewrite.analysis import SCALER_NAMES, call_arg, dotted
+from accrewrite.analysis import SCALER_NAMES
+from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc002_device_placement import _with_commas
 

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import dotted
+from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._training_code import (
     BUILTIN_NAMES,
@@ -13,7 +13,6 @@ from accrewrite.rules._training_code import (
     is_step_closure_call,
     loop_helpers,
     root_name,
-    tensors_of,
     walk,
 )
 
@@ -235,7 +234,7 @@ class StepClosure(LoopDiagnostic, Rule):
             return False
         for helper in loop_helpers(self.ctx):
             if helper.name.value == call.func.value:
-                tensors = tensors_of(self.ctx, helper)
+                tensors = self.ctx.facts.values(helper)
                 found = False
 
                 def enter(child):
@@ -260,19 +259,7 @@ class StepClosure(LoopDiagnostic, Rule):
 
     @staticmethod
     def _reads_tensors(call: cst.Call, tensors) -> bool:
-        if tensors.reads_value(call):
-            return True
-
-        def tensor_inside(node) -> bool:
-            if tensors.is_tensor(node):
-                return True
-            if isinstance(node, (cst.Dict,)):
-                return any(tensor_inside(e.value) for e in node.elements if isinstance(e, cst.DictElement))
-            if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
-                return any(tensor_inside(e.value) for e in node.elements)
-            return False
-
-        return any(tensor_inside(arg.value) for arg in call.args)
+        return tensors.reads_value(call) or any(tensors.holds_tensor(arg.value) for arg in call.args)
 
     # The closure -----------------------------------------------------------------------------
 
@@ -338,8 +325,8 @@ class _Extract(cst.CSTTransformer):
         if isinstance(node, cst.ConcatenatedString):
             # Its parts must stay strings ("a" f"{x}"): the values inside them are replaced.
             self._parts.update((node.left, node.right))
-        if node in self._method or node in self._parts:
-            return True
+        if node in self._method or node in self._parts or isinstance(node, cst.StarredElement):
+            return True  # a starred element's value is replaced, the star stays
         if isinstance(node, cst.BaseExpression) and self._is_value(node):
             self._replace[node] = self._param(node)
             return False

@@ -1,6 +1,7 @@
 import libcst as cst
 
-from accrewrite.analysis import LOADER_NAMES, call_arg
+from accrewrite.analysis import LOADER_NAMES
+from accrewrite.nodes import call_arg
 from accrewrite.rule import Example, Rule
 
 _SEED_WORKERS = 8

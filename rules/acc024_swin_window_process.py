@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import call_arg, dotted
+from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
 
 # Swin's names for the feature map's dimensions, which WindowProcess takes.

@@ -1,6 +1,7 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, dotted
+from accrewrite.analysis import WRAPPER_NAMES
+from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
 # Calls that move or wrap a model rather than build it.

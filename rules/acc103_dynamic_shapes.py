@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import call_arg, dotted, string_value
+from accrewrite.nodes import call_arg, dotted, string_value
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._training_code import LoopDiagnostic
 

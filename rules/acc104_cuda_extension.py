@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import string_value
+from accrewrite.nodes import string_value
 from accrewrite.rule import Example, Rule
 
 _CPP_EXTENSION = "torch.utils.cpp_extension."

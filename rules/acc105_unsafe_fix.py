@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import dotted
+from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
 # Names that a training script gives its optimizer.

@@ -10,8 +10,11 @@ Semantics follow torch_xla's ``xm.add_step_closure``:
   traceback, at the next step boundary; closures queued behind a failed one are dropped until
   the error has been raised, so that nothing runs out of order after a failure.
 
-At interpreter exit the worker drains its queue (the last step's log line is not lost) and an
-error that no later step boundary could surface is printed to stderr.
+Interpreter exit is the last step boundary, so a loop that ends (or ``break``s) right after
+queuing its last log line does not lose it: the async closures already submitted finish, then the
+pending synchronous closures run in order, then the pending async ones, on the worker, which is
+then ended. (The two kinds are queued apart, so their relative order within a step is not
+known.) Nothing can catch an error there: it is printed to stderr.
 """
 
 import atexit
@@ -32,9 +35,6 @@ class _AsyncRunner:
             target=self._loop, name="accrewrite-async-step-closures", daemon=True
         )
         self._thread.start()
-        # A daemon thread that ran torch ops and is still alive while the interpreter tears
-        # down can abort the process ("terminate called without an active exception").
-        atexit.register(self.close)
 
     def close(self):
         """Run what is queued, then end the thread."""
@@ -81,6 +81,7 @@ class StepClosures:
         self._sync = []
         self._async = []
         self._runner = None
+        atexit.register(self.run_at_exit)
 
     def add(self, closure, args=(), run_async=False):
         if not callable(closure):
@@ -118,15 +119,34 @@ class StepClosures:
             error.add_note("(raised by an async step closure; surfaced at the next step boundary)")
             raise error
 
-    def _drain_at_exit(self):
-        if self._runner is None:
-            return
-        self._runner.wait()
-        error = self._runner.take_error()
-        if error is not None:
-            print("accrewrite: an async step closure failed after the last step:", file=sys.stderr)
-            traceback.print_exception(error, file=sys.stderr)
+    def run_at_exit(self):
+        """The last step boundary (see the module docstring); ends the worker thread, since one
+        that ran torch ops and is alive while the interpreter tears down can abort the process
+        ("terminate called without an active exception"). Safe to call more than once."""
+        if self._runner is not None:
+            self._runner.wait()  # what earlier steps submitted runs first
+        with self._lock:
+            sync, self._sync = self._sync, []
+            pending_async, self._async = self._async, []
+        try:
+            for closure in sync:
+                closure()
+        except BaseException as error:  # noqa: BLE001 - nobody is left to catch it
+            _report(error, "a step closure failed at exit")
+        if pending_async:
+            if self._runner is None:
+                self._runner = _AsyncRunner()
+            self._runner.submit(pending_async)
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            runner.close()
+            _report(runner.take_error(), "an async step closure failed after the last step")
+
+
+def _report(error, what):
+    if error is not None:
+        print(f"accrewrite: {what}:", file=sys.stderr)
+        traceback.print_exception(error, file=sys.stderr)
 
 
 STEP_CLOSURES = StepClosures()
-atexit.register(STEP_CLOSURES._drain_at_exit)

@@ -1,16 +1,28 @@
 """``pl``: torch_xla's device loaders (``MpDeviceLoader``, ``ParallelLoader``) on plain PyTorch.
 
-A background thread iterates the wrapped loader and moves each batch to the device ahead of the
-training loop, through a bounded queue (``device_prefetch_size`` batches, default 4), so that
-loading overlaps the step. On CUDA each batch is pinned (unless the loader already pinned it)
-and copied with ``non_blocking=True`` on a side stream; the training stream waits for that copy
-before the batch is handed out. Batches may nest tensors in dicts, lists, tuples, namedtuples,
-dataclasses and mappings such as HF ``BatchEncoding`` (see ``_tensor_tree``).
+Batches are loaded where iterating the wrapped loader itself would load them, so that the global
+random generator (torch's, drawn from by datasets, samplers and the training loop alike) is
+consumed in the same order as by plain iteration and runs repeat:
+
+* the wrapped loader's ``iter()`` is called on the training loop's thread when the device
+  loader's iteration starts (a DataLoader draws its seeds there);
+* a DataLoader with ``num_workers > 0`` loads in its worker processes, whose generators are
+  their own: a background thread takes its batches and moves them to the device ahead of the
+  loop, through a bounded queue (``device_prefetch_size`` batches, default 4);
+* anything else (a DataLoader without workers, a list, a generator) is loaded on the loop's
+  thread when the loop asks for the next batch; reading ahead would change the random numbers.
+
+On CUDA each batch is pinned (unless the loader already pinned it) and copied with
+``non_blocking=True`` on a side stream; the training stream waits for that copy before it uses
+the batch, so the copy still overlaps the work queued before it. Batches may nest tensors in
+dicts, lists, tuples, namedtuples, dataclasses and mappings such as HF ``BatchEncoding`` (see
+``_tensor_tree``).
 
 An exception raised while loading reaches the training loop as itself, with the loader's
-traceback. Breaking out of the loop or dropping the iterator stops the thread (and with it the
-wrapped loader's iterator and its workers). As in torch_xla, fetching a batch marks the step
-(``xm.mark_step``) every ``batches_per_execution`` batches, so step closures also run there.
+traceback. Breaking out of the loop or dropping the iterator stops the background thread, if
+any, and drops the wrapped loader's iterator (ending its workers). As in torch_xla, fetching a
+batch marks the step (``xm.mark_step``) every ``batches_per_execution`` batches, so step
+closures also run there.
 
 One process drives one device (torchrun style): ``ParallelLoader`` takes a single device.
 ``batchdim``, ``loader_prefetch_size``, ``host_to_device_transfer_threads`` and
@@ -23,6 +35,7 @@ import threading
 import weakref
 
 import torch
+from torch.utils.data import DataLoader
 
 from . import xla_model as xm
 from ._transfer import DeviceMover
@@ -42,23 +55,48 @@ class _Failure:
         self.error = error
 
 
-# Loaders whose thread may still run at exit: a thread busy in torch while the interpreter tears
-# down can abort the process ("terminate called without an active exception"), so they are
-# stopped first.
-_OPEN: "weakref.WeakSet[ParallelLoader]" = weakref.WeakSet()
+# Prefetchers whose thread may still run at exit: a thread busy in torch while the interpreter
+# tears down can abort the process ("terminate called without an active exception"), so they
+# are stopped first.
+_OPEN: "weakref.WeakSet[_Prefetcher]" = weakref.WeakSet()
 
 
 @atexit.register
 def _close_open_loaders():
-    for loader in list(_OPEN):
-        loader.close()
+    for prefetcher in list(_OPEN):
+        prefetcher.close()
 
 
-def _produce(loader, move, out, stop):
+class _OnDemand:
+    """Loads and moves each batch on the calling thread when it is asked for."""
+
+    def __init__(self, iterator, move):
+        self._iterator = iterator
+        self._move = move
+
+    def next(self):
+        """``(moved batch, event)``; None once the loader is exhausted, failed or closed."""
+        if self._iterator is None:
+            return None
+        try:
+            return self._move(next(self._iterator))
+        except StopIteration:
+            self.close()
+            return None
+        except Exception as error:
+            self.close()
+            error.add_note("(raised while loading a batch for the device loader)")
+            raise
+
+    def close(self):
+        self._iterator = None
+
+
+def _produce(iterator, move, out, stop):
     """Thread body: load, move and enqueue batches until the loader ends or ``stop`` is set.
 
-    It holds no reference to the ParallelLoader, so dropping that object (a ``break`` out of
-    the training loop) lets its ``__del__`` stop this thread.
+    It holds no reference to its _Prefetcher, so dropping that object (a ``break`` out of the
+    training loop) lets its ``__del__`` stop this thread.
     """
 
     def put(item):
@@ -70,11 +108,8 @@ def _produce(loader, move, out, stop):
                 pass
         return False
 
-    # One intra-op thread, as DataLoader workers do: collating and copying must not take the
-    # cores from the step running on the main thread.
-    torch.set_num_threads(1)
     try:
-        for batch in loader:
+        for batch in iterator:
             if stop.is_set() or not put(move(batch)):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the training loop
@@ -83,8 +118,54 @@ def _produce(loader, move, out, stop):
     put(_End())
 
 
+class _Prefetcher:
+    """Loads and moves batches ahead of the loop in a background thread (started here)."""
+
+    def __init__(self, iterator, move, size):
+        self._queue = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_produce,
+            args=(iterator, move, self._queue, self._stop),
+            name="accrewrite-device-loader",
+            daemon=True,
+        )
+        self._thread.start()
+        _OPEN.add(self)
+
+    def next(self):
+        """``(moved batch, event)``; None once the loader is exhausted, failed or closed."""
+        if self._stop.is_set():
+            return None
+        item = self._queue.get()
+        if isinstance(item, _End):
+            self.close()
+            return None
+        if isinstance(item, _Failure):
+            self.close()
+            item.error.add_note("(raised while loading in the device loader's background thread)")
+            raise item.error
+        return item
+
+    def close(self):
+        """Stop the background thread and drop the prefetched batches."""
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_S)
+
+    def __del__(self):
+        if hasattr(self, "_thread"):
+            self.close()
+
+
 class ParallelLoader:
-    """Prefetches ``cpu_loader`` onto ``devices[0]`` in a background thread (started here)."""
+    """Feeds ``cpu_loader``'s batches to ``devices[0]``; its iteration (``iter(cpu_loader)``)
+    starts here."""
 
     def __init__(self, cpu_loader, devices, batchdim=0, batches_per_execution=1,
                  loader_prefetch_size=8, device_prefetch_size=4,
@@ -101,16 +182,12 @@ class ParallelLoader:
         self._device = devices[0]
         self._batches_per_execution = batches_per_execution
         self._mover = DeviceMover(self._device)
-        self._queue = queue.Queue(maxsize=device_prefetch_size)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=_produce,
-            args=(cpu_loader, self._mover, self._queue, self._stop),
-            name="accrewrite-device-loader",
-            daemon=True,
-        )
-        self._thread.start()
-        _OPEN.add(self)
+        iterator = iter(cpu_loader)
+        if isinstance(cpu_loader, DataLoader) and cpu_loader.num_workers > 0:
+            # the workers draw from generators of their own: loading ahead changes no number
+            self._source = _Prefetcher(iterator, self._mover, device_prefetch_size)
+        else:
+            self._source = _OnDemand(iterator, self._mover)
 
     def per_device_loader(self, device):
         if torch.device(device) != self._device:
@@ -122,32 +199,12 @@ class ParallelLoader:
 
     def _next(self):
         """The next batch on the device; None once the loader is exhausted, failed or closed."""
-        if self._stop.is_set():
-            return None
-        item = self._queue.get()
-        if isinstance(item, _End):
-            self.close()
-            return None
-        if isinstance(item, _Failure):
-            self.close()
-            item.error.add_note("(raised while loading in the device loader's background thread)")
-            raise item.error
-        return self._mover.hand_over(*item)
+        item = self._source.next()
+        return None if item is None else self._mover.hand_over(*item)
 
     def close(self):
-        """Stop the background thread and drop the prefetched batches."""
-        self._stop.set()
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        if self._thread is not threading.current_thread():
-            self._thread.join(_JOIN_S)
-
-    def __del__(self):
-        if hasattr(self, "_thread"):
-            self.close()
+        """Stop loading (the background thread, if any) and drop the prefetched batches."""
+        self._source.close()
 
 
 class PerDeviceLoader:

@@ -148,7 +148,7 @@ def _default_group():
 
 
 def _close_own_group():
-    STEP_CLOSURES.wait()
+    STEP_CLOSURES.run_at_exit()  # the last closures may still use the group
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -1,5 +1,6 @@
-"""pl.MpDeviceLoader / ParallelLoader: device placement of nested batches, background prefetch,
-loader attributes, errors and thread cleanup.
+"""pl.MpDeviceLoader / ParallelLoader: device placement of nested batches, where batches are
+loaded (and so how the global random stream is consumed), background prefetch of multi-worker
+DataLoaders, loader attributes, errors and thread cleanup.
 
 Batches are moved to the ``meta`` device where a test must see that every tensor was moved
 (on the CPU a move to ``cpu`` is the identity)."""
@@ -113,7 +114,7 @@ def test_len_and_loader_attributes_are_the_wrapped_loaders():
     iterator.close()
 
 
-def test_prefetches_ahead_in_the_background_with_a_bounded_queue():
+def test_a_plain_iterable_is_read_only_when_the_loop_asks():
     produced = []
 
     def endless():
@@ -121,14 +122,96 @@ def test_prefetches_ahead_in_the_background_with_a_bounded_queue():
             produced.append(i)
             yield torch.tensor([i])
 
-    iterator = iter(pl.MpDeviceLoader(endless(), "cpu", device_prefetch_size=3))
-    assert next(iterator).item() == 0
+    iterator = iter(pl.MpDeviceLoader(endless(), "cpu"))
+    assert produced == []
+    assert next(iterator).item() == 0 and produced == [0]
+    assert next(iterator).item() == 1 and produced == [0, 1]
+    assert not loader_threads()
+
+
+class CountingLoader(DataLoader):
+    """A DataLoader whose iterator counts, in this process, the batches it hands out."""
+
+    def __iter__(self):
+        self.iterator = CountingIterator(super().__iter__())
+        return self.iterator
+
+
+class CountingIterator:
+    def __init__(self, iterator):
+        self.iterator, self.handed_out = iterator, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self.iterator)
+        self.handed_out += 1
+        return batch
+
+
+def test_a_multi_worker_loader_is_prefetched_in_the_background_with_a_bounded_queue():
+    loader = CountingLoader(TensorDataset(torch.arange(64.0)), batch_size=1, num_workers=1)
+    iterator = iter(pl.MpDeviceLoader(loader, "cpu", device_prefetch_size=3))
+    assert next(iterator)[0].item() == 0
     # without another next(), the thread fills the queue (3) and holds one more batch ready
-    assert wait_until(lambda: len(produced) >= 5)
+    assert wait_until(lambda: loader.iterator.handed_out >= 5)
     time.sleep(0.2)
-    assert len(produced) == 5, "the prefetch queue is not bounded"
-    assert [next(iterator).item() for _ in range(4)] == [1, 2, 3, 4]
+    assert loader.iterator.handed_out == 5, "the prefetch queue is not bounded"
+    assert [next(iterator)[0].item() for _ in range(4)] == [1, 2, 3, 4]
     del iterator
+
+
+class RandomItems(Dataset):
+    """Items drawn from torch's global generator (of the process that loads them)."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, index):
+        return index, torch.rand(3)
+
+
+def loop_draws(loader):
+    """Every batch a training loop over ``loader`` sees, and the noise it draws, from seed 0."""
+    torch.manual_seed(0)
+    iterator = iter(loader)
+    seen = [torch.randn(2)]  # between iter() and the first batch
+    for index, items in iterator:
+        seen += [index, items, torch.randn(2)]
+    return seen
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_global_random_stream_is_consumed_as_by_plain_iteration(num_workers):
+    loader = DataLoader(RandomItems(), batch_size=2, shuffle=True, num_workers=num_workers)
+    expected = [t.tolist() for t in loop_draws(loader)]
+    assert len(expected) == 1 + 3 * 6
+    for _ in range(3):
+        assert [t.tolist() for t in loop_draws(pl.MpDeviceLoader(loader, "cpu"))] == expected
+
+
+def test_the_thread_count_is_left_alone():
+    def thread_counts():
+        """torch's intra-op thread count as seen here and by a thread started now (which picks
+        up the process-wide setting)."""
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        return torch.get_num_threads(), seen[0]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for num_workers in (0, 1):
+            data = TensorDataset(torch.arange(8.0))
+            loader = DataLoader(data, batch_size=2, num_workers=num_workers)
+            for _ in pl.MpDeviceLoader(loader, "cpu"):
+                assert thread_counts() == (2, 2)
+            assert thread_counts() == (2, 2)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _failing_getitem(index):
@@ -145,14 +228,25 @@ class FailingDataset(Dataset):
         return _failing_getitem(index)
 
 
-def test_a_loader_exception_reaches_the_loop_with_its_traceback():
+class FailingLoader(DataLoader):
+    """A multi-worker DataLoader (loaded in the background) whose iterator fails in this
+    process: a worker's failure would cost seconds of worker shutdown."""
+
+    def __iter__(self):
+        return map(_failing_getitem, range(len(self.dataset)))
+
+
+@pytest.mark.parametrize("make_loader, num_workers", [(DataLoader, 0), (FailingLoader, 1)])
+def test_a_loader_exception_reaches_the_loop_with_its_traceback(make_loader, num_workers):
     seen = []
+    loader = make_loader(FailingDataset(), batch_size=1, num_workers=num_workers)
     with pytest.raises(ValueError, match="corrupt sample 3") as info:
-        for batch in pl.MpDeviceLoader(DataLoader(FailingDataset(), batch_size=1), "cpu"):
+        for batch in pl.MpDeviceLoader(loader, "cpu"):
             seen.append(batch.item())
     assert seen == [0, 1, 2]
     text = "".join(traceback.format_exception(info.value))
-    assert "_failing_getitem" in text and "background thread" in text
+    assert "_failing_getitem" in text and "device loader" in text
+    assert not loader_threads()
 
 
 def test_exhausted_loader_keeps_raising_stop_iteration():
@@ -162,15 +256,15 @@ def test_exhausted_loader_keeps_raising_stop_iteration():
         next(iterator)
 
 
-def test_breaking_out_of_the_loop_leaves_no_thread():
-    before = threading.active_count()
-    for i, _ in enumerate(pl.MpDeviceLoader((torch.ones(1) for _ in itertools.count()), "cpu")):
+def test_breaking_out_of_the_loop_leaves_no_thread_or_worker():
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=2, num_workers=1)
+    for i, _ in enumerate(pl.MpDeviceLoader(loader, "cpu")):
         if i == 2:
-            assert len(loader_threads()) == 1
+            assert len(loader_threads()) == 1 and multiprocessing.active_children()
             break
     gc.collect()
     assert wait_until(lambda: not loader_threads())
-    assert threading.active_count() == before
+    assert wait_until(lambda: not multiprocessing.active_children())
 
 
 def test_deleting_the_loader_mid_epoch_stops_thread_and_workers():

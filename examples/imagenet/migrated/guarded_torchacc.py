@@ -152,6 +152,7 @@ def main_worker(gpu, ngpus_per_node, args):
         # DistributedDataParallel will use all available devices.
         if args.gpu is not None:
             if enable_torchacc_compiler():
+                torch.__future__.set_swap_module_params_on_conversion(True)
                 model.to(xm.xla_device())
             else:
                 torch.cuda.set_device(args.gpu)
@@ -251,10 +252,7 @@ def train(train_loader, model, criterion, optimizer, epoch, args):
     if enable_torchacc_compiler():
         for i, (images, target) in enumerate(pl.MpDeviceLoader(train_loader, xm.xla_device())):
             if torch.cuda.is_available():
-                if enable_torchacc_compiler():
-                    images = images.to(xm.xla_device(), non_blocking=True)
-                    target = target.to(xm.xla_device(), non_blocking=True)
-                else:
+                if not enable_torchacc_compiler():
                     images = images.cuda(args.gpu, non_blocking=True)
                     target = target.cuda(args.gpu, non_blocking=True)
 
@@ -332,10 +330,7 @@ def validate(val_loader, model, criterion, args):
         if enable_torchacc_compiler():
             for i, (images, target) in enumerate(pl.MpDeviceLoader(val_loader, xm.xla_device())):
                 if torch.cuda.is_available():
-                    if enable_torchacc_compiler():
-                        images = images.to(xm.xla_device(), non_blocking=True)
-                        target = target.to(xm.xla_device(), non_blocking=True)
-                    else:
+                    if not enable_torchacc_compiler():
                         images = images.cuda(args.gpu, non_blocking=True)
                         target = target.cuda(args.gpu, non_blocking=True)
 

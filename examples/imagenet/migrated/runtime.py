@@ -211,9 +211,6 @@ def train(train_loader, model, criterion, optimizer, epoch, args):
 
     end = time.time()
     for i, (images, target) in enumerate(pl.MpDeviceLoader(train_loader, xm.xla_device())):
-        if torch.cuda.is_available():
-            images = images.to(xm.xla_device(), non_blocking=True)
-            target = target.to(xm.xla_device(), non_blocking=True)
 
         # compute output
         output = model(images)
@@ -252,9 +249,6 @@ def validate(val_loader, model, criterion, args):
 
     with torch.no_grad():
         for i, (images, target) in enumerate(pl.MpDeviceLoader(val_loader, xm.xla_device())):
-            if torch.cuda.is_available():
-                images = images.to(xm.xla_device(), non_blocking=True)
-                target = target.to(xm.xla_device(), non_blocking=True)
 
             output = model(images)
             loss = criterion(output, target)

@@ -131,6 +131,7 @@ def main_worker(gpu, ngpus_per_node, args):
         # should always set the single device scope, otherwise,
         # DistributedDataParallel will use all available devices.
         if args.gpu is not None:
+            torch.__future__.set_swap_module_params_on_conversion(True)
             model.to(xm.xla_device())
             # When using a single GPU per process and per
             # DistributedDataParallel, we need to divide the batch size
@@ -208,9 +209,6 @@ def train(train_loader, model, criterion, optimizer, epoch, args):
 
     end = time.time()
     for i, (images, target) in enumerate(pl.MpDeviceLoader(train_loader, xm.xla_device())):
-        if torch.cuda.is_available():
-            images = images.to(xm.xla_device(), non_blocking=True)
-            target = target.to(xm.xla_device(), non_blocking=True)
 
         # compute output
         output = model(images)
@@ -249,9 +247,6 @@ def validate(val_loader, model, criterion, args):
 
     with torch.no_grad():
         for i, (images, target) in enumerate(pl.MpDeviceLoader(val_loader, xm.xla_device())):
-            if torch.cuda.is_available():
-                images = images.to(xm.xla_device(), non_blocking=True)
-                target = target.to(xm.xla_device(), non_blocking=True)
 
             output = model(images)
             loss = criterion(output, target)

@@ -201,6 +201,8 @@ class Trainer:
                 self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
         else:
             self.device = config.device
+        if enable_torchacc_compiler():
+            torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = self.model.to(self.device)
         print("running on device", self.device)
 

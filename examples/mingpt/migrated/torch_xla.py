@@ -183,6 +183,7 @@ class Trainer:
             self.device = torch_xla.device()
         else:
             self.device = config.device
+        torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = self.model.to(self.device)
         print("running on device", self.device)
 

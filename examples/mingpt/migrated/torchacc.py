@@ -185,6 +185,7 @@ class Trainer:
             xm.set_replication(self.device, [self.device])
         else:
             self.device = config.device
+        torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = self.model.to(self.device)
         print("running on device", self.device)
 

@@ -58,6 +58,7 @@ def main():
     loader = DataLoader(synthetic_mnist(64 * args.steps), batch_size=64, shuffle=True)
     if enable_torchacc_compiler():
         loader = pl.MpDeviceLoader(loader, device)
+        torch.__future__.set_swap_module_params_on_conversion(True)
     model = Net().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 

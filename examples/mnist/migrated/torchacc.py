@@ -45,6 +45,7 @@ def main():
 
     loader = DataLoader(synthetic_mnist(64 * args.steps), batch_size=64, shuffle=True)
     loader = pl.MpDeviceLoader(loader, device)
+    torch.__future__.set_swap_module_params_on_conversion(True)
     model = Net().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 

@@ -249,6 +249,7 @@ best_val_loss = 1e9
 # model init
 gptconf = GPTConfig(block_size=block_size)
 model = GPT(gptconf)
+torch.__future__.set_swap_module_params_on_conversion(True)
 model.to(device)
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
@@ -309,7 +310,10 @@ while True:
     # evaluate the loss on train/val sets and write checkpoints
     if iter_num % eval_interval == 0 and iter_num > 0 and master_process:
         losses = estimate_loss()
-        print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        xm.add_step_closure(
+            lambda iter_num, train, val: print(f"step {iter_num}: train loss {train:.4f}, val loss {val:.4f}"),
+            args=(iter_num, losses['train'], losses['val']),
+            run_async=True)
         if losses['val'] < best_val_loss and out_dir:
             best_val_loss = losses['val']
             checkpoint = {

@@ -27,6 +27,7 @@ def enable_torchacc_compiler():
 if enable_torchacc_compiler():
     import torchacc.torch_xla.distributed.xla_backend
     import torchacc.torch_xla.core.xla_model as xm
+    import torchacc.torch_xla.distributed.parallel_loader as pl
 
 
 
@@ -73,6 +74,7 @@ class Trainer:
         if enable_torchacc_compiler():
             self.device = xm.xla_device()
             xm.set_replication(self.device, [self.device])
+            torch.__future__.set_swap_module_params_on_conversion(True)
         else:
             self.device = torch.device(f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device)
@@ -94,9 +96,10 @@ class Trainer:
         if enable_torchacc_compiler():
             loc = xm.xla_device()
             xm.set_replication(loc, [loc])
+            snapshot = torch.load(snapshot_path, map_location='cpu')
         else:
             loc = f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
-        snapshot = torch.load(snapshot_path, map_location=loc)
+            snapshot = torch.load(snapshot_path, map_location=loc)
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
@@ -117,15 +120,33 @@ class Trainer:
         if self.global_rank == 0:
             print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         self.train_data.sampler.set_epoch(epoch)
-        for source, targets in self.train_data:
-            source = source.to(self.device)
-            targets = targets.to(self.device)
-            loss = self._run_batch(source, targets)
-            if self.global_rank == 0:
-                print(f"epoch {epoch} step {self.steps_run} loss {loss.item():.4f}")
-            self.steps_run += 1
-            if self.steps_run >= self.max_steps:
-                break
+        if enable_torchacc_compiler():
+            for source, targets in pl.MpDeviceLoader(self.train_data, self.device):
+                if not enable_torchacc_compiler():
+                    source = source.to(self.device)
+                    targets = targets.to(self.device)
+                loss = self._run_batch(source, targets)
+                if self.global_rank == 0:
+                    if enable_torchacc_compiler():
+                        xm.add_step_closure(
+                            lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
+                            args=(epoch, self.steps_run, loss),
+                            run_async=True)
+                    else:
+                        print(f"epoch {epoch} step {self.steps_run} loss {loss.item():.4f}")
+                self.steps_run += 1
+                if self.steps_run >= self.max_steps:
+                    break
+        else:
+            for source, targets in self.train_data:
+                source = source.to(self.device)
+                targets = targets.to(self.device)
+                loss = self._run_batch(source, targets)
+                if self.global_rank == 0:
+                    print(f"epoch {epoch} step {self.steps_run} loss {loss.item():.4f}")
+                self.steps_run += 1
+                if self.steps_run >= self.max_steps:
+                    break
 
     def _save_snapshot(self, epoch):
         if enable_torchacc_compiler():

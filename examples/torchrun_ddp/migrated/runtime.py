@@ -20,6 +20,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed import init_process_group, destroy_process_group
 import accrewrite.runtime.xla_model as xm
+import accrewrite.runtime.parallel_loader as pl
 
 
 def ddp_setup():
@@ -95,12 +96,13 @@ class Trainer:
         if self.global_rank == 0:
             print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         self.train_data.sampler.set_epoch(epoch)
-        for source, targets in self.train_data:
-            source = source.to(self.device)
-            targets = targets.to(self.device)
+        for source, targets in pl.MpDeviceLoader(self.train_data, self.device):
             loss = self._run_batch(source, targets)
             if self.global_rank == 0:
-                print(f"epoch {epoch} step {self.steps_run} loss {loss.item():.4f}")
+                xm.add_step_closure(
+                    lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
+                    args=(epoch, self.steps_run, loss),
+                    run_async=True)
             self.steps_run += 1
             if self.steps_run >= self.max_steps:
                 break

@@ -22,6 +22,7 @@ from torch.distributed import init_process_group, destroy_process_group
 import torch_xla.distributed.xla_backend
 import torch_xla
 import torch_xla.core.xla_model as xm
+import torch_xla.distributed.parallel_loader as pl
 
 
 def ddp_setup():
@@ -61,6 +62,7 @@ class Trainer:
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.global_rank = int(os.environ["RANK"])
         self.device = torch_xla.device()
+        torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = model.to(self.device)
         self.train_data = train_data
         self.optimizer = optimizer
@@ -77,7 +79,7 @@ class Trainer:
 
     def _load_snapshot(self, snapshot_path):
         loc = torch_xla.device()
-        snapshot = torch.load(snapshot_path, map_location=loc)
+        snapshot = torch.load(snapshot_path, map_location='cpu')
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
@@ -95,12 +97,13 @@ class Trainer:
         if self.global_rank == 0:
             print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         self.train_data.sampler.set_epoch(epoch)
-        for source, targets in self.train_data:
-            source = source.to(self.device)
-            targets = targets.to(self.device)
+        for source, targets in pl.MpDeviceLoader(self.train_data, self.device):
             loss = self._run_batch(source, targets)
             if self.global_rank == 0:
-                print(f"epoch {epoch} step {self.steps_run} loss {loss.item():.4f}")
+                xm.add_step_closure(
+                    lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
+                    args=(epoch, self.steps_run, loss),
+                    run_async=True)
             self.steps_run += 1
             if self.steps_run >= self.max_steps:
                 break

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed import init_process_group, destroy_process_group
 import torchacc.torch_xla.distributed.xla_backend
 import torchacc.torch_xla.core.xla_model as xm
+import torchacc.torch_xla.distributed.parallel_loader as pl
 
 
 def ddp_setup():
@@ -61,6 +62,7 @@ class Trainer:
         self.global_rank = int(os.environ["RANK"])
         self.device = xm.xla_device()
         xm.set_replication(self.device, [self.device])
+        torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = model.to(self.device)
         self.train_data = train_data
         self.optimizer = optimizer
@@ -76,7 +78,7 @@ class Trainer:
     def _load_snapshot(self, snapshot_path):
         loc = xm.xla_device()
         xm.set_replication(loc, [loc])
-        snapshot = torch.load(snapshot_path, map_location=loc)
+        snapshot = torch.load(snapshot_path, map_location='cpu')
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
@@ -94,12 +96,13 @@ class Trainer:
         if self.global_rank == 0:
             print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         self.train_data.sampler.set_epoch(epoch)
-        for source, targets in self.train_data:
-            source = source.to(self.device)
-            targets = targets.to(self.device)
+        for source, targets in pl.MpDeviceLoader(self.train_data, self.device):
             loss = self._run_batch(source, targets)
             if self.global_rank == 0:
-                print(f"epoch {epoch} step {self.steps_run} loss {loss.item():.4f}")
+                xm.add_step_closure(
+                    lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
+                    args=(epoch, self.steps_run, loss),
+                    run_async=True)
             self.steps_run += 1
             if self.steps_run >= self.max_steps:
                 break

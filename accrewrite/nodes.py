@@ -1,0 +1,111 @@
+"""Small helpers over libcst nodes that the analysis and the rules share: dotted names, string
+values, call arguments, and a fast read-only listing of a node's children."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import libcst as cst
+
+
+def dotted(node: cst.CSTNode) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every dotted name (``a``, ``a.b``) mentioned in an expression."""
+    found: set[str] = set()
+
+    class Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            full = dotted(attribute)
+            if full:
+                found.add(full)
+
+    node.visit(Names())
+    return found
+
+
+def string_value(node: cst.CSTNode) -> str | None:
+    """The value of a plain (non-f, non-bytes) string literal, else None."""
+    if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
+        return node.evaluated_value
+    if isinstance(node, cst.ConcatenatedString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def call_arg(call: cst.Call, position: int, keyword: str | None = None) -> cst.Arg | None:
+    """The argument passed at ``position`` or as ``keyword``."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if position < len(positional):
+        return positional[position]
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg
+    return None
+
+
+# Fields that hold only whitespace, comments and punctuation: the analysis never needs them.
+_SKIPPED_FIELDS = frozenset(
+    {
+        "leading_lines", "lines_after_decorators", "trailing_whitespace", "header", "footer",
+        "lpar", "rpar", "comma", "semicolon", "equal", "colon", "dot", "star", "operator",
+    }
+)
+_child_fields_cache: dict[type, tuple[str, ...]] = {}
+
+
+def node_types(*bases: type) -> frozenset[type]:
+    """Every libcst node class deriving from one of ``bases``. ``type(node) in`` such a set is
+    several times faster than ``isinstance`` against libcst's abstract base classes, which is
+    what walks that test every node do."""
+    found: set[type] = set()
+    pending = list(bases)
+    while pending:
+        kind = pending.pop()
+        if kind not in found:
+            found.add(kind)
+            pending.extend(kind.__subclasses__())
+    return frozenset(found)
+
+
+NODE_TYPES = node_types(cst.CSTNode)
+STATEMENT_TYPES = node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
+
+
+def _child_fields(node_type: type) -> tuple[str, ...]:
+    names = _child_fields_cache.get(node_type)
+    if names is None:
+        names = tuple(
+            f.name for f in dataclasses.fields(node_type)
+            if f.name not in _SKIPPED_FIELDS and not f.name.startswith("whitespace")
+        )
+        _child_fields_cache[node_type] = names
+    return names
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node``'s child nodes in source order, without its whitespace, parentheses and
+    punctuation: what read-only walks descend into, read from the dataclass fields."""
+    found = []
+    for field_name in _child_fields(type(node)):
+        value = getattr(node, field_name)
+        kind = type(value)
+        if kind in NODE_TYPES:
+            found.append(value)
+        elif kind is tuple or kind is list:
+            for item in value:
+                if type(item) in NODE_TYPES:
+                    found.append(item)
+    return found

@@ -1,0 +1,144 @@
+"""The process ``accrewrite verify`` runs a training script in, unedited, to record what it does.
+
+    python .../accrewrite/probe.py RECORDS STEPS SCRIPT [ARGS...]
+
+Per rank, one JSON line per optimizer step goes to ``RECORDS/rank<RANK>.jsonl``:
+
+* ``loss``: the mean of the tensors ``backward()`` was called on since the previous step (a
+  GradScaler's scaled loss counts unscaled, so a scaler that is disabled on one side and not on
+  the other compares equal);
+* ``checksum``: the parameters' change since the first step, projected on a fixed pattern of
+  signs (the same on every side), so two runs that apply the same updates agree and any other
+  update shows;
+* ``xla``: under torch_xla, how many graphs it has compiled and executed so far.
+
+After STEPS optimizer steps the process ends (exit 0) without running the rest of the script.
+The hooks are installed in this process only, and only for the script's run. It is run by its
+path and imports nothing of accrewrite's, so that it runs in any interpreter with torch (the one
+with torch_xla, say) and a directory named ``accrewrite`` in the script's tree cannot shadow it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import runpy
+import sys
+
+SEED = 0
+
+
+class Recorder:
+    def __init__(self, path: str, steps: int):
+        import torch
+
+        self.torch = torch
+        self.path = path
+        self.steps = steps
+        self.step = 0
+        self.losses: list = []
+        self.start: dict = {}  # parameter -> (its value at the first step, its sign pattern)
+        self.handle = open(path, "a", encoding="utf-8")
+
+    # hooks ---------------------------------------------------------------------------------
+
+    def backward(self, tensor) -> None:
+        loss = getattr(tensor, "_accrewrite_unscaled", tensor)
+        self.losses.append(loss.detach().float().sum())
+
+    def before_step(self, optimizer, args, kwargs) -> None:
+        for parameter in _parameters(optimizer):
+            if parameter not in self.start:
+                generator = self.torch.Generator().manual_seed(len(self.start))
+                signs = self.torch.randint(0, 2, parameter.shape, generator=generator).float() * 2 - 1
+                self.start[parameter] = (parameter.detach().clone(), signs.to(parameter.device))
+
+    def after_step(self, optimizer, args, kwargs) -> None:
+        torch = self.torch
+        with torch.no_grad():
+            parts = [
+                ((parameter.detach().float() - first.float()) * signs).sum()
+                for parameter, (first, signs) in ((p, self.start[p]) for p in _parameters(optimizer))
+            ]
+            checksum = float(torch.stack(parts).sum().cpu()) if parts else 0.0
+            losses = [float(loss.cpu()) for loss in self.losses]
+        self.step += 1
+        record = {"step": self.step, "loss": sum(losses) / len(losses) if losses else None, "checksum": checksum}
+        xla = _xla_counts()
+        if xla is not None:
+            record["xla"] = xla
+        self.losses = []
+        self.handle.write(json.dumps(record) + "\n")
+        self.handle.flush()
+        if self.step >= self.steps:
+            self.finish()
+
+    def finish(self) -> None:
+        self.handle.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the steps asked for are recorded; the rest of the script is not needed
+
+
+def _parameters(optimizer):
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _xla_counts() -> dict | None:
+    if "torch_xla" not in sys.modules:
+        return None
+    import torch_xla.debug.metrics as metrics
+
+    def count(name):
+        data = metrics.metric_data(name)
+        return data[0] if data else 0
+
+    return {"compiles": count("CompileTime"), "executions": count("ExecuteTime")}
+
+
+def install(recorder: Recorder) -> None:
+    torch = recorder.torch
+    backward = torch.Tensor.backward
+
+    def recording_backward(self, *args, **kwargs):
+        recorder.backward(self)
+        return backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = recording_backward
+    scale = torch.amp.GradScaler.scale
+
+    def remembering_scale(self, outputs):
+        scaled = scale(self, outputs)
+        if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor) and scaled is not outputs:
+            scaled._accrewrite_unscaled = outputs
+        return scaled
+
+    torch.amp.GradScaler.scale = remembering_scale
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(recorder.before_step)
+    register_optimizer_step_post_hook(recorder.after_step)
+
+
+def main(argv: list[str]) -> None:
+    records, steps, script, *args = argv
+    rank = os.environ.get("RANK", "0")
+    os.makedirs(records, exist_ok=True)
+    random.seed(SEED)
+    try:
+        import numpy
+    except ImportError:
+        pass
+    else:
+        numpy.random.seed(SEED)
+    recorder = Recorder(os.path.join(records, f"rank{rank}.jsonl"), int(steps))
+    recorder.torch.manual_seed(SEED)
+    install(recorder)
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,1344 @@
+"""What each expression of a training script holds: a tensor, a Python value, a model, a data
+loader, or something unknown.
+
+One data-flow analysis per function (and one for module level), owned by the engine and read by
+every rule through ``Facts.values(scope)``. It is a forward pass over a function's bindings
+(assignments, loop targets, ``with ... as``), repeated until the kinds settle, so a name
+assigned after its first use in a loop is known there too. It is flow-insensitive: a name has
+one kind in a function, the join of what it is bound to, where a literal initialiser
+(``total = 0``, ``best = 1e9``, ``out = {}``, ``scaler = None``) takes the kind of the other
+bindings (``total += loss`` makes ``total`` a tensor).
+
+Kinds come from what PyTorch code is made of, never from names alone where something better is
+known: a batch from a loader, a model's output, ``torch.*`` results and tensor methods are
+tensors; ``.item()``, ``len()``, ``int(...)``, argparse options, loop counters, literals and
+``torch.load`` results (a checkpoint dict holds Python values too) are not. A function of the file
+returns what its ``return`` statements give, and its parameters hold what its callers in the file
+pass (an annotation wins). What cannot be known is ``UNKNOWN``, and rules report only what is known:
+a diagnostic on a Python number is worse than none.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from accrewrite.nodes import children, dotted
+
+
+class Kind(enum.Enum):
+    TENSOR = "tensor"  # a tensor, or a batch/container holding tensors
+    MASK = "mask"  # a boolean tensor
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    STR = "str"
+    NONE = "None"
+    PYTHON = "python"  # another host value holding no tensor: a list of numbers, a numpy array
+    MODEL = "model"  # an nn.Module: calling it gives tensors
+    LOADER = "loader"  # an iterable of batches
+    UNKNOWN = "unknown"
+
+
+TENSORS = frozenset({Kind.TENSOR, Kind.MASK})
+NUMBERS = frozenset({Kind.INT, Kind.FLOAT, Kind.BOOL})
+HOST = frozenset({*NUMBERS, Kind.STR, Kind.NONE, Kind.PYTHON})
+
+# Tensor attributes known on the host without waiting for the device.
+META_ATTRS = {
+    "shape": Kind.PYTHON, "dtype": Kind.PYTHON, "device": Kind.PYTHON, "layout": Kind.PYTHON,
+    "names": Kind.PYTHON, "ndim": Kind.INT, "requires_grad": Kind.BOOL, "is_cuda": Kind.BOOL,
+    "is_leaf": Kind.BOOL, "grad_fn": Kind.PYTHON, "is_sparse": Kind.BOOL,
+}
+META_METHODS = {
+    "size": Kind.PYTHON, "dim": Kind.INT, "numel": Kind.INT, "nelement": Kind.INT,
+    "element_size": Kind.INT, "get_device": Kind.INT, "stride": Kind.PYTHON,
+    "is_contiguous": Kind.BOOL, "is_floating_point": Kind.BOOL, "data_ptr": Kind.INT,
+}
+# Methods that copy a tensor's value to the host (the caller waits for the device).
+SYNC_METHODS = {"item": Kind.FLOAT, "tolist": Kind.PYTHON, "numpy": Kind.PYTHON, "cpu": Kind.TENSOR}
+# Builtins that read a tensor's value when given one, and what they give.
+SYNC_BUILTINS = {
+    "float": Kind.FLOAT, "int": Kind.INT, "bool": Kind.BOOL, "str": Kind.STR, "repr": Kind.STR,
+    "format": Kind.STR, "round": Kind.FLOAT,
+}
+_BUILTIN_KINDS = {
+    "len": Kind.INT, "id": Kind.INT, "hash": Kind.INT, "ord": Kind.INT, "isinstance": Kind.BOOL,
+    "issubclass": Kind.BOOL, "hasattr": Kind.BOOL, "callable": Kind.BOOL, "any": Kind.BOOL, "all": Kind.BOOL,
+    "print": Kind.NONE, "open": Kind.PYTHON, "type": Kind.PYTHON, "range": Kind.PYTHON, "chr": Kind.STR,
+    "input": Kind.STR, "vars": Kind.PYTHON, "dir": Kind.PYTHON, "locals": Kind.PYTHON, "globals": Kind.PYTHON,
+}
+# Builtins whose result holds what their argument holds.
+_PASS_THROUGH = frozenset({"list", "tuple", "set", "frozenset", "sorted", "reversed", "iter", "abs", "dict"})
+# Builtins and wrappers whose elements are their first argument's elements (tqdm(loader), ...).
+_ITERATE_THROUGH = frozenset({"iter", "list", "tuple", "sorted", "reversed", "tqdm", "trange", "islice", "cycle"})
+# torch namespaces whose functions return Python values or objects, not tensors.
+_HOST_TORCH = (
+    "torch.cuda.", "torch.distributed.", "torch.backends.", "torch.utils.", "torch.optim.",
+    "torch.accelerator.", "torch.mps.", "torch.xpu.", "torch.multiprocessing.", "torch.hub.",
+    "torch.jit.", "torch.onnx.", "torch.profiler.", "torch.amp.", "torch.autograd.profiler",
+    "torch.__future__.",
+)
+_HOST_TORCH_FUNCTIONS = {
+    "torch.load": Kind.UNKNOWN, "torch.device": Kind.PYTHON, "torch.is_tensor": Kind.BOOL,
+    "torch.is_floating_point": Kind.BOOL, "torch.is_grad_enabled": Kind.BOOL, "torch.get_num_threads": Kind.INT,
+    "torch.initial_seed": Kind.INT, "torch.seed": Kind.INT, "torch.manual_seed": Kind.PYTHON,
+    "torch.get_default_dtype": Kind.PYTHON, "torch.no_grad": Kind.PYTHON, "torch.enable_grad": Kind.PYTHON,
+    "torch.inference_mode": Kind.PYTHON, "torch.autocast": Kind.PYTHON, "torch.set_grad_enabled": Kind.PYTHON,
+    "torch.Generator": Kind.PYTHON, "torch.Size": Kind.PYTHON, "torch.finfo": Kind.PYTHON,
+    "torch.iinfo": Kind.PYTHON, "torch.save": Kind.NONE, "torch.compile": Kind.MODEL,
+    "torch.set_float32_matmul_precision": Kind.NONE, "torch.get_rng_state": Kind.TENSOR,
+    "torch.nn.utils.clip_grad_norm_": Kind.TENSOR, "torch.utils.data.DataLoader": Kind.LOADER,
+    "torch.utils.data.dataloader.DataLoader": Kind.LOADER, "torch.distributed.get_rank": Kind.INT,
+    "torch.distributed.get_world_size": Kind.INT, "torch.distributed.is_initialized": Kind.BOOL,
+    "torch.distributed.is_available": Kind.BOOL, "torch.cuda.is_available": Kind.BOOL,
+    "torch.cuda.device_count": Kind.INT, "torch.cuda.current_device": Kind.INT,
+    "torch.cuda.is_bf16_supported": Kind.BOOL, "torch.cuda.memory_allocated": Kind.INT,
+    "torch.cuda.max_memory_allocated": Kind.INT, "torch.cuda.memory_reserved": Kind.INT,
+    "torch.cuda.max_memory_reserved": Kind.INT, "torch.accelerator.is_available": Kind.BOOL,
+    "torch.accelerator.device_count": Kind.INT, "torch.accelerator.current_device_index": Kind.INT,
+}
+# Host modules: their functions give host values.
+_HOST_MODULES = ("math.", "time.", "os.", "random.", "numpy.", "datetime.", "json.", "pickle.", "sys.",
+                 "re.", "socket.", "platform.", "subprocess.", "shutil.", "glob.", "pathlib.", "logging.",
+                 "statistics.", "itertools.count", "string.", "argparse.", "yaml.", "inspect.")
+_TENSOR_ANNOTATIONS = {"torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.BoolTensor"}
+_MODEL_ANNOTATIONS = {"torch.nn.Module", "torch.nn.modules.module.Module"}
+_LOADER_ANNOTATIONS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+_PLAIN_ANNOTATIONS = {"int": Kind.INT, "float": Kind.FLOAT, "bool": Kind.BOOL, "str": Kind.STR}
+# Methods of a model that give tensors; the others (``estimate_mfu``, ``parameters``) do not.
+_MODEL_FORWARD = frozenset({"forward", "__call__"})
+_MODEL_SELF = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double",
+                         "requires_grad_", "module", "_orig_mod"})
+_MODEL_TENSORS = frozenset({"parameters", "buffers", "weight", "bias"})
+_NAMED_ITEMS = frozenset({"items", "named_parameters", "named_buffers", "named_modules", "named_children"})
+_STRING_METHODS = frozenset({"format", "join", "strip", "lower", "upper", "replace", "rjust", "ljust", "center"})
+_ARGPARSE_TYPES = {"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL}
+
+
+def join(kinds) -> Kind:
+    """One kind for a value that may be any of ``kinds``."""
+    found = set(kinds)
+    if not found:
+        return Kind.UNKNOWN
+    if len(found) == 1:
+        return found.pop()
+    if found <= TENSORS:
+        return Kind.TENSOR
+    if found <= NUMBERS:
+        return Kind.FLOAT if Kind.FLOAT in found else Kind.INT
+    if found <= HOST:
+        return Kind.PYTHON
+    return Kind.UNKNOWN
+
+
+def _neutral(value: cst.BaseExpression) -> bool:
+    """A literal initialiser, which takes the kind of the name's other bindings."""
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        value = value.expression
+    if isinstance(value, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(value, cst.Name) and value.value == "None":
+        return True
+    if isinstance(value, (cst.List, cst.Dict, cst.Tuple)) and not value.elements:
+        return True
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+        if value.func.value in ("list", "dict") and not value.args:
+            return True
+        if value.func.value == "float" and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString):
+            return True  # float("inf")
+    return False
+
+
+@dataclass(eq=False)
+class _Function:
+    """A function of the file: where it is, its class (for methods) and its parameters."""
+
+    node: cst.FunctionDef
+    owner: cst.ClassDef | None
+    parent: cst.FunctionDef | None
+    params: list[str] = field(default_factory=list)
+
+
+# A binding's kind and whether it is a literal initialiser (``total = 0``), which gives way to
+# the kind of the name's other bindings where they meet.
+_Bound = tuple[Kind, bool]
+
+
+def _merge(*envs: dict[str, _Bound]) -> dict[str, _Bound]:
+    """Where a loop's paths meet at its head: a name bound on one path only keeps that binding
+    (Python has no block scope), and an initialiser from before the loop gives way to what the
+    body binds (``total = 0`` before ``total += loss``)."""
+    merged: dict[str, _Bound] = {}
+    for env in envs:
+        for name, bound in env.items():
+            merged[name] = _meet(merged[name], bound) if name in merged else bound
+    return merged
+
+
+def _merge_branches(before: dict[str, _Bound], *ends: dict[str, _Bound]) -> dict[str, _Bound]:
+    """After an ``if``/``try``: like ``_merge``, but a literal that a branch assigns itself is
+    one of the values, not an initialiser (``value = t if ... else 0.5`` written as a block)."""
+    fresh = [
+        {name: (bound[0], False) if bound[1] and bound is not before.get(name) else bound for name, bound in end.items()}
+        for end in ends
+    ]
+    return _merge(*fresh)
+
+
+def _meet(first: _Bound, second: _Bound) -> _Bound:
+    if first == second:
+        return first
+    (kind, neutral), (other, other_neutral) = first, second
+    if neutral != other_neutral:
+        return first if other_neutral else second
+    return join([kind, other]), neutral
+
+
+class ScopeValues:
+    """The kinds of one function's (or module level's) names, and questions about its
+    expressions.
+
+    The function's statements are walked in order with an environment (name -> kind) that an
+    assignment updates, that meets its other branch after an ``if`` and that a loop carries
+    round to its head until it settles; each statement keeps the environment it starts with, so
+    ``loss`` is a tensor after ``loss = criterion(...)`` even where the same name held a float
+    earlier in the script.
+    """
+
+    def __init__(self, file: "FileValues", scope: cst.FunctionDef | None, parent: "ScopeValues | None" = None):
+        self.file = file
+        self.scope = scope
+        self.facts = file.facts
+        self._parent = parent
+        # The environment the expression being evaluated sees.
+        self._env: dict[str, _Bound] = {}
+        # Each statement's environment before it runs (small statements and compound headers).
+        self._before: dict[cst.CSTNode, dict[str, _Bound]] = {}
+        self._statement_of: dict[cst.CSTNode, cst.CSTNode] = {}
+        # Every kind each name is bound to anywhere in the scope (what nested scopes see).
+        self._summary: dict[str, list[_Bound]] = {}
+        self._memo: dict[cst.CSTNode, Kind] = {}
+        self._final = False
+        self._inline = False
+        self._local: set[str] = set()
+        # Plain ``name = value`` assignments, in order (for loops over such a name).
+        self._assignments: dict[str, list[cst.BaseExpression]] = {}
+
+    def walk(self) -> None:
+        """Walk the scope's statements (once, when its values are first asked for)."""
+        body = self.scope.body if self.scope is not None else self.file.module
+        self._local = _bound_names(body)
+        env = self._bind_params(self.scope) if self.scope is not None else {}
+        self._block(body.body, env)
+        self._final = True
+
+    @classmethod
+    def of_comprehension(cls, outer: "ScopeValues", for_in: cst.CompFor) -> "ScopeValues":
+        """A comprehension's own names over the enclosing scope's (as its element sees them)."""
+        values = cls(outer.file, outer.scope, outer)
+        values._inline = True
+        env: dict[str, _Bound] = {}
+        while for_in is not None:
+            values._env = env
+            env = values._bind_loop(for_in.target, for_in.iter, env)
+            values._local |= _target_names(for_in.target)
+            for_in = for_in.inner_for_in
+        values._env = env
+        values._final = True
+        return values
+
+    # The walk ------------------------------------------------------------------------------------
+
+    def _bind(self, env: dict[str, _Bound], name: str, kind: Kind | None, neutral: bool = False) -> None:
+        if kind is None:
+            return
+        env[name] = (kind, neutral)
+        self._summary.setdefault(name, []).append((kind, neutral))
+
+    def _bind_params(self, scope: cst.FunctionDef) -> dict[str, _Bound]:
+        env: dict[str, _Bound] = {}
+        owner = self.file.owner_of(scope)
+        params = scope.params
+        for index, param in enumerate([*params.posonly_params, *params.params, *params.kwonly_params]):
+            name = param.name.value
+            if index == 0 and owner is not None and name in ("self", "cls"):
+                self._bind(env, name, self.file.class_kind(owner))
+            else:
+                self._bind(env, name, self.file.param_kind(scope, param))
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                self._bind(env, star.name.value, Kind.UNKNOWN)
+        return env
+
+    def _block(self, statements, env: dict[str, _Bound]) -> dict[str, _Bound]:
+        for statement in statements:
+            env = self._statement(statement, env)
+        return env
+
+    def _body(self, suite, env: dict[str, _Bound]) -> dict[str, _Bound]:
+        if suite is None:
+            return env
+        if isinstance(suite, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+            if isinstance(suite, cst.SimpleStatementSuite):
+                return self._smalls(suite, suite.body, env)
+            return self._block(suite.body, env)
+        return self._body(suite.body, env)  # Else, Finally, ExceptHandler: their own suite
+
+    def _smalls(self, line, smalls, env: dict[str, _Bound]) -> dict[str, _Bound]:
+        self._record(line, env)
+        for small in smalls:
+            self._record(small, env)
+            env = self._small(small, dict(env))
+        return env
+
+    def _record(self, statement: cst.CSTNode, env: dict[str, _Bound]) -> None:
+        """Keep the environment ``statement`` starts with (a loop's last, settled pass wins),
+        and note which statement each of its expressions belongs to."""
+        if statement not in self._before:
+            stack = [child for child in children(statement) if not _is_block(child)]
+            while stack:
+                child = stack.pop()
+                self._statement_of.setdefault(child, statement)
+                stack.extend(c for c in children(child) if not _is_block(c))
+        self._before[statement] = env
+
+    def _statement(self, node: cst.CSTNode, env: dict[str, _Bound]) -> dict[str, _Bound]:
+        if isinstance(node, cst.SimpleStatementLine):
+            return self._smalls(node, node.body, env)
+        self._record(node, env)
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return env  # calls of the file's functions and classes are answered by what they return
+        if isinstance(node, cst.If):
+            return _merge_branches(env, self._body(node.body, env), self._body(node.orelse, env))
+        if isinstance(node, (cst.For, cst.While)):
+            return self._loop(node, env)
+        if isinstance(node, cst.With):
+            inner = dict(env)
+            self._env = env
+            for item in node.items:
+                if item.asname is not None:
+                    inner = self._assign(item.asname.name, self._entered(item.item), False, None, inner)
+            return self._body(node.body, inner)
+        if isinstance(node, cst.Try):
+            body = self._body(node.body, env)
+            ends = [self._body(node.orelse, body)]
+            for handler in node.handlers:
+                start = _merge(env, body)
+                if handler.name is not None:
+                    start = dict(start)
+                    self._bind(start, dotted(handler.name.name) or "", Kind.PYTHON)
+                self._record(handler, start)
+                ends.append(self._body(handler.body, start))
+            merged = _merge_branches(env, *ends)
+            return self._body(node.finalbody, merged) if node.finalbody is not None else merged
+        # match and other compound statements: each block from the same start
+        ends = [env]
+        for child in children(node):
+            if isinstance(child, (cst.BaseSuite, cst.BaseStatement)) or hasattr(child, "body"):
+                if not isinstance(child, cst.BaseExpression):
+                    ends.append(self._body(child, env))
+        return _merge_branches(env, *ends)
+
+    def _loop(self, node: cst.For | cst.While, env: dict[str, _Bound]) -> dict[str, _Bound]:
+        """A loop's body runs with what the previous iteration left, until that settles."""
+        head = env
+        for _ in range(4):
+            self._record(node, head)
+            start = head
+            if isinstance(node, cst.For):
+                self._env = head
+                start = self._bind_loop(node.target, node.iter, dict(head))
+            end = self._body(node.body, start)
+            settled = _merge(env, end)
+            if settled == head:
+                break
+            head = settled
+        return self._body(node.orelse, head) if node.orelse is not None else head
+
+    def _small(self, small: cst.BaseSmallStatement, env: dict[str, _Bound]) -> dict[str, _Bound]:
+        self._env = env
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                if isinstance(target.target, cst.Name):
+                    value = small.value
+                    if _wraps_iterable(value):
+                        inner = self.assigned_value(value.args[0].value)
+                        if isinstance(inner, cst.Call) and (dotted(inner.func) in ("enumerate", "zip")
+                                                            or _wraps_iterable(inner)):
+                            value = inner  # pbar = tqdm(pbar, total=n) after pbar = enumerate(loader)
+                    self._assignments.setdefault(target.target.value, []).append(value)
+            kind = self._eval(small.value)
+            for target in small.targets:
+                env = self._assign(target.target, kind, _neutral(small.value), small.value, env)
+        elif isinstance(small, cst.AnnAssign):
+            annotated = self.file.annotation_kind(small.annotation.annotation)
+            if small.value is not None and annotated is Kind.UNKNOWN:
+                env = self._assign(small.target, self._eval(small.value), _neutral(small.value), small.value, env)
+            else:
+                env = self._assign(small.target, annotated, False, None, env)
+        elif isinstance(small, cst.AugAssign):
+            augmented = cst.BinaryOperation(left=small.target, operator=_binary_of(small.operator), right=small.value)
+            env = self._assign(small.target, self._eval(augmented), False, None, env)
+        elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            call = small.value
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+                receiver = call.func.value
+                if isinstance(receiver, cst.Call) and receiver.args:  # scaler.scale(loss).backward()
+                    receiver = receiver.args[0].value
+                name = dotted(receiver)
+                if name:
+                    self._bind(env, name, Kind.TENSOR)
+        elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+            for alias in small.names:
+                name = dotted(alias.asname.name if alias.asname is not None else alias.name)
+                if name:
+                    self._bind(env, name.split(".")[0], Kind.UNKNOWN)
+        return env
+
+    def _assign(self, target: cst.CSTNode, kind: Kind, neutral: bool, value, env: dict[str, _Bound]):
+        """``env`` after binding ``target`` (a name, attribute, subscript or unpacking) to a value
+        of ``kind`` (``value``, when known, unpacks element by element)."""
+        env = dict(env)
+        if isinstance(target, (cst.Tuple, cst.List)):
+            elements = [e.value.value if isinstance(e.value, cst.StarredElement) else e.value for e in target.elements]
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(elements) and not any(
+                isinstance(e.value, cst.StarredElement) for e in value.elements
+            ):
+                kinds = [(self._eval(e.value), _neutral(e.value), e.value) for e in value.elements]
+            else:
+                kinds = [(_element(kind), False, None)] * len(elements)
+            for element, (part, part_neutral, part_value) in zip(elements, kinds):
+                env = self._assign(element, part, part_neutral, part_value, env)
+            return env
+        if isinstance(target, cst.StarredElement):
+            return self._assign(target.value, kind, neutral, None, env)
+        if isinstance(target, cst.Subscript):
+            # ``out[k] = t`` puts a tensor into a container; a Python value put into a tensor
+            # (``losses[k] = loss.item()``) leaves it a tensor.
+            name = dotted(target.value)
+            if name and kind in TENSORS:
+                self._bind(env, name, Kind.TENSOR)
+            return env
+        name = dotted(target)
+        if name is None:
+            return env
+        if name.startswith("self.") and name.count(".") == 1 and self.scope is not None:
+            self.file.note_attribute(self.scope, name[5:], target, kind, neutral)
+        for bound in [bound for bound in env if bound.startswith(name + ".")]:
+            del env[bound]  # ``args = ...`` forgets what was known of ``args.lr``
+        self._bind(env, name, kind, neutral)
+        return env
+
+    def _bind_loop(self, target: cst.BaseExpression, iterable: cst.BaseExpression, env: dict[str, _Bound]):
+        """``env`` after ``for target in iterable``: ``enumerate``, ``zip``, ``.items()`` and
+        ``.named_parameters()`` bind element by element (the counter of ``enumerate(loader)``
+        is an int, not a batch), also through a name assigned one of them (``pbar =
+        tqdm(enumerate(loader))``)."""
+        source = self.assigned_value(iterable)
+        if isinstance(source, cst.Call) and isinstance(target, (cst.Tuple, cst.List)):
+            func = source.func
+            name = dotted(func)
+            method = func.attr.value if isinstance(func, cst.Attribute) else None
+            args = [arg.value for arg in source.args if arg.keyword is None and not arg.star]
+            elements = [element.value for element in target.elements]
+            if name == "enumerate" and args and len(elements) == 2:
+                env = self._assign(elements[0], Kind.INT, False, None, env)
+                return self._bind_loop(elements[1], args[0], env)
+            if name == "zip" and len(args) == len(elements):
+                for element, arg in zip(elements, args):
+                    env = self._bind_loop(element, arg, env)
+                return env
+            if method in _NAMED_ITEMS and len(elements) == 2:
+                env = self._assign(elements[0], Kind.STR if method != "items" else Kind.PYTHON, False, None, env)
+                return self._assign(elements[1], self._item_kind(source), False, None, env)
+            if _wraps_iterable(source):
+                return self._bind_loop(target, args[0], env)
+        return self._assign(target, self._element_of(iterable), False, None, env)
+
+    def assigned_value(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """For a name assigned before (``pbar = tqdm(enumerate(loader))``), its latest value."""
+        if isinstance(node, cst.Name):
+            found = self._assignments.get(node.value)
+            if found:
+                return found[-1]
+        return node
+
+    def _item_kind(self, call: cst.Call) -> Kind:
+        """The values of ``d.items()``, ``model.named_parameters()``, ``model.named_modules()``."""
+        method = call.func.attr.value
+        if method in ("named_modules", "named_children"):
+            return Kind.MODEL
+        if method in ("named_parameters", "named_buffers"):
+            return Kind.TENSOR
+        return self._container_kind([self._eval(call.func.value)])
+
+    # Names -------------------------------------------------------------------------------------
+
+    def name_kind(self, name: str) -> Kind:
+        """The kind of a (dotted) name where the expression being evaluated is."""
+        if name in self._env:
+            return self._env[name][0]
+        root = name.split(".")[0]
+        if root in self._local or self._parent is None:
+            return Kind.UNKNOWN
+        if self._inline:
+            return self._parent.name_kind(name)  # a comprehension runs where it is written
+        return self._parent.summary_kind(name)
+
+    def summary_kind(self, name: str) -> Kind:
+        """A name's kind anywhere in this scope (as a nested function, run later, sees it)."""
+        bound = self._summary.get(name)
+        if bound:
+            plain = [kind for kind, neutral in bound if not neutral]
+            return join(plain) if plain else join(kind for kind, _ in bound)
+        if name in self._env:
+            return self._env[name][0]
+        root = name.split(".")[0]
+        if root not in self._local and self._parent is not None:
+            return self._parent.summary_kind(name)
+        return Kind.UNKNOWN
+
+    # Kinds of expressions ---------------------------------------------------------------------
+
+    def kind(self, node: cst.CSTNode) -> Kind:
+        """What ``node`` evaluates to, where it is in the scope. (Asked while the scope is still
+        being walked, by a function it calls: what the walk has seen so far.)"""
+        found = self._memo.get(node)
+        if found is None:
+            walking = self._env
+            self._env = self._before.get(self._statement_of.get(node, node), walking)
+            try:
+                found = self._eval(node)
+            finally:
+                self._env = walking
+            if self._final:
+                self._memo[node] = found
+        return found
+
+    def _eval(self, node: cst.CSTNode) -> Kind:
+        """``node``'s kind in the environment being evaluated (``self._env``)."""
+        if self._final:
+            found = self._memo.get(node)
+            if found is None:
+                found = self._memo[node] = self._kind(node)
+            return found
+        return self._kind(node)
+
+    def _kind(self, node: cst.CSTNode) -> Kind:
+        if isinstance(node, (cst.Integer,)):
+            return Kind.INT
+        if isinstance(node, cst.Float):
+            return Kind.FLOAT
+        if isinstance(node, cst.Imaginary):
+            return Kind.PYTHON
+        if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+            return Kind.STR
+        if isinstance(node, cst.Name):
+            if node.value in ("True", "False"):
+                return Kind.BOOL
+            if node.value == "None":
+                return Kind.NONE
+            return self._dotted_kind(node)
+        if isinstance(node, cst.Attribute):
+            return self._attribute_kind(node)
+        if isinstance(node, cst.Subscript):
+            return self._subscript_kind(node)
+        if isinstance(node, cst.Call):
+            return self._call_kind(node)
+        if isinstance(node, cst.BinaryOperation):
+            return self._binary_kind(node)
+        if isinstance(node, cst.UnaryOperation):
+            if isinstance(node.operator, cst.Not):
+                return Kind.BOOL
+            return self._eval(node.expression)
+        if isinstance(node, cst.Comparison):
+            if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
+                return Kind.BOOL
+            sides = [self._eval(node.left), *(self._eval(c.comparator) for c in node.comparisons)]
+            if any(side in TENSORS for side in sides):
+                return Kind.MASK
+            return Kind.BOOL if all(side in HOST for side in sides) else Kind.UNKNOWN
+        if isinstance(node, cst.BooleanOperation):
+            sides = {self._eval(node.left), self._eval(node.right)}
+            if sides & TENSORS:
+                return Kind.TENSOR
+            return join(sides) if sides <= HOST else Kind.UNKNOWN
+        if isinstance(node, cst.IfExp):
+            return join([self._eval(node.body), self._eval(node.orelse)])
+        if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+            return self._container_kind(self._eval(e.value) for e in node.elements)
+        if isinstance(node, cst.Dict):
+            return self._container_kind(self._eval(e.value) for e in node.elements if isinstance(e, cst.DictElement))
+        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+            return self._container_kind([self._comprehension(node.for_in, node.elt)])
+        if isinstance(node, cst.DictComp):
+            return self._container_kind([self._comprehension(node.for_in, node.value)])
+        if isinstance(node, cst.NamedExpr):
+            return self._eval(node.value)
+        if isinstance(node, cst.StarredElement):
+            return self._eval(node.value)
+        if isinstance(node, cst.Lambda):
+            return Kind.PYTHON
+        return Kind.UNKNOWN
+
+    @staticmethod
+    def _container_kind(kinds) -> Kind:
+        found = set(kinds)
+        if found & TENSORS:
+            return Kind.TENSOR
+        if found <= HOST:
+            return Kind.PYTHON
+        if found <= {Kind.MODEL}:
+            return Kind.MODEL
+        return Kind.UNKNOWN
+
+    def _comprehension(self, for_in: cst.CompFor, element: cst.BaseExpression) -> Kind:
+        """The kind of a comprehension's element, its loop names bound as the loop binds them."""
+        return ScopeValues.of_comprehension(self, for_in).kind(element)
+
+    def _dotted_kind(self, node: cst.CSTNode) -> Kind:
+        name = dotted(node)
+        kind = self.name_kind(name)
+        if kind is not Kind.UNKNOWN:
+            return kind
+        if isinstance(node, cst.Name):
+            if self.facts.qualname(node) is not None and node.value in self.facts.imports:
+                return Kind.UNKNOWN  # an imported module or object
+            if node.value in self.facts.models:
+                return Kind.MODEL
+            if node.value in self.facts.loaders or "loader" in node.value.lower():
+                return Kind.LOADER
+        return Kind.UNKNOWN
+
+    def _attribute_kind(self, node: cst.Attribute) -> Kind:
+        name = dotted(node)
+        if name is not None:
+            known = self.name_kind(name)
+            if known is not Kind.UNKNOWN:
+                return known
+            if isinstance(node.value, cst.Name) and node.value.value == "self":
+                owner = self.file.owner_of(self.scope)
+                attribute = self.file.attribute_kind(owner, node.attr.value) if owner is not None else Kind.UNKNOWN
+                if attribute is not Kind.UNKNOWN:
+                    return attribute
+            option = self.file.option_kind(node)
+            if option is not None:
+                return option
+            qualified = self.facts.qualname(node)
+            if qualified is not None:
+                return Kind.PYTHON if qualified.startswith("torch.") else Kind.UNKNOWN  # torch.float16
+            if name in self.facts.models:
+                return Kind.MODEL
+            if name in self.facts.loaders or "loader" in node.attr.value.lower():
+                return Kind.LOADER
+        base = self._eval(node.value)
+        attr = node.attr.value
+        if base in TENSORS:
+            return META_ATTRS.get(attr, Kind.TENSOR)
+        if base is Kind.MODEL:
+            if attr in _MODEL_SELF:
+                return Kind.MODEL
+            if attr in _MODEL_TENSORS:
+                return Kind.TENSOR
+        if base in HOST:
+            return Kind.PYTHON
+        return Kind.UNKNOWN
+
+    def _subscript_kind(self, node: cst.Subscript) -> Kind:
+        base = self._eval(node.value)
+        if base in TENSORS:
+            return Kind.TENSOR
+        if base is Kind.STR:
+            return Kind.STR
+        if base in HOST:
+            if dotted(node.value) in ("os.environ",):
+                return Kind.STR
+            return Kind.PYTHON
+        if dotted(node.value) == "os.environ" or self.facts.qualname(node.value) == "os.environ":
+            return Kind.STR
+        if base is Kind.MODEL:
+            return Kind.MODEL  # nn.Sequential / ModuleList
+        return Kind.UNKNOWN
+
+    def _binary_kind(self, node: cst.BinaryOperation) -> Kind:
+        left, right = self._eval(node.left), self._eval(node.right)
+        if left in TENSORS or right in TENSORS:
+            if isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)) and Kind.MASK in (left, right):
+                return Kind.MASK
+            return Kind.TENSOR
+        if left is Kind.STR and isinstance(node.operator, cst.Modulo):
+            return Kind.STR
+        if left in NUMBERS and right in NUMBERS:
+            return Kind.FLOAT if isinstance(node.operator, cst.Divide) else join([left, right])
+        if left in HOST and right in HOST:
+            return join([left, right]) if left is right else Kind.PYTHON
+        return Kind.UNKNOWN
+
+    def _call_kind(self, node: cst.Call) -> Kind:
+        func = node.func
+        facts = self.facts
+        if _wraps_iterable(node):
+            return self._eval(node.args[0].value)  # tqdm(loader) is still the loader
+        callee = facts.qualname(func)
+        if isinstance(func, cst.Attribute) and callee is None:
+            return self._method_kind(node, func)
+        if callee is not None:
+            return self._library_kind(node, callee)
+        if isinstance(func, cst.Name):
+            name = func.value
+            if name not in self._local_or_parent() and name not in self.file.defined:
+                builtin = self._builtin_kind(node, name)
+                if builtin is not None:
+                    return builtin
+            defined = self.file.defined.get(name)
+            if defined is not None and self.name_kind(name) is Kind.UNKNOWN:
+                return self.file.call_kind(defined, node, self)
+            called = self._eval(func)
+            if called is Kind.MODEL:
+                return Kind.TENSOR
+            if called is Kind.LOADER:
+                return Kind.LOADER
+        return self._unknown_call(node)
+
+    def _unknown_call(self, node: cst.Call) -> Kind:
+        """A call of something this analysis cannot see into: a function given a tensor gives one
+        (a loss, a metric); a class (``ModelEMA(model)``, ``DistAdam(params)``) builds an object."""
+        last = (dotted(node.func) or "").split(".")[-1]
+        if last[:1].isupper():
+            return Kind.UNKNOWN
+        return Kind.TENSOR if self._any_tensor_argument(node) else Kind.UNKNOWN
+
+    def _local_or_parent(self) -> set[str]:
+        names = set(self._local)
+        parent = self._parent
+        while parent is not None:
+            names |= parent._local
+            parent = parent._parent
+        return names
+
+    def _builtin_kind(self, node: cst.Call, name: str) -> Kind | None:
+        args = [arg.value for arg in node.args]
+        if name in SYNC_BUILTINS:
+            if name == "round" and len(args) == 1:
+                return Kind.INT
+            return SYNC_BUILTINS[name]
+        if name in _BUILTIN_KINDS:
+            return _BUILTIN_KINDS[name]
+        if name in ("max", "min", "sum", "pow", "divmod"):
+            kinds = [self._element_of(args[0])] if len(args) == 1 else [self._eval(a) for a in args]
+            if any(kind in TENSORS for kind in kinds):
+                return Kind.TENSOR
+            return join(kinds) if kinds and all(kind in NUMBERS for kind in kinds) else Kind.UNKNOWN
+        if name == "next" and args:
+            return self._element_of(args[0])
+        if name in ("enumerate", "zip", "map", "filter"):
+            kinds = {self._eval(a) for a in args}
+            return Kind.LOADER if Kind.LOADER in kinds else Kind.TENSOR if kinds & TENSORS else Kind.PYTHON
+        if name in _PASS_THROUGH:
+            if not args:
+                return Kind.PYTHON
+            inner = self._eval(args[0])
+            return Kind.LOADER if inner is Kind.LOADER and name == "iter" else inner
+        if name in ("getattr", "super", "object"):
+            return Kind.UNKNOWN
+        return None
+
+    def _library_kind(self, node: cst.Call, callee: str) -> Kind:
+        if callee in _HOST_TORCH_FUNCTIONS:
+            return _HOST_TORCH_FUNCTIONS[callee]
+        if callee.startswith("torch.nn.") and not callee.startswith(("torch.nn.functional.", "torch.nn.init.")):
+            # nn.Linear(...), nn.SyncBatchNorm.convert_sync_batchnorm(model), DDP(model): modules
+            parts = callee.split(".")
+            if callee.startswith("torch.nn.parallel.") or any(part[:1].isupper() for part in parts[2:]):
+                return Kind.MODEL
+            return Kind.UNKNOWN
+        if callee.startswith("torch."):
+            if callee.startswith(_HOST_TORCH):
+                return Kind.PYTHON
+            return Kind.TENSOR
+        if callee in ("os.environ.get", "os.getenv"):
+            return Kind.STR
+        if callee.startswith(("math.floor", "math.ceil", "math.isqrt", "math.prod")):
+            return Kind.INT
+        if callee.startswith(("math.", "time.")):
+            return Kind.FLOAT
+        if callee.startswith(_HOST_MODULES):
+            return Kind.PYTHON
+        if callee.split(".")[-1] == "DataLoader":
+            return Kind.LOADER
+        return self._unknown_call(node)
+
+    def _method_kind(self, node: cst.Call, func: cst.Attribute) -> Kind:
+        method = func.attr.value
+        if method in _STRING_METHODS:
+            return Kind.STR  # "...".format(loss) is a string whatever it formats
+        receiver = self._eval(func.value)
+        if receiver is Kind.UNKNOWN:
+            # Methods that hardly anything but tensors and modules have.
+            if method in META_METHODS or method == "item":
+                return META_METHODS.get(method, Kind.FLOAT)
+            if method in _MODEL_TENSORS:
+                return Kind.TENSOR
+        if receiver in TENSORS:
+            if method in SYNC_METHODS:
+                return SYNC_METHODS[method]
+            if method in META_METHODS:
+                return META_METHODS[method]
+            if method == "bool":
+                return Kind.MASK
+            if method == "backward":
+                return Kind.NONE
+            return Kind.TENSOR
+        if receiver is Kind.MODEL:
+            if method in _MODEL_FORWARD:
+                return Kind.TENSOR
+            if method in _MODEL_SELF:
+                return Kind.MODEL
+            if method in _MODEL_TENSORS or method in ("named_parameters",):
+                return Kind.TENSOR
+            return self._own_method_kind(node, func)
+        if receiver is Kind.LOADER:
+            return Kind.LOADER if method in ("__iter__",) else Kind.UNKNOWN
+        if receiver is Kind.STR:
+            return Kind.PYTHON if method in ("split", "rsplit", "splitlines", "partition", "encode") else (
+                Kind.BOOL if method.startswith(("is", "startswith", "endswith")) else Kind.STR
+            )
+        if receiver in HOST:
+            if method in ("item",):
+                return Kind.PYTHON
+            if method in ("get", "pop", "values", "items", "keys", "copy", "index", "count"):
+                return Kind.PYTHON
+            return Kind.PYTHON if not self._any_tensor_argument(node) else Kind.UNKNOWN
+        return self._own_method_kind(node, func)
+
+    def _own_method_kind(self, node: cst.Call, func: cst.Attribute) -> Kind:
+        """``self.method(...)`` of a class of this file gives what that method returns."""
+        if isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
+            owner = self.file.owner_of(self.scope)
+            defined = self.file.method(owner, func.attr.value) if owner is not None else None
+            if defined is not None:
+                return self.file.call_kind(defined, node, self)
+        return self._unknown_call(node)
+
+    def _any_tensor_argument(self, node: cst.Call) -> bool:
+        return any(self._eval(arg.value) in TENSORS for arg in node.args)
+
+    def _entered(self, node: cst.BaseExpression) -> Kind:
+        """What ``with node as x`` binds: the value of most context managers holds what the
+        expression holds (``open`` gives a file, ``autocast`` nothing of interest)."""
+        kind = self._eval(node)
+        return kind if kind in TENSORS else Kind.UNKNOWN
+
+    def _element_of(self, node: cst.BaseExpression) -> Kind:
+        """The kind of what iterating over ``node`` gives."""
+        if isinstance(node, (cst.GeneratorExp, cst.ListComp, cst.SetComp)):
+            return self._comprehension(node.for_in, node.elt)
+        if isinstance(node, cst.Call):
+            callee = dotted(node.func) or ""
+            last = callee.split(".")[-1]
+            args = [arg.value for arg in node.args if arg.keyword is None]
+            if callee == "range" or last == "trange":
+                return Kind.INT
+            if callee in ("enumerate", "zip") or last.lower() in _ITERATE_THROUGH:
+                if not args:
+                    return Kind.UNKNOWN
+                kinds = [self._element_of(arg) for arg in args]
+                if callee == "enumerate":
+                    kinds = [kinds[0]]
+                return Kind.TENSOR if any(k in TENSORS for k in kinds) else join(kinds)
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("items", "values"):
+                return self._container_kind([self._eval(node.func.value)])
+            kind = self._eval(node)
+            if kind in (Kind.LOADER, Kind.UNKNOWN) and any(self._eval(a) is Kind.LOADER for a in args):
+                return Kind.TENSOR  # metric_logger.log_every(loader, ...) yields the loader's batches
+        kind = self._eval(node)
+        if kind is Kind.LOADER or kind in TENSORS:
+            return Kind.TENSOR
+        if kind is Kind.MODEL:
+            return Kind.MODEL
+        if kind in HOST:
+            return Kind.PYTHON if kind is not Kind.STR else Kind.STR
+        return Kind.UNKNOWN
+
+    # Questions rules ask ------------------------------------------------------------------------
+
+    def is_tensor(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is known to hold a tensor (or a batch, a container of tensors)."""
+        return self.kind(node) in TENSORS
+
+    def is_mask(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is known to be a boolean tensor."""
+        return self.kind(node) is Kind.MASK
+
+    def is_host(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is known to be a Python value (no tensor inside)."""
+        return self.kind(node) in HOST
+
+    def is_int(self, node: cst.CSTNode) -> bool:
+        return self.kind(node) is Kind.INT
+
+    def holds_tensor(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is a tensor or a display (list, tuple, dict) with one inside."""
+        if self.is_tensor(node):
+            return True
+        if isinstance(node, cst.Dict):
+            return any(self.holds_tensor(e.value) for e in node.elements if isinstance(e, cst.DictElement))
+        if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+            return any(self.holds_tensor(e.value) for e in node.elements)
+        return False
+
+    def sync(self, node: cst.CSTNode) -> str | None:
+        """How ``node`` itself (not its children) reads a tensor's value on the host, else None."""
+        if isinstance(node, cst.Call):
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS:
+                if self.facts.qualname(func) is None and self._reads_receiver(func):
+                    return f".{func.attr.value}()"
+            if isinstance(func, cst.Attribute) and func.attr.value == "to" and node.args:
+                first = node.args[0].value
+                if isinstance(first, cst.Call) and self.facts.qualname(first.func) == "torch.device" and first.args:
+                    first = first.args[0].value
+                if isinstance(first, cst.SimpleString) and first.evaluated_value == "cpu" and self.is_tensor(func.value):
+                    return '.to("cpu")'
+            if isinstance(func, cst.Name) and func.value in SYNC_BUILTINS and func.value not in self.facts.imports:
+                if any(self.is_tensor(arg.value) for arg in node.args):
+                    return f"{func.value}() of a tensor"
+            if isinstance(func, cst.Attribute) and func.attr.value == "format":
+                if any(self.is_tensor(arg.value) for arg in node.args):
+                    return "formatting a tensor"
+        if isinstance(node, cst.FormattedStringExpression) and self.is_tensor(node.expression):
+            return "formatting a tensor"
+        if isinstance(node, cst.IfExp) and self.is_tensor(node.test):
+            return "a tensor's truth value"
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            if self.kind(node.left) is Kind.STR and self.holds_tensor(node.right):
+                return "formatting a tensor"
+        return None
+
+    def _reads_receiver(self, func: cst.Attribute) -> bool:
+        """Whether ``x.item()``-like calls read a tensor: ``x`` is one, or (for ``.item()``,
+        which hardly anything else has) is not known to be something else."""
+        receiver = self.kind(func.value)
+        if receiver in TENSORS:
+            return True
+        return func.attr.value == "item" and receiver is Kind.UNKNOWN
+
+    def reads_value(self, node: cst.CSTNode) -> bool:
+        """Whether evaluating ``node`` reads some tensor's value on the host."""
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if isinstance(current, (cst.Lambda, cst.FunctionDef)):
+                continue
+            if self.sync(current) is not None:
+                return True
+            stack.extend(children(current))
+        return False
+
+
+def _is_block(node: cst.CSTNode) -> bool:
+    """A statement or block nested in a compound statement (not part of its header)."""
+    return isinstance(node, (cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStatement, cst.Else, cst.Finally,
+                             cst.ExceptHandler, cst.FunctionDef, cst.ClassDef))
+
+
+def _wraps_iterable(node: cst.CSTNode) -> bool:
+    """``tqdm(it, ...)``, ``iter(it)``, ``list(it)``: iterating it gives ``it``'s elements."""
+    if not isinstance(node, cst.Call) or not node.args or node.args[0].keyword is not None:
+        return False
+    return (dotted(node.func) or "").split(".")[-1].lower() in _ITERATE_THROUGH
+
+
+def _target_names(target: cst.CSTNode) -> set[str]:
+    """The plain names an assignment target binds (``a``, ``a, (b, *c)``; not ``a.b`` or ``a[i]``)."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(_target_names(e.value) for e in target.elements)) if target.elements else set()
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return set()
+
+
+def _bound_names(body: cst.CSTNode) -> set[str]:
+    """The names a function (or module) body binds, which are local to it throughout."""
+    found: set[str] = set()
+    declared: set[str] = set()
+    stack = list(children(body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            found.add(node.name.value)
+            continue
+        if isinstance(node, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+            continue
+        if isinstance(node, cst.AssignTarget):
+            found |= _target_names(node.target)
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor)):
+            found |= _target_names(node.target)
+        elif isinstance(node, cst.AsName):
+            found |= _target_names(node.name)
+        elif isinstance(node, cst.NamedExpr):
+            found |= _target_names(node.target)
+        elif isinstance(node, cst.ImportAlias):
+            local = node.asname.name if node.asname is not None else node.name
+            name = dotted(local)
+            if name:
+                found.add(name.split(".")[0])
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            declared |= {name.name.value for name in node.names}
+        stack.extend(children(node))
+    return found - declared
+
+
+def _binary_of(operator: cst.BaseAugOp) -> cst.BaseBinaryOp:
+    name = type(operator).__name__.replace("Assign", "")
+    return getattr(cst, name)()
+
+
+class FileValues:
+    """The per-file state of the analysis: functions and classes of the file, what their
+    callers pass, what they return, and each scope's values (computed when first asked)."""
+
+    def __init__(self, module: cst.Module, facts) -> None:
+        self.module = module
+        self.facts = facts
+        self.functions: dict[cst.FunctionDef, _Function] = {}
+        self.classes: dict[str, cst.ClassDef] = {}
+        # Module-level functions and classes by name.
+        self.defined: dict[str, cst.CSTNode] = {}
+        self._methods: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
+        self._scopes: dict[cst.FunctionDef | None, ScopeValues] = {}
+        self._returning: set = set()
+        self._returns: dict[cst.FunctionDef, Kind] = {}
+        self._params: dict[tuple, Kind] = {}
+        self._attributes: dict[cst.ClassDef, dict[str, list]] = {}
+        self._attribute_kinds: dict[tuple, Kind] = {}
+        self._calls: dict[cst.CSTNode, list[tuple[cst.Call, cst.FunctionDef | None, int]]] | None = None
+        self._options: dict[str, Kind] | None = None
+        self._namespaces: set[str] = set()
+        self._index(module, owner=None, parent=None)
+
+    def _index(self, node: cst.CSTNode, owner, parent) -> None:
+        for child in children(node):
+            if isinstance(child, cst.FunctionDef):
+                params = [p.name.value for p in (*child.params.posonly_params, *child.params.params)]
+                self.functions[child] = _Function(child, owner, parent, params)
+                if owner is not None and parent is None:
+                    self._methods.setdefault(owner, {})[child.name.value] = child
+                elif owner is None and parent is None:
+                    self.defined.setdefault(child.name.value, child)
+                self._index(child, owner=None, parent=child)
+            elif isinstance(child, cst.ClassDef):
+                if owner is None and parent is None:
+                    self.defined.setdefault(child.name.value, child)
+                    self.classes[child.name.value] = child
+                self._methods.setdefault(child, {})
+                self._index(child, owner=child, parent=None)
+            elif isinstance(child, (cst.BaseExpression,)):
+                continue
+            else:
+                self._index(child, owner, parent)
+
+    # Scopes ------------------------------------------------------------------------------------
+
+    def of(self, scope: cst.FunctionDef | None) -> ScopeValues:
+        """A scope's values; while they are being computed (a function called from the scope
+        asks what its callers pass), what the walk has seen so far."""
+        found = self._scopes.get(scope)
+        if found is None:
+            parent = self.parent_values(scope)
+            found = self._scopes.get(scope)  # the parent's walk may have asked for this scope
+            if found is None:
+                found = self._scopes[scope] = ScopeValues(self, scope, parent)
+                found.walk()
+        return found
+
+    def parent_values(self, scope: cst.FunctionDef | None) -> ScopeValues | None:
+        if scope is None:
+            return None
+        function = self.functions.get(scope)
+        return self.of(function.parent if function is not None else None)
+
+    def owner_of(self, scope: cst.FunctionDef | None) -> cst.ClassDef | None:
+        function = self.functions.get(scope)
+        return function.owner if function is not None else None
+
+    def method(self, owner: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+        found = self._methods.get(owner, {}).get(name)
+        if found is not None:
+            return found
+        for base in owner.bases:
+            parent = self.classes.get(dotted(base.value) or "")
+            if parent is not None and parent is not owner:
+                found = self.method(parent, name)
+                if found is not None:
+                    return found
+        return None
+
+    def class_kind(self, owner: cst.ClassDef) -> Kind:
+        return Kind.MODEL if self._is_module(owner) else Kind.UNKNOWN
+
+    def _is_module(self, owner: cst.ClassDef, seen=()) -> bool:
+        for base in owner.bases:
+            name = dotted(base.value) or ""
+            qualified = self.facts.qualname(base.value) or ""
+            if qualified in _MODEL_ANNOTATIONS or qualified.startswith("torch.nn.") or name in ("nn.Module", "Module"):
+                return True
+            parent = self.classes.get(name)
+            if parent is not None and parent not in seen and self._is_module(parent, (*seen, owner)):
+                return True
+        return False
+
+    # Calls -------------------------------------------------------------------------------------
+
+    def call_kind(self, defined: cst.CSTNode, call: cst.Call, caller: ScopeValues) -> Kind:
+        """What calling a function or class of this file gives."""
+        if isinstance(defined, cst.ClassDef):
+            return self.class_kind(defined)
+        returned = self.return_kind(defined)
+        if returned is Kind.UNKNOWN and caller._any_tensor_argument(call):
+            return Kind.TENSOR
+        return returned
+
+    def return_kind(self, function: cst.FunctionDef) -> Kind:
+        if function in self._returns:
+            return self._returns[function]
+        if function in self._returning:
+            return Kind.UNKNOWN
+        self._returning.add(function)
+        try:
+            values = self.of(function)
+            returned, yielded = _returns_and_yields(function)
+            if yielded:
+                kinds = [values.kind(node) for node in yielded]
+                kind = Kind.LOADER if any(k in TENSORS for k in kinds) else Kind.UNKNOWN
+            elif not returned:
+                kind = Kind.NONE
+            else:
+                kinds = [values.kind(node) if node is not None else Kind.NONE for node in returned]
+                plain = [k for k in kinds if k is not Kind.NONE] or kinds
+                kind = join(plain)
+        finally:
+            self._returning.discard(function)
+        self._returns[function] = kind
+        return kind
+
+    def param_kind(self, scope: cst.FunctionDef, param: cst.Param) -> Kind:
+        """A parameter's kind: its annotation's, else what the file's callers pass, else its
+        default's."""
+        key = (scope, param.name.value)
+        if key in self._params:
+            return self._params[key]
+        self._params[key] = Kind.UNKNOWN  # while computing (recursion)
+        kind = Kind.UNKNOWN
+        if param.annotation is not None:
+            kind = self.annotation_kind(param.annotation.annotation)
+        if kind is Kind.UNKNOWN:
+            passed = self._passed(scope, param)
+            if param.default is not None and not _neutral(param.default):
+                passed.append(_literal_kind(param.default))
+            kind = join(passed) if passed else Kind.UNKNOWN
+        self._params[key] = kind
+        return kind
+
+    def _passed(self, scope: cst.FunctionDef, param: cst.Param) -> list[Kind]:
+        kinds = []
+        for caller, _, arguments in self.passed(scope):
+            if param.name.value in arguments:
+                kinds.append(self.of(caller).kind(arguments[param.name.value]))
+        return kinds
+
+    def passed(self, function: cst.FunctionDef) -> list[tuple[cst.FunctionDef | None, cst.Call, dict]]:
+        """What each call of ``function`` in this file passes: (calling scope, the call,
+        parameter name -> argument)."""
+        info = self.functions.get(function)
+        if info is None:
+            return []
+        found = []
+        for call, caller, shift in self.calls_of(function):
+            positional = [a.value for a in call.args if a.keyword is None and not a.star]
+            arguments = dict(zip(info.params[shift:], positional))
+            arguments.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
+            found.append((caller, call, arguments))
+        return found
+
+    def calls_of(self, function: cst.FunctionDef) -> list[tuple[cst.Call, cst.FunctionDef | None, int]]:
+        """The calls of ``function`` in this file: (call, calling scope, how many leading
+        parameters the call does not pass: 1 for ``self``)."""
+        if self._calls is None:
+            self._calls = {}
+            self._find_calls(self.module, None)
+        return self._calls.get(function, [])
+
+    def _find_calls(self, node: cst.CSTNode, scope) -> None:
+        for child in children(node):
+            if isinstance(child, cst.FunctionDef):
+                self._find_calls(child, child)
+                continue
+            if isinstance(child, cst.Call):
+                self._note_call(child, scope)
+            self._find_calls(child, scope)
+
+    def _note_call(self, call: cst.Call, scope) -> None:
+        func = call.func
+        target, shift = None, 0
+        if isinstance(func, cst.Name):
+            defined = self.defined.get(func.value)
+            if isinstance(defined, cst.FunctionDef):
+                target = defined
+            elif isinstance(defined, cst.ClassDef):
+                target, shift = self.method(defined, "__init__"), 1
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            owner = self.owner_of(scope)
+            if owner is not None:
+                target, shift = self.method(owner, func.attr.value), 1
+        if target is not None:
+            self._calls.setdefault(target, []).append((call, scope, shift))
+
+    # self.attributes ---------------------------------------------------------------------------
+
+    def note_attribute(self, scope, attribute: str, target: cst.CSTNode, kind: Kind, neutral: bool) -> None:
+        """Record that ``target`` (``self.attribute = ...`` in method ``scope``) binds a value of
+        ``kind``; a loop's later, settled pass over the same target replaces the earlier one."""
+        owner = self.owner_of(scope)
+        if owner is not None:
+            self._attributes.setdefault(owner, {}).setdefault(attribute, {})[target] = (kind, neutral)
+
+    def attribute_kind(self, owner: cst.ClassDef, attribute: str) -> Kind:
+        """The kind of ``self.attribute`` in ``owner``'s methods: the join of what every method
+        assigns it."""
+        key = (owner, attribute)
+        if key in self._attribute_kinds:
+            return self._attribute_kinds[key]
+        self._attribute_kinds[key] = Kind.UNKNOWN  # while computing
+        for method in self._methods.get(owner, {}).values():
+            self.of(method)  # walking a method records its self.attribute bindings
+        plain, neutral = [], []
+        for kind, is_neutral in self._attributes.get(owner, {}).get(attribute, {}).values():
+            (neutral if is_neutral else plain).append(kind)
+        kind = join(plain) if plain else join(neutral)
+        self._attribute_kinds[key] = kind
+        return kind
+
+    # Annotations and argparse ------------------------------------------------------------------
+
+    def annotation_kind(self, annotation: cst.BaseExpression) -> Kind:
+        name = dotted(annotation)
+        if name in _PLAIN_ANNOTATIONS:
+            return _PLAIN_ANNOTATIONS[name]
+        qualified = self.facts.qualname(annotation) or ""
+        if qualified in _TENSOR_ANNOTATIONS:
+            return Kind.TENSOR
+        if qualified in _MODEL_ANNOTATIONS:
+            return Kind.MODEL
+        if qualified in _LOADER_ANNOTATIONS:
+            return Kind.LOADER
+        return Kind.UNKNOWN
+
+    def option_kind(self, node: cst.Attribute) -> Kind | None:
+        """``args.lr`` where ``args`` holds parsed command-line options: the option's type."""
+        if not isinstance(node.value, cst.Name):
+            return None
+        options = self._argparse_options()
+        if not options or node.attr.value not in options:
+            return None
+        root = node.value.value
+        if root in self._namespaces or root in ("args", "opt", "opts", "cfg", "config", "hparams", "flags"):
+            return options[node.attr.value]
+        return None
+
+    def _argparse_options(self) -> dict[str, Kind]:
+        """The file's ``parser.add_argument`` options by destination, and the names assigned
+        ``parser.parse_args()``."""
+        if self._options is not None:
+            return self._options
+        self._options = {}
+        stack: list[cst.CSTNode] = [self.module]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
+                self._note_option(node)
+            elif isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+                func = node.value.func
+                if isinstance(func, cst.Attribute) and func.attr.value in ("parse_args", "parse_known_args"):
+                    for target in node.targets:
+                        first = target.target
+                        if isinstance(first, cst.Tuple) and first.elements:
+                            first = first.elements[0].value
+                        if isinstance(first, cst.Name):
+                            self._namespaces.add(first.value)
+            stack.extend(children(node))
+        return self._options
+
+    def _note_option(self, call: cst.Call) -> None:
+        flags = [a.value for a in call.args if a.keyword is None]
+        names = [f.evaluated_value for f in flags if isinstance(f, cst.SimpleString)]
+        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        dest = keywords.get("dest")
+        if isinstance(dest, cst.SimpleString):
+            name = dest.evaluated_value
+        else:
+            long = [n for n in names if n.startswith("--")]
+            name = (long[0] if long else names[0] if names else "").lstrip("-").replace("-", "_")
+        if not name:
+            return
+        kind = Kind.UNKNOWN
+        option_type = keywords.get("type")
+        action = keywords.get("action")
+        if option_type is not None and dotted(option_type) in _ARGPARSE_TYPES:
+            kind = _ARGPARSE_TYPES[dotted(option_type)]
+        elif isinstance(action, cst.SimpleString) and action.evaluated_value in ("store_true", "store_false"):
+            kind = Kind.BOOL
+        elif isinstance(action, cst.SimpleString) and action.evaluated_value == "count":
+            kind = Kind.INT
+        elif "default" in keywords and option_type is None and "nargs" not in keywords:
+            default = keywords["default"]
+            if isinstance(default, (cst.Integer, cst.Float, cst.SimpleString)) or dotted(default) in ("True", "False"):
+                kind = self.of(None).kind(default) if not isinstance(default, cst.SimpleString) else Kind.STR
+        elif option_type is None and "nargs" not in keywords and action is None:
+            kind = Kind.STR
+        if "nargs" in keywords:
+            kind = Kind.PYTHON
+        self._options[name] = kind
+
+
+def _literal_kind(node: cst.BaseExpression) -> Kind:
+    if isinstance(node, cst.Integer):
+        return Kind.INT
+    if isinstance(node, cst.Float):
+        return Kind.FLOAT
+    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
+        return Kind.STR
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return Kind.BOOL
+    return Kind.UNKNOWN
+
+
+def _element(kind: Kind) -> Kind:
+    """The kind of each name of ``a, b = value``."""
+    if kind in TENSORS:
+        return Kind.TENSOR
+    return Kind.PYTHON if kind in HOST else Kind.UNKNOWN
+
+
+def _returns_and_yields(function: cst.FunctionDef) -> tuple[list, list]:
+    """The values of ``function``'s own return and yield statements (None for a bare return)."""
+    returned, yielded = [], []
+    stack = [function.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        if isinstance(node, cst.Return):
+            returned.append(node.value)
+        elif isinstance(node, cst.Yield):
+            value = node.value
+            if isinstance(value, cst.From):
+                value = value.item
+            yielded.append(value if value is not None else cst.Name("None"))
+        stack.extend(children(node))
+    return returned, yielded

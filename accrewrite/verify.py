@@ -1,0 +1,323 @@
+"""``accrewrite verify``: run a training script and its migration side by side and compare them.
+
+Each side runs in a scratch copy of the working directory (``Workspace``): the script's own
+directory holds migrated copies of its Python files on a migrated side, and the user's files are
+never written. Small files are copied, so a checkpoint one side writes is not read by the other;
+files over ``COPY_LIMIT`` (datasets) are linked, not copied. The script runs unedited under
+``accrewrite.probe``, which records each optimizer step's loss and a parameter checksum per rank;
+``--nproc`` runs it under accrun (torchrun).
+
+Exit codes: 0 every step within ``--rtol``; 1 a step diverges (the first one is named), or a
+torch_xla side trained on the CPU or recompiled every step; 2 a side could not run (its error and
+what to do are printed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from accrewrite.discovery import SKIPPED_DIRS
+from accrewrite.engine import Options, migrate_source
+
+ORIGINAL = "original"
+COPY_LIMIT = 8 * 1024 * 1024  # bytes: larger files are linked into a workspace, not copied
+_TAIL = 25  # lines of a failed side's output to show
+
+
+@dataclass
+class Side:
+    """One run: the original script, or its migration to ``target``."""
+
+    name: str
+    target: str | None = None
+    records: list[list[dict]] = field(default_factory=list)  # per rank
+    returncode: int | None = None
+    output: str = ""
+    migration_errors: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return min((len(rank) for rank in self.records), default=0)
+
+
+class VerifyError(Exception):
+    """A side could not run; the message says why and what to do."""
+
+
+def _migrated(path: Path, options: Options, errors: list[str]) -> bytes:
+    source = path.read_bytes()
+    result = migrate_source(source, str(path), options)
+    if result.error is not None:
+        errors.append(f"{path}:{result.error.line}: {result.error.reason}")
+        return source
+    return result.output
+
+
+class Workspace:
+    """A scratch copy of the working directory for one side, with the script's directory
+    migrated on a migrated side."""
+
+    def __init__(self, root: Path, cwd: Path, script: Path, unsafe_fixes: bool):
+        self.root = root
+        self.cwd = cwd
+        self.script = script
+        self.unsafe_fixes = unsafe_fixes
+
+    def build(self, side: Side, options: Options | None) -> tuple[Path, Path]:
+        """The side's (working directory, script path)."""
+        home = self.root / side.name
+        script_dir = self.script.parent
+        if script_dir.is_relative_to(self.cwd):
+            _mirror(self.cwd, home, script_dir if options else None, options, side.migration_errors)
+            return home, home / self.script.relative_to(self.cwd)
+        _mirror(self.cwd, home / "cwd", None, None, side.migration_errors)
+        _mirror(script_dir, home / "script", script_dir if options else None, options, side.migration_errors)
+        return home / "cwd", home / "script" / self.script.name
+
+
+def _mirror(source: Path, target: Path, migrate_under: Path | None, options: Options | None, errors: list[str]):
+    """Copy ``source`` to ``target``: directories made, files copied (linked above COPY_LIMIT),
+    Python files under ``migrate_under`` migrated."""
+    for directory, subdirs, files in os.walk(source):
+        here = Path(directory)
+        subdirs[:] = [d for d in subdirs if d not in SKIPPED_DIRS and not (here / d / "pyvenv.cfg").exists()]
+        made = target / here.relative_to(source)
+        made.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            file = here / name
+            copy = made / name
+            if migrate_under is not None and name.endswith(".py") and file.is_relative_to(migrate_under):
+                copy.write_bytes(_migrated(file, options, errors))
+                shutil.copymode(file, copy)
+            elif file.is_file() and file.stat().st_size <= COPY_LIMIT:
+                shutil.copy2(file, copy)
+            elif file.exists():
+                copy.symlink_to(file.resolve())
+
+
+def _command(script: Path, args: list[str], records: Path, steps: int, nproc: int, python: str) -> list[str]:
+    probe = [str(Path(__file__).with_name("probe.py")), str(records), str(steps), str(script), *args]
+    if nproc <= 1:
+        return [python, *probe]
+    return [python, "-m", "accrewrite.launcher", "--standalone", f"--nproc_per_node={nproc}", *probe]
+
+
+def _python_for(side: Side) -> str:
+    """torch_xla sides run in ACCREWRITE_XLA_PYTHON where it is set (torch_xla pins its own torch)."""
+    if side.target == "torch_xla":
+        return os.environ.get("ACCREWRITE_XLA_PYTHON", sys.executable)
+    return sys.executable
+
+
+def run_side(side: Side, workspace: Workspace, args: list[str], steps: int, nproc: int, timeout: float,
+             progress) -> None:
+    options = Options(target=side.target, unsafe_fixes=workspace.unsafe_fixes) if side.target else None
+    cwd, script = workspace.build(side, options)
+    records = workspace.root / f"{side.name}.records"
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
+    if side.target == "torch_xla":
+        env.setdefault("PJRT_DEVICE", "CPU")
+    log = workspace.root / f"{side.name}.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            _command(script, args, records, steps, nproc, _python_for(side)),
+            cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while process.poll() is None:
+                if time.monotonic() > deadline:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+                    side.returncode = None
+                    break
+                progress(side, _read_records(records, nproc))
+                time.sleep(0.2)
+            else:
+                side.returncode = process.returncode
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    side.output = log.read_text(errors="replace")
+    side.records = _read_records(records, nproc)
+    progress(side, side.records, finished=True)
+
+
+def _read_records(folder: Path, nproc: int) -> list[list[dict]]:
+    ranks = []
+    for rank in range(max(nproc, 1)):
+        path = folder / f"rank{rank}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        ranks.append([json.loads(line) for line in lines if line.endswith("}")])
+    return ranks
+
+
+# Comparing ---------------------------------------------------------------------------------------
+
+
+def deviation(a: float | None, b: float | None) -> float:
+    """Relative difference, against the larger magnitude (0 when both are 0)."""
+    if a is None or b is None:
+        return 0.0 if a is b else float("inf")
+    scale = max(abs(a), abs(b))
+    return abs(a - b) / scale if scale else 0.0
+
+
+@dataclass
+class Verdict:
+    code: int
+    message: str
+    rows: list[tuple] = field(default_factory=list)
+
+
+def compare(first: Side, second: Side, rtol: float) -> Verdict:
+    """Step by step, rank by rank: the losses and checksums within ``rtol``."""
+    steps = min(first.steps, second.steps)
+    rows = []
+    worst = (0.0, 0, 0)
+    diverged = None
+    for rank, (ours, theirs) in enumerate(zip(first.records, second.records)):
+        for step in range(steps):
+            a, b = ours[step], theirs[step]
+            loss_dev = deviation(a["loss"], b["loss"])
+            sum_dev = deviation(a["checksum"], b["checksum"])
+            if rank == 0:
+                rows.append((step + 1, a["loss"], b["loss"], loss_dev, sum_dev))
+            dev = max(loss_dev, sum_dev)
+            worst = max(worst, (dev, step + 1, rank))
+            if dev > rtol and diverged is None:
+                what = "loss" if loss_dev > rtol else "parameter checksum"
+                diverged = (step + 1, rank, what, dev)
+    if diverged is not None:
+        step, rank, what, dev = diverged
+        where = f" on rank {rank}" if len(first.records) > 1 else ""
+        return Verdict(1, f"diverge: the {what} differs by {dev:.2%} at step {step}{where} (tolerance {rtol:.0%})", rows)
+    if first.steps != second.steps:
+        return Verdict(1, f"diverge: {first.name} made {first.steps} steps, {second.name} {second.steps}", rows)
+    dev, step, _ = worst
+    return Verdict(0, f"match: {steps} steps within {rtol:.0%} (largest deviation {dev:.2%}, step {step})", rows)
+
+
+def check_xla(side: Side) -> str | None:
+    """Why a torch_xla side failed although its numbers may match: no XLA execution (it trained
+    on the CPU), or a compilation in every step of the second half (recompiling per step)."""
+    steps = side.records[0] if side.records else []
+    counts = [step.get("xla") for step in steps]
+    if not counts or any(c is None for c in counts):
+        return None
+    if counts[-1]["executions"] == 0:
+        return f"{side.name} ran no XLA graph: it trained on the CPU, not on the XLA device"
+    half = counts[len(counts) // 2:]
+    if len(half) >= 3 and all(later["compiles"] > earlier["compiles"] for earlier, later in zip(half, half[1:])):
+        return f"{side.name} compiles a new graph every step ({counts[-1]['compiles']} compilations in {len(counts)} steps)"
+    return None
+
+
+# Reporting ---------------------------------------------------------------------------------------
+
+
+def _cannot_run(side: Side, steps: int, timeout: float) -> str:
+    tail = "\n".join(side.output.rstrip().splitlines()[-_TAIL:])
+    if side.returncode is None:
+        reason = f"it did not make {steps} steps in {timeout:.0f} s (--timeout)"
+    elif side.steps == 0:
+        reason = f"it exited with status {side.returncode} before its first optimizer step"
+    else:
+        return ""
+    hint = "check that the script runs here with these arguments (after `--`)"
+    if side.name == ORIGINAL and any(word in tail for word in ("CUDA", "cuda", "NVIDIA", "accelerator device")):
+        hint = ("the original needs CUDA, which this machine lacks: compare two migrations instead, e.g. "
+                "`--compare runtime,torch_xla`")
+    elif "No module named" in tail:
+        hint = "install the missing module for the interpreter that ran it"
+        if side.target == "torch_xla":
+            hint += " (torch_xla sides run in $ACCREWRITE_XLA_PYTHON when it is set)"
+    return f"{side.name} cannot run: {reason}; {hint}.\n{tail}"
+
+
+def _table(first: Side, second: Side, verdict: Verdict) -> Table:
+    table = Table(title="rank 0" if len(first.records) > 1 else None)
+    for column in ("step", f"{first.name} loss", f"{second.name} loss", "deviation", "checksum deviation"):
+        table.add_column(column, justify="right")
+    for step, a, b, dev, sum_dev in verdict.rows:
+        table.add_row(str(step), _number(a), _number(b), f"{dev:.3%}", f"{sum_dev:.3%}")
+    return table
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def verify(script: str, args: list[str], sides: list[Side], steps: int, nproc: int, rtol: float,
+           unsafe_fixes: bool, timeout: float, keep: bool, out: Console, err: Console) -> int:
+    path = Path(script).resolve()
+    if not path.is_file():
+        err.print(f"[bold red]error:[/] {script}: no such file", highlight=False)
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="accrewrite-verify-"))
+    workspace = Workspace(root, Path.cwd().resolve(), path, unsafe_fixes)
+    progress = _Progress(err, steps)
+    try:
+        for side in sides:
+            run_side(side, workspace, args, steps, nproc, timeout, progress)
+            problem = _cannot_run(side, steps, timeout)
+            if problem:
+                progress.done()
+                for error in side.migration_errors:
+                    err.print(f"migration error: {error}", highlight=False)
+                err.print(f"[bold red]error:[/] {problem}", highlight=False)
+                return 2
+        progress.done()
+        first, second = sides
+        verdict = compare(first, second, rtol)
+        out.print(_table(first, second, verdict))
+        xla = [check_xla(side) for side in sides if side.target == "torch_xla"]
+        problems = [p for p in xla if p]
+        if verdict.code == 0 and problems:
+            verdict = Verdict(1, "; ".join(problems), verdict.rows)
+        colour = "green" if verdict.code == 0 else "red"
+        out.print(f"[bold {colour}]{verdict.message}[/]", highlight=False)
+        return verdict.code
+    finally:
+        if keep:
+            err.print(f"workspaces, records and logs kept in {root}", highlight=False)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+class _Progress:
+    """Which side runs and how many of its steps are recorded: a live line on a terminal, a line
+    per side when it ends."""
+
+    def __init__(self, console: Console, steps: int):
+        self.console = console
+        self.steps = steps
+        self.status = None
+
+    def __call__(self, side: Side, records: list[list[dict]], finished: bool = False) -> None:
+        text = f"{side.name}: {min((len(rank) for rank in records), default=0)}/{self.steps} steps"
+        if finished:
+            self.done()
+            self.console.print(text, highlight=False)
+        elif self.status is None and self.console.is_terminal:
+            self.status = self.console.status(text)
+            self.status.start()
+        elif self.status is not None:
+            self.status.update(text)
+
+    def done(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None

@@ -1,0 +1,246 @@
+"""The data-flow analysis of values (``accrewrite.values``): what each expression holds, where it
+is. Python numbers must never be taken for tensors: a diagnostic on a loop counter is worse than
+none."""
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from accrewrite.analysis import analyze
+from accrewrite.values import Kind
+
+
+def kinds(code: str, *expressions: str) -> list[Kind]:
+    """The kind of each expression, at its last occurrence in ``code`` (in the function that
+    holds it)."""
+    module = cst.parse_module(textwrap.dedent(code))
+    facts = analyze(module)
+    found: dict[str, tuple] = {}
+    skipped: set = set()
+
+    class Finder(cst.CSTVisitor):
+        def __init__(self):
+            self.scopes = [None]
+
+        def visit_FunctionDef(self, node):
+            self.scopes.append(node)
+
+        def leave_FunctionDef(self, node):
+            self.scopes.pop()
+
+        def on_visit(self, node):
+            if isinstance(node, cst.Attribute):
+                skipped.add(node.attr)  # ``self.gpu_id``'s ``gpu_id`` is not the variable
+            if isinstance(node, cst.BaseExpression) and node not in skipped:
+                text = module.code_for_node(node)
+                if text in expressions:
+                    found[text] = (node, self.scopes[-1])
+            return super().on_visit(node)
+
+    module.visit(Finder())
+    missing = [e for e in expressions if e not in found]
+    assert not missing, f"not in the code: {missing}"
+    return [facts.values(found[e][1]).kind(found[e][0]) for e in expressions]
+
+
+def test_loop_counters_config_values_and_item_results_are_python_numbers():
+    code = """
+    import torch
+    from torch.utils.data import DataLoader
+
+    eval_interval = 250
+    max_iters = 5000
+    loader = DataLoader(dataset, batch_size=8)
+    iter_num = 0
+    for step, (x, y) in enumerate(loader):
+        loss = model(x, y)
+        loss.backward()
+        lossf = loss.item()
+        if iter_num % eval_interval == 0 and iter_num > max_iters:
+            pass
+        iter_num += 1
+    """
+    assert kinds(code, "step", "x", "loss", "lossf", "iter_num % eval_interval == 0", "iter_num > max_iters") == [
+        Kind.INT, Kind.TENSOR, Kind.TENSOR, Kind.FLOAT, Kind.BOOL, Kind.BOOL,
+    ]
+
+
+def test_values_from_a_checkpoint_dict_are_not_tensors():
+    code = """
+    import torch
+
+    checkpoint = torch.load("ckpt.pt", map_location="cpu")
+    iter_num = checkpoint["iter_num"]
+    best_val_loss = checkpoint["best_val_loss"]
+    if best_val_loss < 1.0:
+        pass
+    """
+    assert kinds(code, "iter_num", "best_val_loss < 1.0") == [Kind.UNKNOWN, Kind.UNKNOWN]
+
+
+def test_a_literal_initialiser_takes_the_kind_of_what_accumulates():
+    code = """
+    import torch
+
+    def train(model, loader):
+        total = 0
+        running = 0.0
+        best = 1e9
+        for x in loader:
+            loss = model(x)
+            total += loss
+            running += loss.item()
+            best = min(best, loss)
+        print(total, running, best)
+    """
+    assert kinds(code, "total", "running", "best") == [Kind.TENSOR, Kind.FLOAT, Kind.TENSOR]
+
+
+def test_a_name_holds_what_its_latest_assignment_gave():
+    code = """
+    import torch
+
+    tokens = enc.encode("Hello")
+    first = tokens
+    tokens = torch.tensor(tokens, dtype=torch.long)
+    second = tokens
+    print(first, second)
+    """
+    assert kinds(code, "first", "second") == [Kind.UNKNOWN, Kind.TENSOR]
+
+
+def test_branches_meet_after_an_if():
+    code = """
+    import torch
+
+    def f(flag):
+        if flag:
+            value = torch.zeros(1)
+        else:
+            value = 0.5
+        return value
+    """
+    assert kinds(code, "value") == [Kind.UNKNOWN]
+
+
+def test_argparse_options_have_their_declared_types():
+    code = """
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpu", default=None, type=int)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--arch", default="resnet18")
+    args = parser.parse_args()
+    print(args.gpu, args.lr, args.dry_run, args.arch)
+    """
+    assert kinds(code, "args.gpu", "args.lr", "args.dry_run", "args.arch") == [
+        Kind.INT, Kind.FLOAT, Kind.BOOL, Kind.STR,
+    ]
+
+
+def test_trainer_attributes_and_parameters_from_callers():
+    code = """
+    import os
+    import torch
+    from torch.utils.data import DataLoader
+
+    class Trainer:
+        def __init__(self, model, train_data: DataLoader, gpu_id):
+            self.gpu_id = gpu_id
+            self.local_rank = int(os.environ["LOCAL_RANK"])
+            self.train_data = train_data
+            self.model = model.to(gpu_id)
+
+        def _run_epoch(self, epoch):
+            for source, targets in self.train_data:
+                source = source.to(self.gpu_id)
+                print(self.local_rank, epoch, source)
+
+    def main(device):
+        trainer = Trainer(torch.nn.Linear(2, 2), DataLoader([]), device)
+
+    device = 0
+    main(device)
+    """
+    assert kinds(code, "self.train_data", "source", "self.gpu_id", "self.local_rank", "gpu_id") == [
+        Kind.LOADER, Kind.TENSOR, Kind.INT, Kind.INT, Kind.INT,
+    ]
+
+
+def test_functions_of_the_file_return_what_their_returns_give():
+    code = """
+    import math
+    import torch
+
+    def get_batch(split):
+        ix = torch.randint(100, (4,))
+        x = torch.stack([data[i:i + 8] for i in ix])
+        return x, x
+
+    def get_lr(it):
+        if it < 100:
+            return 6e-4 * it / 100
+        return 6e-5 + 0.5 * (1.0 + math.cos(math.pi * it))
+
+    X, Y = get_batch("train")
+    lr = get_lr(3)
+    print(X, Y, lr)
+    """
+    assert kinds(code, "X", "Y", "lr") == [Kind.TENSOR, Kind.TENSOR, Kind.FLOAT]
+
+
+def test_model_methods_other_than_forward_and_classes_given_tensors_are_not_tensors():
+    code = """
+    import torch
+
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    mfu = model.estimate_mfu(12, 0.1)
+    logits = model(idx)
+    ema = ModelEMA(model)
+    muon = Muon([p for p in model.parameters()], lr=0.02)
+    print(mfu, logits, ema, muon)
+    """
+    assert kinds(code, "mfu", "logits", "ema", "muon") == [Kind.UNKNOWN, Kind.TENSOR, Kind.UNKNOWN, Kind.UNKNOWN]
+
+
+def test_loops_over_names_items_and_wrapped_enumerations():
+    code = """
+    import torch
+    from tqdm import tqdm
+
+    def train(model, train_loader):
+        for name, p in model.named_parameters():
+            print(name, p)
+        pbar = enumerate(train_loader)
+        pbar = tqdm(pbar, total=10)
+        for i, (imgs, targets) in pbar:
+            ni = i + 10
+        n = sum(p.numel() for p in model.parameters())
+        print(ni, n)
+    """
+    assert kinds(code, "name", "p", "i", "imgs", "ni", "n") == [
+        Kind.STR, Kind.TENSOR, Kind.INT, Kind.TENSOR, Kind.INT, Kind.INT,
+    ]
+
+
+@pytest.mark.parametrize("test, kind", [
+    ("loss > best", Kind.MASK),
+    ("loss.item() > 10", Kind.BOOL),
+    ("torch.isnan(loss)", Kind.TENSOR),
+    ("(x != 0).any()", Kind.TENSOR),
+    ("step % 10 == 0", Kind.BOOL),
+])
+def test_tests_on_tensors_and_on_numbers(test, kind):
+    code = f"""
+    import torch
+
+    for step, (x, y) in enumerate(train_loader):
+        loss = criterion(model(x), y)
+        if {test}:
+            pass
+    """
+    assert kinds(code, test) == [kind]

@@ -1,0 +1,124 @@
+"""``accrewrite verify``: the original and the migrated script run side by side on the CPU, and the
+verdict is the exit code (0 match, 1 diverge, 2 a side cannot run)."""
+
+import json
+import textwrap
+
+import pytest
+
+from accrewrite.cli import main
+from accrewrite.verify import Side, compare
+
+TRAIN = """\
+import argparse
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=8)
+args = parser.parse_args()
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), {activation}, nn.Linear(16, 1)).to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+data = torch.utils.data.TensorDataset(torch.randn(64, 8) * 2, torch.randn(64, 1))
+loader = torch.utils.data.DataLoader(data, batch_size=8)
+for step, (x, y) in enumerate(loader):
+    x, y = x.to(device), y.to(device)
+    loss = F.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"step {{step}} loss {{loss.item():.4f}}")
+    if step + 1 == args.steps:
+        break
+torch.save(model.state_dict(), "model.pt")
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    return tmp_path
+
+
+def write(project, name, text):
+    path = project / name
+    path.write_text(text)
+    return path
+
+
+def test_a_faithful_migration_matches_and_the_users_files_stay_as_they_were(project, capsys):
+    script = write(project, "train.py", TRAIN.format(activation="nn.ReLU()"))
+    before = {p.name: p.read_bytes() for p in project.iterdir()}
+    assert main(["verify", "train.py", "--steps", "4", "--", "--steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "match: 4 steps within 2%" in out
+    assert out.count("│") > 4 * 4  # the table: one row a step
+    assert {p.name: p.read_bytes() for p in project.iterdir()} == before  # model.pt went to the workspace
+    assert script.read_text() == TRAIN.format(activation="nn.ReLU()")
+
+
+def test_a_fix_that_changes_numerics_is_caught(project, capsys):
+    write(project, "train.py", TRAIN.format(activation="nn.GELU()"))
+    assert main(["verify", "train.py", "--steps", "3"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "train.py", "--steps", "3", "--unsafe-fixes"]) == 1
+    assert "diverge: the " in capsys.readouterr().out  # the loss, or the parameters it trains
+
+
+def test_a_side_that_cannot_run_says_why(project, capsys):
+    write(project, "train.py", "import torch\nraise SystemExit('needs a dataset at /data/imagenet')\n")
+    assert main(["verify", "train.py", "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "original cannot run" in err and "needs a dataset at /data/imagenet" in err
+
+
+@pytest.mark.launches_ranks
+def test_two_processes_compare_rank_by_rank(project, capsys):
+    write(project, "ddp.py", textwrap.dedent("""\
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        rank = dist.get_rank()
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            torch.manual_seed(100 * rank + step)
+            x = torch.randn(8, 4)
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        dist.destroy_process_group()
+        """))
+    assert main(["verify", "ddp.py", "--steps", "4", "--nproc", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0" in out and "match: 4 steps" in out
+
+
+def side(name, steps):
+    return Side(name, records=[[{"step": i + 1, "loss": loss, "checksum": total} for i, (loss, total) in enumerate(steps)]])
+
+
+def test_the_first_step_beyond_the_tolerance_is_named():
+    ours = side("original", [(1.0, 0.5), (0.9, 0.6), (0.8, 0.7)])
+    theirs = side("runtime", [(1.0, 0.5), (0.905, 0.6), (0.7, 0.7)])
+    verdict = compare(ours, theirs, rtol=0.02)
+    assert verdict.code == 1 and "at step 3" in verdict.message
+    assert compare(ours, theirs, rtol=0.2).code == 0
+    checksums = side("runtime", [(1.0, 0.5), (0.9, 0.66), (0.8, 0.7)])
+    assert "parameter checksum differs by 9.09% at step 2" in compare(ours, checksums, rtol=0.02).message
+
+
+def test_records_are_json_lines_per_rank(tmp_path):
+    from accrewrite.verify import _read_records
+
+    (tmp_path / "rank0.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0, "checksum": 0.1}) + "\n{\"step\": 2")
+    assert _read_records(tmp_path, 1) == [[{"step": 1, "loss": 2.0, "checksum": 0.1}]]  # a torn last line waits
