@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, node_types, string_value
+from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, names_in, node_types, string_value
 from accrewrite.targets import spelled_callees
 from accrewrite.values import FileValues, ScopeValues
 
@@ -34,6 +34,29 @@ WRAPPER_NAMES = {
     "torch.nn.DataParallel",
     "torch.nn.parallel.DataParallel",
 }
+
+
+def _string_defaults(module: cst.Module) -> dict[str, str]:
+    """``parser.add_argument("--device", default="cuda")`` -> {"device": "cuda"}."""
+    found = {}
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        stack.extend(children(node))
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"):
+            continue
+        default = call_arg(node, 99, "default")
+        value = string_value(default.value) if default is not None else None
+        flags = [string_value(arg.value) for arg in node.args if arg.keyword is None]
+        dest = call_arg(node, 99, "dest")
+        names = [string_value(dest.value)] if dest is not None else [f for f in flags if f and f.startswith("--")] or flags
+        if value is not None and names and names[0]:
+            found[names[0].lstrip("-").replace("-", "_")] = value
+    return found
+
+
+_COLLECTIVES = {"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
+                "torch.distributed.all_reduce_coalesced"}
 
 
 def placed_model(line: cst.CSTNode, models: set[str]) -> str | None:
@@ -109,6 +132,8 @@ class Facts:
     step_functions: set[cst.FunctionDef] = field(default_factory=set)
     # Seeds passed to torch.manual_seed, as code.
     torch_seeds: set[str] = field(default_factory=set)
+    # Whether the script all-reduces gradients itself (``dist.all_reduce(p.grad)``).
+    reduces_gradients: bool = False
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
     # Each statement's position in the file (statements numbered in source order).
@@ -122,6 +147,7 @@ class Facts:
     inert: set[cst.CSTNode] = field(default_factory=set)
     module: cst.Module | None = None
     _values: FileValues | None = None
+    _option_defaults: dict[str, str] | None = None
 
     def values(self, scope: cst.FunctionDef | None) -> ScopeValues:
         """What each expression of ``scope`` (a function, or None for module level) holds: the
@@ -172,6 +198,13 @@ class Facts:
                 return device.name
         return None
 
+    def option_defaults(self) -> dict[str, str]:
+        """The string defaults of the file's command-line options (``parser.add_argument``), by
+        destination."""
+        if self._option_defaults is None:
+            self._option_defaults = _string_defaults(self.module) if self.module is not None else {}
+        return self._option_defaults
+
     def is_cuda_device(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` selects a CUDA device: ``"cuda"``, ``"cuda:0"``, ``f"cuda:{r}"``,
         ``"cuda:{}".format(r)``, ``torch.device("cuda", r)``, ``"cuda" if torch.cuda.is_available()
@@ -189,6 +222,11 @@ class Facts:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
             template = string_value(node.func.value)  # "cuda:{}".format(args.gpu)
             return template is not None and template.startswith("cuda")
+        if isinstance(node, cst.Call) and self.qualname(node.func) == "torch.accelerator.current_accelerator":
+            return True
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+            default = self.option_defaults().get(node.attr.value)  # args.device, default "cuda"
+            return default is not None and (default == "cuda" or default.startswith("cuda:"))
         if isinstance(node, cst.IfExp):
             # ``"cuda" if torch.cuda.is_available() else "cpu"`` chooses a device;
             # nanoGPT's ``"cuda" if "cuda" in device else "cpu"`` names a device's type.
@@ -390,7 +428,9 @@ class _Analyzer(_Walker):
             return
         value = node.value
         binding = Binding(target, self._statements[-1], self._scope, self._order)
-        if self.facts.is_cuda_device(value):
+        if self.facts.is_cuda_device(value) and not target.lower().endswith("type"):
+            # (``device_type = "cuda" if ... else "cpu"`` names a kind of device, a string that
+            # autocast and comparisons read: it is not the device)
             self.facts.devices.append(binding)
             self.facts.device_values.add(value)
             return
@@ -431,6 +471,8 @@ class _Analyzer(_Walker):
         callee = self.facts.qualname(func)
         if callee:
             self.facts.called.add(callee)
+        if callee in _COLLECTIVES and any("grad" in names_in(arg.value) for arg in node.args[:1]):
+            self.facts.reduces_gradients = True
         if callee == "torch.manual_seed":
             seed = call_arg(node, 0, "seed")
             if seed is not None:
@@ -487,6 +529,6 @@ def analyze(
     (names of node types), ``facts.inert`` holds the nodes whose subtree has none of those types
     (whitespace and punctuation fields aside, which the analysis does not walk)."""
     analyzer = _Analyzer(triggers, trigger_nodes, walked)
-    analyzer.walk(module)
     analyzer.facts.module = module
+    analyzer.walk(module)
     return analyzer.facts

@@ -169,7 +169,9 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
     except MigrationError as exc:
         result.error = exc.error
     except Exception as bug:  # noqa: BLE001 - a rule's bug must not stop the other files
+        detail = str(bug).splitlines()[0] if str(bug) else ""
+        detail = detail if len(detail) <= 160 else detail[:157] + "..."  # a syntax tree's repr runs to pages
         result.error = FileError(
-            f"internal error ({type(bug).__name__}: {bug}); the file was left unchanged; please report it with the file"
+            f"internal error ({type(bug).__name__}: {detail}); the file was left unchanged; please report it with the file"
         )
     return result

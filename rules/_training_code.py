@@ -59,6 +59,19 @@ def is_logging_call(facts, call: cst.Call) -> bool:
     return method in ("print", "master_print") and callee == ""
 
 
+def records_only(facts, call: cst.Call) -> bool:
+    """A logging call that records (TensorBoard, wandb) or updates a progress bar rather than
+    prints a line: where it falls among printed lines does not matter."""
+    func = call.func
+    if not isinstance(func, cst.Attribute):
+        return False
+    callee = facts.qualname(func) or ""
+    owner = (dotted(func.value) or "").split(".")[-1]
+    method = func.attr.value
+    return (method in _WRITER_METHODS or method in _PROGRESS_METHODS and method != "write"
+            or callee.startswith("wandb.") or owner in ("run", "wandb"))
+
+
 def is_step_closure_call(node: cst.CSTNode) -> bool:
     """``xm.add_step_closure(...)`` in any spelling."""
     if not isinstance(node, cst.Call):

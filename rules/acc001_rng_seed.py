@@ -24,8 +24,9 @@ class RngSeed(Rule):
     generator) is left as it is.
 
     A script that wraps its model in DistributedDataParallel but never seeds relied on DDP
-    broadcasting rank 0's weights; ACC005 removes the wrapper, so the target's seed call (with
-    seed 0) goes right after ``dist.init_process_group(...)``, as in seed 001's example.
+    broadcasting rank 0's weights. ACC005 removes the wrapper and, where the target can,
+    broadcasts them itself; elsewhere the target's seed call (with seed 0) goes right after
+    ``dist.init_process_group(...)``, as in the BERT example of TorchAcc's migration guide.
     """
 
     code = "ACC001"
@@ -66,6 +67,7 @@ class RngSeed(Rule):
             """,
         ),
         Example(
+            target="torchacc",
             before="""
             import torch.distributed as dist
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -76,7 +78,7 @@ class RngSeed(Rule):
             after="""
             import torch.distributed as dist
             from torch.nn.parallel import DistributedDataParallel as DDP
-            import accrewrite.runtime.xla_model as xm
+            import torchacc.torch_xla.core.xla_model as xm
 
             dist.init_process_group(backend="nccl")
             xm.set_rng_state(0)
@@ -93,6 +95,8 @@ class RngSeed(Rule):
         facts = self.ctx.facts
         if facts.torch_seeds or facts.called & set(_CUDA_SEEDS) or not facts.called & WRAPPER_NAMES:
             return
+        if self.ctx.target.has("broadcast_master_param"):
+            return  # ACC005 broadcasts rank 0's weights, as the wrapper did: no seed is needed
         if self._seeded_after_init or not self._is_init(node):
             return
         self._seeded_after_init = True

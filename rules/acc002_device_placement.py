@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
-from accrewrite.nodes import call_arg, dotted, string_value
+from accrewrite.nodes import call_arg, children, dotted, string_value
 from accrewrite.rule import Example, Rule
 from accrewrite.values import Kind
 
@@ -138,8 +138,31 @@ class DevicePlacement(Rule):
             and len(statement.targets) == 1
             and self.ctx.facts.is_cuda_device(statement.value)
         ):
+            if self._configurator is not None and self.ctx.scope is None and self._before_configurator(original_node):
+                return updated_node  # a config value: the device is assigned after the configurator
             return self._assign_device(original_node, updated_node)
+        if original_node is self._configurator:
+            return self._after_configurator(original_node, updated_node)
         return updated_node
+
+    def _before_configurator(self, line) -> bool:
+        order = self.ctx.facts.order
+        return order.get(line, 0) < order.get(self._configurator, 0)
+
+    def _after_configurator(self, original_node, updated_node):
+        """The target's device, assigned to the config names that chose CUDA, after the
+        configurator has run."""
+        names = [d.name for d in self.ctx.facts.devices if d.scope is None and self._before_configurator(d.statement)]
+        if not names:
+            return updated_node
+        lines = []
+        for name in dict.fromkeys(names):
+            lines.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], self.ctx.expr("device"))]))
+            if self.ctx.target.has("set_replication"):
+                lines += self.ctx.statements("set_replication", device=name)
+        self.ctx.fix(original_node, f"{', '.join(dict.fromkeys(names))}: the target device, after the configurator "
+                                   "(the config value keeps its string type for command-line overrides)")
+        return cst.FlattenSentinel([updated_node, *lines])
 
     def _assign_device(self, original_node, updated_node):
         assign = updated_node.body[0]
@@ -153,24 +176,69 @@ class DevicePlacement(Rule):
     # Expressions -----------------------------------------------------------------------------
 
     def leave_Comparison(self, original_node, updated_node):
-        """``"cuda" in device`` (nanoGPT's device type) reads a device string; the target's
-        device is an object, so its string is tested instead."""
-        if len(original_node.comparisons) != 1 or string_value(original_node.left) is None:
+        """``"cuda" in device`` and ``device == "cpu"`` (nanoGPT's, build-nanogpt's device type)
+        read a device string; the target's device is an object, so its string is tested."""
+        if len(original_node.comparisons) != 1:
             return updated_node
-        target = original_node.comparisons[0]
-        if not isinstance(target.operator, (cst.In, cst.NotIn)):
-            return updated_node
-        name = dotted(target.comparator)
-        if name is None or name not in {device.name for device in self.ctx.facts.devices}:
-            return updated_node
-        as_string = cst.Call(func=cst.Name("str"), args=[cst.Arg(updated_node.comparisons[0].comparator)])
-        self.ctx.fix(original_node, f"{name} is a device object on the target: its string is tested")
-        return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=as_string)])
+        comparison = original_node.comparisons[0]
+        if isinstance(comparison.operator, (cst.In, cst.NotIn)) and string_value(original_node.left) is not None:
+            if self._device_name(comparison.comparator):
+                as_string = _string_of(updated_node.comparisons[0].comparator)
+                self.ctx.fix(original_node, "a device object on the target: its string is tested")
+                return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=as_string)])
+        if isinstance(comparison.operator, (cst.Equal, cst.NotEqual)) and string_value(comparison.comparator) is not None:
+            if self._device_name(original_node.left):
+                self.ctx.fix(original_node, "a device object on the target: its string is compared")
+                return updated_node.with_changes(left=_string_of(updated_node.left))
+        return updated_node
 
+    def _device_name(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` names a variable this rule turns into the target's device."""
+        return dotted(node) in {device.name for device in self.ctx.facts.devices}
+
+    def leave_Attribute(self, original_node, updated_node):
+        """``device.startswith("cuda")`` reads a device string: its string is read instead."""
+        if original_node.attr.value in _STRING_METHODS and self._device_name(original_node.value):
+            self.ctx.fix(original_node, "a device object on the target: its string is read")
+            return updated_node.with_changes(value=_string_of(updated_node.value))
+        return updated_node
+
+    # Choosing the device ----------------------------------------------------------------------
+
+    def visit_If(self, node: cst.If) -> None:
+        """``if torch.cuda.is_available(): device = "cuda"``: where the target's device is not a
+        CUDA device, the availability test in front of a device choice would keep the CPU."""
+        if self.ctx.target.has("accelerator_available") and self._chooses_device(node.body):
+            self._gates.update(_calls_in(node.test))
+
+    def _chooses_device(self, block: cst.CSTNode) -> bool:
+        chosen = {device.statement for device in self.ctx.facts.devices}
+        found = False
+
+        def enter(child):
+            nonlocal found
+            found = found or child in chosen
+            return not found
+
+        _walk(block, enter)
+        return found
+
+    def _availability(self, original_node, updated_node):
+        callee = self.ctx.facts.qualname(original_node.func)
+        if callee == "torch.accelerator.is_available" or (callee in _AVAILABLE and original_node in self._gates):
+            self.ctx.fix(original_node, f"{callee}() -> the target's device is there")
+            return self.ctx.expr("accelerator_available")
+        return None
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self._parameters_kept = False
+        # Availability tests in front of a device choice (``visit_If``).
+        self._gates: set[cst.Call] = set()
+        # nanoGPT's configurator: ``exec(...)`` at module level overrides config globals from the
+        # command line, type-checked, so the device string stays and the target's device is
+        # assigned after it.
+        self._configurator = _configurator(ctx.module)
 
     def _ordinal(self, node: cst.CSTNode) -> bool:
         """An int passed where a device goes (``model.to(gpu_id)``, ``torch.device(local_rank)``)
@@ -182,6 +250,10 @@ class DevicePlacement(Rule):
         return cst.parse_expression(name) if name else self.ctx.expr("device")
 
     def leave_Call(self, original_node, updated_node):
+        if self.ctx.target.has("accelerator_available"):
+            available = self._availability(original_node, updated_node)
+            if available is not None:
+                return available
         func = updated_node.func
         facts = self.ctx.facts
         callee = facts.qualname(func)
@@ -254,6 +326,39 @@ class DevicePlacement(Rule):
             return updated_node
         self.ctx.fix(original_node, "dropped device_ids/output_device: they pin the wrapper to CUDA")
         return updated_node.with_changes(args=_with_commas(args))
+
+
+_AVAILABLE = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+_STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
+
+
+def _string_of(node: cst.BaseExpression) -> cst.Call:
+    return cst.Call(func=cst.Name("str"), args=[cst.Arg(node)])
+
+
+def _walk(node: cst.CSTNode, enter) -> None:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if enter(current) is not False:
+            stack.extend(children(current))
+
+
+def _calls_in(node: cst.CSTNode) -> set[cst.Call]:
+    found = set()
+    _walk(node, lambda child: found.add(child) if isinstance(child, cst.Call) else None)
+    return found
+
+
+def _configurator(module: cst.Module) -> cst.CSTNode | None:
+    """nanoGPT's ``exec(open('configurator.py').read())`` at module level, which overrides the
+    globals above it from the command line."""
+    for line in module.body:
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Expr):
+            call = line.body[0].value
+            if isinstance(call, cst.Call) and dotted(call.func) == "exec":
+                return line
+    return None
 
 
 def _with_commas(args: list[cst.Arg]) -> list[cst.Arg]:

@@ -46,9 +46,10 @@ class DdpUnwrap(Rule):
 
     DDP's constructor also broadcast rank 0's parameters and buffers to every rank. Where the
     target has that broadcast (``xm.broadcast_master_param(model)`` of torch_xla and of
-    accrewrite.runtime) it takes the wrapper's place; elsewhere a diagnostic says that every rank must then build equal weights
-    (one seed for all ranks, seed 001 step 1), which a rank-dependent seed such as nanoGPT's
-    ``1337 + seed_offset`` breaks.
+    accrewrite.runtime) it takes the wrapper's place; elsewhere a diagnostic says that every
+    rank must then build equal weights (one seed for all ranks, step 1 of TorchAcc's migration
+    guide), which a rank-dependent seed such as nanoGPT's ``1337 + seed_offset`` breaks.
+    DataParallel ran in one process: it is only removed.
 
     The DDP import is left in place (unused imports are harmless and may be used elsewhere).
     """
@@ -128,9 +129,8 @@ class DdpUnwrap(Rule):
             """,
             after="""
             import torch.nn as nn
-            import torch_xla.core.xla_model as xm
 
-            xm.broadcast_master_param(model)  # use every GPU
+            # use every GPU
             torch.save(model.state_dict(), "model.pt")
             """,
         ),
@@ -238,7 +238,7 @@ class DdpUnwrap(Rule):
         module = self._wrapped_module(assign.value)
         if module is None or not isinstance(new, cst.Assign) or self.ctx.code(assign.value) == self.ctx.code(new.value):
             return updated_node
-        broadcast = self._broadcast(original_node, module)
+        broadcast = self._broadcast(original_node, module) if self._distributed(assign.value) else []
         if self.ctx.code(new.value).strip() == self.ctx.code(target).strip():
             self.ctx.fix(original_node, f"removed {self.ctx.code(target)} = {self.ctx.code(target)} left by unwrapping")
             if broadcast:
@@ -259,6 +259,15 @@ class DdpUnwrap(Rule):
                 module = call_arg(candidate, 0, "module")
                 return self.ctx.code(module.value) if module is not None else None
         return None
+
+    def _distributed(self, value: cst.BaseExpression) -> bool:
+        """DistributedDataParallel (many processes), not DataParallel (one process, every GPU):
+        only the first started its ranks from rank 0's weights."""
+        calls = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+        return any(
+            isinstance(call, cst.Call) and "DistributedDataParallel" in (self.ctx.facts.qualname(call.func) or "")
+            for call in calls
+        )
 
     def _broadcast(self, statement, module: str) -> list:
         """DDP's constructor broadcast rank 0's parameters and buffers to every rank; the

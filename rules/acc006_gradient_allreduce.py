@@ -4,8 +4,14 @@ from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
 # Calls that read gradients after the backward passes of a step: the reduction goes before the
-# first of them (seed 001: overflow detection must see reduced gradients).
+# first of them (overflow detection and clipping must see reduced gradients).
 _GRADIENT_READERS = ("unscale_", "clip_grad_norm_", "clip_grad_value_")
+# What reads gradients before a plain optimizer step: clipping (also a script's own
+# ``clip_gradients`` helper) and ``p.grad`` itself (a finite check, a gradient-norm log).
+_PLAIN_READERS = ("clip_grad_norm_", "clip_grad_value_", "clip_gradients", "clip_grad", "grad")
+# Sharding that reduces (reduce-scatters) gradients itself: FSDP, FSDP2, DTensor parallelism.
+_SHARDING = ("torch.distributed.fsdp.", "torch.distributed._composable.fsdp.", "torch.distributed.tensor.",
+             "torch.distributed._tensor.")
 
 
 class GradientAllReduce(Rule):
@@ -20,9 +26,14 @@ class GradientAllReduce(Rule):
       accumulation (``for micro_step in ...: scaler.scale(loss).backward()``, or ``if (i + 1) %
       accum == 0:``) the reduction happens once per step, not per micro-batch;
     - without one, ``optimizer.step()`` becomes ``xm.optimizer_step(optimizer)``, which reduces
-      and steps.
+      and steps, unless the step's block reads the gradients first (``clip_grad_norm_``, a
+      finite check of ``p.grad``): then the reduction goes before the first read, as with a
+      GradScaler, and the step stays. Under DDP every read saw averaged gradients; reading
+      them before the reduction would clip (or skip) on one rank's own.
 
-    Scheduler steps, ``zero_grad`` and EMA updates keep their places.
+    Scheduler steps, ``zero_grad`` and EMA updates keep their places. A file that shards its
+    model (FSDP, ``fully_shard``, DTensor's ``parallelize_module``) or all-reduces the gradients
+    itself is left as it is: its gradients are reduced already, or are shards.
     """
 
     code = "ACC006"
@@ -90,8 +101,15 @@ class GradientAllReduce(Rule):
         ),
     )
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._reduced_steps: set[cst.CSTNode] = set()
+
     def applies(self) -> bool:
-        return bool(self.ctx.facts.loops or self.ctx.facts.step_functions)
+        facts = self.ctx.facts
+        if any(callee.startswith(_SHARDING) for callee in facts.called):
+            return False
+        return bool(facts.loops or facts.step_functions) and not facts.reduces_gradients
 
     # With a GradScaler: reduce before the gradients are read ----------------------------------
 
@@ -103,15 +121,22 @@ class GradientAllReduce(Rule):
 
     def _reduce_in(self, body) -> None:
         for index, statement in enumerate(body):
-            optimizer = self._scaler_step(statement)
-            if optimizer is None:
-                continue
             earlier = body[:index]
+            optimizer = self._scaler_step(statement)
+            if optimizer is not None:
+                anchor = next((s for s in earlier if _mentions(s, _GRADIENT_READERS)), statement)
+                what = "the scaler reads them"
+            else:
+                optimizer = self._plain_step(statement)
+                anchor = next((s for s in earlier if _mentions(s, _PLAIN_READERS)), None)
+                if optimizer is None or anchor is None:
+                    continue
+                self._reduced_steps.add(statement)
+                what = "they are read (clipped, checked)"
             if any(self._reduces(s) for s in earlier):
                 return  # migrated already
-            anchor = next((s for s in earlier if _mentions(s, _GRADIENT_READERS)), statement)
             self.ctx.insert_before(anchor, self.ctx.statements("gradient_allreduce", optimizer=optimizer))
-            self.ctx.fix(statement, f"gradients of {optimizer} are all-reduced before the scaler reads them")
+            self.ctx.fix(statement, f"gradients of {optimizer} are all-reduced before {what}")
             return
 
     def _scaler_step(self, statement) -> str | None:
@@ -132,15 +157,22 @@ class GradientAllReduce(Rule):
 
     # Without one: the target's optimizer step ----------------------------------------------
 
-    def leave_SimpleStatementLine(self, original_node, updated_node):
-        call = _call_statement(original_node)
+    def _plain_step(self, statement) -> str | None:
+        """The optimizer's name when ``statement`` is ``<optimizer>.step()``."""
+        call = _call_statement(statement)
         if call is None or call.func.attr.value != "step" or call.args:
-            return updated_node
+            return None
         owner = dotted(call.func.value)
         facts = self.ctx.facts
         if owner is None or owner in facts.scalers or "scaler" in owner.split(".")[-1].lower():
-            return updated_node
+            return None
         if owner not in facts.optimizers and not (self.ctx.in_training and owner.split(".")[-1] in ("optimizer", "optim", "opt")):
+            return None
+        return owner
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        owner = self._plain_step(original_node)
+        if owner is None or original_node in self._reduced_steps:
             return updated_node
         step = self.ctx.expr("optimizer_step", optimizer=owner)
         self.ctx.fix(original_node, f"{owner}.step() -> the target's optimizer step, which reduces gradients first")

@@ -12,6 +12,7 @@ from accrewrite.rules._training_code import (
     is_logging_call,
     is_step_closure_call,
     loop_helpers,
+    records_only,
     root_name,
     walk,
 )
@@ -21,10 +22,10 @@ from accrewrite.rules._training_code import (
 class StepClosure(LoopDiagnostic, Rule):
     """Log tensor values in a step closure instead of waiting for the device in the loop.
 
-    Seed 001's BERT example: logging a step's loss reads the loss tensor on the host, which
-    waits for the device and (with XLA) cuts the lazy graph every step. The migrated script
-    hands the logging to ``xm.add_step_closure(fn, args=(...), run_async=True)``: it runs after
-    the step's graph has executed, on a worker thread, and the loop never waits.
+    From the BERT example of TorchAcc's migration guide: logging a step's loss reads the loss
+    tensor on the host, which waits for the device and (with XLA) cuts the lazy graph every step.
+    The migrated script hands the logging to ``xm.add_step_closure(fn, args=(...), ...)``: it
+    runs at the step's end, after the step's graph has executed.
 
     A logging call in a training loop (or a step function) moves when it reads a tensor's value:
     ``print``, ``logging.*``/``logger.*``, ``writer.add_scalar`` and the other SummaryWriter
@@ -35,24 +36,36 @@ class StepClosure(LoopDiagnostic, Rule):
     The values the call reads are evaluated where the call was, as before, and passed to the
     closure as arguments: a step closure runs later, when loop variables such as ``step`` have
     moved on. Only what reads a tensor's value (``.item()``, formatting) happens inside the
-    closure, on the tensors passed. A call whose arguments are all plain values is passed as is,
-    as in seed 001 (``xm.add_step_closure(log_metrics, args=(epoch, step, loss), ...)``);
-    otherwise the closure is a lambda taking the values. Logging already inside a step closure
-    is left alone.
+    closure. A call whose arguments are all plain values is passed as is
+    (``xm.add_step_closure(log_metrics, args=(epoch, step, loss), ...)``); otherwise the closure
+    is a lambda taking the values, and a tensor it reads only through methods (``loss.item()``)
+    is passed detached, so that its autograd graph is not kept alive until the step ends.
+
+    The output stays as the original prints it, line for line and in order:
+
+    - a line that a later line of the same step would print before (a plain ``print`` after
+      it in the loop's body) stays where it is, and so does one right before ``sys.exit()`` or
+      ``raise``; ACC101 reports its host sync;
+    - a closure that prints runs on the calling thread (``run_async=False``) wherever the
+      function prints anything else after the loop begins, since two threads' lines interleave;
+      recording (TensorBoard, wandb, a progress bar) runs on the worker thread
+      (``run_async=True``);
+    - a loop that queued closures ends with the target's step boundary (``xm.mark_step()``),
+      also when it is left by ``break``, and runs them before a ``return`` leaves it.
 
     Objects are passed by reference, as Python passes them: a tensor or a meter (imagenet's
     ``AverageMeter``) that the loop updates in place after the call is read when the closure
     runs. Pass a copy (``running.clone()``) where the exact value at that line matters.
 
-    A helper of the same file that the loop calls with tensors (seed 001's ``log_metrics(...,
-    loss, ...)``) is followed one level: its parameters that receive tensors are tensors, and
-    its own logging call moves into the step closure inside it, exactly where seed 001 puts
-    it; the call in the loop then stays as it is.
+    A helper of the same file that the loop calls with tensors (``log_metrics(..., loss, ...)``)
+    is followed one level: its parameters that receive tensors are tensors, and its own logging
+    call moves into the step closure inside it, as in the guide's example; the call in the loop
+    then stays as it is.
     """
 
     code = "ACC009"
     name = "step-closure"
-    summary = "logging that reads tensor values in the loop -> xm.add_step_closure(fn, args=(...), run_async=True)"
+    summary = "logging that reads tensor values in the loop -> xm.add_step_closure(fn, args=(...)), output order kept"
     concepts = ("step_closure",)
     triggers = LOGGING_WORDS
     examples = (
@@ -69,7 +82,7 @@ class StepClosure(LoopDiagnostic, Rule):
                         # progress
                         print(f"epoch {epoch} step {step} loss {loss.item():.4f}")
                         writer.add_scalar("train/loss", loss.item(), global_step)
-                    print(f"epoch {epoch} done")
+                print(f"epoch {epoch} done")
             """,
             after="""
             import torch
@@ -84,13 +97,14 @@ class StepClosure(LoopDiagnostic, Rule):
                         # progress
                         xm.add_step_closure(
                             lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"),
-                            args=(epoch, step, loss),
-                            run_async=True)
+                            args=(epoch, step, loss.detach()),
+                            run_async=False)
                         xm.add_step_closure(
                             lambda loss, global_step: writer.add_scalar("train/loss", loss.item(), global_step),
-                            args=(loss, global_step),
+                            args=(loss.detach(), global_step),
                             run_async=True)
-                    print(f"epoch {epoch} done")
+                xm.mark_step()
+                print(f"epoch {epoch} done")
             """,
         ),
         Example(
@@ -125,6 +139,7 @@ class StepClosure(LoopDiagnostic, Rule):
                     optimizer.step()
                     xm.add_step_closure(log_metrics, args=(epoch, step, loss, time_elapsed), run_async=True)
                     xm.add_step_closure(logger.info, args=("step %d lr %.2e loss %s", step, scheduler.get_last_lr()[0], loss), run_async=True)
+                xm.mark_step()
             """,
         ),
         Example(
@@ -178,6 +193,7 @@ class StepClosure(LoopDiagnostic, Rule):
             import torch
             import wandb
             import torch_xla.core.xla_model as xm
+            import torch_xla
 
             def train(model, loader, optimizer):
                 for batch in loader:
@@ -186,13 +202,23 @@ class StepClosure(LoopDiagnostic, Rule):
                     optimizer.step()
                     xm.add_step_closure(
                         lambda loss, lr: wandb.log({"loss": loss.item(), "lr": lr}),
-                        args=(loss, optimizer.param_groups[0]["lr"]),
+                        args=(loss.detach(), optimizer.param_groups[0]["lr"]),
                         run_async=True)
+                torch_xla.sync()
             """,
         ),
     )
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        # Per loop (or helper function): the order numbers of its logging statements that stay
+        # as they are, because they read no tensor.
+        self._plain: dict[cst.CSTNode, list[int]] = {}
+        # Loops in which a logging call moved into a step closure: they flush at their exit.
+        self._flushed: set[cst.CSTNode] = set()
+
     def leave_SimpleStatementLine(self, original_node, updated_node):
+        self._flush_before_return(original_node)
         call = self._logging_call(original_node)
         if call is None:
             return updated_node
@@ -204,9 +230,20 @@ class StepClosure(LoopDiagnostic, Rule):
         tensors = self.tensors()
         if not self._reads_tensors(call, tensors):
             return updated_node
+        here = self.ctx.facts.order.get(original_node, 0)
+        region = self.ctx.loop.node if self.ctx.loop is not None else self.ctx.scope
+        plain = self._plain_logging(region)
+        prints = not records_only(self.ctx.facts, call)
+        if prints and (any(order > here for order in plain) or self._leaves_after(original_node)):
+            return updated_node  # a later line of the step prints at once: this one must print first
         closure, values = self._closure(call, tensors)
         args = ", ".join(self.ctx.code(value) for value in values) + ("," if len(values) == 1 else "")
-        replacement = self.ctx.expr("step_closure", closure=closure, args=args)
+        # A closure that prints runs on a worker thread only where nothing else prints: the
+        # order of lines between two threads is not kept.
+        run_async = not prints or not plain and not self._prints_after(region)
+        replacement = self.ctx.expr("step_closure", closure=closure, args=args, run_async=str(run_async))
+        if self.ctx.loop is not None:
+            self._flushed.add(self.ctx.loop.node)
         if closure.startswith("lambda") and len(self.ctx.code(replacement)) > _WRAP_AT:
             replacement = _one_argument_a_line(replacement)
         self.ctx.fix(
@@ -215,6 +252,76 @@ class StepClosure(LoopDiagnostic, Rule):
             f"so the loop does not wait for the device",
         )
         return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=replacement)])
+
+    # Keeping the output's order -----------------------------------------------------------------
+
+    def _plain_logging(self, region: cst.CSTNode | None) -> list[int]:
+        """Where ``region`` (a loop, or a helper function) logs Python values only."""
+        if region is None:
+            return []
+        found = self._plain.get(region)
+        if found is None:
+            found = self._plain[region] = []
+            tensors = self.tensors()
+
+            def enter(child):
+                if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and child is not region:
+                    return False
+                call = self._logging_call(child)
+                if (call is not None and not records_only(self.ctx.facts, call)
+                        and not self._reads_tensors(call, tensors) and not is_step_closure_call(call)):
+                    found.append(self.ctx.facts.order.get(child, 0))
+                return True
+
+            walk(region, enter)
+        return found
+
+    def _prints_after(self, loop: cst.CSTNode | None) -> bool:
+        """Whether the function holding ``loop`` logs Python values after the loop begins (a
+        line after the loop, or in the loop around it)."""
+        if loop is None or self.ctx.loop is None:
+            return False
+        start = self.ctx.facts.order.get(loop, 0)
+        return any(order > start for order in self._plain_logging(self.ctx.scope or self.ctx.module))
+
+    def _leaves_after(self, line: cst.SimpleStatementLine) -> bool:
+        """A line followed by ``sys.exit()``, ``exit()`` or ``raise``: the process (or the loop)
+        ends before any step boundary would run a closure."""
+        following = self.ctx.facts.next_statement.get(line)
+        if not isinstance(following, cst.SimpleStatementLine):
+            return False
+        statement = following.body[0]
+        if isinstance(statement, cst.Raise):
+            return True
+        call = statement.value if isinstance(statement, cst.Expr) else None
+        return isinstance(call, cst.Call) and (self.ctx.facts.qualname(call.func) in _EXITS or dotted(call.func) in _EXITS)
+
+    def _flush_before_return(self, line: cst.SimpleStatementLine) -> None:
+        """``return`` out of a loop that queued closures runs them first."""
+        loop = self.ctx.loop
+        if loop is None or loop.node not in self._flushed or not isinstance(line.body[0], cst.Return):
+            return
+        self.ctx.insert_before(line, self.ctx.statements("mark_step"))
+        self.ctx.fix(line, "the step closures run before the return leaves the loop")
+
+    def leave_For(self, original_node, updated_node):
+        return self._flush_after(original_node, updated_node)
+
+    def leave_While(self, original_node, updated_node):
+        return self._flush_after(original_node, updated_node)
+
+    def _flush_after(self, original_node, updated_node):
+        """A loop that queued closures runs them when it ends (also by ``break``), before
+        anything after it prints."""
+        if original_node not in self._flushed:
+            return updated_node
+        marks = self.ctx.statements("mark_step")
+        following = self.ctx.facts.next_statement.get(original_node)
+        if following is not None and self.ctx.code(following).strip() == self.ctx.code(marks[0]).strip():
+            return updated_node  # flushed already
+        self.ctx.insert_after(original_node, marks)
+        self.ctx.fix(original_node, "the loop's step closures run when it ends")
+        return updated_node
 
     # Which calls log -------------------------------------------------------------------------
 
@@ -264,7 +371,10 @@ class StepClosure(LoopDiagnostic, Rule):
     # The closure -----------------------------------------------------------------------------
 
     def _closure(self, call: cst.Call, tensors) -> tuple[str, list[cst.BaseExpression]]:
-        """The closure's code and the values passed to it."""
+        """The closure's code and the values passed to it. A tensor the closure only reads
+        through its methods (``loss.item()``) is passed detached: its autograd graph would stay
+        alive until the step ends. One that is printed whole keeps it (its text shows
+        ``grad_fn``)."""
         bound = bound_names(call)
         plain = all(arg.keyword is None and not arg.star for arg in call.args) and dotted(call.func) is not None
         if plain and all(self._eager(arg.value, tensors, bound) for arg in call.args):
@@ -273,7 +383,12 @@ class StepClosure(LoopDiagnostic, Rule):
         body = call.visit(extract)
         params = ", ".join(extract.params)
         head = f"lambda {params}" if params else "lambda"
-        return f"{head}: {self.ctx.code(body)}", extract.values
+        read = _read_through_methods(body)
+        values = [
+            _detached(value) if param in read and tensors.is_tensor(value) else value
+            for param, value in zip(extract.params, extract.values)
+        ]
+        return f"{head}: {self.ctx.code(body)}", values
 
     def _eager(self, node: cst.CSTNode, tensors, bound: set[str]) -> bool:
         """Whether ``node`` can be evaluated where the call was: it reads no tensor value and
@@ -353,6 +468,30 @@ class _Extract(cst.CSTTransformer):
         self.params.append(candidate)
         self.values.append(node)
         return candidate
+
+
+_EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
+
+
+def _detached(value: cst.BaseExpression) -> cst.BaseExpression:
+    return cst.Call(func=cst.Attribute(value=value, attr=cst.Name("detach")))
+
+
+def _read_through_methods(body: cst.CSTNode) -> set[str]:
+    """The names that ``body`` uses only as ``name.attribute`` (``loss.item()``)."""
+    whole: set[str] = set()
+    through: set[str] = set()
+
+    def enter(node):
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+            through.add(node.value.value)
+            return False
+        if isinstance(node, cst.Name):
+            whole.add(node.value)
+        return True
+
+    walk(body, enter)
+    return through - whole
 
 
 # A step-closure call with a lambda longer than this is written one argument a line. (The

@@ -230,13 +230,15 @@ def main():
                 if enable_torchacc_compiler():
                     xm.add_step_closure(
                         lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
-                        args=(epoch, completed_steps, loss),
+                        args=(epoch, completed_steps, loss.detach()),
                         run_async=True)
                 else:
                     print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}")
                 completed_steps += 1
             if completed_steps >= max_train_steps:
                 break
+        if enable_torchacc_compiler():
+            xm.mark_step()
 
         model.eval()
         correct, seen = 0, 0
@@ -257,6 +259,8 @@ def main():
             print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}")
         if completed_steps >= max_train_steps:
             break
+    if enable_torchacc_compiler():
+        xm.mark_step()
 
 
 if __name__ == "__main__":

@@ -206,11 +206,12 @@ def main():
                 optimizer.zero_grad()
                 xm.add_step_closure(
                     lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
-                    args=(epoch, completed_steps, loss),
+                    args=(epoch, completed_steps, loss.detach()),
                     run_async=True)
                 completed_steps += 1
             if completed_steps >= max_train_steps:
                 break
+        xm.mark_step()
 
         model.eval()
         correct, seen = 0, 0
@@ -226,6 +227,7 @@ def main():
             run_async=True)
         if completed_steps >= max_train_steps:
             break
+    xm.mark_step()
 
 
 if __name__ == "__main__":

@@ -205,11 +205,12 @@ def main():
                 optimizer.zero_grad()
                 xm.add_step_closure(
                     lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
-                    args=(epoch, completed_steps, loss),
+                    args=(epoch, completed_steps, loss.detach()),
                     run_async=True)
                 completed_steps += 1
             if completed_steps >= max_train_steps:
                 break
+        torch_xla.sync()
 
         model.eval()
         correct, seen = 0, 0
@@ -225,6 +226,7 @@ def main():
             run_async=True)
         if completed_steps >= max_train_steps:
             break
+    torch_xla.sync()
 
 
 if __name__ == "__main__":

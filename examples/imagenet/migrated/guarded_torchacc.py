@@ -281,13 +281,14 @@ def train(train_loader, model, criterion, optimizer, epoch, args):
                 if enable_torchacc_compiler():
                     xm.add_step_closure(
                         lambda epoch, global_step, loss, top1, batch_time: print(f"epoch {epoch} step {global_step} loss {loss.item():.4f} {top1} {batch_time}"),
-                        args=(epoch, args.global_step, loss, top1, batch_time),
+                        args=(epoch, args.global_step, loss.detach(), top1, batch_time),
                         run_async=True)
                 else:
                     print(f"epoch {epoch} step {args.global_step} loss {loss.item():.4f} {top1} {batch_time}")
             args.global_step += 1
             if args.global_step >= args.steps:
                 break
+        xm.mark_step()
     else:
         for i, (images, target) in enumerate(train_loader):
             if torch.cuda.is_available():

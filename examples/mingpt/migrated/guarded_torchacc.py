@@ -255,11 +255,11 @@ class Trainer:
             # backprop and update the parameters
             model.zero_grad(set_to_none=True)
             self.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_norm_clip)
             if enable_torchacc_compiler():
-                xm.optimizer_step(self.optimizer)
-            else:
-                self.optimizer.step()
+                gradients = xm._fetch_gradients(self.optimizer)
+                xm.all_reduce('sum', gradients, scale=1.0 / xm.xrt_world_size())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_norm_clip)
+            self.optimizer.step()
 
             self.trigger_callbacks('on_batch_end')
             self.iter_num += 1

@@ -236,8 +236,9 @@ class Trainer:
             # backprop and update the parameters
             model.zero_grad(set_to_none=True)
             self.loss.backward()
+            xm.reduce_gradients(self.optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_norm_clip)
-            xm.optimizer_step(self.optimizer)
+            self.optimizer.step()
 
             self.trigger_callbacks('on_batch_end')
             self.iter_num += 1

@@ -74,11 +74,13 @@ def main():
                 xm.optimizer_step(optimizer)
                 xm.add_step_closure(
                     lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"),
-                    args=(epoch, step, loss),
+                    args=(epoch, step, loss.detach()),
                     run_async=True)
             else:
                 optimizer.step()
                 print(f"epoch {epoch} step {step} loss {loss.item():.4f}")
+        if enable_torchacc_compiler():
+            xm.mark_step()
 
 
 if __name__ == "__main__":

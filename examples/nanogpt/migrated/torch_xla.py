@@ -192,7 +192,7 @@ if ddp:
     ddp_rank = int(os.environ['RANK'])
     ddp_local_rank = int(os.environ['LOCAL_RANK'])
     ddp_world_size = int(os.environ['WORLD_SIZE'])
-    if torch.cuda.is_available():
+    if True:
         device = torch_xla.device()
     master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
     seed_offset = ddp_rank  # each process gets a different seed
@@ -310,10 +310,7 @@ while True:
     # evaluate the loss on train/val sets and write checkpoints
     if iter_num % eval_interval == 0 and iter_num > 0 and master_process:
         losses = estimate_loss()
-        xm.add_step_closure(
-            lambda iter_num, train, val: print(f"step {iter_num}: train loss {train:.4f}, val loss {val:.4f}"),
-            args=(iter_num, losses['train'], losses['val']),
-            run_async=True)
+        print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         if losses['val'] < best_val_loss and out_dir:
             best_val_loss = losses['val']
             checkpoint = {

@@ -130,13 +130,14 @@ class Trainer:
                     if enable_torchacc_compiler():
                         xm.add_step_closure(
                             lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
-                            args=(epoch, self.steps_run, loss),
+                            args=(epoch, self.steps_run, loss.detach()),
                             run_async=True)
                     else:
                         print(f"epoch {epoch} step {self.steps_run} loss {loss.item():.4f}")
                 self.steps_run += 1
                 if self.steps_run >= self.max_steps:
                     break
+            xm.mark_step()
         else:
             for source, targets in self.train_data:
                 source = source.to(self.device)

@@ -101,11 +101,12 @@ class Trainer:
             if self.global_rank == 0:
                 xm.add_step_closure(
                     lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
-                    args=(epoch, self.steps_run, loss),
+                    args=(epoch, self.steps_run, loss.detach()),
                     run_async=True)
             self.steps_run += 1
             if self.steps_run >= self.max_steps:
                 break
+        xm.mark_step()
 
     def _save_snapshot(self, epoch):
         snapshot = {

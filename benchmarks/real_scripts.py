@@ -1,0 +1,1130 @@
+"""The codemod on real training scripts: does it run cleanly, does it do what they need, and do
+they still train the same.
+
+    python benchmarks/real_scripts.py DIR [--targets runtime,torch_xla,torchacc] [--exclude GLOB]
+        [--jobs N] [--list-diagnostics] [--json OUT]
+        [--verify [--python PATH] [--xla-python PATH] [--steps 5] [--timeout S] [--recipe TEXT]]
+
+DIR holds fetched public repositories, one folder per repository (``owner+name``). It is only
+read: migrations happen in memory, and verify runs work on copies in temporary directories.
+
+1. Every ``.py`` file under DIR (``accrewrite.discovery.discover``, minus ``--exclude``) is
+   migrated to each target. Counted: internal errors (a FileError whose reason starts with
+   "internal error": a rule's bug), other errors (Python 2 syntax, undecodable files), outputs
+   that do not ``compile()`` although the original does, and outputs that are not idempotent
+   (migrating the output again with the same options changes it).
+2. Training scripts: files with a ``for``/``while`` loop whose body calls ``.backward(`` or
+   ``.step(`` on something named like an optimizer (``optimizer``, ``opt_g``, ``self.optim``,
+   or ``scaler.step(optimizer)``), directly or through a function or method of the same file
+   that does (Python's ``ast``, not the codemod's analysis, so that it can judge the codemod).
+   Each needs, judged by the checks below on the original and on the migrated output:
+
+   * device placement: the original places on CUDA: ``.cuda(``; ``.to(`` a CUDA string
+     (``"cuda"``, ``"cuda:N"``, ``f"cuda:{..}"``, or an expression holding one), an integer
+     ordinal or a name like ``gpu``/``rank``/``device_id``; ``torch.device("cuda"...)``;
+     ``device=``/``map_location=`` a CUDA string; ``device = "cuda"...`` (a name with
+     "device", not "_type", that no later statement of its block rebinds);
+     ``torch.cuda.set_device``; ``torch.set_default_device("cuda")``;
+     ``torch.accelerator.current_accelerator()``; an argparse ``--device`` whose default is
+     CUDA, while ``args.device`` is read. Satisfied when none of these remains and the target's device is called
+     (runtime/torchacc ``xm.xla_device()``, torch_xla ``torch_xla.device()``).
+   * device loader: a training ``for`` loop iterates a loader (through ``enumerate``, ``tqdm``,
+     ``zip``, ``iter``, ``log_every`` or a name bound to one of them): a name bound to a
+     ``*DataLoader*(...)``/``*loader*(...)`` call or to a function of the file returning one,
+     or, bound to nothing else, a name with "loader" or a ``*_data`` name in a file that builds
+     a loader. Satisfied when every such loader is the first argument of the target's
+     ``MpDeviceLoader(`` or is rebound to one.
+   * gradient reduction: a training loop steps an optimizer, and the file neither shards
+     (FSDP, ``fully_shard``, DTensor, ``parallelize_module``) nor uses HuggingFace Accelerate.
+     Satisfied when the output calls the target's ``optimizer_step``, ``reduce_gradients`` or
+     ``all_reduce`` (torchacc: ``_fetch_gradients`` + ``all_reduce``).
+   * AMP: ``torch.cuda.amp`` anywhere (imports too), ``torch.autocast``/``torch.amp.autocast``
+     on a CUDA device type (a string or a name bound to one), ``torch.amp.GradScaler`` on CUDA
+     (its default). Satisfied when none of these remains.
+
+   Names are resolved through the file's imports, so any alias of a target module counts. The
+   checks are per file: a helper module that another file shards or migrates is judged alone.
+3. Diagnostics by code and target; ``--list-diagnostics`` prints every ACC101/ACC102/ACC103
+   finding of the runtime target as ``path:line: CODE <source line>``, to label by hand.
+4. ``--verify``: ``accrewrite verify`` on every script in ``RECIPES`` found in DIR, in a scratch
+   directory holding a copy of the script's directory and synthetic data (no network):
+   ``original,runtime`` and ``original,torch_xla``, or ``runtime,torch_xla`` (counted for both)
+   where the original needs CUDA. ``--python`` runs ``-m accrewrite.cli verify`` and with it the
+   original and the runtime side; ``--xla-python`` (default ``$ACCREWRITE_XLA_PYTHON``) the
+   torch_xla side, which is skipped without one. A recipe whose original cannot run here is not
+   counted as verified.
+5. A summary per target, and with ``--json OUT`` everything above as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+import zlib
+from array import array
+from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from accrewrite.discovery import discover
+from accrewrite.engine import Options, migrate_source
+
+DEFAULT_TARGETS = ("runtime", "torch_xla", "torchacc")
+LISTED_DIAGNOSTICS = ("ACC101", "ACC102", "ACC103")
+DEVICE, LOADER, REDUCTION, AMP = "device placement", "device loader", "gradient reduction", "AMP"
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a target's migrated script spells what the checks look for (rules/targets/*.toml)."""
+
+    xm: str  # the xla_model module
+    pl: str  # the parallel_loader module
+    devices: tuple[str, ...]  # calls that give the target's device
+
+    @property
+    def reductions(self) -> tuple[str, ...]:
+        return tuple(f"{self.xm}.{name}" for name in ("optimizer_step", "reduce_gradients", "all_reduce"))
+
+
+SPELLINGS = {
+    "runtime": Spelling("accrewrite.runtime.xla_model", "accrewrite.runtime.parallel_loader",
+                        ("accrewrite.runtime.xla_model.xla_device",)),
+    "torch_xla": Spelling("torch_xla.core.xla_model", "torch_xla.distributed.parallel_loader",
+                          ("torch_xla.device", "torch_xla.core.xla_model.xla_device")),
+    "torchacc": Spelling("torchacc.torch_xla.core.xla_model", "torchacc.torch_xla.distributed.parallel_loader",
+                         ("torchacc.torch_xla.core.xla_model.xla_device",)),
+}
+
+
+# What a module spells ------------------------------------------------------------------------
+
+
+class Facts:
+    """One module's imports, bindings, functions and classes, by name: what the checks resolve
+    names against (file-wide, ignoring scopes: a heuristic, like the checks)."""
+
+    def __init__(self, tree: ast.Module):
+        self.tree = tree
+        self.aliases: dict[str, str] = {}
+        self.bindings: dict[str, list[ast.expr]] = defaultdict(list)
+        self.functions: dict[str, list[ast.FunctionDef]] = defaultdict(list)
+        self.methods: dict[str, list[ast.FunctionDef]] = defaultdict(list)
+        self.classes: dict[str, ast.ClassDef] = {}
+        in_class = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    self.aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.ClassDef):
+                self.classes[node.name] = node
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.methods[item.name].append(item)
+                        in_class.add(item)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    self._bind(target, node.value)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node not in in_class:
+                self.functions[node.name].append(node)
+
+    def _bind(self, target: ast.expr, value: ast.expr) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            pairs = zip(target.elts, value.elts) if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) else ((t, value) for t in target.elts)
+            for element, part in pairs:
+                self._bind(element, part)
+        elif key(target):
+            self.bindings[key(target)].append(value)
+
+    def qualified(self, node: ast.expr) -> str | None:
+        """The dotted name an expression spells, its first name expanded through the imports."""
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        parts.append(self.aliases.get(node.id, node.id))
+        return ".".join(reversed(parts))
+
+    def calls(self, qualified: tuple[str, ...]) -> list[ast.Call]:
+        return [node for node in ast.walk(self.tree)
+                if isinstance(node, ast.Call) and self.qualified(node.func) in qualified]
+
+
+def key(node: ast.expr) -> str | None:
+    """How bindings are looked up: ``name`` or ``self.attr`` (the source of an attribute chain)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
+        return ast.unparse(node)
+    return None
+
+
+def identifier(node: ast.expr) -> str | None:
+    """The last name an expression spells: ``optimizer`` for ``self.optimizer`` or ``optimizer[0]``."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def walk_local(nodes):
+    """The nodes under ``nodes`` that run when they run: nested functions, lambdas and classes
+    are left out (they run when called, which the call graph follows)."""
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(child for child in ast.iter_child_nodes(node)
+                     if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)))
+
+
+# Training loops ------------------------------------------------------------------------------
+
+_OPTIMIZER = re.compile(r"[Oo]ptim|(^|_)opt(?![a-z])")
+BACKWARD, STEP = "backward", "step"
+
+
+def _optimizer_like(node: ast.expr) -> bool:
+    name = identifier(node)
+    return bool(name and _OPTIMIZER.search(name))
+
+
+def _direct(nodes) -> tuple[set[str], list[ast.Call]]:
+    """What ``nodes`` do themselves (backward, optimizer step) and the calls they make."""
+    does, calls = set(), []
+    for node in walk_local(nodes):
+        if not isinstance(node, ast.Call):
+            continue
+        calls.append(node)
+        if isinstance(node.func, ast.Attribute):
+            if node.func.attr == BACKWARD:
+                does.add(BACKWARD)
+            elif node.func.attr == STEP and (_optimizer_like(node.func.value) or node.args and _optimizer_like(node.args[0])):
+                does.add(STEP)
+    return does, calls
+
+
+class Training:
+    """Which functions of a module train (transitively) and which of its loops are training
+    loops: ``f()`` calls the file's functions named ``f``, ``x.f()`` its methods named ``f``."""
+
+    def __init__(self, facts: Facts):
+        self.facts = facts
+        defs = [d for group in (*facts.functions.values(), *facts.methods.values()) for d in group]
+        direct = {d: _direct(d.body) for d in defs}
+        self.does = {d: set(does) for d, (does, _) in direct.items()}
+        changed = True
+        while changed:
+            changed = False
+            for d, (_, calls) in direct.items():
+                reached = set().union(*(self.does[callee] for call in calls for callee in self._callees(call)))
+                if not reached <= self.does[d]:
+                    self.does[d] |= reached
+                    changed = True
+        self.loops = {}
+        for node in ast.walk(facts.tree):
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+                does, calls = _direct(node.body)
+                does |= set().union(*(self.does[callee] for call in calls for callee in self._callees(call)))
+                if does:
+                    self.loops[node] = does
+
+    def _callees(self, call: ast.Call) -> list[ast.FunctionDef]:
+        if isinstance(call.func, ast.Name):
+            return self.facts.functions.get(call.func.id, [])
+        if isinstance(call.func, ast.Attribute):
+            return self.facts.methods.get(call.func.attr, [])
+        return []
+
+    @property
+    def steps(self) -> bool:
+        return any(STEP in does for does in self.loops.values())
+
+
+# Loaders -------------------------------------------------------------------------------------
+
+_WRAPPERS = {"enumerate", "iter", "tqdm", "zip", "islice", "log_every"}
+
+
+def _iterated(facts: Facts, expr: ast.expr, seen: set[str] | None = None):
+    """What a loop iterates under its wrappers: ``loader`` in ``enumerate(tqdm(loader))`` or in
+    ``pbar`` after ``pbar = tqdm(loader)``."""
+    seen = set() if seen is None else seen
+    if isinstance(expr, ast.Call) and identifier(expr.func) in _WRAPPERS:
+        for arg in expr.args if identifier(expr.func) == "zip" else expr.args[:1]:
+            yield from _iterated(facts, arg, seen)
+        return
+    name = key(expr)
+    wrapped = [v for v in facts.bindings.get(name, []) if isinstance(v, ast.Call) and identifier(v.func) in _WRAPPERS]
+    if name and wrapped and name not in seen:
+        seen.add(name)
+        for value in wrapped:
+            yield from _iterated(facts, value, seen)
+    else:
+        yield expr
+
+
+def _loader_call(facts: Facts, call: ast.Call, depth: int = 0) -> bool:
+    """Whether a call builds a loader: a class of the file deriving from ``*DataLoader``, a
+    function of the file returning a loader, else any callee named with "loader"."""
+    name = identifier(call.func) or ""
+    if name in facts.classes:
+        return any((identifier(base) or "").endswith("DataLoader") for base in facts.classes[name].bases)
+    if name in facts.functions:
+        return depth < 3 and any(
+            _loader_value(facts, node.value, depth + 1)
+            for function in facts.functions[name] for node in walk_local(function.body)
+            if isinstance(node, ast.Return) and node.value is not None
+        )
+    return "loader" in name.lower()
+
+
+def _loader_value(facts: Facts, value: ast.expr, depth: int) -> bool:
+    if isinstance(value, ast.Call):
+        return _loader_call(facts, value, depth)
+    return any(isinstance(v, ast.Call) and _loader_call(facts, v, depth) for v in facts.bindings.get(key(value), []))
+
+
+def is_loader(facts: Facts, expr: ast.expr, builds_loader: bool) -> bool:
+    if isinstance(expr, ast.Call):
+        return _loader_call(facts, expr)
+    calls = [v for v in facts.bindings.get(key(expr), []) if isinstance(v, ast.Call)]
+    if calls:
+        return any(_loader_call(facts, call) for call in calls)
+    name = identifier(expr) or ""
+    return "loader" in name.lower() or (name.endswith("_data") and builds_loader)
+
+
+def training_loaders(facts: Facts, training: Training) -> list[str]:
+    """The loaders training ``for`` loops iterate, as source text."""
+    builds = any(isinstance(n, ast.Call) and _loader_call(facts, n) for n in ast.walk(facts.tree))
+    found = []
+    for loop in training.loops:
+        if isinstance(loop, (ast.For, ast.AsyncFor)):
+            for expr in _iterated(facts, loop.iter):
+                text = ast.unparse(expr)
+                if is_loader(facts, expr, builds) and text not in found:
+                    found.append(text)
+    return found
+
+
+def wrapped_loaders(facts: Facts, spelling: Spelling) -> set[str]:
+    """The loaders an output hands to the target's MpDeviceLoader, or rebinds to one."""
+    wrappers = facts.calls((f"{spelling.pl}.MpDeviceLoader",))
+    found = {ast.unparse(call.args[0]) for call in wrappers if call.args}
+    inner = set(wrappers)
+    for node in ast.walk(facts.tree):
+        if isinstance(node, ast.Assign) and any(n in inner for n in ast.walk(node.value)):
+            found.update(ast.unparse(target) for target in node.targets)
+    return found
+
+
+# CUDA spellings ------------------------------------------------------------------------------
+
+_CUDA = re.compile(r"cuda(:\d+)?")
+_ORDINAL = re.compile(r"gpu|(^|_)rank$|device_id")
+_AUTOCASTS = ("torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast")
+_SCALERS = ("torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler")
+_SHARDING_MODULES = ("accelerate", "torch.distributed.fsdp", "torch.distributed._composable.fsdp",
+                     "torch.distributed.tensor", "torch.distributed._tensor")
+_SHARDING_CALLS = {"fully_shard", "FullyShardedDataParallel", "FSDP", "parallelize_module", "distribute_tensor",
+                   "Accelerator"}
+
+
+def _cuda_string(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return bool(_CUDA.fullmatch(node.value))
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = node.values[0]
+        return isinstance(first, ast.Constant) and str(first.value).startswith("cuda")
+    return False
+
+
+def mentions_cuda(expr: ast.AST) -> bool:
+    """A CUDA string in an expression, outside comparisons (``"cuda" if ok else "cpu"`` does,
+    ``"cuda" in device`` does not)."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if _cuda_string(node):
+            return True
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, ast.Compare))
+    return False
+
+
+def _cuda_valued(facts: Facts, expr: ast.expr) -> bool:
+    """A CUDA string, or a name bound to one (one level)."""
+    return mentions_cuda(expr) or any(mentions_cuda(v) for v in facts.bindings.get(key(expr), []))
+
+
+def _ordinal(expr: ast.expr) -> bool:
+    if isinstance(expr, ast.Constant):
+        return type(expr.value) is int
+    return bool(_ORDINAL.search(identifier(expr) or ""))
+
+
+def cuda_placements(facts: Facts) -> list[tuple[int, str]]:
+    """(line, source) of every CUDA placement (see the module docstring)."""
+    read = _options_read(facts)
+    found = [node for node in ast.walk(facts.tree) if isinstance(node, ast.Call) and _places_on_cuda(facts, node, read)]
+    found += _device_assignments(facts)
+    return sorted((node.lineno, ast.unparse(node)) for node in found)
+
+
+def _places_on_cuda(facts: Facts, call: ast.Call, read: set[str] | None) -> bool:
+    name = facts.qualified(call.func)
+    method = call.func.attr if isinstance(call.func, ast.Attribute) else None
+    keywords = {k.arg: k.value for k in call.keywords if k.arg}
+    if method == "cuda" or name in ("torch.cuda.set_device", "torch.accelerator.current_accelerator"):
+        return True
+    if method == "to":
+        moved = [*call.args, *([keywords["device"]] if "device" in keywords else [])]
+        return any(mentions_cuda(arg) or _ordinal(arg) for arg in moved)
+    if name in ("torch.device", "torch.set_default_device"):
+        return bool(call.args) and mentions_cuda(call.args[0])
+    if method == "add_argument":
+        dest = _dest(call)
+        return ("device" in (dest or "") and "default" in keywords and mentions_cuda(keywords["default"])
+                and (read is None or dest in read))
+    if name in _AUTOCASTS + _SCALERS:
+        return False  # AMP's own check
+    return any(mentions_cuda(keywords[k]) for k in ("device", "map_location") if k in keywords)
+
+
+def _dest(call: ast.Call) -> str | None:
+    """The attribute an argparse option lands in."""
+    for k in call.keywords:
+        if k.arg == "dest" and isinstance(k.value, ast.Constant):
+            return str(k.value.value)
+    flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    long = [f for f in flags if f.startswith("--")] or flags
+    return long[0].lstrip("-").replace("-", "_") if long else None
+
+
+def _options_read(facts: Facts) -> set[str] | None:
+    """The options read from ``parse_args()``'s result (``args.device``), None when the file
+    has no such result (then every option counts as read)."""
+    holders = {name for name, values in facts.bindings.items()
+               if any(isinstance(v, ast.Call) and identifier(v.func) in ("parse_args", "parse_known_args") for v in values)}
+    if not holders:
+        return None
+    return {node.attr for node in ast.walk(facts.tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in holders}
+
+
+def _device_assignments(facts: Facts) -> list[ast.stmt]:
+    """``device = "cuda"...`` (a name with "device", not "..type"), unless a later statement
+    of the same block rebinds the name to something else."""
+    found = []
+    for block in _blocks(facts.tree):
+        for index, statement in enumerate(block):
+            names = _cuda_device_names(statement)
+            if names and not any(_cuda_device_names(later, cuda=False) & names for later in block[index + 1:]):
+                found.append(statement)
+    return found
+
+
+def _cuda_device_names(statement: ast.stmt, cuda: bool = True) -> set[str]:
+    """The device-named keys a statement binds to a CUDA string (``cuda=False``: to anything else)."""
+    if not isinstance(statement, (ast.Assign, ast.AnnAssign)) or statement.value is None:
+        return set()
+    if mentions_cuda(statement.value) != cuda:
+        return set()
+    targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+    names = {key(t) for t in targets if key(t)}
+    return {n for n in names if "device" in n.lower() and not n.endswith("type")}
+
+
+def _blocks(tree: ast.Module):
+    """Every list of statements: module, function, loop and branch bodies."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield block
+
+
+def cuda_amp(facts: Facts) -> list[tuple[int, str]]:
+    """(line, source) of every CUDA AMP spelling (see the module docstring)."""
+    found = {}
+    for node in ast.walk(facts.tree):
+        if isinstance(node, ast.ImportFrom) and node.module and (
+            node.module.startswith("torch.cuda.amp") or node.module == "torch.cuda" and any(a.name == "amp" for a in node.names)
+        ) or isinstance(node, ast.Import) and any(a.name.startswith("torch.cuda.amp") for a in node.names):
+            found.setdefault(node.lineno, node)
+        elif isinstance(node, (ast.Name, ast.Attribute)) and (facts.qualified(node) or "").startswith("torch.cuda.amp"):
+            found.setdefault(node.lineno, node)
+        elif isinstance(node, ast.Call) and facts.qualified(node.func) in _AUTOCASTS + _SCALERS:
+            device = node.args[0] if node.args else next(
+                (k.value for k in node.keywords if k.arg in ("device_type", "device")), None)
+            is_scaler = facts.qualified(node.func) in _SCALERS
+            if device is None and is_scaler or device is not None and _cuda_valued(facts, device):
+                found.setdefault(node.lineno, node)
+    return [(line, ast.unparse(node)) for line, node in sorted(found.items())]
+
+
+def shards(facts: Facts) -> bool:
+    """FSDP, DTensor or Accelerate: their gradients need no all-reduce of ours."""
+    for node in ast.walk(facts.tree):
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        if any(m == s or m.startswith(s + ".") for m in modules for s in _SHARDING_MODULES):
+            return True
+        if isinstance(node, ast.Call) and identifier(node.func) in _SHARDING_CALLS:
+            return True
+    return False
+
+
+# Needs and coverage --------------------------------------------------------------------------
+
+
+@dataclass
+class Original:
+    """A training script's needs: for each, what in the original calls for it."""
+
+    needs: dict[str, str]
+    loaders: list[str]
+
+
+@dataclass
+class Need:
+    name: str
+    satisfied: bool
+    why: str = ""  # for a miss: what is left or absent
+
+
+def parse(source: bytes) -> ast.Module | None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return ast.parse(source)
+        except (SyntaxError, ValueError):
+            return None
+
+
+def analyse_original(source: bytes) -> Original | None:
+    """The needs of a training script; None for a file that is not one (or does not parse)."""
+    tree = parse(source)
+    if tree is None:
+        return None
+    facts = Facts(tree)
+    training = Training(facts)
+    if not training.loops:
+        return None
+    needs = {}
+    if placements := cuda_placements(facts):
+        needs[DEVICE] = _where(placements)
+    loaders = training_loaders(facts, training)
+    if loaders:
+        needs[LOADER] = ", ".join(loaders)
+    if training.steps and not shards(facts):
+        needs[REDUCTION] = "an optimizer step in a training loop"
+    if amp := cuda_amp(facts):
+        needs[AMP] = _where(amp)
+    return Original(needs, loaders)
+
+
+def _where(found: list[tuple[int, str]]) -> str:
+    line, text = found[0]
+    more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+    return f"line {line}: {_short(text)}{more}"
+
+
+def _short(text: str, width: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def check_output(original: Original, output: bytes, target: str) -> list[Need]:
+    """Whether the output does what each need of the original asks."""
+    tree = parse(output)
+    if tree is None:
+        return [Need(name, False, "the output does not parse") for name in original.needs]
+    facts = Facts(tree)
+    spelling = SPELLINGS[target]
+    needs = []
+    for name in original.needs:
+        why = _CHECKS[name](facts, spelling, original)
+        needs.append(Need(name, not why, why))
+    return needs
+
+
+def _check_device(facts: Facts, spelling: Spelling, original: Original) -> str:
+    """What keeps the need unsatisfied ("" when nothing does); likewise below."""
+    if placements := cuda_placements(facts):
+        return _where(placements) + " remains"
+    if not facts.calls(spelling.devices):
+        return f"no {' or '.join(spelling.devices)}() call"
+    return ""
+
+
+def _check_loaders(facts: Facts, spelling: Spelling, original: Original) -> str:
+    missing = [loader for loader in original.loaders if loader not in wrapped_loaders(facts, spelling)]
+    return f"not wrapped in {spelling.pl}.MpDeviceLoader: {', '.join(missing)}" if missing else ""
+
+
+def _check_reduction(facts: Facts, spelling: Spelling, original: Original) -> str:
+    return "" if facts.calls(spelling.reductions) else f"no {spelling.xm}.optimizer_step/reduce_gradients/all_reduce"
+
+
+def _check_amp(facts: Facts, spelling: Spelling, original: Original) -> str:
+    amp = cuda_amp(facts)
+    return _where(amp) + " remains" if amp else ""
+
+
+_CHECKS = {DEVICE: _check_device, LOADER: _check_loaders, REDUCTION: _check_reduction, AMP: _check_amp}
+
+
+# The corpus pass -----------------------------------------------------------------------------
+
+
+@dataclass
+class FileReport:
+    path: str  # relative to DIR
+    target: str
+    error: str | None = None
+    internal: bool = False
+    compiles: bool | None = None  # None: the original does not compile either
+    idempotent: bool | None = None  # None: not migrated
+    idempotency_note: str = ""
+    diagnostics: list[tuple[str, int]] = field(default_factory=list)
+    training: bool = False
+    needs: list[Need] = field(default_factory=list)
+
+
+def _compiles(source: bytes, path: str) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compile(source, path, "exec", dont_inherit=True)
+            return True
+        except (SyntaxError, ValueError):
+            return False
+
+
+def examine(path: str, relative: str, target: str) -> FileReport:
+    """Migrate one file to one target and judge the output."""
+    source = Path(path).read_bytes()
+    options = Options(target=target)
+    result = migrate_source(source, path, options)
+    report = FileReport(relative, target, diagnostics=[(d.code, d.line) for d in result.diagnostics])
+    if result.error is not None:
+        report.error = result.error.reason
+        report.internal = result.error.reason.startswith("internal error")
+    elif result.output == source:
+        report.idempotent = True
+    else:
+        again = migrate_source(result.output, path, options)
+        report.idempotent = again.error is None and again.output == result.output
+        if again.error is not None:
+            report.idempotency_note = f"second migration failed: {again.error.reason}"
+    if _compiles(source, path):
+        report.compiles = _compiles(result.output, path)
+    original = analyse_original(source)
+    if original is not None:
+        report.training = True
+        report.needs = check_output(original, result.output, target)
+    return report
+
+
+def corpus_pass(directory: Path, paths: list[Path], targets: list[str], jobs: int) -> list[FileReport]:
+    """Every file to every target, in worker processes; progress on stderr."""
+    tasks = [(str(p), p.relative_to(directory).as_posix(), t) for t in targets for p in paths]
+    reports = []
+
+    def done(report: FileReport) -> None:
+        reports.append(report)
+        if len(reports) % 100 == 0 or len(reports) == len(tasks):
+            print(f"migrated {len(reports)}/{len(tasks)} (file, target)", file=sys.stderr, flush=True)
+
+    if jobs == 1:
+        for task in tasks:
+            done(_examine_safely(*task))
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            for future in as_completed([pool.submit(_examine_safely, *task) for task in tasks]):
+                done(future.result())
+    order = {t: i for i, t in enumerate(targets)}
+    return sorted(reports, key=lambda r: (order[r.target], r.path))
+
+
+def _examine_safely(path: str, relative: str, target: str) -> FileReport:
+    """A file the benchmark itself cannot handle is reported, not fatal."""
+    try:
+        return examine(path, relative, target)
+    except Exception as exc:  # noqa: BLE001 - one file never stops the run
+        return FileReport(relative, target, error=f"benchmark could not examine it: {type(exc).__name__}: {exc}")
+
+
+# Synthetic data for the verify recipes -------------------------------------------------------
+
+
+def _png(path: Path, width: int, height: int, rng: random.Random) -> None:
+    """A random RGB PNG (standard library only: zlib and struct)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b""))
+
+
+def image_folder(root: Path, splits=("train", "val"), classes=2, per_class=6, size=(40, 32)) -> None:
+    rng = random.Random(0)
+    for split in splits:
+        for c in range(classes):
+            for i in range(per_class):
+                _png(root / split / f"class{c}" / f"{i}.png", *size, rng)
+
+
+def mnist_raw(root: Path, train: int = 256, test: int = 64) -> None:
+    """torchvision's unpacked MNIST (``root/MNIST/raw``): with these present it downloads nothing."""
+    rng = random.Random(0)
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", train), ("t10k", test)):
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + rng.randbytes(n * 784))
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + bytes(rng.randrange(10) for _ in range(n)))
+
+
+def shakespeare_char(cwd: Path, python: str) -> None:
+    """nanoGPT's ``data/shakespeare_char``: uint16 tokens and ``meta.pkl``."""
+    rng, vocab = random.Random(0), 65
+    folder = cwd / "data" / "shakespeare_char"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.bin", 20000), ("val.bin", 4000)):
+        (folder / name).write_bytes(array("H", (rng.randrange(vocab) for _ in range(n))).tobytes())
+    chars = [chr(32 + i) for i in range(vocab)]
+    meta = {"vocab_size": vocab, "itos": dict(enumerate(chars)), "stoi": {c: i for i, c in enumerate(chars)}}
+    (folder / "meta.pkl").write_bytes(pickle.dumps(meta))
+
+
+def mnist_above(cwd: Path, python: str) -> None:
+    """MNIST in ``../data``, where pytorch/examples' MNIST scripts look."""
+    mnist_raw(cwd.parent / "data")
+
+
+def mnist_here(cwd: Path, python: str) -> None:
+    mnist_raw(cwd / "data")
+
+
+def vae_data(cwd: Path, python: str) -> None:
+    mnist_above(cwd, python)
+    (cwd / "results").mkdir(exist_ok=True)
+
+
+def bsds300(cwd: Path, python: str) -> None:
+    """super_resolution's ``dataset/BSDS300/images/{train,test}`` (it downloads when absent)."""
+    rng = random.Random(0)
+    for split, n in (("train", 6), ("test", 2)):
+        for i in range(n):
+            _png(cwd / "dataset" / "BSDS300" / "images" / split / f"{i}.png", 256, 256, rng)
+
+
+def wikitext(cwd: Path, python: str) -> None:
+    """A wikitext-2-shaped folder ``wt2/{train,valid,test}.txt`` of random words."""
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(50)]
+    (cwd / "wt2").mkdir()
+    for name, lines in (("train.txt", 400), ("valid.txt", 80), ("test.txt", 80)):
+        text = "".join(" ".join(rng.choices(words, k=10)) + "\n" for _ in range(lines))
+        (cwd / "wt2" / name).write_text(text)
+
+
+def cora(cwd: Path, python: str, nodes: int = 1800, features: int = 32) -> None:
+    """gat's ``./cora``: its split is fixed (1200/400/rest), so 1800 nodes."""
+    rng = random.Random(0)
+    (cwd / "cora").mkdir()
+    content = "".join("\t".join([str(1000 + i), *(str(rng.randrange(2)) for _ in range(features)), f"c{i % 7}"]) + "\n"
+                      for i in range(nodes))
+    cites = "".join(f"{1000 + i}\t{1000 + rng.randrange(nodes)}\n" for i in range(nodes) for _ in range(2))
+    (cwd / "cora" / "cora.content").write_text(content)
+    (cwd / "cora" / "cora.cites").write_text(cites)
+
+
+def sine_waves(cwd: Path, python: str) -> None:
+    """time_sequence_prediction's ``traindata.pt`` (a pickled numpy array), 8 short waves: it
+    needs numpy and torch, so the verify interpreter writes it."""
+    code = ("import numpy as np, torch; x = np.arange(60)[None, :] + np.arange(8)[:, None] * 3; "
+            "torch.save(np.sin(x / 20.0).astype('float64'), open('traindata.pt', 'wb'))")
+    subprocess.run([python, "-c", code], cwd=cwd, check=True, capture_output=True, timeout=120)
+
+
+def imagenet_folder(cwd: Path, python: str) -> None:
+    image_folder(cwd / "images")
+
+
+def classification_folder(cwd: Path, python: str) -> None:
+    """Five classes at least: the reference reports top-5 accuracy."""
+    image_folder(cwd / "images", classes=5, per_class=3)
+
+
+def no_data(cwd: Path, python: str) -> None:
+    pass
+
+
+# Verify recipes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to run one corpus script on a CPU, briefly, with synthetic data."""
+
+    suffix: str  # the script's path under DIR
+    args: tuple[str, ...]
+    data: Callable[[Path, str], None]  # writes the data, given the working directory and the interpreter
+    original_runs: bool = True  # False: the original needs CUDA, so compare runtime,torch_xla
+    nproc: int = 1
+    steps: int | None = None  # instead of --steps, where a step is slow
+    needs: tuple[str, ...] = ()  # modules the interpreters must import
+    env: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+_MNIST = ("torchvision", "PIL")
+RECIPES = (
+    Recipe("karpathy+nanoGPT/train.py",
+           ("config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=2",
+            "--log_interval=1", "--block_size=32", "--batch_size=4", "--n_layer=2", "--n_head=2", "--n_embd=32",
+            "--max_iters=6", "--dropout=0.0"), shakespeare_char, needs=("numpy",)),
+    Recipe("pytorch+examples/mnist/main.py", ("--epochs", "1", "--batch-size", "16", "--no-accel"), mnist_above,
+           needs=_MNIST),
+    Recipe("pytorch+examples/mnist_rnn/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above, needs=_MNIST),
+    Recipe("pytorch+examples/siamese_network/main.py", ("--epochs", "1", "--batch-size", "16", "--no-accel"),
+           mnist_above, needs=_MNIST),
+    Recipe("pytorch+examples/mnist_forward_forward/main.py",
+           ("--epochs", "3", "--train_size", "64", "--test_size", "32", "--no_accel", "--log-interval", "1"),
+           mnist_here, needs=_MNIST),
+    Recipe("pytorch+examples/vae/main.py", ("--epochs", "1", "--batch-size", "32", "--no-accel"), vae_data,
+           needs=_MNIST),
+    Recipe("pytorch+examples/dcgan/main.py",
+           ("--dataset", "fake", "--niter", "1", "--batchSize", "4", "--imageSize", "64", "--workers", "0",
+            "--outf", "out"), no_data, needs=("torchvision",)),
+    Recipe("pytorch+examples/super_resolution/main.py",
+           ("--upscale_factor", "2", "--batchSize", "2", "--testBatchSize", "2", "--nEpochs", "2", "--lr", "0.01",
+            "--threads", "0"), bsds300, needs=("torchvision", "PIL", "six")),
+    Recipe("pytorch+examples/word_language_model/main.py",
+           ("--data", "wt2", "--epochs", "1", "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--batch_size", "4",
+            "--bptt", "8", "--save", "model.pt", "--use-optimizer"), wikitext,
+           note="--use-optimizer: its default update is a manual SGD, which has no optimizer step to record"),
+    Recipe("pytorch+examples/time_sequence_prediction/train.py", ("--steps", "3"), sine_waves, steps=3,
+           needs=("numpy", "matplotlib"), env=(("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1"),),
+           note="torch.load of a pickled numpy array needs TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 on torch >= 2.6"),
+    Recipe("pytorch+examples/regression/main.py", (), no_data),
+    Recipe("pytorch+examples/gat/main.py", ("--epochs", "6", "--no-accel", "--hidden-dim", "8", "--num-heads", "2"),
+           cora, needs=("numpy",)),
+    Recipe("pytorch+examples/imagenet/main.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "2", "-j", "0", "--no-accel", "-p", "1", "images"),
+           imagenet_folder, needs=("torchvision", "PIL")),
+    Recipe("pytorch+vision/references/classification/train.py",
+           ("--data-path", "images", "--device", "cpu", "--model", "resnet18", "--batch-size", "2", "--epochs", "1",
+            "--workers", "0", "--print-freq", "1", "--output-dir", "out"), classification_folder,
+           needs=("torchvision", "PIL")),
+    Recipe("pytorch+examples/distributed/ddp-tutorial-series/single_gpu.py", ("1", "1", "--batch_size", "32"),
+           no_data, original_runs=False, note="the original places on cuda:0 (device = 0)"),
+    Recipe("pytorch+examples/distributed/ddp-tutorial-series/multigpu_torchrun.py", ("1", "1", "--batch_size", "8"),
+           no_data, original_runs=False, nproc=2, note="the original calls torch.cuda.set_device and uses NCCL"),
+)
+
+
+@dataclass
+class VerifyResult:
+    script: str
+    comparison: str  # e.g. "original,runtime"
+    counts_for: tuple[str, ...]  # the targets this verdict is counted for
+    code: int | None  # accrewrite verify's exit status; None when it did not run
+    verdict: str
+    seconds: float = 0.0
+
+
+def comparisons(recipe: Recipe) -> list[tuple[str, tuple[str, ...]]]:
+    """(the two sides, the targets the verdict counts for)."""
+    if recipe.original_runs:
+        return [("original,runtime", ("runtime",)), ("original,torch_xla", ("torch_xla",))]
+    return [("runtime,torch_xla", ("runtime", "torch_xla"))]
+
+
+@functools.lru_cache(maxsize=None)
+def importable(python: str, module: str) -> bool:
+    return subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=300).returncode == 0
+
+
+def scratch_copy(script: Path, scratch: Path) -> Path:
+    """A copy of the script's directory in ``scratch``; its path (the working directory)."""
+    cwd = scratch / script.parent.name
+    shutil.copytree(script.parent, cwd, ignore=shutil.ignore_patterns(".git", "__pycache__"), symlinks=True)
+    return cwd
+
+
+def run_verify(script: Path, relative: str, recipe: Recipe, args) -> list[VerifyResult]:
+    """Both of a recipe's verdicts; a recipe that cannot be prepared gets a reason instead."""
+    pairs = comparisons(recipe)
+    results = []
+    for sides, counts_for in pairs:
+        pythons = [args.python] + ([args.xla_python] if "torch_xla" in sides and args.xla_python else [])
+        if "torch_xla" in sides and not args.xla_python:
+            results.append(VerifyResult(relative, sides, counts_for, None, "skipped: no --xla-python (or $ACCREWRITE_XLA_PYTHON)"))
+            continue
+        missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m)})
+        if missing:
+            results.append(VerifyResult(relative, sides, counts_for, None, f"skipped: cannot import {', '.join(missing)}"))
+            continue
+        results.append(_verify_once(script, relative, recipe, sides, counts_for, args))
+    return results
+
+
+def _verify_once(script: Path, relative: str, recipe: Recipe, sides: str, counts_for, args) -> VerifyResult:
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="real-scripts-") as scratch:
+        try:
+            cwd = scratch_copy(script, Path(scratch))
+            recipe.data(cwd, args.python)
+        except Exception as exc:  # noqa: BLE001 - one recipe never stops the run
+            return VerifyResult(relative, sides, counts_for, None, f"could not prepare the data: {exc}")
+        command = [args.python, "-m", "accrewrite.cli", "verify", str(cwd / script.name), "--compare", sides,
+                   "--steps", str(recipe.steps or args.steps), "--timeout", str(args.timeout),
+                   "--rtol", str(args.rtol), "--nproc", str(recipe.nproc), "--", *recipe.args]
+        env = {**os.environ, **dict(recipe.env), "COLUMNS": "1000"}  # COLUMNS: rich does not wrap the verdict
+        if args.xla_python:
+            env["ACCREWRITE_XLA_PYTHON"] = args.xla_python
+        try:
+            done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=2 * args.timeout + 120)
+        except subprocess.TimeoutExpired:
+            return VerifyResult(relative, sides, counts_for, None, "accrewrite verify itself did not finish",
+                                time.monotonic() - start)
+    return VerifyResult(relative, sides, counts_for, done.returncode, verdict_line(done), time.monotonic() - start)
+
+
+def verdict_line(done: subprocess.CompletedProcess) -> str:
+    """The last line of stdout (match/diverge), or for a side that cannot run its error and the
+    last line of its output (usually the exception)."""
+    out = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    if done.returncode in (0, 1) and out:
+        return out[-1]
+    err = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    error = next((line for line in err if line.startswith("error:")), err[0] if err else f"exit {done.returncode}")
+    return error if not err or err[-1] == error else f"{error} | {err[-1]}"
+
+
+def verify_all(directory: Path, paths: list[Path], args) -> list[VerifyResult]:
+    relatives = {p.relative_to(directory).as_posix(): p for p in paths}
+    chosen = [r for r in RECIPES if not args.recipe or any(text in r.suffix for text in args.recipe)]
+    results = []
+    for number, recipe in enumerate(chosen, 1):
+        match = next((rel for rel in relatives if rel == recipe.suffix or rel.endswith("/" + recipe.suffix)), None)
+        print(f"verify {number}/{len(chosen)} {recipe.suffix}", file=sys.stderr, flush=True)
+        if match is None:
+            results.extend(VerifyResult(recipe.suffix, sides, counts, None, "skipped: not in DIR")
+                           for sides, counts in comparisons(recipe))
+            continue
+        for result in run_verify(relatives[match], match, recipe, args):
+            print(f"  {result.comparison}: exit {result.code} {result.verdict}", file=sys.stderr, flush=True)
+            results.append(result)
+    return results
+
+
+# Reporting -----------------------------------------------------------------------------------
+
+
+def summarise(reports: list[FileReport], targets: list[str]) -> dict:
+    """Per target: the counts, the lists to print, the coverage."""
+    summary = {}
+    for target in targets:
+        mine = [r for r in reports if r.target == target]
+        training = [r for r in mine if r.training]
+        needed = sum(len(r.needs) for r in training)
+        satisfied = sum(n.satisfied for r in training for n in r.needs)
+        summary[target] = {
+            "files": len(mine),
+            "internal_errors": [(r.path, r.error) for r in mine if r.internal],
+            "other_errors": [(r.path, r.error) for r in mine if r.error and not r.internal],
+            "not_compiling": [r.path for r in mine if r.compiles is False],
+            "not_idempotent": [(r.path, r.idempotency_note) for r in mine if r.idempotent is False],
+            "training_scripts": len(training),
+            "needed": needed,
+            "satisfied": satisfied,
+            "coverage": satisfied / needed if needed else None,
+            "needs_by_kind": {kind: [sum(n.satisfied for r in training for n in r.needs if n.name == kind),
+                                     sum(1 for r in training for n in r.needs if n.name == kind)]
+                              for kind in (DEVICE, LOADER, REDUCTION, AMP)},
+            "diagnostics": dict(sorted(Counter(code for r in mine for code, _ in r.diagnostics).items())),
+        }
+    return summary
+
+
+def print_corpus(summary: dict, targets: list[str]) -> None:
+    print("== 1. every file ==")
+    for target in targets:
+        s = summary[target]
+        kinds = Counter(reason.split(":")[0].split("(")[0].strip() for _, reason in s["other_errors"])
+        print(f"{target}: {s['files']} files, {len(s['internal_errors'])} internal errors, "
+              f"{len(s['other_errors'])} other errors ({', '.join(f'{k} {n}' for k, n in kinds.most_common()) or '-'}), "
+              f"{len(s['not_compiling'])} outputs do not compile, {len(s['not_idempotent'])} not idempotent")
+        for path, reason in s["internal_errors"]:
+            print(f"  internal error  {path}: {_short(reason, 160)}")
+        for path in s["not_compiling"]:
+            print(f"  does not compile  {path}")
+        for path, note in s["not_idempotent"]:
+            print(f"  not idempotent  {path}" + (f": {_short(note, 160)}" if note else ""))
+
+
+def print_training(reports: list[FileReport], summary: dict, targets: list[str]) -> None:
+    rows = defaultdict(dict)
+    for r in reports:
+        if r.training:
+            rows[r.path][r.target] = r
+    width = max((len(p) for p in rows), default=10)
+    print(f"\n== 2. training scripts: {len(rows)} (satisfied/needed) ==")
+    print(f"{'script':<{width}}  " + "  ".join(f"{t:>9}" for t in targets) + "  needs")
+    for path in sorted(rows):
+        cells = [f"{sum(n.satisfied for n in rows[path][t].needs)}/{len(rows[path][t].needs)}" for t in targets]
+        kinds = ", ".join(n.name for n in rows[path][targets[0]].needs) or "-"
+        print(f"{path:<{width}}  " + "  ".join(f"{c:>9}" for c in cells) + f"  {kinds}")
+    for target in targets:
+        s = summary[target]
+        kinds = ", ".join(f"{kind} {k}/{n}" for kind, (k, n) in s["needs_by_kind"].items())
+        print(f"coverage {target}: {_ratio(s)}  ({kinds})")
+    print("misses:")
+    for target in targets:
+        for r in reports:
+            for need in r.needs if r.target == target else []:
+                if not need.satisfied:
+                    print(f"  {target:<9} {r.path}: {need.name}: {need.why}")
+
+
+def _ratio(s: dict) -> str:
+    if s["coverage"] is None:
+        return "- (nothing needed)"
+    return f"{s['coverage']:.2f} ({s['satisfied']}/{s['needed']})"
+
+
+def print_diagnostics(summary: dict, targets: list[str]) -> None:
+    codes = sorted({code for t in targets for code in summary[t]["diagnostics"]})
+    print("\n== 3. diagnostics by code ==")
+    print("code    " + "  ".join(f"{t:>9}" for t in targets))
+    for code in codes:
+        print(f"{code:<8}" + "  ".join(f"{summary[t]['diagnostics'].get(code, 0):>9}" for t in targets))
+
+
+def list_diagnostics(directory: Path, reports: list[FileReport]) -> None:
+    print("\n== ACC101/ACC102/ACC103 findings (runtime) ==")
+    for r in reports:
+        listed = sorted((line, code) for code, line in r.diagnostics if r.target == "runtime" and code in LISTED_DIAGNOSTICS)
+        if not listed:
+            continue
+        lines = (directory / r.path).read_bytes().decode("utf-8", errors="replace").splitlines()
+        for line, code in listed:
+            text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+            print(f"{r.path}:{line}: {code} {text}")
+
+
+def print_verify(results: list[VerifyResult]) -> None:
+    print("\n== 4. accrewrite verify ==")
+    width = max((len(r.script) for r in results), default=10)
+    print(f"{'script':<{width}}  {'comparison':<18}  exit  {'time':>6}  verdict")
+    for r in results:
+        code = "-" if r.code is None else str(r.code)
+        print(f"{r.script:<{width}}  {r.comparison:<18}  {code:>4}  {r.seconds:>5.0f}s  {r.verdict}")
+    notes = {r.suffix: r.note for r in RECIPES if r.note}
+    for script, note in sorted(notes.items()):
+        if any(res.script.endswith(script) for res in results):
+            print(f"  note {script}: {note}")
+
+
+def verified_counts(results: list[VerifyResult], rtol: float) -> dict[str, str]:
+    counts = {}
+    for target in ("runtime", "torch_xla"):
+        mine = [r for r in results if target in r.counts_for and r.code is not None]
+        ok = sum(r.code == 0 for r in mine)
+        skipped = sum(1 for r in results if target in r.counts_for and r.code is None)
+        via_xla = sum(1 for r in mine if r.comparison == "runtime,torch_xla")
+        extras = [f"{via_xla} compared runtime,torch_xla: the original needs CUDA"] if via_xla else []
+        extras += [f"{skipped} not run"] if skipped else []
+        counts[target] = f"{ok}/{len(mine)} within {rtol:.0%}" + (f" ({'; '.join(extras)})" if extras else "")
+    return counts
+
+
+def print_summary(summary: dict, targets: list[str], verify: list[VerifyResult] | None, rtol: float) -> None:
+    print("\n== summary ==")
+    print(f"{'target':<10} {'files':>6} {'internal':>9} {'not idem.':>10} {'training':>9}  coverage")
+    for target in targets:
+        s = summary[target]
+        print(f"{target:<10} {s['files']:>6} {len(s['internal_errors']):>9} {len(s['not_idempotent']):>10} "
+              f"{s['training_scripts']:>9}  {_ratio(s)}")
+    if verify is not None:
+        for target, text in verified_counts(verify, rtol).items():
+            print(f"verified {target}: {text}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("directory", metavar="DIR", help="a directory of fetched repositories")
+    parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated (default: all three)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip matching paths (repeatable)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one per CPU)")
+    parser.add_argument("--list-diagnostics", action="store_true", help="print every ACC101-103 finding (runtime)")
+    parser.add_argument("--json", metavar="OUT", help="write everything as JSON")
+    parser.add_argument("--verify", action="store_true", help="run accrewrite verify on the recipes")
+    parser.add_argument("--python", default=sys.executable, help="runs accrewrite verify, the original and runtime")
+    parser.add_argument("--xla-python", default=os.environ.get("ACCREWRITE_XLA_PYTHON"),
+                        help="runs the torch_xla side (default: $ACCREWRITE_XLA_PYTHON)")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per verify (default 5)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per verify side (default 300)")
+    parser.add_argument("--rtol", type=float, default=0.02, help="verify's tolerance (default 0.02)")
+    parser.add_argument("--recipe", action="append", metavar="TEXT", help="verify only recipes whose path has TEXT")
+    args = parser.parse_args(argv)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = [t for t in targets if t not in SPELLINGS]
+    if unknown:
+        parser.error(f"unknown target {', '.join(unknown)}; choose from {', '.join(SPELLINGS)}")
+
+    directory = Path(args.directory).resolve()
+    paths = discover([str(directory)], tuple(args.exclude))
+    reports = corpus_pass(directory, paths, targets, max(args.jobs, 1))
+    summary = summarise(reports, targets)
+    print_corpus(summary, targets)
+    print_training(reports, summary, targets)
+    print_diagnostics(summary, targets)
+    if args.list_diagnostics:
+        list_diagnostics(directory, reports)
+    verify = verify_all(directory, paths, args) if args.verify else None
+    if verify is not None:
+        print_verify(verify)
+    print_summary(summary, targets, verify, args.rtol)
+    if args.json:
+        document = {"directory": str(directory), "targets": targets, "summary": summary,
+                    "files": [asdict(r) for r in reports],
+                    "verify": None if verify is None else {"results": [asdict(r) for r in verify],
+                                                           "counts": verified_counts(verify, args.rtol)}}
+        Path(args.json).write_text(json.dumps(document, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

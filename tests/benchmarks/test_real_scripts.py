@@ -1,0 +1,197 @@
+"""benchmarks/real_scripts.py on a tiny corpus written here: the training scripts and their
+needs are found, a migration that does the work satisfies them and an output that does not is
+reported as a miss. No verify runs, no network."""
+
+import ast
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("benchmark_real_scripts", BENCHMARKS / "real_scripts.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+rs = _benchmark()
+
+CUDA_SCRIPT = textwrap.dedent("""\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def main():
+        data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8)
+        model = torch.nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.cuda.amp.GradScaler()
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            optimizer.zero_grad()
+            with torch.cuda.amp.autocast():
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+
+    main()
+""")
+
+# What a torch_xla migration of CUDA_SCRIPT must look like, spelled with aliases of its own.
+HAND_MIGRATED = textwrap.dedent("""\
+    import torch
+    import torch_xla
+    import torch_xla.core.xla_model as xmodel
+    from torch_xla.distributed import parallel_loader
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def main():
+        device = torch_xla.device()
+        data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8)
+        model = torch.nn.Linear(8, 2).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler('xla', enabled=False)
+        for x, y in parallel_loader.MpDeviceLoader(loader, device):
+            optimizer.zero_grad()
+            with torch.autocast('xla', dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            xmodel.reduce_gradients(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+""")
+
+NOTHING_TO_MIGRATE = textwrap.dedent("""\
+    def mean(values):
+        return sum(values) / len(values)
+
+
+    for epoch in range(3):
+        print(mean([epoch, 1]))
+""")
+
+# Trains through a method; ``train_data`` is no loader: nothing in the file builds one.
+TRAINER = textwrap.dedent("""\
+    class Trainer:
+        def __init__(self, model, train_data, optimizer):
+            self.model, self.train_data, self.optimizer = model, train_data, optimizer
+
+        def _run_batch(self, x):
+            self.optimizer.zero_grad()
+            self.model(x).sum().backward()
+            self.optimizer.step()
+
+        def train(self, epochs):
+            for _ in range(epochs):
+                for x in self.train_data:
+                    self._run_batch(x)
+""")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    repo = tmp_path / "corpus" / "someone+project"
+    repo.mkdir(parents=True)
+    (repo / "train.py").write_text(CUDA_SCRIPT)
+    (repo / "utils.py").write_text(NOTHING_TO_MIGRATE)
+    (repo / "trainer.py").write_text(TRAINER)
+    return tmp_path / "corpus"
+
+
+def _by_name(needs):
+    return {need.name: need for need in needs}
+
+
+def test_the_needs_of_a_cuda_script():
+    original = rs.analyse_original(CUDA_SCRIPT.encode())
+    assert set(original.needs) == {rs.DEVICE, rs.LOADER, rs.REDUCTION, rs.AMP}
+    assert original.loaders == ["loader"]
+    assert ".cuda()" in original.needs[rs.DEVICE]
+
+
+def test_a_file_without_a_training_loop_needs_nothing():
+    assert rs.analyse_original(NOTHING_TO_MIGRATE.encode()) is None
+
+
+def test_training_through_a_method_needs_the_reduction_only():
+    original = rs.analyse_original(TRAINER.encode())
+    assert set(original.needs) == {rs.REDUCTION}
+    assert original.loaders == []
+
+
+def test_the_migration_wraps_the_loader(corpus):
+    path = corpus / "someone+project" / "train.py"
+    report = rs.examine(str(path), "someone+project/train.py", "runtime")
+    assert report.training and report.error is None and report.compiles and report.idempotent
+    needs = _by_name(report.needs)
+    assert set(needs) == {rs.DEVICE, rs.LOADER, rs.REDUCTION, rs.AMP}
+    assert needs[rs.LOADER].satisfied, needs[rs.LOADER].why
+
+
+def test_an_unmigrated_output_misses_everything():
+    original = rs.analyse_original(CUDA_SCRIPT.encode())
+    needs = _by_name(rs.check_output(original, CUDA_SCRIPT.encode(), "torch_xla"))
+    assert not any(need.satisfied for need in needs.values())
+    assert "remains" in needs[rs.DEVICE].why
+    assert "loader" in needs[rs.LOADER].why
+    assert "torch.cuda.amp" in needs[rs.AMP].why
+
+
+def test_a_hand_migration_satisfies_everything_whatever_its_aliases():
+    original = rs.analyse_original(CUDA_SCRIPT.encode())
+    needs = rs.check_output(original, HAND_MIGRATED.encode(), "torch_xla")
+    assert all(need.satisfied for need in needs), needs
+
+
+def test_another_targets_spelling_does_not_count():
+    original = rs.analyse_original(CUDA_SCRIPT.encode())
+    needs = _by_name(rs.check_output(original, HAND_MIGRATED.encode(), "runtime"))
+    assert not needs[rs.LOADER].satisfied and not needs[rs.REDUCTION].satisfied and not needs[rs.DEVICE].satisfied
+    assert needs[rs.AMP].satisfied  # no CUDA spelling is left, whatever replaced it
+
+
+@pytest.mark.parametrize("source, placed", [
+    ("device = 'cuda'\ndevice = xm.xla_device()\n", False),  # rebound before any use
+    ("device = 'cuda' if ok else 'cpu'\n", True),
+    ("device_type = 'cuda' if 'cuda' in device else 'cpu'\n", False),  # a type, not a placement
+    ("x = x.to(f'cuda:{rank}')\n", True),
+    ("x = x.to(self.gpu_id)\n", True),
+    ("x = x.to(torch.float16)\n", False),
+    ("p.add_argument('--device', default='cuda')\nargs = p.parse_args()\n", False),  # never read
+    ("p.add_argument('--device', default='cuda')\nargs = p.parse_args()\nd = args.device\n", True),
+])
+def test_cuda_placements(source, placed):
+    assert bool(rs.cuda_placements(rs.Facts(ast.parse(source)))) == placed
+
+
+def test_main_reports_the_corpus(corpus, tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert rs.main([str(corpus), "--targets", "runtime", "--jobs", "1", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())["summary"]["runtime"]
+    assert summary["files"] == 3 and summary["internal_errors"] == [] and summary["not_idempotent"] == []
+    assert summary["training_scripts"] == 2
+    assert summary["needed"] == 5
+    printed = capsys.readouterr().out
+    assert "coverage runtime:" in printed and "someone+project/trainer.py" in printed
+
+
+def test_verdict_line():
+    matched = subprocess.CompletedProcess([], 0, stdout="table\nmatch: 5 steps within 2%\n", stderr="")
+    assert rs.verdict_line(matched) == "match: 5 steps within 2%"
+    failed = subprocess.CompletedProcess([], 2, stdout="", stderr="original: 0/5 steps\nerror: original cannot run: it "
+                                         "exited\n  File x\nRuntimeError: no data\n")
+    assert rs.verdict_line(failed) == "error: original cannot run: it exited | RuntimeError: no data"
