@@ -55,6 +55,9 @@ def _string_defaults(module: cst.Module) -> dict[str, str]:
     return found
 
 
+# Frameworks that place the model and reduce gradients themselves (ACC107 says why).
+MANAGED_FRAMEWORKS = frozenset({"accelerate", "lightning", "pytorch_lightning"})
+
 _COLLECTIVES = {"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
                 "torch.distributed.all_reduce_coalesced"}
 
@@ -134,6 +137,9 @@ class Facts:
     torch_seeds: set[str] = field(default_factory=set)
     # Whether the script all-reduces gradients itself (``dist.all_reduce(p.grad)``).
     reduces_gradients: bool = False
+    # The framework the file trains through, when one manages devices and gradients itself
+    # (Accelerate, Lightning: see ACC107).
+    framework: str | None = None
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
     # Each statement's position in the file (statements numbered in source order).
@@ -340,9 +346,15 @@ class _Analyzer(_Walker):
 
     # Imports ---------------------------------------------------------------------------------
 
+    def _note_framework(self, module: str | None) -> None:
+        root = (module or "").split(".")[0]
+        if root in MANAGED_FRAMEWORKS and self.facts.framework is None:
+            self.facts.framework = root
+
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
             full = dotted(alias.name)
+            self._note_framework(full)
             if alias.asname is not None:
                 self.facts.imports[alias.asname.name.value] = full
             else:
@@ -354,6 +366,7 @@ class _Analyzer(_Walker):
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return
         module = dotted(node.module)
+        self._note_framework(module)
         for alias in node.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else dotted(alias.name)
             local = alias.asname.name.value if alias.asname is not None else name
@@ -477,6 +490,8 @@ class _Analyzer(_Walker):
             seed = call_arg(node, 0, "seed")
             if seed is not None:
                 self.facts.torch_seeds.add(cst.Module([]).code_for_node(seed.value))
+        if self._steps_through(node):
+            self._trains(backward=True, step=True)
         if not isinstance(func, cst.Attribute):
             if isinstance(func, cst.Name):
                 self._loop_callees += [(loop, func.value) for loop in self._loops]
@@ -486,16 +501,28 @@ class _Analyzer(_Walker):
             self._loop_callees += [(loop, method) for loop in self._loops]
         backward = method == "backward"
         step = method == "step" and self._is_optimizer_step(node)
+        self._trains(backward, step)
+        if method in ("train", "eval") and not node.args:
+            owner = dotted(func.value)
+            if owner:
+                self.facts.models.add(owner)
+
+    def _trains(self, backward: bool, step: bool) -> None:
+        """The enclosing loops and function call backward or step the optimizer."""
         if backward or step:
             for loop in self._loops:
                 loop.calls_backward |= backward
                 loop.calls_step |= step
             previous = self._function_calls.get(self._scope, (False, False))
             self._function_calls[self._scope] = (previous[0] or backward, previous[1] or step)
-        if method in ("train", "eval") and not node.args:
-            owner = dotted(func.value)
-            if owner:
-                self.facts.models.add(owner)
+
+    def _steps_through(self, node: cst.Call) -> bool:
+        """``loss_scaler(loss, optimizer, parameters=...)`` (MAE's and DeiT's NativeScaler): a
+        call given the loss and the optimizer runs backward and the step inside."""
+        names = [dotted(arg.value) or "" for arg in node.args]
+        last = [name.split(".")[-1] for name in names]
+        optimizer = any(n in self.facts.optimizers or l in ("optimizer", "optim", "opt") for n, l in zip(names, last))
+        return optimizer and any("loss" in name for name in last)
 
     def _is_optimizer_step(self, node: cst.Call) -> bool:
         owner = dotted(node.func.value)

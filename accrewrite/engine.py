@@ -149,6 +149,8 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         target = get_target(options.target)
         ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
         rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
+        if facts.framework is not None:
+            rules = [rule for rule in rules if rule.diagnostic_only()]  # the framework migrates itself (ACC107)
         if not rules:
             return result
         guard = Guard(options.guard, target.guard_function) if options.guard else None

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accrewrite.nodes import children, dotted
+from accrewrite.targets import spelled_callees
 
 
 class Kind(enum.Enum):
@@ -116,6 +117,10 @@ _MODEL_TENSORS = frozenset({"parameters", "buffers", "weight", "bias"})
 _NAMED_ITEMS = frozenset({"items", "named_parameters", "named_buffers", "named_modules", "named_children"})
 _STRING_METHODS = frozenset({"format", "join", "strip", "lower", "upper", "replace", "rjust", "ljust", "center"})
 _ARGPARSE_TYPES = {"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL}
+
+
+# torch.cuda.synchronize() and the targets' spellings of it (xm.wait_device_ops()).
+_WAITS = frozenset({"torch.cuda.synchronize", *spelled_callees("synchronize")})
 
 
 def join(kinds) -> Kind:
@@ -880,6 +885,9 @@ class ScopeValues:
     def is_int(self, node: cst.CSTNode) -> bool:
         return self.kind(node) is Kind.INT
 
+    def is_model(self, node: cst.CSTNode) -> bool:
+        return self.kind(node) is Kind.MODEL
+
     def holds_tensor(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is a tensor or a display (list, tuple, dict) with one inside."""
         if self.is_tensor(node):
@@ -897,6 +905,8 @@ class ScopeValues:
             if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS:
                 if self.facts.qualname(func) is None and self._reads_receiver(func):
                     return f".{func.attr.value}()"
+            if self.facts.qualname(func) in _WAITS:
+                return "waiting for the device"
             if isinstance(func, cst.Attribute) and func.attr.value == "to" and node.args:
                 first = node.args[0].value
                 if isinstance(first, cst.Call) and self.facts.qualname(first.func) == "torch.device" and first.args:

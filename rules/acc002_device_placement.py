@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
-from accrewrite.nodes import call_arg, children, dotted, string_value
+from accrewrite.nodes import call_arg, children, dotted, names_in, string_value
 from accrewrite.rule import Example, Rule
 from accrewrite.values import Kind
 
@@ -9,6 +9,12 @@ from accrewrite.values import Kind
 _DEVICE_KEYWORDS = ("device", "map_location")
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
+_AVAILABLE = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+# torch functions that make a tensor on the CPU unless given a device.
+_FACTORIES = frozenset(f"torch.{name}" for name in (
+    "randn", "rand", "randint", "zeros", "ones", "full", "empty", "arange", "tensor", "eye", "linspace",
+))
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 class DevicePlacement(Rule):
@@ -44,7 +50,8 @@ class DevicePlacement(Rule):
     summary = "CUDA device selection, .cuda(), set_device, device_ids= -> the target device"
     concepts = ("device",)
     triggers = frozenset(
-        {"cuda", "to", "set_device", "device", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS}
+        {"cuda", "to", "set_device", "device", "accelerator", "exec", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS,
+         *(name.rpartition(".")[2] for name in _FACTORIES)}
     )
     examples = (
         Example(
@@ -205,23 +212,32 @@ class DevicePlacement(Rule):
 
     # Choosing the device ----------------------------------------------------------------------
 
-    def visit_If(self, node: cst.If) -> None:
-        """``if torch.cuda.is_available(): device = "cuda"``: where the target's device is not a
-        CUDA device, the availability test in front of a device choice would keep the CPU."""
-        if self.ctx.target.has("accelerator_available") and self._chooses_device(node.body):
-            self._gates.update(_calls_in(node.test))
-
-    def _chooses_device(self, block: cst.CSTNode) -> bool:
+    def _find_gates(self) -> set[cst.Call]:
+        """The availability tests in front of a device choice: ``if torch.cuda.is_available():
+        device = "cuda"``, and a flag they set (``use_cuda = not args.no_cuda and
+        torch.cuda.is_available()`` before ``device = torch.device("cuda" if use_cuda else
+        "cpu")``). Where the target's device is not a CUDA device they would keep the CPU."""
         chosen = {device.statement for device in self.ctx.facts.devices}
-        found = False
+        tests: list[cst.CSTNode] = []
 
-        def enter(child):
-            nonlocal found
-            found = found or child in chosen
-            return not found
+        def enter(node):
+            if isinstance(node, cst.If) and _contains(node.body, chosen):
+                tests.append(node.test)
+            elif isinstance(node, cst.IfExp) and self.ctx.facts.is_cuda_device(node):
+                tests.append(node.test)
+            return True
 
-        _walk(block, enter)
-        return found
+        _walk(self.ctx.module, enter)
+        flags = set().union(*(names_in(test) for test in tests)) if tests else set()
+        gates = set().union(*(_calls_in(test) for test in tests)) if tests else set()
+
+        def flag(node):
+            if isinstance(node, cst.Assign) and any(dotted(t.target) in flags for t in node.targets):
+                gates.update(_calls_in(node.value))
+            return True
+
+        _walk(self.ctx.module, flag)
+        return gates
 
     def _availability(self, original_node, updated_node):
         callee = self.ctx.facts.qualname(original_node.func)
@@ -233,8 +249,7 @@ class DevicePlacement(Rule):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._parameters_kept = False
-        # Availability tests in front of a device choice (``visit_If``).
-        self._gates: set[cst.Call] = set()
+        self._gates = self._find_gates() if ctx.target.has("accelerator_available") else set()
         # nanoGPT's configurator: ``exec(...)`` at module level overrides config globals from the
         # command line, type-checked, so the device string stays and the target's device is
         # assigned after it.
@@ -264,6 +279,10 @@ class DevicePlacement(Rule):
             return self.ctx.expr("device")
         if callee in WRAPPER_NAMES:
             return self._drop_cuda_keywords(original_node, updated_node)
+        if callee is None and self.ctx.in_training:
+            values = facts.values(self.ctx.scope)
+            if values.is_model(original_node.func) and values.is_tensor(original_node):
+                return self._inputs_on_device(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and callee is None:
             return self._cuda_method(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "to":
@@ -275,6 +294,27 @@ class DevicePlacement(Rule):
     def _ordinal_device(self, call: cst.Call) -> bool:
         first = call_arg(call, 0, "type")
         return first is not None and len(call.args) == 1 and self._ordinal(first.value)
+
+    def _inputs_on_device(self, original_node, updated_node):
+        """``ddp_model(torch.randn(20, 10))``: DistributedDataParallel moved a CPU input to its
+        device; unwrapped (ACC005), the input is made on the device."""
+        args = list(updated_node.args)
+        changed = False
+        for index, arg in enumerate(original_node.args):
+            value = arg.value
+            if isinstance(value, cst.Call) and self.ctx.facts.qualname(value.func) in _FACTORIES \
+                    and call_arg(value, 99, "device") is None:
+                made = args[index].value
+                device = cst.Arg(keyword=cst.Name("device"), value=self._device(), equal=_EQUAL)
+                made_args = list(made.args)
+                if made_args:
+                    made_args[-1] = made_args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                args[index] = args[index].with_changes(value=made.with_changes(args=[*made_args, device]))
+                changed = True
+        if not changed:
+            return updated_node
+        self.ctx.fix(original_node, "the model's input is made on the target device")
+        return updated_node.with_changes(args=args)
 
     def _cuda_method(self, original_node, updated_node):
         kept = [
@@ -328,7 +368,6 @@ class DevicePlacement(Rule):
         return updated_node.with_changes(args=_with_commas(args))
 
 
-_AVAILABLE = {"torch.cuda.is_available", "torch.accelerator.is_available"}
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
 
 
@@ -342,6 +381,18 @@ def _walk(node: cst.CSTNode, enter) -> None:
         current = stack.pop()
         if enter(current) is not False:
             stack.extend(children(current))
+
+
+def _contains(block: cst.CSTNode, wanted: set) -> bool:
+    found = False
+
+    def enter(child):
+        nonlocal found
+        found = found or child in wanted
+        return not found
+
+    _walk(block, enter)
+    return found
 
 
 def _calls_in(node: cst.CSTNode) -> set[cst.Call]:

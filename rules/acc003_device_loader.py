@@ -35,7 +35,7 @@ class DeviceLoader(Rule):
     summary = "DataLoaders feeding loops -> the target's device loader; per-batch .to(device) removed; other step loops mark steps"
     concepts = ("device_loader",)
     # Training loops are always walked (the analysis marks them), so step loops need no word.
-    triggers = frozenset({"DataLoader", "cuda", "device", "to"})
+    triggers = frozenset({"DataLoader", "cuda", "device", "to", "cat", "concat"})
     examples = (
         Example(
             before="""
@@ -116,7 +116,7 @@ class DeviceLoader(Rule):
         self._fed: list[tuple[cst.CSTNode, set[str], str | None]] = []
 
     def applies(self) -> bool:
-        return bool(self.ctx.facts.loaders or self.ctx.facts.loops)
+        return bool(self.ctx.facts.loaders or self.ctx.facts.loops or self.ctx.target.has("lazy_execution"))
 
     def _device_for(self, scope):
         """The CUDA device binding visible in ``scope``: the function's own, else the module's."""
@@ -151,9 +151,13 @@ class DeviceLoader(Rule):
     def _mark_steps(self, node) -> None:
         """A step loop that no device loader feeds ends each step itself: the device loader
         is what marks step boundaries (where step closures run and, on XLA, the step's graph
-        is cut and executed), so without one the loop calls the target's mark_step."""
+        is cut and executed), so without one the loop calls the target's mark_step. So does a
+        generation loop on a lazy device (a model called on a sequence that grows each
+        iteration, ``idx = torch.cat((idx, idx_next), dim=1)``), whose graph would otherwise
+        grow with every token."""
         loop = next((loop for loop in self.ctx.facts.loops if loop.node is node), None)
-        if loop is None or not loop.calls_step or loop.encloses_step_loop:
+        generates = loop is None and self.ctx.target.has("lazy_execution") and self._generates(node)
+        if not generates and (loop is None or not loop.calls_step or loop.encloses_step_loop):
             return
         body = node.body.body
         marks = self.ctx.statements("mark_step")
@@ -161,7 +165,25 @@ class DeviceLoader(Rule):
         if not body or any(mark in self.ctx.code(statement) for statement in body for mark in spelled):
             return  # marked already (guarded or not)
         self.ctx.insert_after(body[-1], marks)
-        self.ctx.fix(node, "the step loop marks each step's end (no device loader does it)")
+        if generates:
+            self.ctx.fix(node, "each generated token ends the device's graph (it would grow with every token)")
+        else:
+            self.ctx.fix(node, "the step loop marks each step's end (no device loader does it)")
+
+    def _generates(self, node) -> bool:
+        values = self.ctx.facts.values(self.ctx.scope)
+        grown = False
+
+        def enter(child):
+            nonlocal grown
+            if isinstance(child, (cst.FunctionDef, cst.ClassDef)):
+                return False
+            if isinstance(child, cst.Assign) and len(child.targets) == 1 and isinstance(child.value, cst.Call):
+                grown = grown or _concatenates_itself(self.ctx.facts, child.targets[0].target, child.value)
+            return True
+
+        _walk(node.body, enter)
+        return grown and _calls_a_model(node.body, values)
 
     def _visit_for(self, node: cst.For) -> None:
         if self._device_loader_in(node.iter) or names_in(node.iter) & self._rebound or self._fed_through(node.iter):
@@ -406,6 +428,23 @@ def _iterated(node: cst.BaseExpression) -> cst.BaseExpression | None:
             return node
         node = positional[0]
     return node
+
+
+def _walk(node: cst.CSTNode, enter) -> None:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if enter(current) is not False:
+            stack.extend(children(current))
+
+
+def _concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> bool:
+    """``idx = torch.cat((idx, idx_next), dim=1)``."""
+    if facts.qualname(call.func) not in ("torch.cat", "torch.concat", "torch.concatenate") or not call.args:
+        return False
+    parts = call.args[0].value
+    name = dotted(target)
+    return isinstance(parts, (cst.Tuple, cst.List)) and any(dotted(e.value) == name for e in parts.elements)
 
 
 def _is_parameter(scope: cst.FunctionDef | None, name: str) -> bool:

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import _Walker
-from accrewrite.nodes import call_arg, dotted, string_value
+from accrewrite.nodes import call_arg, children, dotted, string_value
 from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc002_device_placement import _with_commas
 
@@ -117,6 +117,10 @@ class Amp(Rule):
         self._generic: dict[str, str] = {}
         self._clashes: set[str] = set()
         self._called: set[cst.CSTNode] = set()  # callees seen, to tell names passed around
+        self._uncalled = _uncalled_names(ctx.module, {
+            local for local, qualified in ctx.facts.imports.items()
+            if qualified.rpartition(".")[0] in _CUDA_AMP_MODULES
+        })
         for local, qualified in ctx.facts.imports.items():
             module, _, name = qualified.rpartition(".")
             if name not in _CONCEPT_OF or self._bare(name) is None:
@@ -205,6 +209,14 @@ class Amp(Rule):
             if line is not None:
                 module = line[len("from "):line.index(" import ")]
                 moved.setdefault(module, []).append(alias)
+            elif _local(alias) in self._uncalled:
+                kept.append(alias)  # passed around uncalled: its calls cannot be rewritten
+                self.ctx.diagnose(
+                    original_node,
+                    f"{_local(alias)} is passed around uncalled, and this target has no CUDA-style {name}: the "
+                    "import stays (it runs, without mixed precision); change the calls it reaches by hand",
+                    code="ACC105",
+                )
             else:
                 dropped.append(name)
         if not moved and not dropped:
@@ -402,3 +414,25 @@ class _Calls(_Walker):
     def visit_Call(self, node: cst.Call) -> None:
         if isinstance(node.func, cst.Name) and node.func.value in self.found:
             self.found[node.func.value].append(node)
+
+
+def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:
+    """Which of ``names`` the module uses other than by calling them (``return autocast``)."""
+    if not names:
+        return set()
+    callees: set[cst.CSTNode] = set()
+    used: list[cst.Name] = []
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            continue
+        if isinstance(node, cst.Call):
+            callees.add(node.func)
+        elif isinstance(node, cst.Name) and node.value in names:
+            used.append(node)
+        elif isinstance(node, cst.Attribute):
+            stack.append(node.value)  # ``x.autocast`` is another name
+            continue
+        stack.extend(children(node))
+    return {name.value for name in used if name not in callees}

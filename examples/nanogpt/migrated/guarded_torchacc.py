@@ -302,7 +302,10 @@ optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta
 # compile the model
 if compile:
     print("compiling the model... (takes a ~minute)")
-    model = torch.compile(model)  # requires PyTorch 2.0
+    if enable_torchacc_compiler():
+        model = torch.compile(model, backend='openxla')  # requires PyTorch 2.0
+    else:
+        model = torch.compile(model)  # requires PyTorch 2.0
 
 # wrap model into DDP container
 if not enable_torchacc_compiler():

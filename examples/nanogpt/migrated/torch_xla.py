@@ -261,7 +261,7 @@ optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta
 # compile the model
 if compile:
     print("compiling the model... (takes a ~minute)")
-    model = torch.compile(model)  # requires PyTorch 2.0
+    model = torch.compile(model, backend='openxla')  # requires PyTorch 2.0
 
 # wrap model into DDP container
 if ddp:
