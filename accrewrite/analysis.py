@@ -344,6 +344,10 @@ class _Analyzer(_Walker):
         if self._triggers is not None and any(word in node.value for word in self._triggers):
             self._mark_hot()
 
+    def visit_FormattedStringText(self, node: cst.FormattedStringText) -> None:
+        if self._triggers is not None and any(word in node.value for word in self._triggers):
+            self._mark_hot()  # f"cuda:{rank}"
+
     # Imports ---------------------------------------------------------------------------------
 
     def _note_framework(self, module: str | None) -> None:
@@ -403,7 +407,7 @@ class _Analyzer(_Walker):
         self._functions.pop()
         backward, step = self._function_calls.pop(original_node, (False, False))
         if backward or step:
-            self._step_functions[original_node.name.value] = (backward, step)
+            self._step_functions[original_node.name.value] = (backward, step, original_node)
             self.facts.step_functions.add(original_node)
 
     def _enter_loop(self, node) -> None:
@@ -452,7 +456,8 @@ class _Analyzer(_Walker):
         callee = self.facts.qualname(value.func) or ""
         if callee:
             self.facts.assigned_calls.setdefault(target, callee)
-        if callee in SCALER_NAMES:
+        if callee in SCALER_NAMES or "Scaler" in callee.rpartition(".")[2]:
+            # (a script's or a library's loss scaler wraps a GradScaler: MAE's NativeScaler)
             self.facts.scalers.add(target)
         elif callee in LOADER_NAMES:
             self.facts.loaders.add(target)
@@ -535,11 +540,14 @@ class _Analyzer(_Walker):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         known = {loop.node for loop in self.facts.loops}
+        # Functions that hold a step loop of their own (``train()`` looping over its loader).
+        looping = {loop.scope for loop in self.facts.loops if loop.calls_step}
         for loop, callee in self._loop_callees:
             if callee in self._step_functions and loop.node not in known:
-                backward, step = self._step_functions[callee]
+                backward, step, function = self._step_functions[callee]
                 loop.calls_backward |= backward
                 loop.calls_step |= step
+                loop.encloses_step_loop |= function in looping  # an epoch loop around train()
                 self.facts.loops.append(loop)
                 known.add(loop.node)
 

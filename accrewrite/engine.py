@@ -146,7 +146,7 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         module = _parse(source, path)
         selection = options.selection()
         facts = analyze(module, *_triggers(selection), walked_types(tuple(selection.rules)))
-        target = get_target(options.target)
+        target = get_target(options.target).clear_of(facts.imports)
         ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
         rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
         if facts.framework is not None:

@@ -7,7 +7,9 @@ lines it needs. A concept missing from a profile means the target lacks it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import re
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -72,6 +74,32 @@ class Target:
 
     def import_line(self, key: str) -> str:
         return self.imports[key]
+
+    def clear_of(self, bound: dict[str, str]) -> "Target":
+        """This profile with its import aliases renamed where the file binds the same name to
+        something else (``xm`` already torch_xla's, in a script that runs on torch_xla where it
+        is installed): ``xm`` becomes ``xm_runtime``."""
+        renames = {}
+        for line in self.imports.values():
+            for local, qualified in _import_bindings(line).items():
+                if local in bound and bound[local] != qualified:
+                    renames[local] = f"{local}_{self.name}"
+        if not renames:
+            return self
+        pattern = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b(?=\.)|(?<= as )(" + "|".join(map(re.escape, renames)) + r")$")
+
+        def rename(text: str) -> str:
+            return pattern.sub(lambda m: renames[m.group(1) or m.group(2)], text)
+
+        concepts = {
+            name: dataclasses.replace(
+                concept,
+                expr=rename(concept.expr) if concept.expr is not None else None,
+                stmts=tuple(rename(stmt) for stmt in concept.stmts),
+            )
+            for name, concept in self.concepts.items()
+        }
+        return dataclasses.replace(self, imports={k: rename(v) for k, v in self.imports.items()}, concepts=concepts)
 
 
 def _parse(data: dict, origin: str) -> Target:

@@ -32,6 +32,7 @@ from accrewrite.targets import spelled_callees
 class Kind(enum.Enum):
     TENSOR = "tensor"  # a tensor, or a batch/container holding tensors
     MASK = "mask"  # a boolean tensor
+    CPU = "cpu tensor"  # a tensor made on the host and never moved: reading it waits for nothing
     INT = "int"
     FLOAT = "float"
     BOOL = "bool"
@@ -115,6 +116,11 @@ _MODEL_SELF = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", 
                          "requires_grad_", "module", "_orig_mod"})
 _MODEL_TENSORS = frozenset({"parameters", "buffers", "weight", "bias"})
 _NAMED_ITEMS = frozenset({"items", "named_parameters", "named_buffers", "named_modules", "named_children"})
+# torch functions that make a tensor (on the host, unless given a device).
+_FACTORIES = frozenset({
+    "zeros", "ones", "full", "empty", "randn", "rand", "randint", "randperm", "arange", "linspace", "eye",
+    "tensor", "as_tensor", "from_numpy", "zeros_like", "ones_like", "Tensor", "LongTensor", "FloatTensor",
+})
 _STRING_METHODS = frozenset({"format", "join", "strip", "lower", "upper", "replace", "rjust", "ljust", "center"})
 _ARGPARSE_TYPES = {"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL}
 
@@ -132,6 +138,8 @@ def join(kinds) -> Kind:
         return found.pop()
     if found <= TENSORS:
         return Kind.TENSOR
+    if found <= TENSORS | {Kind.CPU}:
+        return Kind.TENSOR  # moved on one path
     if found <= NUMBERS:
         return Kind.FLOAT if Kind.FLOAT in found else Kind.INT
     if found <= HOST:
@@ -393,6 +401,8 @@ class ScopeValues:
                 receiver = call.func.value
                 if isinstance(receiver, cst.Call) and receiver.args:  # scaler.scale(loss).backward()
                     receiver = receiver.args[0].value
+                elif call.args and call.args[0].keyword is None:  # accelerator.backward(loss)
+                    receiver = call.args[0].value
                 name = dotted(receiver)
                 if name:
                     self._bind(env, name, Kind.TENSOR)
@@ -565,6 +575,8 @@ class ScopeValues:
             sides = [self._eval(node.left), *(self._eval(c.comparator) for c in node.comparisons)]
             if any(side in TENSORS for side in sides):
                 return Kind.MASK
+            if Kind.CPU in sides and all(side in NUMBERS or side is Kind.CPU for side in sides):
+                return Kind.CPU
             return Kind.BOOL if all(side in HOST for side in sides) else Kind.UNKNOWN
         if isinstance(node, cst.BooleanOperation):
             sides = {self._eval(node.left), self._eval(node.right)}
@@ -594,6 +606,8 @@ class ScopeValues:
         found = set(kinds)
         if found & TENSORS:
             return Kind.TENSOR
+        if Kind.CPU in found and found <= HOST | {Kind.CPU}:
+            return Kind.CPU
         if found <= HOST:
             return Kind.PYTHON
         if found <= {Kind.MODEL}:
@@ -641,8 +655,8 @@ class ScopeValues:
                 return Kind.LOADER
         base = self._eval(node.value)
         attr = node.attr.value
-        if base in TENSORS:
-            return META_ATTRS.get(attr, Kind.TENSOR)
+        if base in TENSORS or base is Kind.CPU:
+            return META_ATTRS.get(attr, base if base is Kind.CPU else Kind.TENSOR)
         if base is Kind.MODEL:
             if attr in _MODEL_SELF:
                 return Kind.MODEL
@@ -656,6 +670,8 @@ class ScopeValues:
         base = self._eval(node.value)
         if base in TENSORS:
             return Kind.TENSOR
+        if base is Kind.CPU:
+            return Kind.CPU
         if base is Kind.STR:
             return Kind.STR
         if base in HOST:
@@ -674,6 +690,8 @@ class ScopeValues:
             if isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)) and Kind.MASK in (left, right):
                 return Kind.MASK
             return Kind.TENSOR
+        if Kind.CPU in (left, right) and {left, right} <= {Kind.CPU, *NUMBERS}:
+            return Kind.CPU
         if left is Kind.STR and isinstance(node.operator, cst.Modulo):
             return Kind.STR
         if left in NUMBERS and right in NUMBERS:
@@ -763,7 +781,7 @@ class ScopeValues:
         if callee.startswith("torch."):
             if callee.startswith(_HOST_TORCH):
                 return Kind.PYTHON
-            return Kind.TENSOR
+            return self._torch_function_kind(node, callee)
         if callee in ("os.environ.get", "os.getenv"):
             return Kind.STR
         if callee.startswith(("math.floor", "math.ceil", "math.isqrt", "math.prod")):
@@ -776,6 +794,23 @@ class ScopeValues:
             return Kind.LOADER
         return self._unknown_call(node)
 
+    def _torch_function_kind(self, node: cst.Call, callee: str) -> Kind:
+        """A torch function's tensor: on the host where it makes one without a device, or
+        computes from host tensors only (``torch.zeros(n)``, ``torch.stack([...from_numpy...])``)."""
+        if any(arg.keyword is not None and arg.keyword.value == "device" for arg in node.args):
+            return Kind.TENSOR
+        kinds = set()
+        for arg in node.args:
+            value = arg.value
+            elements = value.elements if isinstance(value, (cst.List, cst.Tuple)) else [value]
+            for element in elements:
+                kinds.add(self._eval(element.value if isinstance(element, cst.BaseElement) else element))
+        if kinds & TENSORS:
+            return Kind.TENSOR
+        if Kind.CPU in kinds or callee.rpartition(".")[2] in _FACTORIES:
+            return Kind.CPU
+        return Kind.TENSOR
+
     def _method_kind(self, node: cst.Call, func: cst.Attribute) -> Kind:
         method = func.attr.value
         if method in _STRING_METHODS:
@@ -787,6 +822,12 @@ class ScopeValues:
                 return META_METHODS.get(method, Kind.FLOAT)
             if method in _MODEL_TENSORS:
                 return Kind.TENSOR
+        if receiver is Kind.CPU:
+            if method in ("to", "cuda") and not self._casts_only(node):
+                return Kind.TENSOR  # moved to the device
+            if method in SYNC_METHODS or method in META_METHODS:
+                return META_METHODS.get(method) or (SYNC_METHODS[method] if method != "cpu" else Kind.CPU)
+            return Kind.CPU
         if receiver in TENSORS:
             if method in SYNC_METHODS:
                 return SYNC_METHODS[method]
@@ -828,6 +869,14 @@ class ScopeValues:
                 return self.file.call_kind(defined, node, self)
         return self._unknown_call(node)
 
+    def _casts_only(self, call: cst.Call) -> bool:
+        """``x.to(torch.float16)``: a dtype, no device."""
+        return bool(call.args) and all(
+            (self.facts.qualname(arg.value) or "").startswith("torch.") and arg.keyword in (None,) or
+            arg.keyword is not None and arg.keyword.value in ("dtype", "non_blocking", "copy", "memory_format")
+            for arg in call.args
+        ) and not any(arg.keyword is not None and arg.keyword.value == "device" for arg in call.args)
+
     def _any_tensor_argument(self, node: cst.Call) -> bool:
         return any(self._eval(arg.value) in TENSORS for arg in node.args)
 
@@ -862,6 +911,8 @@ class ScopeValues:
         kind = self._eval(node)
         if kind is Kind.LOADER or kind in TENSORS:
             return Kind.TENSOR
+        if kind is Kind.CPU:
+            return Kind.CPU
         if kind is Kind.MODEL:
             return Kind.MODEL
         if kind in HOST:
@@ -1332,6 +1383,8 @@ def _element(kind: Kind) -> Kind:
     """The kind of each name of ``a, b = value``."""
     if kind in TENSORS:
         return Kind.TENSOR
+    if kind is Kind.CPU:
+        return Kind.CPU
     return Kind.PYTHON if kind in HOST else Kind.UNKNOWN
 
 

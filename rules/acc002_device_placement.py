@@ -140,11 +140,7 @@ class DevicePlacement(Rule):
             if self.ctx.facts.qualname(statement.value.func) == "torch.cuda.set_device":
                 self.ctx.fix(original_node, "removed torch.cuda.set_device(): the target chooses the device per process")
                 return cst.RemoveFromParent()
-        if (
-            isinstance(statement, cst.Assign)
-            and len(statement.targets) == 1
-            and self.ctx.facts.is_cuda_device(statement.value)
-        ):
+        if isinstance(statement, cst.Assign) and any(d.statement is original_node for d in self.ctx.facts.devices):
             if self._configurator is not None and self.ctx.scope is None and self._before_configurator(original_node):
                 return updated_node  # a config value: the device is assigned after the configurator
             return self._assign_device(original_node, updated_node)
@@ -167,6 +163,9 @@ class DevicePlacement(Rule):
             lines.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], self.ctx.expr("device"))]))
             if self.ctx.target.has("set_replication"):
                 lines += self.ctx.statements("set_replication", device=name)
+        following = self.ctx.facts.next_statement.get(original_node)
+        if following is not None and self.ctx.code(following).strip() == self.ctx.code(lines[0]).strip():
+            return updated_node  # migrated already
         self.ctx.fix(original_node, f"{', '.join(dict.fromkeys(names))}: the target device, after the configurator "
                                    "(the config value keeps its string type for command-line overrides)")
         return cst.FlattenSentinel([updated_node, *lines])
@@ -221,7 +220,7 @@ class DevicePlacement(Rule):
         tests: list[cst.CSTNode] = []
 
         def enter(node):
-            if isinstance(node, cst.If) and _contains(node.body, chosen):
+            if isinstance(node, cst.If) and (_contains(node.body, chosen) or self._returns_cuda(node.body)):
                 tests.append(node.test)
             elif isinstance(node, cst.IfExp) and self.ctx.facts.is_cuda_device(node):
                 tests.append(node.test)
@@ -238,6 +237,15 @@ class DevicePlacement(Rule):
 
         _walk(self.ctx.module, flag)
         return gates
+
+    def _returns_cuda(self, block: cst.CSTNode) -> bool:
+        """``if use_cuda: return torch.device("cuda")``."""
+        lines = block.body if isinstance(block, cst.IndentedBlock) else []
+        return any(
+            isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Return)
+            and line.body[0].value is not None and self.ctx.facts.is_cuda_device(line.body[0].value)
+            for line in lines
+        )
 
     def _availability(self, original_node, updated_node):
         callee = self.ctx.facts.qualname(original_node.func)

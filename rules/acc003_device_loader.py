@@ -35,7 +35,7 @@ class DeviceLoader(Rule):
     summary = "DataLoaders feeding loops -> the target's device loader; per-batch .to(device) removed; other step loops mark steps"
     concepts = ("device_loader",)
     # Training loops are always walked (the analysis marks them), so step loops need no word.
-    triggers = frozenset({"DataLoader", "cuda", "device", "to", "cat", "concat"})
+    triggers = frozenset({"DataLoader", "cuda", "device", "to", "iter", "cat", "concat"})
     examples = (
         Example(
             before="""

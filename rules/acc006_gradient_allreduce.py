@@ -1,5 +1,6 @@
 import libcst as cst
 
+from accrewrite.analysis import WRAPPER_NAMES
 from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
@@ -9,6 +10,8 @@ _GRADIENT_READERS = ("unscale_", "clip_grad_norm_", "clip_grad_value_")
 # What reads gradients before a plain optimizer step: clipping (also a script's own
 # ``clip_gradients`` helper) and ``p.grad`` itself (a finite check, a gradient-norm log).
 _PLAIN_READERS = ("clip_grad_norm_", "clip_grad_value_", "clip_gradients", "clip_grad", "grad")
+# Libraries' loss scalers that call backward and step the optimizer themselves.
+_OPAQUE_STEPPERS = frozenset({"timm.utils.NativeScaler", "timm.utils.cuda.NativeScaler", "timm.utils.ApexScaler"})
 # Sharding that reduces (reduce-scatters) gradients itself: FSDP, FSDP2, DTensor parallelism.
 _SHARDING = ("torch.distributed.fsdp.", "torch.distributed._composable.fsdp.", "torch.distributed.tensor.",
              "torch.distributed._tensor.")
@@ -40,7 +43,7 @@ class GradientAllReduce(Rule):
     name = "gradient-allreduce"
     summary = "gradient all-reduce before the AMP step; optimizer.step() -> xm.optimizer_step()"
     concepts = ("gradient_allreduce", "optimizer_step")
-    triggers = frozenset({"step", *_GRADIENT_READERS})
+    triggers = frozenset({"step", "NativeScaler", "ApexScaler", *_GRADIENT_READERS})
     examples = (
         Example(
             target="torchacc",
@@ -156,6 +159,19 @@ class GradientAllReduce(Rule):
         return _mentions(statement, ("_fetch_gradients", "all_reduce", "reduce_gradients"))
 
     # Without one: the target's optimizer step ----------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        """A library's loss scaler that runs backward and the step inside (timm's NativeScaler)
+        cannot be given the reduction; with DistributedDataParallel gone, nothing reduces."""
+        callee = self.ctx.facts.qualname(node.func)
+        if callee in _OPAQUE_STEPPERS and self.ctx.facts.called & WRAPPER_NAMES:
+            self.ctx.diagnose(
+                node,
+                f"{callee} runs backward and the optimizer step inside, where no gradient all-reduce can go: "
+                "with DistributedDataParallel removed (ACC005) the ranks' gradients are not reduced; "
+                "step with a GradScaler in this script instead (then ACC006 reduces before it)",
+                code="ACC105",
+            )
 
     def _plain_step(self, statement) -> str | None:
         """The optimizer's name when ``statement`` is ``<optimizer>.step()``."""

@@ -39,6 +39,9 @@ class CompileBackend(Rule):
         ),
     )
 
+    def applies(self) -> bool:
+        return self.ctx.target.has("compile_backend")  # inductor compiles for the others' devices
+
     def leave_Call(self, original_node, updated_node):
         func = original_node.func
         compiles = self.ctx.facts.qualname(func) == "torch.compile" or (

@@ -107,7 +107,7 @@ def test_a_name_holds_what_its_latest_assignment_gave():
     second = tokens
     print(first, second)
     """
-    assert kinds(code, "first", "second") == [Kind.UNKNOWN, Kind.TENSOR]
+    assert kinds(code, "first", "second") == [Kind.UNKNOWN, Kind.CPU]
 
 
 def test_branches_meet_after_an_if():
@@ -244,3 +244,31 @@ def test_tests_on_tensors_and_on_numbers(test, kind):
             pass
     """
     assert kinds(code, test) == [kind]
+
+
+def test_host_tensors_are_told_from_device_tensors():
+    code = """
+    import torch
+
+    @torch.no_grad()
+    def estimate_loss():
+        out = {}
+        losses = torch.zeros(10)
+        for k in range(10):
+            X, Y = get_batch()
+            logits, loss = model(X, Y)
+            losses[k] = loss.item()
+        out["val"] = losses.mean()
+        return out
+
+    x = torch.stack([torch.from_numpy(data[i:i + 8]) for i in ix])
+    moved = x.pin_memory().to(device, non_blocking=True)
+    half = x.to(torch.float16)
+    ones = torch.ones(3, device=device)
+    losses = estimate_loss()
+    print(x, moved, half, ones, losses["val"])
+    """
+    assert kinds(code, "x", "moved", "half", "ones", 'losses["val"]') == [
+        Kind.CPU, Kind.TENSOR, Kind.CPU, Kind.TENSOR, Kind.PYTHON,
+    ]
+

@@ -233,8 +233,6 @@ def main_worker(gpu, ngpus_per_node, args):
         scheduler.step()
         if args.global_step >= args.steps:
             break
-        if enable_torchacc_compiler():
-            xm.mark_step()
 
     if args.distributed:
         dist.destroy_process_group()

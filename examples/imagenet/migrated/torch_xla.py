@@ -199,7 +199,6 @@ def main_worker(gpu, ngpus_per_node, args):
         scheduler.step()
         if args.global_step >= args.steps:
             break
-        torch_xla.sync()
 
     if args.distributed:
         dist.destroy_process_group()

@@ -193,7 +193,6 @@ def main_worker(gpu, ngpus_per_node, args):
         scheduler.step()
         if args.global_step >= args.steps:
             break
-        xm.mark_step()
 
     if args.distributed:
         dist.destroy_process_group()

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 if enable_torchacc_compiler():
     import torchacc.torch_xla.core.xla_model as xm
+    import torchacc.torch_xla.distributed.parallel_loader as pl
 
 
 
@@ -237,14 +238,20 @@ class Trainer:
         model.train()
         self.iter_num = 0
         self.iter_time = time.time()
-        data_iter = iter(train_loader)
+        if enable_torchacc_compiler():
+            data_iter = iter(pl.MpDeviceLoader(train_loader, self.device))
+        else:
+            data_iter = iter(train_loader)
         while True:
 
             # fetch the next batch (x, y) and re-init iterator if needed
             try:
                 batch = next(data_iter)
             except StopIteration:
-                data_iter = iter(train_loader)
+                if enable_torchacc_compiler():
+                    data_iter = iter(pl.MpDeviceLoader(train_loader, self.device))
+                else:
+                    data_iter = iter(train_loader)
                 batch = next(data_iter)
             batch = [t.to(self.device) for t in batch]
             x, y = batch

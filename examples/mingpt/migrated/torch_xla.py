@@ -20,6 +20,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 import torch_xla.core.xla_model as xm
 import torch_xla
+import torch_xla.distributed.parallel_loader as pl
 
 
 def set_seed(seed):
@@ -218,14 +219,14 @@ class Trainer:
         model.train()
         self.iter_num = 0
         self.iter_time = time.time()
-        data_iter = iter(train_loader)
+        data_iter = iter(pl.MpDeviceLoader(train_loader, self.device))
         while True:
 
             # fetch the next batch (x, y) and re-init iterator if needed
             try:
                 batch = next(data_iter)
             except StopIteration:
-                data_iter = iter(train_loader)
+                data_iter = iter(pl.MpDeviceLoader(train_loader, self.device))
                 batch = next(data_iter)
             batch = [t.to(self.device) for t in batch]
             x, y = batch

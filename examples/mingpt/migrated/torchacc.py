@@ -9,6 +9,7 @@ data (the sort task), a tiny model, seconds on a CPU.
 """
 from torchacc.runtime import hooks
 import torchacc.torch_xla.core.xla_model as xm
+import torchacc.torch_xla.distributed.parallel_loader as pl
 hooks.enable_fused_layer_norm()
 hooks.enable_fused_adam()
 
@@ -220,14 +221,14 @@ class Trainer:
         model.train()
         self.iter_num = 0
         self.iter_time = time.time()
-        data_iter = iter(train_loader)
+        data_iter = iter(pl.MpDeviceLoader(train_loader, self.device))
         while True:
 
             # fetch the next batch (x, y) and re-init iterator if needed
             try:
                 batch = next(data_iter)
             except StopIteration:
-                data_iter = iter(train_loader)
+                data_iter = iter(pl.MpDeviceLoader(train_loader, self.device))
                 batch = next(data_iter)
             batch = [t.to(self.device) for t in batch]
             x, y = batch
