@@ -1,5 +1,9 @@
 """Shared by every test directory."""
 
+import importlib.util
+import os
+import sys
+
 import pytest
 
 # PyTorch's gloo worker threads can abort a process at interpreter exit, after its work is done
@@ -14,3 +18,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("launches_ranks"):
             item.add_marker(pytest.mark.flaky(reruns=2, only_rerun=[EXIT_ABORT]))
+
+
+@pytest.fixture
+def xla_python() -> str:
+    """An interpreter that imports torch_xla (torch_xla 2.9 pins torch 2.9, so it is usually a
+    venv of its own, named by ACCREWRITE_XLA_PYTHON; .ci/run makes one); skips the test where
+    there is none."""
+    named = os.environ.get("ACCREWRITE_XLA_PYTHON")
+    if named:
+        return named
+    try:
+        found = importlib.util.find_spec("torch_xla") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        pytest.skip("torch_xla is not importable (set ACCREWRITE_XLA_PYTHON to an interpreter that has it)")
+    return sys.executable

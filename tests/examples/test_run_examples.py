@@ -2,28 +2,28 @@
 
 * Every plain ``examples/<name>/train.py`` runs on the CPU (a subprocess, ``--steps`` small) and
   prints one finite loss per step.
-* Seed 001's promise: every guarded form (``migrated/guarded_torchacc.py``) run with
+* The guarded form's promise (TorchAcc's migration guide): every guarded form (``migrated/guarded_torchacc.py``) run with
   ``TORCHACC_COMPILER_OPT`` unset follows the original path, so it prints the same losses as the
   plain script, digit for digit (and it runs where TorchAcc is not installed).
-* Issue 4 item 8, end to end: every ``migrated/runtime.py`` runs under ``accrun
+* End to end: every ``migrated/runtime.py`` runs under ``accrun
   --nproc_per_node 1`` and its first 20 losses match the plain script's (same seed, one process);
   a distributed example also runs under ``accrun --nproc_per_node 2`` and rank 0's losses match
   the original script launched by torchrun on 2 processes (DDP on gloo). Tolerance: RUNTIME_TOL.
-* Issue 3 item 8: ``migrated/torch_xla.py`` runs under torch_xla on the CPU (``PJRT_DEVICE=CPU``,
+* ``migrated/torch_xla.py`` runs under torch_xla on the CPU (``PJRT_DEVICE=CPU``,
   one device) and its losses match the plain script's within XLA_TOL. Marked ``xla``: runs where
   torch_xla is importable by this interpreter or by the one named in ``ACCREWRITE_XLA_PYTHON``
   (e.g. a scratch venv with torch 2.9.0 + torch_xla 2.9.0), and is skipped otherwise.
 
 Each script is copied to a temporary directory as ``train.py`` and run there: a file named
 ``torch_xla.py`` or ``torchacc.py`` would otherwise shadow the package it imports, and whatever
-a script writes stays out of the tree. Cases that cannot pass yet because a rule or the runtime
-lacks something are ``xfail(strict=True)`` with the missing piece as the reason (KNOWN_GAPS).
+a script writes stays out of the tree. nanoGPT ties its head to its embedding and hf_no_trainer
+builds its optimizer before the model moves: on torch_xla both train right only because the
+migration keeps the Parameter objects through the move (ACC002).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 import os
 import re
@@ -67,31 +67,6 @@ EXAMPLES_RUN = {
         Example("torchrun_ddp", distributed=True, torchrun_only=True),
     )
 }
-
-# (example, case) -> the exact missing piece; each is xfail(strict=True).
-# case: "plain", "guarded", "runtime-1", "runtime-2", "torch_xla".
-KNOWN_GAPS: dict[tuple[str, str], str] = {
-    ("hf_no_trainer", "torch_xla"): (
-        "the script builds the optimizer before `model.to(device)`; on torch_xla Module.to() "
-        "replaces every Parameter (a CPU tensor cannot become an XLA tensor in place), so AdamW "
-        "keeps stepping the stale CPU parameters and the model never trains (its losses are the "
-        "untrained model's). ACC002 reports it (ACC105: build the optimizer after the move); "
-        "missing: a rule that moves the model before the optimizer is built"
-    ),
-    ("nanogpt", "torch_xla"): (
-        "nanoGPT ties lm_head.weight to transformer.wte.weight before `model.to(device)`; on "
-        "torch_xla Module.to() gives each module its own new Parameter, so the tie is broken and "
-        "the two copies train apart (losses drift ~1% by step 20: 3.8588 vs 3.8959). Missing: a "
-        "rule or diagnostic that re-ties shared weights after the move to an XLA device"
-    ),
-}
-
-
-def _case(name: str, case: str):
-    reason = KNOWN_GAPS.get((name, case))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(name, marks=marks, id=name)
-
 
 def _env(**extra) -> dict:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("TORCHACC", "PJRT", "XLA"))}
@@ -170,13 +145,13 @@ def test_every_example_is_run_here():
     assert on_disk == NAMES
 
 
-@pytest.mark.parametrize("name", [_case(name, "plain") for name in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_plain_example_runs_on_cpu(name, tmp_root):
     losses = reference(name, 1, tmp_root)
     assert len(losses) == STEPS
 
 
-@pytest.mark.parametrize("name", [_case(name, "guarded") for name in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_guarded_form_unset_follows_the_original_path(name, tmp_root, tmp_path):
     example = EXAMPLES_RUN[name]
     script = EXAMPLES / name / "migrated" / "guarded_torchacc.py"
@@ -186,7 +161,7 @@ def test_guarded_form_unset_follows_the_original_path(name, tmp_root, tmp_path):
 
 @pytest.mark.launches_ranks
 @pytest.mark.slow  # torchrun + the runtime's process group
-@pytest.mark.parametrize("name", [_case(name, "runtime-1") for name in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_runtime_form_under_accrun_one_process_matches(name, tmp_root, tmp_path):
     example = EXAMPLES_RUN[name]
     script = EXAMPLES / name / "migrated" / "runtime.py"
@@ -196,7 +171,7 @@ def test_runtime_form_under_accrun_one_process_matches(name, tmp_root, tmp_path)
 
 @pytest.mark.launches_ranks
 @pytest.mark.slow  # two ranks of each, on gloo
-@pytest.mark.parametrize("name", [_case(name, "runtime-2") for name in DISTRIBUTED])
+@pytest.mark.parametrize("name", DISTRIBUTED)
 def test_runtime_form_under_accrun_two_processes_matches_ddp(name, tmp_root, tmp_path):
     example = EXAMPLES_RUN[name]
     script = EXAMPLES / name / "migrated" / "runtime.py"
@@ -207,18 +182,6 @@ def test_runtime_form_under_accrun_two_processes_matches_ddp(name, tmp_root, tmp
 # torch_xla ------------------------------------------------------------------------------------
 
 
-def xla_python() -> str | None:
-    """An interpreter that can import torch_xla: ACCREWRITE_XLA_PYTHON, else this one, else None."""
-    named = os.environ.get("ACCREWRITE_XLA_PYTHON")
-    if named:
-        return named
-    try:
-        found = importlib.util.find_spec("torch_xla") is not None
-    except (ImportError, ValueError):
-        found = False
-    return sys.executable if found else None
-
-
 # Single-process examples, for torch_xla's one CPU device. (imagenet keeps the model on the CPU
 # where `torch.cuda.is_available()` is False, as ACC010 reports; torchrun_ddp needs torchrun.)
 XLA_EXAMPLES = ["mnist", "hf_no_trainer", "mingpt", "nanogpt"]
@@ -226,15 +189,12 @@ XLA_EXAMPLES = ["mnist", "hf_no_trainer", "mingpt", "nanogpt"]
 
 @pytest.mark.xla
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [_case(name, "torch_xla") for name in XLA_EXAMPLES])
-def test_torch_xla_form_runs_on_the_xla_cpu_device(name, tmp_root, tmp_path):
-    python = xla_python()
-    if python is None:
-        pytest.skip("torch_xla is not importable (set ACCREWRITE_XLA_PYTHON to an interpreter that has it)")
+@pytest.mark.parametrize("name", XLA_EXAMPLES)
+def test_torch_xla_form_runs_on_the_xla_cpu_device(name, tmp_root, tmp_path, xla_python):
     example = EXAMPLES_RUN[name]
     script = EXAMPLES / name / "migrated" / "torch_xla.py"
     env = _env(PJRT_DEVICE="CPU")
-    losses = run_script(script, plain_launcher(example, python), plain_args(example), tmp_path, env, XLA_TIMEOUT)
+    losses = run_script(script, plain_launcher(example, xla_python), plain_args(example), tmp_path, env, XLA_TIMEOUT)
     print(f"{name} torch_xla losses: {losses}")
     assert_close(losses, reference(name, 1, tmp_root), XLA_TOL, f"{name} torch_xla on PJRT_DEVICE=CPU")
 

@@ -3,7 +3,6 @@ ACC005 DDP unwrap, ACC007 AMP, ACC008 syncfree, ACC010 synchronize, ...), must r
 target runs: the runtime target on this CPU (one process, and two under torchrun with equal
 results), the torch_xla target under torch_xla on PJRT's CPU device when it is importable."""
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -105,9 +104,8 @@ def test_runtime_target_two_processes_agree(tmp_path):
 
 
 @pytest.mark.xla
-@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not importable")
-def test_torch_xla_target_runs_on_pjrt_cpu(tmp_path):
+def test_torch_xla_target_runs_on_pjrt_cpu(tmp_path, xla_python):
     path, result = _migrated(tmp_path, "torch_xla")
     # No GradScaler and bf16-only autocast on this target: said so, and the script still runs.
     assert any(d.code == "ACC007" for d in result.diagnostics)
-    _run([sys.executable, str(path)], tmp_path, PJRT_DEVICE="CPU")
+    _run([xla_python, str(path)], tmp_path, PJRT_DEVICE="CPU")
