@@ -76,15 +76,21 @@ class Workspace:
         self.unsafe_fixes = unsafe_fixes
 
     def build(self, side: Side, options: Options | None) -> tuple[Path, Path]:
-        """The side's (working directory, script path)."""
-        home = self.root / side.name
+        """The side's (working directory, script path). The working directory's siblings are
+        linked beside its copy, so that ``../data`` (PyTorch's examples) is found."""
+        home = self.root / side.name / (self.cwd.name or "root")
+        home.parent.mkdir(parents=True)
+        for sibling in self.cwd.parent.iterdir() if self.cwd.parent != self.cwd else ():
+            if sibling.name != self.cwd.name:
+                (home.parent / sibling.name).symlink_to(sibling)
         script_dir = self.script.parent
         if script_dir.is_relative_to(self.cwd):
             _mirror(self.cwd, home, script_dir if options else None, options, side.migration_errors)
             return home, home / self.script.relative_to(self.cwd)
-        _mirror(self.cwd, home / "cwd", None, None, side.migration_errors)
-        _mirror(script_dir, home / "script", script_dir if options else None, options, side.migration_errors)
-        return home / "cwd", home / "script" / self.script.name
+        script_home = self.root / side.name / ".script"
+        _mirror(self.cwd, home, None, None, side.migration_errors)
+        _mirror(script_dir, script_home, script_dir if options else None, options, side.migration_errors)
+        return home, script_home / self.script.name
 
 
 def _mirror(source: Path, target: Path, migrate_under: Path | None, options: Options | None, errors: list[str]):
@@ -210,19 +216,24 @@ def compare(first: Side, second: Side, rtol: float) -> Verdict:
     return Verdict(0, f"match: {steps} steps within {rtol:.0%} (largest deviation {dev:.2%}, step {step})", rows)
 
 
-def check_xla(side: Side) -> str | None:
-    """Why a torch_xla side failed although its numbers may match: no XLA execution (it trained
-    on the CPU), or a compilation in every step of the second half (recompiling per step)."""
+def check_xla(side: Side) -> tuple[str, str | None] | None:
+    """What a torch_xla side ran on the XLA device, and why it failed although its numbers may
+    match: no XLA execution (it trained on the CPU), or a compilation in every step of the
+    second half (recompiling per step)."""
     steps = side.records[0] if side.records else []
     counts = [step.get("xla") for step in steps]
     if not counts or any(c is None for c in counts):
         return None
-    if counts[-1]["executions"] == 0:
-        return f"{side.name} ran no XLA graph: it trained on the CPU, not on the XLA device"
+    last = counts[-1]
+    settled = next((i + 1 for i, c in enumerate(counts) if c["compiles"] == last["compiles"]), len(counts))
+    summary = (f"{side.name}: {last['executions']} XLA graph executions, {last['compiles']} compilations "
+               f"(the last in step {settled} of {len(counts)})")
+    if last["executions"] == 0:
+        return summary, f"{side.name} ran no XLA graph: it trained on the CPU, not on the XLA device"
     half = counts[len(counts) // 2:]
     if len(half) >= 3 and all(later["compiles"] > earlier["compiles"] for earlier, later in zip(half, half[1:])):
-        return f"{side.name} compiles a new graph every step ({counts[-1]['compiles']} compilations in {len(counts)} steps)"
-    return None
+        return summary, f"{side.name} compiles a new graph every step ({last['compiles']} in {len(counts)} steps)"
+    return summary, None
 
 
 # Reporting ---------------------------------------------------------------------------------------
@@ -283,10 +294,15 @@ def verify(script: str, args: list[str], sides: list[Side], steps: int, nproc: i
         first, second = sides
         verdict = compare(first, second, rtol)
         out.print(_table(first, second, verdict))
-        xla = [check_xla(side) for side in sides if side.target == "torch_xla"]
-        problems = [p for p in xla if p]
+        checked = [found for found in (check_xla(side) for side in sides if side.target == "torch_xla") if found]
+        for summary, _ in checked:
+            out.print(summary, highlight=False)
+        problems = [problem for _, problem in checked if problem]
         if verdict.code == 0 and problems:
             verdict = Verdict(1, "; ".join(problems), verdict.rows)
+        elif verdict.code == 1 and any(side.target == "torch_xla" for side in sides):
+            verdict.message += (" (the XLA device draws its own random numbers: dropout and random tensors made on "
+                                "it differ from the CPU's, so compare with them off)")
         colour = "green" if verdict.code == 0 else "red"
         out.print(f"[bold {colour}]{verdict.message}[/]", highlight=False)
         return verdict.code
