@@ -58,6 +58,9 @@ def _string_defaults(module: cst.Module) -> dict[str, str]:
 # Frameworks that place the model and reduce gradients themselves (ACC107 says why).
 MANAGED_FRAMEWORKS = frozenset({"accelerate", "lightning", "pytorch_lightning"})
 
+# The targets' device calls: a migrated file places on its device.
+_DEVICE_CALLS = spelled_callees("device")
+
 _COLLECTIVES = {"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
                 "torch.distributed.all_reduce_coalesced"}
 
@@ -140,6 +143,9 @@ class Facts:
     # The framework the file trains through, when one manages devices and gradients itself
     # (Accelerate, Lightning: see ACC107).
     framework: str | None = None
+    # Whether the file moves anything to a device (``.cuda()``, ``.to(device)``, ``device=``):
+    # a script that never does trains on the CPU, where nothing waits for a device.
+    places_on_device: bool = False
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
     # Each statement's position in the file (statements numbered in source order).
@@ -497,6 +503,8 @@ class _Analyzer(_Walker):
                 self.facts.torch_seeds.add(cst.Module([]).code_for_node(seed.value))
         if self._steps_through(node):
             self._trains(backward=True, step=True)
+        if not self.facts.places_on_device and self._places(node, callee):
+            self.facts.places_on_device = True
         if not isinstance(func, cst.Attribute):
             if isinstance(func, cst.Name):
                 self._loop_callees += [(loop, func.value) for loop in self._loops]
@@ -520,6 +528,21 @@ class _Analyzer(_Walker):
                 loop.calls_step |= step
             previous = self._function_calls.get(self._scope, (False, False))
             self._function_calls[self._scope] = (previous[0] or backward, previous[1] or step)
+
+    def _places(self, node: cst.Call, callee: str | None) -> bool:
+        if callee is not None and (callee.startswith(("torch.accelerator.", "torch.cuda.")) or callee in _DEVICE_CALLS):
+            return True
+        func = node.func
+        if isinstance(func, cst.Attribute) and callee is None and func.attr.value in ("cuda", "to"):
+            if func.attr.value == "cuda" or not node.args:
+                return func.attr.value == "cuda"
+            where = dotted(node.args[0].value) or string_value(node.args[0].value) or ""
+            return any(word in where.lower() for word in ("device", "cuda", "gpu", "rank")) or \
+                self.facts.is_cuda_device(node.args[0].value)
+        for arg in node.args:
+            if arg.keyword is not None and arg.keyword.value in ("device", "map_location"):
+                return string_value(arg.value) != "cpu"
+        return False
 
     def _steps_through(self, node: cst.Call) -> bool:
         """``loss_scaler(loss, optimizer, parameters=...)`` (MAE's and DeiT's NativeScaler): a

@@ -69,11 +69,13 @@ SYNC_BUILTINS = {
 _BUILTIN_KINDS = {
     "len": Kind.INT, "id": Kind.INT, "hash": Kind.INT, "ord": Kind.INT, "isinstance": Kind.BOOL,
     "issubclass": Kind.BOOL, "hasattr": Kind.BOOL, "callable": Kind.BOOL, "any": Kind.BOOL, "all": Kind.BOOL,
+    # A set compares its members by identity and hash, not by their values.
+    "set": Kind.PYTHON, "frozenset": Kind.PYTHON,
     "print": Kind.NONE, "open": Kind.PYTHON, "type": Kind.PYTHON, "range": Kind.PYTHON, "chr": Kind.STR,
     "input": Kind.STR, "vars": Kind.PYTHON, "dir": Kind.PYTHON, "locals": Kind.PYTHON, "globals": Kind.PYTHON,
 }
 # Builtins whose result holds what their argument holds.
-_PASS_THROUGH = frozenset({"list", "tuple", "set", "frozenset", "sorted", "reversed", "iter", "abs", "dict"})
+_PASS_THROUGH = frozenset({"list", "tuple", "sorted", "reversed", "iter", "abs", "dict"})
 # Builtins and wrappers whose elements are their first argument's elements (tqdm(loader), ...).
 _ITERATE_THROUGH = frozenset({"iter", "list", "tuple", "sorted", "reversed", "tqdm", "trange", "islice", "cycle"})
 # torch namespaces whose functions return Python values or objects, not tensors.
@@ -89,7 +91,7 @@ _HOST_TORCH_FUNCTIONS = {
     "torch.initial_seed": Kind.INT, "torch.seed": Kind.INT, "torch.manual_seed": Kind.PYTHON,
     "torch.get_default_dtype": Kind.PYTHON, "torch.no_grad": Kind.PYTHON, "torch.enable_grad": Kind.PYTHON,
     "torch.inference_mode": Kind.PYTHON, "torch.autocast": Kind.PYTHON, "torch.set_grad_enabled": Kind.PYTHON,
-    "torch.Generator": Kind.PYTHON, "torch.Size": Kind.PYTHON, "torch.finfo": Kind.PYTHON,
+    "torch.Generator": Kind.PYTHON, "torch.equal": Kind.BOOL, "torch.allclose": Kind.BOOL, "torch.Size": Kind.PYTHON, "torch.finfo": Kind.PYTHON,
     "torch.iinfo": Kind.PYTHON, "torch.save": Kind.NONE, "torch.compile": Kind.MODEL,
     "torch.set_float32_matmul_precision": Kind.NONE, "torch.get_rng_state": Kind.TENSOR,
     "torch.nn.utils.clip_grad_norm_": Kind.TENSOR, "torch.utils.data.DataLoader": Kind.LOADER,
@@ -973,6 +975,10 @@ class ScopeValues:
         if isinstance(node, cst.FormattedStringExpression) and self.is_tensor(node.expression):
             return "formatting a tensor"
         if isinstance(node, cst.IfExp) and self.is_tensor(node.test):
+            return "a tensor's truth value"
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not) and self.is_tensor(node.expression):
+            return "a tensor's truth value"
+        if isinstance(node, cst.BooleanOperation) and self.is_tensor(node.left):
             return "a tensor's truth value"
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
             if self.kind(node.left) is Kind.STR and self.holds_tensor(node.right):

@@ -246,8 +246,13 @@ class LoopDiagnostic:
         """Overridden by rules that look at calls."""
 
     def report(self, node: cst.CSTNode, message: str) -> None:
-        """Report ``message`` at ``node`` when its statement is left (see the class doc)."""
+        """Report ``message`` at ``node`` when its statement is left (see the class doc). Not in
+        a file that never moves anything to a device (it trains on the CPU, where nothing waits
+        for a device), nor on an error path: a ``raise``, or a line right before ``sys.exit()``
+        or ``raise``, runs once, when the run ends anyway."""
         statement = self.ctx.statement
+        if not self.ctx.facts.places_on_device or _on_error_path(self.ctx, statement):
+            return
         if isinstance(statement, cst.SimpleStatementLine):
             self._closure_state()["pending"].setdefault(statement, []).append((node, message))
         else:
@@ -268,3 +273,22 @@ class LoopDiagnostic:
                 self.ctx.diagnose(node, message)
         self._closure_state()["pending"].clear()
         return updated_node
+
+
+_EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
+
+
+def ends_the_run(ctx, line) -> bool:
+    """A ``raise`` or ``sys.exit()`` statement line."""
+    if not isinstance(line, cst.SimpleStatementLine):
+        return False
+    small = line.body[0]
+    if isinstance(small, cst.Raise):
+        return True
+    call = small.value if isinstance(small, cst.Expr) else None
+    return isinstance(call, cst.Call) and (ctx.facts.qualname(call.func) in _EXITS or dotted(call.func) in _EXITS)
+
+
+def _on_error_path(ctx, statement) -> bool:
+    return ends_the_run(ctx, statement) or ends_the_run(ctx, ctx.facts.next_statement.get(statement))
+

@@ -212,17 +212,19 @@ class DevicePlacement(Rule):
     # Choosing the device ----------------------------------------------------------------------
 
     def _find_gates(self) -> set[cst.Call]:
-        """The availability tests in front of a device choice: ``if torch.cuda.is_available():
-        device = "cuda"``, and a flag they set (``use_cuda = not args.no_cuda and
+        """The availability tests in front of a device choice or a move to CUDA: ``if
+        torch.cuda.is_available(): device = "cuda"``, ``model.cuda() if torch.cuda.is_available()
+        else model``, and a flag they set (``use_cuda = not args.no_cuda and
         torch.cuda.is_available()`` before ``device = torch.device("cuda" if use_cuda else
         "cpu")``). Where the target's device is not a CUDA device they would keep the CPU."""
         chosen = {device.statement for device in self.ctx.facts.devices}
         tests: list[cst.CSTNode] = []
 
         def enter(node):
-            if isinstance(node, cst.If) and (_contains(node.body, chosen) or self._returns_cuda(node.body)):
+            if isinstance(node, cst.If) and (_contains(node.body, chosen) or self._returns_cuda(node.body)
+                                             or self._places_on_cuda(node.body)):
                 tests.append(node.test)
-            elif isinstance(node, cst.IfExp) and self.ctx.facts.is_cuda_device(node):
+            elif isinstance(node, cst.IfExp) and (self.ctx.facts.is_cuda_device(node) or self._places_on_cuda(node.body)):
                 tests.append(node.test)
             return True
 
@@ -237,6 +239,22 @@ class DevicePlacement(Rule):
 
         _walk(self.ctx.module, flag)
         return gates
+
+    def _places_on_cuda(self, node: cst.CSTNode) -> bool:
+        """``model.cuda()``, ``x.to("cuda")``: ``model.cuda() if torch.cuda.is_available() else
+        model`` would keep the model on the CPU where the target's device is not CUDA."""
+        facts = self.ctx.facts
+
+        def places(call: cst.Call) -> bool:
+            func = call.func
+            if not isinstance(func, cst.Attribute) or facts.qualname(func) is not None:
+                return False
+            if func.attr.value == "cuda":
+                return True
+            first = call_arg(call, 0, "device") if func.attr.value == "to" else None
+            return first is not None and facts.is_cuda_device(first.value)
+
+        return any(places(call) for call in _calls_in(node))
 
     def _returns_cuda(self, block: cst.CSTNode) -> bool:
         """``if use_cuda: return torch.device("cuda")``."""
@@ -269,7 +287,15 @@ class DevicePlacement(Rule):
         return self.ctx.facts.values(self.ctx.scope).is_int(node)
 
     def _device(self) -> cst.BaseExpression:
-        name = self.ctx.facts.device_in(self.ctx.scope)
+        """The device variable visible here (one assigned in this function or module before this
+        statement, else a parameter or attribute ``device_in`` finds), else the target's device."""
+        facts = self.ctx.facts
+        here = facts.order.get(self.ctx.statement, 0)
+        later = {d.name for d in facts.devices if d.scope is self.ctx.scope and d.order > here}
+        earlier = {d.name for d in facts.devices if d.scope is self.ctx.scope and d.order <= here}
+        name = facts.device_in(self.ctx.scope)
+        if name in later and name not in earlier:
+            name = None  # ``model = Net().cuda()`` above ``device = ...``
         return cst.parse_expression(name) if name else self.ctx.expr("device")
 
     def leave_Call(self, original_node, updated_node):

@@ -12,6 +12,7 @@ from accrewrite.rules._training_code import (
     is_logging_call,
     is_step_closure_call,
     loop_helpers,
+    ends_the_run,
     records_only,
     root_name,
     walk,
@@ -46,12 +47,14 @@ class StepClosure(LoopDiagnostic, Rule):
     - a line that a later line of the same step would print before (a plain ``print`` after
       it in the loop's body) stays where it is, and so does one right before ``sys.exit()`` or
       ``raise``; ACC101 reports its host sync;
-    - a closure that prints runs on the calling thread (``run_async=False``) wherever the
-      function prints anything else after the loop begins, since two threads' lines interleave;
-      recording (TensorBoard, wandb, a progress bar) runs on the worker thread
-      (``run_async=True``);
+    - a closure that prints runs on the calling thread at the step boundary
+      (``run_async=False``), since two threads' lines interleave; recording (TensorBoard,
+      wandb, a progress bar) runs on the worker thread (``run_async=True``), off the loop;
     - a loop that queued closures ends with the target's step boundary (``xm.mark_step()``),
-      also when it is left by ``break``, and runs them before a ``return`` leaves it.
+      also when it is left by ``break``, and runs them before a ``return`` leaves it; where the
+      target does not run pending closures at interpreter exit (torch_xla), the step boundary
+      is registered to run then (``atexit.register(torch_xla.sync)``), for a loop left by an
+      exception.
 
     Objects are passed by reference, as Python passes them: a tensor or a meter (imagenet's
     ``AverageMeter``) that the loop updates in place after the call is read when the closure
@@ -128,8 +131,10 @@ class StepClosure(LoopDiagnostic, Rule):
             import logging
             import torch
             import torchacc.torch_xla.core.xla_model as xm
+            import atexit
 
             logger = logging.getLogger(__name__)
+            atexit.register(xm.mark_step)
 
             def full_train_epoch(epoch, model, loader, optimizer):
                 for step, inputs in enumerate(loader):
@@ -137,8 +142,8 @@ class StepClosure(LoopDiagnostic, Rule):
                     loss = outputs["loss"]
                     loss.backward()
                     optimizer.step()
-                    xm.add_step_closure(log_metrics, args=(epoch, step, loss, time_elapsed), run_async=True)
-                    xm.add_step_closure(logger.info, args=("step %d lr %.2e loss %s", step, scheduler.get_last_lr()[0], loss), run_async=True)
+                    xm.add_step_closure(log_metrics, args=(epoch, step, loss, time_elapsed), run_async=False)
+                    xm.add_step_closure(logger.info, args=("step %d lr %.2e loss %s", step, scheduler.get_last_lr()[0], loss), run_async=False)
                 xm.mark_step()
             """,
         ),
@@ -165,7 +170,7 @@ class StepClosure(LoopDiagnostic, Rule):
 
             def log_metrics(epoch, step, batch_size, loss, batch_time, samples_per_step, peak_mem):
                 batch_time = f"{batch_time:.3f}"
-                xm.add_step_closure(print_test_update, args=(epoch, step, batch_size, loss, batch_time, samples_per_step, peak_mem), run_async=True)
+                xm.add_step_closure(print_test_update, args=(epoch, step, batch_size, loss, batch_time, samples_per_step, peak_mem), run_async=False)
 
             def full_train_epoch(epoch, model, train_device_loader, optimizer):
                 for step, inputs in enumerate(train_device_loader):
@@ -193,7 +198,9 @@ class StepClosure(LoopDiagnostic, Rule):
             import torch
             import wandb
             import torch_xla.core.xla_model as xm
+            import atexit
             import torch_xla
+            atexit.register(torch_xla.sync)
 
             def train(model, loader, optimizer):
                 for batch in loader:
@@ -216,6 +223,7 @@ class StepClosure(LoopDiagnostic, Rule):
         self._plain: dict[cst.CSTNode, list[int]] = {}
         # Loops in which a logging call moved into a step closure: they flush at their exit.
         self._flushed: set[cst.CSTNode] = set()
+        self._exit_flush = False
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         self._flush_before_return(original_node)
@@ -234,16 +242,17 @@ class StepClosure(LoopDiagnostic, Rule):
         region = self.ctx.loop.node if self.ctx.loop is not None else self.ctx.scope
         plain = self._plain_logging(region)
         prints = not records_only(self.ctx.facts, call)
-        if prints and (any(order > here for order in plain) or self._leaves_after(original_node)):
+        if prints and (any(order > here for order in plain) or ends_the_run(self.ctx, self.ctx.facts.next_statement.get(original_node))):
             return updated_node  # a later line of the step prints at once: this one must print first
         closure, values = self._closure(call, tensors)
         args = ", ".join(self.ctx.code(value) for value in values) + ("," if len(values) == 1 else "")
-        # A closure that prints runs on a worker thread only where nothing else prints: the
-        # order of lines between two threads is not kept.
-        run_async = not prints or not plain and not self._prints_after(region)
+        # A closure that prints runs on the calling thread: the order of lines printed by two
+        # threads is not kept. Recording has no order to keep.
+        run_async = not prints
         replacement = self.ctx.expr("step_closure", closure=closure, args=args, run_async=str(run_async))
         if self.ctx.loop is not None:
             self._flushed.add(self.ctx.loop.node)
+            self._flush_at_exit()
         if closure.startswith("lambda") and len(self.ctx.code(replacement)) > _WRAP_AT:
             replacement = _one_argument_a_line(replacement)
         self.ctx.fix(
@@ -276,25 +285,18 @@ class StepClosure(LoopDiagnostic, Rule):
             walk(region, enter)
         return found
 
-    def _prints_after(self, loop: cst.CSTNode | None) -> bool:
-        """Whether the function holding ``loop`` logs Python values after the loop begins (a
-        line after the loop, or in the loop around it)."""
-        if loop is None or self.ctx.loop is None:
-            return False
-        start = self.ctx.facts.order.get(loop, 0)
-        return any(order > start for order in self._plain_logging(self.ctx.scope or self.ctx.module))
-
-    def _leaves_after(self, line: cst.SimpleStatementLine) -> bool:
-        """A line followed by ``sys.exit()``, ``exit()`` or ``raise``: the process (or the loop)
-        ends before any step boundary would run a closure."""
-        following = self.ctx.facts.next_statement.get(line)
-        if not isinstance(following, cst.SimpleStatementLine):
-            return False
-        statement = following.body[0]
-        if isinstance(statement, cst.Raise):
-            return True
-        call = statement.value if isinstance(statement, cst.Expr) else None
-        return isinstance(call, cst.Call) and (self.ctx.facts.qualname(call.func) in _EXITS or dotted(call.func) in _EXITS)
+    def _flush_at_exit(self) -> None:
+        """Where the target does not run pending closures at interpreter exit (torch_xla), the
+        step boundary is registered to run then, once, at module level before the first
+        definition or loop that queues closures: a loop left by an exception keeps its last
+        lines too."""
+        if self._exit_flush or not self.ctx.target.has("flush_at_exit"):
+            return
+        self._exit_flush = True
+        setting = self.ctx.statements("flush_at_exit")
+        if all(self.ctx.code(line).strip() in self.ctx.source_text for line in setting):
+            return  # migrated already
+        self.ctx.insert_before(self.ctx.open_statements[0], setting)
 
     def _flush_before_return(self, line: cst.SimpleStatementLine) -> None:
         """``return`` out of a loop that queued closures runs them first."""
@@ -470,7 +472,6 @@ class _Extract(cst.CSTTransformer):
         return candidate
 
 
-_EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 
 
 def _detached(value: cst.BaseExpression) -> cst.BaseExpression:

@@ -34,6 +34,7 @@ class HostSync(LoopDiagnostic, Rule):
             before="""
             import torch
 
+            model = Net().cuda()
             running = 0.0
             for step, (x, y) in enumerate(train_loader):
                 loss = criterion(model(x), y)
@@ -48,6 +49,7 @@ class HostSync(LoopDiagnostic, Rule):
             after="""
             import torch
 
+            model = Net().cuda()
             running = 0.0
             for step, (x, y) in enumerate(train_loader):
                 loss = criterion(model(x), y)
@@ -59,7 +61,7 @@ class HostSync(LoopDiagnostic, Rule):
                     print(f"step {step} loss {loss.item():.3f}")
             print(f"done: {running / len(train_loader):.3f}")
             """,
-            diagnostics=("ACC101:8", "ACC101:9", "ACC101:11"),
+            diagnostics=("ACC101:9", "ACC101:10", "ACC101:12"),
         ),
         Example(
             target="torch_xla",
@@ -67,6 +69,7 @@ class HostSync(LoopDiagnostic, Rule):
             import torch
 
             def train_step(model, batch, optimizer):
+                batch = {k: v.cuda() for k, v in batch.items()}
                 loss = model(**batch).loss
                 loss.backward()
                 optimizer.step()
@@ -76,12 +79,13 @@ class HostSync(LoopDiagnostic, Rule):
             import torch
 
             def train_step(model, batch, optimizer):
+                batch = {k: v.cuda() for k, v in batch.items()}
                 loss = model(**batch).loss
                 loss.backward()
                 optimizer.step()
                 return {"loss": float(loss), "ok": bool(torch.isfinite(loss))}
             """,
-            diagnostics=("ACC101:7", "ACC101:7"),
+            diagnostics=("ACC101:8", "ACC101:8"),
         ),
     )
 

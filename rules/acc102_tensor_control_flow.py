@@ -31,6 +31,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
             before="""
             import torch
 
+            model = Net().cuda()
             for step, (x, y) in enumerate(train_loader):
                 loss = criterion(model(x), y)
                 if torch.isnan(loss):
@@ -43,6 +44,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
             after="""
             import torch
 
+            model = Net().cuda()
             for step, (x, y) in enumerate(train_loader):
                 loss = criterion(model(x), y)
                 if torch.isnan(loss):
@@ -52,7 +54,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
                 if step % 100 == 0 and loss.item() < best:
                     best = loss.item()
             """,
-            diagnostics=("ACC102:5", "ACC102:9"),
+            diagnostics=("ACC102:6", "ACC102:10"),
         ),
     )
 

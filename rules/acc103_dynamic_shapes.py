@@ -49,6 +49,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
             import torch
             from torch.nn.utils.rnn import pad_sequence
             from transformers import DataCollatorWithPadding
+            model = Net().cuda()
 
             collator = DataCollatorWithPadding(tokenizer)
 
@@ -66,6 +67,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
             import torch
             from torch.nn.utils.rnn import pad_sequence
             from transformers import DataCollatorWithPadding
+            model = Net().cuda()
 
             collator = DataCollatorWithPadding(tokenizer)
 
@@ -79,7 +81,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
                 loss.backward()
                 optimizer.step()
             """,
-            diagnostics=("ACC103:5", "ACC103:8", "ACC103:13", "ACC103:13"),
+            diagnostics=("ACC103:6", "ACC103:9", "ACC103:14", "ACC103:14"),
         ),
     )
 

@@ -169,7 +169,7 @@ def test_rules_and_explain_show_diagnostics_as_such(cli):
     code, out, _ = cli("explain", "ACC101")
     assert code == 0
     assert "diagnostic (reports, changes nothing)" in out
-    assert "Reports: ACC101 at line 8, ACC101 at line 9, ACC101 at line 11" in out
+    assert "Reports: ACC101 at line 9, ACC101 at line 10, ACC101 at line 12" in out
     assert "After:" not in out
     code, out, _ = cli("explain", "step-closure")
     assert code == 0 and "After:" in out and "lambda epoch, step, loss: print(" in out
@@ -204,6 +204,7 @@ def test_unsafe_fix_reports_an_unseen_optimizer_factory_where_fused_adam_exists(
 
 
 NANOGPT_LOG = b'''import torch
+model = model.cuda()
 while True:
     logits, loss = model(X, Y)
     loss.backward()
@@ -221,6 +222,6 @@ def test_host_sync_read_only_for_logging_says_where_it_belongs(tmp_path, cli):
     path = tmp_path / "train.py"
     path.write_bytes(NANOGPT_LOG)
     found = _json(cli, path, "--select", "ACC101")["files"][0]["diagnostics"]
-    assert [d["line"] for d in found] == [7, 9]
+    assert [d["line"] for d in found] == [8, 10]
     assert "`lossf` is read only by logging" in found[0]["message"]
     assert "read only by logging" not in found[1]["message"]  # `best` also decides the loop

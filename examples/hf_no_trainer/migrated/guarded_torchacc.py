@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 if enable_torchacc_compiler():
     import torchacc.torch_xla.core.xla_model as xm
     import torchacc.torch_xla.distributed.parallel_loader as pl
+    import atexit
 
 
 
@@ -154,6 +155,8 @@ def parse_args():
     parser.add_argument("--num_warmup_steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args()
+if enable_torchacc_compiler():
+    atexit.register(xm.mark_step)
 
 
 def main():
@@ -231,7 +234,7 @@ def main():
                     xm.add_step_closure(
                         lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
                         args=(epoch, completed_steps, loss.detach()),
-                        run_async=True)
+                        run_async=False)
                 else:
                     print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}")
                 completed_steps += 1
@@ -254,7 +257,7 @@ def main():
             xm.add_step_closure(
                 lambda epoch, correct, seen: print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}"),
                 args=(epoch, correct, seen),
-                run_async=True)
+                run_async=False)
         else:
             print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}")
         if completed_steps >= max_train_steps:

@@ -207,7 +207,7 @@ def main():
                 xm.add_step_closure(
                     lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
                     args=(epoch, completed_steps, loss.detach()),
-                    run_async=True)
+                    run_async=False)
                 completed_steps += 1
             if completed_steps >= max_train_steps:
                 break
@@ -224,7 +224,7 @@ def main():
         xm.add_step_closure(
             lambda epoch, correct, seen: print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}"),
             args=(epoch, correct, seen),
-            run_async=True)
+            run_async=False)
         if completed_steps >= max_train_steps:
             break
     xm.mark_step()

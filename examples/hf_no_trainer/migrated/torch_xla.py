@@ -21,6 +21,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
 import torch_xla.core.xla_model as xm
 import torch_xla
+import atexit
 import torch_xla.distributed.parallel_loader as pl
 
 
@@ -144,6 +145,7 @@ def parse_args():
     parser.add_argument("--num_warmup_steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args()
+atexit.register(torch_xla.sync)
 
 
 def main():
@@ -206,7 +208,7 @@ def main():
                 xm.add_step_closure(
                     lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
                     args=(epoch, completed_steps, loss.detach()),
-                    run_async=True)
+                    run_async=False)
                 completed_steps += 1
             if completed_steps >= max_train_steps:
                 break
@@ -223,7 +225,7 @@ def main():
         xm.add_step_closure(
             lambda epoch, correct, seen: print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}"),
             args=(epoch, correct, seen),
-            run_async=True)
+            run_async=False)
         if completed_steps >= max_train_steps:
             break
     torch_xla.sync()

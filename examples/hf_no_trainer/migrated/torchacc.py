@@ -11,6 +11,7 @@ script runs with torch alone, on synthetic sentences (no downloads), in seconds 
 from torchacc.runtime import hooks
 import torchacc.torch_xla.core.xla_model as xm
 import torchacc.torch_xla.distributed.parallel_loader as pl
+import atexit
 hooks.enable_fused_adam()
 
 import argparse
@@ -145,6 +146,7 @@ def parse_args():
     parser.add_argument("--num_warmup_steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args()
+atexit.register(xm.mark_step)
 
 
 def main():
@@ -209,7 +211,7 @@ def main():
                 xm.add_step_closure(
                     lambda epoch, completed_steps, loss: print(f"epoch {epoch} step {completed_steps} loss {loss.item():.4f}"),
                     args=(epoch, completed_steps, loss.detach()),
-                    run_async=True)
+                    run_async=False)
                 completed_steps += 1
             if completed_steps >= max_train_steps:
                 break
@@ -226,7 +228,7 @@ def main():
         xm.add_step_closure(
             lambda epoch, correct, seen: print(f"epoch {epoch}: eval accuracy {float(correct) / seen:.4f}"),
             args=(epoch, correct, seen),
-            run_async=True)
+            run_async=False)
         if completed_steps >= max_train_steps:
             break
     xm.mark_step()

@@ -35,6 +35,7 @@ def enable_torchacc_compiler():
 if enable_torchacc_compiler():
     import torchacc.torch_xla.core.xla_model as xm
     import torchacc.torch_xla.distributed.xla_backend
+    import atexit
     import torchacc.torch_xla.distributed.parallel_loader as pl
 
 
@@ -186,10 +187,14 @@ def main_worker(gpu, ngpus_per_node, args):
 
     # define loss function (criterion), optimizer, and learning rate scheduler
     criterion = nn.CrossEntropyLoss()
-    if torch.cuda.is_available():
-        if enable_torchacc_compiler():
-            criterion = criterion.to(xm.xla_device())
-        else:
+    if enable_torchacc_compiler():
+        if True:
+            if enable_torchacc_compiler():
+                criterion = criterion.to(xm.xla_device())
+            else:
+                criterion = criterion.cuda(args.gpu)
+    else:
+        if torch.cuda.is_available():
             criterion = criterion.cuda(args.gpu)
 
     optimizer = torch.optim.SGD(model.parameters(), args.lr,
@@ -236,6 +241,8 @@ def main_worker(gpu, ngpus_per_node, args):
 
     if args.distributed:
         dist.destroy_process_group()
+if enable_torchacc_compiler():
+    atexit.register(xm.mark_step)
 
 
 def train(train_loader, model, criterion, optimizer, epoch, args):
@@ -249,8 +256,13 @@ def train(train_loader, model, criterion, optimizer, epoch, args):
     end = time.time()
     if enable_torchacc_compiler():
         for i, (images, target) in enumerate(pl.MpDeviceLoader(train_loader, xm.xla_device())):
-            if torch.cuda.is_available():
-                if not enable_torchacc_compiler():
+            if enable_torchacc_compiler():
+                if True:
+                    if not enable_torchacc_compiler():
+                        images = images.cuda(args.gpu, non_blocking=True)
+                        target = target.cuda(args.gpu, non_blocking=True)
+            else:
+                if torch.cuda.is_available():
                     images = images.cuda(args.gpu, non_blocking=True)
                     target = target.cuda(args.gpu, non_blocking=True)
 
@@ -280,7 +292,7 @@ def train(train_loader, model, criterion, optimizer, epoch, args):
                     xm.add_step_closure(
                         lambda epoch, global_step, loss, top1, batch_time: print(f"epoch {epoch} step {global_step} loss {loss.item():.4f} {top1} {batch_time}"),
                         args=(epoch, args.global_step, loss.detach(), top1, batch_time),
-                        run_async=True)
+                        run_async=False)
                 else:
                     print(f"epoch {epoch} step {args.global_step} loss {loss.item():.4f} {top1} {batch_time}")
             args.global_step += 1
@@ -328,8 +340,13 @@ def validate(val_loader, model, criterion, args):
     with torch.no_grad():
         if enable_torchacc_compiler():
             for i, (images, target) in enumerate(pl.MpDeviceLoader(val_loader, xm.xla_device())):
-                if torch.cuda.is_available():
-                    if not enable_torchacc_compiler():
+                if enable_torchacc_compiler():
+                    if True:
+                        if not enable_torchacc_compiler():
+                            images = images.cuda(args.gpu, non_blocking=True)
+                            target = target.cuda(args.gpu, non_blocking=True)
+                else:
+                    if torch.cuda.is_available():
                         images = images.cuda(args.gpu, non_blocking=True)
                         target = target.cuda(args.gpu, non_blocking=True)
 

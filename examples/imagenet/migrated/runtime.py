@@ -233,7 +233,7 @@ def train(train_loader, model, criterion, optimizer, epoch, args):
             xm.add_step_closure(
                 lambda epoch, global_step, loss, top1, batch_time: print(f"epoch {epoch} step {global_step} loss {loss.item():.4f} {top1} {batch_time}"),
                 args=(epoch, args.global_step, loss.detach(), top1, batch_time),
-                run_async=True)
+                run_async=False)
         args.global_step += 1
         if args.global_step >= args.steps:
             break

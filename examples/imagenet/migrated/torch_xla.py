@@ -30,6 +30,7 @@ from torch.utils.data import TensorDataset
 import torch_xla.core.xla_model as xm
 import torch_xla.distributed.xla_backend
 import torch_xla
+import atexit
 import torch_xla.distributed.parallel_loader as pl
 
 parser = argparse.ArgumentParser(description='PyTorch ImageNet Training (synthetic data)')
@@ -155,7 +156,7 @@ def main_worker(gpu, ngpus_per_node, args):
 
     # define loss function (criterion), optimizer, and learning rate scheduler
     criterion = nn.CrossEntropyLoss()
-    if torch.cuda.is_available():
+    if True:
         criterion = criterion.to(torch_xla.device())
 
     optimizer = torch.optim.SGD(model.parameters(), args.lr,
@@ -202,6 +203,7 @@ def main_worker(gpu, ngpus_per_node, args):
 
     if args.distributed:
         dist.destroy_process_group()
+atexit.register(torch_xla.sync)
 
 
 def train(train_loader, model, criterion, optimizer, epoch, args):
@@ -237,7 +239,7 @@ def train(train_loader, model, criterion, optimizer, epoch, args):
             xm.add_step_closure(
                 lambda epoch, global_step, loss, top1, batch_time: print(f"epoch {epoch} step {global_step} loss {loss.item():.4f} {top1} {batch_time}"),
                 args=(epoch, args.global_step, loss.detach(), top1, batch_time),
-                run_async=True)
+                run_async=False)
         args.global_step += 1
         if args.global_step >= args.steps:
             break

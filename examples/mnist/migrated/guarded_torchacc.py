@@ -18,6 +18,7 @@ def enable_torchacc_compiler():
 if enable_torchacc_compiler():
     import torchacc.torch_xla.core.xla_model as xm
     import torchacc.torch_xla.distributed.parallel_loader as pl
+    import atexit
 
 
 
@@ -38,6 +39,8 @@ def synthetic_mnist(samples):
     images = torch.randn(samples, 1, 28, 28)
     labels = torch.randint(0, 10, (samples,))
     return TensorDataset(images, labels)
+if enable_torchacc_compiler():
+    atexit.register(xm.mark_step)
 
 
 def main():
@@ -75,7 +78,7 @@ def main():
                 xm.add_step_closure(
                     lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"),
                     args=(epoch, step, loss.detach()),
-                    run_async=True)
+                    run_async=False)
             else:
                 optimizer.step()
                 print(f"epoch {epoch} step {step} loss {loss.item():.4f}")

@@ -58,7 +58,7 @@ def main():
             xm.add_step_closure(
                 lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"),
                 args=(epoch, step, loss.detach()),
-                run_async=True)
+                run_async=False)
         xm.mark_step()
 
 

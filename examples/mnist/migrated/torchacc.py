@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 import torchacc.torch_xla.core.xla_model as xm
 import torchacc.torch_xla.distributed.parallel_loader as pl
+import atexit
 
 
 class Net(nn.Module):
@@ -30,6 +31,7 @@ def synthetic_mnist(samples):
     images = torch.randn(samples, 1, 28, 28)
     labels = torch.randint(0, 10, (samples,))
     return TensorDataset(images, labels)
+atexit.register(xm.mark_step)
 
 
 def main():
@@ -59,7 +61,7 @@ def main():
             xm.add_step_closure(
                 lambda epoch, step, loss: print(f"epoch {epoch} step {step} loss {loss.item():.4f}"),
                 args=(epoch, step, loss.detach()),
-                run_async=True)
+                run_async=False)
         xm.mark_step()
 
 

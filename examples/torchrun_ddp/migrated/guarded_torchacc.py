@@ -27,6 +27,7 @@ def enable_torchacc_compiler():
 if enable_torchacc_compiler():
     import torchacc.torch_xla.distributed.xla_backend
     import torchacc.torch_xla.core.xla_model as xm
+    import atexit
     import torchacc.torch_xla.distributed.parallel_loader as pl
 
 
@@ -57,6 +58,8 @@ class MyTrainDataset(Dataset):
 
     def __getitem__(self, index):
         return self.data[index]
+if enable_torchacc_compiler():
+    atexit.register(xm.mark_step)
 
 
 class Trainer:
@@ -131,7 +134,7 @@ class Trainer:
                         xm.add_step_closure(
                             lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
                             args=(epoch, self.steps_run, loss.detach()),
-                            run_async=True)
+                            run_async=False)
                     else:
                         print(f"epoch {epoch} step {self.steps_run} loss {loss.item():.4f}")
                 self.steps_run += 1

@@ -102,7 +102,7 @@ class Trainer:
                 xm.add_step_closure(
                     lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
                     args=(epoch, self.steps_run, loss.detach()),
-                    run_async=True)
+                    run_async=False)
             self.steps_run += 1
             if self.steps_run >= self.max_steps:
                 break

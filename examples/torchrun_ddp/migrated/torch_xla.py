@@ -22,6 +22,7 @@ from torch.distributed import init_process_group, destroy_process_group
 import torch_xla.distributed.xla_backend
 import torch_xla
 import torch_xla.core.xla_model as xm
+import atexit
 import torch_xla.distributed.parallel_loader as pl
 
 
@@ -47,6 +48,7 @@ class MyTrainDataset(Dataset):
 
     def __getitem__(self, index):
         return self.data[index]
+atexit.register(torch_xla.sync)
 
 
 class Trainer:
@@ -103,7 +105,7 @@ class Trainer:
                 xm.add_step_closure(
                     lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
                     args=(epoch, self.steps_run, loss.detach()),
-                    run_async=True)
+                    run_async=False)
             self.steps_run += 1
             if self.steps_run >= self.max_steps:
                 break

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed import init_process_group, destroy_process_group
 import torchacc.torch_xla.distributed.xla_backend
 import torchacc.torch_xla.core.xla_model as xm
+import atexit
 import torchacc.torch_xla.distributed.parallel_loader as pl
 
 
@@ -46,6 +47,7 @@ class MyTrainDataset(Dataset):
 
     def __getitem__(self, index):
         return self.data[index]
+atexit.register(xm.mark_step)
 
 
 class Trainer:
@@ -102,7 +104,7 @@ class Trainer:
                 xm.add_step_closure(
                     lambda epoch, steps_run, loss: print(f"epoch {epoch} step {steps_run} loss {loss.item():.4f}"),
                     args=(epoch, self.steps_run, loss.detach()),
-                    run_async=True)
+                    run_async=False)
             self.steps_run += 1
             if self.steps_run >= self.max_steps:
                 break
