@@ -183,4 +183,20 @@ def spelled_callees(concept: str) -> frozenset[str]:
     return frozenset(found)
 
 
+@functools.cache
+def called_names(concept: str) -> frozenset[str]:
+    """The names of the functions that each target's spelling of ``concept`` is a call of
+    (``add_step_closure``, ``reduce_gradients``, ``_fetch_gradients``): how a rule tells its own
+    output, in any file."""
+    found = set()
+    for target in all_targets().values():
+        spelled = target.concepts.get(concept)
+        if spelled is not None:
+            for text in (spelled.expr or "", *spelled.stmts):
+                outer = re.match(r"\s*(?:\w+\s*=\s*)?[\w.]*?(\w+)\(", text)  # the call the line is
+                if outer:
+                    found.add(outer.group(1))
+    return frozenset(found)
+
+
 DEFAULT_TARGET = "runtime"

@@ -15,9 +15,11 @@ import re
 import libcst as cst
 
 from accrewrite.nodes import children, dotted
+from accrewrite.targets import called_names
 
 BUILTIN_NAMES = frozenset(dir(builtins))
-STEP_CLOSURE = "add_step_closure"
+# What the targets call to queue a step closure (ACC009's output), from their profiles.
+STEP_CLOSURE_NAMES = called_names("step_closure")
 
 # Logger methods (logging module, logging.Logger, loguru, accelerate's logger).
 _LOG_LEVELS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception", "log"})
@@ -78,7 +80,7 @@ def is_step_closure_call(node: cst.CSTNode) -> bool:
         return False
     func = node.func
     name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
-    return name == STEP_CLOSURE
+    return name in STEP_CLOSURE_NAMES
 
 
 def is_step_closure_line(node: cst.CSTNode) -> bool:
@@ -158,7 +160,7 @@ def contains(node: cst.CSTNode, kind: type) -> bool:
     return found
 
 
-_CLOSURE_FUNCTION = re.compile(rf"{STEP_CLOSURE}\(\s*([A-Za-z_][A-Za-z0-9_]*)")
+_CLOSURE_FUNCTION = re.compile(rf"(?:{'|'.join(STEP_CLOSURE_NAMES)})\(\s*([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def loop_helpers(ctx) -> dict[cst.FunctionDef, frozenset[str]]:
@@ -196,7 +198,7 @@ class LoopDiagnostic:
         state = getattr(self, "_loop_diagnostic_state", None)
         if state is None:
             text = self.ctx.source_text
-            functions = set(_CLOSURE_FUNCTION.findall(text)) if STEP_CLOSURE in text else set()
+            functions = set(_CLOSURE_FUNCTION.findall(text)) if any(name in text for name in STEP_CLOSURE_NAMES) else set()
             state = self._loop_diagnostic_state = {"depth": 0, "functions": functions, "pending": {}}
         return state
 

@@ -3,6 +3,7 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES
 from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
+from accrewrite.targets import called_names
 
 # Calls that read gradients after the backward passes of a step: the reduction goes before the
 # first of them (overflow detection and clipping must see reduced gradients).
@@ -156,7 +157,7 @@ class GradientAllReduce(Rule):
     @staticmethod
     def _reduces(statement) -> bool:
         """A statement that already reduces gradients (a migrated file, guarded or not)."""
-        return _mentions(statement, ("_fetch_gradients", "all_reduce", "reduce_gradients"))
+        return _mentions(statement, called_names("gradient_allreduce"))
 
     # Without one: the target's optimizer step ----------------------------------------------
 
