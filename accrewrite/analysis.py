@@ -495,8 +495,10 @@ class _Analyzer(_Walker):
         callee = self.facts.qualname(func)
         if callee:
             self.facts.called.add(callee)
-        if callee in _COLLECTIVES and any("grad" in names_in(arg.value) for arg in node.args[:1]):
-            self.facts.reduces_gradients = True
+        if callee in _COLLECTIVES and any(
+            name.endswith(".grad") or "grad" in name.split(".")[-1] for arg in node.args[:1] for name in names_in(arg.value)
+        ):
+            self.facts.reduces_gradients = True  # dist.all_reduce(p.grad), dist.all_reduce(grads)
         if callee == "torch.manual_seed":
             seed = call_arg(node, 0, "seed")
             if seed is not None:

@@ -9,7 +9,7 @@ Per rank, one JSON line per optimizer step goes to ``RECORDS/rank<RANK>.jsonl``:
   the other compares equal);
 * ``checksum``: the parameters' change since the first step, projected on a fixed pattern of
   signs (the same on every side), so two runs that apply the same updates agree and any other
-  update shows;
+  update shows; ``change``: that change's norm, the scale the checksums are compared at;
 * ``xla``: under torch_xla, how many graphs it has compiled and executed so far.
 
 After STEPS optimizer steps the process ends (exit 0) without running the rest of the script.
@@ -57,14 +57,19 @@ class Recorder:
     def after_step(self, optimizer, args, kwargs) -> None:
         torch = self.torch
         with torch.no_grad():
-            parts = [
-                ((parameter.detach().float() - first.float()) * signs).sum()
+            changes = [
+                (parameter.detach().float() - first.float(), signs)
                 for parameter, (first, signs) in ((p, self.start[p]) for p in _parameters(optimizer))
             ]
-            checksum = float(torch.stack(parts).sum().cpu()) if parts else 0.0
+            if changes:
+                sums = torch.stack([torch.stack([(change * signs).sum(), change.pow(2).sum()]) for change, signs in changes])
+                checksum, squares = (float(value) for value in sums.sum(0).cpu())
+            else:
+                checksum, squares = 0.0, 0.0
             losses = [float(loss.cpu()) for loss in self.losses]
         self.step += 1
-        record = {"step": self.step, "loss": sum(losses) / len(losses) if losses else None, "checksum": checksum}
+        record = {"step": self.step, "loss": sum(losses) / len(losses) if losses else None, "checksum": checksum,
+                  "change": squares ** 0.5}
         xla = _xla_counts()
         if xla is not None:
             record["xla"] = xla

@@ -171,15 +171,16 @@ def spelled_callees(concept: str) -> frozenset[str]:
     found = set()
     for target in all_targets().values():
         spelled = target.concepts.get(concept)
-        if spelled is None or spelled.expr is None:
+        if spelled is None:
             continue
         bound: dict[str, str] = {}
         for key in spelled.imports:
             bound.update(_import_bindings(target.imports[key]))
-        head = spelled.expr.split("(", 1)[0].strip()
-        root, _, rest = head.partition(".")
-        if root in bound:
-            found.add(f"{bound[root]}.{rest}" if rest else bound[root])
+        for text in (spelled.expr or "", *spelled.stmts):
+            head = re.sub(r"^\s*\w+\s*=\s*", "", text).split("(", 1)[0].strip()
+            root, _, rest = head.partition(".")
+            if root in bound:
+                found.add(f"{bound[root]}.{rest}" if rest else bound[root])
     return frozenset(found)
 
 

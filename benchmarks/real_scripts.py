@@ -19,28 +19,31 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
    that does (Python's ``ast``, not the codemod's analysis, so that it can judge the codemod).
    Each needs, judged by the checks below on the original and on the migrated output:
 
-   * device placement: the original places on CUDA: ``.cuda(``; ``.to(`` a CUDA string
-     (``"cuda"``, ``"cuda:N"``, ``f"cuda:{..}"``, or an expression holding one), an integer
-     ordinal or a name like ``gpu``/``rank``/``device_id``; ``torch.device("cuda"...)``;
-     ``device=``/``map_location=`` a CUDA string; ``device = "cuda"...`` (a name with
-     "device", not "_type", that no later statement of its block rebinds);
-     ``torch.cuda.set_device``; ``torch.set_default_device("cuda")``;
-     ``torch.accelerator.current_accelerator()``; an argparse ``--device`` whose default is
-     CUDA, while ``args.device`` is read. Satisfied when none of these remains and the target's device is called
-     (runtime/torchacc ``xm.xla_device()``, torch_xla ``torch_xla.device()``).
-   * device loader: a training ``for`` loop iterates a loader (through ``enumerate``, ``tqdm``,
-     ``zip``, ``iter``, ``log_every`` or a name bound to one of them): a name bound to a
-     ``*DataLoader*(...)``/``*loader*(...)`` call or to a function of the file returning one,
-     or, bound to nothing else, a name with "loader" or a ``*_data`` name in a file that builds
-     a loader. Satisfied when every such loader is the first argument of the target's
-     ``MpDeviceLoader(`` or is rebound to one.
+   * device placement: the original places on CUDA: ``.cuda(``; ``.to(`` a CUDA string, an
+     integer ordinal or a name like ``gpu``/``rank``/``device_id``; ``torch.device``,
+     ``torch.set_default_device``, ``device=`` or ``map_location=`` of a CUDA string;
+     ``device = <CUDA string>`` (a name with "device", not "..type", that no later statement
+     of its block rebinds); ``torch.cuda.set_device``; ``torch.accelerator.current_accelerator()``;
+     an argparse ``--device`` defaulting to one while ``args.device`` is read. A CUDA string is
+     ``"cuda"``, ``"cuda:N"``, ``f"cuda:{..}"``, or a conditional, ``or``, ``.format``, ``%``,
+     ``+`` or ``torch.device`` giving one. Satisfied when none of these remains and the
+     target's device is called (runtime/torchacc ``xm.xla_device()``, torch_xla
+     ``torch_xla.device()``).
+   * device loader: a training ``for`` loop iterates a loader, under ``enumerate``, ``tqdm``,
+     ``zip``, ``iter``, ``log_every`` or a name bound to one of them. A loader: a call to a
+     ``*loader*`` callee (``DataLoader``), a class of the file deriving from ``*DataLoader`` or
+     a function of the file returning one, or a name bound to such a call, or, bound to no
+     call, a name with "loader" or a ``*_data`` name in a file that builds a loader. Satisfied
+     when the target's ``MpDeviceLoader(`` takes each loader (or one of its wrappers, such as
+     the ``tqdm``) as its first argument or is assigned to it.
    * gradient reduction: a training loop steps an optimizer, and the file neither shards
-     (FSDP, ``fully_shard``, DTensor, ``parallelize_module``) nor uses HuggingFace Accelerate.
+     (FSDP, ``fully_shard``, DTensor, ``parallelize_module``), nor uses HuggingFace Accelerate,
+     nor reduces by itself (``torch.distributed`` all_reduce/reduce_scatter and no DDP).
      Satisfied when the output calls the target's ``optimizer_step``, ``reduce_gradients`` or
      ``all_reduce`` (torchacc: ``_fetch_gradients`` + ``all_reduce``).
    * AMP: ``torch.cuda.amp`` anywhere (imports too), ``torch.autocast``/``torch.amp.autocast``
-     on a CUDA device type (a string or a name bound to one), ``torch.amp.GradScaler`` on CUDA
-     (its default). Satisfied when none of these remains.
+     on a CUDA device type (a CUDA string or a name bound to one), ``torch.amp.GradScaler`` on
+     CUDA (its default). Satisfied when none of these remains.
 
    Names are resolved through the file's imports, so any alias of a target module counts. The
    checks are per file: a helper module that another file shards or migrates is judged alone.
@@ -117,20 +120,19 @@ SPELLINGS = {
 
 class Facts:
     """One module's imports, bindings, functions and classes, by name: what the checks resolve
-    names against (file-wide, ignoring scopes: a heuristic, like the checks)."""
+    names against (file-wide, ignoring scopes, except where ``Scope`` says otherwise)."""
 
     def __init__(self, tree: ast.Module):
         self.tree = tree
         self.aliases: dict[str, str] = {}
-        self.bindings: dict[str, list[ast.expr]] = defaultdict(list)
+        self.bindings = bindings(ast.walk(tree))
         self.functions: dict[str, list[ast.FunctionDef]] = defaultdict(list)
         self.methods: dict[str, list[ast.FunctionDef]] = defaultdict(list)
         self.classes: dict[str, ast.ClassDef] = {}
         in_class = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    self.aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            if isinstance(node, ast.Import):  # ``import a.b`` binds ``a`` to itself: no alias
+                self.aliases.update((alias.asname, alias.name) for alias in node.names if alias.asname)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for alias in node.names:
                     self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
@@ -140,20 +142,9 @@ class Facts:
                     if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         self.methods[item.name].append(item)
                         in_class.add(item)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
-                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    self._bind(target, node.value)
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node not in in_class:
                 self.functions[node.name].append(node)
-
-    def _bind(self, target: ast.expr, value: ast.expr) -> None:
-        if isinstance(target, (ast.Tuple, ast.List)):
-            pairs = zip(target.elts, value.elts) if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) else ((t, value) for t in target.elts)
-            for element, part in pairs:
-                self._bind(element, part)
-        elif key(target):
-            self.bindings[key(target)].append(value)
 
     def qualified(self, node: ast.expr) -> str | None:
         """The dotted name an expression spells, its first name expanded through the imports."""
@@ -169,6 +160,42 @@ class Facts:
     def calls(self, qualified: tuple[str, ...]) -> list[ast.Call]:
         return [node for node in ast.walk(self.tree)
                 if isinstance(node, ast.Call) and self.qualified(node.func) in qualified]
+
+
+class Scope:
+    """Bindings as one function (or the module) sees them: its own first, else the file's, so
+    that ``it = tqdm(train_loader)`` in one function does not stand for ``it`` in another."""
+
+    def __init__(self, facts: Facts, body: list[ast.stmt]):
+        self.facts = facts
+        self.local = bindings(walk_local(body))
+
+    def values(self, expr: ast.expr) -> list[ast.expr]:
+        name = key(expr)
+        return self.local.get(name) or self.facts.bindings.get(name, [])
+
+    def calls(self, expr: ast.expr) -> list[ast.Call]:
+        return [value for value in self.values(expr) if isinstance(value, ast.Call)]
+
+
+def bindings(nodes) -> dict[str, list[ast.expr]]:
+    """What the assignments among ``nodes`` bind, by ``key``; a tuple target binds each of its
+    names to the matching element, or to the whole value."""
+    found = defaultdict(list)
+
+    def bind(target: ast.expr, value: ast.expr) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            same_shape = isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts)
+            for i, element in enumerate(target.elts):
+                bind(element, value.elts[i] if same_shape else value)
+        elif key(target):
+            found[key(target)].append(value)
+
+    for node in nodes:
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                bind(target, node.value)
+    return found
 
 
 def key(node: ast.expr) -> str | None:
@@ -223,7 +250,9 @@ def _direct(nodes) -> tuple[set[str], list[ast.Call]]:
         if isinstance(node.func, ast.Attribute):
             if node.func.attr == BACKWARD:
                 does.add(BACKWARD)
-            elif node.func.attr == STEP and (_optimizer_like(node.func.value) or node.args and _optimizer_like(node.args[0])):
+            elif node.func.attr == STEP and (
+                _optimizer_like(node.func.value) or node.args and _optimizer_like(node.args[0])
+            ):
                 does.add(STEP)
     return does, calls
 
@@ -245,13 +274,17 @@ class Training:
                 if not reached <= self.does[d]:
                     self.does[d] |= reached
                     changed = True
-        self.loops = {}
-        for node in ast.walk(facts.tree):
-            if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-                does, calls = _direct(node.body)
-                does |= set().union(*(self.does[callee] for call in calls for callee in self._callees(call)))
-                if does:
-                    self.loops[node] = does
+        self.loops: dict[ast.stmt, set[str]] = {}
+        self.scopes: dict[ast.stmt, Scope] = {}  # each training loop's innermost function
+        for owner in (facts.tree, *defs):
+            scope = Scope(facts, owner.body)
+            for node in walk_local(owner.body):
+                if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+                    does, calls = _direct(node.body)
+                    does |= set().union(*(self.does[callee] for call in calls for callee in self._callees(call)))
+                    if does:
+                        self.loops[node] = does
+                        self.scopes[node] = scope
 
     def _callees(self, call: ast.Call) -> list[ast.FunctionDef]:
         if isinstance(call.func, ast.Name):
@@ -268,24 +301,25 @@ class Training:
 # Loaders -------------------------------------------------------------------------------------
 
 _WRAPPERS = {"enumerate", "iter", "tqdm", "zip", "islice", "log_every"}
+_INDEXING = {"enumerate", "iter", "zip"}  # a device loader goes inside these, not around them
 
 
-def _iterated(facts: Facts, expr: ast.expr, seen: set[str] | None = None):
-    """What a loop iterates under its wrappers: ``loader`` in ``enumerate(tqdm(loader))`` or in
-    ``pbar`` after ``pbar = tqdm(loader)``."""
-    seen = set() if seen is None else seen
+def _iterated(scope: Scope, expr: ast.expr, via: tuple[str, ...] = ()):
+    """What a loop iterates under its wrappers, with the wrappers a device loader may take
+    instead: ``loader`` in ``enumerate(tqdm(loader))``, or in ``pbar`` after
+    ``pbar = tqdm(loader)`` (``pbar`` and ``tqdm(loader)`` may be wrapped too)."""
     if isinstance(expr, ast.Call) and identifier(expr.func) in _WRAPPERS:
-        for arg in expr.args if identifier(expr.func) == "zip" else expr.args[:1]:
-            yield from _iterated(facts, arg, seen)
+        name = identifier(expr.func)
+        inner = via if name in _INDEXING else (*via, ast.unparse(expr))
+        for arg in expr.args if name == "zip" else expr.args[:1]:
+            yield from _iterated(scope, arg, inner)
         return
-    name = key(expr)
-    wrapped = [v for v in facts.bindings.get(name, []) if isinstance(v, ast.Call) and identifier(v.func) in _WRAPPERS]
-    if name and wrapped and name not in seen:
-        seen.add(name)
-        for value in wrapped:
-            yield from _iterated(facts, value, seen)
+    wrapped = [call for call in scope.calls(expr) if identifier(call.func) in _WRAPPERS]
+    if wrapped and key(expr) not in via:
+        for call in wrapped:
+            yield from _iterated(scope, call, (*via, key(expr)))
     else:
-        yield expr
+        yield expr, (*via, ast.unparse(expr))
 
 
 def _loader_call(facts: Facts, call: ast.Call, depth: int = 0) -> bool:
@@ -295,40 +329,36 @@ def _loader_call(facts: Facts, call: ast.Call, depth: int = 0) -> bool:
     if name in facts.classes:
         return any((identifier(base) or "").endswith("DataLoader") for base in facts.classes[name].bases)
     if name in facts.functions:
-        return depth < 3 and any(
-            _loader_value(facts, node.value, depth + 1)
-            for function in facts.functions[name] for node in walk_local(function.body)
-            if isinstance(node, ast.Return) and node.value is not None
-        )
+        return depth < 3 and any(_returns_loader(facts, function, depth + 1) for function in facts.functions[name])
     return "loader" in name.lower()
 
 
-def _loader_value(facts: Facts, value: ast.expr, depth: int) -> bool:
-    if isinstance(value, ast.Call):
-        return _loader_call(facts, value, depth)
-    return any(isinstance(v, ast.Call) and _loader_call(facts, v, depth) for v in facts.bindings.get(key(value), []))
+def _returns_loader(facts: Facts, function: ast.FunctionDef, depth: int) -> bool:
+    scope = Scope(facts, function.body)
+    returned = [node.value for node in walk_local(function.body) if isinstance(node, ast.Return) and node.value]
+    return any(_loader_call(facts, call, depth)
+               for value in returned for call in ([value] if isinstance(value, ast.Call) else scope.calls(value)))
 
 
-def is_loader(facts: Facts, expr: ast.expr, builds_loader: bool) -> bool:
+def is_loader(scope: Scope, expr: ast.expr, builds_loader: bool) -> bool:
     if isinstance(expr, ast.Call):
-        return _loader_call(facts, expr)
-    calls = [v for v in facts.bindings.get(key(expr), []) if isinstance(v, ast.Call)]
-    if calls:
-        return any(_loader_call(facts, call) for call in calls)
+        return _loader_call(scope.facts, expr)
+    if calls := scope.calls(expr):
+        return any(_loader_call(scope.facts, call) for call in calls)
     name = identifier(expr) or ""
     return "loader" in name.lower() or (name.endswith("_data") and builds_loader)
 
 
-def training_loaders(facts: Facts, training: Training) -> list[str]:
-    """The loaders training ``for`` loops iterate, as source text."""
+def training_loaders(facts: Facts, training: Training) -> dict[str, set[str]]:
+    """The loaders training ``for`` loops iterate, as source text, each with the expressions a
+    device loader may wrap instead (itself and its wrappers)."""
     builds = any(isinstance(n, ast.Call) and _loader_call(facts, n) for n in ast.walk(facts.tree))
-    found = []
-    for loop in training.loops:
+    found = {}
+    for loop, scope in training.scopes.items():
         if isinstance(loop, (ast.For, ast.AsyncFor)):
-            for expr in _iterated(facts, loop.iter):
-                text = ast.unparse(expr)
-                if is_loader(facts, expr, builds) and text not in found:
-                    found.append(text)
+            for expr, wrappable in _iterated(scope, loop.iter):
+                if is_loader(scope, expr, builds):
+                    found.setdefault(ast.unparse(expr), set()).update(wrappable)
     return found
 
 
@@ -343,9 +373,9 @@ def wrapped_loaders(facts: Facts, spelling: Spelling) -> set[str]:
     return found
 
 
-# CUDA spellings ------------------------------------------------------------------------------
+# CUDA spellings and sharding -----------------------------------------------------------------
 
-_CUDA = re.compile(r"cuda(:\d+)?")
+_CUDA = re.compile(r"cuda(:.*)?")
 _ORDINAL = re.compile(r"gpu|(^|_)rank$|device_id")
 _AUTOCASTS = ("torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast")
 _SCALERS = ("torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler")
@@ -353,6 +383,7 @@ _SHARDING_MODULES = ("accelerate", "torch.distributed.fsdp", "torch.distributed.
                      "torch.distributed.tensor", "torch.distributed._tensor")
 _SHARDING_CALLS = {"fully_shard", "FullyShardedDataParallel", "FSDP", "parallelize_module", "distribute_tensor",
                    "Accelerator"}
+_COLLECTIVES = {"all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced"}
 
 
 def _cuda_string(node: ast.AST) -> bool:
@@ -365,14 +396,22 @@ def _cuda_string(node: ast.AST) -> bool:
 
 
 def mentions_cuda(expr: ast.AST) -> bool:
-    """A CUDA string in an expression, outside comparisons (``"cuda" if ok else "cpu"`` does,
-    ``"cuda" in device`` does not)."""
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if _cuda_string(node):
-            return True
-        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, ast.Compare))
+    """Whether an expression can evaluate to a CUDA string or device: ``"cuda"`` itself, a
+    conditional or ``or`` with one, ``"cuda:{}".format(..)``, ``"cuda:%d" % ..``,
+    ``"cuda:" + ..``, ``torch.device(<one of these>)``. Not ``"cuda" in device`` or
+    ``s.replace("cuda:", "")``: those only read one."""
+    if _cuda_string(expr):
+        return True
+    if isinstance(expr, ast.IfExp):
+        return mentions_cuda(expr.body) or mentions_cuda(expr.orelse)
+    if isinstance(expr, ast.BoolOp):
+        return any(mentions_cuda(value) for value in expr.values)
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mod, ast.Add)):
+        return mentions_cuda(expr.left)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "format":
+        return mentions_cuda(expr.func.value)
+    if isinstance(expr, ast.Call) and identifier(expr.func) == "device":
+        return any(mentions_cuda(arg) for arg in expr.args)
     return False
 
 
@@ -428,8 +467,9 @@ def _dest(call: ast.Call) -> str | None:
 def _options_read(facts: Facts) -> set[str] | None:
     """The options read from ``parse_args()``'s result (``args.device``), None when the file
     has no such result (then every option counts as read)."""
+    parsing = ("parse_args", "parse_known_args")
     holders = {name for name, values in facts.bindings.items()
-               if any(isinstance(v, ast.Call) and identifier(v.func) in ("parse_args", "parse_known_args") for v in values)}
+               if any(isinstance(v, ast.Call) and identifier(v.func) in parsing for v in values)}
     if not holders:
         return None
     return {node.attr for node in ast.walk(facts.tree)
@@ -472,9 +512,7 @@ def cuda_amp(facts: Facts) -> list[tuple[int, str]]:
     """(line, source) of every CUDA AMP spelling (see the module docstring)."""
     found = {}
     for node in ast.walk(facts.tree):
-        if isinstance(node, ast.ImportFrom) and node.module and (
-            node.module.startswith("torch.cuda.amp") or node.module == "torch.cuda" and any(a.name == "amp" for a in node.names)
-        ) or isinstance(node, ast.Import) and any(a.name.startswith("torch.cuda.amp") for a in node.names):
+        if _imports_cuda_amp(node):
             found.setdefault(node.lineno, node)
         elif isinstance(node, (ast.Name, ast.Attribute)) and (facts.qualified(node) or "").startswith("torch.cuda.amp"):
             found.setdefault(node.lineno, node)
@@ -487,16 +525,31 @@ def cuda_amp(facts: Facts) -> list[tuple[int, str]]:
     return [(line, ast.unparse(node)) for line, node in sorted(found.items())]
 
 
-def shards(facts: Facts) -> bool:
-    """FSDP, DTensor or Accelerate: their gradients need no all-reduce of ours."""
+def _imports_cuda_amp(node: ast.AST) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.startswith("torch.cuda.amp") for a in node.names)
+    if isinstance(node, ast.ImportFrom) and node.module:
+        return node.module.startswith("torch.cuda.amp") or node.module == "torch.cuda" and any(
+            a.name == "amp" for a in node.names)
+    return False
+
+
+def reduced_already(facts: Facts) -> bool:
+    """Gradients that need no all-reduce of ours: FSDP, DTensor or Accelerate, or the script's
+    own torch.distributed collectives where it has no DDP for the migration to remove."""
+    collectives = ddp = False
     for node in ast.walk(facts.tree):
         modules = [a.name for a in node.names] if isinstance(node, ast.Import) else (
             [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
         if any(m == s or m.startswith(s + ".") for m in modules for s in _SHARDING_MODULES):
             return True
-        if isinstance(node, ast.Call) and identifier(node.func) in _SHARDING_CALLS:
-            return True
-    return False
+        if isinstance(node, ast.Call):
+            name = identifier(node.func)
+            if name in _SHARDING_CALLS:
+                return True
+            collectives |= name in _COLLECTIVES and (facts.qualified(node.func) or "").startswith("torch.distributed.")
+            ddp |= name in ("DistributedDataParallel", "DDP")
+    return collectives and not ddp
 
 
 # Needs and coverage --------------------------------------------------------------------------
@@ -507,7 +560,7 @@ class Original:
     """A training script's needs: for each, what in the original calls for it."""
 
     needs: dict[str, str]
-    loaders: list[str]
+    loaders: dict[str, set[str]]  # each loader: what a device loader may wrap
 
 
 @dataclass
@@ -541,7 +594,7 @@ def analyse_original(source: bytes) -> Original | None:
     loaders = training_loaders(facts, training)
     if loaders:
         needs[LOADER] = ", ".join(loaders)
-    if training.steps and not shards(facts):
+    if training.steps and not reduced_already(facts):
         needs[REDUCTION] = "an optimizer step in a training loop"
     if amp := cuda_amp(facts):
         needs[AMP] = _where(amp)
@@ -583,7 +636,8 @@ def _check_device(facts: Facts, spelling: Spelling, original: Original) -> str:
 
 
 def _check_loaders(facts: Facts, spelling: Spelling, original: Original) -> str:
-    missing = [loader for loader in original.loaders if loader not in wrapped_loaders(facts, spelling)]
+    wrapped = wrapped_loaders(facts, spelling)
+    missing = [loader for loader, wrappable in original.loaders.items() if not wrappable & wrapped]
     return f"not wrapped in {spelling.pl}.MpDeviceLoader: {', '.join(missing)}" if missing else ""
 
 
@@ -691,7 +745,8 @@ def _png(path: Path, width: int, height: int, rng: random.Random) -> None:
     rows = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b""))
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b"")
+    path.write_bytes(png)
 
 
 def image_folder(root: Path, splits=("train", "val"), classes=2, per_class=6, size=(40, 32)) -> None:
@@ -708,8 +763,10 @@ def mnist_raw(root: Path, train: int = 256, test: int = 64) -> None:
     raw = root / "MNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for prefix, n in (("train", train), ("t10k", test)):
-        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + rng.randbytes(n * 784))
-        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + bytes(rng.randrange(10) for _ in range(n)))
+        images = struct.pack(">IIII", 2051, n, 28, 28) + rng.randbytes(n * 784)
+        labels = struct.pack(">II", 2049, n) + bytes(rng.randrange(10) for _ in range(n))
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(images)
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(labels)
 
 
 def shakespeare_char(cwd: Path, python: str) -> None:
@@ -725,7 +782,8 @@ def shakespeare_char(cwd: Path, python: str) -> None:
 
 
 def mnist_above(cwd: Path, python: str) -> None:
-    """MNIST in ``../data``, where pytorch/examples' MNIST scripts look."""
+    """MNIST in ``../data``, where pytorch/examples' MNIST scripts look: outside the working
+    directory, which is all that ``accrewrite verify`` copies into its workspaces."""
     mnist_raw(cwd.parent / "data")
 
 
@@ -793,7 +851,10 @@ def no_data(cwd: Path, python: str) -> None:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How to run one corpus script on a CPU, briefly, with synthetic data."""
+    """How to run one corpus script on a CPU, briefly, with synthetic data. The arguments ask
+    for the accelerator where a script's ``--accel`` falls back to the CPU when there is none
+    (and never pass ``--no-accel``): the original then runs on the CPU here, while its migration
+    is free to use the target's device."""
 
     suffix: str  # the script's path under DIR
     args: tuple[str, ...]
@@ -807,48 +868,55 @@ class Recipe:
 
 
 _MNIST = ("torchvision", "PIL")
+_OWN_RANDOM = "the XLA device draws its own random numbers"
+_CALM = "at the default rate batches of two make the loss jump, which magnifies any rounding difference"
+_ZERO_LOSS = ("its loss is a cross-entropy over one class, 0 at every step, and its gradients are 0, "
+              "so a match shows only that both sides run")
 RECIPES = (
     Recipe("karpathy+nanoGPT/train.py",
            ("config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=2",
             "--log_interval=1", "--block_size=32", "--batch_size=4", "--n_layer=2", "--n_head=2", "--n_embd=32",
             "--max_iters=6", "--dropout=0.0"), shakespeare_char, needs=("numpy",)),
-    Recipe("pytorch+examples/mnist/main.py", ("--epochs", "1", "--batch-size", "16", "--no-accel"), mnist_above,
-           needs=_MNIST),
+    Recipe("pytorch+examples/mnist/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above, needs=_MNIST),
     Recipe("pytorch+examples/mnist_rnn/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above, needs=_MNIST),
-    Recipe("pytorch+examples/siamese_network/main.py", ("--epochs", "1", "--batch-size", "16", "--no-accel"),
-           mnist_above, needs=_MNIST),
+    Recipe("pytorch+examples/siamese_network/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above,
+           needs=_MNIST),
     Recipe("pytorch+examples/mnist_forward_forward/main.py",
-           ("--epochs", "3", "--train_size", "64", "--test_size", "32", "--no_accel", "--log-interval", "1"),
+           ("--epochs", "3", "--train_size", "64", "--test_size", "32", "--log-interval", "1"),
            mnist_here, needs=_MNIST),
-    Recipe("pytorch+examples/vae/main.py", ("--epochs", "1", "--batch-size", "32", "--no-accel"), vae_data,
+    Recipe("pytorch+examples/vae/main.py", ("--epochs", "1", "--batch-size", "32"), vae_data,
            needs=_MNIST),
     Recipe("pytorch+examples/dcgan/main.py",
            ("--dataset", "fake", "--niter", "1", "--batchSize", "4", "--imageSize", "64", "--workers", "0",
-            "--outf", "out"), no_data, needs=("torchvision",)),
+            "--outf", "out", "--accel"), no_data, needs=("torchvision",),
+           note="its noise is drawn on the device, so torch_xla draws other numbers than the CPU"),
     Recipe("pytorch+examples/super_resolution/main.py",
            ("--upscale_factor", "2", "--batchSize", "2", "--testBatchSize", "2", "--nEpochs", "2", "--lr", "0.01",
-            "--threads", "0"), bsds300, needs=("torchvision", "PIL", "six")),
+            "--threads", "0", "--accel"), bsds300, needs=("torchvision", "PIL", "six")),
     Recipe("pytorch+examples/word_language_model/main.py",
            ("--data", "wt2", "--epochs", "1", "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--batch_size", "4",
-            "--bptt", "8", "--save", "model.pt", "--use-optimizer"), wikitext,
-           note="--use-optimizer: its default update is a manual SGD, which has no optimizer step to record"),
+            "--bptt", "8", "--dropout", "0", "--lr", "0.001", "--save", "model.pt", "--use-optimizer", "--accel"),
+           wikitext,
+           note="--use-optimizer: its default update is a manual SGD, which has no optimizer step to record "
+                "(--lr 0.001: the default, 20, is that SGD's); --dropout 0: " + _OWN_RANDOM),
     Recipe("pytorch+examples/time_sequence_prediction/train.py", ("--steps", "3"), sine_waves, steps=3,
            needs=("numpy", "matplotlib"), env=(("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1"),),
            note="torch.load of a pickled numpy array needs TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 on torch >= 2.6"),
-    Recipe("pytorch+examples/regression/main.py", (), no_data),
-    Recipe("pytorch+examples/gat/main.py", ("--epochs", "6", "--no-accel", "--hidden-dim", "8", "--num-heads", "2"),
-           cora, needs=("numpy",)),
+    Recipe("pytorch+examples/gat/main.py",
+           ("--epochs", "6", "--hidden-dim", "8", "--num-heads", "2", "--dropout-p", "0"), cora, needs=("numpy",),
+           note="--dropout-p 0: " + _OWN_RANDOM),
     Recipe("pytorch+examples/imagenet/main.py",
-           ("-a", "resnet18", "--epochs", "1", "-b", "2", "-j", "0", "--no-accel", "-p", "1", "images"),
-           imagenet_folder, needs=("torchvision", "PIL")),
+           ("-a", "resnet18", "--epochs", "1", "-b", "2", "-j", "0", "-p", "1", "--lr", "0.001", "images"),
+           imagenet_folder, needs=("torchvision", "PIL"), note="--lr 0.001: " + _CALM),
     Recipe("pytorch+vision/references/classification/train.py",
            ("--data-path", "images", "--device", "cpu", "--model", "resnet18", "--batch-size", "2", "--epochs", "1",
-            "--workers", "0", "--print-freq", "1", "--output-dir", "out"), classification_folder,
-           needs=("torchvision", "PIL")),
+            "--workers", "0", "--print-freq", "1", "--output-dir", "out", "--lr", "0.001"), classification_folder,
+           needs=("torchvision", "PIL"), note="--lr 0.001: " + _CALM),
     Recipe("pytorch+examples/distributed/ddp-tutorial-series/single_gpu.py", ("1", "1", "--batch_size", "32"),
-           no_data, original_runs=False, note="the original places on cuda:0 (device = 0)"),
+           no_data, original_runs=False, note="the original places on cuda:0 (device = 0); " + _ZERO_LOSS),
     Recipe("pytorch+examples/distributed/ddp-tutorial-series/multigpu_torchrun.py", ("1", "1", "--batch_size", "8"),
-           no_data, original_runs=False, nproc=2, note="the original calls torch.cuda.set_device and uses NCCL"),
+           no_data, original_runs=False, nproc=2,
+           note="the original calls torch.cuda.set_device and uses NCCL; " + _ZERO_LOSS),
 )
 
 
@@ -882,30 +950,32 @@ def scratch_copy(script: Path, scratch: Path) -> Path:
 
 
 def run_verify(script: Path, relative: str, recipe: Recipe, args) -> list[VerifyResult]:
-    """Both of a recipe's verdicts; a recipe that cannot be prepared gets a reason instead."""
-    pairs = comparisons(recipe)
+    """A recipe's verdicts; a comparison that cannot run here gets the reason instead."""
     results = []
-    for sides, counts_for in pairs:
-        pythons = [args.python] + ([args.xla_python] if "torch_xla" in sides and args.xla_python else [])
-        if "torch_xla" in sides and not args.xla_python:
-            results.append(VerifyResult(relative, sides, counts_for, None, "skipped: no --xla-python (or $ACCREWRITE_XLA_PYTHON)"))
-            continue
-        missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m)})
-        if missing:
-            results.append(VerifyResult(relative, sides, counts_for, None, f"skipped: cannot import {', '.join(missing)}"))
-            continue
-        results.append(_verify_once(script, relative, recipe, sides, counts_for, args))
+    for sides, counts_for in comparisons(recipe):
+        try:
+            verdict = _verify_once(script, recipe, sides, args)
+        except Exception as exc:  # noqa: BLE001 - one recipe never stops the run
+            verdict = (None, f"could not run accrewrite verify: {type(exc).__name__}: {exc}", 0.0)
+        results.append(VerifyResult(relative, sides, counts_for, *verdict))
     return results
 
 
-def _verify_once(script: Path, relative: str, recipe: Recipe, sides: str, counts_for, args) -> VerifyResult:
+def _verify_once(script: Path, recipe: Recipe, sides: str, args) -> tuple[int | None, str, float]:
+    """(exit status or None, verdict, seconds) of one ``accrewrite verify --compare SIDES``."""
+    if "torch_xla" in sides and not args.xla_python:
+        return None, "skipped: no --xla-python (or $ACCREWRITE_XLA_PYTHON)", 0.0
+    pythons = [args.python, *([args.xla_python] if "torch_xla" in sides else [])]
+    missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m)})
+    if missing:
+        return None, f"skipped: cannot import {', '.join(missing)}", 0.0
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="real-scripts-") as scratch:
         try:
             cwd = scratch_copy(script, Path(scratch))
             recipe.data(cwd, args.python)
         except Exception as exc:  # noqa: BLE001 - one recipe never stops the run
-            return VerifyResult(relative, sides, counts_for, None, f"could not prepare the data: {exc}")
+            return None, f"could not prepare the data: {type(exc).__name__}: {exc}", 0.0
         command = [args.python, "-m", "accrewrite.cli", "verify", str(cwd / script.name), "--compare", sides,
                    "--steps", str(recipe.steps or args.steps), "--timeout", str(args.timeout),
                    "--rtol", str(args.rtol), "--nproc", str(recipe.nproc), "--", *recipe.args]
@@ -916,20 +986,25 @@ def _verify_once(script: Path, relative: str, recipe: Recipe, sides: str, counts
             done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
                                   timeout=2 * args.timeout + 120)
         except subprocess.TimeoutExpired:
-            return VerifyResult(relative, sides, counts_for, None, "accrewrite verify itself did not finish",
-                                time.monotonic() - start)
-    return VerifyResult(relative, sides, counts_for, done.returncode, verdict_line(done), time.monotonic() - start)
+            return None, "accrewrite verify itself did not finish", time.monotonic() - start
+    return done.returncode, verdict_line(done), time.monotonic() - start
+
+
+_EXCEPTION = re.compile(r"[\w.]*(Error|Exception|Interrupt|Exit)\b.*")
 
 
 def verdict_line(done: subprocess.CompletedProcess) -> str:
     """The last line of stdout (match/diverge), or for a side that cannot run its error and the
-    last line of its output (usually the exception)."""
+    exception its output ends with (else its last line)."""
     out = [line.strip() for line in done.stdout.splitlines() if line.strip()]
     if done.returncode in (0, 1) and out:
         return out[-1]
     err = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    error = next((line for line in err if line.startswith("error:")), err[0] if err else f"exit {done.returncode}")
-    return error if not err or err[-1] == error else f"{error} | {err[-1]}"
+    if not err:
+        return f"exit {done.returncode}"
+    error = next((line for line in err if line.startswith("error:")), err[0])
+    cause = next((line for line in reversed(err) if _EXCEPTION.fullmatch(line)), err[-1])
+    return error if cause == error else f"{error} | {cause}"
 
 
 def verify_all(directory: Path, paths: list[Path], args) -> list[VerifyResult]:
@@ -983,8 +1058,9 @@ def print_corpus(summary: dict, targets: list[str]) -> None:
     for target in targets:
         s = summary[target]
         kinds = Counter(reason.split(":")[0].split("(")[0].strip() for _, reason in s["other_errors"])
+        by_kind = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()) or "-"
         print(f"{target}: {s['files']} files, {len(s['internal_errors'])} internal errors, "
-              f"{len(s['other_errors'])} other errors ({', '.join(f'{k} {n}' for k, n in kinds.most_common()) or '-'}), "
+              f"{len(s['other_errors'])} other errors ({by_kind}), "
               f"{len(s['not_compiling'])} outputs do not compile, {len(s['not_idempotent'])} not idempotent")
         for path, reason in s["internal_errors"]:
             print(f"  internal error  {path}: {_short(reason, 160)}")
@@ -999,13 +1075,12 @@ def print_training(reports: list[FileReport], summary: dict, targets: list[str])
     for r in reports:
         if r.training:
             rows[r.path][r.target] = r
-    width = max((len(p) for p in rows), default=10)
     print(f"\n== 2. training scripts: {len(rows)} (satisfied/needed) ==")
-    print(f"{'script':<{width}}  " + "  ".join(f"{t:>9}" for t in targets) + "  needs")
+    print("  ".join(f"{t:>9}" for t in targets) + "  script (needs)")
     for path in sorted(rows):
         cells = [f"{sum(n.satisfied for n in rows[path][t].needs)}/{len(rows[path][t].needs)}" for t in targets]
-        kinds = ", ".join(n.name for n in rows[path][targets[0]].needs) or "-"
-        print(f"{path:<{width}}  " + "  ".join(f"{c:>9}" for c in cells) + f"  {kinds}")
+        kinds = ", ".join(n.name for n in rows[path][targets[0]].needs) or "nothing"
+        print("  ".join(f"{c:>9}" for c in cells) + f"  {path} ({kinds})")
     for target in targets:
         s = summary[target]
         kinds = ", ".join(f"{kind} {k}/{n}" for kind, (k, n) in s["needs_by_kind"].items())
@@ -1035,7 +1110,8 @@ def print_diagnostics(summary: dict, targets: list[str]) -> None:
 def list_diagnostics(directory: Path, reports: list[FileReport]) -> None:
     print("\n== ACC101/ACC102/ACC103 findings (runtime) ==")
     for r in reports:
-        listed = sorted((line, code) for code, line in r.diagnostics if r.target == "runtime" and code in LISTED_DIAGNOSTICS)
+        listed = sorted((line, code) for code, line in r.diagnostics
+                        if r.target == "runtime" and code in LISTED_DIAGNOSTICS)
         if not listed:
             continue
         lines = (directory / r.path).read_bytes().decode("utf-8", errors="replace").splitlines()
@@ -1086,7 +1162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", metavar="DIR", help="a directory of fetched repositories")
     parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated (default: all three)")
-    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip matching paths (repeatable)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                        help="skip matching paths (repeatable)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one per CPU)")
     parser.add_argument("--list-diagnostics", action="store_true", help="print every ACC101-103 finding (runtime)")
     parser.add_argument("--json", metavar="OUT", help="write everything as JSON")

@@ -119,18 +119,16 @@ class DevicePlacement(Rule):
                            "built before the move step the moved parameters)")
 
     def _moves_model(self, line: cst.CSTNode) -> bool:
-        """``model.to(device)``, ``model = Net().cuda()``, ``self.model = model.to(gpu_id)``."""
+        """``model.to(device)``, ``model = Net().cuda()``, ``self.model = model.to(gpu_id)``,
+        ``layers = layers + [Layer(4, 4).to(device)]``."""
         if placed_model(line, self.ctx.facts.models) is not None:
             return True
-        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-            return False
-        statement = line.body[0]
-        call = statement.value if isinstance(statement, (cst.Assign, cst.Expr)) else None
-        if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
-            return False
-        if call.func.attr.value not in ("to", "cuda"):
-            return False
-        return self.ctx.facts.values(self.ctx.scope).kind(call.func.value) is Kind.MODEL
+        values = self.ctx.facts.values(self.ctx.scope)
+        return any(
+            isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")
+            and values.kind(call.func.value) is Kind.MODEL
+            for call in _calls_in(line)
+        )
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if len(original_node.body) != 1:
@@ -140,6 +138,8 @@ class DevicePlacement(Rule):
             if self.ctx.facts.qualname(statement.value.func) == "torch.cuda.set_device":
                 self.ctx.fix(original_node, "removed torch.cuda.set_device(): the target chooses the device per process")
                 return cst.RemoveFromParent()
+        if original_node in self._fallbacks:
+            return self._assign_device(original_node, updated_node)
         if isinstance(statement, cst.Assign) and any(d.statement is original_node for d in self.ctx.facts.devices):
             if self._configurator is not None and self.ctx.scope is None and self._before_configurator(original_node):
                 return updated_node  # a config value: the device is assigned after the configurator
@@ -224,6 +224,7 @@ class DevicePlacement(Rule):
             if isinstance(node, cst.If) and (_contains(node.body, chosen) or self._returns_cuda(node.body)
                                              or self._places_on_cuda(node.body)):
                 tests.append(node.test)
+                self._fallbacks.update(self._other_choices(node, chosen))
             elif isinstance(node, cst.IfExp) and (self.ctx.facts.is_cuda_device(node) or self._places_on_cuda(node.body)):
                 tests.append(node.test)
             return True
@@ -239,6 +240,25 @@ class DevicePlacement(Rule):
 
         _walk(self.ctx.module, flag)
         return gates
+
+    def _other_choices(self, choice: cst.If, chosen: set) -> list[cst.CSTNode]:
+        """``else: device = torch.device("cpu")`` (or ``"mps"``) after a CUDA choice: on a
+        target whose device is not CUDA the migrated script runs there too."""
+        names = {d.name for d in self.ctx.facts.devices if _contains(choice.body, {d.statement})}
+        found = []
+
+        def enter(node):
+            if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign):
+                assign = node.body[0]
+                device = self.ctx.concept("device").render_expr()
+                if (len(assign.targets) == 1 and dotted(assign.targets[0].target) in names and node not in chosen
+                        and self.ctx.code(assign.value).strip() != device):  # not migrated already
+                    found.append(node)
+            return True
+
+        if choice.orelse is not None:
+            _walk(choice.orelse, enter)
+        return found
 
     def _places_on_cuda(self, node: cst.CSTNode) -> bool:
         """``model.cuda()``, ``x.to("cuda")``: ``model.cuda() if torch.cuda.is_available() else
@@ -275,6 +295,8 @@ class DevicePlacement(Rule):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._parameters_kept = False
+        # Other choices of a device variable beside a CUDA one (``_other_choices``).
+        self._fallbacks: set[cst.CSTNode] = set()
         self._gates = self._find_gates() if ctx.target.has("accelerator_available") else set()
         # nanoGPT's configurator: ``exec(...)`` at module level overrides config globals from the
         # command line, type-checked, so the device string stays and the target's device is

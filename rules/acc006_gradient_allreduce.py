@@ -1,9 +1,9 @@
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES
-from accrewrite.nodes import dotted
+from accrewrite.nodes import children, dotted
 from accrewrite.rule import Example, Rule
-from accrewrite.targets import called_names
+from accrewrite.targets import called_names, spelled_callees
 
 # Calls that read gradients after the backward passes of a step: the reduction goes before the
 # first of them (overflow detection and clipping must see reduced gradients).
@@ -154,10 +154,23 @@ class GradientAllReduce(Rule):
             return None
         return self.ctx.code(call.args[0].value)
 
-    @staticmethod
-    def _reduces(statement) -> bool:
-        """A statement that already reduces gradients (a migrated file, guarded or not)."""
-        return _mentions(statement, called_names("gradient_allreduce"))
+    def _reduces(self, statement) -> bool:
+        """A statement that already reduces gradients the way a target does (a migrated file,
+        guarded or not); the script's own ``dist.all_reduce(loss)`` is not that."""
+        facts = self.ctx.facts
+        reductions = spelled_callees("gradient_allreduce")
+        names = called_names("gradient_allreduce")
+        found = False
+
+        def enter(node):
+            nonlocal found
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in names:
+                qualified = facts.qualname(node.func)
+                found = found or qualified is None or qualified in reductions  # an alias added by this run
+            return not found
+
+        _walk(statement, enter)
+        return found
 
     # Without one: the target's optimizer step ----------------------------------------------
 
@@ -223,3 +236,12 @@ def _mentions(statement, methods) -> bool:
     finder = _Finder(methods)
     statement.visit(finder)
     return finder.found
+
+
+def _walk(node: cst.CSTNode, enter) -> None:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if enter(current) is not False:
+            stack.extend(children(current))
+

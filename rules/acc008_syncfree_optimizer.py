@@ -24,17 +24,22 @@ _ACCEPTED = {
 
 
 class SyncfreeOptimizer(Rule):
-    """With a GradScaler, use the target's syncfree Adam/AdamW/SGD.
+    """With a GradScaler, or on a lazy device, use the target's syncfree Adam/AdamW/SGD.
 
-    Seed 001, "Replace the optimizer": with AMP, ``scaler.step(optimizer)`` must learn whether
-    the gradients overflowed; a torch.optim optimizer makes it read that flag on the host (a
-    device sync every step), while ``syncfree.Adam/AdamW/SGD`` take it as a tensor and skip the
-    update on the device. So, in a file that creates a GradScaler, ``torch.optim.Adam``,
-    ``AdamW`` and ``SGD`` (however imported: ``optim.AdamW``, ``from torch.optim import AdamW as
-    W``) become ``syncfree.Adam``, ``syncfree.AdamW``, ``syncfree.SGD`` with the same arguments;
-    torch.optim's implementation switches (``foreach``, ``fused``, ``capturable``,
-    ``differentiable``) are dropped. Other optimizers stay (the seed: "for all other types,
-    continue to use the native PyTorch optimizers").
+    From TorchAcc's migration guide, "Replace the optimizer": with AMP, ``scaler.step(optimizer)``
+    must learn whether the gradients overflowed; a torch.optim optimizer makes it read that flag
+    on the host (a device sync every step), while ``syncfree.Adam/AdamW/SGD`` take it as a
+    tensor and skip the update on the device. On a lazy device (XLA) there is a second reason,
+    with a scaler or without: torch.optim's Adam reads its step count on the host for the bias
+    correction, a new constant in the graph each step, so the step's graph is compiled anew
+    every step; syncfree's keeps the count on the device. So, in a file that creates a
+    GradScaler (on an XLA target without a fused Adam of its own, in every file that trains),
+    ``torch.optim.Adam``, ``AdamW`` and
+    ``SGD`` (however imported: ``optim.AdamW``, ``from torch.optim import AdamW as W``) become
+    ``syncfree.Adam``, ``syncfree.AdamW``, ``syncfree.SGD`` with the same arguments; torch.optim's
+    implementation switches (``foreach``, ``fused``, ``capturable``, ``differentiable``) are
+    dropped. Other optimizers stay (the guide: "for all other types, continue to use the native
+    PyTorch optimizers").
 
     Reported instead (ACC105): an optimizer built from ``*args``/``**kwargs`` (which may hold a
     switch syncfree does not take), ``amsgrad=True``, and an optimizer passed to
@@ -44,7 +49,7 @@ class SyncfreeOptimizer(Rule):
 
     code = "ACC008"
     name = "syncfree-optimizer"
-    summary = "with a GradScaler: torch.optim.Adam/AdamW/SGD -> the target's syncfree.Adam/AdamW/SGD"
+    summary = "with a GradScaler or on XLA: torch.optim.Adam/AdamW/SGD -> the target's syncfree.Adam/AdamW/SGD"
     concepts = ("syncfree_optimizer",)
     triggers = frozenset({"Adam", "AdamW", "SGD", "step"})
     examples = (
@@ -105,7 +110,10 @@ class SyncfreeOptimizer(Rule):
 
     def applies(self) -> bool:
         facts = self.ctx.facts
-        return bool(facts.scalers) or any(
+        target = self.ctx.target
+        if target.has("lazy_execution") and not target.has("fused_adam") and (facts.loops or facts.step_functions):
+            return True  # (a target's fused Adam, TorchAcc's, keeps its step count on the device too)
+        return facts.uses_grad_scaler or any(
             name in SCALER_NAMES or name.endswith(".amp.GradScaler") for name in facts.imports.values()
         )
 

@@ -119,7 +119,7 @@ def _by_name(needs):
 def test_the_needs_of_a_cuda_script():
     original = rs.analyse_original(CUDA_SCRIPT.encode())
     assert set(original.needs) == {rs.DEVICE, rs.LOADER, rs.REDUCTION, rs.AMP}
-    assert original.loaders == ["loader"]
+    assert list(original.loaders) == ["loader"]
     assert ".cuda()" in original.needs[rs.DEVICE]
 
 
@@ -130,7 +130,7 @@ def test_a_file_without_a_training_loop_needs_nothing():
 def test_training_through_a_method_needs_the_reduction_only():
     original = rs.analyse_original(TRAINER.encode())
     assert set(original.needs) == {rs.REDUCTION}
-    assert original.loaders == []
+    assert original.loaders == {}
 
 
 def test_the_migration_wraps_the_loader(corpus):
@@ -193,5 +193,5 @@ def test_verdict_line():
     matched = subprocess.CompletedProcess([], 0, stdout="table\nmatch: 5 steps within 2%\n", stderr="")
     assert rs.verdict_line(matched) == "match: 5 steps within 2%"
     failed = subprocess.CompletedProcess([], 2, stdout="", stderr="original: 0/5 steps\nerror: original cannot run: it "
-                                         "exited\n  File x\nRuntimeError: no data\n")
+                                         "exited\n  File x\nRuntimeError: no data\nterminate called\n")
     assert rs.verdict_line(failed) == "error: original cannot run: it exited | RuntimeError: no data"

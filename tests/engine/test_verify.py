@@ -104,7 +104,9 @@ def test_two_processes_compare_rank_by_rank(project, capsys):
 
 
 def side(name, steps):
-    return Side(name, records=[[{"step": i + 1, "loss": loss, "checksum": total} for i, (loss, total) in enumerate(steps)]])
+    # Checksums of changes whose norm is the checksum itself: deviations relative to it.
+    return Side(name, records=[[{"step": i + 1, "loss": loss, "checksum": total, "change": total}
+                                for i, (loss, total) in enumerate(steps)]])
 
 
 def test_the_first_step_beyond_the_tolerance_is_named():
@@ -120,5 +122,6 @@ def test_the_first_step_beyond_the_tolerance_is_named():
 def test_records_are_json_lines_per_rank(tmp_path):
     from accrewrite.verify import _read_records
 
-    (tmp_path / "rank0.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0, "checksum": 0.1}) + "\n{\"step\": 2")
-    assert _read_records(tmp_path, 1) == [[{"step": 1, "loss": 2.0, "checksum": 0.1}]]  # a torn last line waits
+    record = {"step": 1, "loss": 2.0, "checksum": 0.1, "change": 0.3}
+    (tmp_path / "rank0.jsonl").write_text(json.dumps(record) + "\n{\"step\": 2")
+    assert _read_records(tmp_path, 1) == [[record]]  # a torn last line waits

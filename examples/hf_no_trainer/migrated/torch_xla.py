@@ -21,6 +21,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
 import torch_xla.core.xla_model as xm
 import torch_xla
+from torch_xla.amp import syncfree
 import atexit
 import torch_xla.distributed.parallel_loader as pl
 
@@ -178,7 +179,7 @@ def main():
             "weight_decay": 0.0,
         },
     ]
-    optimizer = torch.optim.AdamW(optimizer_grouped_parameters, lr=args.learning_rate)
+    optimizer = syncfree.AdamW(optimizer_grouped_parameters, lr=args.learning_rate)
     torch.__future__.set_swap_module_params_on_conversion(True)
     model.to(device)
 

@@ -30,6 +30,7 @@ from torch.utils.data import TensorDataset
 import torch_xla.core.xla_model as xm
 import torch_xla.distributed.xla_backend
 import torch_xla
+from torch_xla.amp import syncfree
 import atexit
 import torch_xla.distributed.parallel_loader as pl
 
@@ -159,7 +160,7 @@ def main_worker(gpu, ngpus_per_node, args):
     if True:
         criterion = criterion.to(torch_xla.device())
 
-    optimizer = torch.optim.SGD(model.parameters(), args.lr,
+    optimizer = syncfree.SGD(model.parameters(), args.lr,
                                 momentum=args.momentum,
                                 weight_decay=args.weight_decay)
 

@@ -201,7 +201,11 @@ class Trainer:
             else:
                 self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
         else:
-            self.device = config.device
+            if enable_torchacc_compiler():
+                self.device = xm.xla_device()
+                xm.set_replication(self.device, [self.device])
+            else:
+                self.device = config.device
         if enable_torchacc_compiler():
             torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = self.model.to(self.device)

@@ -19,6 +19,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 import torch_xla.core.xla_model as xm
+from torch_xla.amp import syncfree
 import torch_xla
 import torch_xla.distributed.parallel_loader as pl
 
@@ -144,7 +145,7 @@ class GPT(nn.Module):
             {"params": [param_dict[pn] for pn in sorted(list(decay))], "weight_decay": train_config.weight_decay},
             {"params": [param_dict[pn] for pn in sorted(list(no_decay))], "weight_decay": 0.0},
         ]
-        optimizer = torch.optim.AdamW(optim_groups, lr=train_config.learning_rate, betas=train_config.betas)
+        optimizer = syncfree.AdamW(optim_groups, lr=train_config.learning_rate, betas=train_config.betas)
         return optimizer
 
     def forward(self, idx, targets=None):
@@ -183,7 +184,7 @@ class Trainer:
         if config.device == 'auto':
             self.device = torch_xla.device()
         else:
-            self.device = config.device
+            self.device = torch_xla.device()
         torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = self.model.to(self.device)
         print("running on device", self.device)

@@ -185,7 +185,8 @@ class Trainer:
             self.device = xm.xla_device()
             xm.set_replication(self.device, [self.device])
         else:
-            self.device = config.device
+            self.device = xm.xla_device()
+            xm.set_replication(self.device, [self.device])
         torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = self.model.to(self.device)
         print("running on device", self.device)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 import torch_xla.core.xla_model as xm
 import torch_xla
+from torch_xla.amp import syncfree
 import atexit
 import torch_xla.distributed.parallel_loader as pl
 
@@ -49,7 +50,7 @@ def main():
     loader = DataLoader(synthetic_mnist(64 * args.steps), batch_size=64, shuffle=True)
     torch.__future__.set_swap_module_params_on_conversion(True)
     model = Net().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = syncfree.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     for epoch in range(args.epochs):
         model.train()

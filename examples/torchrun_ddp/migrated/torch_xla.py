@@ -24,6 +24,7 @@ import torch_xla
 import torch_xla.core.xla_model as xm
 import atexit
 import torch_xla.distributed.parallel_loader as pl
+from torch_xla.amp import syncfree
 
 
 def ddp_setup():
@@ -131,7 +132,7 @@ class Trainer:
 def load_train_objs():
     train_set = MyTrainDataset(2048)  # load your dataset
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    optimizer = syncfree.SGD(model.parameters(), lr=1e-2)
     return train_set, model, optimizer
 
 
