@@ -92,6 +92,7 @@ class DevicePlacement(Rule):
             import torch_xla
 
             def main_worker(gpu, args):
+                torch.__future__.set_swap_module_params_on_conversion(True)
                 model = torch.nn.parallel.DistributedDataParallel(model.to(torch_xla.device()))
                 for images, target in loader:
                     images = images.to(torch_xla.device(), non_blocking=True)
