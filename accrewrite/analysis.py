@@ -55,8 +55,14 @@ def _string_defaults(module: cst.Module) -> dict[str, str]:
     return found
 
 
-# Frameworks that place the model and reduce gradients themselves (ACC107 says why).
-MANAGED_FRAMEWORKS = frozenset({"accelerate", "lightning", "pytorch_lightning"})
+# Frameworks that place the model and reduce gradients themselves, and RPC-based training, whose
+# gradients travel through distributed autograd (ACC107 says why).
+MANAGED_FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "torch.distributed.rpc")
+
+
+def managed_by(module: str) -> str | None:
+    """The framework of ``MANAGED_FRAMEWORKS`` that importing ``module`` trains through."""
+    return next((f for f in MANAGED_FRAMEWORKS if module == f or module.startswith(f + ".")), None)
 
 # The targets' device calls: a migrated file places on its device.
 _DEVICE_CALLS = spelled_callees("device")
@@ -357,9 +363,8 @@ class _Analyzer(_Walker):
     # Imports ---------------------------------------------------------------------------------
 
     def _note_framework(self, module: str | None) -> None:
-        root = (module or "").split(".")[0]
-        if root in MANAGED_FRAMEWORKS and self.facts.framework is None:
-            self.facts.framework = root
+        if self.facts.framework is None:
+            self.facts.framework = managed_by(module or "")
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
@@ -379,6 +384,7 @@ class _Analyzer(_Walker):
         self._note_framework(module)
         for alias in node.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else dotted(alias.name)
+            self._note_framework(f"{module}.{name}")  # from torch.distributed import rpc
             local = alias.asname.name.value if alias.asname is not None else name
             self.facts.imports[local] = f"{module}.{name}"
             if self._triggers is not None and name in self._triggers and local != name:

@@ -16,8 +16,10 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
 2. Training scripts: files with a ``for``/``while`` loop whose body calls ``.backward(`` or
    ``.step(`` on something named like an optimizer (``optimizer``, ``opt_g``, ``self.optim``,
    or ``scaler.step(optimizer)``), directly or through a function or method of the same file
-   that does (Python's ``ast``, not the codemod's analysis, so that it can judge the codemod).
-   Each needs, judged by the checks below on the original and on the migrated output:
+   that does (Python's ``ast``, not the codemod's analysis, so that it can judge the codemod),
+   and that does not train through Accelerate, Lightning or torch.distributed.rpc (left as they
+   are, with a note). Each needs, judged by the checks below on the original and on the
+   migrated output:
 
    * device placement: the original places on CUDA: ``.cuda(``; ``.to(`` a CUDA string, an
      integer ordinal or a name like ``gpu``/``rank``/``device_id``; ``torch.device``,
@@ -36,9 +38,10 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
      call, a name with "loader" or a ``*_data`` name in a file that builds a loader. Satisfied
      when the target's ``MpDeviceLoader(`` takes each loader (or one of its wrappers, such as
      the ``tqdm``) as its first argument or is assigned to it.
-   * gradient reduction: a training loop steps an optimizer, and the file neither shards
-     (FSDP, ``fully_shard``, DTensor, ``parallelize_module``), nor uses HuggingFace Accelerate,
-     nor reduces by itself (``torch.distributed`` all_reduce/reduce_scatter and no DDP).
+   * gradient reduction: a training loop steps an optimizer in a script that places on CUDA
+     or is distributed (``torch.distributed``, DDP: one CPU process has nothing to reduce), and
+     the file neither shards (FSDP, ``fully_shard``, DTensor, ``parallelize_module``) nor
+     reduces by itself (``torch.distributed`` all_reduce/reduce_scatter and no DDP).
      Satisfied when the output calls the target's ``optimizer_step``, ``reduce_gradients`` or
      ``all_reduce`` (torchacc: ``_fetch_gradients`` + ``all_reduce``).
    * AMP: ``torch.cuda.amp`` anywhere (imports too), ``torch.autocast``/``torch.amp.autocast``
@@ -586,19 +589,41 @@ def analyse_original(source: bytes) -> Original | None:
         return None
     facts = Facts(tree)
     training = Training(facts)
-    if not training.loops:
-        return None
+    if not training.loops or _imports(facts, _MANAGED_MODULES):
+        return None  # a framework's training (or RPC's) is its own: left as it is, with a note
     needs = {}
-    if placements := cuda_placements(facts):
+    placements = cuda_placements(facts)
+    if placements:
         needs[DEVICE] = _where(placements)
     loaders = training_loaders(facts, training)
     if loaders:
         needs[LOADER] = ", ".join(loaders)
-    if training.steps and not reduced_already(facts):
-        needs[REDUCTION] = "an optimizer step in a training loop"
+    distributed = _imports(facts, ("torch.distributed", "torch.nn.parallel")) or _calls_ddp(facts)
+    if training.steps and (placements or distributed) and not reduced_already(facts):
+        needs[REDUCTION] = "an optimizer step in a training loop"  # (a single CPU process reduces nothing)
     if amp := cuda_amp(facts):
         needs[AMP] = _where(amp)
     return Original(needs, loaders)
+
+
+# Training that a framework runs, and RPC's, which moves its gradients through distributed autograd.
+_MANAGED_MODULES = ("accelerate", "lightning", "pytorch_lightning", "torch.distributed.rpc")
+
+
+def _imports(facts: Facts, modules: tuple[str, ...]) -> bool:
+    """Whether the file imports one of ``modules`` (or something inside one)."""
+    for node in ast.walk(facts.tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            if isinstance(node, ast.ImportFrom) and node.module else [])
+        if any(name == m or name.startswith(m + ".") for name in names for m in modules):
+            return True
+    return False
+
+
+def _calls_ddp(facts: Facts) -> bool:
+    return any(isinstance(node, ast.Call) and identifier(node.func) in ("DistributedDataParallel", "DDP")
+               for node in ast.walk(facts.tree))
 
 
 def _where(found: list[tuple[int, str]]) -> str:

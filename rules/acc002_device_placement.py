@@ -329,6 +329,8 @@ class DevicePlacement(Rule):
         func = updated_node.func
         facts = self.ctx.facts
         callee = facts.qualname(func)
+        if callee == "torch.accelerator.current_accelerator" and original_node not in facts.device_values:
+            return self._current_accelerator(original_node)
         if callee == "torch.device" and (facts.is_cuda_device(original_node) or self._ordinal_device(original_node)):
             if original_node in facts.device_values:
                 return updated_node  # the assignment is rewritten whole, at statement level
@@ -347,6 +349,18 @@ class DevicePlacement(Rule):
             if moved is not updated_node:
                 return moved
         return self._device_keywords(original_node, updated_node)
+
+    def _current_accelerator(self, call: cst.Call):
+        """``torch.accelerator.current_accelerator()`` is the target's device; assigned to a
+        device *type* (``device_type = ...``, then ``f"{device_type}:{rank}"``), its type."""
+        device = self._device()
+        statement = self.ctx.statement
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        typed = isinstance(small, cst.Assign) and small.value is call and (
+            (dotted(small.targets[0].target) or "").lower().endswith("type")
+        )
+        self.ctx.fix(call, "torch.accelerator.current_accelerator() -> the target's device" + (" type" if typed else ""))
+        return cst.Attribute(value=device, attr=cst.Name("type")) if typed else device
 
     def _ordinal_device(self, call: cst.Call) -> bool:
         first = call_arg(call, 0, "type")

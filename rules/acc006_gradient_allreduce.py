@@ -188,9 +188,13 @@ class GradientAllReduce(Rule):
             )
 
     def _plain_step(self, statement) -> str | None:
-        """The optimizer's name when ``statement`` is ``<optimizer>.step()``."""
+        """The optimizer's name when ``statement`` is a line that is ``<optimizer>.step()``."""
         call = _call_statement(statement)
-        if call is None or call.func.attr.value != "step" or call.args:
+        return self._optimizer_of(call) if call is not None and not call.args else None
+
+    def _optimizer_of(self, call: cst.Call) -> str | None:
+        """The optimizer's name when ``call`` is ``<optimizer>.step(...)``."""
+        if call.func.attr.value != "step":
             return None
         owner = dotted(call.func.value)
         facts = self.ctx.facts
@@ -201,12 +205,27 @@ class GradientAllReduce(Rule):
         return owner
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
-        owner = self._plain_step(original_node)
-        if owner is None or original_node in self._reduced_steps:
+        """Each ``optimizer.step()`` of the line (``loss.backward(); opt.step()`` too), and
+        LBFGS's ``optimizer.step(closure)``, becomes the target's optimizer step."""
+        if original_node in self._reduced_steps:
             return updated_node
-        step = self.ctx.expr("optimizer_step", optimizer=owner)
-        self.ctx.fix(original_node, f"{owner}.step() -> the target's optimizer step, which reduces gradients first")
-        return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=step)])
+        body = list(updated_node.body)
+        for index, small in enumerate(original_node.body):
+            call = small.value if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) else None
+            if call is None or not isinstance(call.func, cst.Attribute):
+                continue
+            owner = self._optimizer_of(call)
+            if owner is None or len(call.args) > 1 or any(arg.keyword not in (None,) and arg.keyword.value != "closure"
+                                                            for arg in call.args):
+                continue
+            if call.args:
+                closure = self.ctx.code(call.args[0].value)
+                step = self.ctx.expr("optimizer_step_closure", optimizer=owner, closure=closure)
+            else:
+                step = self.ctx.expr("optimizer_step", optimizer=owner)
+            self.ctx.fix(original_node, f"{owner}.step() -> the target's optimizer step, which reduces gradients first")
+            body[index] = body[index].with_changes(value=step)
+        return updated_node.with_changes(body=body) if self.ctx.pending else updated_node
 
 
 def _call_statement(statement) -> cst.Call | None:

@@ -193,6 +193,8 @@ class Amp(Rule):
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return updated_node
         module_name = dotted(node.module)
+        if module_name == "torch.cuda":
+            return self._drop_amp_module(original_node, updated_node, node)
         generic = module_name not in _CUDA_AMP_MODULES
         if generic and not any(
             self.ctx.facts.imports.get(_local(alias)) == f"{module_name}.{_name(alias)}" and _local(alias) in self._generic
@@ -238,6 +240,18 @@ class Amp(Rule):
             leading_lines=updated_node.leading_lines, trailing_whitespace=updated_node.trailing_whitespace
         )
         return cst.FlattenSentinel(statements) if len(statements) > 1 else statements[0]
+
+    def _drop_amp_module(self, original_node, updated_node, node: cst.ImportFrom):
+        """``from torch.cuda import amp`` used only as ``amp.autocast``/``amp.GradScaler``, which
+        this rule rewrites: the import goes with them."""
+        unused = [a for a in node.names if _name(a) == "amp" and _only_amp(self.ctx.module, _local(a))]
+        if not unused:
+            return updated_node
+        kept = [a for a in node.names if a not in unused]
+        self.ctx.fix(original_node, "from torch.cuda import amp: dropped, its autocast and GradScaler are the target's")
+        if not kept:
+            return cst.RemoveFromParent()
+        return updated_node.with_changes(body=[node.with_changes(names=_aliases(kept))])
 
     # Calls -----------------------------------------------------------------------------------
 
@@ -436,3 +450,22 @@ def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:
             continue
         stack.extend(children(node))
     return {name.value for name in used if name not in callees}
+
+
+def _only_amp(module: cst.Module, local: str) -> bool:
+    """Whether ``local`` (``torch.cuda.amp``) is used only as ``local.autocast`` and
+    ``local.GradScaler``."""
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            continue
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == local:
+            if node.attr.value not in _CONCEPT_OF:
+                return False
+            continue
+        if isinstance(node, cst.Name) and node.value == local:
+            return False
+        stack.extend(children(node))
+    return True
+

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import MANAGED_FRAMEWORKS
+from accrewrite.analysis import managed_by
 from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
@@ -13,6 +13,8 @@ _MANAGED = {
                  "choose the device in the Trainer (`accelerator=...`)",
     "pytorch_lightning": "PyTorch Lightning's Trainer places the model and reduces gradients itself: left as it "
                          "is; choose the device in the Trainer (`accelerator=...`)",
+    "torch.distributed.rpc": "training over torch.distributed.rpc (parameter servers, distributed autograd) "
+                             "moves its gradients itself, and the XLA targets have no RPC: left as it is",
 }
 # CUDA-only training libraries: the rest of the file migrates, these need a human.
 _CUDA_ONLY = {
@@ -26,16 +28,18 @@ class ManagedTraining(Rule):
 
     A script that trains through Hugging Face Accelerate or PyTorch Lightning does not place
     its model or reduce its gradients itself: the framework does, and it has its own way onto
-    an accelerator. Rewriting its loop would reduce the gradients twice and fight over the
-    device, so the file is left as it is, with this one note; the diagnostics (host syncs,
-    dynamic shapes) still apply. A script that uses NVIDIA apex is migrated, and apex is
-    reported: its amp, DistributedDataParallel and fused optimizers are CUDA kernels.
+    an accelerator. One that trains over torch.distributed.rpc moves its gradients through
+    distributed autograd. Rewriting such a loop would reduce the gradients twice (or on one
+    rank only, which hangs) and fight over the device, so the file is left as it is, with this
+    one note; the diagnostics (host syncs, dynamic shapes) still apply. A script that uses
+    NVIDIA apex is migrated, and apex is reported: its amp, DistributedDataParallel and fused
+    optimizers are CUDA kernels.
     """
 
     code = "ACC107"
     name = "managed-training"
-    summary = "Accelerate / Lightning scripts are left as they are; apex is reported"
-    triggers = frozenset({*MANAGED_FRAMEWORKS, *_CUDA_ONLY})
+    summary = "Accelerate, Lightning and RPC training are left as they are; apex is reported"
+    triggers = frozenset({"accelerate", "lightning", "pytorch_lightning", "rpc", *_CUDA_ONLY})
     examples = (
         Example(
             before="""
@@ -65,12 +69,14 @@ class ManagedTraining(Rule):
             self._report(node, dotted(alias.name) or "")
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.module is not None and not node.relative:
-            self._report(node, dotted(node.module) or "")
+        if node.module is not None and not node.relative and not isinstance(node.names, cst.ImportStar):
+            module = dotted(node.module) or ""
+            for alias in node.names:
+                self._report(node, f"{module}.{dotted(alias.name)}")
 
     def _report(self, node: cst.CSTNode, module: str) -> None:
-        root = module.split(".")[0]
-        message = _MANAGED.get(root) or _CUDA_ONLY.get(root)
-        if message and root not in self._reported:
-            self._reported.add(root)
+        framework = managed_by(module) or module.split(".")[0]
+        message = _MANAGED.get(framework) or _CUDA_ONLY.get(framework)
+        if message and framework not in self._reported:
+            self._reported.add(framework)
             self.ctx.diagnose(node, message)

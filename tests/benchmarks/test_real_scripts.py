@@ -86,9 +86,12 @@ NOTHING_TO_MIGRATE = textwrap.dedent("""\
 
 # Trains through a method; ``train_data`` is no loader: nothing in the file builds one.
 TRAINER = textwrap.dedent("""\
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
     class Trainer:
         def __init__(self, model, train_data, optimizer):
-            self.model, self.train_data, self.optimizer = model, train_data, optimizer
+            self.model, self.train_data, self.optimizer = DDP(model), train_data, optimizer
 
         def _run_batch(self, x):
             self.optimizer.zero_grad()
@@ -176,6 +179,12 @@ def test_another_targets_spelling_does_not_count():
 ])
 def test_cuda_placements(source, placed):
     assert bool(rs.cuda_placements(rs.Facts(ast.parse(source)))) == placed
+
+
+def test_one_cpu_process_and_managed_training_need_no_reduction():
+    cpu_only = TRAINER.replace("from torch.nn.parallel import DistributedDataParallel as DDP", "import torch")
+    assert rs.analyse_original(cpu_only.replace("DDP(model)", "model").encode()).needs == {}
+    assert rs.analyse_original(("from accelerate import Accelerator\n" + TRAINER).encode()) is None
 
 
 def test_main_reports_the_corpus(corpus, tmp_path, capsys):
