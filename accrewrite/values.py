@@ -169,9 +169,8 @@ def _neutral(value: cst.BaseExpression) -> bool:
 
 @dataclass(eq=False)
 class _Function:
-    """A function of the file: where it is, its class (for methods) and its parameters."""
+    """A function of the file: its class (for methods), the function it is in, its parameters."""
 
-    node: cst.FunctionDef
     owner: cst.ClassDef | None
     parent: cst.FunctionDef | None
     params: list[str] = field(default_factory=list)
@@ -1093,7 +1092,7 @@ class FileValues:
         for child in children(node):
             if isinstance(child, cst.FunctionDef):
                 params = [p.name.value for p in (*child.params.posonly_params, *child.params.params)]
-                self.functions[child] = _Function(child, owner, parent, params)
+                self.functions[child] = _Function(owner, parent, params)
                 if owner is not None and parent is None:
                     self._methods.setdefault(owner, {})[child.name.value] = child
                 elif owner is None and parent is None:

@@ -199,6 +199,20 @@ class DevicePlacement(Rule):
                 return updated_node.with_changes(left=_string_of(updated_node.left))
         return updated_node
 
+    def leave_BooleanOperation(self, original_node, updated_node):
+        """``not args.no_cuda and torch.cuda.is_available()`` keeps only its other operand where
+        the target's device is always there (``and True`` says nothing)."""
+        if not isinstance(updated_node.operator, cst.And):
+            return updated_node
+        for checked, other in ((updated_node.right, updated_node.left), (updated_node.left, updated_node.right)):
+            if isinstance(checked, cst.Name) and checked.value == "True" and isinstance(
+                    original_node.right if checked is updated_node.right else original_node.left, cst.Call):
+                self.ctx.fix(original_node, "the device check holds on the target: the other condition decides")
+                if updated_node.lpar and not other.lpar:
+                    other = other.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+                return other
+        return updated_node
+
     def _device_name(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` names a variable this rule turns into the target's device."""
         return dotted(node) in {device.name for device in self.ctx.facts.devices}

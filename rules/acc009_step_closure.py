@@ -134,6 +134,7 @@ class StepClosure(LoopDiagnostic, Rule):
             import atexit
 
             logger = logging.getLogger(__name__)
+
             atexit.register(xm.mark_step)
 
             def full_train_epoch(epoch, model, loader, optimizer):
@@ -200,6 +201,7 @@ class StepClosure(LoopDiagnostic, Rule):
             import torch_xla.core.xla_model as xm
             import atexit
             import torch_xla
+
             atexit.register(torch_xla.sync)
 
             def train(model, loader, optimizer):
@@ -296,7 +298,10 @@ class StepClosure(LoopDiagnostic, Rule):
         setting = self.ctx.statements("flush_at_exit")
         if all(self.ctx.code(line).strip() in self.ctx.source_text for line in setting):
             return  # migrated already
-        self.ctx.insert_before(self.ctx.open_statements[0], setting)
+        anchor = self.ctx.open_statements[0]
+        blank = [line for line in getattr(anchor, "leading_lines", ()) if line.comment is None]
+        setting[0] = setting[0].with_changes(leading_lines=blank)  # set apart like the definition
+        self.ctx.insert_before(anchor, setting)
 
     def _flush_before_return(self, line: cst.SimpleStatementLine) -> None:
         """``return`` out of a loop that queued closures runs them first."""

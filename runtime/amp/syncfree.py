@@ -145,11 +145,11 @@ class SGD(_SyncFree):
             if momentum != 0:
                 state = self.state[param]
                 buf, step = state["momentum_buffer"], state["step"]
-                new_buf = torch.where(step == 0, grad, buf * momentum + (1 - dampening) * grad)
+                new_buf = torch.where(step == 0, grad, buf.mul(momentum).add(grad, alpha=1 - dampening))
                 _masked_copy_(buf, new_buf, keep)
                 _masked_copy_(step, step + 1, keep)
                 grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
-            _masked_copy_(param, param - group["lr"] * grad, keep)
+            _masked_copy_(param, param.add(grad, alpha=-group["lr"]), keep)
 
 
 def _masked_copy_(target, value, keep):

@@ -155,6 +155,8 @@ def parse_args():
     parser.add_argument("--num_warmup_steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args()
+
+
 if enable_torchacc_compiler():
     atexit.register(xm.mark_step)
 

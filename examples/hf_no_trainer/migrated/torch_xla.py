@@ -146,6 +146,8 @@ def parse_args():
     parser.add_argument("--num_warmup_steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args()
+
+
 atexit.register(torch_xla.sync)
 
 

@@ -241,6 +241,8 @@ def main_worker(gpu, ngpus_per_node, args):
 
     if args.distributed:
         dist.destroy_process_group()
+
+
 if enable_torchacc_compiler():
     atexit.register(xm.mark_step)
 

@@ -204,6 +204,8 @@ def main_worker(gpu, ngpus_per_node, args):
 
     if args.distributed:
         dist.destroy_process_group()
+
+
 atexit.register(torch_xla.sync)
 
 

@@ -197,6 +197,8 @@ def main_worker(gpu, ngpus_per_node, args):
 
     if args.distributed:
         dist.destroy_process_group()
+
+
 atexit.register(xm.mark_step)
 
 

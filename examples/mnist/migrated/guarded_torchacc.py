@@ -39,6 +39,8 @@ def synthetic_mnist(samples):
     images = torch.randn(samples, 1, 28, 28)
     labels = torch.randint(0, 10, (samples,))
     return TensorDataset(images, labels)
+
+
 if enable_torchacc_compiler():
     atexit.register(xm.mark_step)
 

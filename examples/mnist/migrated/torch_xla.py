@@ -33,6 +33,8 @@ def synthetic_mnist(samples):
     images = torch.randn(samples, 1, 28, 28)
     labels = torch.randint(0, 10, (samples,))
     return TensorDataset(images, labels)
+
+
 atexit.register(torch_xla.sync)
 
 

@@ -58,6 +58,8 @@ class MyTrainDataset(Dataset):
 
     def __getitem__(self, index):
         return self.data[index]
+
+
 if enable_torchacc_compiler():
     atexit.register(xm.mark_step)
 

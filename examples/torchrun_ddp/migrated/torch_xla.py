@@ -49,6 +49,8 @@ class MyTrainDataset(Dataset):
 
     def __getitem__(self, index):
         return self.data[index]
+
+
 atexit.register(torch_xla.sync)
 
 

@@ -47,6 +47,8 @@ class MyTrainDataset(Dataset):
 
     def __getitem__(self, index):
         return self.data[index]
+
+
 atexit.register(xm.mark_step)
 
 
