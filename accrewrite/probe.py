@@ -27,6 +27,7 @@ import runpy
 import sys
 
 SEED = 0
+NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # set to 1: nudge the parameters at the first step
 
 
 class Recorder:
@@ -39,6 +40,7 @@ class Recorder:
         self.step = 0
         self.losses: list = []
         self.start: dict = {}  # parameter -> (its value at the first step, its sign pattern)
+        self.nudge = os.environ.get(NUDGE) == "1"
         self.handle = open(path, "a", encoding="utf-8")
 
     # hooks ---------------------------------------------------------------------------------
@@ -52,7 +54,17 @@ class Recorder:
             if parameter not in self.start:
                 generator = self.torch.Generator().manual_seed(len(self.start))
                 signs = self.torch.randint(0, 2, parameter.shape, generator=generator).float() * 2 - 1
+                if self.nudge and parameter.is_floating_point():
+                    self._nudge(parameter, generator)
                 self.start[parameter] = (parameter.detach().clone(), signs.to(parameter.device))
+
+    def _nudge(self, parameter, generator) -> None:
+        """Move every element by about one unit in the last place, up or down at random: how
+        far a run drifts from its own nudged copy is what rounding alone does to it."""
+        torch = self.torch
+        signs = torch.randint(0, 2, parameter.shape, generator=generator).to(parameter.device) * 2 - 1
+        with torch.no_grad():
+            parameter.mul_(1 + torch.finfo(parameter.dtype).eps * signs.to(parameter.dtype))
 
     def after_step(self, optimizer, args, kwargs) -> None:
         torch = self.torch

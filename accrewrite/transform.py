@@ -152,7 +152,10 @@ class BatchedTransformer(cst.CSTTransformer):
         if self.guard is None:
             if not before and not after:
                 return result
-            return cst.FlattenSentinel([*before, *flatten(result), *after])
+            statements = flatten(result)
+            if before and statements:
+                before[0], statements[0] = _blank_lines_moved(statements[0], before[0])
+            return cst.FlattenSentinel([*before, *statements, *after])
         pieces = []
         if before:
             pieces.append(self.guard.pair(before, []))
@@ -203,3 +206,16 @@ class BatchedTransformer(cst.CSTTransformer):
         if self._own_fixes and changed is not current:
             self._own_fixes[-1] += fixes
         return changed
+
+
+def _blank_lines_moved(statement, inserted):
+    """A statement's leading blank lines go to what is inserted before it, so that the insertion
+    joins the statement's paragraph instead of the one above."""
+    lines = list(statement.leading_lines)
+    blank = 0
+    while blank < len(lines) and lines[blank].comment is None:
+        blank += 1
+    if not blank or inserted.leading_lines:
+        return inserted, statement
+    return inserted.with_changes(leading_lines=lines[:blank]), statement.with_changes(leading_lines=lines[blank:])
+

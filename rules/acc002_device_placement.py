@@ -106,7 +106,8 @@ class DevicePlacement(Rule):
         """Where moving a module to the target's device gives it new Parameter objects (XLA: a CPU
         tensor cannot become a device tensor in place), weights tied before the move come apart
         and an optimizer built before it steps the old CPU tensors. The first model move is
-        preceded by the target's setting that keeps the Parameter objects."""
+        preceded by the target's setting that keeps the Parameter objects, placed before the
+        statement of its function (or module) that holds it, so that every branch has it."""
         if self._parameters_kept or not self.ctx.target.has("keep_parameters_on_move"):
             return
         if not self._moves_model(node):
@@ -115,7 +116,9 @@ class DevicePlacement(Rule):
         setting = self.ctx.statements("keep_parameters_on_move")
         if all(self.ctx.code(line).strip() in self.ctx.source_text for line in setting):
             return  # migrated already
-        self.ctx.insert_before(node, setting)
+        opened = self.ctx.open_statements
+        functions = [i for i, statement in enumerate(opened) if isinstance(statement, cst.FunctionDef)]
+        self.ctx.insert_before(opened[functions[-1] + 1] if functions else opened[0], setting)
         self.ctx.fix(node, "moving the model keeps its Parameter objects (tied weights stay tied, optimizers "
                            "built before the move step the moved parameters)")
 

@@ -2,10 +2,15 @@
 verdict is the exit code (0 match, 1 diverge, 2 a side cannot run)."""
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from accrewrite import probe
 from accrewrite.cli import main
 from accrewrite.verify import Side, compare
 
@@ -66,7 +71,36 @@ def test_a_fix_that_changes_numerics_is_caught(project, capsys):
     assert main(["verify", "train.py", "--steps", "3"]) == 0
     capsys.readouterr()
     assert main(["verify", "train.py", "--steps", "3", "--unsafe-fixes"]) == 1
-    assert "diverge: the " in capsys.readouterr().out  # the loss, or the parameters it trains
+    out = capsys.readouterr().out
+    assert "diverge: the " in out  # the loss, or the parameters it trains
+    assert "a rerun nudged by rounding drifts" in out and "rounding drift" in out  # far beyond it
+
+
+def test_the_nudged_rerun_moves_parameters_by_rounding_only(project):
+    write(project, "train.py", TRAIN.format(activation="nn.ReLU()"))
+    runs = {}
+    for nudge in ("0", "1"):
+        subprocess.run([sys.executable, str(Path(probe.__file__)), f"records{nudge}", "4", "train.py"],
+                       env={**os.environ, probe.NUDGE: nudge}, check=True, capture_output=True)
+        runs[nudge] = [json.loads(line) for line in (project / f"records{nudge}" / "rank0.jsonl").read_text().splitlines()]
+    plain, nudged = runs["0"], runs["1"]
+    assert plain[0]["loss"] == nudged[0]["loss"]  # the first loss comes before the nudge
+    assert any(a != b for a, b in zip(plain, nudged))
+    for a, b in zip(plain, nudged):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"])
+        assert abs(a["checksum"] - b["checksum"]) <= 1e-4 * a["change"]
+
+
+def test_a_step_within_what_rounding_does_matches_and_one_beyond_it_diverges():
+    ours = side("original", [(1.0, 0.5), (0.9, 0.6), (0.8, 0.7)])
+    theirs = side("torch_xla", [(1.0, 0.5), (0.9, 0.6), (0.7, 0.7)])  # 12.5% at step 3
+    chaotic = side("original-nudged", [(1.0, 0.5), (0.9, 0.6), (0.785, 0.7)])  # rounding alone: 1.9%
+    verdict = compare(ours, theirs, rtol=0.02, floor=chaotic)
+    assert verdict.code == 0 and "(step 3: 12.50%, a rerun nudged by rounding 1.88%)" in verdict.message
+    assert verdict.rows[2][5] == pytest.approx(0.01875)
+    calm = side("original-nudged", [(1.0, 0.5), (0.9, 0.6), (0.799, 0.7)])
+    verdict = compare(ours, theirs, rtol=0.02, floor=calm)
+    assert verdict.code == 1 and "at step 3" in verdict.message and "drifts 0.13% there" in verdict.message
 
 
 def test_a_side_that_cannot_run_says_why(project, capsys):

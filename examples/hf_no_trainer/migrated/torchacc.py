@@ -8,12 +8,12 @@ script runs with torch alone, on synthetic sentences (no downloads), in seconds 
 
     python train.py --steps 20
 """
+
 from torchacc.runtime import hooks
 import torchacc.torch_xla.core.xla_model as xm
 import torchacc.torch_xla.distributed.parallel_loader as pl
 import atexit
 hooks.enable_fused_adam()
-
 import argparse
 import math
 import random

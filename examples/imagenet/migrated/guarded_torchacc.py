@@ -141,6 +141,8 @@ def main_worker(gpu, ngpus_per_node, args):
     else:
         torch.manual_seed(args.seed)  # the same initial weights in every worker
     model = SmallConvNet()
+    if enable_torchacc_compiler():
+        torch.__future__.set_swap_module_params_on_conversion(True)
 
     if not torch.cuda.is_available():
         print('using CPU, this will be slow')
@@ -153,7 +155,6 @@ def main_worker(gpu, ngpus_per_node, args):
         # DistributedDataParallel will use all available devices.
         if args.gpu is not None:
             if enable_torchacc_compiler():
-                torch.__future__.set_swap_module_params_on_conversion(True)
                 model.to(xm.xla_device())
             else:
                 torch.cuda.set_device(args.gpu)

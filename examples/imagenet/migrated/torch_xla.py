@@ -128,6 +128,7 @@ def main_worker(gpu, ngpus_per_node, args):
     xm.set_rng_state(args.seed)
     model = SmallConvNet()
 
+    torch.__future__.set_swap_module_params_on_conversion(True)
     if not torch.cuda.is_available():
         print('using CPU, this will be slow')
         if args.distributed:
@@ -137,7 +138,6 @@ def main_worker(gpu, ngpus_per_node, args):
         # should always set the single device scope, otherwise,
         # DistributedDataParallel will use all available devices.
         if args.gpu is not None:
-            torch.__future__.set_swap_module_params_on_conversion(True)
             model.to(torch_xla.device())
             # When using a single GPU per process and per
             # DistributedDataParallel, we need to divide the batch size

@@ -125,6 +125,7 @@ def main_worker(gpu, ngpus_per_node, args):
     xm.set_rng_state(args.seed)  # the same initial weights in every worker
     model = SmallConvNet()
 
+    torch.__future__.set_swap_module_params_on_conversion(True)
     if not torch.cuda.is_available():
         print('using CPU, this will be slow')
     elif args.distributed:
@@ -132,7 +133,6 @@ def main_worker(gpu, ngpus_per_node, args):
         # should always set the single device scope, otherwise,
         # DistributedDataParallel will use all available devices.
         if args.gpu is not None:
-            torch.__future__.set_swap_module_params_on_conversion(True)
             model.to(xm.xla_device())
             # When using a single GPU per process and per
             # DistributedDataParallel, we need to divide the batch size

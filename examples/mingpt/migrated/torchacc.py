@@ -7,12 +7,12 @@ data (the sort task), a tiny model, seconds on a CPU.
 
     python train.py --steps 20
 """
+
 from torchacc.runtime import hooks
 import torchacc.torch_xla.core.xla_model as xm
 import torchacc.torch_xla.distributed.parallel_loader as pl
 hooks.enable_fused_layer_norm()
 hooks.enable_fused_adam()
-
 import argparse
 import math
 import random

@@ -10,13 +10,13 @@ token stream held in memory (no downloads), the model is tiny, and it runs in se
     python train.py --steps 20
     torchrun --standalone --nproc_per_node=2 train.py --steps 20
 """
+
 from torchacc.runtime import hooks
 import torchacc.torch_xla.core.xla_model as xm
 import torchacc.torch_xla.distributed.xla_backend
 from torchacc.torch_xla.amp import autocast
 from torchacc.torch_xla.amp import GradScaler
 hooks.enable_fused_layer_norm()
-
 import argparse
 import math
 import os
