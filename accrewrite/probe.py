@@ -27,7 +27,8 @@ import runpy
 import sys
 
 SEED = 0
-NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # set to 1: nudge the parameters at the first step
+NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # a seed (not 0): nudge the parameters before their first use
+NUDGE_SIZE = 1e-6  # relative; at least one unit in the last place of the parameter's dtype
 
 
 class Recorder:
@@ -40,7 +41,9 @@ class Recorder:
         self.step = 0
         self.losses: list = []
         self.start: dict = {}  # parameter -> (its value at the first step, its sign pattern)
-        self.nudge = os.environ.get(NUDGE) == "1"
+        self.nudge_seed = int(os.environ.get(NUDGE) or 0)
+        self.nudged: set | None = set() if self.nudge_seed else None  # parameters nudged
+        self.nudging = None  # the module forward pre-hook that nudges, until the first step
         self.handle = open(path, "a", encoding="utf-8")
 
     # hooks ---------------------------------------------------------------------------------
@@ -49,22 +52,35 @@ class Recorder:
         loss = getattr(tensor, "_accrewrite_unscaled", tensor)
         self.losses.append(loss.detach().float().sum())
 
+    def before_forward(self, module, args) -> None:
+        # Before the first loss, so that the first step's gradients see the nudge too.
+        for parameter in module.parameters():
+            self._nudge(parameter)
+
     def before_step(self, optimizer, args, kwargs) -> None:
+        if self.nudging is not None:
+            self.nudging.remove()
+            self.nudging = None
         for parameter in _parameters(optimizer):
             if parameter not in self.start:
+                self._nudge(parameter)  # one that no module's forward used
                 generator = self.torch.Generator().manual_seed(len(self.start))
                 signs = self.torch.randint(0, 2, parameter.shape, generator=generator).float() * 2 - 1
-                if self.nudge and parameter.is_floating_point():
-                    self._nudge(parameter, generator)
                 self.start[parameter] = (parameter.detach().clone(), signs.to(parameter.device))
 
-    def _nudge(self, parameter, generator) -> None:
-        """Move every element by about one unit in the last place, up or down at random: how
-        far a run drifts from its own nudged copy is what rounding alone does to it."""
+    def _nudge(self, parameter) -> None:
+        """Move every element by ``NUDGE_SIZE``, up or down at random: about what two backends'
+        float32 kernels differ by (batch-norm statistics, a convolution's order of summation),
+        so how far a run drifts from its nudged copy is what such differences alone do to it."""
+        if self.nudged is None or parameter in self.nudged or not parameter.is_floating_point():
+            return
+        self.nudged.add(parameter)
         torch = self.torch
+        generator = torch.Generator().manual_seed(self.nudge_seed * 1_000_003 + len(self.nudged))
+        size = max(torch.finfo(parameter.dtype).eps, NUDGE_SIZE)
         signs = torch.randint(0, 2, parameter.shape, generator=generator).to(parameter.device) * 2 - 1
         with torch.no_grad():
-            parameter.mul_(1 + torch.finfo(parameter.dtype).eps * signs.to(parameter.dtype))
+            parameter.mul_(1 + size * signs.to(parameter.dtype))
 
     def after_step(self, optimizer, args, kwargs) -> None:
         torch = self.torch
@@ -135,6 +151,8 @@ def install(recorder: Recorder) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     register_optimizer_step_pre_hook(recorder.before_step)
+    if recorder.nudged is not None:
+        recorder.nudging = torch.nn.modules.module.register_module_forward_pre_hook(recorder.before_forward)
     register_optimizer_step_post_hook(recorder.after_step)
 
 

@@ -30,12 +30,15 @@ from rich.table import Table
 
 from accrewrite.discovery import SKIPPED_DIRS
 from accrewrite.engine import Options, migrate_source
-from accrewrite.probe import NUDGE
+from accrewrite.probe import NUDGE, NUDGE_SIZE
 
 ORIGINAL = "original"
-# A step within this many times the drift of the rounding-nudged rerun matches: rounding enters
-# every operation of every step on the other side, not once, as in the rerun.
+# A step within this many times the drift of the nudged reruns matches: the other side's kernels
+# differ in every operation of every step, not once, as a rerun's nudge does.
 FLOOR_MARGIN = 10
+# Nudged reruns, each with its own random nudge, until their drift accounts for a difference: one
+# nudge may flip no ReLU where another kernel's rounding flips several.
+NUDGES = 3
 COPY_LIMIT = 8 * 1024 * 1024  # bytes: larger files are linked into a workspace, not copied
 _TAIL = 25  # lines of a failed side's output to show
 
@@ -46,7 +49,7 @@ class Side:
 
     name: str
     target: str | None = None
-    nudged: bool = False  # its parameters moved by rounding at the first step (the floor run)
+    nudge: int = 0  # a floor run's seed: its parameters nudged before their first use
     records: list[list[dict]] = field(default_factory=list)  # per rank
     returncode: int | None = None
     output: str = ""
@@ -137,7 +140,7 @@ def run_side(side: Side, workspace: Workspace, args: list[str], steps: int, npro
     options = Options(target=side.target, unsafe_fixes=workspace.unsafe_fixes) if side.target else None
     cwd, script = workspace.build(side, options)
     records = workspace.root / f"{side.name}.records"
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", NUDGE: "1" if side.nudged else "0"}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", NUDGE: str(side.nudge)}
     if side.target == "torch_xla":
         env.setdefault("PJRT_DEVICE", "CPU")
     log = workspace.root / f"{side.name}.log"
@@ -208,43 +211,47 @@ def _deviations(first: Side, second: Side) -> list[list[tuple[float, float]]]:
             for a, b in zip(first.records, second.records)]
 
 
-def compare(first: Side, second: Side, rtol: float, floor: Side | None = None) -> Verdict:
-    """Step by step, rank by rank: the losses and checksums within ``rtol``, or with ``floor``
-    (``first`` rerun nudged by rounding) within ``FLOOR_MARGIN`` times its drift from ``first``."""
+def compare(first: Side, second: Side, rtol: float, floors: list[Side] = ()) -> Verdict:
+    """Step by step, rank by rank: the losses and checksums within ``rtol``, or with ``floors``
+    (``first`` rerun nudged) within ``FLOOR_MARGIN`` times their largest drift from ``first``."""
     found = _deviations(first, second)
-    drift = _deviations(first, floor) if floor is not None else None
+    drift = None  # per rank, per step: the largest drift of any floor
+    for floor in floors:
+        more = _deviations(first, floor)
+        drift = more if drift is None else [[tuple(map(max, a, b)) for a, b in zip(*ranks)] for ranks in zip(drift, more)]
+    reruns = "a rerun" if len(floors) == 1 else f"{len(floors)} reruns"
     rows = []
     worst = (0.0, 0, 0)
     diverged = None
-    widened = None  # the step where the rounding floor allowed most beyond rtol
+    widened = None  # the step where the floor allowed most beyond rtol
     for rank, steps in enumerate(found):
         for step, (loss_dev, sum_dev) in enumerate(steps):
-            rounding = drift[rank][step] if drift and step < len(drift[rank]) else (0.0, 0.0)
-            allowed = [max(rtol, FLOOR_MARGIN * r) for r in rounding]
+            drifted = drift[rank][step] if drift and step < len(drift[rank]) else (0.0, 0.0)
+            allowed = [max(rtol, FLOOR_MARGIN * r) for r in drifted]
             if rank == 0:
                 rows.append((step + 1, first.records[0][step]["loss"], second.records[0][step]["loss"], loss_dev,
-                             sum_dev, max(rounding) if drift else None))
+                             sum_dev, max(drifted) if drift else None))
             dev = max(loss_dev, sum_dev)
             worst = max(worst, (dev, step + 1, rank))
             over = [what for what, d, limit in (("loss", loss_dev, allowed[0]), ("parameter checksum", sum_dev, allowed[1]))
                     if d > limit]
             if over and diverged is None:
-                diverged = (step + 1, rank, over[0], loss_dev if over[0] == "loss" else sum_dev, max(rounding))
+                diverged = (step + 1, rank, over[0], loss_dev if over[0] == "loss" else sum_dev, max(drifted))
             elif dev > rtol and (widened is None or dev > widened[0]):
-                widened = (dev, step + 1, max(rounding))
+                widened = (dev, step + 1, max(drifted))
     if diverged is not None:
-        step, rank, what, dev, rounding = diverged
+        step, rank, what, dev, drifted = diverged
         where = f" on rank {rank}" if len(first.records) > 1 else ""
-        floor_note = f"; a rerun nudged by rounding drifts {rounding:.2%} there" if drift else ""
+        floor_note = f"; {reruns} nudged by {NUDGE_SIZE:.0e} drift at most {drifted:.2%} there" if drift else ""
         return Verdict(1, f"diverge: the {what} differs by {dev:.2%} at step {step}{where} (tolerance {rtol:.0%}"
                           f"{floor_note})", rows)
     if first.steps != second.steps:
         return Verdict(1, f"diverge: {first.name} made {first.steps} steps, {second.name} {second.steps}", rows)
     steps = min(first.steps, second.steps)
     if widened is not None:
-        dev, step, rounding = widened
-        return Verdict(0, f"match: {steps} steps within {rtol:.0%} or within {FLOOR_MARGIN}x what rounding alone does "
-                          f"(step {step}: {dev:.2%}, a rerun nudged by rounding {rounding:.2%})", rows)
+        dev, step, drifted = widened
+        return Verdict(0, f"match: {steps} steps within {rtol:.0%} or within {FLOOR_MARGIN}x the drift of {reruns} "
+                          f"nudged by {NUDGE_SIZE:.0e} (step {step}: {dev:.2%}, nudged {drifted:.2%})", rows)
     dev, step, _ = worst
     return Verdict(0, f"match: {steps} steps within {rtol:.0%} (largest deviation {dev:.2%}, step {step})", rows)
 
@@ -295,11 +302,11 @@ def _table(first: Side, second: Side, verdict: Verdict) -> Table:
     table = Table(title="rank 0" if len(first.records) > 1 else None)
     floor = any(row[5] is not None for row in verdict.rows)
     columns = ("step", f"{first.name} loss", f"{second.name} loss", "deviation", "checksum deviation")
-    for column in (*columns, *(["rounding drift"] if floor else [])):
+    for column in (*columns, *(["nudged drift"] if floor else [])):
         table.add_column(column, justify="right")
-    for step, a, b, dev, sum_dev, rounding in verdict.rows:
+    for step, a, b, dev, sum_dev, drifted in verdict.rows:
         cells = [str(step), _number(a), _number(b), f"{dev:.3%}", f"{sum_dev:.3%}"]
-        table.add_row(*cells, *([f"{rounding:.3%}"] if floor else []))
+        table.add_row(*cells, *([f"{drifted:.3%}"] if floor else []))
     return table
 
 
@@ -329,10 +336,13 @@ def verify(script: str, args: list[str], sides: list[Side], steps: int, nproc: i
         progress.done()
         first, second = sides
         verdict = compare(first, second, rtol)
-        if verdict.code == 1 and first.steps == second.steps:
-            floor = _rounding_floor(first, workspace, args, steps, nproc, timeout, progress)
-            if floor is not None:
-                verdict = compare(first, second, rtol, floor)
+        floors = []
+        while verdict.code == 1 and first.steps == second.steps and len(floors) < NUDGES:
+            floor = _nudged_floor(first, len(floors) + 1, workspace, args, steps, nproc, timeout, progress)
+            if floor is None:
+                break
+            floors.append(floor)
+            verdict = compare(first, second, rtol, floors)
         out.print(_table(first, second, verdict))
         checked = [found for found in (check_xla(side) for side in sides if side.target == "torch_xla") if found]
         for summary, _ in checked:
@@ -351,12 +361,12 @@ def verify(script: str, args: list[str], sides: list[Side], steps: int, nproc: i
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _rounding_floor(first: Side, workspace: Workspace, args: list[str], steps: int, nproc: int, timeout: float,
-                    progress) -> Side | None:
-    """``first`` rerun with its parameters nudged by a unit in the last place at the first step:
-    how far rounding alone moves this training (BatchNorm over small batches, say, magnifies
-    it from step to step). None where the rerun cannot run."""
-    floor = Side(f"{first.name}-nudged", first.target, nudged=True)
+def _nudged_floor(first: Side, seed: int, workspace: Workspace, args: list[str], steps: int, nproc: int,
+                  timeout: float, progress) -> Side | None:
+    """``first`` rerun with its parameters nudged before their first use (``NUDGE_SIZE``): how far
+    kernel-level differences alone move this training (ReLUs that flip and BatchNorm over small
+    batches magnify them from step to step). None where the rerun cannot run."""
+    floor = Side(f"{first.name}-nudged-{seed}", first.target, nudge=seed)
     run_side(floor, workspace, args, steps, nproc, timeout, progress)
     progress.done()
     return floor if floor.steps == first.steps else None

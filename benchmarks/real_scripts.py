@@ -876,10 +876,10 @@ def no_data(cwd: Path, python: str) -> None:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How to run one corpus script on a CPU, briefly, with synthetic data. The arguments ask
-    for the accelerator where a script's ``--accel`` falls back to the CPU when there is none
-    (and never pass ``--no-accel``): the original then runs on the CPU here, while its migration
-    is free to use the target's device."""
+    """How to run one corpus script on a CPU, briefly, with synthetic data. Both sides must load
+    the same data, so the arguments ask for the accelerator (``--accel``) only where that leaves
+    the loader alone, and pass ``--no-accel`` where it would shuffle or add workers: the
+    migration's CPU fallback is the target's device, so the migrated side still runs there."""
 
     suffix: str  # the script's path under DIR
     args: tuple[str, ...]
@@ -902,13 +902,16 @@ RECIPES = (
            ("config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=2",
             "--log_interval=1", "--block_size=32", "--batch_size=4", "--n_layer=2", "--n_head=2", "--n_embd=32",
             "--max_iters=6", "--dropout=0.0"), shakespeare_char, needs=("numpy",)),
-    Recipe("pytorch+examples/mnist/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above, needs=_MNIST),
-    Recipe("pytorch+examples/mnist_rnn/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above, needs=_MNIST),
-    Recipe("pytorch+examples/siamese_network/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above,
-           needs=_MNIST),
+    Recipe("pytorch+examples/mnist/main.py", ("--epochs", "1", "--batch-size", "16", "--no-accel"), mnist_above,
+           needs=_MNIST, note="its dropout has no switch, and " + _OWN_RANDOM),
+    Recipe("pytorch+examples/mnist_rnn/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above, needs=_MNIST,
+           note="its dropout has no switch, and " + _OWN_RANDOM),
+    Recipe("pytorch+examples/siamese_network/main.py", ("--epochs", "1", "--batch-size", "16", "--no-accel"),
+           mnist_above, needs=_MNIST),
     Recipe("pytorch+examples/mnist_forward_forward/main.py",
-           ("--epochs", "3", "--train_size", "64", "--test_size", "32", "--log-interval", "1"),
-           mnist_here, needs=_MNIST),
+           ("--epochs", "8", "--train_size", "64", "--test_size", "32", "--log-interval", "1", "--no_accel"),
+           mnist_here, needs=_MNIST, steps=6,
+           note="--epochs 8: each layer trains for that many steps, so the 6 verified are the first layer's"),
     Recipe("pytorch+examples/vae/main.py", ("--epochs", "1", "--batch-size", "32"), vae_data,
            needs=_MNIST),
     Recipe("pytorch+examples/dcgan/main.py",
