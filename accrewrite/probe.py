@@ -12,6 +12,10 @@ Per rank, one JSON line per optimizer step goes to ``RECORDS/rank<RANK>.jsonl``:
   update shows; ``change``: that change's norm, the scale the checksums are compared at;
 * ``xla``: under torch_xla, how many graphs it has compiled and executed so far.
 
+With ``ACCREWRITE_VERIFY_HOST_RANDOM=1`` (verify sets it for torch_xla sides), random numbers
+for the XLA device are drawn by the CPU generator and moved there, so that dropout and noise
+draw what the original's CPU run draws.
+
 After STEPS optimizer steps the process ends (exit 0) without running the rest of the script.
 The hooks are installed in this process only, and only for the script's run. It is run by its
 path and imports nothing of accrewrite's, so that it runs in any interpreter with torch (the one
@@ -28,6 +32,17 @@ import sys
 
 SEED = 0
 NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # a seed (not 0): nudge the parameters before their first use
+HOST_RANDOM = "ACCREWRITE_VERIFY_HOST_RANDOM"
+# ATen's random ops, and those that read only the shape of their first argument.
+_RANDOM_OPS = frozenset({
+    "bernoulli", "bernoulli_", "normal", "normal_", "uniform_", "random_", "exponential_", "cauchy_",
+    "log_normal_", "geometric_", "randn", "rand", "randint", "randperm", "randn_like", "rand_like",
+    "randint_like", "multinomial", "poisson",
+})
+_SHAPE_ONLY = frozenset({
+    "bernoulli_", "normal_", "uniform_", "random_", "exponential_", "cauchy_", "log_normal_", "geometric_", "randn_like",
+    "rand_like", "randint_like",
+})
 NUDGE_SIZE = 1e-6  # relative; at least one unit in the last place of the parameter's dtype
 
 
@@ -156,6 +171,33 @@ def install(recorder: Recorder) -> None:
     register_optimizer_step_post_hook(recorder.after_step)
 
 
+def host_random(torch):
+    """A dispatch mode in which a random op for the XLA device draws on the CPU generator and
+    moves the numbers there: to the XLA graph they are an input, as a batch is. It sits below
+    autograd (dropout's mask is drawn by ``bernoulli``), so it sees every op that draws."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def on_host(value, shape_only):
+        if not isinstance(value, torch.Tensor):
+            return value
+        return torch.empty(value.shape, dtype=value.dtype) if shape_only else value.cpu()
+
+    class HostRandom(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func._overloadpacket.__name__
+            device = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            if name not in _RANDOM_OPS or device is None or torch.device(device).type != "xla":
+                return func(*args, **kwargs)
+            # bernoulli with a p of its own (dropout's mask) reads only its input's shape too
+            shape_only = name in _SHAPE_ONLY or name == "bernoulli" and func._overloadname != "default"
+            host = [on_host(value, shape_only and i == 0) for i, value in enumerate(args)]
+            drawn = func(*host, **{**kwargs, **({"device": torch.device("cpu")} if "device" in kwargs else {})})
+            return args[0].copy_(drawn) if name.endswith("_") else drawn.to(device)
+
+    return HostRandom()
+
+
 def main(argv: list[str]) -> None:
     records, steps, script, *args = argv
     rank = os.environ.get("RANK", "0")
@@ -172,7 +214,11 @@ def main(argv: list[str]) -> None:
     install(recorder)
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    if os.environ.get(HOST_RANDOM) == "1":
+        with host_random(recorder.torch):
+            runpy.run_path(script, run_name="__main__")
+    else:
+        runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":

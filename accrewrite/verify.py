@@ -30,7 +30,7 @@ from rich.table import Table
 
 from accrewrite.discovery import SKIPPED_DIRS
 from accrewrite.engine import Options, migrate_source
-from accrewrite.probe import NUDGE, NUDGE_SIZE
+from accrewrite.probe import HOST_RANDOM, NUDGE, NUDGE_SIZE
 
 ORIGINAL = "original"
 # A step within this many times the drift of the nudged reruns matches: the other side's kernels
@@ -143,6 +143,7 @@ def run_side(side: Side, workspace: Workspace, args: list[str], steps: int, npro
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", NUDGE: str(side.nudge)}
     if side.target == "torch_xla":
         env.setdefault("PJRT_DEVICE", "CPU")
+        env[HOST_RANDOM] = "1"  # the XLA device draws what the CPU draws: dropout and noise compare
     log = workspace.root / f"{side.name}.log"
     with open(log, "wb") as output:
         process = subprocess.Popen(

@@ -894,7 +894,6 @@ class Recipe:
 
 
 _MNIST = ("torchvision", "PIL")
-_OWN_RANDOM = "the XLA device draws its own random numbers"
 _CALM = "at the default rate batches of two make the loss jump, which magnifies any rounding difference"
 _ZERO_LOSS = ("its loss is a cross-entropy over one class, 0 at every step, and its gradients are 0, "
               "so a match shows only that both sides run")
@@ -904,9 +903,8 @@ RECIPES = (
             "--log_interval=1", "--block_size=32", "--batch_size=4", "--n_layer=2", "--n_head=2", "--n_embd=32",
             "--max_iters=6", "--dropout=0.0"), shakespeare_char, needs=("numpy",)),
     Recipe("pytorch+examples/mnist/main.py", ("--epochs", "1", "--batch-size", "16", "--no-accel"), mnist_above,
-           needs=_MNIST, note="its dropout has no switch, and " + _OWN_RANDOM),
-    Recipe("pytorch+examples/mnist_rnn/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above, needs=_MNIST,
-           note="its dropout has no switch, and " + _OWN_RANDOM),
+           needs=_MNIST),
+    Recipe("pytorch+examples/mnist_rnn/main.py", ("--epochs", "1", "--batch-size", "16"), mnist_above, needs=_MNIST),
     Recipe("pytorch+examples/siamese_network/main.py", ("--epochs", "1", "--batch-size", "16", "--no-accel"),
            mnist_above, needs=_MNIST),
     Recipe("pytorch+examples/mnist_forward_forward/main.py",
@@ -917,24 +915,24 @@ RECIPES = (
            needs=_MNIST),
     Recipe("pytorch+examples/dcgan/main.py",
            ("--dataset", "fake", "--niter", "1", "--batchSize", "4", "--imageSize", "64", "--workers", "0",
-            "--outf", "out", "--accel"), no_data, needs=("torchvision",),
-           note="its noise is drawn on the device, so torch_xla draws other numbers than the CPU"),
+            "--outf", "out", "--accel"), no_data, needs=("torchvision",), steps=10,
+           note="its discriminator and its generator step in turn, so 10 steps are 5 iterations, enough for "
+                "torch_xla's graphs to settle"),
     Recipe("pytorch+examples/super_resolution/main.py",
            ("--upscale_factor", "2", "--batchSize", "2", "--testBatchSize", "2", "--nEpochs", "2", "--lr", "0.01",
             "--threads", "0", "--accel"), bsds300, needs=("torchvision", "PIL", "six")),
     Recipe("pytorch+examples/word_language_model/main.py",
            ("--data", "wt2", "--epochs", "1", "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--batch_size", "4",
-            "--bptt", "8", "--dropout", "0", "--lr", "0.001", "--save", "model.pt", "--use-optimizer", "--accel"),
+            "--bptt", "8", "--lr", "0.001", "--save", "model.pt", "--use-optimizer", "--accel"),
            wikitext,
            note="--use-optimizer: its default update is a manual SGD, which has no optimizer step to record "
-                "(--lr 0.001: the default, 20, is that SGD's); --dropout 0: " + _OWN_RANDOM),
+                "(--lr 0.001: the default, 20, is that SGD's)"),
     Recipe("pytorch+examples/time_sequence_prediction/train.py", ("--steps", "3"), sine_waves, steps=3,
            needs=("numpy", "matplotlib"), env=(("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1"),), on_device=False,
            note="it trains on the CPU (no device in it, so none in its migration); torch.load of a pickled numpy "
                 "array needs TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 on torch >= 2.6"),
     Recipe("pytorch+examples/gat/main.py",
-           ("--epochs", "6", "--hidden-dim", "8", "--num-heads", "2", "--dropout-p", "0"), cora, needs=("numpy",),
-           note="--dropout-p 0: " + _OWN_RANDOM),
+           ("--epochs", "6", "--hidden-dim", "8", "--num-heads", "2"), cora, needs=("numpy",)),
     Recipe("pytorch+examples/imagenet/main.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "2", "-j", "0", "-p", "1", "--lr", "0.001", "images"),
            imagenet_folder, needs=("torchvision", "PIL"), note="--lr 0.001: " + _CALM),

@@ -105,6 +105,15 @@ def test_a_step_within_what_a_nudge_does_matches_and_one_beyond_every_nudge_dive
     assert "a rerun nudged by 1e-06 drift at most 0.13% there" in verdict.message
 
 
+@pytest.mark.xla
+def test_dropout_on_the_xla_device_draws_what_the_cpu_draws(project, capsys, xla_python, monkeypatch):
+    monkeypatch.setenv("ACCREWRITE_XLA_PYTHON", xla_python)
+    write(project, "train.py", TRAIN.format(activation="nn.Dropout(0.3), nn.ReLU()"))
+    assert main(["verify", "train.py", "--steps", "4", "--compare", "original,torch_xla", "--", "--steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "match: 4 steps within 2% (largest deviation" in out and "XLA graph executions" in out
+
+
 def test_a_side_that_cannot_run_says_why(project, capsys):
     write(project, "train.py", "import torch\nraise SystemExit('needs a dataset at /data/imagenet')\n")
     assert main(["verify", "train.py", "--steps", "2"]) == 2
