@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -61,17 +62,17 @@ def text(outcomes: list[Outcome], mode: str, target: str, console: Console) -> N
         if outcome.diff and mode == "diff":
             console.print(coloured_diff(outcome.diff), soft_wrap=True, end="")
         elif outcome.changed and mode == "check":
-            console.print(f"Would migrate: [bold]{outcome.path}[/] ({len(outcome.fixes)} fixes)", soft_wrap=True)
+            console.print(f"Would migrate: [bold]{escape(str(outcome.path))}[/] ({len(outcome.fixes)} fixes)", soft_wrap=True)
     for outcome in outcomes:
         for diagnostic in outcome.diagnostics:
             console.print(
-                f"{outcome.path}:{diagnostic.line}:{diagnostic.col + 1}: "
-                f"[bold yellow]{diagnostic.code}[/] {diagnostic.message}",
+                f"{escape(str(outcome.path))}:{diagnostic.line}:{diagnostic.col + 1}: "
+                f"[bold yellow]{diagnostic.code}[/] {escape(diagnostic.message)}",
                 highlight=False,
                 soft_wrap=True,
             )
         if outcome.error is not None:
-            console.print(f"[bold red]{_error_line(outcome)}[/]", highlight=False, soft_wrap=True)
+            console.print(f"[bold red]{escape(_error_line(outcome))}[/]", highlight=False, soft_wrap=True)
     summary = Summary.of(outcomes)
     table = Table(title=f"accrewrite migrate (target {target})", title_justify="left")
     for column in ("files", "changed", "fixes", "diagnostics", "errors"):

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, string_value
 from accrewrite.rule import Example, Rule
-from accrewrite.rules._training_code import LoopDiagnostic
+from accrewrite.rules._training_code import LoopDiagnostic, free_names, walk
 
 # Hugging Face collators that pad each batch to its longest sample unless told otherwise.
 _PADDING_COLLATORS = frozenset(
@@ -33,7 +33,12 @@ class DynamicShapes(LoopDiagnostic, Rule):
     - in the training loop: boolean-mask indexing (``x[mask]``, ``logits[labels != -100]``),
       ``nonzero()``/``argwhere``/``masked_select``/``unique`` and one-argument
       ``torch.where(cond)``, whose sizes depend on the data. What to do: keep the full shape and
-      weight by the mask (``(loss * mask).sum() / mask.sum()``), or use ``ignore_index``.
+      weight by the mask (``(loss * mask).sum() / mask.sum()``), or use ``ignore_index``;
+    - a tensor sliced at the training loop's own counter, in the loop or in a function it passes
+      the counter to (``source[i:i + bptt]`` in a language model's ``get_batch``). The shape
+      stays, but on XLA the offset is a constant of the graph, so every step compiles a new one.
+      What to do: keep the tensor on the host and move each slice (``source[i:i + bptt].to(device)``);
+      a slice moved at once is not reported.
     """
 
     code = "ACC103"
@@ -43,6 +48,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
         {*_PADDING_COLLATORS, *_DATA_SIZED, "where", "padding", "pad_sequence", "mask", "masks", "labels",
          "attention_mask", "loss_mask", "valid"}
     )
+    trigger_nodes = (cst.Slice,)  # an offset that changes every step has no word of its own
     examples = (
         Example(
             before="""
@@ -83,7 +89,48 @@ class DynamicShapes(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC103:6", "ACC103:9", "ACC103:14", "ACC103:14"),
         ),
+        Example(
+            before="""
+            import torch
+            data = torch.tensor(ids).view(bsz, -1).t().contiguous().cuda()
+
+            def get_batch(source, i):
+                return source[i:i + bptt], source[i + 1:i + 1 + bptt].reshape(-1)
+
+            for epoch in range(epochs):
+                for batch, i in enumerate(range(0, data.size(0) - 1, bptt)):
+                    inputs, targets = get_batch(data, i)
+                    extra = data[i:i + bptt].cuda()
+                    loss = criterion(model(inputs), targets)
+                    loss.backward()
+                    optimizer.step()
+                    first = data[epoch:epoch + 1]
+            """,
+            after="""
+            import torch
+            data = torch.tensor(ids).view(bsz, -1).t().contiguous().cuda()
+
+            def get_batch(source, i):
+                return source[i:i + bptt], source[i + 1:i + 1 + bptt].reshape(-1)
+
+            for epoch in range(epochs):
+                for batch, i in enumerate(range(0, data.size(0) - 1, bptt)):
+                    inputs, targets = get_batch(data, i)
+                    extra = data[i:i + bptt].cuda()
+                    loss = criterion(model(inputs), targets)
+                    loss.backward()
+                    optimizer.step()
+                    first = data[epoch:epoch + 1]
+            """,
+            diagnostics=("ACC103:5", "ACC103:5"),
+        ),
     )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        super().visit_Call(node)
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and isinstance(func.value, cst.Subscript):
+            self._moved().add(func.value)
 
     def check_call(self, node: cst.Call) -> None:
         func = node.func
@@ -125,6 +172,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
         )
 
     def leave_Subscript(self, original_node, updated_node):
+        self._sliced_at_the_step(original_node)
         if not self.in_loop or len(original_node.slice) != 1:
             return updated_node
         index = original_node.slice[0].slice
@@ -141,3 +189,58 @@ class DynamicShapes(LoopDiagnostic, Rule):
                 "ignore_index, or torch.where(mask, x, 0)",
             )
         return updated_node
+
+    def _sliced_at_the_step(self, node: cst.Subscript) -> None:
+        bounds = [e.slice.lower for e in node.slice if isinstance(e.slice, cst.Slice) and e.slice.lower is not None]
+        if not bounds or node in self._moved() or self.in_closure:
+            return
+        counters = self._step_counters()
+        offset = next((bound for bound in bounds if free_names(bound) & counters), None)
+        values = self.tensors()
+        # A helper's parameter is often of a kind the analysis cannot follow (a dataset's tensor).
+        if offset is None or not (values.is_tensor(node.value) or not self.ctx.loops and not values.is_host(node.value)):
+            return
+        code, value = (" ".join(self.ctx.code(n).split()) for n in (node, node.value))
+        self.report(
+            node,
+            f"`{code}`: the offset `{self.ctx.code(offset)}` changes every step, and on XLA it is a constant of the "
+            f"graph, so every step compiles a new graph. Keep `{value}` on the host and move each slice to the "
+            f"device (`{code}.to(device)`)",
+        )
+
+    def _moved(self) -> set:
+        """Subscripts moved to a device where they are made (``x[i:j].to(device)``)."""
+        if not hasattr(self, "_moved_subscripts"):
+            self._moved_subscripts = set()
+        return self._moved_subscripts
+
+    def _step_counters(self) -> set[str]:
+        """Names that change every step here: the targets of the innermost loop that steps (not
+        an epoch loop around it), or in a function such a loop calls, the parameters it passes
+        those targets to."""
+        loops = [loop for loop in self.ctx.loops if not loop.encloses_step_loop]
+        if loops:
+            return _targets(loops[-1].node)
+        return self._helper_counters().get(self.ctx.scope, set())
+
+    def _helper_counters(self) -> dict:
+        if not hasattr(self, "_counters_by_helper"):
+            facts = self.ctx.facts
+            counters: dict[cst.FunctionDef, set[str]] = {}
+            calls = {}  # call in a stepping loop -> that loop's targets
+            for loop in facts.loops:
+                if not loop.encloses_step_loop:
+                    targets = _targets(loop.node)
+                    walk(loop.node, lambda n, t=targets: calls.setdefault(n, t) if isinstance(n, cst.Call) else None)
+            for statement in self.ctx.module.body:
+                if isinstance(statement, cst.FunctionDef):
+                    for _, call, arguments in facts.passed(statement):
+                        for param, argument in arguments.items():
+                            if isinstance(argument, cst.Name) and argument.value in calls.get(call, ()):
+                                counters.setdefault(statement, set()).add(param)
+            self._counters_by_helper = counters
+        return self._counters_by_helper
+
+
+def _targets(loop: cst.For | cst.While) -> set[str]:
+    return free_names(loop.target) if isinstance(loop, cst.For) else set()

@@ -65,6 +65,15 @@ def test_error_exit_2_and_other_files_still_run(tmp_path, cli):
     assert b"xm.xla_device()" in good.read_bytes()
 
 
+def test_diagnostics_print_brackets_as_written(tmp_path, cli):
+    source = (b"import torch\nmodel = Net().cuda()\nfor step, (x, y) in enumerate(loader):\n"
+              b"    loss = model(x[step:step + 2]).sum()\n    loss.backward()\n    optimizer.step()\n")
+    path = write(tmp_path, "[train].py", source)
+    code, out, _ = cli("migrate", path)
+    assert code == 0
+    assert "[train].py:4:" in out and "`x[step:step + 2]`" in out  # not taken for rich markup
+
+
 def test_bad_arguments_exit_2(tmp_path, cli, capsys):
     path = write(tmp_path)
     assert cli("migrate", path, "--select", "ACC999")[0] == 2
