@@ -109,3 +109,15 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
                 if type(item) in NODE_TYPES:
                     found.append(item)
     return found
+
+
+def walk(node: cst.CSTNode, enter) -> None:
+    """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
+    rebuilding visit (see ``accrewrite.analysis._Walker``); ``enter`` returning False skips a
+    node's children."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if enter(current) is False:
+            continue
+        stack.extend(reversed(children(current)))

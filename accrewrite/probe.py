@@ -32,18 +32,8 @@ import sys
 
 SEED = 0
 NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # a seed (not 0): nudge the parameters before their first use
-HOST_RANDOM = "ACCREWRITE_VERIFY_HOST_RANDOM"
-# ATen's random ops, and those that read only the shape of their first argument.
-_RANDOM_OPS = frozenset({
-    "bernoulli", "bernoulli_", "normal", "normal_", "uniform_", "random_", "exponential_", "cauchy_",
-    "log_normal_", "geometric_", "randn", "rand", "randint", "randperm", "randn_like", "rand_like",
-    "randint_like", "multinomial", "poisson",
-})
-_SHAPE_ONLY = frozenset({
-    "bernoulli_", "normal_", "uniform_", "random_", "exponential_", "cauchy_", "log_normal_", "geometric_", "randn_like",
-    "rand_like", "randint_like",
-})
 NUDGE_SIZE = 1e-6  # relative; at least one unit in the last place of the parameter's dtype
+HOST_RANDOM = "ACCREWRITE_VERIFY_HOST_RANDOM"
 
 
 class Recorder:
@@ -172,28 +162,42 @@ def install(recorder: Recorder) -> None:
 
 
 def host_random(torch):
-    """A dispatch mode in which a random op for the XLA device draws on the CPU generator and
-    moves the numbers there: to the XLA graph they are an input, as a batch is. It sits below
-    autograd (dropout's mask is drawn by ``bernoulli``), so it sees every op that draws."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    """A torch function mode in which what draws random numbers for the XLA device draws them on
+    the CPU generator and moves them there; to the XLA graph they are an input, as a batch is.
+    Every other call goes through untouched (a dispatch mode would change XLA's lowering)."""
+    from torch.overrides import TorchFunctionMode
 
-    def on_host(value, shape_only):
-        if not isinstance(value, torch.Tensor):
-            return value
-        return torch.empty(value.shape, dtype=value.dtype) if shape_only else value.cpu()
+    F, T = torch.nn.functional, torch.Tensor
+    dropouts = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
+    fills = {T.normal_, T.uniform_, T.bernoulli_, T.random_, T.exponential_, T.cauchy_, T.log_normal_,
+             T.geometric_}  # in place: they read only the shape of the tensor they fill
+    likes = {torch.randn_like, torch.rand_like, torch.randint_like}
+    draws = {torch.randn, torch.rand, torch.randint, torch.randperm, torch.normal, torch.bernoulli, T.bernoulli,
+             torch.multinomial, T.multinomial, torch.poisson, *fills, *likes}
 
-    class HostRandom(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def on_xla(value):
+        return value is not None and torch.device(value).type == "xla"
+
+    class HostRandom(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            name = func._overloadpacket.__name__
+            if func in dropouts:
+                return self.dropout(func, *args, **kwargs)
             device = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-            if name not in _RANDOM_OPS or device is None or torch.device(device).type != "xla":
+            if func not in draws or not on_xla(device):
                 return func(*args, **kwargs)
-            # bernoulli with a p of its own (dropout's mask) reads only its input's shape too
-            shape_only = name in _SHAPE_ONLY or name == "bernoulli" and func._overloadname != "default"
-            host = [on_host(value, shape_only and i == 0) for i, value in enumerate(args)]
-            drawn = func(*host, **{**kwargs, **({"device": torch.device("cpu")} if "device" in kwargs else {})})
-            return args[0].copy_(drawn) if name.endswith("_") else drawn.to(device)
+            host = [torch.empty(a.shape, dtype=a.dtype) if i == 0 and func in fills | likes
+                    else a.cpu() if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
+            drawn = func(*host, **{**kwargs, **({"device": "cpu"} if "device" in kwargs else {})})
+            return args[0].copy_(drawn) if func in fills else drawn.to(device)
+
+        @staticmethod
+        def dropout(func, input, p=0.5, training=True, inplace=False):
+            if not training or p == 0 or not on_xla(input.device):
+                return func(input, p, training, inplace)
+            # The CPU draws the mask it draws for the original: dropout of ones is the mask, scaled.
+            noise = func(torch.ones(input.shape, dtype=input.dtype), p, True).to(input.device)
+            return input.mul_(noise) if inplace else input * noise
 
     return HostRandom()
 

@@ -14,7 +14,7 @@ import re
 
 import libcst as cst
 
-from accrewrite.nodes import children, dotted
+from accrewrite.nodes import dotted, walk
 from accrewrite.targets import called_names
 
 BUILTIN_NAMES = frozenset(dir(builtins))
@@ -98,18 +98,6 @@ def root_name(node: cst.CSTNode) -> str | None:
     while isinstance(node, (cst.Attribute, cst.Subscript)):
         node = node.value
     return node.value if isinstance(node, cst.Name) else None
-
-
-def walk(node: cst.CSTNode, enter) -> None:
-    """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
-    rebuilding visit (see ``accrewrite.analysis._Walker``); ``enter`` returning False skips a
-    node's children."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if enter(current) is False:
-            continue
-        stack.extend(reversed(children(current)))
 
 
 def free_names(node: cst.CSTNode) -> set[str]:

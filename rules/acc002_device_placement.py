@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
-from accrewrite.nodes import call_arg, children, dotted, names_in, string_value
+from accrewrite.nodes import call_arg, dotted, names_in, string_value, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.values import Kind
 
@@ -247,7 +247,7 @@ class DevicePlacement(Rule):
                 tests.append(node.test)
             return True
 
-        _walk(self.ctx.module, enter)
+        walk(self.ctx.module, enter)
         flags = set().union(*(names_in(test) for test in tests)) if tests else set()
         gates = set().union(*(_calls_in(test) for test in tests)) if tests else set()
 
@@ -256,7 +256,7 @@ class DevicePlacement(Rule):
                 gates.update(_calls_in(node.value))
             return True
 
-        _walk(self.ctx.module, flag)
+        walk(self.ctx.module, flag)
         return gates
 
     def _other_choices(self, choice: cst.If, chosen: set) -> list[cst.CSTNode]:
@@ -275,7 +275,7 @@ class DevicePlacement(Rule):
             return True
 
         if choice.orelse is not None:
-            _walk(choice.orelse, enter)
+            walk(choice.orelse, enter)
         return found
 
     def _places_on_cuda(self, node: cst.CSTNode) -> bool:
@@ -463,14 +463,6 @@ def _string_of(node: cst.BaseExpression) -> cst.Call:
     return cst.Call(func=cst.Name("str"), args=[cst.Arg(node)])
 
 
-def _walk(node: cst.CSTNode, enter) -> None:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if enter(current) is not False:
-            stack.extend(children(current))
-
-
 def _contains(block: cst.CSTNode, wanted: set) -> bool:
     found = False
 
@@ -479,13 +471,13 @@ def _contains(block: cst.CSTNode, wanted: set) -> bool:
         found = found or child in wanted
         return not found
 
-    _walk(block, enter)
+    walk(block, enter)
     return found
 
 
 def _calls_in(node: cst.CSTNode) -> set[cst.Call]:
     found = set()
-    _walk(node, lambda child: found.add(child) if isinstance(child, cst.Call) else None)
+    walk(node, lambda child: found.add(child) if isinstance(child, cst.Call) else None)
     return found
 
 

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, children, dotted, names_in
+from accrewrite.nodes import call_arg, dotted, names_in, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.targets import spelled_callees
 from accrewrite.values import Kind
@@ -182,7 +182,7 @@ class DeviceLoader(Rule):
                 grown = grown or _concatenates_itself(self.ctx.facts, child.targets[0].target, child.value)
             return True
 
-        _walk(node.body, enter)
+        walk(node.body, enter)
         return grown and _calls_a_model(node.body, values)
 
     def _visit_for(self, node: cst.For) -> None:
@@ -405,12 +405,7 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
     """Every call in ``node``'s subtree."""
     found = []
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Call):
-            found.append(current)
-        stack.extend(children(current))
+    walk(node, lambda child: found.append(child) if isinstance(child, cst.Call) else None)
     return found
 
 
@@ -428,14 +423,6 @@ def _iterated(node: cst.BaseExpression) -> cst.BaseExpression | None:
             return node
         node = positional[0]
     return node
-
-
-def _walk(node: cst.CSTNode, enter) -> None:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if enter(current) is not False:
-            stack.extend(children(current))
 
 
 def _concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> bool:

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES
-from accrewrite.nodes import children, dotted
+from accrewrite.nodes import dotted, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.targets import called_names, spelled_callees
 
@@ -169,7 +169,7 @@ class GradientAllReduce(Rule):
                 found = found or qualified is None or qualified in reductions  # an alias added by this run
             return not found
 
-        _walk(statement, enter)
+        walk(statement, enter)
         return found
 
     # Without one: the target's optimizer step ----------------------------------------------
@@ -255,12 +255,3 @@ def _mentions(statement, methods) -> bool:
     finder = _Finder(methods)
     statement.visit(finder)
     return finder.found
-
-
-def _walk(node: cst.CSTNode, enter) -> None:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if enter(current) is not False:
-            stack.extend(children(current))
-

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import dotted
+from accrewrite.nodes import dotted, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._training_code import (
     BUILTIN_NAMES,
@@ -15,7 +15,6 @@ from accrewrite.rules._training_code import (
     ends_the_run,
     records_only,
     root_name,
-    walk,
 )
 
 

@@ -1,7 +1,8 @@
 import libcst as cst
 
+from accrewrite.nodes import walk
 from accrewrite.rule import Example, Rule
-from accrewrite.rules._training_code import LoopDiagnostic, free_names, is_logging_call, walk
+from accrewrite.rules._training_code import LoopDiagnostic, free_names, is_logging_call
 
 _PRINTERS = frozenset({"print"})
 

@@ -1,8 +1,8 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted, string_value
+from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.rules._training_code import LoopDiagnostic, free_names, walk
+from accrewrite.rules._training_code import LoopDiagnostic, free_names
 
 # Hugging Face collators that pad each batch to its longest sample unless told otherwise.
 _PADDING_COLLATORS = frozenset(
