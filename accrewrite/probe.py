@@ -171,9 +171,9 @@ def host_random(torch):
     dropouts = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
     fills = {T.normal_, T.uniform_, T.bernoulli_, T.random_, T.exponential_, T.cauchy_, T.log_normal_,
              T.geometric_}  # in place: they read only the shape of the tensor they fill
-    likes = {torch.randn_like, torch.rand_like, torch.randint_like}
+    shaped = {*fills, torch.randn_like, torch.rand_like, torch.randint_like}  # their first argument: its shape
     draws = {torch.randn, torch.rand, torch.randint, torch.randperm, torch.normal, torch.bernoulli, T.bernoulli,
-             torch.multinomial, T.multinomial, torch.poisson, *fills, *likes}
+             torch.multinomial, T.multinomial, torch.poisson, *shaped}
 
     def on_xla(value):
         return value is not None and torch.device(value).type == "xla"
@@ -186,7 +186,7 @@ def host_random(torch):
             device = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
             if func not in draws or not on_xla(device):
                 return func(*args, **kwargs)
-            host = [torch.empty(a.shape, dtype=a.dtype) if i == 0 and func in fills | likes
+            host = [torch.empty(a.shape, dtype=a.dtype) if i == 0 and func in shaped
                     else a.cpu() if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
             drawn = func(*host, **{**kwargs, **({"device": "cpu"} if "device" in kwargs else {})})
             return args[0].copy_(drawn) if func in fills else drawn.to(device)

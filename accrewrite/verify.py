@@ -5,7 +5,11 @@ directory holds migrated copies of its Python files on a migrated side, and the 
 never written. Small files are copied, so a checkpoint one side writes is not read by the other;
 files over ``COPY_LIMIT`` (datasets) are linked, not copied. The script runs unedited under
 ``accrewrite.probe``, which records each optimizer step's loss and a parameter checksum per rank;
-``--nproc`` runs it under accrun (torchrun).
+``--nproc`` runs it under accrun (torchrun). On a torch_xla side the probe draws the device's
+random numbers on the CPU, as the original draws them. Where a step differs by more than
+``--rtol``, up to ``NUDGES`` reruns of the first side with its parameters nudged by
+``NUDGE_SIZE`` measure how far such differences alone move the training; within
+``FLOOR_MARGIN`` times their drift, the step matches.
 
 Exit codes: 0 every step within ``--rtol``; 1 a step diverges (the first one is named), or a
 torch_xla side trained on the CPU or recompiled every step; 2 a side could not run (its error and
@@ -212,7 +216,7 @@ def _deviations(first: Side, second: Side) -> list[list[tuple[float, float]]]:
             for a, b in zip(first.records, second.records)]
 
 
-def compare(first: Side, second: Side, rtol: float, floors: list[Side] = ()) -> Verdict:
+def compare(first: Side, second: Side, rtol: float, floors: tuple[Side, ...] = ()) -> Verdict:
     """Step by step, rank by rank: the losses and checksums within ``rtol``, or with ``floors``
     (``first`` rerun nudged) within ``FLOOR_MARGIN`` times their largest drift from ``first``."""
     found = _deviations(first, second)
@@ -343,7 +347,7 @@ def verify(script: str, args: list[str], sides: list[Side], steps: int, nproc: i
             if floor is None:
                 break
             floors.append(floor)
-            verdict = compare(first, second, rtol, floors)
+            verdict = compare(first, second, rtol, tuple(floors))
         out.print(_table(first, second, verdict))
         checked = [found for found in (check_xla(side) for side in sides if side.target == "torch_xla") if found]
         for summary, _ in checked:

@@ -97,10 +97,10 @@ def test_a_step_within_what_a_nudge_does_matches_and_one_beyond_every_nudge_dive
     theirs = side("torch_xla", [(1.0, 0.5), (0.9, 0.6), (0.7, 0.7)])  # 12.5% at step 3
     calm = side("original-nudged-1", [(1.0, 0.5), (0.9, 0.6), (0.799, 0.7)])  # this nudge alone: 0.13%
     chaotic = side("original-nudged-2", [(1.0, 0.5), (0.9, 0.6), (0.785, 0.7)])  # this one: 1.9%
-    verdict = compare(ours, theirs, rtol=0.02, floors=[calm, chaotic])
+    verdict = compare(ours, theirs, rtol=0.02, floors=(calm, chaotic))
     assert verdict.code == 0 and "2 reruns nudged by 1e-06 (step 3: 12.50%, nudged 1.88%)" in verdict.message
     assert verdict.rows[2][5] == pytest.approx(0.01875)
-    verdict = compare(ours, theirs, rtol=0.02, floors=[calm])
+    verdict = compare(ours, theirs, rtol=0.02, floors=(calm,))
     assert verdict.code == 1 and "at step 3" in verdict.message
     assert "a rerun nudged by 1e-06 drift at most 0.13% there" in verdict.message
 
