@@ -174,6 +174,9 @@ def host_random(torch):
     shaped = {*fills, torch.randn_like, torch.rand_like, torch.randint_like}  # their first argument: its shape
     draws = {torch.randn, torch.rand, torch.randint, torch.randperm, torch.normal, torch.bernoulli, T.bernoulli,
              torch.multinomial, T.multinomial, torch.poisson, *shaped}
+    init = torch.nn.init  # its functions hand their tensor on by keyword and fill it inside
+    inits = {init.normal_, init.uniform_, init.trunc_normal_, init.kaiming_uniform_, init.kaiming_normal_,
+             init.xavier_uniform_, init.xavier_normal_, init.orthogonal_, init.sparse_}
 
     def on_xla(value):
         return value is not None and torch.device(value).type == "xla"
@@ -183,6 +186,8 @@ def host_random(torch):
             kwargs = kwargs or {}
             if func in dropouts:
                 return self.dropout(func, *args, **kwargs)
+            if func in inits:
+                return self.initialise(func, *args, **kwargs)
             device = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
             if func not in draws or not on_xla(device):
                 return func(*args, **kwargs)
@@ -190,6 +195,15 @@ def host_random(torch):
                     else a.cpu() if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
             drawn = func(*host, **{**kwargs, **({"device": "cpu"} if "device" in kwargs else {})})
             return args[0].copy_(drawn) if func in fills else drawn.to(device)
+
+        @staticmethod
+        def initialise(func, tensor, *args, **kwargs):
+            if not on_xla(tensor.device):
+                return func(tensor, *args, **kwargs)
+            host = torch.empty(tensor.shape, dtype=tensor.dtype)
+            func(host, *args, **kwargs)
+            with torch.no_grad():
+                return tensor.copy_(host)
 
         @staticmethod
         def dropout(func, input, p=0.5, training=True, inplace=False):

@@ -114,6 +114,43 @@ def test_dropout_on_the_xla_device_draws_what_the_cpu_draws(project, capsys, xla
     assert "match: 4 steps within 2% (largest deviation" in out and "XLA graph executions" in out
 
 
+HOST_RANDOM_CHECK = """\
+import contextlib, sys
+import torch, torch_xla
+sys.path.insert(0, sys.argv[1])
+import probe
+
+F = torch.nn.functional
+
+
+def draws(device, host_random):
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, 5).to(device)
+    layer = torch.nn.Linear(5, 3).to(device)
+    with probe.host_random(torch) if host_random else contextlib.nullcontext():
+        torch.nn.init.normal_(layer.weight, 0.0, 0.02)
+        torch.nn.init.kaiming_uniform_(tensor=layer.bias.unsqueeze(0), a=1)
+        out = [F.dropout(x, 0.3, training=True), F.dropout2d(x, 0.5), torch.nn.Dropout(0.2)(x),
+               torch.randn(2, 3, device=device), torch.randn_like(x), torch.empty(7, device=device).normal_(),
+               torch.randint(0, 9, (5,), device=device), torch.multinomial(torch.tensor([0.2, 0.8], device=device), 4, True),
+               layer.weight, layer.bias, x * 2]
+        return [t.detach().cpu() for t in out]
+
+
+cpu, xla = draws("cpu", False), draws(torch_xla.device(), True)
+print([torch.equal(a, b) for a, b in zip(cpu, xla)])
+"""
+
+
+@pytest.mark.xla
+def test_the_xla_device_draws_what_the_cpu_draws_under_host_random(tmp_path, xla_python):
+    (tmp_path / "check.py").write_text(HOST_RANDOM_CHECK)
+    done = subprocess.run([xla_python, "check.py", str(Path(probe.__file__).parent)], cwd=tmp_path,
+                          env={**os.environ, "PJRT_DEVICE": "CPU"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == str([True] * 11)
+
+
 def test_a_side_that_cannot_run_says_why(project, capsys):
     write(project, "train.py", "import torch\nraise SystemExit('needs a dataset at /data/imagenet')\n")
     assert main(["verify", "train.py", "--steps", "2"]) == 2
