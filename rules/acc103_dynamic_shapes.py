@@ -101,8 +101,8 @@ class DynamicShapes(LoopDiagnostic, Rule):
                 for batch, i in enumerate(range(0, data.size(0) - 1, bptt)):
                     inputs, targets = get_batch(data, i)
                     extra = data[i:i + bptt].cuda()
-                    loss = criterion(model(inputs), targets)
-                    loss.backward()
+                    for micro in range(2):
+                        criterion(model(inputs[micro * 4:(micro + 1) * 4]), targets).backward()
                     optimizer.step()
                     first = data[epoch:epoch + 1]
             """,
@@ -117,8 +117,8 @@ class DynamicShapes(LoopDiagnostic, Rule):
                 for batch, i in enumerate(range(0, data.size(0) - 1, bptt)):
                     inputs, targets = get_batch(data, i)
                     extra = data[i:i + bptt].cuda()
-                    loss = criterion(model(inputs), targets)
-                    loss.backward()
+                    for micro in range(2):
+                        criterion(model(inputs[micro * 4:(micro + 1) * 4]), targets).backward()
                     optimizer.step()
                     first = data[epoch:epoch + 1]
             """,
@@ -215,10 +215,11 @@ class DynamicShapes(LoopDiagnostic, Rule):
         return self._moved_subscripts
 
     def _step_counters(self) -> set[str]:
-        """Names that change every step here: the targets of the innermost loop that steps (not
-        an epoch loop around it), or in a function such a loop calls, the parameters it passes
-        those targets to."""
-        loops = [loop for loop in self.ctx.loops if not loop.encloses_step_loop]
+        """Names that change every step here: the targets of the innermost loop that steps the
+        optimizer (not an epoch loop around it, nor a gradient-accumulation loop inside it, whose
+        few offsets come back every step), or in a function such a loop calls, the parameters it
+        passes those targets to."""
+        loops = [loop for loop in self.ctx.loops if _steps(loop)]
         if loops:
             return _targets(loops[-1].node)
         return self._helper_counters().get(self.ctx.scope, set())
@@ -229,7 +230,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
             counters: dict[cst.FunctionDef, set[str]] = {}
             calls = {}  # call in a stepping loop -> that loop's targets
             for loop in facts.loops:
-                if not loop.encloses_step_loop:
+                if _steps(loop):
                     targets = _targets(loop.node)
                     walk(loop.node, lambda n, t=targets: calls.setdefault(n, t) if isinstance(n, cst.Call) else None)
             for statement in self.ctx.module.body:
@@ -240,6 +241,10 @@ class DynamicShapes(LoopDiagnostic, Rule):
                                 counters.setdefault(statement, set()).add(param)
             self._counters_by_helper = counters
         return self._counters_by_helper
+
+
+def _steps(loop) -> bool:
+    return loop.calls_step and not loop.encloses_step_loop
 
 
 def _targets(loop: cst.For | cst.While) -> set[str]:
