@@ -55,8 +55,9 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
 4. ``--verify``: ``accrewrite verify`` on every script in ``RECIPES`` found in DIR, in a scratch
    directory holding a copy of the script's directory and synthetic data (no network):
    ``original,runtime`` and ``original,torch_xla``, or ``runtime,torch_xla`` (counted for both)
-   where the original needs CUDA, or only ``original,runtime`` where it places nothing on a device. ``--python`` runs ``-m accrewrite.cli verify`` and with it the
-   original and the runtime side; ``--xla-python`` (default ``$ACCREWRITE_XLA_PYTHON``) the
+   where the original needs CUDA, or only ``original,runtime`` where it places nothing on a
+   device. ``--python`` runs ``-m accrewrite.cli verify`` and with it the original and the
+   runtime side; ``--xla-python`` (default ``$ACCREWRITE_XLA_PYTHON``) the
    torch_xla side, which is skipped without one. A recipe whose original cannot run here is not
    counted as verified.
 5. A summary per target, and with ``--json OUT`` everything above as JSON.
