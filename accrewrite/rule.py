@@ -29,16 +29,17 @@ class Example:
     """A before/after pair in a rule's documentation; the test suite migrates ``before`` with
     only this rule selected and expects ``after`` exactly, and the diagnostics listed in
     ``diagnostics`` as ``"CODE:LINE"`` (lines of ``before``), in order. A diagnostic rule's
-    example changes nothing: its ``after`` equals ``before``."""
+    example changes nothing: it leaves out ``after``, which then equals ``before``."""
 
     before: str
-    after: str
+    after: str | None = None
     target: str = "runtime"
     diagnostics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "before", textwrap.dedent(self.before).lstrip("\n"))
-        object.__setattr__(self, "after", textwrap.dedent(self.after).lstrip("\n"))
+        after = self.before if self.after is None else textwrap.dedent(self.after).lstrip("\n")
+        object.__setattr__(self, "after", after)
 
 
 class Rule:

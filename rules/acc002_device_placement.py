@@ -207,9 +207,10 @@ class DevicePlacement(Rule):
         the target's device is always there (``and True`` says nothing)."""
         if not isinstance(updated_node.operator, cst.And):
             return updated_node
-        for checked, other in ((updated_node.right, updated_node.left), (updated_node.left, updated_node.right)):
-            if isinstance(checked, cst.Name) and checked.value == "True" and isinstance(
-                    original_node.right if checked is updated_node.right else original_node.left, cst.Call):
+        sides = ((original_node.right, updated_node.right, updated_node.left),
+                 (original_node.left, updated_node.left, updated_node.right))
+        for was, checked, other in sides:
+            if isinstance(was, cst.Call) and isinstance(checked, cst.Name) and checked.value == "True":
                 self.ctx.fix(original_node, "the device check holds on the target: the other condition decides")
                 if updated_node.lpar and not other.lpar:
                     other = other.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)

@@ -215,7 +215,7 @@ class GradientAllReduce(Rule):
             if call is None or not isinstance(call.func, cst.Attribute):
                 continue
             owner = self._optimizer_of(call)
-            if owner is None or len(call.args) > 1 or any(arg.keyword not in (None,) and arg.keyword.value != "closure"
+            if owner is None or len(call.args) > 1 or any(arg.keyword is not None and arg.keyword.value != "closure"
                                                             for arg in call.args):
                 continue
             if call.args:

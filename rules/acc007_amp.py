@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import _Walker
-from accrewrite.nodes import call_arg, children, dotted, string_value
+from accrewrite.nodes import call_arg, children, dotted, string_value, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc002_device_placement import _with_commas
 
@@ -455,17 +455,19 @@ def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:
 def _only_amp(module: cst.Module, local: str) -> bool:
     """Whether ``local`` (``torch.cuda.amp``) is used only as ``local.autocast`` and
     ``local.GradScaler``."""
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            continue
-        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == local:
-            if node.attr.value not in _CONCEPT_OF:
-                return False
-            continue
-        if isinstance(node, cst.Name) and node.value == local:
+    other_use = False
+
+    def enter(node):
+        nonlocal other_use
+        if other_use or isinstance(node, (cst.Import, cst.ImportFrom)):
             return False
-        stack.extend(children(node))
-    return True
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == local:
+            other_use = node.attr.value not in _CONCEPT_OF
+            return False
+        if isinstance(node, cst.Name) and node.value == local:
+            other_use = True
+        return True
+
+    walk(module, enter)
+    return not other_use
 

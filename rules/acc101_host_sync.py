@@ -47,36 +47,11 @@ class HostSync(LoopDiagnostic, Rule):
                     print(f"step {step} loss {loss.item():.3f}")
             print(f"done: {running / len(train_loader):.3f}")
             """,
-            after="""
-            import torch
-
-            model = Net().cuda()
-            running = 0.0
-            for step, (x, y) in enumerate(train_loader):
-                loss = criterion(model(x), y)
-                loss.backward()
-                optimizer.step()
-                running += loss.item()
-                preds = model(x).argmax(-1).cpu().numpy()
-                if step % 100 == 0:
-                    print(f"step {step} loss {loss.item():.3f}")
-            print(f"done: {running / len(train_loader):.3f}")
-            """,
             diagnostics=("ACC101:9", "ACC101:10", "ACC101:12"),
         ),
         Example(
             target="torch_xla",
             before="""
-            import torch
-
-            def train_step(model, batch, optimizer):
-                batch = {k: v.cuda() for k, v in batch.items()}
-                loss = model(**batch).loss
-                loss.backward()
-                optimizer.step()
-                return {"loss": float(loss), "ok": bool(torch.isfinite(loss))}
-            """,
-            after="""
             import torch
 
             def train_step(model, batch, optimizer):

@@ -41,19 +41,6 @@ class TensorControlFlow(LoopDiagnostic, Rule):
                 if step % 100 == 0 and loss.item() < best:
                     best = loss.item()
             """,
-            after="""
-            import torch
-
-            model = Net().cuda()
-            for step, (x, y) in enumerate(train_loader):
-                loss = criterion(model(x), y)
-                if torch.isnan(loss):
-                    continue
-                loss.backward()
-                optimizer.step()
-                if step % 100 == 0 and loss.item() < best:
-                    best = loss.item()
-            """,
             diagnostics=("ACC102:6", "ACC102:10"),
         ),
     )

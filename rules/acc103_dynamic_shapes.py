@@ -1,3 +1,5 @@
+import functools
+
 import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, string_value, walk
@@ -69,44 +71,10 @@ class DynamicShapes(LoopDiagnostic, Rule):
                 loss.backward()
                 optimizer.step()
             """,
-            after="""
-            import torch
-            from torch.nn.utils.rnn import pad_sequence
-            from transformers import DataCollatorWithPadding
-            model = Net().cuda()
-
-            collator = DataCollatorWithPadding(tokenizer)
-
-            def collate_fn(samples):
-                return pad_sequence([s["ids"] for s in samples], batch_first=True)
-
-            for batch in train_loader:
-                logits = model(batch["input_ids"])
-                mask = batch["labels"] != -100
-                loss = criterion(logits[mask], batch["labels"][mask])
-                loss.backward()
-                optimizer.step()
-            """,
             diagnostics=("ACC103:6", "ACC103:9", "ACC103:14", "ACC103:14"),
         ),
         Example(
             before="""
-            import torch
-            data = torch.tensor(ids).view(bsz, -1).t().contiguous().cuda()
-
-            def get_batch(source, i):
-                return source[i:i + bptt], source[i + 1:i + 1 + bptt].reshape(-1)
-
-            for epoch in range(epochs):
-                for batch, i in enumerate(range(0, data.size(0) - 1, bptt)):
-                    inputs, targets = get_batch(data, i)
-                    extra = data[i:i + bptt].cuda()
-                    for micro in range(2):
-                        criterion(model(inputs[micro * 4:(micro + 1) * 4]), targets).backward()
-                    optimizer.step()
-                    first = data[epoch:epoch + 1]
-            """,
-            after="""
             import torch
             data = torch.tensor(ids).view(bsz, -1).t().contiguous().cuda()
 
@@ -130,7 +98,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
         super().visit_Call(node)
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and isinstance(func.value, cst.Subscript):
-            self._moved().add(func.value)
+            self._moved.add(func.value)
 
     def check_call(self, node: cst.Call) -> None:
         func = node.func
@@ -192,7 +160,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
 
     def _sliced_at_the_step(self, node: cst.Subscript) -> None:
         bounds = [e.slice.lower for e in node.slice if isinstance(e.slice, cst.Slice) and e.slice.lower is not None]
-        if not bounds or node in self._moved() or self.in_closure:
+        if not bounds or node in self._moved or self.in_closure:
             return
         counters = self._step_counters()
         offset = next((bound for bound in bounds if free_names(bound) & counters), None)
@@ -208,11 +176,10 @@ class DynamicShapes(LoopDiagnostic, Rule):
             f"device (`{code}.to(device)`)",
         )
 
+    @functools.cached_property
     def _moved(self) -> set:
         """Subscripts moved to a device where they are made (``x[i:j].to(device)``)."""
-        if not hasattr(self, "_moved_subscripts"):
-            self._moved_subscripts = set()
-        return self._moved_subscripts
+        return set()
 
     def _step_counters(self) -> set[str]:
         """Names that change every step here: the targets of the innermost loop that steps the
@@ -222,25 +189,24 @@ class DynamicShapes(LoopDiagnostic, Rule):
         loops = [loop for loop in self.ctx.loops if _steps(loop)]
         if loops:
             return _targets(loops[-1].node)
-        return self._helper_counters().get(self.ctx.scope, set())
+        return self._helper_counters.get(self.ctx.scope, set())
 
-    def _helper_counters(self) -> dict:
-        if not hasattr(self, "_counters_by_helper"):
-            facts = self.ctx.facts
-            counters: dict[cst.FunctionDef, set[str]] = {}
-            calls = {}  # call in a stepping loop -> that loop's targets
-            for loop in facts.loops:
-                if _steps(loop):
-                    targets = _targets(loop.node)
-                    walk(loop.node, lambda n, t=targets: calls.setdefault(n, t) if isinstance(n, cst.Call) else None)
-            for statement in self.ctx.module.body:
-                if isinstance(statement, cst.FunctionDef):
-                    for _, call, arguments in facts.passed(statement):
-                        for param, argument in arguments.items():
-                            if isinstance(argument, cst.Name) and argument.value in calls.get(call, ()):
-                                counters.setdefault(statement, set()).add(param)
-            self._counters_by_helper = counters
-        return self._counters_by_helper
+    @functools.cached_property
+    def _helper_counters(self) -> dict[cst.FunctionDef, set[str]]:
+        facts = self.ctx.facts
+        counters: dict[cst.FunctionDef, set[str]] = {}
+        calls = {}  # call in a stepping loop -> that loop's targets
+        for loop in facts.loops:
+            if _steps(loop):
+                targets = _targets(loop.node)
+                walk(loop.node, lambda n, t=targets: calls.setdefault(n, t) if isinstance(n, cst.Call) else None)
+        for statement in self.ctx.module.body:
+            if isinstance(statement, cst.FunctionDef):
+                for _, call, arguments in facts.passed(statement):
+                    for param, argument in arguments.items():
+                        if isinstance(argument, cst.Name) and argument.value in calls.get(call, ()):
+                            counters.setdefault(statement, set()).add(param)
+        return counters
 
 
 def _steps(loop) -> bool:

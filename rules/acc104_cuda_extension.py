@@ -38,13 +38,6 @@ class CudaExtension(Rule):
             fused = load(name="fused_ops", sources=["fused_ops.cpp", "fused_ops_kernel.cu"])
             torch.ops.load_library("build/libmyops.so")
             """,
-            after="""
-            import torch
-            from torch.utils.cpp_extension import load
-
-            fused = load(name="fused_ops", sources=["fused_ops.cpp", "fused_ops_kernel.cu"])
-            torch.ops.load_library("build/libmyops.so")
-            """,
             diagnostics=("ACC104:4", "ACC104:5"),
         ),
     )

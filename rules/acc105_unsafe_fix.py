@@ -39,27 +39,10 @@ class UnsafeFix(Rule):
                 loss.backward()
                 optimizer.step()
             """,
-            after="""
-            import torch
-
-            optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2))
-            while True:
-                logits, loss = model(X, Y)
-                loss.backward()
-                optimizer.step()
-            """,
             diagnostics=("ACC105:3",),
         ),
         Example(
             before="""
-            import torch
-
-            self.optimizer = getattr(torch.optim, cfg.optimizer)(model.parameters(), lr=cfg.lr)
-            for x, y in loader:
-                model(x, y).backward()
-                self.optimizer.step()
-            """,
-            after="""
             import torch
 
             self.optimizer = getattr(torch.optim, cfg.optimizer)(model.parameters(), lr=cfg.lr)

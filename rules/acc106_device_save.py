@@ -34,25 +34,11 @@ class DeviceSave(Rule):
                 checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
                 torch.save(checkpoint, path)
             """,
-            after="""
-            import torch
-
-            def save_checkpoint(model, optimizer, step, path):
-                checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
-                torch.save(checkpoint, path)
-            """,
             diagnostics=("ACC106:5",),
         ),
         Example(
             target="torchacc",
             before="""
-            import torch
-
-            if rank == 0:
-                torch.save(model.state_dict(), "model.pt")
-            torch.save(losses, "losses.pt")
-            """,
-            after="""
             import torch
 
             if rank == 0:

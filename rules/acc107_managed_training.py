@@ -49,13 +49,6 @@ class ManagedTraining(Rule):
             accelerator = Accelerator()
             model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
             """,
-            after="""
-            import torch
-            from accelerate import Accelerator
-
-            accelerator = Accelerator()
-            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-            """,
             diagnostics=("ACC107:2",),
         ),
     )
