@@ -108,6 +108,8 @@ class GradientAllReduce(Rule):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._reduced_steps: set[cst.CSTNode] = set()
+        # Every enclosing block asks again about the same earlier statements: walk each once.
+        self._mentioned: dict[tuple[int, tuple[str, ...]], bool] = {}
 
     def applies(self) -> bool:
         facts = self.ctx.facts
@@ -128,11 +130,11 @@ class GradientAllReduce(Rule):
             earlier = body[:index]
             optimizer = self._scaler_step(statement)
             if optimizer is not None:
-                anchor = next((s for s in earlier if _mentions(s, _GRADIENT_READERS)), statement)
+                anchor = next((s for s in earlier if self._mentions(s, _GRADIENT_READERS)), statement)
                 what = "the scaler reads them"
             else:
                 optimizer = self._plain_step(statement)
-                anchor = next((s for s in earlier if _mentions(s, _PLAIN_READERS)), None)
+                anchor = next((s for s in earlier if self._mentions(s, _PLAIN_READERS)), None)
                 if optimizer is None or anchor is None:
                     continue
                 self._reduced_steps.add(statement)
@@ -142,6 +144,12 @@ class GradientAllReduce(Rule):
             self.ctx.insert_before(anchor, self.ctx.statements("gradient_allreduce", optimizer=optimizer))
             self.ctx.fix(statement, f"gradients of {optimizer} are all-reduced before {what}")
             return
+
+    def _mentions(self, statement, methods: tuple[str, ...]) -> bool:
+        key = (id(statement), methods)
+        if key not in self._mentioned:
+            self._mentioned[key] = _mentions(statement, methods)
+        return self._mentioned[key]
 
     def _scaler_step(self, statement) -> str | None:
         """The optimizer's code when ``statement`` is ``<scaler>.step(<optimizer>)``."""
