@@ -1,3 +1,5 @@
+from functools import cached_property
+
 import libcst as cst
 
 from accrewrite.nodes import dotted, walk
@@ -226,6 +228,10 @@ class StepClosure(LoopDiagnostic, Rule):
         self._flushed: set[cst.CSTNode] = set()
         self._exit_flush = False
 
+    @cached_property
+    def _loop_helpers(self) -> dict[cst.FunctionDef, frozenset[str]]:
+        return loop_helpers(self.ctx)  # asked at every logging line: found once per file
+
     def leave_SimpleStatementLine(self, original_node, updated_node):
         self._flush_before_return(original_node)
         call = self._logging_call(original_node)
@@ -234,7 +240,7 @@ class StepClosure(LoopDiagnostic, Rule):
         if self.in_loop:
             if self._helper_logs_inside(call):
                 return updated_node  # the helper's own logging call moves, as in seed 001
-        elif self.in_closure or self.ctx.scope not in loop_helpers(self.ctx):
+        elif self.in_closure or self.ctx.scope not in self._loop_helpers:
             return updated_node
         tensors = self.tensors()
         if not self._reads_tensors(call, tensors):
@@ -345,7 +351,7 @@ class StepClosure(LoopDiagnostic, Rule):
         logging of the tensors it is given moves (or has moved) into a step closure."""
         if not isinstance(call.func, cst.Name):
             return False
-        for helper in loop_helpers(self.ctx):
+        for helper in self._loop_helpers:
             if helper.name.value == call.func.value:
                 tensors = self.ctx.facts.values(helper)
                 found = False
