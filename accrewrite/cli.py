@@ -21,14 +21,29 @@ from accrewrite import __version__, reporting
 from accrewrite.config import ConfigError, find_config
 from accrewrite.discovery import discover
 from accrewrite.engine import Options
+from accrewrite.errors import FileError
 from accrewrite.registry import SelectionError, all_rules, find_rule
-from accrewrite.runner import Job, run
+from accrewrite.runner import Job, Outcome, run
 from accrewrite.targets import DEFAULT_TARGET, all_targets
 from accrewrite.verify import ORIGINAL, Side, verify
 
 EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 # Below this many files a progress bar would only flicker.
 PROGRESS_MIN_FILES = 20
+# A 1 MiB file (the size limit) takes about 15 s; ten times that is a hang, not a slow file.
+DEFAULT_TIMEOUT = 150.0
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # The reader went away (`| head`). rich would exit 1, the --check code: the run's work
+        # is done, so its exit code stands and the rest of the output goes nowhere.
+        self.quiet = True
+        _to_devnull(self.file)
+
+
+def _to_devnull(stream) -> None:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 def _codes(value: str) -> list[str]:
@@ -63,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="worker processes (0: one per CPU)")
     migrate.add_argument("--exclude", type=_codes, action="extend", metavar="GLOB",
                          help="skip paths matching these globs (repeatable, comma-separated)")
+    migrate.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                         help=f"seconds a file may take before it is given up (default {DEFAULT_TIMEOUT:g})")
 
     rules = commands.add_parser("rules", help="list every rule")
     rules.add_argument("--format", choices=("text", "json"), default="text")
@@ -114,14 +131,18 @@ def _options(args, config) -> Options:
 def _jobs(paths: list[Path], inputs: list[str], output_dir: str | None) -> list[Job]:
     if output_dir is None:
         return [Job(path) for path in paths]
-    roots = [Path(p).resolve() for p in inputs]
-    jobs = []
-    for path in paths:
-        real = path.resolve()
-        root = next((r for r in roots if r.is_dir() and real.is_relative_to(r)), None)
-        relative = real.relative_to(root) if root else Path(path.name)
-        jobs.append(Job(path, Path(output_dir) / relative))
-    return jobs
+    base = _mirrored_from(inputs)
+    return [Job(path, Path(output_dir) / Path(os.path.abspath(path)).relative_to(base)) for path in paths]
+
+
+def _mirrored_from(inputs: list[str]) -> Path:
+    """Where the tree under --output-dir starts: a lone directory's own root, else the common
+    parent of the inputs (``a/train.py b/train.py`` -> ``a/train.py``, ``b/train.py``), so
+    that no two inputs land on one output."""
+    absolute = [Path(os.path.abspath(path)) for path in inputs]
+    if len(absolute) == 1 and absolute[0].is_dir():
+        return absolute[0]
+    return Path(os.path.commonpath([path.parent for path in absolute]))
 
 
 def _migrate(args, out: Console, err: Console) -> int:
@@ -131,38 +152,49 @@ def _migrate(args, out: Console, err: Console) -> int:
         options.selection()  # reject unknown codes before touching any file
         if options.target not in all_targets():
             raise ConfigError(f"unknown target {options.target!r}; choose one of: {', '.join(all_targets())}")
-        excludes = tuple(args.exclude or ()) + tuple(config.get("exclude", []))
-        paths = discover(args.paths, excludes)
-    except (ConfigError, SelectionError, FileNotFoundError) as exc:
+    except (ConfigError, SelectionError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         return EXIT_ERROR
+    excludes = tuple(args.exclude or ()) + tuple(config.get("exclude", []))
+    found = discover(args.paths, excludes)
     mode = "output-dir" if args.output_dir else (args.mode or "diff")
-    jobs = _jobs(paths, args.paths, args.output_dir)
+    jobs = _jobs(found.files, args.paths, args.output_dir)
     workers = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
     if err.is_terminal and len(jobs) >= PROGRESS_MIN_FILES:
+        # Refreshed from this thread: the workers are forked, and a refresh thread must not be.
         with Progress(
             TextColumn("migrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=err, transient=True,
+            console=err, transient=True, auto_refresh=False,
         ) as progress:
             task = progress.add_task("files", total=len(jobs))
-            outcomes = run(jobs, options, mode, workers, lambda: progress.advance(task))
-    else:
-        outcomes = run(jobs, options, mode, workers)
 
-    if args.format == "text":
-        reporting.text(outcomes, mode, options.target, out)
-    elif args.format == "json":
-        print(reporting.as_json(outcomes, options.target))
-    elif args.format == "github":
-        print(reporting.github(outcomes, mode))
+            def advance():
+                progress.advance(task)
+                progress.refresh()
+
+            outcomes = run(jobs, options, mode, workers, advance, args.timeout)
     else:
-        print(reporting.sarif(outcomes, mode))
+        outcomes = run(jobs, options, mode, workers, timeout=args.timeout)
+    outcomes = [Outcome(path, error=FileError(why)) for path, why in found.problems] + outcomes
 
     if any(o.error is not None for o in outcomes):
-        return EXIT_ERROR
-    if mode == "check" and any(o.changed for o in outcomes):
-        return EXIT_CHANGES
-    return EXIT_OK
+        code = EXIT_ERROR
+    elif mode == "check" and any(o.changed for o in outcomes):
+        code = EXIT_CHANGES
+    else:
+        code = EXIT_OK
+    try:
+        if args.format == "text":
+            reporting.text(outcomes, mode, options.target, out)
+        elif args.format == "json":
+            print(reporting.as_json(outcomes, options.target), flush=True)
+        elif args.format == "github":
+            print(reporting.github(outcomes, mode), flush=True)
+        else:
+            print(reporting.sarif(outcomes, mode), flush=True)
+    except BrokenPipeError:
+        _to_devnull(sys.stdout)
+    return code
 
 
 def _rules(args, out: Console) -> int:
@@ -226,14 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         argv, script_args = argv[:split], argv[split + 1:]
     args = _parser().parse_args(argv)
     args.script_args = script_args
-    out, err = Console(), Console(stderr=True)
+    out, err = _Console(), _Console(stderr=True)
     commands = {"migrate": lambda: _migrate(args, out, err), "rules": lambda: _rules(args, out),
                 "explain": lambda: _explain(args, out, err), "verify": lambda: _verify(args, out, err)}
     try:
         return commands[args.command]()
     except BrokenPipeError:
         # The reader went away (`| head`): not an error of ours. Silence the flush at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _to_devnull(sys.stdout)
         return EXIT_OK
 
 

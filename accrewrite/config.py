@@ -7,6 +7,7 @@ it. Keys: target, guard, select, ignore, unsafe-fixes, exclude.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,18 +35,26 @@ class FileConfig:
 
 
 def find_config(start: Path) -> FileConfig:
-    start = start.resolve()
-    for directory in [start, *start.parents] if start.is_dir() else list(start.parents):
+    start = Path(os.path.realpath(start))  # a symlink loop stays unresolved rather than raising
+    for directory in [start, *start.parents] if _is_a(start, Path.is_dir) else list(start.parents):
         candidate = directory / "pyproject.toml"
-        if candidate.is_file():
-            try:
-                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"{candidate}: cannot read: {exc}") from None
-            table = data.get("tool", {}).get("accrewrite")
-            if table is not None:
-                return FileConfig(candidate, _validate(candidate, table))
+        if not _is_a(candidate, Path.is_file):
+            continue
+        try:
+            data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+            raise ConfigError(f"{candidate}: cannot read: {exc}") from None
+        table = data.get("tool", {}).get("accrewrite")
+        if table is not None:
+            return FileConfig(candidate, _validate(candidate, table))
     return FileConfig()
+
+
+def _is_a(path: Path, test) -> bool:
+    try:
+        return test(path)
+    except OSError:  # a directory we may not look into holds no configuration of ours
+        return False
 
 
 def _validate(path: Path, table: dict) -> dict:

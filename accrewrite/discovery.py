@@ -3,13 +3,16 @@
 Directories are walked for ``*.py`` files, skipping version control, virtual environments,
 caches and build output, and anything matching an ``--exclude`` glob. A symlink is followed only
 when it stays inside the tree being walked, and a directory is never entered twice (a symlink
-loop ends). Files named on the command line are always taken, unless excluded.
+loop ends). Files named on the command line are always taken, unless excluded; a file reached by
+two names is taken once. What cannot be walked (a missing path, a directory that cannot be read)
+is a problem of that path, and the rest is still found.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SKIPPED_DIRS = frozenset(
@@ -21,8 +24,22 @@ SKIPPED_DIRS = frozenset(
 )
 
 
+@dataclass
+class Found:
+    files: list[Path] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (path, why it was not walked)
+
+
+def real(path: Path) -> Path:
+    """``path`` with its symlinks resolved; never raises (a symlink loop stays unresolved)."""
+    return Path(os.path.realpath(path))
+
+
 def _is_virtualenv(directory: Path) -> bool:
-    return (directory / "pyvenv.cfg").is_file()
+    try:
+        return (directory / "pyvenv.cfg").is_file()
+    except OSError:  # unreadable: the walk reports it when it tries to list it
+        return False
 
 
 def _excluded(path: Path, root: Path, excludes: tuple[str, ...]) -> bool:
@@ -39,32 +56,44 @@ def _excluded(path: Path, root: Path, excludes: tuple[str, ...]) -> bool:
     )
 
 
-def discover(paths: list[str], excludes: tuple[str, ...] = ()) -> list[Path]:
-    """The Python files under ``paths``, each once, in a stable order. A path that does not
-    exist raises FileNotFoundError."""
-    found: dict[Path, None] = {}
+def discover(paths: list[str], excludes: tuple[str, ...] = ()) -> Found:
+    """The Python files under ``paths``, each once, in a stable order, and the paths that could
+    not be walked."""
+    found = Found()
+    seen: set[Path] = set()
+
+    def take(file: Path) -> None:
+        key = real(file)
+        if key not in seen:
+            seen.add(key)
+            found.files.append(file)
+
     for raw in paths:
         path = Path(raw)
-        if not path.exists() and not path.is_symlink():
-            raise FileNotFoundError(f"{raw}: no such file or directory")
-        if path.is_dir():
-            for file in _walk(path, excludes):
-                found.setdefault(file)
+        if not os.path.lexists(path):
+            found.problems.append((raw, "no such file or directory"))
+        elif path.is_dir():
+            for file in _walk(path, excludes, found.problems):
+                take(file)
         elif not _excluded(path, Path.cwd(), excludes):
-            found.setdefault(path)
-    return list(found)
+            take(path)
+    return found
 
 
-def _walk(root: Path, excludes: tuple[str, ...]):
-    real_root = root.resolve()
+def _walk(root: Path, excludes: tuple[str, ...], problems: list[tuple[str, str]]):
+    real_root = real(root)
     seen: set[Path] = set()
-    for directory, subdirs, files in os.walk(root, followlinks=True):
+
+    def unreadable(error: OSError) -> None:
+        problems.append((error.filename or str(root), f"cannot read the directory: {error.strerror}"))
+
+    for directory, subdirs, files in os.walk(root, followlinks=True, onerror=unreadable):
         here = Path(directory)
-        real = here.resolve()
-        if real in seen or not real.is_relative_to(real_root):
+        resolved = real(here)
+        if resolved in seen or not resolved.is_relative_to(real_root):
             subdirs[:] = []
             continue
-        seen.add(real)
+        seen.add(resolved)
         subdirs[:] = sorted(
             name for name in subdirs
             if name not in SKIPPED_DIRS
@@ -76,6 +105,6 @@ def _walk(root: Path, excludes: tuple[str, ...]):
             file = here / name
             if not name.endswith(".py") or _excluded(file, root, excludes):
                 continue
-            if file.is_symlink() and not file.resolve().is_relative_to(real_root):
+            if file.is_symlink() and not real(file).is_relative_to(real_root):
                 continue
             yield file

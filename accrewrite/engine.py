@@ -14,7 +14,9 @@ from io import BytesIO
 
 import libcst as cst
 
+from accrewrite import limits, normalize
 from accrewrite.analysis import analyze
+from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
 from accrewrite.imports import add_imports
 from accrewrite.registry import Selection, select
@@ -40,15 +42,6 @@ class Options:
 
 
 @dataclass
-class FileError:
-    """Why a file could not be migrated, with the line (1-based; 0 when unknown)."""
-
-    reason: str
-    line: int = 0
-    col: int = 0
-
-
-@dataclass
 class FileResult:
     path: str
     source: bytes
@@ -61,12 +54,6 @@ class FileResult:
     @property
     def changed(self) -> bool:
         return self.error is None and self.output != self.source
-
-
-class MigrationError(Exception):
-    def __init__(self, error: FileError):
-        super().__init__(error.reason)
-        self.error = error
 
 
 def _decode(source: bytes) -> str:
@@ -88,20 +75,29 @@ def _decode(source: bytes) -> str:
         ) from None
 
 
-def _parse(source: bytes, path: str) -> cst.Module:
+def _parse(source: bytes) -> cst.Module:
     try:
-        return cst.parse_module(source)
+        module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        # CPython's own parser names the place and the cause more precisely than libcst's.
-        try:
-            compile(source, path, "exec", dont_inherit=True)
-        except SyntaxError as precise:
-            line, col, message = precise.lineno or 0, max((precise.offset or 1) - 1, 0), precise.msg
-        else:
-            line, col, message = exc.raw_line, exc.raw_column, exc.message
-        raise MigrationError(
-            FileError(f"syntax error: {message}; fix it, the file must parse as Python", line, col)
-        ) from None
+        raise MigrationError(FileError(
+            f"libcst cannot parse this line, though Python can ({exc.message}); "
+            "please report it with the file", exc.raw_line, exc.raw_column,
+        )) from None
+    return module
+
+
+def _round_trips(module: cst.Module, source: bytes) -> None:
+    """libcst must print the file back byte for byte, or a rewrite would change more than its
+    rules did."""
+    printed = module.bytes
+    if printed == source:
+        return
+    before, after = source.splitlines(), printed.splitlines()
+    line = next((n for n, (a, b) in enumerate(zip(before, after), start=1) if a != b), min(len(before), len(after)) + 1)
+    raise MigrationError(FileError(
+        "libcst does not print this line back as it reads it; the file was left unchanged; "
+        "please report it with the file", line,
+    ))
 
 
 def _verify(original: bytes, output: bytes, path: str) -> None:
@@ -140,34 +136,19 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
     """Migrate one file's bytes. Never raises for bad input: errors land in ``result.error``."""
     result = FileResult(path=path, source=source, output=source)
     try:
-        text = _decode(source)
+        _decode(source)
         if SKIP_FILE.search(source) or not _RELEVANT.search(source):
             return result
-        module = _parse(source, path)
-        selection = options.selection()
-        facts = analyze(module, *_triggers(selection), walked_types(tuple(selection.rules)))
-        target = get_target(options.target).clear_of(facts.imports)
-        ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
-        rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
-        if facts.framework is not None:
-            rules = [rule for rule in rules if rule.diagnostic_only()]  # the framework migrates itself (ACC107)
-        if not rules:
-            return result
-        guard = Guard(options.guard, target.guard_function) if options.guard else None
-        migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld, guard))
-        if ctx.insertions:
-            raise RuleBug("a rule inserted next to a statement the walk had already left")
-        import_lines = [target.import_line(key) for key in ctx.imports]
-        if guard is not None:
-            migrated = guard.finish(migrated, facts, import_lines)
-        elif import_lines:
-            migrated = add_imports(migrated, facts, import_lines)
-        output = migrated.bytes
-        if output != source:
-            _verify(source, output, path)
-        ctx.resolve_lines()
-        result.output = output
-        result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
+        limits.check(source, path)
+        readable, restore = normalize.for_libcst(source)
+        migrated = limits.deep_stack(_migrate, readable, options)
+        if migrated is not None:
+            output, ctx = migrated
+            output = restore(output)
+            if output != source:
+                _verify(source, output, path)
+            result.output = output
+            result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
     except MigrationError as exc:
         result.error = exc.error
     except Exception as bug:  # noqa: BLE001 - a rule's bug must not stop the other files
@@ -177,3 +158,32 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
             f"internal error ({type(bug).__name__}: {detail}); the file was left unchanged; please report it with the file"
         )
     return result
+
+
+def _migrate(source: bytes, options: Options) -> tuple[bytes, RuleContext] | None:
+    """The migrated bytes and the rules' findings, or None when no rule applies."""
+    module = _parse(source)
+    text = _decode(source)
+    selection = options.selection()
+    facts = analyze(module, *_triggers(selection), walked_types(tuple(selection.rules)))
+    target = get_target(options.target).clear_of(facts.imports)
+    ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
+    rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
+    if facts.framework is not None:
+        rules = [rule for rule in rules if rule.diagnostic_only()]  # the framework migrates itself (ACC107)
+    if not rules:
+        return None
+    guard = Guard(options.guard, target.guard_function) if options.guard else None
+    migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld, guard))
+    if ctx.insertions:
+        raise RuleBug("a rule inserted next to a statement the walk had already left")
+    import_lines = [target.import_line(key) for key in ctx.imports]
+    if guard is not None:
+        migrated = guard.finish(migrated, facts, import_lines)
+    elif import_lines:
+        migrated = add_imports(migrated, facts, import_lines)
+    output = migrated.bytes
+    if output != source:
+        _round_trips(module, source)
+    ctx.resolve_lines()
+    return output, ctx

@@ -22,6 +22,7 @@ JSON_VERSION = 1
 class Summary:
     files: int
     changed: int
+    written: int
     errors: int
     fixes: int
     diagnostics: int
@@ -32,6 +33,7 @@ class Summary:
         return cls(
             files=len(outcomes),
             changed=sum(o.changed for o in outcomes),
+            written=sum(o.written for o in outcomes),
             errors=sum(o.error is not None for o in outcomes),
             fixes=sum(len(o.fixes) for o in outcomes),
             diagnostics=sum(len(o.diagnostics) for o in outcomes),
@@ -77,10 +79,10 @@ def text(outcomes: list[Outcome], mode: str, target: str, console: Console) -> N
     table = Table(title=f"accrewrite migrate (target {target})", title_justify="left")
     for column in ("files", "changed", "fixes", "diagnostics", "errors"):
         table.add_column(column, justify="right")
-    changed_label = {"in-place": "written", "output-dir": "written"}.get(mode)
+    writes = mode in ("in-place", "output-dir")
     table.add_row(
         str(summary.files),
-        f"{summary.changed}" + (f" ({changed_label})" if changed_label and summary.changed else ""),
+        f"{summary.changed}" + (f" ({summary.written} written)" if writes and summary.changed else ""),
         str(summary.fixes),
         str(summary.diagnostics),
         f"[red]{summary.errors}[/]" if summary.errors else "0",
@@ -99,6 +101,7 @@ def as_json(outcomes: list[Outcome], target: str) -> str:
             {
                 "path": o.path,
                 "changed": o.changed,
+                "written": o.written,
                 "error": None if o.error is None else {"message": o.error.reason, "line": o.error.line, "col": o.error.col},
                 "fixes": [{"code": f.code, "name": f.name, "line": f.line, "message": f.message} for f in o.fixes],
                 "diagnostics": [
@@ -110,6 +113,7 @@ def as_json(outcomes: list[Outcome], target: str) -> str:
         "summary": {
             "files": summary.files,
             "changed": summary.changed,
+            "written": summary.written,
             "errors": summary.errors,
             "fixes": summary.fixes,
             "diagnostics": summary.diagnostics,

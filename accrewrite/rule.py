@@ -228,7 +228,8 @@ class RuleContext:
         """Whether a ``# noqa: CODE`` comment on one of ``node``'s lines covers ``code``."""
         if self._noqa is None:
             self._noqa = {}
-            for number, line in enumerate(self.source_text.splitlines(), start=1):
+            # Python's line breaks only: str.splitlines also breaks at form feeds and U+2028.
+            for number, line in enumerate(re.split(r"\r\n?|\n", self.source_text), start=1):
                 match = _NOQA.search(line)
                 if match:
                     codes = re.split(r"[\s,]+", match.group("codes").upper())

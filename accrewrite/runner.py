@@ -1,23 +1,29 @@
-"""Running a migration over many files: read, migrate, write, in one process or a pool.
+"""Running a migration over many files: read, migrate, write, each file in a worker process.
 
-Each file is handled on its own: one that cannot be read, decoded, parsed or written gets an
-error and the others still run. Writes are atomic (a temporary file beside the target, then a
-rename), keep the file's mode, and happen only when the output differs from the input. Workers
-return plain records (no syntax trees), with the diff already made, so the parent only prints.
+Each file is handled on its own: one that cannot be read, decoded, parsed or written, or whose
+worker crashed or timed out (``accrewrite.workers``), gets an error and the others still run.
+Only regular files are read (a FIFO would block the run). Writes are atomic (a temporary file
+beside the target, then a rename), keep the file's mode, and happen only when the output differs
+from the input. A temporary left by a process killed mid-write names that process, and the next
+run that writes in its directory removes it. Workers return plain records (no syntax trees), with
+the diff already made, so the parent only prints.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import os
+import re
 import stat
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accrewrite.engine import FileError, Options, migrate_source
+from accrewrite.engine import Options, migrate_source
+from accrewrite.errors import FileError
 from accrewrite.rule import Finding
+from accrewrite.workers import Lost, map_isolated
 
 MODES = ("diff", "in-place", "check", "output-dir")
 
@@ -51,11 +57,17 @@ def _diff(path: str, before: bytes, after: bytes) -> str:
     return "".join(difflib.unified_diff(lines(before), lines(after), f"a/{path}", f"b/{path}"))
 
 
+# ``.<name>.accrewrite-<pid>-<random>.tmp``: the pid tells a leftover from a write under way.
+_TEMPORARY = re.compile(r"\..+\.accrewrite-(\d+)-[^.]+\.tmp")
+
+
 def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` so that a reader sees the old or the new file, never a
     half-written one."""
-    path = path.resolve()  # write through a symlink, keep the link
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    path = Path(os.path.realpath(path))  # write through a symlink, keep the link
+    descriptor, temporary = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.accrewrite-{os.getpid()}-", suffix=".tmp"
+    )
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
@@ -69,11 +81,80 @@ def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
         raise
 
 
+def remove_leftovers(directory: Path) -> None:
+    """Remove the temporaries that writers killed mid-write left in ``directory``."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match and not _alive(int(match.group(1))):
+            Path(entry.path).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _read(path: Path, mode: str) -> bytes:
+    """The file's bytes; OSError or FileError when it is not a regular file to read (and, for
+    ``--in-place``, to write)."""
+    if mode == "in-place" and _special(path):
+        raise _Refused("cannot rewrite a special file in place; migrate the file it stands for, or use --diff")
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO must not block the open
+    with os.fdopen(descriptor, "rb") as handle:
+        kind = stat.S_IFMT(os.fstat(descriptor).st_mode)
+        if kind != stat.S_IFREG:
+            raise _Refused(f"not a regular file ({_KINDS.get(kind, 'special file')}); accrewrite reads regular files only")
+        return handle.read()
+
+
+class _Refused(Exception):
+    pass
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def _special(path: Path) -> bool:
+    """Whether ``path`` is, or links to, a name under /dev or /proc (``/dev/stdin`` stands for
+    whatever standard input was redirected from)."""
+    name = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if name.startswith(("/dev/", "/proc/")):
+            return True
+        try:
+            name = os.path.normpath(os.path.join(os.path.dirname(name), os.readlink(name)))
+        except OSError:
+            return False
+    return False
+
+
+def _write_error(exc: OSError, path: Path) -> FileError:
+    where = Path(exc.filename) if exc.filename else path
+    if _TEMPORARY.fullmatch(where.name):  # the directory refused the temporary file
+        where = where.parent
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return FileError(f"cannot write {where}: {exc.strerror}; make it writable, "
+                         "or write migrated copies elsewhere with --output-dir")
+    return FileError(f"cannot write {where}: {exc.strerror or exc}")
+
+
 def process(job: Job, options: Options, mode: str) -> Outcome:
     """Migrate one file and do what ``mode`` says with the result."""
     display = str(job.path)
     try:
-        source = job.path.read_bytes()
+        source = _read(job.path, mode)
+    except _Refused as exc:
+        return Outcome(display, error=FileError(str(exc)))
     except OSError as exc:
         return Outcome(display, error=FileError(f"cannot read: {exc.strerror or exc}"))
     result = migrate_source(source, display, options)
@@ -91,7 +172,8 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
         if mode == "in-place" and result.changed:
             file_mode = stat.S_IMODE(job.path.stat().st_mode)
             if not file_mode & stat.S_IWUSR:
-                outcome.error = FileError("cannot write: the file is read-only; make it writable or use --output-dir")
+                outcome.error = FileError("cannot write: the file is read-only; make it writable, "
+                                          "or write migrated copies elsewhere with --output-dir")
                 return outcome
             write_atomic(job.path, result.output, file_mode)
             outcome.written = True
@@ -100,7 +182,7 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
             write_atomic(job.output, result.output, stat.S_IMODE(job.path.stat().st_mode))
             outcome.written = True
     except OSError as exc:
-        outcome.error = FileError(f"cannot write: {exc.strerror or exc}")
+        outcome.error = _write_error(exc, job.path)
     return outcome
 
 
@@ -108,22 +190,16 @@ def _process_star(arguments) -> Outcome:
     return process(*arguments)
 
 
-def run(jobs: list[Job], options: Options, mode: str, workers: int = 1, progress=None) -> list[Outcome]:
-    """Process every job, in ``workers`` processes, calling ``progress()`` after each file.
-    Results come back in the order of ``jobs``."""
+def run(jobs: list[Job], options: Options, mode: str, workers: int = 1, progress=None,
+        timeout: float | None = None) -> list[Outcome]:
+    """Process every job in ``workers`` worker processes, calling ``progress()`` after each
+    file, with at most ``timeout`` seconds a file. Results come back in the order of ``jobs``."""
+    if mode in ("in-place", "output-dir"):
+        for directory in {(job.output or job.path).parent for job in jobs}:
+            remove_leftovers(directory)
     tasks = [(job, options, mode) for job in jobs]
-    if workers <= 1 or len(tasks) <= 1:
-        outcomes = []
-        for task in tasks:
-            outcomes.append(_process_star(task))
-            if progress:
-                progress()
-        return outcomes
-    chunk = max(1, min(32, len(tasks) // (workers * 4)))
-    outcomes = []
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for outcome in pool.map(_process_star, tasks, chunksize=chunk):
-            outcomes.append(outcome)
-            if progress:
-                progress()
-    return outcomes
+    results = map_isolated(_process_star, tasks, workers, timeout, progress)
+    return [
+        Outcome(str(job.path), error=FileError(result.reason)) if isinstance(result, Lost) else result
+        for job, result in zip(jobs, results)
+    ]

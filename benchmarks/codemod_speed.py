@@ -69,7 +69,7 @@ def main() -> None:
 
 
 def measure(directory: str, repeat: int) -> None:
-    paths = discover([directory])
+    paths = discover([directory]).files
     lines = sum(path.read_bytes().count(b"\n") for path in paths)
     best = {"floor": float("inf"), 1: float("inf"), 2: float("inf")}
     for _ in range(repeat):

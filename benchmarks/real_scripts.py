@@ -1215,7 +1215,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown target {', '.join(unknown)}; choose from {', '.join(SPELLINGS)}")
 
     directory = Path(args.directory).resolve()
-    paths = discover([str(directory)], tuple(args.exclude))
+    paths = discover([str(directory)], tuple(args.exclude)).files
     reports = corpus_pass(directory, paths, targets, max(args.jobs, 1))
     summary = summarise(reports, targets)
     print_corpus(summary, targets)

@@ -105,7 +105,7 @@ def test_json_document(tmp_path, cli):
     (entry,) = document["files"]
     assert entry["path"] == str(path) and entry["changed"] is True and entry["error"] is None
     assert {"code": "ACC001", "name": "rng-seed", "line": 3}.items() <= entry["fixes"][0].items()
-    assert document["summary"] == {"files": 1, "changed": 1, "errors": 0, "fixes": 3, "diagnostics": 0}
+    assert document["summary"] == {"files": 1, "changed": 1, "written": 0, "errors": 0, "fixes": 3, "diagnostics": 0}
 
 
 def test_github_annotations(tmp_path, cli):

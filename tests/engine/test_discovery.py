@@ -1,7 +1,5 @@
 import os
 
-import pytest
-
 from accrewrite.discovery import discover
 
 
@@ -11,8 +9,9 @@ def touch(path, data="import torch\n"):
     return path
 
 
-def names(paths, root):
-    return sorted(str(p.relative_to(root)) for p in paths)
+def names(found, root):
+    assert not found.problems
+    return sorted(str(p.relative_to(root)) for p in found.files)
 
 
 def test_walk_skips_tooling_and_environment_dirs(tmp_path):
@@ -55,6 +54,16 @@ def test_symlink_inside_the_tree_and_a_loop(tmp_path):
 
 def test_explicit_files_and_missing_paths(tmp_path):
     file = touch(tmp_path / "script.py")
-    assert discover([str(file), str(file)]) == [file]
-    with pytest.raises(FileNotFoundError, match="missing.py"):
-        discover([str(tmp_path / "missing.py")])
+    os.symlink(file, tmp_path / "alias.py")
+    found = discover([str(file), str(tmp_path / "missing.py"), str(file), str(tmp_path / "alias.py")])
+    assert found.files == [file]  # one file by three names is taken once
+    assert found.problems == [(str(tmp_path / "missing.py"), "no such file or directory")]
+
+
+def test_a_symlink_loop_among_files_is_a_file_to_report_not_a_crash(tmp_path):
+    touch(tmp_path / "train.py")
+    os.symlink(tmp_path / "b.py", tmp_path / "a.py")
+    os.symlink(tmp_path / "a.py", tmp_path / "b.py")
+    found = discover([str(tmp_path), str(tmp_path / "a.py")])
+    # Taken (reading them fails with ELOOP, each its own error); the walk goes on.
+    assert sorted(p.name for p in found.files) == ["a.py", "b.py", "train.py"]

@@ -1,0 +1,98 @@
+"""How large and how deeply nested a file the engine takes, and the stack that depth needs.
+
+Python's own parser reads the file first: it is fast, names a syntax error's place precisely,
+and refuses what CPython refuses (``(((...)))`` past 200 levels, say). What it accepts is then
+measured, and a file past a limit is refused with what to do before libcst sees it: libcst's
+parse time grows faster than linearly with size, and its native parser overflows its stack on
+deep expressions.
+
+| limit | value | beyond it |
+|---|---|---|
+| file size | 1 MiB | "file too large" error; the file is left as it is |
+| expression and block nesting | 2,000 levels | "nested too deeply" error, with the line |
+
+Within the limits, libcst's recursive parser, visitors and code generator run on a thread with a
+large stack and a raised recursion limit (a 1,000-long attribute chain or a 2,000-term sum needs
+both), restored when it returns.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import threading
+
+from accrewrite.errors import FileError, MigrationError
+
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 2000
+_STACK_BYTES = 512 << 20  # reserved, not touched: the pages that a deep tree uses are all it costs
+_RECURSION_LIMIT = 200_000
+
+
+def check(source: bytes, path: str) -> None:
+    """Raise MigrationError when Python rejects ``source`` or it is past a limit."""
+    if len(source) > MAX_BYTES:
+        raise MigrationError(FileError(
+            f"file too large ({len(source):,} bytes; the limit is {MAX_BYTES:,}): "
+            "split it into modules, or migrate it by hand"
+        ))
+    version = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        tree = compile(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as exc:
+        raise MigrationError(FileError(
+            f"syntax error ({version}): {exc.msg}; fix it, the file must parse as Python",
+            exc.lineno or 0, max((exc.offset or 1) - 1, 0),
+        )) from None
+    except (RecursionError, MemoryError):  # CPython's parser gives up on the nesting
+        raise MigrationError(FileError(
+            f"nested too deeply for {version} to parse: split the deepest expression"
+        )) from None
+    depth, line = _depth(tree)
+    if depth > MAX_DEPTH:
+        raise MigrationError(FileError(
+            f"nested too deeply ({depth:,} levels; the limit is {MAX_DEPTH:,}): "
+            "split the expression, e.g. a long sum into partial sums", line,
+        ))
+
+
+def _depth(tree: ast.AST) -> tuple[int, int]:
+    """The deepest nesting of ``tree`` and the line where it is (without recursion: that is
+    what is being measured)."""
+    deepest, where = 0, 0
+    stack = [(tree, 1, 0)]
+    while stack:
+        node, depth, line = stack.pop()
+        line = getattr(node, "lineno", line)
+        if depth > deepest:
+            deepest, where = depth, line
+        stack.extend((child, depth + 1, line) for child in ast.iter_child_nodes(node))
+    return deepest, where
+
+
+def deep_stack(function, *args):
+    """``function(*args)`` on a thread whose stack and recursion limit fit MAX_DEPTH."""
+    outcome: list = []
+
+    def target():
+        try:
+            outcome.append((True, function(*args)))
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+            outcome.append((False, exc))
+
+    previous_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous_limit, _RECURSION_LIMIT))
+    previous_stack = threading.stack_size(_STACK_BYTES)
+    try:
+        thread = threading.Thread(target=target, name="accrewrite-deep-stack")
+        thread.start()
+        threading.stack_size(previous_stack)
+        thread.join()
+    finally:
+        threading.stack_size(previous_stack)
+        sys.setrecursionlimit(previous_limit)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
