@@ -139,13 +139,13 @@ def _special(path: Path) -> bool:
 
 
 def _write_error(exc: OSError, path: Path) -> FileError:
-    where = Path(exc.filename) if exc.filename else path
-    if _TEMPORARY.fullmatch(where.name):  # the directory refused the temporary file
-        where = where.parent
+    where = f"cannot write {exc.filename or path}"
+    if exc.filename and _TEMPORARY.fullmatch(Path(exc.filename).name):  # the directory refused it
+        where = f"cannot write in {Path(exc.filename).parent}"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return FileError(f"cannot write {where}: {exc.strerror}; make it writable, "
+        return FileError(f"{where}: {exc.strerror}; make it writable, "
                          "or write migrated copies elsewhere with --output-dir")
-    return FileError(f"cannot write {where}: {exc.strerror or exc}")
+    return FileError(f"{where}: {exc.strerror or exc}")
 
 
 def process(job: Job, options: Options, mode: str) -> Outcome:
