@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from pathlib import PurePath
+from urllib.parse import quote
 
 from rich.console import Console
 from rich.markup import escape
@@ -149,6 +152,14 @@ def github(outcomes: list[Outcome], mode: str) -> str:
     return "\n".join(lines)
 
 
+def _uri(path: str) -> str:
+    """A SARIF artifact location: a URI, so spaces, ``%``, ``#``, non-ASCII and undecodable
+    bytes are percent-encoded (from the file name's own bytes)."""
+    if PurePath(path).is_absolute():
+        return PurePath(path).as_uri()
+    return quote(os.fsencode(path.replace(os.sep, "/")), safe="/")
+
+
 def sarif(outcomes: list[Outcome], mode: str) -> str:
     """A SARIF 2.1.0 log: diagnostics as warnings, pending fixes as notes (errors when
     checking), unreadable files as tool execution notifications."""
@@ -164,7 +175,7 @@ def sarif(outcomes: list[Outcome], mode: str) -> str:
             "locations": [
                 {
                     "physicalLocation": {
-                        "artifactLocation": {"uri": path.replace("\\", "/")},
+                        "artifactLocation": {"uri": _uri(path)},
                         "region": {"startLine": max(line, 1), "startColumn": col + 1},
                     }
                 }
@@ -186,7 +197,7 @@ def sarif(outcomes: list[Outcome], mode: str) -> str:
             "locations": [
                 {
                     "physicalLocation": {
-                        "artifactLocation": {"uri": o.path.replace("\\", "/")},
+                        "artifactLocation": {"uri": _uri(o.path)},
                         "region": {"startLine": max(o.error.line, 1)},
                     }
                 }

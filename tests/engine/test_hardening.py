@@ -282,3 +282,18 @@ def test_a_read_only_directory_says_what_to_do(tmp_path):
     assert done.returncode == 2
     assert f"cannot write in {tmp_path / 'ro'}: Permission denied; make it writable, or write migrated copies elsewhere with --output-dir" in " ".join(done.stdout.split())
     assert (tmp_path / "ro/t.py").read_bytes() == TRAIN
+
+
+def test_sarif_locations_are_percent_encoded_uris(tmp_path, cli, monkeypatch):
+    from urllib.parse import unquote_to_bytes
+
+    names = [b"a b.py", b"p%20.py", b"h#1.py", "café.py".encode(), b"\xff.py"]
+    for name in names:
+        (tmp_path / os.fsdecode(name)).write_bytes(TRAIN)
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli("migrate", ".", str(tmp_path / "a b.py"), "--format", "sarif")
+    uris = [r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in json.loads(out)["runs"][0]["results"]]
+    assert code == 0 and len(uris) == len(names)
+    for uri in uris:
+        assert all(c.isascii() and (c.isalnum() or c in "-._~/%") for c in uri), uri
+    assert sorted(unquote_to_bytes(uri) for uri in uris) == sorted(names)
