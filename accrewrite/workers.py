@@ -41,33 +41,44 @@ def map_isolated(function, tasks: list, workers: int, timeout: float | None, don
     idle: list[_Worker] = []
     busy: dict[_Worker, tuple[int, float]] = {}
     context = _context()
+
+    def finish(index: int, result) -> None:
+        results[index] = result
+        if done:
+            done()
+
     try:
         while pending or busy:
             while pending and len(busy) < max(1, workers):
                 worker = idle.pop() if idle else _Worker(context, function)
                 index = pending.popleft()
-                worker.connection.send(tasks[index])
+                try:
+                    worker.connection.send(tasks[index])
+                except OSError:  # it died idle
+                    finish(index, Lost(worker.end("crashed")))
+                    continue
                 busy[worker] = (index, time.monotonic() + timeout if timeout else float("inf"))
+            if not busy:
+                continue
             nearest = min(deadline for _, deadline in busy.values())
             waiting = None if nearest == float("inf") else max(0.0, nearest - time.monotonic())
             ready = set(wait([w.connection for w in busy] + [w.process.sentinel for w in busy], waiting))
             for worker, (index, deadline) in list(busy.items()):
                 if worker.connection in ready:
                     try:
-                        results[index] = worker.connection.recv()
+                        result = worker.connection.recv()
                     except (EOFError, OSError):  # died while sending
-                        results[index] = Lost(worker.end("crashed"))
+                        result = Lost(worker.end("crashed"))
                     else:
                         idle.append(worker)
                 elif worker.process.sentinel in ready:
-                    results[index] = Lost(worker.end("crashed"))
+                    result = Lost(worker.end("crashed"))
                 elif time.monotonic() >= deadline:
-                    results[index] = Lost(worker.end(f"timed out after {timeout:g} s"))
+                    result = Lost(worker.end(f"timed out after {timeout:g} s"))
                 else:
                     continue
                 del busy[worker]
-                if done:
-                    done()
+                finish(index, result)
     finally:
         for worker in [*idle, *busy]:
             worker.close()

@@ -297,3 +297,18 @@ def test_sarif_locations_are_percent_encoded_uris(tmp_path, cli, monkeypatch):
     for uri in uris:
         assert all(c.isascii() and (c.isalnum() or c in "-._~/%") for c in uri), uri
     assert sorted(unquote_to_bytes(uri) for uri in uris) == sorted(names)
+
+
+def _dies_on_odd(task):
+    if task % 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return task * 10
+
+
+def test_the_worker_pool_gives_every_task_a_result_in_order():
+    from accrewrite.workers import Lost, map_isolated
+
+    done = []
+    results = map_isolated(_dies_on_odd, list(range(7)), 2, None, lambda: done.append(1))
+    assert results[0::2] == [0, 20, 40, 60] and len(done) == 7
+    assert all(isinstance(r, Lost) and "crashed (SIGKILL)" in r.reason for r in results[1::2])
