@@ -102,19 +102,22 @@ def _round_trips(module: cst.Module, source: bytes) -> None:
 
 def _verify(original: bytes, output: bytes, path: str) -> None:
     """The rewrite must compile wherever the original did: anything else is a rule's bug, and
-    the file is left as it was."""
+    the file is left as it was. (CPython's compiler may give up on nesting its parser took:
+    RecursionError, MemoryError.)"""
+    failures = (SyntaxError, RecursionError, MemoryError)
     try:
         compile(output, path, "exec", dont_inherit=True)
-    except SyntaxError as exc:
+    except failures as exc:
         try:
             compile(original, path, "exec", dont_inherit=True)
-        except SyntaxError:
+        except failures:
             return
         raise MigrationError(
             FileError(
-                f"internal error: the migration produced code that does not compile ({exc.msg}); "
+                f"internal error: the migration produced code that does not compile "
+                f"({getattr(exc, 'msg', None) or type(exc).__name__}); "
                 "the file was left unchanged; please report it with the file",
-                exc.lineno or 0,
+                getattr(exc, "lineno", None) or 0,
             )
         ) from None
 
