@@ -28,6 +28,7 @@ from accrewrite.targets import DEFAULT_TARGET, all_targets
 from accrewrite.verify import ORIGINAL, Side, verify
 
 EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
 # Below this many files a progress bar would only flicker.
 PROGRESS_MIN_FILES = 20
 # A 1 MiB file (the size limit) takes about 15 s; ten times that is a hang, not a slow file.
@@ -267,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (`| head`): not an error of ours. Silence the flush at exit.
         _to_devnull(sys.stdout)
         return EXIT_OK
+    except KeyboardInterrupt:  # the workers are gone with the run; files are old or new, never half
+        err.print("interrupted", highlight=False)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
