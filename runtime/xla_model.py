@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import _collectives
+from ._atomic_file import write_atomically
 from ._closures import STEP_CLOSURES
 from ._tensor_tree import map_tensors
 
@@ -300,7 +301,15 @@ def rendezvous(tag, payload=b"", replicas=()):
 def save(data, file_or_path, master_only=True, global_master=False):
     """``torch.save`` of ``data`` with its tensors moved to the CPU, by the master process only
     (of the machine, or of the job with ``global_master``), or by every process when
-    ``master_only`` is False. All processes wait for the write (a rendezvous), as torch_xla."""
+    ``master_only`` is False. All processes wait for the write (a rendezvous), as torch_xla.
+
+    A path is replaced atomically (see ``_atomic_file``): a process loading the checkpoint
+    while it is saved reads the previous one or the new one, and a save killed midway leaves
+    the previous one. A file object is written directly."""
     if master_only is False or is_master_ordinal(local=not global_master):
-        torch.save(map_tensors(lambda t: t.detach().cpu(), data), file_or_path)
+        data = map_tensors(lambda t: t.detach().cpu(), data)
+        if isinstance(file_or_path, (str, os.PathLike)):
+            write_atomically(file_or_path, lambda handle: torch.save(data, handle))
+        else:
+            torch.save(data, file_or_path)
     rendezvous("accrewrite.save")

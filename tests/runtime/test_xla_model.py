@@ -3,13 +3,18 @@ collectives, optimizer_step, step closures and save. (Two-process collectives:
 test_collectives.py.)"""
 
 import io
+import os
+import signal
 import threading
+import time
 import traceback
 
 import pytest
 import torch
 
 import accrewrite.runtime.xla_model as xm
+
+import _forked
 
 
 @pytest.fixture(autouse=True)
@@ -268,6 +273,85 @@ def test_save_to_a_file_object():
     xm.save([torch.arange(3)], buffer)
     buffer.seek(0)
     assert torch.equal(torch.load(buffer)[0], torch.arange(3))
+
+
+def save_versions(path, stop):
+    """Save checkpoints whose every tensor holds their version number until ``stop`` is set."""
+    version = 0
+    while not stop.is_set():
+        version += 1
+        tensors = {f"t{i}": torch.full((1 << 18,), version) for i in range(4)}  # 2 MiB each
+        xm.save({"version": version, **tensors}, path)
+
+
+@pytest.mark.timeout(60)
+def test_a_load_during_saves_reads_one_whole_checkpoint(tmp_path):
+    """Another process (an evaluator) loads the checkpoint while it is saved again and again:
+    every load reads one whole version, never a half-written or mixed file."""
+    path = tmp_path / "ckpt.pt"
+    stop = _forked.CONTEXT.Event()
+    writer = _forked.start(save_versions, path, stop)
+    try:
+        while not path.exists():
+            assert writer.is_alive(), "the writer ended before its first save"
+            time.sleep(0.01)
+        versions = set()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            checkpoint = torch.load(path)
+            version = checkpoint.pop("version")
+            assert all((t == version).all() for t in checkpoint.values()), version
+            versions.add(version)
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+        writer.kill()
+    assert writer.exitcode == 0
+    assert len(versions) > 2  # the loads overlapped the saves
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
+
+
+class Interrupt:
+    """Pickled inside ``xm.save``: the saving process is killed there, or waits there for
+    ``release`` (a save in progress)."""
+
+    def __init__(self, release=None):
+        self.release = release
+
+    def __reduce__(self):
+        if self.release is None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.release.wait()
+        return (Interrupt, ())
+
+
+def hidden_files(directory):
+    return sorted(name for name in os.listdir(directory) if name.startswith("."))
+
+
+@pytest.mark.timeout(60)
+def test_save_removes_the_temporary_of_a_killed_save_but_not_of_a_running_one(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    release = _forked.CONTEXT.Event()
+    running = _forked.start(xm.save, {"b": torch.ones(1), "wait": Interrupt(release)}, path)
+    try:
+        while not hidden_files(tmp_path):
+            assert running.is_alive(), "the save ended before it wrote"
+            time.sleep(0.01)
+        [in_progress] = hidden_files(tmp_path)  # its temporary, next to the checkpoint
+        killed = _forked.start(xm.save, {"a": torch.ones(1), "stop": Interrupt()}, path)
+        killed.join(timeout=30)
+        assert killed.exitcode == -signal.SIGKILL
+        assert len(hidden_files(tmp_path)) == 2
+        xm.save({"c": torch.ones(1)}, path)
+        assert hidden_files(tmp_path) == [in_progress]  # the killed save's temporary is gone
+        assert set(torch.load(path)) == {"c"}
+    finally:
+        release.set()
+        running.join(timeout=30)
+        running.kill()
+    assert running.exitcode == 0 and hidden_files(tmp_path) == []
+    assert set(torch.load(path, weights_only=False)) == {"b", "wait"}
 
 
 def test_mark_step_is_cheap_without_closures():
