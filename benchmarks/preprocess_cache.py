@@ -10,7 +10,7 @@ that touches every tensor:
 * uncached: ``tokenize`` on the fly (what the script did before);
 * epoch 1 with the cache: build (preprocess + write) and a pass over the cache;
 * epoch 2 with the cache (a new PreprocessCache, as a second run of the script would have):
-  fingerprint, open and validate the file, and a pass of checksummed memory-mapped reads.
+  fingerprint, open and validate the file, and a pass of checksummed reads.
 """
 
 import argparse

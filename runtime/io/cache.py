@@ -24,14 +24,17 @@ files are left in ``cache_dir`` for the user to delete.
 File format (one file, ``<fingerprint>.cache``): a header, one record per sample, an index
 ``[n, 3]`` int64 of (offset, length, crc32), and a footer with the index's offset and checksum.
 A record holds the sample's structure pickled with tensors and arrays replaced by references to
-64-byte-aligned raw bytes in the same record. Reads go through a read-only memory map of the file
-(no read calls; the page cache is shared by DataLoader workers and ranks on one machine). Each
-read checks its record and copies the tensors out: a sample that the caller modifies in place
-must not change the next read of it.
+64-byte-aligned raw bytes in the same record. A read is one ``pread`` of the record from a file
+descriptor kept open, into a fresh buffer: one copy from the page cache (shared by DataLoader
+workers and ranks on one machine), whose tensors and arrays are views of that buffer, so a sample
+that the caller modifies in place does not change the next read of it. There is no memory map:
+a mapped file truncated under its reader kills the reader (SIGBUS); a read comes back short.
 
-Integrity: the file is written to a temporary name and renamed into place (atomic: readers see
-the old file or the whole new one). Opening checks the header, footer, index checksum and record
-bounds; every read checks its record's crc32. A file that fails a check is reported
+Integrity: the file is written to a temporary name (``.building-<fingerprint>-*.tmp``) and renamed
+into place (atomic: readers see the old file or the whole new one); a temporary left by a builder
+that was killed is removed by the next build of the same fingerprint (which holds the lock, so no
+one else is writing it). Opening checks the header, footer, index checksum and record bounds;
+every read checks that its record is whole and its crc32. A file that fails a check is reported
 (:class:`CacheCorruptionWarning`) and rebuilt, and the read returns the recomputed sample: never a
 crash, never a wrong sample.
 
@@ -43,13 +46,13 @@ the lock if the writer dies, and the next process rebuilds. POSIX only (``fcntl`
 
 import fcntl
 import logging
-import mmap
 import os
 import pickle
 import struct
 import tempfile
 import time
 import warnings
+import weakref
 import zlib
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -122,27 +125,28 @@ class PreprocessCache(Dataset):
         if not -self._length <= index < self._length:
             raise IndexError(f"index {index} out of range for {self._length} samples")
         index %= self._length
-        if self._file is None:  # unpickled in a DataLoader worker: map the file again
+        if self._file is None:  # unpickled in a DataLoader worker: open the file again
             self._open_or_build()
-        sample = self._file.read(index)
-        if sample is _CORRUPT:
-            self._report(f"record {index} fails its checksum")
-            self._open_or_build(stale=self._file)
-            self.status = "rebuilt"
-            sample = self._file.read(index)
-            if sample is _CORRUPT:  # the fresh file is bad too (failing disk): do not trust it
-                sample = self._compute(index)
-        return sample
+        try:
+            return self._file.read(index)
+        except _Invalid as problem:
+            self._report(str(problem))
+        self._open_or_build(stale=self._file)
+        self.status = "rebuilt"
+        try:
+            return self._file.read(index)
+        except _Invalid:  # the fresh file is bad too (failing disk): do not trust it
+            return self._compute(index)
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_file"] = None  # a memory map does not pickle; the worker maps the file itself
+        state["_file"] = None  # an open file does not pickle; the worker opens the file itself
         return state
 
     # -- building and opening -------------------------------------------------------------
 
     def _open_or_build(self, stale: "_CacheFile | None" = None) -> str:
-        """Map the cache file, first building it (as the one writer) if it is missing or fails
+        """Open the cache file, first building it (as the one writer) if it is missing or fails
         its checks, or if it is still the file ``stale`` that a read found corrupt."""
         if stale is None and (problem := self._try_open()) is None:
             return "hit"
@@ -160,7 +164,7 @@ class PreprocessCache(Dataset):
             return "built" if problem == "missing" else "rebuilt"
 
     def _try_open(self) -> str | None:
-        """Map the cache file; None on success, else why it cannot be used."""
+        """Open the cache file; None on success, else why it cannot be used."""
         try:
             self._file = _CacheFile(self.path, self.fingerprint, self._length)
             return None
@@ -184,7 +188,14 @@ class PreprocessCache(Dataset):
 
     def _build(self) -> None:
         directory = os.path.dirname(self.path)
-        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".building-", suffix=".tmp")
+        prefix = f".building-{self.fingerprint}-"
+        for name in os.listdir(directory):
+            # This process holds the writer lock: no one else writes this fingerprint's temporary.
+            if name.startswith(prefix) and name.endswith(".tmp"):
+                os.unlink(os.path.join(directory, name))
+                logger.info("preprocess cache %s: removed %s, left by a build that was killed",
+                            self.path, name)
+        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
         try:
             with os.fdopen(descriptor, "wb") as out:
                 out.write(_HEADER.pack(_MAGIC, FORMAT_VERSION))
@@ -258,9 +269,6 @@ class _Invalid(Exception):
     """The cache file exists but cannot be trusted (the message says why)."""
 
 
-_CORRUPT = object()
-
-
 class _TensorRef(NamedTuple):
     """Placeholder for a tensor or array in a pickled record: where its bytes are."""
 
@@ -272,46 +280,58 @@ class _TensorRef(NamedTuple):
 
 
 class _CacheFile:
-    """A validated, memory-mapped cache file."""
+    """A validated cache file, held open; records are read with ``pread``."""
 
     def __init__(self, path: str, fingerprint: str, length: int):
-        with open(path, "rb") as handle:
-            self.inode = os.fstat(handle.fileno()).st_ino
-            size = os.fstat(handle.fileno()).st_size
-            if size < _HEADER.size + _FOOTER.size:
-                raise _Invalid(f"file is truncated ({size} bytes)")
-            self.map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        magic, version = _HEADER.unpack_from(self.map, 0)
+        self.fd = os.open(path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self.fd)
+        status = os.fstat(self.fd)
+        self.inode, size = status.st_ino, status.st_size
+        if size < _HEADER.size + _FOOTER.size:
+            raise _Invalid(f"file is truncated ({size} bytes)")
+        magic, version = _HEADER.unpack(self._pread(0, _HEADER.size, "the header"))
         if magic != _MAGIC or version != FORMAT_VERSION:
             raise _Invalid("bad header (not a cache file of this format version)")
-        magic, index_offset, count, index_crc, stored = _FOOTER.unpack_from(self.map, size - _FOOTER.size)
+        footer = self._pread(size - _FOOTER.size, _FOOTER.size, "the footer")
+        magic, index_offset, count, index_crc, stored = _FOOTER.unpack(footer)
         if magic != _MAGIC:
             raise _Invalid("bad footer (the file is truncated or overwritten)")
         if stored.hex() != fingerprint or count != length:
             raise _Invalid(f"the file holds {count} samples of fingerprint {stored.hex()}")
         if index_offset + count * 24 != size - _FOOTER.size:
             raise _Invalid("index does not end at the footer (the file is truncated)")
-        index_view = memoryview(self.map)[index_offset: index_offset + count * 24]
-        if zlib.crc32(index_view) != index_crc:
+        index = self._pread(index_offset, count * 24, "the index")
+        if zlib.crc32(index) != index_crc:
             raise _Invalid("index fails its checksum")
-        self.index = np.frombuffer(index_view, dtype=np.int64).reshape(count, 3).copy()
+        self.index = np.frombuffer(index, dtype=np.int64).reshape(count, 3)
         ends = self.index[:, 0] + self.index[:, 1]
         if count and (self.index[:, 0].min() < _HEADER.size or ends.max() > index_offset):
             raise _Invalid("a record lies outside the data region")
-        self.bytes = np.frombuffer(self.map, dtype=np.uint8)
 
     def read(self, index: int):
-        """Sample ``index``, or ``_CORRUPT`` if its record fails the checksum."""
+        """Sample ``index``; _Invalid if its record is cut short or fails its checksum."""
         offset, length, crc = (int(v) for v in self.index[index])
-        record = memoryview(self.map)[offset: offset + length]
+        record = self._pread(offset, length, f"record {index}")
         if zlib.crc32(record) != crc:
-            return _CORRUPT
+            raise _Invalid(f"record {index} fails its checksum")
         (skeleton_size,) = struct.unpack_from("<Q", record, 0)
         try:
-            skeleton = pickle.loads(record[8: 8 + skeleton_size])
+            skeleton = pickle.loads(memoryview(record)[8: 8 + skeleton_size])
         except Exception:  # the checksum matched, so only a format bug lands here; do not guess
-            return _CORRUPT
-        return _restore(skeleton, self.bytes, offset + _payload_base(skeleton_size))
+            raise _Invalid(f"record {index} does not unpickle") from None
+        return _restore(skeleton, record, _payload_base(skeleton_size))
+
+    def _pread(self, offset: int, length: int, what: str) -> bytearray:
+        """``length`` bytes at ``offset``, read into a new buffer."""
+        buffer = bytearray(length)
+        view = memoryview(buffer)
+        done = 0
+        while done < length:
+            count = os.preadv(self.fd, [view[done:]], offset + done)
+            if count == 0:
+                raise _Invalid(f"{what} is cut short (the file was truncated)")
+            done += count
+        return buffer
 
 
 def _inode(path: str) -> int | None:
@@ -367,18 +387,21 @@ def _payload_base(skeleton_size: int) -> int:
     return head + (-head % _ALIGN)
 
 
-def _restore(value, data: np.ndarray, record_offset: int):
-    """The sample from its skeleton: references become copies of bytes of the mapped ``data``."""
+def _restore(value, record: bytearray, payload_base: int):
+    """The sample from its skeleton: references become views of the ``record`` read."""
     if isinstance(value, _TensorRef):
-        start = record_offset + value.offset
-        raw = data[start: start + value.nbytes]
+        start = payload_base + value.offset
         if value.numpy:
-            return raw.view(np.dtype(value.dtype)).reshape(value.shape).copy()
-        tensor = torch.empty(value.shape, dtype=value.dtype)
-        tensor.reshape(-1).view(torch.uint8).numpy()[:] = raw
-        return tensor
+            dtype = np.dtype(value.dtype)
+            count = value.nbytes // dtype.itemsize
+            return np.frombuffer(record, dtype, count, offset=start).reshape(value.shape)
+        if not value.nbytes:  # frombuffer refuses an empty view
+            return torch.empty(value.shape, dtype=value.dtype)
+        count = value.nbytes // value.dtype.itemsize
+        tensor = torch.frombuffer(record, dtype=value.dtype, count=count, offset=start)
+        return tensor.view(value.shape)
     if type(value) in (list, tuple):
-        return type(value)(_restore(item, data, record_offset) for item in value)
+        return type(value)(_restore(item, record, payload_base) for item in value)
     if type(value) is dict:
-        return {key: _restore(item, data, record_offset) for key, item in value.items()}
+        return {key: _restore(item, record, payload_base) for key, item in value.items()}
     return value

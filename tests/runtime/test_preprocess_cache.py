@@ -1,8 +1,8 @@
 import fcntl
 import functools
-import mmap
 import multiprocessing
 import os
+import time
 import warnings
 
 import pytest
@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from accrewrite.runtime.io import PreprocessCache
 from accrewrite.runtime.io.cache import CacheCorruptionWarning
 from accrewrite.runtime.io.fingerprint import fingerprint
+
+import _forked
 
 DATA = list(range(1, 21))
 
@@ -71,14 +73,13 @@ def test_builds_once_then_reads_from_disk(tmp_path, counting):
     assert Counting.calls == len(DATA)
 
 
-def test_reads_come_from_a_memory_map_and_are_safe_to_modify(tmp_path):
+def test_reads_are_safe_to_modify(tmp_path):
     cache = PreprocessCache(DATA, preprocess, tmp_path)
-    assert isinstance(cache._file.map, mmap.mmap)
     sample = cache[4]
     sample["ids"] += 100
     sample["array"] += 100
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the mapped record is untouched: no checksum failure
+        warnings.simplefilter("error")  # each read has a buffer of its own: no checksum failure
         assert_same_sample(cache[4], preprocess(DATA[4]))
 
 
@@ -233,6 +234,31 @@ def test_damaged_file_is_rebuilt_on_open(tmp_path, counting, harm, reason):
         assert_same_sample(rebuilt[i], preprocess(x))
 
 
+def pages(x):
+    """A sample of many memory pages: truncating the file leaves whole records past its end."""
+    return torch.full((1 << 14,), x)
+
+
+def read_after_truncation(cache_dir):
+    """Runs in a child process: a crash there (SIGBUS) shows as its exit code."""
+    cache = PreprocessCache(DATA, pages, cache_dir)
+    assert cache.status == "hit"
+    os.truncate(cache.path, os.path.getsize(cache.path) // 2)  # in place, while the cache holds it
+    with pytest.warns(CacheCorruptionWarning, match="truncated"):
+        for i, x in enumerate(DATA):
+            assert torch.equal(cache[i], pages(x))
+    assert cache.status == "rebuilt"
+
+
+@pytest.mark.timeout(60)
+def test_a_file_truncated_while_open_is_reported_and_rebuilt_not_a_crash(tmp_path):
+    PreprocessCache(DATA, pages, tmp_path)
+    reader = _forked.start(read_after_truncation, tmp_path)
+    reader.join(timeout=30)
+    reader.kill()
+    assert reader.exitcode == 0, f"the reader ended with exit code {reader.exitcode}"
+
+
 def failing_at(x, at):
     if x == at:
         raise RuntimeError("preprocessing failed")
@@ -295,6 +321,31 @@ def test_two_ranks_share_one_build(tmp_path):
     logs = os.listdir(log_dir)
     assert len(logs) == 1  # one process preprocessed, the other waited and read
     assert sorted(map(int, open(log_dir / logs[0]).read().split())) == DATA
+
+
+def building_files(cache_dir):
+    return [name for name in os.listdir(cache_dir) if name.startswith(".building-")]
+
+
+@pytest.mark.timeout(60)
+def test_a_build_killed_midway_leaves_no_temporary_behind(tmp_path):
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    cache_dir = tmp_path / "cache"
+    build = functools.partial(PreprocessCache, DATA, slow_square, cache_dir,
+                              fn_kwargs={"log_dir": log_dir})
+    builder = _forked.start(build)
+    try:
+        while not (cache_dir.exists() and building_files(cache_dir)):
+            assert builder.is_alive(), "the builder ended before it began writing"
+            time.sleep(0.01)
+    finally:
+        builder.kill()
+        builder.join(timeout=30)
+    assert len(building_files(cache_dir)) == 1
+    cache = build()
+    assert cache.status == "built" and building_files(cache_dir) == []
+    assert [int(cache[i]) for i in range(len(DATA))] == [x * x for x in DATA]
 
 
 def test_wait_timeout_when_another_process_holds_the_build(tmp_path):
