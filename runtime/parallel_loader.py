@@ -19,10 +19,11 @@ dicts, lists, tuples, namedtuples, dataclasses and mappings such as HF ``BatchEn
 ``_tensor_tree``).
 
 An exception raised while loading reaches the training loop as itself, with the loader's
-traceback. Breaking out of the loop or dropping the iterator stops the background thread, if
-any, and drops the wrapped loader's iterator (ending its workers). As in torch_xla, fetching a
-batch marks the step (``xm.mark_step``) every ``batches_per_execution`` batches, so step
-closures also run there.
+traceback; a DataLoader worker that died (killed by a signal, say) is named as torch names it,
+in a RuntimeError caused by the error met while loading. Breaking out of the loop or dropping the
+iterator stops the background thread, if any, and drops the wrapped loader's iterator (ending its
+workers). As in torch_xla, fetching a batch marks the step (``xm.mark_step``) every
+``batches_per_execution`` batches, so step closures also run there.
 
 One process drives one device (torchrun style): ``ParallelLoader`` takes a single device.
 ``batchdim``, ``loader_prefetch_size``, ``host_to_device_transfer_threads`` and
@@ -30,7 +31,9 @@ One process drives one device (torchrun style): ``ParallelLoader`` takes a singl
 """
 
 import atexit
+import multiprocessing.connection
 import queue
+import signal
 import threading
 import weakref
 
@@ -42,6 +45,7 @@ from ._transfer import DeviceMover
 
 _POLL_S = 0.05  # how often a blocked producer checks that it has been asked to stop
 _JOIN_S = 2.0  # how long close() waits for the producer to finish the batch it is loading
+_EXIT_GRACE_S = 0.25  # see _naming_a_dead_worker
 
 
 class _End:
@@ -113,9 +117,44 @@ def _produce(iterator, move, out, stop):
             if stop.is_set() or not put(move(batch)):
                 return
     except BaseException as error:  # noqa: BLE001 - handed to the training loop
-        put(_Failure(error))
+        put(_Failure(_naming_a_dead_worker(iterator, error)))
         return
     put(_End())
+
+
+def _naming_a_dead_worker(iterator, error):
+    """``error``, or when a DataLoader worker died, a RuntimeError that names it as torch does.
+
+    torch names a worker killed by a signal from its SIGCHLD handler, which raises on the main
+    thread; this thread meets the death first, as a broken connection to the worker or "exited
+    unexpectedly", and the handler may run too late to name it. A dead worker's exit follows
+    the closing of its connections by a moment: ``_EXIT_GRACE_S`` bounds the wait for it, paid
+    by any loading error of a loader with workers.
+    """
+    # torch private: the worker processes of a DataLoader iterator with num_workers > 0
+    workers = getattr(iterator, "_workers", None)
+    if not workers:
+        return error
+    ended = multiprocessing.connection.wait([w.sentinel for w in workers], timeout=_EXIT_GRACE_S)
+    deaths = []
+    for worker in workers:
+        if worker.sentinel in ended:
+            worker.join(_EXIT_GRACE_S)
+            if worker.exitcode:  # 0: an iterable dataset's worker that ran out of data
+                deaths.append(_death(worker))
+    if not deaths:
+        return error
+    named = RuntimeError(" ".join(deaths))
+    named.__cause__ = error
+    return named
+
+
+def _death(worker):
+    """How a dead DataLoader worker ended, in torch's words."""
+    name = f"DataLoader worker (pid {worker.pid})"
+    if worker.exitcode < 0:
+        return f"{name} is killed by signal: {signal.strsignal(-worker.exitcode)}."
+    return f"{name} exited unexpectedly with exit code {worker.exitcode}."
 
 
 class _Prefetcher:

@@ -10,6 +10,8 @@ import dataclasses
 import gc
 import itertools
 import multiprocessing
+import os
+import signal
 import threading
 import time
 import traceback
@@ -20,6 +22,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 import accrewrite.runtime.parallel_loader as pl
 import accrewrite.runtime.xla_model as xm
+
+import _forked
 
 THREAD_NAME = "accrewrite-device-loader"
 Pair = collections.namedtuple("Pair", "inputs labels")
@@ -247,6 +251,59 @@ def test_a_loader_exception_reaches_the_loop_with_its_traceback(make_loader, num
     text = "".join(traceback.format_exception(info.value))
     assert "_failing_getitem" in text and "device loader" in text
     assert not loader_threads()
+
+
+class DiesAt(Dataset):
+    """Its DataLoader worker is killed (SIGKILL, as by the OOM killer) when it loads item
+    ``at``, after writing its pid to ``pid_file``."""
+
+    def __init__(self, at, pid_file):
+        self.at = at
+        self.pid_file = pid_file
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        if index == self.at:
+            self.pid_file.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.tensor([index])
+
+
+def loop_until_a_worker_dies(pid_file, sigchld, results):
+    """A training process: what its loop over the device loader raises goes to ``results``."""
+    if sigchld == "late":
+        # torch names a dead worker from a SIGCHLD handler on the main thread; on a loaded
+        # machine it can run after the loop has already met the death. Held off here until exit.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    loader = DataLoader(DiesAt(10, pid_file), batch_size=2, num_workers=2)
+    start = time.monotonic()
+    try:
+        for _ in pl.MpDeviceLoader(loader, "cpu"):
+            pass
+        results.put(("no error", "", time.monotonic() - start))
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        results.put((type(error).__name__, str(error), time.monotonic() - start))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sigchld", ["prompt", "late"])
+def test_a_killed_worker_is_named_as_a_plain_dataloader_names_it(tmp_path, sigchld):
+    """Not a bare ConnectionResetError from the background thread, whether torch's SIGCHLD
+    handler names the worker first (as for a plain DataLoader) or the device loader must."""
+    results = _forked.CONTEXT.Queue()
+    pid_file = tmp_path / "worker.pid"
+    process = _forked.start(loop_until_a_worker_dies, pid_file, sigchld, results)
+    try:
+        kind, message, seconds = results.get(timeout=30)
+    finally:
+        process.join(timeout=10)
+        process.kill()
+    # what a plain DataLoader raises (from its SIGCHLD handler)
+    expected = f"DataLoader worker (pid {pid_file.read_text()}) is killed by signal: Killed."
+    assert (kind, message.strip()) == ("RuntimeError", expected)
+    assert seconds < 10  # without the handler torch sees a dead worker in 5 s, at its next check
 
 
 def test_exhausted_loader_keeps_raising_stop_iteration():
