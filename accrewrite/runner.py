@@ -14,12 +14,11 @@ from __future__ import annotations
 import difflib
 import errno
 import os
-import re
 import stat
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accrewrite.atomic_file import is_temporary, remove_orphans, write_atomically
 from accrewrite.engine import Options, migrate_source
 from accrewrite.errors import FileError
 from accrewrite.rule import Finding
@@ -55,52 +54,6 @@ def _diff(path: str, before: bytes, after: bytes) -> str:
         return data.decode("utf-8", errors="replace").splitlines(keepends=True)
 
     return "".join(difflib.unified_diff(lines(before), lines(after), f"a/{path}", f"b/{path}"))
-
-
-# ``.<name>.accrewrite-<pid>-<random>.tmp``: the pid tells a leftover from a write under way.
-_TEMPORARY = re.compile(r"\..+\.accrewrite-(\d+)-[^.]+\.tmp")
-
-
-def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace ``path`` with ``data`` so that a reader sees the old or the new file, never a
-    half-written one."""
-    path = Path(os.path.realpath(path))  # write through a symlink, keep the link
-    descriptor, temporary = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.accrewrite-{os.getpid()}-", suffix=".tmp"
-    )
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def remove_leftovers(directory: Path) -> None:
-    """Remove the temporaries that writers killed mid-write left in ``directory``."""
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return
-    for entry in entries:
-        match = _TEMPORARY.fullmatch(entry.name)
-        if match and not _alive(int(match.group(1))):
-            Path(entry.path).unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _read(path: Path, mode: str) -> bytes:
@@ -140,7 +93,7 @@ def _special(path: Path) -> bool:
 
 def _write_error(exc: OSError, path: Path) -> FileError:
     where = f"cannot write {exc.filename or path}"
-    if exc.filename and _TEMPORARY.fullmatch(Path(exc.filename).name):  # the directory refused it
+    if exc.filename and is_temporary(Path(exc.filename).name):  # the directory refused it
         where = f"cannot write in {Path(exc.filename).parent}"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return FileError(f"{where}: {exc.strerror}; make it writable, "
@@ -175,11 +128,12 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
                 outcome.error = FileError("cannot write: the file is read-only; make it writable, "
                                           "or write migrated copies elsewhere with --output-dir")
                 return outcome
-            write_atomic(job.path, result.output, file_mode)
+            write_atomically(job.path, lambda handle: handle.write(result.output), file_mode, sweep=False)
             outcome.written = True
         elif mode == "output-dir":
             job.output.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(job.output, result.output, stat.S_IMODE(job.path.stat().st_mode))
+            write_atomically(job.output, lambda handle: handle.write(result.output),
+                             stat.S_IMODE(job.path.stat().st_mode), sweep=False)
             outcome.written = True
     except OSError as exc:
         outcome.error = _write_error(exc, job.path)
@@ -196,7 +150,7 @@ def run(jobs: list[Job], options: Options, mode: str, workers: int = 1, progress
     file, with at most ``timeout`` seconds a file. Results come back in the order of ``jobs``."""
     if mode in ("in-place", "output-dir"):
         for directory in {(job.output or job.path).parent for job in jobs}:
-            remove_leftovers(directory)
+            remove_orphans(directory)
     tasks = [(job, options, mode) for job in jobs]
     results = map_isolated(_process_star, tasks, workers, timeout, progress)
     return [

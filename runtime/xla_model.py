@@ -19,8 +19,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from accrewrite.atomic_file import write_atomically
+
 from . import _collectives
-from ._atomic_file import write_atomically
 from ._closures import STEP_CLOSURES
 from ._tensor_tree import map_tensors
 
@@ -303,7 +304,7 @@ def save(data, file_or_path, master_only=True, global_master=False):
     (of the machine, or of the job with ``global_master``), or by every process when
     ``master_only`` is False. All processes wait for the write (a rendezvous), as torch_xla.
 
-    A path is replaced atomically (see ``_atomic_file``): a process loading the checkpoint
+    A path is replaced atomically (``accrewrite.atomic_file``): a process loading the checkpoint
     while it is saved reads the previous one or the new one, and a save killed midway leaves
     the previous one. A file object is written directly."""
     if master_only is False or is_master_ordinal(local=not global_master):

@@ -6,6 +6,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -111,8 +112,9 @@ def test_killing_the_parent_kills_its_workers_and_they_write_no_more(tmp_path):
 def test_leftover_temporaries_of_dead_writers_go_and_live_ones_stay(tmp_path, cli):
     tree(tmp_path, **{"train.py": TRAIN})
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".train.py.accrewrite-{dead.stdout.strip()}-k2x9_abc.tmp"
-    live = tmp_path / f".train.py.accrewrite-{os.getpid()}-q1w2e3r4.tmp"
+    host = socket.gethostname()
+    stale = tmp_path / f".train.py.{host}.{dead.stdout.strip()}.9a8b7c6d.tmp"
+    live = tmp_path / f".train.py.{host}.{os.getpid()}.1a2b3c4d.tmp"
     stale.write_bytes(b"half")
     live.write_bytes(b"half")
     assert cli("migrate", tmp_path, "--in-place")[0] == 0

@@ -1,6 +1,7 @@
 """Bad input gets a clear error and loses nothing; good input keeps its bytes' conventions."""
 
 import os
+import socket
 import stat
 
 import pytest
@@ -100,11 +101,11 @@ def test_unwritable_directory_is_an_error_and_loses_nothing(tmp_path, monkeypatc
     path.write_bytes(original)
 
     def refuse(*args, **kwargs):
-        raise PermissionError(13, "Permission denied")
+        raise PermissionError(13, "Permission denied", str(tmp_path / f".train.py.{socket.gethostname()}.{os.getpid()}.0a1b.tmp"))
 
-    monkeypatch.setattr("accrewrite.runner.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("accrewrite.runner.write_atomically", refuse)
     outcome = process(Job(path), Options(), "in-place")
-    assert outcome.error is not None and "Permission denied" in outcome.error.reason
+    assert outcome.error.reason.startswith(f"cannot write in {tmp_path}: Permission denied; make it writable")
     assert path.read_bytes() == original
 
 
@@ -116,7 +117,7 @@ def test_a_failed_write_leaves_the_original(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("accrewrite.runner.os.replace", fail)
+    monkeypatch.setattr("accrewrite.atomic_file.os.replace", fail)
     outcome = process(Job(path), Options(), "in-place")
     assert "No space left" in outcome.error.reason
     assert path.read_bytes() == original
