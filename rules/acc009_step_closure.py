@@ -237,6 +237,11 @@ class StepClosure(LoopDiagnostic, Rule):
         call = self._logging_call(original_node)
         if call is None:
             return updated_node
+        # The call as the other rules left it (``.cuda()`` migrated, ``model.module`` unwrapped):
+        # the closure is made of it, while the analysis, which knows the original nodes, decides.
+        updated = updated_node.body[0].value if len(updated_node.body) == 1 else None
+        if not isinstance(updated, cst.Call):
+            return updated_node
         if self.in_loop:
             if self._helper_logs_inside(call):
                 return updated_node  # the helper's own logging call moves, as in seed 001
@@ -251,7 +256,7 @@ class StepClosure(LoopDiagnostic, Rule):
         prints = not records_only(self.ctx.facts, call)
         if prints and (any(order > here for order in plain) or ends_the_run(self.ctx, self.ctx.facts.next_statement.get(original_node))):
             return updated_node  # a later line of the step prints at once: this one must print first
-        closure, values = self._closure(call, tensors)
+        closure, values = self._closure(call, updated, tensors)
         args = ", ".join(self.ctx.code(value) for value in values) + ("," if len(values) == 1 else "")
         # A closure that prints runs on the calling thread: the order of lines printed by two
         # threads is not kept. Recording has no order to keep.
@@ -382,22 +387,23 @@ class StepClosure(LoopDiagnostic, Rule):
 
     # The closure -----------------------------------------------------------------------------
 
-    def _closure(self, call: cst.Call, tensors) -> tuple[str, list[cst.BaseExpression]]:
-        """The closure's code and the values passed to it. A tensor the closure only reads
-        through its methods (``loss.item()``) is passed detached: its autograd graph would stay
-        alive until the step ends. One that is printed whole keeps it (its text shows
-        ``grad_fn``)."""
+    def _closure(self, call: cst.Call, updated: cst.Call, tensors) -> tuple[str, list[cst.BaseExpression]]:
+        """The closure's code and the values passed to it, made of ``updated`` (``call`` with the
+        other rules' changes). A tensor the closure only reads through its methods
+        (``loss.item()``) is passed detached: its autograd graph would stay alive until the step
+        ends. One that is printed whole keeps it (its text shows ``grad_fn``)."""
+        origins = _origins(call, updated)
         bound = bound_names(call)
         plain = all(arg.keyword is None and not arg.star for arg in call.args) and dotted(call.func) is not None
-        if plain and all(self._eager(arg.value, tensors, bound) for arg in call.args):
-            return self.ctx.code(call.func), [arg.value for arg in call.args]
-        extract = _Extract(self, tensors, bound, call)
-        body = call.visit(extract)
+        if plain and all(self._eager(arg.value, tensors, bound) for arg in call.args) and len(updated.args) == len(call.args):
+            return self.ctx.code(updated.func), [arg.value for arg in updated.args]
+        extract = _Extract(self, tensors, bound, updated, origins)
+        body = updated.visit(extract)
         params = ", ".join(extract.params)
         head = f"lambda {params}" if params else "lambda"
         read = _read_through_methods(body)
         values = [
-            _detached(value) if param in read and tensors.is_tensor(value) else value
+            _detached(value) if param in read and tensors.is_tensor(origins.get(value, value)) else value
             for param, value in zip(extract.params, extract.values)
         ]
         return f"{head}: {self.ctx.code(body)}", values
@@ -416,13 +422,16 @@ class StepClosure(LoopDiagnostic, Rule):
 
 
 class _Extract(cst.CSTTransformer):
-    """Replaces the values a logging call reads by the closure's parameters."""
+    """Replaces the values a logging call reads by the closure's parameters. The call walked is
+    the updated one; what is a value is asked of the original node each node stands for
+    (``origins``), or of the node itself where another rule made it."""
 
-    def __init__(self, rule: StepClosure, tensors, bound: set[str], call: cst.Call):
+    def __init__(self, rule: StepClosure, tensors, bound: set[str], call: cst.Call, origins: dict):
         super().__init__()
         self.rule = rule
         self.tensors = tensors
         self.bound = bound
+        self.origins = origins
         self.params: list[str] = []
         self.values: list[cst.BaseExpression] = []
         self._by_code: dict[str, str] = {}
@@ -460,6 +469,7 @@ class _Extract(cst.CSTTransformer):
         return True
 
     def _is_value(self, node: cst.CSTNode) -> bool:
+        node = self.origins.get(node, node)
         return self.rule._eager(node, self.tensors, self.bound) and self.rule._passed(node, self.bound)
 
     def on_leave(self, original_node, updated_node):
@@ -482,6 +492,22 @@ class _Extract(cst.CSTTransformer):
         return candidate
 
 
+
+
+def _origins(original: cst.CSTNode, updated: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
+    """Each node of ``updated`` -> the node of ``original`` it was made from, as far as the two
+    have the same shape: a subtree that another rule rewrote (``x.cuda()`` -> ``x.to(device)``)
+    stands for the original as a whole, and the nodes new inside it for nothing."""
+    origins = {}
+    pairs = [(original, updated)]
+    while pairs:
+        before, after = pairs.pop()
+        if type(before) is not type(after):
+            continue
+        origins[after] = before
+        if len(before.children) == len(after.children):
+            pairs.extend(zip(before.children, after.children))
+    return origins
 
 
 def _detached(value: cst.BaseExpression) -> cst.BaseExpression:
