@@ -1,4 +1,6 @@
-"""Migrating one file's source: pre-filter, parse, analyse, run the rules, print, verify.
+"""Migrating one file's source: pre-filter, check against the limits (``accrewrite.limits``),
+parse (with what libcst misreads put as Python reads it, ``accrewrite.normalize``), analyse, run
+the rules, print, verify.
 
 Everything here works on bytes in and bytes out, so that encoding (coding cookie, BOM) and newline
 style survive untouched: libcst decodes with the file's own declared encoding and prints back in
@@ -77,13 +79,12 @@ def _decode(source: bytes) -> str:
 
 def _parse(source: bytes) -> cst.Module:
     try:
-        module = cst.parse_module(source)
+        return cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise MigrationError(FileError(
-            f"libcst cannot parse this line, though Python can ({exc.message}); "
+            f"libcst cannot parse this line, though Python can ({exc.message.splitlines()[0]}); "
             "please report it with the file", exc.raw_line, exc.raw_column,
         )) from None
-    return module
 
 
 def _round_trips(module: cst.Module, source: bytes) -> None:
