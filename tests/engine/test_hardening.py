@@ -3,6 +3,7 @@ every file ends in a correct output or a clear error, and nothing is lost, hangs
 run."""
 
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -135,8 +136,19 @@ def _crash_or_hang(original):
     return migrate
 
 
+@pytest.fixture
+def quiet_crashes():
+    """The forked workers inherit pytest's fault handler: without it a crash meant to happen
+    prints no stack."""
+    enabled = faulthandler.is_enabled()
+    faulthandler.disable()
+    yield
+    if enabled:
+        faulthandler.enable(file=sys.__stderr__)
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
-def test_a_crashed_or_hung_worker_fails_its_file_only(tmp_path, cli, monkeypatch, jobs):
+def test_a_crashed_or_hung_worker_fails_its_file_only(tmp_path, cli, monkeypatch, jobs, quiet_crashes):
     monkeypatch.setattr("accrewrite.runner.migrate_source", _crash_or_hang(migrate_source))
     tree(tmp_path, **{"a.py": TRAIN, "crash.py": TRAIN, "hang.py": TRAIN, "z.py": TRAIN})
     started = time.monotonic()
