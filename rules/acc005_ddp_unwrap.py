@@ -238,7 +238,11 @@ class DdpUnwrap(Rule):
         module = self._wrapped_module(assign.value)
         if module is None or not isinstance(new, cst.Assign) or self.ctx.code(assign.value) == self.ctx.code(new.value):
             return updated_node
-        broadcast = self._broadcast(original_node, module) if self._distributed(assign.value) else []
+        # The broadcast reads the wrapped model where it is a name (DDP(model)); else the variable
+        # the unwrapped model is assigned to: evaluating DDP(net.cuda())'s or DDP(build())'s
+        # argument again would move or build another model.
+        model = self.ctx.code(module if dotted(module) is not None else target).strip()
+        broadcast = self._broadcast(original_node, model) if self._distributed(assign.value) else []
         if self.ctx.code(new.value).strip() == self.ctx.code(target).strip():
             self.ctx.fix(original_node, f"removed {self.ctx.code(target)} = {self.ctx.code(target)} left by unwrapping")
             if broadcast:
@@ -252,12 +256,12 @@ class DdpUnwrap(Rule):
             return cst.FlattenSentinel([updated_node, *broadcast])
         return updated_node
 
-    def _wrapped_module(self, value: cst.BaseExpression) -> str | None:
-        """The code of the module a wrapper call wraps (``DDP(model)``, ``DDP(m) if ddp else m``)."""
+    def _wrapped_module(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
+        """The module a wrapper call wraps (``DDP(model)``, ``DDP(m) if ddp else m``)."""
         for candidate in [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]:
             if self._wraps(candidate):
                 module = call_arg(candidate, 0, "module")
-                return self.ctx.code(module.value) if module is not None else None
+                return module.value if module is not None else None
         return None
 
     def _distributed(self, value: cst.BaseExpression) -> bool:
