@@ -19,8 +19,9 @@ is spent):
   cookie, no final newline). Input ``i`` depends only on ``--seed`` and ``i``.
 * ``FILE ...``: these files instead (a failure saved by ``--save-failures``, to reproduce it).
 
-Each input is migrated to each target in a worker process (``--jobs``); a worker that dies is a
-"crash" and one that takes more than ``--timeout`` seconds is killed, a "timeout". The defects:
+Each source's inputs are drawn first, then migrated to each target in the codemod's own worker
+processes (``accrewrite.workers``, ``--jobs`` of them); a worker that dies is a "crash" and one
+that takes more than ``--timeout`` seconds is killed, a "timeout". The defects:
 
 * ``internal``: an error whose reason starts with "internal error" (a bug of ours);
 * ``exception``: an exception escaped ``migrate_source``;
@@ -42,7 +43,6 @@ from __future__ import annotations
 import argparse
 import ast
 import keyword
-import multiprocessing
 import random
 import re
 import sys
@@ -52,10 +52,10 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from io import StringIO
-from multiprocessing.connection import wait
 from pathlib import Path
 
 from accrewrite.engine import Options, migrate_source
+from accrewrite.workers import Lost, map_isolated
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("runtime", "torch_xla", "torchacc")
@@ -134,13 +134,10 @@ def check(source: bytes, target: str) -> Outcome:
     return Outcome("changed", tuple(defects), "; ".join(details))
 
 
-def _serve(connection) -> None:
-    warnings.simplefilter("ignore")  # SyntaxWarnings of the inputs
-    while (task := connection.recv()) is not None:
-        connection.send(check(*task))
-
-
-# ---- the worker pool -----------------------------------------------------------------------
+def _check(task: tuple[bytes, str]) -> Outcome:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SyntaxWarnings of the inputs
+        return check(*task)
 
 
 @dataclass
@@ -149,63 +146,6 @@ class Input:
     label: str  # reproduces it: "mutation 17 (seed 0): examples/mnist/train.py + swap, crlf"
     data: bytes
     name: str  # a file name for --save-failures
-
-
-class Pool:
-    """Worker processes checking one (input, target) at a time: one that dies or overruns the
-    timeout is replaced, and its task reported as a crash or a timeout."""
-
-    def __init__(self, jobs: int, timeout: float, report):
-        self.context = multiprocessing.get_context("fork")  # the workers share this module as loaded
-        self.timeout, self.report = timeout, report
-        self.idle = [self._start() for _ in range(jobs)]
-        self.busy: dict = {}  # connection -> (process, (input, target), started)
-
-    def _start(self):
-        parent, child = self.context.Pipe()
-        process = self.context.Process(target=_serve, args=(child,), daemon=True)
-        process.start()
-        child.close()
-        return process, parent
-
-    def submit(self, item: Input, target: str) -> None:
-        while not self.idle:
-            self._collect()
-        process, connection = self.idle.pop()
-        connection.send((item.data, target))
-        self.busy[connection] = (process, (item, target), time.monotonic())
-
-    def _collect(self) -> None:
-        first_deadline = min(started for _, _, started in self.busy.values()) + self.timeout
-        for connection in wait(list(self.busy), max(0.0, first_deadline - time.monotonic())):
-            process, task, _ = self.busy.pop(connection)
-            try:
-                outcome = connection.recv()
-            except (EOFError, OSError):
-                process.join()
-                self._replace(connection)
-                outcome = Outcome("crash", ("crash",), f"the worker died (exit code {process.exitcode})")
-            else:
-                self.idle.append((process, connection))
-            self.report(*task, outcome)
-        for connection, (process, task, started) in list(self.busy.items()):
-            if time.monotonic() - started > self.timeout:
-                del self.busy[connection]
-                process.kill()
-                process.join()
-                self._replace(connection)
-                self.report(*task, Outcome("timeout", ("timeout",), f"over {self.timeout:g} s"))
-
-    def _replace(self, connection) -> None:
-        connection.close()
-        self.idle.append(self._start())
-
-    def close(self) -> None:
-        while self.busy:
-            self._collect()
-        for process, connection in self.idle:
-            connection.send(None)
-            process.join()
 
 
 # ---- mutations of the fixture scripts ------------------------------------------------------
@@ -627,24 +567,22 @@ def reason_kind(reason: str) -> str:
 
 def run(feeds, targets, jobs: int, timeout: float) -> Tally:
     """Check every input that ``feeds`` (pairs of a source and a function that hands its inputs
-    to a callback) make, on every target."""
+    to a callback) make, on every target, in the codemod's own worker processes: one that
+    crashes or overruns ``timeout`` is counted, and replaced."""
     tally = Tally()
     for target in targets:  # everything imported once, before the workers fork
         migrate_source(b"import torch\nx = torch.zeros(1).cuda()\n", "warm.py", Options(target=target))
-    pool = Pool(jobs, timeout, tally.add)
-    try:
-        for source, feed in feeds:
-            started, fed = time.monotonic(), Counter()
-
-            def take(item: Input) -> None:
-                fed[item.source] += 1
-                for target in targets:
-                    pool.submit(item, target)
-
-            feed(take)
-            print(f"{source}: {fed[source]} inputs in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    finally:
-        pool.close()
+    for source, feed in feeds:
+        started, items = time.monotonic(), []
+        feed(items.append)
+        tasks = [(item, target) for item in items for target in targets]
+        results = map_isolated(_check, [(item.data, target) for item, target in tasks], jobs, timeout)
+        for (item, target), result in zip(tasks, results):
+            if isinstance(result, Lost):
+                kind = "timeout" if "timed out" in result.reason else "crash"
+                result = Outcome(kind, (kind,), result.reason)
+            tally.add(item, target, result)
+        print(f"{source}: {len(items)} inputs in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return tally
 
 

@@ -99,15 +99,11 @@ def _die(source, target):
 
 @pytest.mark.parametrize("worker, defect", [(_hang, "timeout"), (_die, "crash")])
 def test_a_hung_or_dead_worker_is_counted_and_replaced(monkeypatch, worker, defect):
-    calls = []
     monkeypatch.setattr(fuzz, "check", worker)
-    pool = fuzz.Pool(1, timeout=1, report=lambda item, target, outcome: calls.append(outcome))
     item = fuzz.Input("file", "x.py", b"import torch\n", "x.py")
-    pool.submit(item, "runtime")
-    pool.submit(item, "runtime")  # waits for the first worker, then its replacement takes this one
-    monkeypatch.undo()
-    pool.close()
-    assert [outcome.defects for outcome in calls] == [(defect,), (defect,)]
+    tally = fuzz.run([("file", lambda take: [take(item), take(item)])], ["runtime"], jobs=1, timeout=1)
+    # The second input ran in the dead worker's replacement.
+    assert [failure.outcome.defects for failure in tally.failures] == [(defect,), (defect,)]
 
 
 def test_failures_are_saved_byte_for_byte(tmp_path):
