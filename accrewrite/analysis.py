@@ -596,5 +596,30 @@ def analyze(
     (whitespace and punctuation fields aside, which the analysis does not walk)."""
     analyzer = _Analyzer(triggers, trigger_nodes, walked)
     analyzer.facts.module = module
+    # The imports first, in order: a function above them (or a file that imports at its end)
+    # calls what they import, and the second run finds the imports the first added at the top.
+    for statement in _import_statements(module):
+        if isinstance(statement, cst.Import):
+            analyzer.visit_Import(statement)
+        else:
+            analyzer.visit_ImportFrom(statement)
     analyzer.walk(module)
     return analyzer.facts
+
+
+_BLOCKS = node_types(cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally,
+                     cst.MatchCase)
+
+
+def _import_statements(module: cst.Module):
+    """Every ``import`` and ``from ... import`` of ``module``, in source order, in any block (the
+    walk enters statements and blocks only, not expressions)."""
+    stack = list(reversed(module.body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            yield node
+        elif isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            stack.extend(reversed(node.body))
+        else:
+            stack.extend(reversed([child for child in children(node) if type(child) in _BLOCKS]))

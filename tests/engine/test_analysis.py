@@ -83,6 +83,24 @@ def test_training_facts():
     assert loops == {"train_loader", "range(3)"}  # the eval loop trains nothing
 
 
+def test_imports_below_their_use_resolve_too():
+    """A function defined above the file's imports (or a script that imports at its end) uses
+    what they import: its scaler, loader and optimizer are found as where the imports come
+    first (the order a migration's added imports give a second run)."""
+    module, facts = facts_of(
+        "def build(model, data):\n"
+        "    scaler = torch.cuda.amp.GradScaler()\n"
+        "    loader = DataLoader(data)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    return scaler, loader, optimizer\n"
+        "if __name__ == '__main__':\n"
+        "    import torch\n"
+        "    from torch.utils.data import DataLoader\n"
+    )
+    assert facts.scalers == {"scaler"} and facts.loaders == {"loader"} and set(facts.optimizers) == {"optimizer"}
+    assert facts.uses_grad_scaler
+
+
 def test_direct_training_loop_and_methods():
     module, facts = facts_of(
         "import torch\nclass Trainer:\n"
