@@ -1,27 +1,14 @@
 """benchmarks/fuzz.py on a small bounded sample: a few dozen drawn and mutated scripts migrated to
 every target without a defect, and the fuzzer's own checks and bookkeeping."""
 
-import importlib.util
-import pathlib
 import random
-import sys
 
 import pytest
+from benchmark_module import load
 
 pytest.importorskip("hypothesmith")
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark_fuzz", BENCHMARKS / "fuzz.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _benchmark()
+fuzz = load("fuzz")
 
 
 @pytest.mark.slow

@@ -3,27 +3,14 @@ needs are found, a migration that does the work satisfies them and an output tha
 reported as a miss. No verify runs, no network."""
 
 import ast
-import importlib.util
 import json
-import pathlib
 import subprocess
-import sys
 import textwrap
 
 import pytest
+from benchmark_module import load
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark_real_scripts", BENCHMARKS / "real_scripts.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-rs = _benchmark()
+rs = load("real_scripts")
 
 CUDA_SCRIPT = textwrap.dedent("""\
     import torch
