@@ -4,6 +4,8 @@ back after the migration.
 - A form feed in a line's indentation: Python resets the indentation's column there, libcst
   takes it as part of the indentation (and loses it, or rejects the file). Everything up to the
   last form feed is dropped, which leaves the same indentation.
+- Newlines that are lone carriage returns: libcst drops the last one, so they are read as line
+  feeds and written back as they were.
 - A line that holds only a backslash continuation: Python joins it to the next line, whose
   indentation is then the backslash line's; libcst rejects ``\\`` before ``else:``. It becomes an
   empty line, and the next line takes the backslash line's indentation.
@@ -28,6 +30,9 @@ _MAYBE = re.compile(rb"^[ \t]*\f|^[ \t\f]*\\\r?$", re.MULTILINE)
 def for_libcst(source: bytes):
     """``(text libcst reads as Python reads source, restore)``; ``restore(output)`` puts the
     original lines back into the migrated text."""
+    if b"\r" in source and b"\n" not in source:  # classic Mac newlines: libcst drops the last one
+        readable, restore = for_libcst(source.replace(b"\r", b"\n"))
+        return readable, lambda output: restore(output).replace(b"\n", b"\r")
     if not _MAYBE.search(source):
         return source, _unchanged
     original = source.splitlines(keepends=True)

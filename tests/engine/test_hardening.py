@@ -226,6 +226,14 @@ def test_form_feeds_and_backslash_lines_are_read_as_python_reads_them(body):
     assert migrate_source(result.output, "ff.py").output == result.output
 
 
+def test_lone_carriage_returns_stay_to_the_last_line():
+    source = b"import torch\rif x:\r\f    y = torch.zeros(1).cuda()\r\\\relse:\r    pass\r"
+    result = migrate_source(source, "mac.py")
+    assert result.error is None and result.changed
+    assert result.output.endswith(b"pass\r") and b"\n" not in result.output and b"\r\f    y" in result.output
+    assert migrate_source(result.output, "mac.py").output == result.output
+
+
 def test_a_file_python_rejects_is_a_syntax_error_not_a_rewrite():
     source = b"import torch\ny = " + b"(" * 250 + b"1" + b")" * 250 + b"\nz = torch.zeros(1).cuda()\n"
     result = migrate_source(source, "parens.py")
