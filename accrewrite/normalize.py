@@ -41,9 +41,11 @@ def for_libcst(source: bytes):
         return source, _unchanged
     lines = list(original)
     indent_of_next = None
+    mid_statement = False  # the line before ended in a backslash: this one is no line's start
     for number, line in enumerate(original):
-        if number + 1 in inside:
+        if number + 1 in inside or mid_statement:
             indent_of_next = None
+            mid_statement = line.rstrip(b"\r\n").endswith(b"\\")
             continue
         indent = _INDENT.match(line).group()
         body = line[len(indent):]
@@ -56,6 +58,7 @@ def for_libcst(source: bytes):
         else:
             lines[number] = indent + body
             indent_of_next = None
+            mid_statement = line.rstrip(b"\r\n").endswith(b"\\")
     normalized = b"".join(lines)
     if normalized == source:
         return source, _unchanged

@@ -208,6 +208,7 @@ MISREAD = {
     "form feed before a dedent": b"if x:\n    y = 1\n\fz = torch.zeros(1).cuda()\n",
     "form feed in a nested dedent": b"if x:\n    if y:\n        y = 1\n\f    z = torch.zeros(1).cuda()\n",
     "backslash line before else": b"if x:\n    y = torch.zeros(1).cuda()\n\\\nelse:\n    pass\n",
+    "backslash lines inside a statement": b"x = \\\n\\\ntorch.zeros(1).cuda()\n",
     "both, and a string that holds them": (
         b's = """\n\f  kept\n\\\n"""\nif x:\n  \f  y = torch.zeros(1).cuda()\n\\\nelse:\n\f\tpass\n'
     ),
