@@ -7,10 +7,11 @@ it. Keys: target, guard, select, ignore, unsafe-fixes, exclude.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from accrewrite.discovery import real
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,7 +36,7 @@ class FileConfig:
 
 
 def find_config(start: Path) -> FileConfig:
-    start = Path(os.path.realpath(start))  # a symlink loop stays unresolved rather than raising
+    start = real(start)
     for directory in [start, *start.parents] if _is_a(start, Path.is_dir) else list(start.parents):
         candidate = directory / "pyproject.toml"
         if not _is_a(candidate, Path.is_file):

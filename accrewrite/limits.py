@@ -9,7 +9,7 @@ deep expressions.
 | limit | value | beyond it |
 |---|---|---|
 | file size | 1 MiB | "file too large" error; the file is left as it is |
-| expression and block nesting | 2,000 levels | "nested too deeply" error, with the line |
+| expression and block nesting | 2,000 levels | "nested too deeply" error; the file is left as it is |
 
 Within the limits, libcst's recursive parser, visitors and code generator run on a thread with a
 large stack and a raised recursion limit (a 1,000-long attribute chain or a 2,000-term sum needs

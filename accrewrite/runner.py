@@ -57,7 +57,7 @@ def _diff(path: str, before: bytes, after: bytes) -> str:
 
 
 def _read(path: Path, mode: str) -> bytes:
-    """The file's bytes; OSError or FileError when it is not a regular file to read (and, for
+    """The file's bytes; OSError, or _Refused when it is not a regular file to read (and, for
     ``--in-place``, to write)."""
     if mode == "in-place" and _special(path):
         raise _Refused("cannot rewrite a special file in place; migrate the file it stands for, or use --diff")
@@ -91,13 +91,15 @@ def _special(path: Path) -> bool:
     return False
 
 
+_WRITABLE = "make it writable, or write migrated copies elsewhere with --output-dir"
+
+
 def _write_error(exc: OSError, path: Path) -> FileError:
     where = f"cannot write {exc.filename or path}"
     if exc.filename and is_temporary(Path(exc.filename).name):  # the directory refused it
         where = f"cannot write in {Path(exc.filename).parent}"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return FileError(f"{where}: {exc.strerror}; make it writable, "
-                         "or write migrated copies elsewhere with --output-dir")
+        return FileError(f"{where}: {exc.strerror}; {_WRITABLE}")
     return FileError(f"{where}: {exc.strerror or exc}")
 
 
@@ -125,8 +127,7 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
         if mode == "in-place" and result.changed:
             file_mode = stat.S_IMODE(job.path.stat().st_mode)
             if not file_mode & stat.S_IWUSR:
-                outcome.error = FileError("cannot write: the file is read-only; make it writable, "
-                                          "or write migrated copies elsewhere with --output-dir")
+                outcome.error = FileError(f"cannot write: the file is read-only; {_WRITABLE}")
                 return outcome
             write_atomically(job.path, lambda handle: handle.write(result.output), file_mode, sweep=False)
             outcome.written = True
