@@ -14,10 +14,11 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.syntax import Syntax
+from rich.markdown import Markdown
 from rich.table import Table
 
-from accrewrite import __version__, reporting
+from accrewrite import __version__, explain
+from accrewrite.report import FORMATS, report
 from accrewrite.config import ConfigError, find_config
 from accrewrite.discovery import discover
 from accrewrite.engine import Options
@@ -74,7 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--ignore", type=_codes, metavar="CODES", help="rules not to run")
     migrate.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
                          help="apply fixes that may change numerics")
-    migrate.add_argument("--format", choices=reporting.FORMATS, default="text")
+    migrate.add_argument("--output-format", "--format", dest="format", choices=FORMATS, default="concise",
+                         help="concise (default; also text), full (with each finding's source line and help), "
+                              "json, github, gitlab or sarif")
+    migrate.add_argument("--statistics", action="store_true", help="print counts per rule instead of the findings")
+    migrate.add_argument("--show-fixes", action="store_true", help="list the fixes made (or to make) per file")
     migrate.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                          help="worker processes (0: one per CPU)")
     migrate.add_argument("--exclude", type=_codes, action="extend", metavar="GLOB",
@@ -185,14 +190,7 @@ def _migrate(args, out: Console, err: Console) -> int:
     else:
         code = EXIT_OK
     try:
-        if args.format == "text":
-            reporting.text(outcomes, mode, options.target, out)
-        elif args.format == "json":
-            print(reporting.as_json(outcomes, options.target), flush=True)
-        elif args.format == "github":
-            print(reporting.github(outcomes, mode), flush=True)
-        else:
-            print(reporting.sarif(outcomes, mode), flush=True)
+        report(outcomes, mode, options.target, args.format, out, args.statistics, args.show_fixes)
     except BrokenPipeError:
         _to_devnull(sys.stdout)
     return code
@@ -226,21 +224,7 @@ def _explain(args, out: Console, err: Console) -> int:
     except SelectionError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         return EXIT_ERROR
-    kind = "safe fix" if rule.safe else "unsafe fix (applied with --unsafe-fixes or when selected by code)"
-    kind = "diagnostic (reports, changes nothing)" if rule.diagnostic_only() else kind
-    out.print(f"[bold]{rule.code} {rule.name}[/]: {rule.summary}", highlight=False)
-    out.print(f"{kind}{'; opt-in' if rule.opt_in else ''}; targets: {', '.join(rule.supported_targets())}\n")
-    out.print(rule.documentation(), highlight=False)
-    for number, example in enumerate(rule.examples, start=1):
-        out.print(f"\n[bold]Example {number}[/] (target {example.target})")
-        out.print("Before:")
-        out.print(Syntax(example.before, "python", theme="ansi_dark", background_color="default"))
-        if example.after != example.before:
-            out.print("After:")
-            out.print(Syntax(example.after, "python", theme="ansi_dark", background_color="default"))
-        if example.diagnostics:
-            reports = (f"{code} at line {line}" for code, _, line in (d.partition(":") for d in example.diagnostics))
-            out.print("Reports: " + ", ".join(reports), highlight=False)
+    out.print(Markdown(explain.markdown(rule), code_theme="ansi_dark", inline_code_lexer="python"))
     return EXIT_OK
 
 

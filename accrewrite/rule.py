@@ -96,6 +96,14 @@ class Finding:
     node: cst.CSTNode
     line: int = 0
     col: int = 0
+    # A diagnostic's why and what to do: its message states one fact, short enough for a line.
+    help: str = ""
+
+
+def excerpt(code: str, width: int = 40) -> str:
+    """Source code quoted in a message: on one line, cut to ``width`` characters."""
+    code = " ".join(code.split())
+    return code if len(code) <= width else code[: width - 3] + "..."
 
 
 _NOQA = re.compile(r"#\s*noqa:\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)", re.IGNORECASE)
@@ -187,10 +195,11 @@ class RuleContext:
         rule = self._rule
         self._pending_fixes.append(Finding(rule.code, rule.name, message, node))
 
-    def diagnose(self, node: cst.CSTNode, message: str, code: str | None = None) -> None:
-        """Report something that needs a human at ``node`` (an original node)."""
+    def diagnose(self, node: cst.CSTNode, message: str, help: str = "", code: str | None = None) -> None:
+        """Report something that needs a human at ``node`` (an original node): ``message`` is
+        one fact (about 90 characters at most), ``help`` why it matters and what to do."""
         rule = self._rule
-        self.diagnostics.append(Finding(code or rule.code, rule.name, message, node))
+        self.diagnostics.append(Finding(code or rule.code, rule.name, message, node, help=help))
 
     # What the batched transformer calls ----------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import errno
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ class Outcome:
     diagnostics: list[Finding] = field(default_factory=list)
     withheld: list[Finding] = field(default_factory=list)
     diff: str = ""
+    # The source lines that diagnostics point at, by number, for the full output format.
+    lines: dict[int, str] = field(default_factory=dict)
 
 
 def _diff(path: str, before: bytes, after: bytes) -> str:
@@ -121,6 +124,9 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
     )
     if result.error is not None:
         return outcome
+    if result.diagnostics:
+        text = re.split(r"\r\n?|\n", source.decode("utf-8", errors="replace"))
+        outcome.lines = {d.line: text[d.line - 1] for d in result.diagnostics if 0 < d.line <= len(text)}
     if result.changed and mode in ("diff", "check"):
         outcome.diff = _diff(display, source, result.output)
     try:

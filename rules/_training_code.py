@@ -235,8 +235,8 @@ class LoopDiagnostic:
     def check_call(self, node: cst.Call) -> None:
         """Overridden by rules that look at calls."""
 
-    def report(self, node: cst.CSTNode, message: str) -> None:
-        """Report ``message`` at ``node`` when its statement is left (see the class doc). Not in
+    def report(self, node: cst.CSTNode, message: str, help: str = "") -> None:
+        """Report ``message`` (and its ``help``) at ``node`` when its statement is left (see the class doc). Not in
         a file that never moves anything to a device (it trains on the CPU, where nothing waits
         for a device), nor on an error path: a ``raise``, or a line right before ``sys.exit()``
         or ``raise``, runs once, when the run ends anyway."""
@@ -244,23 +244,23 @@ class LoopDiagnostic:
         if not self.ctx.facts.places_on_device or _on_error_path(self.ctx, statement):
             return
         if isinstance(statement, cst.SimpleStatementLine):
-            self._closure_state()["pending"].setdefault(statement, []).append((node, message))
+            self._closure_state()["pending"].setdefault(statement, []).append((node, message, help))
         else:
-            self.ctx.diagnose(node, message)
+            self.ctx.diagnose(node, message, help)
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         pending = self._closure_state()["pending"].pop(original_node, ())
         if not is_step_closure_line(updated_node):
-            for node, message in pending:
-                self.ctx.diagnose(node, message)
+            for node, message, help in pending:
+                self.ctx.diagnose(node, message, help)
         return updated_node
 
     def leave_Module(self, original_node, updated_node):
         # Statements that an earlier rule replaced by several (or none): their leave_ did not
         # reach this rule, and their findings still stand.
         for pending in self._closure_state()["pending"].values():
-            for node, message in pending:
-                self.ctx.diagnose(node, message)
+            for node, message, help in pending:
+                self.ctx.diagnose(node, message, help)
         self._closure_state()["pending"].clear()
         return updated_node
 

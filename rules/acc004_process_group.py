@@ -93,8 +93,8 @@ class ProcessGroup(Rule):
         if any(arg.star for arg in original_node.args):
             self.ctx.diagnose(
                 original_node,
-                "init_process_group(*args/**kwargs): cannot tell which backend it gets; pass the "
-                "target's backend by hand (see `accrewrite explain ACC004`)",
+                "init_process_group(*args/**kwargs): its backend cannot be told",
+                "Pass the target's backend by hand (see `accrewrite explain ACC004`).",
                 code="ACC105",
             )
             return updated_node
@@ -147,10 +147,10 @@ class ProcessGroup(Rule):
             size = ctx.concept("dist_assigned_world_size").render_expr()
             ctx.diagnose(
                 original_node,
-                f"dropped {' and '.join(dropped)} from init_process_group: this target's init method "
-                f"assigns them from its runtime and ignores values passed; read them with {rank} and "
-                f"{size} (or dist.get_rank()/dist.get_world_size() after this call), and launch with "
-                "torchrun or the target's launcher rather than one process per CUDA device",
+                f"dropped {' and '.join(dropped)} from init_process_group",
+                "This target's init method assigns them from its runtime and ignores values passed; read "
+                f"them with {rank} and {size} (or dist.get_rank()/dist.get_world_size() after this call), "
+                "and launch with torchrun or the target's launcher rather than one process per CUDA device.",
             )
             changes.append(f"dropped {'/'.join(dropped)} (assigned by the init method)")
         if not changes:

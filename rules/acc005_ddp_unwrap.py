@@ -169,7 +169,8 @@ class DdpUnwrap(Rule):
             return updated_node
         module = call_arg(updated_node, 0, "module")
         if module is None or any(arg.star for arg in original_node.args):
-            self.ctx.diagnose(original_node, "cannot tell which module this wrapper wraps; unwrap it by hand", code="ACC105")
+            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told", "Unwrap it by hand.",
+                              code="ACC105")
             return updated_node
         self.ctx.fix(original_node, "unwrapped: the target all-reduces gradients at the step (ACC006), not in DDP")
         return module.value.with_changes(lpar=[], rpar=[]) if isinstance(module.value, cst.Name) else module.value
@@ -182,8 +183,9 @@ class DdpUnwrap(Rule):
         if attr == "no_sync" and dotted(original_node.value) in self._wrapped and original_node not in self._with_items:
             self.ctx.diagnose(
                 original_node,
-                "model.no_sync is now a no-op context (contextlib.nullcontext): gradients are all-reduced "
-                "only where the optimizer steps (ACC006); check that the step is where no_sync ended",
+                "model.no_sync is now a no-op context (contextlib.nullcontext)",
+                "Gradients are all-reduced only where the optimizer steps (ACC006): check that the step "
+                "is where no_sync ended.",
             )
             self.ctx.fix(original_node, "model.no_sync -> contextlib.nullcontext: nothing is reduced during backward")
             return self.ctx.expr("null_context")
@@ -282,10 +284,11 @@ class DdpUnwrap(Rule):
             self._warned = True
             self.ctx.diagnose(
                 statement,
+                "nothing broadcasts rank 0's weights now that DDP is removed",
                 "DDP broadcast rank 0's parameters and buffers to every rank when it wrapped the model; "
                 "without it every rank must build equal weights: seed every rank with the same value "
-                "before the model is built (torch.manual_seed / xm.set_rng_state, seed 001 step 1), "
-                "not with a rank-dependent seed",
+                "before the model is built (torch.manual_seed / xm.set_rng_state, step 1 of TorchAcc's "
+                "migration guide), not with a rank-dependent seed.",
             )
         return []
 

@@ -189,9 +189,10 @@ class GradientAllReduce(Rule):
         if callee in _OPAQUE_STEPPERS and self.ctx.facts.called & WRAPPER_NAMES:
             self.ctx.diagnose(
                 node,
-                f"{callee} runs backward and the optimizer step inside, where no gradient all-reduce can go: "
-                "with DistributedDataParallel removed (ACC005) the ranks' gradients are not reduced; "
-                "step with a GradScaler in this script instead (then ACC006 reduces before it)",
+                f"{callee} steps the optimizer where no gradient all-reduce can go",
+                "It runs backward and the optimizer step inside; with DistributedDataParallel removed "
+                "(ACC005) the ranks' gradients are not reduced. Step with a GradScaler in this script "
+                "instead (then ACC006 reduces before it).",
                 code="ACC105",
             )
 

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.analysis import _Walker
 from accrewrite.nodes import call_arg, children, dotted, string_value, walk
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules.acc002_device_placement import _with_commas
 
 # Autocast callables that are CUDA-only, and their positional parameters.
@@ -178,8 +178,9 @@ class Amp(Rule):
             return False
         self.ctx.diagnose(
             call,
-            f"{self.ctx.code(call.func)}() left as it is: the target's own is called {name}, which this "
-            f"file already binds to {bound}; import the target's under another name and call it here",
+            f"{excerpt(self.ctx.code(call.func))}() left as it is: `{name}` is bound to {excerpt(bound)}",
+            f"The target's own is called {name}, which this file already binds to {bound}; import the "
+            "target's under another name and call it here.",
             code="ACC105",
         )
         return True
@@ -215,8 +216,8 @@ class Amp(Rule):
                 kept.append(alias)  # passed around uncalled: its calls cannot be rewritten
                 self.ctx.diagnose(
                     original_node,
-                    f"{_local(alias)} is passed around uncalled, and this target has no CUDA-style {name}: the "
-                    "import stays (it runs, without mixed precision); change the calls it reaches by hand",
+                    f"{_local(alias)} is passed around uncalled; this target has no CUDA-style {name}",
+                    "The import stays (it runs, without mixed precision); change the calls it reaches by hand.",
                     code="ACC105",
                 )
             else:
@@ -272,8 +273,8 @@ class Amp(Rule):
             if self._bare(name) is None:
                 self.ctx.diagnose(
                     original_node,
-                    f"{callee} is passed around uncalled: this target has no CUDA-style {name}; "
-                    "change the calls it reaches by hand (see `accrewrite explain ACC007`)",
+                    f"{callee} is passed around uncalled; this target has no CUDA-style {name}",
+                    "Change the calls it reaches by hand (see `accrewrite explain ACC007`).",
                     code="ACC105",
                 )
             return updated_node
@@ -290,9 +291,9 @@ class Amp(Rule):
             if self._on_cuda(original_node, "device_type" if callee in _AUTOCAST else "device"):
                 self.ctx.diagnose(
                     original_node,
-                    f"{local}() is {callee}, which this file also calls for other devices, and the target's "
-                    f"own is called {local} too: left as it is (CUDA AMP, inactive off CUDA); call the "
-                    "target's by hand here, imported under another name",
+                    f"{local}() left as it is: the target's own is called {local} too",
+                    f"{local}() is {callee}, which this file also calls for other devices: it stays CUDA AMP "
+                    "(inactive off CUDA). Call the target's by hand here, imported under another name.",
                     code="ACC105",
                 )
             return updated_node
@@ -338,7 +339,8 @@ class Amp(Rule):
     def _autocast(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
         if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
-            ctx.diagnose(original_node, "autocast(*args/**kwargs): migrate this call to the target's autocast by hand", code="ACC105")
+            ctx.diagnose(original_node, "autocast(*args/**kwargs) left as it is",
+                         "Migrate this call to the target's autocast by hand.", code="ACC105")
             return updated_node
         named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device_type"]
         if repointed and not ctx.target.has("autocast_device"):
@@ -359,9 +361,9 @@ class Amp(Rule):
                 was = ctx.code(given.value) if given is not None else "float16 (CUDA's default)"
                 ctx.diagnose(
                     original_node,
-                    f"autocast now runs in {ctx.code(dtype)} instead of {was}: this target's autocast "
-                    "supports only that dtype on its device; it has float32's range, so no loss scaling "
-                    "is needed (the GradScaler is disabled)",
+                    f"autocast now runs in {ctx.code(dtype)} instead of {excerpt(was)}",
+                    "This target's autocast supports only that dtype on its device; it has float32's range, "
+                    "so no loss scaling is needed (the GradScaler is disabled).",
                 )
             args.append(_keyword("dtype", dtype))
             named = [(n, a) for n, a in named if n != "dtype"]
@@ -373,14 +375,16 @@ class Amp(Rule):
     def _scaler(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
         if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
-            ctx.diagnose(original_node, "GradScaler(*args/**kwargs): migrate this call to the target's GradScaler by hand", code="ACC105")
+            ctx.diagnose(original_node, "GradScaler(*args/**kwargs) left as it is",
+                         "Migrate this call to the target's GradScaler by hand.", code="ACC105")
             return updated_node
         if not ctx.target.has("grad_scaler") and ctx.target.has("disabled_grad_scaler"):
             ctx.diagnose(
                 original_node,
-                "this target has no GradScaler: the scaler is PyTorch's, disabled, so scaler.scale(), "
-                "unscale_(), step() and update() pass through; autocast runs in bfloat16, which needs "
-                "no loss scaling. Remove the scaler when the script no longer runs on CUDA",
+                "GradScaler is now disabled: this target has none",
+                "The scaler is PyTorch's, disabled, so scaler.scale(), unscale_(), step() and update() "
+                "pass through; autocast runs in bfloat16, which needs no loss scaling. Remove the scaler "
+                "when the script no longer runs on CUDA.",
             )
             ctx.fix(original_node, "GradScaler -> a disabled scaler (the target has none)")
             return ctx.expr("disabled_grad_scaler")

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.analysis import SCALER_NAMES
 from accrewrite.nodes import call_arg, dotted
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules.acc002_device_placement import _with_commas
 
 _SYNCFREE = {
@@ -129,9 +129,9 @@ class SyncfreeOptimizer(Rule):
         if any(arg.star for arg in original_node.args):
             self.ctx.diagnose(
                 original_node,
-                f"{code}(...) is built from *args/**kwargs: cannot check that syncfree.{kind} takes them "
-                f"(it has no foreach/fused/capturable); with a GradScaler use syncfree.{kind} here by hand "
-                "to avoid a host sync per step",
+                f"{excerpt(code)}(...) is built from *args/**kwargs; left as it is",
+                f"Whether syncfree.{kind} takes them cannot be checked (it has no foreach/fused/capturable); "
+                f"with a GradScaler use syncfree.{kind} here by hand to avoid a host sync per step.",
                 code="ACC105",
             )
             return updated_node
@@ -144,9 +144,10 @@ class SyncfreeOptimizer(Rule):
         if unknown:
             self.ctx.diagnose(
                 original_node,
-                f"{code}({', '.join(unknown)}=...) left as it is: syncfree.{kind} does not take "
-                f"{', '.join(unknown)}; without it, use syncfree.{kind} here by hand to avoid a host "
-                "sync per step",
+                f"{excerpt(code + '(' + ', '.join(unknown) + '=...)', 50)} left as it is: syncfree.{kind} "
+                "does not take it",
+                f"syncfree.{kind} does not take {', '.join(unknown)}; without it, use syncfree.{kind} here by "
+                "hand to avoid a host sync per step.",
                 code="ACC105",
             )
             return updated_node
@@ -154,8 +155,8 @@ class SyncfreeOptimizer(Rule):
         if amsgrad is not None and self.ctx.code(amsgrad.value) != "False":
             self.ctx.diagnose(
                 original_node,
-                f"{code}(amsgrad=...) left as it is: syncfree.{kind} does not support amsgrad on every "
-                "target; drop amsgrad to use it",
+                f"{excerpt(code)}(amsgrad=...) left as it is",
+                f"syncfree.{kind} does not support amsgrad on every target; drop amsgrad to use it.",
                 code="ACC105",
             )
             return updated_node
@@ -189,8 +190,9 @@ class SyncfreeOptimizer(Rule):
         self._reported.add(name)
         self.ctx.diagnose(
             call,
-            f"{name} is not built from torch.optim in this file (a factory or another module): if it is "
-            "torch.optim Adam/AdamW/SGD, build syncfree.Adam/AdamW/SGD there instead, so that the "
-            "scaler's overflow check does not sync the host every step",
+            f"{excerpt(name)} is not built from torch.optim in this file",
+            "It comes from a factory or another module: if it is torch.optim Adam/AdamW/SGD, build "
+            "syncfree.Adam/AdamW/SGD there instead, so that the scaler's overflow check does not sync "
+            "the host every step.",
             code="ACC105",
         )

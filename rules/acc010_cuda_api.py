@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.nodes import dotted
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, excerpt
 
 _SYNCHRONIZE = {"torch.cuda.synchronize"}
 _MEMORY = {
@@ -129,15 +129,16 @@ class CudaApi(Rule):
             memory = self.ctx.concept("memory_info").render_expr(device="device")
             self.ctx.diagnose(
                 original_node,
-                f"{callee}() measures CUDA's allocator, not this target's device (0 where CUDA is not "
-                f"initialised); left as it is so the script runs: for device memory use {memory}",
+                f"{callee}() measures CUDA's allocator, not this target's device",
+                f"It reads 0 where CUDA is not initialised; left as it is so the script runs. For device "
+                f"memory use {memory}.",
             )
         elif callee in _QUERIES and not self._selecting:
             self.ctx.diagnose(
                 original_node,
-                f"{callee}() describes CUDA, not this target's device (False/0 on TPU or CPU hosts), so "
-                "the code it gates takes its CPU path there; left as it is: if it chooses the device or "
-                "CUDA-only features, decide by the target device instead",
+                f"{callee}() describes CUDA, not this target's device",
+                "It is False/0 on TPU or CPU hosts, so the code it gates takes its CPU path there; left as "
+                "it is. If it chooses the device or CUDA-only features, decide by the target device instead.",
             )
         return updated_node
 
@@ -156,7 +157,8 @@ class CudaApi(Rule):
                 if name and name.startswith(_CUDNN):
                     self.ctx.diagnose(
                         original_node,
-                        f"{name} has no effect on this target, which does not run cuDNN; left as it is "
-                        "(remove it, or keep it for the script's CUDA path)",
+                        f"{excerpt(name, 50)} has no effect on this target",
+                        "The target does not run cuDNN; left as it is. Remove it, or keep it for the "
+                        "script's CUDA path.",
                     )
         return updated_node

@@ -4,7 +4,8 @@ from accrewrite.analysis import LOADER_NAMES
 from accrewrite.nodes import call_arg
 from accrewrite.rule import Example, Rule
 
-_SEED_WORKERS = 8
+# The worker count TorchAcc's migration guide uses.
+_GUIDE_WORKERS = 8
 
 
 class LoaderPinMemory(Rule):
@@ -54,9 +55,9 @@ class LoaderPinMemory(Rule):
         if workers is None or self.ctx.code(workers.value) == "0":
             self.ctx.diagnose(
                 original_node,
-                "this DataLoader loads batches in the training process (num_workers=0): set "
-                f"num_workers (seed 001 uses {_SEED_WORKERS}) so that workers prepare the next batches "
-                "while the device computes",
+                "DataLoader loads batches in the training process (num_workers=0)",
+                f"Set num_workers (TorchAcc's migration guide uses {_GUIDE_WORKERS}) so that worker "
+                "processes prepare the next batches while the device computes.",
             )
         if call_arg(original_node, 7, "pin_memory") is not None or any(arg.star for arg in original_node.args):
             return updated_node

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.nodes import walk
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._training_code import LoopDiagnostic, free_names, is_logging_call
 
 _PRINTERS = frozenset({"print"})
@@ -78,12 +78,12 @@ class HostSync(LoopDiagnostic, Rule):
         func = node.func
         if isinstance(func, cst.Attribute) and tensors.sync(func.value) is not None:
             return  # `.cpu().numpy()`: the first read is the one that waits
-        message = _message(self.ctx.code(node), how)
+        message, help = _message(self.ctx.code(node), how), _HELP
         logged = self._read_only_by_logging()
         if logged:
-            message += (f". `{logged}` is read only by logging: compute it inside that logging call's step "
-                        "closure (pass the tensor, call .item() there)")
-        self.report(node, message)
+            help += (f" `{logged}` is read only by logging: compute it inside that logging call's step "
+                     "closure (pass the tensor, call .item() there).")
+        self.report(node, message, help)
 
     def _read_only_by_logging(self) -> str | None:
         """The variable this statement assigns, when nothing but logging calls read it (nanoGPT's
@@ -125,20 +125,23 @@ class HostSync(LoopDiagnostic, Rule):
 
     def leave_FormattedStringExpression(self, original_node, updated_node):
         if self.in_loop and self.tensors().sync(original_node) is not None:
-            self.report(original_node.expression, _message(self.ctx.code(original_node.expression), "formatting a tensor"))
+            expression = original_node.expression
+            self.report(expression, _message(self.ctx.code(expression), "formatting a tensor"), _HELP)
         return updated_node
 
 
+_HELP = (
+    "Reading a tensor's value waits for the device: on XLA it forces the pending graph to run "
+    "mid-step, and under torch.compile the graph breaks at this line. Keep the value as a tensor "
+    "(`total += loss.detach()`), read it every N steps, or read it in a step closure "
+    "(xm.add_step_closure; ACC009 moves logging there)."
+)
+
+
 def _message(code: str, how: str) -> str:
-    code = " ".join(code.split())
-    if len(code) > 60:
-        code = code[:57] + "..."
-    return (
-        f"host sync: `{code}` ({how}) waits for the device: on XLA it forces the pending graph to run "
-        "mid-step (an XLA sync), and under torch.compile the compiled graph breaks at this line. "
-        "Keep the value as a tensor (e.g. `total += loss.detach()`), read it every N steps, or read it "
-        "in a step closure (xm.add_step_closure; ACC009 moves logging there)"
-    )
+    shown = excerpt(code)
+    reason = "" if how.startswith(".") and how in shown else f" ({how})"  # `x.item()` says .item()
+    return f"`{shown}` syncs the host every step{reason}"
 
 
 def _header_names(part) -> set[str]:

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._training_code import LoopDiagnostic
 
 
@@ -58,15 +58,12 @@ class TensorControlFlow(LoopDiagnostic, Rule):
             how = "a value read from a tensor"
         else:
             return
-        code = " ".join(self.ctx.code(test).split())
-        if len(code) > 60:
-            code = code[:57] + "..."
         self.report(
             test,
-            f"control flow on a tensor: {what} `{code}` tests {how}, so the host waits for the device "
-            "(an XLA sync mid-step) and torch.compile breaks the graph here, with one graph per branch. "
-            "Select with torch.where(cond, a, b) or a mask instead, or check it every N steps or in a step "
-            "closure",
+            f"{what} `{excerpt(self.ctx.code(test))}` tests {how}",
+            "The host waits for the device (an XLA sync mid-step) and torch.compile breaks the graph "
+            "here, with one graph per branch. Select with torch.where(cond, a, b) or a mask instead, "
+            "or check it every N steps or in a step closure.",
         )
 
     def leave_If(self, original_node, updated_node):
@@ -78,7 +75,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
         return updated_node
 
     def leave_IfExp(self, original_node, updated_node):
-        self._check(original_node, original_node.test, "the conditional expression on")
+        self._check(original_node, original_node.test, "conditional expression on")
         return updated_node
 
     def leave_Assert(self, original_node, updated_node):

@@ -3,7 +3,7 @@ import functools
 import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, string_value, walk
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._training_code import LoopDiagnostic, free_names
 
 # Hugging Face collators that pad each batch to its longest sample unless told otherwise.
@@ -13,9 +13,15 @@ _PADDING_COLLATORS = frozenset(
 )
 # Ops whose output size depends on the data.
 _DATA_SIZED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"})
-_PACKING = (
-    "pack samples into fixed-length rows (accrewrite.runtime.io.PackedDataset) or pad to a fixed "
-    "length (padding=\"max_length\", max_length=N)"
+_PADDED = (
+    "Every batch has a new shape, and each new shape compiles a new graph. Pack samples into "
+    "fixed-length rows (accrewrite.runtime.io.PackedDataset) or pad to a fixed length "
+    "(padding=\"max_length\", max_length=N)."
+)
+_DATA_SIZED_HELP = (
+    "The size is known only after the device computes it (an XLA sync), and each size compiles a "
+    "new graph. Keep the full shape and weight by the mask (`(loss * mask).sum() / mask.sum()`), "
+    "use ignore_index, or torch.where(mask, x, 0)."
 )
 
 
@@ -107,20 +113,18 @@ class DynamicShapes(LoopDiagnostic, Rule):
         if last in _PADDING_COLLATORS:
             padding = call_arg(node, 99, "padding")
             if padding is None or string_value(padding.value) not in ("max_length", "do_not_pad"):
-                self.report(node, f"`{last}` pads each batch to its longest sample, so every batch has a new "
-                                  f"shape and a new compiled graph; {_PACKING}")
+                self.report(node, f"`{last}` pads each batch to its longest sample", _PADDED)
             return
         if last == "pad_sequence":
-            self.report(node, f"`pad_sequence` pads to the longest sequence of each batch, so batch shapes vary "
-                              f"and each new shape compiles a new graph; {_PACKING}")
+            self.report(node, "`pad_sequence` pads each batch to its longest sequence", _PADDED)
             return
         padding = call_arg(node, 99, "padding")
         if padding is not None and (
             string_value(padding.value) == "longest"
             or isinstance(padding.value, cst.Name) and padding.value.value == "True"
         ):
-            self.report(node, f"`padding={self.ctx.code(padding.value)}` pads to the longest sample of each batch, "
-                              f"so shapes vary from batch to batch; {_PACKING}")
+            shown = excerpt(self.ctx.code(padding.value))
+            self.report(node, f"`padding={shown}` pads each batch to its longest sample", _PADDED)
             return
         if not self.in_loop:
             return
@@ -132,12 +136,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
             self._data_sized(node, "one-argument `torch.where`")
 
     def _data_sized(self, node: cst.CSTNode, what: str) -> None:
-        self.report(
-            node,
-            f"dynamic shape: {what} returns as many elements as the data selects, so the size is known only "
-            "after the device computes it (an XLA sync) and each size compiles a new graph. Keep the full shape "
-            "and weight by the mask (e.g. `(loss * mask).sum() / mask.sum()`), or use ignore_index",
-        )
+        self.report(node, f"{what} returns as many elements as the data selects", _DATA_SIZED_HELP)
 
     def leave_Subscript(self, original_node, updated_node):
         self._sliced_at_the_step(original_node)
@@ -148,14 +147,9 @@ class DynamicShapes(LoopDiagnostic, Rule):
             return updated_node
         tensors = self.tensors()
         if tensors.is_mask(index.value) and tensors.is_tensor(original_node.value):
-            code = " ".join(self.ctx.code(original_node).split())
-            self.report(
-                original_node,
-                f"dynamic shape: boolean-mask indexing `{code}` keeps as many elements as the mask selects, so the "
-                "size is known only after the device computes it (an XLA sync) and each size compiles a new graph. "
-                "Keep the full shape and weight by the mask (e.g. `(loss * mask).sum() / mask.sum()`), use "
-                "ignore_index, or torch.where(mask, x, 0)",
-            )
+            shown = excerpt(self.ctx.code(original_node))
+            self.report(original_node, f"mask indexing `{shown}` keeps as many elements as the mask selects",
+                        _DATA_SIZED_HELP)
         return updated_node
 
     def _sliced_at_the_step(self, node: cst.Subscript) -> None:
@@ -171,9 +165,10 @@ class DynamicShapes(LoopDiagnostic, Rule):
         code, value = (" ".join(self.ctx.code(n).split()) for n in (node, node.value))
         self.report(
             node,
-            f"`{code}`: the offset `{self.ctx.code(offset)}` changes every step, and on XLA it is a constant of the "
-            f"graph, so every step compiles a new graph. Keep `{value}` on the host and move each slice to the "
-            f"device (`{code}.to(device)`)",
+            f"`{excerpt(code, 30)}` slices at an offset that changes every step",
+            f"On XLA the offset `{excerpt(self.ctx.code(offset))}` is a constant of the graph, so every step "
+            f"compiles a new graph. Keep `{value}` on the host and move each slice to the device "
+            f"(`{code}.to(device)`).",
         )
 
     @functools.cached_property

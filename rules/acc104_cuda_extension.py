@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.nodes import string_value
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, excerpt
 
 _CPP_EXTENSION = "torch.utils.cpp_extension."
 _CUDA_SOURCES = (".cu", ".cuh")
@@ -58,15 +58,17 @@ class CudaExtension(Rule):
             what = callee[len(_CPP_EXTENSION):]
             self.ctx.diagnose(
                 original_node,
-                f"custom CUDA extension: `{what}` builds a CUDA/C++ kernel, which cannot take XLA tensors nor be "
-                "part of a compiled graph. Write the op in PyTorch, use an accrewrite.runtime.nn fused module "
-                "where one fits, or register a torch.library custom op with a reference implementation",
+                f"`{excerpt(what)}` builds a custom CUDA/C++ kernel",
+                "Such a kernel cannot take XLA tensors nor be part of a compiled graph. Write the op in "
+                "PyTorch, use an accrewrite.runtime.nn fused module where one fits, or register a "
+                "torch.library custom op with a reference implementation.",
             )
         elif callee == "torch.ops.load_library":
             self.ctx.diagnose(
                 original_node,
-                "custom op library: `torch.ops.load_library` loads compiled kernels, which have no XLA "
-                "implementation. Give each op a PyTorch implementation (torch.library) or replace it",
+                "`torch.ops.load_library` loads compiled custom kernels",
+                "Compiled kernels have no XLA implementation. Give each op a PyTorch implementation "
+                "(torch.library) or replace it.",
             )
         return updated_node
 
@@ -75,8 +77,9 @@ class CudaExtension(Rule):
         if self._extension_calls == 0 and text and text.endswith(_CUDA_SOURCES):
             self.ctx.diagnose(
                 original_node,
-                f"CUDA source `{text}`: a custom CUDA kernel has no XLA implementation and cannot be part of "
-                "a compiled graph. Write the op in PyTorch or register a torch.library custom op with a "
-                "reference implementation",
+                f"`{excerpt(text)}` is the source of a custom CUDA kernel",
+                "A custom CUDA kernel has no XLA implementation and cannot be part of a compiled graph. "
+                "Write the op in PyTorch or register a torch.library custom op with a reference "
+                "implementation.",
             )
         return updated_node

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.nodes import dotted
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, excerpt
 
 # Names that a training script gives its optimizer.
 _OPTIMIZER_NAMES = ("optimizer", "optim", "opt")
@@ -75,9 +75,10 @@ class UnsafeFix(Rule):
             return updated_node
         self.ctx.diagnose(
             original_node,
-            f"`{target}` is {how}, which the migration cannot see: ACC021 would have made an Adam/AdamW the "
-            "target's FusedAdam/FusedAdamW. Make that replacement where the optimizer is built (or call "
-            "hooks.enable_fused_adam() before it), or build it in this script from torch.optim",
+            f"`{excerpt(target, 30)}` is {how}, out of the migration's sight",
+            "ACC021 would have made an Adam/AdamW the target's FusedAdam/FusedAdamW. Make that replacement "
+            "where the optimizer is built (or call hooks.enable_fused_adam() before it), or build it in "
+            "this script from torch.optim.",
         )
         return updated_node
 

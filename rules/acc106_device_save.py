@@ -64,9 +64,10 @@ class DeviceSave(Rule):
         )
         self.ctx.diagnose(
             original_node,
-            f"torch.save of device tensors: on this target they live on the XLA device and every process "
-            f"writes. Use `{' '.join(replacement.split())}` (CPU copies, master process only), called by "
-            "every process: it ends with a rendezvous, so not inside a rank-0-only branch",
+            "torch.save of device tensors; every process writes",
+            "On this target the tensors live on the XLA device and every process writes. Use "
+            f"`{' '.join(replacement.split())}` (CPU copies, master process only), called by every "
+            "process: it ends with a rendezvous, so not inside a rank-0-only branch.",
         )
         return updated_node
 

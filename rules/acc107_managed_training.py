@@ -4,22 +4,34 @@ from accrewrite.analysis import managed_by
 from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
-# What each framework that manages its own training is told (the engine leaves such a file to
-# the diagnostics).
+# What each framework that manages its own training is told, as (message, help); the engine
+# leaves such a file to the diagnostics.
+_LIGHTNING = (
+    "PyTorch Lightning trains this script; left as it is",
+    "Lightning's Trainer places the model and reduces gradients itself: choose the device in the "
+    "Trainer (`accelerator=...`).",
+)
 _MANAGED = {
-    "accelerate": "Hugging Face Accelerate places the model, wraps the loaders and reduces gradients itself: "
-                  "left as it is; run it on the target through Accelerate (`accelerate launch`)",
-    "lightning": "PyTorch Lightning's Trainer places the model and reduces gradients itself: left as it is; "
-                 "choose the device in the Trainer (`accelerator=...`)",
-    "pytorch_lightning": "PyTorch Lightning's Trainer places the model and reduces gradients itself: left as it "
-                         "is; choose the device in the Trainer (`accelerator=...`)",
-    "torch.distributed.rpc": "training over torch.distributed.rpc (parameter servers, distributed autograd) "
-                             "moves its gradients itself, and the XLA targets have no RPC: left as it is",
+    "accelerate": (
+        "Hugging Face Accelerate trains this script; left as it is",
+        "Accelerate places the model, wraps the loaders and reduces gradients itself: run it on the "
+        "target through Accelerate (`accelerate launch`).",
+    ),
+    "lightning": _LIGHTNING,
+    "pytorch_lightning": _LIGHTNING,
+    "torch.distributed.rpc": (
+        "torch.distributed.rpc trains this script; left as it is",
+        "Training over RPC (parameter servers, distributed autograd) moves its gradients itself, and "
+        "the XLA targets have no RPC.",
+    ),
 }
 # CUDA-only training libraries: the rest of the file migrates, these need a human.
 _CUDA_ONLY = {
-    "apex": "NVIDIA apex (amp, DistributedDataParallel, fused optimizers) runs on CUDA only: replace it with "
-            "torch.amp and torch's DistributedDataParallel, then migrate",
+    "apex": (
+        "NVIDIA apex runs on CUDA only",
+        "apex (amp, DistributedDataParallel, fused optimizers) has no other device: replace it with "
+        "torch.amp and torch's DistributedDataParallel, then migrate.",
+    ),
 }
 
 
@@ -69,7 +81,7 @@ class ManagedTraining(Rule):
 
     def _report(self, node: cst.CSTNode, module: str) -> None:
         framework = managed_by(module) or module.split(".")[0]
-        message = _MANAGED.get(framework) or _CUDA_ONLY.get(framework)
-        if message and framework not in self._reported:
+        said = _MANAGED.get(framework) or _CUDA_ONLY.get(framework)
+        if said and framework not in self._reported:
             self._reported.add(framework)
-            self.ctx.diagnose(node, message)
+            self.ctx.diagnose(node, *said)
