@@ -64,7 +64,7 @@ class DeviceSave(Rule):
         )
         self.ctx.diagnose(
             original_node,
-            "torch.save of device tensors; every process writes",
+            "`torch.save` of device tensors; every process writes",
             "On this target the tensors live on the XLA device and every process writes. Use "
             f"`{' '.join(replacement.split())}` (CPU copies, master process only), called by every "
             "process: it ends with a rendezvous, so not inside a rank-0-only branch.",

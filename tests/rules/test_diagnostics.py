@@ -89,8 +89,9 @@ def test_json_reports_each_finding_with_line_reason_and_remedy(tmp_path, cli, ta
         if (diagnostic["code"], diagnostic["line"]) not in expected:
             continue  # another rule's report
         assert diagnostic["line"] > 0 and diagnostic["col"] >= 0
-        message = diagnostic["message"]
-        assert len(message) > 60 and "`" in message, message  # says what (quoted code) and why
+        message, help = diagnostic["message"], diagnostic["help"]
+        assert "`" in message and len(message) <= 90, message  # one fact: what, quoted, on one line
+        assert len(help) > 60 and help.endswith("."), help  # the why and what to do
     assert document["summary"]["diagnostics"] == len(file["diagnostics"])
     # The logging line was moved into a step closure, not reported.
     assert any(fix["code"] == "ACC009" and fix["line"] == LOGGING for fix in file["fixes"])
@@ -107,10 +108,12 @@ def test_text_output_names_path_line_column_and_code(tmp_path, cli):
         [f for f in EXPECTED + [SAVE] if f[0] != "ACC105"], key=lambda f: f[1]
     )
     host_sync = next(line for line in lines if " ACC101 " in line)
-    assert "graph breaks at this line" in host_sync and "XLA sync" in host_sync
-    assert "step closure" in host_sync  # what to do
-    save = next(line for line in lines if " ACC106 " in line)
-    assert 'xm.save(model.state_dict(), "model.pt")' in save
+    assert "syncs the host every step" in host_sync and "graph breaks" not in host_sync  # the why is help
+    assert all(len(line) - len(str(path)) <= 110 for line in lines)
+    _, full, _ = cli("migrate", path, "--target", "torch_xla", "--output-format", "full")
+    helps = [line for line in full.splitlines() if line.startswith("  = help: ")]
+    assert len(helps) >= len(lines) and any("step closure" in line for line in helps)  # what to do
+    assert any('xm.save(model.state_dict(), "model.pt")' in line for line in helps)
 
 
 def test_without_step_closures_the_logging_is_a_host_sync(tmp_path, cli):
@@ -197,7 +200,7 @@ def test_unsafe_fix_reports_an_unseen_optimizer_factory_where_fused_adam_exists(
     assert [d["line"] for d in found] == lines  # torch_xla has no fused Adam: nothing was missed
     if found:
         assert "`self.optimizer` is built by `model.configure_optimizers(...)`" in found[0]["message"]
-        assert "FusedAdam" in found[0]["message"]
+        assert "FusedAdam" in found[0]["help"]
     # With a GradScaler, ACC008 reports the optimizer at scaler.step: not reported twice.
     path.write_bytes(FACTORY.replace(b"import torch\n", b"import torch\nscaler = torch.cuda.amp.GradScaler()\n"))
     assert _json(cli, path, "--target", target, "--select", "ACC105")["files"][0]["diagnostics"] == []
@@ -223,5 +226,5 @@ def test_host_sync_read_only_for_logging_says_where_it_belongs(tmp_path, cli):
     path.write_bytes(NANOGPT_LOG)
     found = _json(cli, path, "--select", "ACC101")["files"][0]["diagnostics"]
     assert [d["line"] for d in found] == [8, 10]
-    assert "`lossf` is read only by logging" in found[0]["message"]
-    assert "read only by logging" not in found[1]["message"]  # `best` also decides the loop
+    assert "`lossf` is read only by logging" in found[0]["help"]
+    assert "read only by logging" not in found[1]["help"]  # `best` also decides the loop
