@@ -140,7 +140,7 @@ class Facts:
     device_loaders: set[str] = field(default_factory=set)
     loops: list[TrainingLoop] = field(default_factory=list)
     # Functions that call backward or an optimizer step (a training step factored out of the
-    # loop, as in seed 001's loop_with_amp).
+    # loop, as in TorchAcc's migration guide's loop_with_amp).
     step_functions: set[cst.FunctionDef] = field(default_factory=set)
     # Seeds passed to torch.manual_seed, as code.
     torch_seeds: set[str] = field(default_factory=set)

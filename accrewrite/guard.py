@@ -1,4 +1,4 @@
-"""Guarded (dual-path) output, seed 001's form: the original code runs unless an environment
+"""Guarded (dual-path) output, the form of TorchAcc's migration guide: the original code runs unless an environment
 variable is set, and the target's code runs when it is.
 
 A migrated statement becomes ``if enabled(): <new> else: <original>``; an inserted statement
@@ -82,7 +82,7 @@ class Guard:
 
     def finish(self, module: cst.Module, facts: Facts, import_lines: list[str]) -> cst.Module:
         """Add the switch function (and ``import os``) and the target's imports in an
-        ``if enabled():`` block, after the file's imports as in seed 001; when guarded code
+        ``if enabled():`` block, after the file's imports as in TorchAcc's migration guide; when guarded code
         runs before the file's imports (hooks that patch torch first), the switch goes at the
         very top instead, after the docstring and ``__future__`` imports."""
         if not self.used:

@@ -58,7 +58,7 @@ class Concept:
 class Target:
     name: str
     summary: str
-    # Name of the switch function that --guard writes (seed 001: enable_torchacc_compiler).
+    # Name of the switch function that --guard writes (TorchAcc's migration guide: enable_torchacc_compiler).
     guard_function: str = "enable_accelerator"
     imports: dict[str, str] = field(default_factory=dict)
     concepts: dict[str, Concept] = field(default_factory=dict)

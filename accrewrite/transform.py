@@ -9,7 +9,7 @@ rule's change into a "not available on this target" diagnostic.
 
 The walk also keeps the context rules read (enclosing function, statement and training loop),
 applies insertions when their statement is left, and in guarded mode turns every changed
-statement into seed 001's ``if enabled(): new else: original`` form.
+statement into TorchAcc's migration guide's ``if enabled(): new else: original`` form.
 """
 
 from __future__ import annotations

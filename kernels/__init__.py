@@ -1,1 +1,1 @@
-"""Triton kernels with their PyTorch references (see DESIGN.md, "Kernels")."""
+"""Triton kernels with their PyTorch references (see docs/design.md, "Kernels")."""

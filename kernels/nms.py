@@ -1,4 +1,4 @@
-"""Non-maximum suppression: greedy NMS and Soft-NMS (seed 001, "nms/nms_normal/soft_nms/
+"""Non-maximum suppression: greedy NMS and Soft-NMS (TorchAcc's migration guide, "nms/nms_normal/soft_nms/
 batched_soft_nms"). accrewrite.runtime.nn.nms gives them torchvision's and mmcv's interfaces.
 
 Boxes are ``(x1, y1, x2, y2)``; a box is ``x2 - x1 + offset`` wide (``offset`` 0 as torchvision,

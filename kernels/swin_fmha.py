@@ -1,5 +1,5 @@
 """Swin Transformer's windowed attention scores: ``softmax(attn + relative_position_bias + mask)``
-fused into one pass (seed 001, "FusedSwinFmha").
+fused into one pass (TorchAcc's migration guide, "FusedSwinFmha").
 
 ``attn`` is ``q @ k.transpose(-2, -1)`` with ``q`` already scaled, shape ``(B * nW, nH, N, N)``
 (B images, nW windows per image, nH heads, N = window_size ** 2 tokens per window);

@@ -1,5 +1,5 @@
 """Swin Transformer's window processing: cyclic shift fused with window partition, and window
-merge fused with the reverse shift (seed 001, "WindowProcess").
+merge fused with the reverse shift (TorchAcc's migration guide, "WindowProcess").
 
 Unfused, a shifted-window block does ``torch.roll`` (one full copy of the feature map) and then
 ``window_partition`` (a permute + ``contiguous``, a second copy); on the way back
@@ -7,7 +7,7 @@ Unfused, a shifted-window block does ``torch.roll`` (one full copy of the featur
 kernel computes, for every token of the feature map, where it lands among the windows and copies
 it there once. The result is bit-exact with the reference.
 
-Sign convention (Swin's fused kernel and seed 001): ``shift_size`` is the signed shift given to
+Sign convention (Swin's fused kernel and TorchAcc's migration guide): ``shift_size`` is the signed shift given to
 ``torch.roll``. A shifted block calls ``window_process(x, -s, ws)`` on the way in and
 ``window_process_reverse(windows, H, W, s, ws)`` on the way out.
 

@@ -3,7 +3,7 @@
 A target spells the replacement one of two ways (its profile decides):
 - an expression (``expr = "FusedLayerNorm"``): each call of the original constructor calls it
   instead, with the same arguments;
-- statements (``stmts``, seed 001's hooks: ``hooks.enable_fused_layer_norm()``): they run once,
+- statements (``stmts``, the guide's hooks: ``hooks.enable_fused_layer_norm()``): they run once,
   at the top of the file, before torch is imported, and patch the constructor for the process.
 """
 

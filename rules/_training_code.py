@@ -29,7 +29,7 @@ _WRITER_METHODS = frozenset(
 )
 # tqdm progress bars.
 _PROGRESS_METHODS = frozenset({"set_postfix", "set_postfix_str", "set_description", "write"})
-# Logging helpers of the script itself that training scripts commonly define (seed 001's
+# Logging helpers of the script itself that training scripts commonly define (TorchAcc's migration guide's
 # log_metrics, Megatron's print_rank_0, ...).
 _LOG_FUNCTIONS = frozenset(
     {"print", "log_metrics", "log_metric", "log_stats", "log_dict", "print_rank_0", "print_rank0", "rank0_print",
@@ -176,8 +176,8 @@ def loop_helpers(ctx) -> dict[cst.FunctionDef, frozenset[str]]:
 class LoopDiagnostic:
     """Mixin of the diagnostic rules: where a finding is worth reporting.
 
-    A finding is reported only in a training loop or step function (``in_loop``), never inside
-    a step closure: a call to ``add_step_closure`` or a function passed to one. Findings in a
+    A finding is reported only in a training loop or step function (`in_loop`), never inside
+    a step closure: a call to `add_step_closure` or a function passed to one. Findings in a
     simple statement wait for the statement's leave: when a rule that runs earlier (ACC009)
     has turned the statement into a step closure, they are dropped with it.
     """
@@ -201,7 +201,7 @@ class LoopDiagnostic:
     @property
     def in_loop(self) -> bool:
         """In a training loop, or in a step function (one that calls backward or step without
-        looping itself, like seed 001's loop_with_amp); not in a step closure. Code before or
+        looping itself, like TorchAcc's migration guide's loop_with_amp); not in a step closure. Code before or
         after the loop of the function that holds it runs once, and is not in the loop."""
         ctx = self.ctx
         if self.in_closure:

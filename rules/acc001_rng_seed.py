@@ -14,11 +14,11 @@ _DEFAULT_SEED = "0"
 class RngSeed(Rule):
     """Seed the target's generator instead of CUDA's.
 
-    Seed 001, step 1: a fixed seed on every worker gives every worker the same initial weights
-    (an alternative to broadcasting them). ``torch.manual_seed(s)`` becomes the target's seed call
-    (``xm.set_rng_state(s)``); where the target's call seeds only the device generator (torch_xla)
-    torch's own seed is kept before it. ``torch.cuda.manual_seed[_all](s)`` is dropped when the
-    file also calls ``torch.manual_seed``, and otherwise becomes the target's seed call.
+    TorchAcc's migration guide, step 1: a fixed seed on every worker gives every worker the same initial weights
+    (an alternative to broadcasting them). `torch.manual_seed(s)` becomes the target's seed call
+    (`xm.set_rng_state(s)`); where the target's call seeds only the device generator (torch_xla)
+    torch's own seed is kept before it. `torch.cuda.manual_seed[_all](s)` is dropped when the
+    file also calls `torch.manual_seed`, and otherwise becomes the target's seed call.
 
     Only a seed call standing alone as a statement is rewritten: one used as a value (its
     generator) is left as it is.
@@ -26,7 +26,7 @@ class RngSeed(Rule):
     A script that wraps its model in DistributedDataParallel but never seeds relied on DDP
     broadcasting rank 0's weights. ACC005 removes the wrapper and, where the target can,
     broadcasts them itself; elsewhere the target's seed call (with seed 0) goes right after
-    ``dist.init_process_group(...)``, as in the BERT example of TorchAcc's migration guide.
+    `dist.init_process_group(...)`, as in the BERT example of TorchAcc's migration guide.
     """
 
     code = "ACC001"

@@ -20,24 +20,24 @@ _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_
 class DevicePlacement(Rule):
     """Place the model and tensors on the target device instead of CUDA.
 
-    TorchAcc's migration guide, step 2: obtain the target device (``xm.xla_device()``) and call
-    ``xm.set_replication(device, [device])`` after it, where the target needs that. So:
+    TorchAcc's migration guide, step 2: obtain the target device (`xm.xla_device()`) and call
+    `xm.set_replication(device, [device])` after it, where the target needs that. So:
 
-    - a variable assigned a CUDA device (``torch.device("cuda")``, ``torch.device(f"cuda:{r}")``,
-      ``"cuda" if torch.cuda.is_available() else "cpu"``, ``"cuda:0"``) is assigned the target
+    - a variable assigned a CUDA device (`torch.device("cuda")`, `torch.device(f"cuda:{r}")`,
+      `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`) is assigned the target
       device, followed by the replication call;
-    - ``torch.cuda.set_device(...)`` is removed (the target picks the device per process);
-    - ``x.cuda(...)`` and ``x.to("cuda")`` become ``x.to(device)``, using the device variable
-      visible in that function, else the target's device call; ``non_blocking`` is kept;
-    - an integer where a device goes is a CUDA device's index (``model.to(gpu_id)`` with
-      ``gpu_id = int(os.environ["LOCAL_RANK"])``, ``torch.device(local_rank)``): it names the
+    - `torch.cuda.set_device(...)` is removed (the target picks the device per process);
+    - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable
+      visible in that function, else the target's device call; `non_blocking` is kept;
+    - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
+      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`): it names the
       target device too;
-    - ``device="cuda"`` arguments name the target device, and so does ``map_location="cuda"``,
-      except where the target cannot load onto its device (XLA: ``map_location='cpu'``, and
-      ``load_state_dict`` copies onto the model's device);
-    - ``device_ids=`` and ``output_device=`` are dropped from DistributedDataParallel and
+    - `device="cuda"` arguments name the target device, and so does `map_location="cuda"`,
+      except where the target cannot load onto its device (XLA: `map_location='cpu'`, and
+      `load_state_dict` copies onto the model's device);
+    - `device_ids=` and `output_device=` are dropped from DistributedDataParallel and
       DataParallel, which pin them to CUDA;
-    - ``"cuda" in device`` (nanoGPT's device type) tests ``str(device)``: the target's device is
+    - `"cuda" in device` (nanoGPT's device type) tests `str(device)`: the target's device is
       an object, not a string.
 
     Where the target's move gives a module new Parameter objects (XLA), the first model move is

@@ -11,22 +11,22 @@ _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 class DeviceLoader(Rule):
     """Feed training and evaluation loops from a device loader, and stop moving each batch.
 
-    Seed 001, step 2: ``loader = pl.MpDeviceLoader(loader, device)``. The device loader copies
+    TorchAcc's migration guide, step 2: `loader = pl.MpDeviceLoader(loader, device)`. The device loader copies
     the next batches to the device in the background while the current step runs, so the
-    per-batch ``x = x.to(device)`` / ``.cuda()`` in the loop is removed (as are dict and tuple
-    forms such as ``batch = {k: v.to(device) for k, v in batch.items()}``).
+    per-batch `x = x.to(device)` / `.cuda()` in the loop is removed (as are dict and tuple
+    forms such as `batch = {k: v.to(device) for k, v in batch.items()}`).
 
-    Where the wrap goes: a ``DataLoader`` assigned in a function that can see the device is
+    Where the wrap goes: a `DataLoader` assigned in a function that can see the device is
     rebound right after both exist (after the device's statement when the device is chosen
-    later, as in seed 001's example). The target's device loader then answers ``len()``,
-    ``.dataset`` and ``.sampler.set_epoch()`` like the loader it wraps. Where the target's
-    device loader does not stand in for the loader (torch_xla's has no ``.dataset`` or
-    ``.sampler``), or no device is visible where the loader is made, the loop's iterable is
-    wrapped instead (``for x, y in pl.MpDeviceLoader(loader, device)``) and the loader keeps its
+    later, as in the guide's example). The target's device loader then answers `len()`,
+    `.dataset` and `.sampler.set_epoch()` like the loader it wraps. Where the target's
+    device loader does not stand in for the loader (torch_xla's has no `.dataset` or
+    `.sampler`), or no device is visible where the loader is made, the loop's iterable is
+    wrapped instead (`for x, y in pl.MpDeviceLoader(loader, device)`) and the loader keeps its
     name and attributes.
 
-    A step loop that no device loader feeds (nanoGPT's ``get_batch()`` loop) ends each
-    iteration with the target's ``xm.mark_step()``: the device loader is what otherwise marks
+    A step loop that no device loader feeds (nanoGPT's `get_batch()` loop) ends each
+    iteration with the target's `xm.mark_step()`: the device loader is what otherwise marks
     step boundaries, where step closures run and, on XLA, each step's graph is executed.
     """
 

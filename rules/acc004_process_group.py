@@ -12,25 +12,25 @@ _PARAMETERS = ("backend", "init_method", "timeout", "world_size", "rank", "store
 class ProcessGroup(Rule):
     """Create the process group on the target's backend.
 
-    Seed 001, step 3: ``dist.init_process_group`` takes the target's backend, and its init
+    TorchAcc's migration guide, step 3: `dist.init_process_group` takes the target's backend, and its init
     method where the target has one:
 
-    - ``runtime``: the backend accrewrite.runtime picks for the machine (``xm.dist_backend()``:
+    - `runtime`: the backend accrewrite.runtime picks for the machine (`xm.dist_backend()`:
       nccl with CUDA, gloo without); the init method, rank and world size stay as they are, so
-      torchrun (env://) and ``mp.spawn`` scripts (``init_method=args.dist_url, world_size=...,
-      rank=...``) run unchanged;
-    - ``torchacc``: ``backend='xla'`` plus ``import torchacc.torch_xla.distributed.xla_backend``
-      (which registers it); ``init_method='env://'`` is added where the call names none, and a
-      script's own init method (``tcp://``) with its rank and world size is kept;
-    - ``torch_xla``: ``backend='xla', init_method='xla://'`` plus
-      ``import torch_xla.distributed.xla_backend``. The ``xla://`` rendezvous takes rank and
-      world size from the PJRT runtime and ignores any passed, so ``rank=``/``world_size=`` are
+      torchrun (env://) and `mp.spawn` scripts (`init_method=args.dist_url, world_size=...,
+      rank=...`) run unchanged;
+    - `torchacc`: `backend='xla'` plus `import torchacc.torch_xla.distributed.xla_backend`
+      (which registers it); `init_method='env://'` is added where the call names none, and a
+      script's own init method (`tcp://`) with its rank and world size is kept;
+    - `torch_xla`: `backend='xla', init_method='xla://'` plus
+      `import torch_xla.distributed.xla_backend`. The `xla://` rendezvous takes rank and
+      world size from the PJRT runtime and ignores any passed, so `rank=`/`world_size=` are
       dropped, with a diagnostic naming where the script reads them now.
 
-    Any backend expression is replaced (``'nccl'``, ``args.dist_backend``,
-    ``'nccl' if cuda else 'gloo'``): the target decides. ``timeout`` and the other arguments are
-    kept; ``device_id=`` (which binds the group to a CUDA device) is dropped on every target,
-    which chooses the device itself. ``destroy_process_group`` stays as it is.
+    Any backend expression is replaced (`'nccl'`, `args.dist_backend`,
+    `'nccl' if cuda else 'gloo'`): the target decides. `timeout` and the other arguments are
+    kept; `device_id=` (which binds the group to a CUDA device) is dropped on every target,
+    which chooses the device itself. `destroy_process_group` stays as it is.
     """
 
     code = "ACC004"

@@ -9,8 +9,8 @@ _SYNC_FLAG = "require_backward_grad_sync"
 
 
 class _Wrapped(_Walker):
-    """Names assigned a DDP/DataParallel wrapper anywhere in the file (``model = DDP(model)``,
-    ``self.model = DDP(...)``, ``model = DDP(model) if ddp else model``)."""
+    """Names assigned a DDP/DataParallel wrapper anywhere in the file (`model = DDP(model)`,
+    `self.model = DDP(...)`, `model = DDP(model) if ddp else model`)."""
 
     def __init__(self, facts) -> None:
         self.facts = facts
@@ -29,26 +29,26 @@ class DdpUnwrap(Rule):
     """Remove DistributedDataParallel / DataParallel wrapping.
 
     On the target, gradients are all-reduced explicitly where the optimizer steps (ACC006,
-    seed 001 step 4), so the model is not wrapped: seed 001's guarded BERT example wraps with
+    step 4 of TorchAcc's migration guide), so the model is not wrapped: the guide's guarded BERT example wraps with
     DDP only on the original path. So:
 
-    - ``model = DDP(model, device_ids=[...])`` disappears (``if ddp:`` around it too, when
-      nothing else is left in it); ``ddp_model = DDP(model)`` becomes ``ddp_model = model``;
+    - `model = DDP(model, device_ids=[...])` disappears (`if ddp:` around it too, when
+      nothing else is left in it); `ddp_model = DDP(model)` becomes `ddp_model = model`;
       a wrapper call used as a value becomes the module it wraps;
-    - ``model.module`` becomes ``model`` for every wrapped name, and nanoGPT's
-      ``raw_model = model.module if ddp else model`` collapses to ``raw_model = model``;
-    - ``model.require_backward_grad_sync = ...`` (nanoGPT's gradient-accumulation switch) is
+    - `model.module` becomes `model` for every wrapped name, and nanoGPT's
+      `raw_model = model.module if ddp else model` collapses to `raw_model = model`;
+    - `model.require_backward_grad_sync = ...` (nanoGPT's gradient-accumulation switch) is
       removed: nothing is reduced during backward any more;
-    - ``with model.no_sync():`` (gradient accumulation with DDP) becomes its plain block:
+    - `with model.no_sync():` (gradient accumulation with DDP) becomes its plain block:
       no_sync only stopped DDP's all-reduce during backward, and the explicit all-reduce runs
       only where the step happens, which is what the accumulation steps wanted; any other use
-      of ``model.no_sync`` becomes ``contextlib.nullcontext``, with a diagnostic to check it.
+      of `model.no_sync` becomes `contextlib.nullcontext`, with a diagnostic to check it.
 
     DDP's constructor also broadcast rank 0's parameters and buffers to every rank. Where the
-    target has that broadcast (``xm.broadcast_master_param(model)`` of torch_xla and of
+    target has that broadcast (`xm.broadcast_master_param(model)` of torch_xla and of
     accrewrite.runtime) it takes the wrapper's place; elsewhere a diagnostic says that every
     rank must then build equal weights (one seed for all ranks, step 1 of TorchAcc's migration
-    guide), which a rank-dependent seed such as nanoGPT's ``1337 + seed_offset`` breaks.
+    guide), which a rank-dependent seed such as nanoGPT's `1337 + seed_offset` breaks.
     DataParallel ran in one process: it is only removed.
 
     The DDP import is left in place (unused imports are harmless and may be used elsewhere).

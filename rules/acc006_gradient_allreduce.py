@@ -21,22 +21,22 @@ _SHARDING = ("torch.distributed.fsdp.", "torch.distributed._composable.fsdp.", "
 class GradientAllReduce(Rule):
     """All-reduce gradients across workers where the optimizer step happens.
 
-    Seed 001, step 4. DistributedDataParallel is removed (ACC005), so the gradients are reduced
+    TorchAcc's migration guide, step 4. DistributedDataParallel is removed (ACC005), so the gradients are reduced
     explicitly:
 
     - with a GradScaler, the target's gradient reduction is inserted before the first statement
-      of the step's block that reads gradients: ``scaler.unscale_``, ``clip_grad_norm_`` or
-      ``scaler.step`` itself. Overflow detection then sees reduced gradients, and with gradient
-      accumulation (``for micro_step in ...: scaler.scale(loss).backward()``, or ``if (i + 1) %
-      accum == 0:``) the reduction happens once per step, not per micro-batch;
-    - without one, ``optimizer.step()`` becomes ``xm.optimizer_step(optimizer)``, which reduces
-      and steps, unless the step's block reads the gradients first (``clip_grad_norm_``, a
-      finite check of ``p.grad``): then the reduction goes before the first read, as with a
+      of the step's block that reads gradients: `scaler.unscale_`, `clip_grad_norm_` or
+      `scaler.step` itself. Overflow detection then sees reduced gradients, and with gradient
+      accumulation (`for micro_step in ...: scaler.scale(loss).backward()`, or `if (i + 1) %
+      accum == 0:`) the reduction happens once per step, not per micro-batch;
+    - without one, `optimizer.step()` becomes `xm.optimizer_step(optimizer)`, which reduces
+      and steps, unless the step's block reads the gradients first (`clip_grad_norm_`, a
+      finite check of `p.grad`): then the reduction goes before the first read, as with a
       GradScaler, and the step stays. Under DDP every read saw averaged gradients; reading
       them before the reduction would clip (or skip) on one rank's own.
 
-    Scheduler steps, ``zero_grad`` and EMA updates keep their places. A file that shards its
-    model (FSDP, ``fully_shard``, DTensor's ``parallelize_module``) or all-reduces the gradients
+    Scheduler steps, `zero_grad` and EMA updates keep their places. A file that shards its
+    model (FSDP, `fully_shard`, DTensor's `parallelize_module`) or all-reduces the gradients
     itself is left as it is: its gradients are reduced already, or are shards.
     """
 
@@ -157,7 +157,7 @@ class GradientAllReduce(Rule):
         if call is None or call.func.attr.value != "step" or not call.args:
             return None
         owner = dotted(call.func.value) or ""
-        # A scaler passed in as a parameter (seed 001's loop_with_amp) is known by its name.
+        # A scaler passed in as a parameter (TorchAcc's migration guide's loop_with_amp) is known by its name.
         if owner not in self.ctx.facts.scalers and "scaler" not in owner.split(".")[-1].lower():
             return None
         return self.ctx.code(call.args[0].value)

@@ -22,23 +22,23 @@ _CONCEPT_OF = {"autocast": "autocast", "GradScaler": "grad_scaler"}
 class Amp(Rule):
     """CUDA automatic mixed precision -> the target's AMP.
 
-    Seed 001, "Integrate with mixed precision": AMP code stays as PyTorch's, with the target's
-    ``autocast`` and ``GradScaler`` (``from torchacc.torch_xla.amp import autocast, GradScaler``).
-    Rewritten: ``torch.cuda.amp.autocast(...)``, ``torch.amp.autocast("cuda", ...)``,
-    ``torch.autocast(device_type=...)`` (a device type given as a variable, as nanoGPT's
-    ``device_type``, is taken to be the training device; ``"cpu"`` autocast is left alone),
-    ``torch.cuda.amp.GradScaler(...)``, ``torch.amp.GradScaler("cuda", ...)``, and the import
-    ``from torch.cuda.amp import autocast, GradScaler``, which is re-pointed at the target's
-    module so that call sites stay as they are (the seed's guarded form). The target's autocast
+    TorchAcc's migration guide, "Integrate with mixed precision": AMP code stays as PyTorch's, with the target's
+    `autocast` and `GradScaler` (`from torchacc.torch_xla.amp import autocast, GradScaler`).
+    Rewritten: `torch.cuda.amp.autocast(...)`, `torch.amp.autocast("cuda", ...)`,
+    `torch.autocast(device_type=...)` (a device type given as a variable, as nanoGPT's
+    `device_type`, is taken to be the training device; `"cpu"` autocast is left alone),
+    `torch.cuda.amp.GradScaler(...)`, `torch.amp.GradScaler("cuda", ...)`, and the import
+    `from torch.cuda.amp import autocast, GradScaler`, which is re-pointed at the target's
+    module so that call sites stay as they are (the guide's guarded form). The target's autocast
     picks its device itself: the device argument is dropped and positional arguments become
-    keywords; ``enabled``, ``dtype`` and ``cache_enabled`` are kept.
+    keywords; `enabled`, `dtype` and `cache_enabled` are kept.
 
-    Where the target has no CUDA-style AMP (torch_xla 2.9: no ``GradScaler``, and autocast on
-    its CPU backend only as ``torch.autocast('xla', dtype=torch.bfloat16)``), the rewrite is
+    Where the target has no CUDA-style AMP (torch_xla 2.9: no `GradScaler`, and autocast on
+    its CPU backend only as `torch.autocast('xla', dtype=torch.bfloat16)`), the rewrite is
     code that runs there, with a diagnostic: autocast becomes bfloat16 autocast on the target
     device (bfloat16 has float32's range, so no loss scaling is needed), and a GradScaler
-    becomes PyTorch's scaler *disabled*, so ``scaler.scale(loss).backward()``,
-    ``scaler.unscale_``, ``scaler.step`` and ``scaler.update`` still run, as plain calls.
+    becomes PyTorch's scaler *disabled*, so `scaler.scale(loss).backward()`,
+    `scaler.unscale_`, `scaler.step` and `scaler.update` still run, as plain calls.
     """
 
     code = "ACC007"

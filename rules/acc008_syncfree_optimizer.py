@@ -26,25 +26,25 @@ _ACCEPTED = {
 class SyncfreeOptimizer(Rule):
     """With a GradScaler, or on a lazy device, use the target's syncfree Adam/AdamW/SGD.
 
-    From TorchAcc's migration guide, "Replace the optimizer": with AMP, ``scaler.step(optimizer)``
+    From TorchAcc's migration guide, "Replace the optimizer": with AMP, `scaler.step(optimizer)`
     must learn whether the gradients overflowed; a torch.optim optimizer makes it read that flag
-    on the host (a device sync every step), while ``syncfree.Adam/AdamW/SGD`` take it as a
+    on the host (a device sync every step), while `syncfree.Adam/AdamW/SGD` take it as a
     tensor and skip the update on the device. On a lazy device (XLA) there is a second reason,
     with a scaler or without: torch.optim's Adam reads its step count on the host for the bias
     correction, a new constant in the graph each step, so the step's graph is compiled anew
     every step; syncfree's keeps the count on the device. So, in a file that creates a
     GradScaler (on an XLA target without a fused Adam of its own, in every file that trains),
-    ``torch.optim.Adam``, ``AdamW`` and
-    ``SGD`` (however imported: ``optim.AdamW``, ``from torch.optim import AdamW as W``) become
-    ``syncfree.Adam``, ``syncfree.AdamW``, ``syncfree.SGD`` with the same arguments; torch.optim's
-    implementation switches (``foreach``, ``fused``, ``capturable``, ``differentiable``) are
+    `torch.optim.Adam`, `AdamW` and
+    `SGD` (however imported: `optim.AdamW`, `from torch.optim import AdamW as W`) become
+    `syncfree.Adam`, `syncfree.AdamW`, `syncfree.SGD` with the same arguments; torch.optim's
+    implementation switches (`foreach`, `fused`, `capturable`, `differentiable`) are
     dropped. Other optimizers stay (the guide: "for all other types, continue to use the native
     PyTorch optimizers").
 
-    Reported instead (ACC105): an optimizer built from ``*args``/``**kwargs`` (which may hold a
-    switch syncfree does not take), ``amsgrad=True``, and an optimizer passed to
-    ``scaler.step`` that this file does not build from torch.optim (a factory such as nanoGPT's
-    ``model.configure_optimizers``): change it by hand where it is built.
+    Reported instead (ACC105): an optimizer built from `*args`/`**kwargs` (which may hold a
+    switch syncfree does not take), `amsgrad=True`, and an optimizer passed to
+    `scaler.step` that this file does not build from torch.optim (a factory such as nanoGPT's
+    `model.configure_optimizers`): change it by hand where it is built.
     """
 
     code = "ACC008"

@@ -26,42 +26,42 @@ class StepClosure(LoopDiagnostic, Rule):
 
     From the BERT example of TorchAcc's migration guide: logging a step's loss reads the loss
     tensor on the host, which waits for the device and (with XLA) cuts the lazy graph every step.
-    The migrated script hands the logging to ``xm.add_step_closure(fn, args=(...), ...)``: it
+    The migrated script hands the logging to `xm.add_step_closure(fn, args=(...), ...)`: it
     runs at the step's end, after the step's graph has executed.
 
     A logging call in a training loop (or a step function) moves when it reads a tensor's value:
-    ``print``, ``logging.*``/``logger.*``, ``writer.add_scalar`` and the other SummaryWriter
-    methods, ``wandb.log``, tqdm's ``set_postfix``, and the script's own helpers such as
-    ``log_metrics``/``print_rank_0``, given ``.item()``/``.tolist()``/``float(t)`` of a tensor or
+    `print`, `logging.*`/`logger.*`, `writer.add_scalar` and the other SummaryWriter
+    methods, `wandb.log`, tqdm's `set_postfix`, and the script's own helpers such as
+    `log_metrics`/`print_rank_0`, given `.item()`/`.tolist()`/`float(t)` of a tensor or
     a tensor itself (printed or formatted). Logging that reads only Python values stays.
 
     The values the call reads are evaluated where the call was, as before, and passed to the
-    closure as arguments: a step closure runs later, when loop variables such as ``step`` have
-    moved on. Only what reads a tensor's value (``.item()``, formatting) happens inside the
+    closure as arguments: a step closure runs later, when loop variables such as `step` have
+    moved on. Only what reads a tensor's value (`.item()`, formatting) happens inside the
     closure. A call whose arguments are all plain values is passed as is
-    (``xm.add_step_closure(log_metrics, args=(epoch, step, loss), ...)``); otherwise the closure
-    is a lambda taking the values, and a tensor it reads only through methods (``loss.item()``)
+    (`xm.add_step_closure(log_metrics, args=(epoch, step, loss), ...)`); otherwise the closure
+    is a lambda taking the values, and a tensor it reads only through methods (`loss.item()`)
     is passed detached, so that its autograd graph is not kept alive until the step ends.
 
     The output stays as the original prints it, line for line and in order:
 
-    - a line that a later line of the same step would print before (a plain ``print`` after
-      it in the loop's body) stays where it is, and so does one right before ``sys.exit()`` or
-      ``raise``; ACC101 reports its host sync;
+    - a line that a later line of the same step would print before (a plain `print` after
+      it in the loop's body) stays where it is, and so does one right before `sys.exit()` or
+      `raise`; ACC101 reports its host sync;
     - a closure that prints runs on the calling thread at the step boundary
-      (``run_async=False``), since two threads' lines interleave; recording (TensorBoard,
-      wandb, a progress bar) runs on the worker thread (``run_async=True``), off the loop;
-    - a loop that queued closures ends with the target's step boundary (``xm.mark_step()``),
-      also when it is left by ``break``, and runs them before a ``return`` leaves it; where the
+      (`run_async=False`), since two threads' lines interleave; recording (TensorBoard,
+      wandb, a progress bar) runs on the worker thread (`run_async=True`), off the loop;
+    - a loop that queued closures ends with the target's step boundary (`xm.mark_step()`),
+      also when it is left by `break`, and runs them before a `return` leaves it; where the
       target does not run pending closures at interpreter exit (torch_xla), the step boundary
-      is registered to run then (``atexit.register(torch_xla.sync)``), for a loop left by an
+      is registered to run then (`atexit.register(torch_xla.sync)`), for a loop left by an
       exception.
 
     Objects are passed by reference, as Python passes them: a tensor or a meter (imagenet's
-    ``AverageMeter``) that the loop updates in place after the call is read when the closure
-    runs. Pass a copy (``running.clone()``) where the exact value at that line matters.
+    `AverageMeter`) that the loop updates in place after the call is read when the closure
+    runs. Pass a copy (`running.clone()`) where the exact value at that line matters.
 
-    A helper of the same file that the loop calls with tensors (``log_metrics(..., loss, ...)``)
+    A helper of the same file that the loop calls with tensors (`log_metrics(..., loss, ...)`)
     is followed one level: its parameters that receive tensors are tensors, and its own logging
     call moves into the step closure inside it, as in the guide's example; the call in the loop
     then stays as it is.
@@ -244,7 +244,7 @@ class StepClosure(LoopDiagnostic, Rule):
             return updated_node
         if self.in_loop:
             if self._helper_logs_inside(call):
-                return updated_node  # the helper's own logging call moves, as in seed 001
+                return updated_node  # the helper's own logging call moves, as in TorchAcc's migration guide
         elif self.in_closure or self.ctx.scope not in self._loop_helpers:
             return updated_node
         tensors = self.tensors()
@@ -352,7 +352,7 @@ class StepClosure(LoopDiagnostic, Rule):
         return statement.value if self._is_logging(statement.value) else None
 
     def _helper_logs_inside(self, call: cst.Call) -> bool:
-        """Whether ``call`` calls a helper of this file (seed 001's ``log_metrics``) whose own
+        """Whether ``call`` calls a helper of this file (TorchAcc's migration guide's ``log_metrics``) whose own
         logging of the tensors it is given moves (or has moved) into a step closure."""
         if not isinstance(call.func, cst.Name):
             return False
@@ -424,7 +424,7 @@ class StepClosure(LoopDiagnostic, Rule):
 class _Extract(cst.CSTTransformer):
     """Replaces the values a logging call reads by the closure's parameters. The call walked is
     the updated one; what is a value is asked of the original node each node stands for
-    (``origins``), or of the node itself where another rule made it."""
+    (`origins`), or of the node itself where another rule made it."""
 
     def __init__(self, rule: StepClosure, tensors, bound: set[str], call: cst.Call, origins: dict):
         super().__init__()
@@ -538,7 +538,7 @@ _WRAP_AT = 88
 
 def _one_argument_a_line(call: cst.Call) -> cst.Call:
     """``f(\n    a,\n    b)``, indented from the statement's own indentation; the closing
-    parenthesis ends the last line, as in seed 001's ``xm.add_step_closure(...)``."""
+    parenthesis ends the last line, as in TorchAcc's migration guide's ``xm.add_step_closure(...)``."""
 
     def line_break() -> cst.ParenthesizedWhitespace:
         return cst.ParenthesizedWhitespace(

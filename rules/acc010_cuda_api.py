@@ -18,17 +18,17 @@ _CUDNN = "torch.backends.cudnn."
 class CudaApi(Rule):
     """CUDA runtime calls -> the target's device-agnostic calls, or a diagnostic.
 
-    - ``torch.cuda.synchronize()`` (timing code, benchmarks) becomes the target's wait for the
-      device (``xm.wait_device_ops()``): it raises where CUDA is absent, and on an XLA device it
+    - `torch.cuda.synchronize()` (timing code, benchmarks) becomes the target's wait for the
+      device (`xm.wait_device_ops()`): it raises where CUDA is absent, and on an XLA device it
       would not wait for the device's work.
     - On a target whose device is not a CUDA device (torchacc, torch_xla), these are reported,
       not changed, because they still run there but no longer describe the training device:
-      ``torch.cuda.memory_allocated()``/``max_memory_allocated()``/``memory_reserved()``... (0
-      where CUDA is not initialised; the device's memory is ``xm.get_memory_info(device)``),
-      ``torch.cuda.is_available()``/``device_count()`` outside the device selection that
+      `torch.cuda.memory_allocated()`/`max_memory_allocated()`/`memory_reserved()`... (0
+      where CUDA is not initialised; the device's memory is `xm.get_memory_info(device)`),
+      `torch.cuda.is_available()`/`device_count()` outside the device selection that
       ACC002 rewrites (False/0 on TPU or CPU hosts, where the code they gate takes its CPU path),
-      and ``torch.backends.cudnn.*`` settings (no effect: the target does not run cuDNN).
-      On ``runtime``, which trains on CUDA itself where CUDA is present, they are right as
+      and `torch.backends.cudnn.*` settings (no effect: the target does not run cuDNN).
+      On `runtime`, which trains on CUDA itself where CUDA is present, they are right as
       they are.
     """
 

@@ -7,7 +7,7 @@ from accrewrite.rule import Example, Rule
 class Compile(Rule):
     """Pass the model through the target's graph compiler once it is on its device.
 
-    accrewrite.runtime compiles through ``accrewrite.runtime.compile`` (graph capture on
+    accrewrite.runtime compiles through `accrewrite.runtime.compile` (graph capture on
     torch.compile, training-graph passes, kernel selection, regional compilation of repeated
     blocks). The XLA targets compile every step on their device already, so they have no such
     concept and the rule does nothing there.
@@ -15,8 +15,8 @@ class Compile(Rule):
     Opt-in: compilation trades a cold start (tens of seconds on a large model) for faster
     steps, and changes what a debugger or profiler sees; select ACC011 to use it.
 
-    The compile call goes right after the statement that places the model (``model =
-    model.to(device)``, ``model.to(device)``, ``model = Net().cuda()``), once per model.
+    The compile call goes right after the statement that places the model (`model =
+    model.to(device)`, `model.to(device)`, `model = Net().cuda()`), once per model.
     """
 
     code = "ACC011"

@@ -9,14 +9,14 @@ _GUIDE_WORKERS = 8
 
 
 class LoaderPinMemory(Rule):
-    """DataLoaders that feed a CUDA device pin their batches (seed 001, "Pin memory").
+    """DataLoaders that feed a CUDA device pin their batches (TorchAcc's migration guide, "Pin memory").
 
     A pinned (page-locked) batch copies to the GPU asynchronously, so the device loader's
-    non-blocking copies overlap the step. ``pin_memory=torch.cuda.is_available()`` is added
-    where a DataLoader sets no ``pin_memory`` (the condition keeps CPU runs free of pinning
-    warnings). A loader that loads in the training process (no ``num_workers``, or 0) gets a
-    diagnostic: worker processes prepare the next batches while the device computes; seed 001
-    suggests raising ``num_workers`` (it uses 8) as far as the dataset's memory allows.
+    non-blocking copies overlap the step. `pin_memory=torch.cuda.is_available()` is added
+    where a DataLoader sets no `pin_memory` (the condition keeps CPU runs free of pinning
+    warnings). A loader that loads in the training process (no `num_workers`, or 0) gets a
+    diagnostic: worker processes prepare the next batches while the device computes; the guide
+    suggests raising `num_workers` (it uses 8) as far as the dataset's memory allows.
 
     Only on targets whose device loader copies from host memory to a CUDA device (runtime); the
     XLA targets transfer through their own runtime.

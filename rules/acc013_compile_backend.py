@@ -5,11 +5,11 @@ from accrewrite.rule import Example, Rule
 
 
 class CompileBackend(Rule):
-    """A script's own ``torch.compile`` compiles for the target's device.
+    """A script's own `torch.compile` compiles for the target's device.
 
-    ``torch.compile(model)`` (and ``model.compile()``) picks inductor, which generates CPU and
+    `torch.compile(model)` (and `model.compile()`) picks inductor, which generates CPU and
     CUDA code and fails on XLA tensors. Where the target compiles through another dynamo backend
-    (torch_xla's ``openxla``), it is named: ``torch.compile(model, backend='openxla')``. A call
+    (torch_xla's `openxla`), it is named: `torch.compile(model, backend='openxla')`. A call
     that names a backend already is left as it is, and so is every call on a target whose
     device inductor compiles for (runtime).
     """

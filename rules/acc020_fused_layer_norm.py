@@ -4,13 +4,13 @@ from ._constructor_swap import ConstructorSwap
 
 
 class FusedLayerNorm(ConstructorSwap):
-    """``nn.LayerNorm`` becomes the target's fused LayerNorm (seed 001, "FusedLayerNorm").
+    """`nn.LayerNorm` becomes the target's fused LayerNorm (TorchAcc's migration guide, "FusedLayerNorm").
 
     The fused module is an equivalent replacement: same arguments, same parameters and
-    state_dict keys (an ``nn.LayerNorm`` checkpoint loads into it), the same results within
+    state_dict keys (an `nn.LayerNorm` checkpoint loads into it), the same results within
     floating-point tolerance; on CUDA it runs a Triton kernel. On torchacc the replacement is
-    seed 001's hook, ``hooks.enable_fused_layer_norm()``, called once before torch is imported.
-    Only calls are rewritten; a class passed as a value (``norm_layer=nn.LayerNorm``) is left
+    the guide's hook, `hooks.enable_fused_layer_norm()`, called once before torch is imported.
+    Only calls are rewritten; a class passed as a value (`norm_layer=nn.LayerNorm`) is left
     as it is.
     """
 

@@ -4,13 +4,13 @@ from ._constructor_swap import ConstructorSwap
 
 
 class FusedAdam(ConstructorSwap):
-    """``torch.optim.Adam``/``AdamW`` become the target's fused Adam (seed 001, "FusedAdam").
+    """`torch.optim.Adam`/`AdamW` become the target's fused Adam (TorchAcc's migration guide, "FusedAdam").
 
     One multi-tensor kernel updates a whole parameter group; the optimizer is a drop-in
     (param groups, defaults and state_dict interchangeable with torch.optim's). Only where the
     file has no GradScaler: with one, ACC008 gives the syncfree optimizers instead, which skip
-    overflowing steps on the device. On torchacc the replacement is seed 001's hook,
-    ``hooks.enable_fused_adam()``, called once before torch is imported.
+    overflowing steps on the device. On torchacc the replacement is the guide's hook,
+    `hooks.enable_fused_adam()`, called once before torch is imported.
     """
 
     code = "ACC021"

@@ -4,12 +4,12 @@ from ._constructor_swap import ConstructorSwap
 
 
 class QuickGelu(ConstructorSwap):
-    """``nn.GELU()`` becomes ``QuickGelu()``: ``x * sigmoid(1.702 * x)`` (seed 001, "QuickGelu").
+    """`nn.GELU()` becomes `QuickGelu()`: `x * sigmoid(1.702 * x)` (TorchAcc's migration guide, "QuickGelu").
 
     Unsafe: QuickGelu approximates GELU (they differ by up to about 0.02), so a model trained
     with GELU computes different numbers; it is cheaper and fuses into one kernel. Applied only
     with --unsafe-fixes or when selected by its code or name. GELU's arguments
-    (``approximate=``) are dropped.
+    (`approximate=`) are dropped.
     """
 
     code = "ACC022"

@@ -7,15 +7,15 @@ _DROPOUT = "torch.nn.Dropout"
 
 
 class FusedDropoutAdd(Rule):
-    """``residual + self.dropout(x)`` becomes seed 001's fused bias-dropout-add.
+    """`residual + self.dropout(x)` becomes TorchAcc's migration guide's fused bias-dropout-add.
 
-    In a module's forward, a residual added to the output of an ``nn.Dropout`` submodule is
-    computed by one kernel: ``dropout_add_fused_train(x, residual, p)`` while training and
-    ``dropout_add_fused(x, residual, p)`` in evaluation, chosen by ``self.training`` as in seed
-    001. ``p`` is read from the dropout module, so a configured rate is kept.
+    In a module's forward, a residual added to the output of an `nn.Dropout` submodule is
+    computed by one kernel: `dropout_add_fused_train(x, residual, p)` while training and
+    `dropout_add_fused(x, residual, p)` in evaluation, chosen by `self.training` as in the
+    guide. `p` is read from the dropout module, so a configured rate is kept.
 
     Unsafe: on CUDA the fused kernel draws its mask from its own random stream, so the dropped
-    elements differ from ``nn.Dropout``'s for the same seed (same distribution, different
+    elements differ from `nn.Dropout`'s for the same seed (same distribution, different
     numbers). Applied only with --unsafe-fixes or when selected by its code or name.
     """
 

@@ -9,20 +9,24 @@ _DIMENSIONS = ("B", "H", "W", "C")
 
 class SwinWindowProcess(Rule):
     """Swin's cyclic shift + window partition (and window merge + reverse shift) become one
-    fused kernel each (seed 001, "WindowProcess").
+    fused kernel each (TorchAcc's migration guide, "WindowProcess").
 
-    The two statements of Swin's shifted-window attention::
+    The two statements of Swin's shifted-window attention
 
-        shifted_x = torch.roll(x, shifts=(-s, -s), dims=(1, 2))
-        x_windows = window_partition(shifted_x, window_size)
+    ```python
+    shifted_x = torch.roll(x, shifts=(-s, -s), dims=(1, 2))
+    x_windows = window_partition(shifted_x, window_size)
+    ```
 
-    become ``x_windows = WindowProcess.apply(x, B, H, W, C, -s, window_size)``, and::
+    become `x_windows = WindowProcess.apply(x, B, H, W, C, -s, window_size)`, and
 
-        shifted_x = window_reverse(attn_windows, window_size, H, W)
-        x = torch.roll(shifted_x, shifts=(s, s), dims=(1, 2))
+    ```python
+    shifted_x = window_reverse(attn_windows, window_size, H, W)
+    x = torch.roll(shifted_x, shifts=(s, s), dims=(1, 2))
+    ```
 
-    become ``x = WindowProcessReverse.apply(attn_windows, B, H, W, C, s, window_size)``. The
-    fused kernels move the same elements to the same places (bit-exact). ``B, H, W, C`` must be
+    become `x = WindowProcessReverse.apply(attn_windows, B, H, W, C, s, window_size)`. The
+    fused kernels move the same elements to the same places (bit-exact). `B, H, W, C` must be
     names of the function, as in Swin's blocks; elsewhere the pair is left as it is.
     """
 

@@ -9,7 +9,7 @@ _NOT_CONSTRUCTORS = ("to", "cuda", "compile")
 
 
 class AutoCheckpoint(Rule):
-    """Checkpoint the model's repeated blocks: ``model = auto_checkpoint(model)`` (seed 001,
+    """Checkpoint the model's repeated blocks: `model = auto_checkpoint(model)` (TorchAcc's migration guide,
     "Gradient checkpointing").
 
     Activation checkpointing recomputes the blocks' activations in the backward pass instead of

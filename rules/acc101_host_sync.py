@@ -10,16 +10,16 @@ _PRINTERS = frozenset({"print"})
 class HostSync(LoopDiagnostic, Rule):
     """Report reads of a tensor's value on the host inside the training loop.
 
-    ``.item()``, ``.cpu()``, ``.to("cpu")``, ``.numpy()``, ``.tolist()``, ``float(t)``/``int(t)``/``bool(t)``,
+    `.item()`, `.cpu()`, `.to("cpu")`, `.numpy()`, `.tolist()`, `float(t)`/`int(t)`/`bool(t)`,
     and printing or formatting a tensor copy its value to the host: Python stops until the
     device has computed it. On an XLA target that forces the pending lazy graph to compile and
     run in the middle of the step (an XLA sync), and with torch.compile it is a graph break: the
     compiled graph ends at that line and a new one starts after it. Each finding says so; the
     lines reported are exactly the ones that cut the compiled graph.
 
-    What to do: keep the value as a tensor while training (``running_loss += loss.detach()``),
+    What to do: keep the value as a tensor while training (`running_loss += loss.detach()`),
     read it every N steps instead of every step, or read it in a step closure
-    (``xm.add_step_closure``; ACC009 moves logging there by itself).
+    (`xm.add_step_closure`; ACC009 moves logging there by itself).
 
     Only the training loop and its step functions are checked: elsewhere a host read costs once.
     Nothing inside a step closure is reported, including the logging that ACC009 moves into one

@@ -7,16 +7,16 @@ from accrewrite.rules._training_code import LoopDiagnostic
 class TensorControlFlow(LoopDiagnostic, Rule):
     """Report Python control flow that depends on a tensor's value inside the training loop.
 
-    ``if loss > best:``, ``while (x != 0).any():``, ``if torch.isnan(loss):`` or
-    ``if loss.item() > 10:`` make Python decide on a value that only the device knows: the
+    `if loss > best:`, `while (x != 0).any():`, `if torch.isnan(loss):` or
+    `if loss.item() > 10:` make Python decide on a value that only the device knows: the
     host waits for it (an XLA sync that runs the pending graph mid-step), and under
     torch.compile the graph breaks at the test, with a separate graph (and recompilation) for
-    each branch taken. A test on Python values (``if step % 10 == 0``) is fine.
+    each branch taken. A test on Python values (`if step % 10 == 0`) is fine.
 
-    What to do: compute both sides and select with ``torch.where(cond, a, b)`` (or multiply by
+    What to do: compute both sides and select with `torch.where(cond, a, b)` (or multiply by
     a mask), check the condition every N steps or in a step closure, or keep such checks out of
     the compiled region. Only the training loop and its step functions are checked, and only
-    tests that mention a tensor word (``loss``, ``.item()``, ``torch.*``, ``.any()``, ...).
+    tests that mention a tensor word (`loss`, `.item()`, `torch.*`, `.any()`, ...).
     """
 
     code = "ACC102"

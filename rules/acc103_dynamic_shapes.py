@@ -32,20 +32,20 @@ class DynamicShapes(LoopDiagnostic, Rule):
     and intermediate shapes: every new shape compiles a new graph, and on XLA a data-dependent
     size also forces a sync to learn it. Reported:
 
-    - per-batch padding to the longest sample: ``DataCollatorWithPadding(tokenizer)`` and the
-      other padding collators without ``padding="max_length"``, ``tokenizer(..., padding=True)``
-      or ``padding="longest"``, ``pad_sequence(...)`` (typically in a ``collate_fn``). What to
+    - per-batch padding to the longest sample: `DataCollatorWithPadding(tokenizer)` and the
+      other padding collators without `padding="max_length"`, `tokenizer(..., padding=True)`
+      or `padding="longest"`, `pad_sequence(...)` (typically in a `collate_fn`). What to
       do: pack variable-length samples into fixed-length rows with
-      ``accrewrite.runtime.io.PackedDataset`` (seed 001, "Pack dataset"), or pad to a fixed
-      ``max_length``. These are reported wherever they are, since the loop sees their batches;
-    - in the training loop: boolean-mask indexing (``x[mask]``, ``logits[labels != -100]``),
-      ``nonzero()``/``argwhere``/``masked_select``/``unique`` and one-argument
-      ``torch.where(cond)``, whose sizes depend on the data. What to do: keep the full shape and
-      weight by the mask (``(loss * mask).sum() / mask.sum()``), or use ``ignore_index``;
+      `accrewrite.runtime.io.PackedDataset` (TorchAcc's migration guide, "Pack dataset"), or pad to a fixed
+      `max_length`. These are reported wherever they are, since the loop sees their batches;
+    - in the training loop: boolean-mask indexing (`x[mask]`, `logits[labels != -100]`),
+      `nonzero()`/`argwhere`/`masked_select`/`unique` and one-argument
+      `torch.where(cond)`, whose sizes depend on the data. What to do: keep the full shape and
+      weight by the mask (`(loss * mask).sum() / mask.sum()`), or use `ignore_index`;
     - a tensor sliced at the training loop's own counter, in the loop or in a function it passes
-      the counter to (``source[i:i + bptt]`` in a language model's ``get_batch``). The shape
+      the counter to (`source[i:i + bptt]` in a language model's `get_batch`). The shape
       stays, but on XLA the offset is a constant of the graph, so every step compiles a new one.
-      What to do: keep the tensor on the host and move each slice (``source[i:i + bptt].to(device)``);
+      What to do: keep the tensor on the host and move each slice (`source[i:i + bptt].to(device)`);
       a slice moved at once is not reported.
     """
 

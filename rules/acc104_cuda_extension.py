@@ -10,16 +10,16 @@ _CUDA_SOURCES = (".cu", ".cuh")
 class CudaExtension(Rule):
     """Report custom CUDA extensions: they do not run on an XLA device.
 
-    ``torch.utils.cpp_extension.load``/``load_inline``, ``CUDAExtension``/``BuildExtension`` in
-    a setup script, and ``.cu`` sources build kernels for CUDA tensors. On XLA (torch_xla,
+    `torch.utils.cpp_extension.load`/`load_inline`, `CUDAExtension`/`BuildExtension` in
+    a setup script, and `.cu` sources build kernels for CUDA tensors. On XLA (torch_xla,
     TorchAcc) the tensors live on the XLA device and the kernel cannot take them; the lazy graph
     cannot include it either, and torch.compile treats an opaque extension call as a graph break.
 
     What to do: express the op in PyTorch (the compiler fuses it), use the target's fused
-    replacement where one exists (``accrewrite.runtime.nn``: FusedLayerNorm, QuickGelu,
-    dropout_add_fused_train, WindowProcess, FusedSwinFmha, nms; ``accrewrite.kernels`` has
+    replacement where one exists (`accrewrite.runtime.nn`: FusedLayerNorm, QuickGelu,
+    dropout_add_fused_train, WindowProcess, FusedSwinFmha, nms; `accrewrite.kernels` has
     Triton versions), or register it as a custom op with a PyTorch reference
-    (``torch.library.custom_op`` with a CPU/reference implementation). Reported wherever it is.
+    (`torch.library.custom_op` with a CPU/reference implementation). Reported wherever it is.
     """
 
     code = "ACC104"

@@ -10,18 +10,18 @@ _OPTIMIZER_NAMES = ("optimizer", "optim", "opt")
 class UnsafeFix(Rule):
     """Report a migration step that could not be applied safely, and why.
 
-    Other rules report here (``ctx.diagnose(node, message, code="ACC105")``) when the code they
+    Other rules report here (`ctx.diagnose(node, message, code="ACC105")`) when the code they
     would rewrite is out of their sight or ambiguous, and leave it unchanged rather than guess:
     what follows must then be done by hand, as the message says.
 
     This rule itself reports optimizers that the migration cannot see being built, in a script
     without a GradScaler, where ACC021 would have given the target's fused Adam/AdamW: one
-    returned by a factory (minGPT's ``model.configure_optimizers(...)``,
-    ``create_optimizer(...)``, ``build_optimizer(cfg)``), or a class chosen at run time
-    (``getattr(torch.optim, name)``). What to do: build ``FusedAdam``/``FusedAdamW`` where the
-    optimizer is built (or call ``hooks.enable_fused_adam()`` first), or build it in the script
-    from ``torch.optim``. With a GradScaler, ACC008 reports the same optimizer at
-    ``scaler.step(optimizer)`` (the syncfree replacement), so it is not reported twice.
+    returned by a factory (minGPT's `model.configure_optimizers(...)`,
+    `create_optimizer(...)`, `build_optimizer(cfg)`), or a class chosen at run time
+    (`getattr(torch.optim, name)`). What to do: build `FusedAdam`/`FusedAdamW` where the
+    optimizer is built (or call `hooks.enable_fused_adam()` first), or build it in the script
+    from `torch.optim`. With a GradScaler, ACC008 reports the same optimizer at
+    `scaler.step(optimizer)` (the syncfree replacement), so it is not reported twice.
     """
 
     code = "ACC105"

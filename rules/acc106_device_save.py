@@ -5,16 +5,16 @@ from accrewrite.rule import Example, Rule
 
 
 class DeviceSave(Rule):
-    """Report ``torch.save`` of device tensors on an XLA target: save with ``xm.save``.
+    """Report `torch.save` of device tensors on an XLA target: save with `xm.save`.
 
     On torch_xla and TorchAcc, a model's parameters and an optimizer's state live on the XLA
-    device. ``torch.save`` of them (``model.state_dict()``, a checkpoint dict holding state
+    device. `torch.save` of them (`model.state_dict()`, a checkpoint dict holding state
     dicts, a tensor) serialises XLA tensors, which load only where an XLA device exists, and
-    every process writes the same file. The target's ``xm.save(obj, path)`` moves the tensors
+    every process writes the same file. The target's `xm.save(obj, path)` moves the tensors
     to the CPU first and writes from the master process only.
 
-    Why not rewritten: ``xm.save`` ends with a rendezvous of all processes, so inside a
-    rank-0-only branch (``if rank == 0:``, ``if master_process:``) it would wait forever for
+    Why not rewritten: `xm.save` ends with a rendezvous of all processes, so inside a
+    rank-0-only branch (`if rank == 0:`, `if master_process:`) it would wait forever for
     the others. Call it from every process, outside such a branch (it picks the writer itself).
     The runtime target's tensors are ordinary torch tensors, so it reports nothing there.
     """

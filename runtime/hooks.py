@@ -1,4 +1,4 @@
-"""Swap torch's own classes for the fused ones, as seed 001's ``hooks`` do::
+"""Swap torch's own classes for the fused ones, as the ``hooks`` of TorchAcc's migration guide do::
 
     from accrewrite.runtime import hooks
     hooks.enable_fused_layer_norm()   # torch.nn.LayerNorm -> FusedLayerNorm

@@ -1,4 +1,4 @@
-"""Activation checkpointing of a model's repeated blocks (seed 001, "Gradient checkpointing").
+"""Activation checkpointing of a model's repeated blocks (TorchAcc's migration guide, "Gradient checkpointing").
 
 ``model = auto_checkpoint(model)`` (TorchAcc: ``torchacc.auto_checkpoint(model)``) finds the
 repeated blocks of ``model`` (:func:`accrewrite.runtime.blocks.repeated_blocks`: the layers of a
@@ -88,6 +88,13 @@ def auto_checkpoint(model: nn.Module, budget: float | None = None, *, selective:
     else:
         _Calibration.install(model, plan)
     return model
+
+
+def checkpoint_modules(modules, *, selective: bool = True) -> None:
+    """Checkpoint each of ``modules`` as ``auto_checkpoint`` does a block without a budget
+    (for callers that choose the modules themselves, as ``accelerate``'s ``gc_cls``)."""
+    for module in modules:
+        _set_mode(module, SELECTIVE if selective else FULL)
 
 
 @dataclass

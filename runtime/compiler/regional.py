@@ -1,4 +1,4 @@
-"""Compiling modules in place, and regional compilation inside one graph (seed 003).
+"""Compiling modules in place, and regional compilation inside one graph (as Accelerate's regional compilation).
 
 A transformer spends most of its compile time tracing and optimising N copies of one block.
 Regional compilation compiles one block of each repeated kind and runs every copy on that code.

@@ -1,4 +1,4 @@
-"""Data reading (seed 000/001): prefetching, packed datasets, a preprocessing cache."""
+"""Data reading (TorchAcc's data reading): prefetching, packed datasets, a preprocessing cache."""
 
 from accrewrite.lazy import lazy_attributes
 

@@ -1,4 +1,4 @@
-"""A disk cache of preprocessed samples (seed 000, "Preprocess Cache").
+"""A disk cache of preprocessed samples (TorchAcc's "Preprocess Cache").
 
 ``PreprocessCache(dataset, preprocess_fn, cache_dir)`` is a map-style dataset whose item ``i`` is
 ``preprocess_fn(dataset[i], **fn_kwargs)``, computed once and read back from disk afterwards::

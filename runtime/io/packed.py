@@ -1,4 +1,4 @@
-"""Packing variable-length token sequences into fixed-length rows (seed 001, "Pack dataset").
+"""Packing variable-length token sequences into fixed-length rows (TorchAcc's migration guide, "Pack dataset").
 
 Padding every batch to its longest sample wastes compute on padding and gives the compiler a new
 shape per batch. :class:`PackedDataset` instead concatenates whole documents into rows of exactly

@@ -1,4 +1,4 @@
-"""``Prefetcher(loader, preprocess_fn)``: seed 001's data prefetcher, driven by the training loop.
+"""``Prefetcher(loader, preprocess_fn)``: the data prefetcher of TorchAcc's migration guide, driven by the training loop.
 
 The loop tells it when the host and the device are idle::
 
@@ -59,7 +59,7 @@ class Prefetcher:
         batch, self._on_device = self._on_device, _NOTHING
         return self._mover.hand_over(*batch)
 
-    def prefetch_CPU(self):  # noqa: N802 - seed 001's name
+    def prefetch_CPU(self):  # noqa: N802 - TorchAcc's name
         """Load the next batch from the loader onto the host, unless one is already held."""
         if self._iterator is None or self._on_host is not _NOTHING or self._on_device is not _NOTHING:
             return
@@ -68,7 +68,7 @@ class Prefetcher:
         except StopIteration:
             self._iterator = iter(())  # keeps raising StopIteration; drops the loader's iterator
 
-    def prefetch_GPU(self):  # noqa: N802 - seed 001's name
+    def prefetch_GPU(self):  # noqa: N802 - TorchAcc's name
         """Move the loaded batch to the device and preprocess it, loading it first if needed."""
         if self._on_device is not _NOTHING:
             return

@@ -1,5 +1,5 @@
-"""Fused modules (seed 001, "Kernel fusion optimizations"): the Triton path on CUDA tensors, the
-PyTorch reference elsewhere. Each name lives in the submodule seed 001 imports it from."""
+"""Fused modules (TorchAcc's migration guide, "Kernel fusion optimizations"): the Triton path on CUDA tensors, the
+PyTorch reference elsewhere. Each name lives in the submodule the guide imports it from."""
 
 from accrewrite.lazy import lazy_attributes
 

@@ -1,4 +1,4 @@
-"""Fused dropout + residual add with seed 001's call signatures::
+"""Fused dropout + residual add with the call signatures of TorchAcc's migration guide::
 
     if self.training:
         x = dropout_add_fused_train(x, to_add, drop_rate)   # to_add + dropout(x, drop_rate)

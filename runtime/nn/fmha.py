@@ -1,4 +1,4 @@
-"""``FusedSwinFmha``: seed 001's call signature over ``accrewrite.kernels.swin_fmha``.
+"""``FusedSwinFmha``: the migration guide's call signature over ``accrewrite.kernels.swin_fmha``.
 
     attn = FusedSwinFmha.apply(attn, relative_pos_bias, attn_mask, batch_size, window_num,
                                num_head, window_len)

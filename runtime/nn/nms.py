@@ -1,4 +1,4 @@
-"""NMS with the interfaces detection code calls (seed 001, "nms/nms_normal/soft_nms/
+"""NMS with the interfaces detection code calls (TorchAcc's migration guide, "nms/nms_normal/soft_nms/
 batched_soft_nms"), over ``accrewrite.kernels.nms`` (Triton on CUDA, PyTorch elsewhere).
 
 - ``nms(boxes, scores, iou_threshold)``: ``torchvision.ops.nms`` -> kept indices (int64) by
@@ -90,7 +90,7 @@ def _like_input(boxes, dets, inds):
 
 class _NmsModule(types.ModuleType):
     """This module is also callable as ``nms``. DESIGN lists ``nms`` among the names of
-    ``accrewrite.runtime.nn`` and seed 001 imports the functions from ``...nn.nms``: once this
+    ``accrewrite.runtime.nn`` and the guide imports the functions from ``...nn.nms``: once this
     module is imported, Python binds ``accrewrite.runtime.nn.nms`` to it, shadowing the function
     of the same name, so ``from accrewrite.runtime.nn import nms; nms(...)`` must still work."""
 

@@ -1,4 +1,4 @@
-"""``QuickGelu``: ``x * sigmoid(1.702 x)``, the module seed 001 puts in place of ``nn.GELU``.
+"""``QuickGelu``: ``x * sigmoid(1.702 x)``, the module TorchAcc's migration guide puts in place of ``nn.GELU``.
 
 It is not GELU (it differs by up to about 0.02), which is why the codemod's ACC022 is an unsafe
 fix. Runs ``accrewrite.kernels.quick_gelu``: the Triton kernel on CUDA, PyTorch elsewhere.

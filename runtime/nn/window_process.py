@@ -1,4 +1,4 @@
-"""``WindowProcess`` / ``WindowProcessReverse``: seed 001's call signatures over
+"""``WindowProcess`` / ``WindowProcessReverse``: the migration guide's call signatures over
 ``accrewrite.kernels.window_process`` (Triton on CUDA, ``torch.roll`` + ``window_partition``
 elsewhere, bit-exact either way).
 

@@ -1,4 +1,4 @@
-"""Helpers for migrated scripts (seed 001: ``torchacc.runtime.utils.misc``)."""
+"""Helpers for migrated scripts (TorchAcc's ``torchacc.runtime.utils.misc``)."""
 
 from accrewrite.runtime.utils.misc import multi_apply_multi_stream
 

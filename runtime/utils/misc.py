@@ -1,5 +1,5 @@
 """``multi_apply_multi_stream``: mmdet's ``multi_apply`` with the calls spread over CUDA streams
-(seed 001, "Multi-stream kernel optimizations").
+(TorchAcc's migration guide, "Multi-stream kernel optimizations").
 
     result = multi_apply_multi_stream(fn, 2, t1, t2, t3)   # == multi_apply(fn, t1, t2, t3)
 

@@ -1,4 +1,4 @@
-"""--guard VAR: seed 001's dual-path form."""
+"""--guard VAR: TorchAcc's migration guide's dual-path form."""
 
 import os
 import subprocess

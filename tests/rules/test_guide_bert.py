@@ -1,7 +1,7 @@
 """The guarded BERT example of TorchAcc's migration guide, reproduced.
 
-``fixtures/seed_bert.seed.txt`` is the example as the guide prints it, its additions marked
-``+``. ``fixtures/seed_bert.in.py`` is that example with the additions removed (the original
+``fixtures/guide_bert.guide.txt`` is the example as the guide prints it, its additions marked
+``+``. ``fixtures/guide_bert.in.py`` is that example with the additions removed (the original
 branches kept). Migrating it with ``--target torchacc --guard TORCHACC_COMPILER_OPT`` must put
 every addition of the guide in the corresponding place.
 """
@@ -13,16 +13,16 @@ from accrewrite.engine import Options, migrate_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GUARD = "TORCHACC_COMPILER_OPT"
-# The seed's lines that only open or close its guarded branches.
+# The guide's lines that only open or close its guarded branches.
 CONTROL = re.compile(r"^(if (not )?enable_torchacc_compiler\(\).*:|else:)$")
 
 
-def seed_lines() -> list[str]:
-    return (FIXTURES / "seed_bert.seed.txt").read_text().splitlines()
+def guide_lines() -> list[str]:
+    return (FIXTURES / "guide_bert.guide.txt").read_text().splitlines()
 
 
 def statements(lines):
-    """(is addition, function it is in, statement text) for each logical line of the seed."""
+    """(is addition, function it is in, statement text) for each logical line of the guide."""
     function, pending, result = "<module>", "", []
     for line in lines:
         added = line.startswith("+")
@@ -57,27 +57,27 @@ def functions_of(code: str) -> dict[str, str]:
     return chunks
 
 
-def test_the_input_is_the_seed_without_its_additions():
-    kept = [text for added, _, text in statements(seed_lines()) if not added]
-    plain = [text for _, _, text in statements((FIXTURES / "seed_bert.in.py").read_text().splitlines())]
+def test_the_input_is_the_guide_without_its_additions():
+    kept = [text for added, _, text in statements(guide_lines()) if not added]
+    plain = [text for _, _, text in statements((FIXTURES / "guide_bert.in.py").read_text().splitlines())]
     assert [normal(t) for t in kept] == [normal(t) for t in plain]
 
 
-def test_every_addition_of_the_seed_appears_in_its_place():
-    source = (FIXTURES / "seed_bert.in.py").read_bytes()
-    result = migrate_source(source, "seed_bert.py", Options(target="torchacc", guard=GUARD))
+def test_every_addition_of_the_guide_appears_in_its_place():
+    source = (FIXTURES / "guide_bert.in.py").read_bytes()
+    result = migrate_source(source, "guide_bert.py", Options(target="torchacc", guard=GUARD))
     assert result.error is None
     output = result.output.decode()
-    compile(output, "seed_bert.py", "exec")
+    compile(output, "guide_bert.py", "exec")
     chunks = functions_of(output)
     imported = normal(output)
     missing = []
-    for added, function, text in statements(seed_lines()):
+    for added, function, text in statements(guide_lines()):
         if not added or CONTROL.match(text):
             continue
         wanted = normal(text)
         if text.startswith(("import ", "from ")):
-            # The seed imports the target inside its guarded branches; the migration imports it
+            # The guide imports the target inside its guarded branches; the migration imports it
             # once, in the guarded block after the file's imports, name by name.
             if text.startswith("import "):
                 found = normal(text) in imported
@@ -88,7 +88,7 @@ def test_every_addition_of_the_seed_appears_in_its_place():
                     any(re.search(rf"\b{name.strip()}\b", line) for line in lines) for name in names.split(",")
                 )
         elif text.startswith("xm.set_rng_state("):
-            # The seed's constant (101) is arbitrary; any constant makes every worker alike.
+            # The guide's constant (101) is arbitrary; any constant makes every worker alike.
             found = re.search(r"xm\.set_rng_state\(\d+\)", chunks[function]) is not None
         else:
             found = wanted in chunks.get(function, "")
@@ -102,6 +102,6 @@ def test_every_addition_of_the_seed_appears_in_its_place():
 
 
 def test_guarded_migration_is_stable():
-    source = (FIXTURES / "seed_bert.in.py").read_bytes()
-    once = migrate_source(source, "seed_bert.py", Options(target="torchacc", guard=GUARD)).output
-    assert migrate_source(once, "seed_bert.py", Options(target="torchacc", guard=GUARD)).output == once
+    source = (FIXTURES / "guide_bert.in.py").read_bytes()
+    once = migrate_source(source, "guide_bert.py", Options(target="torchacc", guard=GUARD)).output
+    assert migrate_source(once, "guide_bert.py", Options(target="torchacc", guard=GUARD)).output == once
