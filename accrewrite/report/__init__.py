@@ -27,6 +27,8 @@ def report(outcomes: list[Outcome], mode: str, target: str, output_format: str, 
             text.statistics(outcomes, console)
         return
     if output_format in MACHINE:
-        print(MACHINE[output_format](outcomes, mode, target), flush=True)
+        document = MACHINE[output_format](outcomes, mode, target)
+        if document:  # no annotations: no output at all
+            print(document, flush=True)
         return
     text.render(outcomes, mode, target, console, full=output_format == "full", show_fixes=show_fixes)

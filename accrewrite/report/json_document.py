@@ -1,4 +1,5 @@
-"""``--format json``: one document with every file's fixes and diagnostics (each with its help)."""
+"""``--format json``: one document with every file's fixes, diagnostics (each with its help) and,
+when previewing or checking, its diff."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def render(outcomes: list[Outcome], mode: str, target: str) -> str:
                 "path": o.path,
                 "changed": o.changed,
                 "written": o.written,
+                "diff": o.diff,
                 "error": None if o.error is None else {"message": o.error.reason, "line": o.error.line, "col": o.error.col},
                 "fixes": [{"code": f.code, "name": f.name, "line": f.line, "message": f.message} for f in o.fixes],
                 "diagnostics": [

@@ -1,0 +1,64 @@
+"""A migration preview as Markdown, for a CI job's summary: ``accrewrite migrate --format json``
+on standard input, Markdown on standard output (what the GitHub Action in action.yml appends
+to ``$GITHUB_STEP_SUMMARY``).
+
+    accrewrite migrate --check --format json src/ | python -m accrewrite.step_summary
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+
+def _fenced(text: str, language: str) -> str:
+    longest = max((len(run) for run in re.findall(r"`{3,}", text)), default=2)
+    fence = "`" * (longest + 1)
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}"
+
+
+def _inline(text: str) -> str:
+    """Text inside a table cell or list item: no line breaks, no table pipes."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def markdown(document: dict) -> str:
+    files, summary = document["files"], document["summary"]
+    pending = [f for f in files if f["changed"] and f["diff"]]
+    if summary["errors"]:
+        title = f"{summary['errors']} of {summary['files']} files could not be migrated"
+    elif pending:
+        title = f"{len(pending)} of {summary['files']} files need migrating"
+    else:
+        title = f"{summary['files']} files checked: nothing to migrate"
+    parts = [f"## accrewrite (target {document['target']}): {title}"]
+    if pending:
+        parts.append("Run `accrewrite migrate --in-place` on these paths to apply the diff below.")
+    for f in pending:
+        parts.append(f"<details><summary><code>{_inline(f['path'])}</code>: {len(f['fixes'])} fixes</summary>\n\n"
+                     f"{_fenced(f['diff'], 'diff')}\n\n</details>")
+    findings = [
+        f"- `{_inline(f['path'])}:{d['line']}:{d['col'] + 1}` **{d['code']}** {_inline(d['message'])}"
+        for f in files for d in f["diagnostics"]
+    ]
+    if findings:
+        parts.append("### Diagnostics (`accrewrite explain CODE` says why and what to do)\n\n" + "\n".join(findings))
+    errors = [f"- `{_inline(f['path'])}`: {_inline(f['error']['message'])}" for f in files if f["error"]]
+    if errors:
+        parts.append("### Errors\n\n" + "\n".join(errors))
+    return "\n\n".join(parts) + "\n"
+
+
+def main() -> int:
+    try:
+        document = json.load(sys.stdin)
+    except json.JSONDecodeError as exc:
+        print(f"error: standard input is not accrewrite's JSON output ({exc})", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown(document))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
