@@ -22,6 +22,10 @@ _ATTRIBUTES = {
     "compile": "compiler:compile",
     "explain": "compiler:explain",
     "auto_checkpoint": "memory:auto_checkpoint",
+    "accelerate": "parallel.accelerate:accelerate",
+    "Config": "parallel.config:Config",
+    "save_checkpoint": "parallel.checkpoint:save_checkpoint",
+    "load_checkpoint": "parallel.checkpoint:load_checkpoint",
 }
 __all__ = list(_ATTRIBUTES)
 __getattr__ = lazy_attributes(__name__, _ATTRIBUTES)

@@ -1,0 +1,11 @@
+"""Distributed policies for models past one device, on torch.distributed (TorchAcc 2.x's
+accelerate API):
+
+- ``accelerate.py``: ``accelerate(model, dataloader, config)``: DeviceMesh, FSDP2, tensor
+  parallel, activation checkpointing, compilation per block.
+- ``config.py``: ``Config``, laid out like TorchAcc 2.x's.
+- ``tensor_parallel.py``: tensor-parallel plans, derived from a block's layout or given.
+- ``checkpoint.py``: ``save_checkpoint``/``load_checkpoint``: sharded, resharding, atomic
+  checkpoints through torch.distributed.checkpoint, and the full-state export.
+- ``_torch_compat.py``: the torch private names used here.
+"""

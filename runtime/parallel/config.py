@@ -1,0 +1,90 @@
+"""``Config``: what ``accelerate`` builds, laid out like TorchAcc 2.x's ``ta.Config()``.
+
+    config = Config()
+    config.dist.fsdp.size = 4                       # shard parameters over 4 ranks
+    config.dist.tp.size = 2                         # and split each block's matmuls over 2
+    config.dist.fsdp.wrap_layer_cls = {"Block"}     # default: the model's repeated blocks
+    config.memory.gc = True                         # activation checkpointing of those blocks
+    config.compute.bf16 = True                      # FSDP2 mixed precision
+    config.compute.compile = True                   # accrewrite.runtime.compile, per block
+
+The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
+``fsdp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
+spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` against the model
+and the world, and a mistake is reported with what to change.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DataParallelConfig:
+    size: int | None = None  # None: world size // (fsdp.size * tp.size)
+
+
+@dataclass
+class FSDPConfig:
+    size: int = 1
+    wrap_layer_cls: set | None = None  # classes or class names; None: the repeated blocks
+    reshard_after_forward: bool = True  # free the gathered parameters after each block's forward
+    prefetch: int = 1  # blocks whose all-gather is issued ahead of the one computing
+
+
+@dataclass
+class TensorParallelConfig:
+    size: int = 1
+    # Per wrapped block: {submodule name: "colwise" | "rowwise" | "colwise_fused_qkv" | a
+    # torch ParallelStyle}. None: derived from the block's layout (see tensor_parallel.py).
+    plan: dict | None = None
+
+
+@dataclass
+class DistConfig:
+    dp: DataParallelConfig = field(default_factory=DataParallelConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    tp: TensorParallelConfig = field(default_factory=TensorParallelConfig)
+
+
+@dataclass
+class MemoryConfig:
+    gc: bool = False  # activation checkpointing (accrewrite.runtime.memory)
+    gc_cls: set | None = None  # classes or names to checkpoint; None: the wrapped layers
+
+
+@dataclass
+class ComputeConfig:
+    bf16: bool = False
+    fp16: bool = False
+    compile: bool = False
+
+
+@dataclass
+class Config:
+    dist: DistConfig = field(default_factory=DistConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
+
+    def mesh_shape(self, world_size: int) -> tuple[int, int, int]:
+        """``(dp, fsdp, tp)`` sizes for ``world_size`` ranks; raises saying what to change."""
+        sizes = {"dist.fsdp.size": self.dist.fsdp.size, "dist.tp.size": self.dist.tp.size}
+        if self.dist.dp.size is not None:
+            sizes["dist.dp.size"] = self.dist.dp.size
+        for name, size in sizes.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"config.{name} must be a positive int, got {size!r}")
+        fsdp, tp = self.dist.fsdp.size, self.dist.tp.size
+        if self.dist.dp.size is None:
+            if world_size % (fsdp * tp):
+                raise ValueError(
+                    f"config.dist.fsdp.size * config.dist.tp.size = {fsdp} * {tp} does not divide "
+                    f"the world size {world_size}; set them so that their product divides it"
+                )
+            return world_size // (fsdp * tp), fsdp, tp
+        dp = self.dist.dp.size
+        if dp * fsdp * tp != world_size:
+            raise ValueError(
+                f"config.dist.dp.size * fsdp.size * tp.size = {dp} * {fsdp} * {tp} = {dp * fsdp * tp}, "
+                f"but the world size is {world_size}; change the sizes so that they multiply to "
+                f"{world_size} (or leave dp.size as None to take what is left)"
+            )
+        return dp, fsdp, tp

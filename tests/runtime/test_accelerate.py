@@ -1,0 +1,270 @@
+"""``accelerate``/``Config`` (TorchAcc 2.x's accelerate API): FSDP2, tensor parallel and both
+at once train, in real gloo processes, as one process does on the same global batch.
+
+Each case trains a tiny GPT for 20 SGD steps with momentum (gradient clipping included) with the
+dataloader split by ``accelerate``; the per-step losses must be within 1e-5 of one process
+reading the whole global batch, and the final parameters (gathered full) as close.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.utils.data import DataLoader, TensorDataset
+
+from accrewrite.runtime import Config, accelerate
+from accrewrite.runtime.parallel.tensor_parallel import derive_plan
+
+from _ranks import run_ranks
+
+VOCAB, WIDTH, HEADS, CONTEXT, BLOCKS = 32, 16, 4, 8, 2
+STEPS, GLOBAL_BATCH = 20, 8
+
+
+class Conv1D(nn.Module):
+    """GPT-2's projection (Hugging Face ``Conv1D``): a linear layer whose weight is in x out."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.2)
+        self.bias = nn.Parameter(torch.randn(nf) * 0.1)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(size_out)
+
+
+class Attention(nn.Module):
+    """q/k/v/o as separate projections (Llama, BERT-like layouts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.num_heads, self.head_dim = HEADS, WIDTH // HEADS
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(WIDTH, WIDTH) for _ in range(4))
+
+    def forward(self, x):
+        shape = (*x.shape[:-1], -1, self.head_dim)
+        q, k, v = (proj(x).view(shape).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+
+class GPT2Attention(nn.Module):
+    """GPT-2's: one fused q/k/v ``Conv1D`` (``c_attn``), split by ``split_size``."""
+
+    def __init__(self):
+        super().__init__()
+        self.num_heads, self.split_size = HEADS, WIDTH
+        self.c_attn, self.c_proj = Conv1D(3 * WIDTH, WIDTH), Conv1D(WIDTH, WIDTH)
+
+    def forward(self, x):
+        q, k, v = self.c_attn(x).split(self.split_size, dim=2)
+        B, T, C = q.shape
+        q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up_proj, self.down_proj = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc, self.c_proj = Conv1D(4 * WIDTH, WIDTH), Conv1D(WIDTH, 4 * WIDTH)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(WIDTH, 3 * WIDTH, bias=False), nn.Linear(WIDTH, 3 * WIDTH, bias=False)
+        self.down_proj = nn.Linear(3 * WIDTH, WIDTH, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+LAYOUTS = {"separate": (Attention, MLP), "gpt2": (GPT2Attention, GPT2MLP), "llama": (Attention, LlamaMLP)}
+
+
+class Block(nn.Module):
+    def __init__(self, layout):
+        super().__init__()
+        attention, mlp = LAYOUTS[layout]
+        self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(WIDTH), attention(), nn.LayerNorm(WIDTH), mlp()
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, layout="separate", blocks=BLOCKS):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, WIDTH), nn.Embedding(CONTEXT, WIDTH)
+        self.h = nn.ModuleList(Block(layout) for _ in range(blocks))
+        self.ln_f, self.lm_head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens, targets):
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def tiny_gpt(layout="separate", blocks=BLOCKS):
+    torch.manual_seed(0)
+    return TinyGPT(layout, blocks)
+
+
+def token_dataset(batches=STEPS, batch=GLOBAL_BATCH):
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(VOCAB, (batches * batch, CONTEXT + 1), generator=generator)
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])
+
+
+def train(model, loader, steps=STEPS):
+    """Per-step losses (averaged over the ranks) of SGD with momentum and gradient clipping."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ranks = dist.get_world_size() if dist.is_initialized() else 1
+    losses = []
+    for _, (tokens, targets) in zip(range(steps), loader):
+        optimizer.zero_grad()
+        loss = model(tokens, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        loss = loss.detach().clone()
+        if ranks > 1:  # tensor-parallel ranks hold equal losses: the mean over all is the dp mean
+            dist.all_reduce(loss)
+        losses.append(loss.item() / ranks)
+    return losses
+
+
+def full_state(model):
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def _accelerated_rank(rank, cases):
+    results = []
+    for layout, fsdp, tp in cases:
+        config = Config()
+        config.dist.fsdp.size, config.dist.tp.size = fsdp, tp
+        data_ranks = int(os.environ["WORLD_SIZE"]) // tp
+        loader = DataLoader(token_dataset(), batch_size=GLOBAL_BATCH // data_ranks)
+        model, loader = accelerate(tiny_gpt(layout), loader, config)
+        losses = train(model, loader)
+        results.append((losses, full_state(model)))
+    return results
+
+
+def _reference(layout):
+    model = tiny_gpt(layout)
+    losses = train(model, DataLoader(token_dataset(), batch_size=GLOBAL_BATCH))
+    return losses, model.state_dict()
+
+
+def _assert_matches(result, layout):
+    losses, state = result
+    want_losses, want_state = _reference(layout)
+    assert losses == pytest.approx(want_losses, abs=1e-5)
+    assert state.keys() == want_state.keys()
+    for key, value in want_state.items():
+        torch.testing.assert_close(state[key], value, rtol=0, atol=1e-5, msg=key)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_two_ranks_fsdp_and_tensor_parallel_match_one_process():
+    cases = [("separate", 2, 1), ("separate", 1, 2), ("gpt2", 1, 2), ("llama", 1, 2)]
+    results = run_ranks(_accelerated_rank, 2, cases)[0]
+    for (layout, _, _), result in zip(cases, results):
+        _assert_matches(result, layout)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_four_ranks_fsdp_and_fsdp_by_tensor_parallel_match_one_process():
+    cases = [("separate", 4, 1), ("separate", 2, 2), ("gpt2", 2, 2), ("llama", 1, 2)]  # last: dp 2 x tp 2
+    results = run_ranks(_accelerated_rank, 4, cases)[0]
+    for (layout, _, _), result in zip(cases, results):
+        _assert_matches(result, layout)
+
+
+# -- one process: plans, layouts and what a wrong config says -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layout, plan",
+    [
+        ("separate", {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "colwise",
+                      "attn.o_proj": "rowwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}),
+        ("gpt2", {"attn.c_attn": "colwise_fused", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise",
+                  "mlp.c_proj": "rowwise"}),
+        ("llama", {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "colwise",
+                   "attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+                   "mlp.down_proj": "rowwise"}),
+    ],
+)
+def test_plans_are_derived_from_the_block_layout(layout, plan):
+    assert derive_plan(Block(layout)) == plan
+
+
+def test_a_block_of_unknown_layout_asks_for_a_plan():
+    block = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="config.dist.tp.plan"):
+        derive_plan(block)
+
+
+def _config(**sizes):
+    config = Config()
+    for name, size in sizes.items():
+        getattr(config.dist, name).size = size
+    return config
+
+
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        ({"fsdp": 3}, r"fsdp.size \* config.dist.tp.size = 3 \* 1 does not divide the world size 4"),
+        ({"dp": 2, "fsdp": 4}, r"= 8, but the world size is 4"),
+        ({"tp": 0}, "config.dist.tp.size must be a positive int"),
+    ],
+)
+def test_sizes_that_do_not_fit_the_world_say_what_to_change(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**sizes).mesh_shape(4)
+
+
+def test_sizes_default_data_parallel_to_what_is_left():
+    assert _config(tp=2).mesh_shape(8) == (4, 1, 2)
+    assert _config(fsdp=2, tp=2, dp=2).mesh_shape(8) == (2, 2, 2)
+
+
+def test_a_layer_class_that_matches_nothing_names_the_classes_there():
+    config = Config()
+    config.dist.fsdp.wrap_layer_cls = {"LlamaDecoderLayer"}
+    with pytest.raises(ValueError, match=r"wrap_layer_cls = \['LlamaDecoderLayer'\] matches no module.*'Block'"):
+        accelerate(tiny_gpt(), config=config)
+
+
+def test_both_half_precisions_is_an_error():
+    config = Config()
+    config.compute.bf16 = config.compute.fp16 = True
+    with pytest.raises(ValueError, match="choose one"):
+        accelerate(tiny_gpt(), config=config)
