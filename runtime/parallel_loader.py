@@ -8,7 +8,7 @@ consumed in the same order as by plain iteration and runs repeat:
   loader's iteration starts (a DataLoader draws its seeds there);
 * a DataLoader with ``num_workers > 0`` loads in its worker processes, whose generators are
   their own: a background thread takes its batches and moves them to the device ahead of the
-  loop, through a bounded queue (``device_prefetch_size`` batches, default 4);
+  loop, through a bounded queue (``device_prefetch_size`` batches, default 8);
 * anything else (a DataLoader without workers, a list, a generator) is loaded on the loop's
   thread when the loop asks for the next batch; reading ahead would change the random numbers.
 
@@ -23,7 +23,8 @@ traceback; a DataLoader worker that died (killed by a signal, say) is named as t
 in a RuntimeError caused by the error met while loading. Breaking out of the loop or dropping the
 iterator stops the background thread, if any, and drops the wrapped loader's iterator (ending its
 workers). As in torch_xla, fetching a batch marks the step (``xm.mark_step``) every
-``batches_per_execution`` batches, so step closures also run there.
+``batches_per_execution`` batches, so step closures also run there, and iterating an
+``MpDeviceLoader`` again closes its previous iteration.
 
 One process drives one device (torchrun style): ``ParallelLoader`` takes a single device.
 ``batchdim``, ``loader_prefetch_size``, ``host_to_device_transfer_threads`` and
@@ -207,7 +208,7 @@ class ParallelLoader:
     starts here."""
 
     def __init__(self, cpu_loader, devices, batchdim=0, batches_per_execution=1,
-                 loader_prefetch_size=8, device_prefetch_size=4,
+                 loader_prefetch_size=16, device_prefetch_size=8,
                  host_to_device_transfer_threads=1, input_sharding=None):
         del batchdim, loader_prefetch_size, host_to_device_transfer_threads, input_sharding
         devices = [torch.device(d) for d in devices]
@@ -229,17 +230,21 @@ class ParallelLoader:
             self._source = _OnDemand(iterator, self._mover)
 
     def per_device_loader(self, device):
-        if torch.device(device) != self._device:
-            raise ValueError(f"per_device_loader({device}): this loader feeds {self._device}")
-        return PerDeviceLoader(self)
+        return PerDeviceLoader(self, torch.device(device))
 
     def per_device_samples(self):
         return len(self._loader)
 
-    def _next(self):
-        """The next batch on the device; None once the loader is exhausted, failed or closed."""
+    def next_item(self, device):
+        """The next batch on ``device``; None once the loader is exhausted, failed or closed."""
+        if torch.device(device) != self._device:
+            raise ValueError(f"ParallelLoader: asked for a batch on {device}, it feeds {self._device}")
         item = self._source.next()
         return None if item is None else self._mover.hand_over(*item)
+
+    @property
+    def batches_per_execution(self):
+        return self._batches_per_execution
 
     def close(self):
         """Stop loading (the background thread, if any) and drop the prefetched batches."""
@@ -247,32 +252,39 @@ class ParallelLoader:
 
 
 class PerDeviceLoader:
-    """The iterator over one device's batches; marks the step as batches are fetched."""
+    """The iterator over ``device``'s batches of ``loader`` (a ParallelLoader). It marks the step
+    where torch_xla's does: on fetching batch ``k * batches_per_execution`` (counting from 1;
+    every batch with the default of 1) and at the end."""
 
-    def __init__(self, parallel_loader):
-        self._parallel_loader = parallel_loader
-        self._fetched = 0
+    def __init__(self, loader, device):
+        self._loader = loader
+        self._device = device
+        self._fetches_between_marks = loader.batches_per_execution - 1
+        self._fetched_since_mark = 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self._fetched % self._parallel_loader._batches_per_execution == 0:
+        return self.next()
+
+    def __len__(self):
+        return self._loader.per_device_samples()
+
+    def next(self):
+        if self._fetched_since_mark >= self._fetches_between_marks:
+            self._fetched_since_mark = 0
             xm.mark_step()
-        batch = self._parallel_loader._next()
+        else:
+            self._fetched_since_mark += 1
+        batch = self._loader.next_item(self._device)
         if batch is None:
             xm.mark_step()
             raise StopIteration
-        self._fetched += 1
         return batch
 
-    next = __next__
-
-    def __len__(self):
-        return self._parallel_loader.per_device_samples()
-
     def close(self):
-        self._parallel_loader.close()
+        self._loader.close()
 
 
 def _forward(name):
@@ -281,17 +293,25 @@ def _forward(name):
 
 class MpDeviceLoader:
     """``pl.MpDeviceLoader(loader, device, **kwargs)``: iterate it like ``loader``, get batches
-    already on ``device``. Every ``iter()`` starts a fresh prefetching ``ParallelLoader`` (kwargs
-    go to it). ``len()``, ``.dataset``, ``.sampler``, ``.batch_sampler`` and ``.batch_size``
-    are the wrapped loader's, so ``loader.sampler.set_epoch(epoch)`` keeps working."""
+    already on ``device``. Every ``iter()`` closes the previous iteration and starts a fresh
+    prefetching ``ParallelLoader`` (kwargs go to it). ``len()`` is the wrapped loader's, and so
+    are ``.dataset``, ``.sampler``, ``.batch_sampler`` and ``.batch_size`` (an extension of
+    torch_xla's: ``loader.sampler.set_epoch(epoch)`` keeps working where the migration rebinds
+    the loader's name)."""
 
     def __init__(self, loader, device, **kwargs):
         self._loader = loader
         self._device = torch.device(device)
         self._parallel_loader_kwargs = kwargs
+        # weak: an iteration that is dropped (a `break`) still ends its thread on its own
+        self._previous = lambda: None
 
     def __iter__(self):
+        previous = self._previous()
+        if previous is not None:
+            previous.close()
         loader = ParallelLoader(self._loader, [self._device], **self._parallel_loader_kwargs)
+        self._previous = weakref.ref(loader)
         return loader.per_device_loader(self._device)
 
     def __len__(self):

@@ -7,13 +7,17 @@ script created with ``dist.init_process_group``; a script that never creates one
 collective. With one process every collective is a local no-op (apart from ``scale``) and needs
 no process group.
 
-Where this module is silent, the semantics are torch_xla's for the same call. Execution is
-eager, so ``mark_step`` does not compile anything: it is the step boundary at which step
-closures run (see ``_closures``).
+Every name torch_xla 2.9 also has takes torch_xla's arguments and behaves as torch_xla's does
+(tests/runtime/test_xla_conformance.py runs both); what differs on purpose is listed in
+docs/torch_xla_conformance.md. Execution is eager, so ``mark_step`` does not compile anything:
+it is the step boundary at which step closures run (see ``_closures``).
 """
 
 import atexit
+import collections
+import hashlib
 import os
+import resource
 import sys
 
 import torch
@@ -26,15 +30,21 @@ from ._closures import STEP_CLOSURES
 from ._tensor_tree import map_tensors
 
 REDUCE_SUM = "sum"
-REDUCE_MEAN = "mean"
+REDUCE_MUL = "mul"
+REDUCE_AND = "and"
+REDUCE_OR = "or"
 REDUCE_MIN = "min"
 REDUCE_MAX = "max"
 _REDUCE_OPS = {
     REDUCE_SUM: dist.ReduceOp.SUM,
-    REDUCE_MEAN: dist.ReduceOp.SUM,  # divided by the group size afterwards
+    REDUCE_MUL: dist.ReduceOp.PRODUCT,
+    REDUCE_AND: dist.ReduceOp.BAND,
+    REDUCE_OR: dist.ReduceOp.BOR,
     REDUCE_MIN: dist.ReduceOp.MIN,
     REDUCE_MAX: dist.ReduceOp.MAX,
 }
+# NCCL has no bitwise reductions; on booleans, and/or are min/max on every backend.
+_BOOLEAN_OPS = {REDUCE_AND: dist.ReduceOp.MIN, REDUCE_OR: dist.ReduceOp.MAX}
 
 
 # --- devices and the process world -------------------------------------------------------
@@ -75,16 +85,55 @@ def set_replication(device, devices):
         raise ValueError(f"set_replication: {device} is not one of {list(devices)}")
 
 
+# ``set_rng_state(get_rng_state())`` resumes the stream, as in torch_xla, where the state is an
+# int. torch's generator state is not: get_rng_state names it by a hash and keeps the last few.
+_SAVED_STATES = collections.OrderedDict()  # value returned -> generator states
+_SAVED_STATES_KEPT = 64
+_SEEDED = {}  # hash of the states right after set_rng_state(seed) -> seed
+
+
+def _generator_states():
+    states = [torch.random.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
+def _hash(states):
+    digest = hashlib.blake2b(digest_size=8)
+    for state in states:
+        digest.update(state.numpy().tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 1  # a non-negative int64
+
+
 def set_rng_state(seed, device=None):
-    """Seed the random generators of every device (``torch.manual_seed``)."""
+    """Seed the random generators of every device (``torch.manual_seed``), or put back the
+    state that ``get_rng_state`` returned as ``seed``."""
     del device
-    torch.manual_seed(int(seed))
+    seed = int(seed)
+    saved = _SAVED_STATES.get(seed)
+    if saved is None:
+        torch.manual_seed(seed)
+        _SEEDED[_hash(_generator_states())] = seed
+        return
+    torch.random.set_rng_state(saved[0])
+    if len(saved) > 1:
+        torch.cuda.set_rng_state_all(saved[1:])
 
 
 def get_rng_state(device=None):
-    """The seed set by ``set_rng_state`` (``torch.initial_seed``)."""
+    """The generators' state as an int: the seed itself while nothing has been drawn since
+    ``set_rng_state(seed)``, else a value that ``set_rng_state`` resumes from."""
     del device
-    return torch.initial_seed()
+    states = _generator_states()
+    value = _hash(states)
+    if value in _SEEDED:
+        return _SEEDED[value]
+    _SAVED_STATES[value] = states
+    _SAVED_STATES.move_to_end(value)
+    if len(_SAVED_STATES) > _SAVED_STATES_KEPT:
+        _SAVED_STATES.popitem(last=False)
+    return value
 
 
 def dist_backend():
@@ -110,9 +159,9 @@ def get_ordinal(defval=0):
     return _env_int("RANK", defval)
 
 
-def get_local_ordinal(defval=0):
-    """This process's rank on its machine (``LOCAL_RANK``), else ``defval``."""
-    return _env_int("LOCAL_RANK", defval)
+def get_local_ordinal():
+    """This process's rank on its machine (``LOCAL_RANK``; 0 without it)."""
+    return _env_int("LOCAL_RANK", 0)
 
 
 def is_master_ordinal(local=True):
@@ -121,12 +170,11 @@ def is_master_ordinal(local=True):
     return (get_local_ordinal() if local else get_ordinal()) == 0
 
 
-def master_print(*args, fd=None, finalizer=None):
-    """``print`` to ``fd`` (default: the current ``sys.stdout``) on the global master only."""
-    if is_master_ordinal(local=False):
-        print(*args, file=fd if fd is not None else sys.stdout, flush=True)
-        if finalizer is not None:
-            finalizer()
+def master_print(*args, fd=sys.stdout, local=False, flush=False):
+    """``print(*args, file=fd, flush=flush)`` on the master process of the job (of the machine
+    with ``local``)."""
+    if is_master_ordinal(local=local):
+        print(*args, file=fd, flush=flush)
 
 
 # --- process groups ----------------------------------------------------------------------
@@ -181,13 +229,13 @@ def _group_for(groups):
 
 def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True, *, compress=None,
                bucket_cap_mb=None):
-    """Reduce ``inputs`` across processes with ``reduce_type`` (sum, mean, min, max), then
-    multiply by ``scale``.
+    """Reduce ``inputs`` across processes with ``reduce_type`` (``REDUCE_SUM``, ``_MUL``, ``_AND``,
+    ``_OR``, ``_MIN``, ``_MAX``), then multiply by ``scale``.
 
     As in torch_xla, a single tensor gives a new tensor with the result and a list or tuple of
-    tensors is reduced in place and returned. Lists are bucketed (one collective per bucket,
-    see ``_collectives``); ``compress`` selects a bf16/fp16 wire format. ``pin_layout`` is
-    accepted for torch_xla compatibility.
+    tensors is reduced in place and returned; with one process nothing is reduced or scaled.
+    Lists are bucketed (one collective per bucket, see ``_collectives``); ``compress`` selects a
+    bf16/fp16 wire format. ``pin_layout`` is accepted for torch_xla compatibility.
     """
     del pin_layout
     if reduce_type not in _REDUCE_OPS:
@@ -195,25 +243,33 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True, *, 
             f"all_reduce: unknown reduce_type {reduce_type!r}; expected one of {', '.join(_REDUCE_OPS)}"
         )
     single = isinstance(inputs, torch.Tensor)
-    if single:
-        tensors = [inputs.detach().clone()]  # collectives are not differentiable
-    elif isinstance(inputs, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in inputs):
-        tensors = list(inputs)
-    else:
+    if not single and not (isinstance(inputs, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in inputs)):
         raise TypeError("all_reduce: inputs must be a tensor or a list/tuple of tensors")
+    if world_size() <= 1:
+        return inputs.clone() if single else inputs
+    tensors = [inputs.detach().clone()] if single else list(inputs)  # collectives are not differentiable
+    if scale != 1.0 and any(not (t.is_floating_point() or t.is_complex()) for t in tensors):
+        raise ValueError("all_reduce: scale != 1 needs floating-point tensors")
+    op = _reduce_op(reduce_type, tensors)
     group = _group_for(groups)
-    size = 1 if group is None else dist.get_world_size(group)
-    factor = scale / size if reduce_type == REDUCE_MEAN else scale
-    if factor != 1.0 and any(not (t.is_floating_point() or t.is_complex()) for t in tensors):
-        raise ValueError("all_reduce: mean and scale != 1 need floating-point tensors")
-    wire = _collectives.wire_dtype(compress)
-    cap = _collectives.bucket_cap_bytes(bucket_cap_mb)
-    if group is None:
-        if factor != 1.0:
-            torch._foreach_mul_(tensors, factor)
+    if group is None:  # a group of one
+        if scale != 1.0:
+            torch._foreach_mul_(tensors, scale)
     else:
-        _collectives.all_reduce_(tensors, _REDUCE_OPS[reduce_type], factor, group, wire, cap)
+        wire = _collectives.wire_dtype(compress)
+        cap = _collectives.bucket_cap_bytes(bucket_cap_mb)
+        _collectives.all_reduce_(tensors, op, scale, group, wire, cap)
     return tensors[0] if single else inputs
+
+
+def _reduce_op(reduce_type, tensors):
+    if reduce_type not in _BOOLEAN_OPS:
+        return _REDUCE_OPS[reduce_type]
+    if any(t.is_floating_point() or t.is_complex() for t in tensors):
+        raise ValueError(f"all_reduce: {reduce_type!r} needs integer or boolean tensors")
+    if all(t.dtype == torch.bool for t in tensors):
+        return _BOOLEAN_OPS[reduce_type]
+    return _REDUCE_OPS[reduce_type]
 
 
 def _fetch_gradients(optimizer):
@@ -227,24 +283,23 @@ def _fetch_gradients(optimizer):
 
 
 def reduce_gradients(optimizer, groups=None, pin_layout=True, *, compress=None):
-    """Average the gradients of ``optimizer`` across the processes (of this rank's group in
-    ``groups``), in place; nothing with one process."""
-    if world_size() > 1:
-        all_reduce(REDUCE_MEAN, _fetch_gradients(optimizer), groups=groups,
+    """Average the gradients of ``optimizer`` over the processes, in place, as torch_xla does:
+    summed (within this rank's group in ``groups``) and divided by the number of processes.
+    Nothing with one process."""
+    count = world_size()
+    if count > 1:
+        all_reduce(REDUCE_SUM, _fetch_gradients(optimizer), scale=1.0 / count, groups=groups,
                    pin_layout=pin_layout, compress=compress)
 
 
 def optimizer_step(optimizer, barrier=False, optimizer_args={}, groups=None, pin_layout=True):  # noqa: B006 - torch_xla's signature
-    """Reduce the gradients, run ``optimizer.step(**optimizer_args)`` and end the step
-    (``mark_step``: step closures run). Returns what ``optimizer.step`` returned.
-
-    ``barrier`` is accepted for torch_xla compatibility: execution is eager, so the step
-    boundary is always marked.
-    """
-    del barrier
+    """Reduce the gradients and run ``optimizer.step(**optimizer_args)``; with ``barrier``, also
+    end the step (``mark_step``), which a device loader otherwise does as it fetches the next
+    batch. Returns what ``optimizer.step`` returned."""
     reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     loss = optimizer.step(**optimizer_args)
-    mark_step()
+    if barrier:
+        mark_step()
     return loss
 
 
@@ -278,7 +333,7 @@ def broadcast_master_param(model):
             dist.broadcast(tensor.data, src=0, group=group)
 
 
-def wait_device_ops(devices=()):
+def wait_device_ops(devices=[]):  # noqa: B006 - torch_xla's signature
     """Wait for queued async step closures and pending CUDA work."""
     del devices
     STEP_CLOSURES.wait()
@@ -286,11 +341,17 @@ def wait_device_ops(devices=()):
         torch.cuda.synchronize()
 
 
-def rendezvous(tag, payload=b"", replicas=()):
-    """A barrier of all processes (a no-op with one); returns every process's ``payload``
-    as torch_xla does. ``replicas`` other than all processes are not supported."""
-    if replicas:
-        raise NotImplementedError("rendezvous: a replicas subset is not supported")
+def rendezvous(tag, payload=b"", replicas=[]):  # noqa: B006 - torch_xla's signature
+    """Ends the step (``mark_step``), then waits for every process and returns every process's
+    ``payload`` (bytes), in rank order. ``replicas``, if given, must name every process."""
+    del tag
+    if not isinstance(payload, bytes):
+        raise TypeError(f"rendezvous: payload must be bytes, not {type(payload).__name__}")
+    if replicas and len(replicas) != world_size():
+        raise ValueError(
+            f"rendezvous: only a rendezvous of all {world_size()} processes is supported, got replicas={replicas}"
+        )
+    mark_step()
     group = _default_group()
     if group is None:
         return [payload]
@@ -302,7 +363,8 @@ def rendezvous(tag, payload=b"", replicas=()):
 def save(data, file_or_path, master_only=True, global_master=False):
     """``torch.save`` of ``data`` with its tensors moved to the CPU, by the master process only
     (of the machine, or of the job with ``global_master``), or by every process when
-    ``master_only`` is False. All processes wait for the write (a rendezvous), as torch_xla.
+    ``master_only`` is False. As in torch_xla, the other processes do not wait: a script that
+    reads the file on every process calls ``rendezvous`` first.
 
     A path is replaced atomically (``accrewrite.atomic_file``): a process loading the checkpoint
     while it is saved reads the previous one or the new one, and a save killed midway leaves
@@ -313,4 +375,30 @@ def save(data, file_or_path, master_only=True, global_master=False):
             write_atomically(file_or_path, lambda handle: torch.save(data, handle))
         else:
             torch.save(data, file_or_path)
-    rendezvous("accrewrite.save")
+
+
+def get_memory_info(device=None):
+    """The memory of ``device`` (default: this process's) in torch_xla's form: ``bytes_used``,
+    ``bytes_limit`` and ``peak_bytes_used``. On CUDA these are the caching allocator's
+    allocated, the device's total and the peak allocated bytes; on the CPU, this process's
+    resident set, the machine's physical memory and the peak resident set."""
+    device = torch.device(xla_device() if device is None else device)
+    if device.type == "cuda":
+        return {
+            "bytes_used": torch.cuda.memory_allocated(device),
+            "bytes_limit": torch.cuda.get_device_properties(device).total_memory,
+            "peak_bytes_used": torch.cuda.max_memory_allocated(device),
+        }
+    return _host_memory_info()
+
+
+def _host_memory_info():
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
+    try:
+        with open("/proc/self/statm") as statm:
+            used = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no procfs
+        used = peak
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"bytes_used": used, "bytes_limit": limit, "peak_bytes_used": peak}

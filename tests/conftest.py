@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.flaky(reruns=2, only_rerun=[EXIT_ABORT]))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def xla_python() -> str:
     """An interpreter that imports torch_xla (torch_xla 2.9 pins torch 2.9, so it is usually a
     venv of its own, named by ACCREWRITE_XLA_PYTHON; .ci/run makes one); skips the test where

@@ -75,19 +75,28 @@ def _check_hyperparameters(name, lr, eps=0.0, weight_decay=0.0, betas=(0.0, 0.0)
             raise ValueError(f"{name}: invalid {what}")
 
 
+def _check_options(name, amsgrad=False, differentiable=False):
+    """``foreach``, ``fused`` and ``capturable`` are accepted and change nothing: the update is
+    the runtime's one kernel, and its state already stays on the device."""
+    if amsgrad:
+        raise ValueError(f"syncfree.{name} does not support amsgrad=True")
+    if differentiable:
+        raise ValueError(f"syncfree.{name} does not support differentiable=True")
+
+
 class Adam(_SyncFree):
     """``torch.optim.Adam`` that skips overflow steps on the device (no ``amsgrad``)."""
 
-    _decoupled_weight_decay = False
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 amsgrad=False, *, maximize=False):
-        if amsgrad:
-            raise ValueError(f"syncfree.{type(self).__name__} does not support amsgrad=True")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False, fused=None, decoupled_weight_decay=False):
+        del foreach, capturable, fused
+        _check_options(type(self).__name__, amsgrad, differentiable)
         _check_hyperparameters(type(self).__name__, lr, eps, weight_decay, betas)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=False, maximize=maximize)
         super().__init__(params, defaults)
+        self._decoupled_weight_decay = decoupled_weight_decay
 
     def _init_state(self, param, group):
         self.state[param].update(new_state(param))
@@ -102,11 +111,12 @@ class Adam(_SyncFree):
 class AdamW(Adam):
     """``torch.optim.AdamW`` (decoupled weight decay) that skips overflow steps on the device."""
 
-    _decoupled_weight_decay = True
-
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, *, maximize=False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
+                         maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=fused, decoupled_weight_decay=True)
 
 
 class SGD(_SyncFree):
@@ -118,8 +128,10 @@ class SGD(_SyncFree):
     update has happened, so an overflow on the first step leaves the buffer "unstarted" too.
     """
 
-    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                 nesterov=False, *, maximize=False):
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False,
+                 *, maximize=False, foreach=None, differentiable=False, fused=None):
+        del foreach, fused
+        _check_options("SGD", differentiable=differentiable)
         _check_hyperparameters("SGD", lr, weight_decay=weight_decay, momentum=momentum)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: nesterov momentum requires a momentum and zero dampening")

@@ -64,9 +64,22 @@ def _worker(rank, save_path):
     out["initialized_after"] = dist.is_initialized()
     out["input_after"] = value
     out["world"] = (xm.world_size(), xm.xrt_world_size(), xm.get_ordinal(), xm.is_master_ordinal())
-    for reduce_type in ("mean", "min", "max"):
+    for reduce_type in ("mul", "min", "max"):
         out[reduce_type] = xm.all_reduce(reduce_type, value)
     out["int_max"] = xm.all_reduce("max", torch.tensor([rank, 5 - rank]))
+    # bitwise on integers (gloo), logical on booleans (min/max on every backend)
+    out["int_and"] = xm.all_reduce(xm.REDUCE_AND, torch.tensor([6, 7]) - rank)
+    out["int_or"] = xm.all_reduce(xm.REDUCE_OR, torch.tensor([4, 1]) * (rank + 1))
+    out["bool_and"] = xm.all_reduce(xm.REDUCE_AND, torch.tensor([True, rank == 0]))
+    out["bool_or"] = xm.all_reduce(xm.REDUCE_OR, torch.tensor([False, rank == 0]))
+    out["errors"] = []
+    for bad in (lambda: xm.all_reduce("sum", [torch.ones(2, dtype=torch.int64)], scale=0.5),
+                lambda: xm.all_reduce("and", torch.ones(2)),
+                lambda: xm.all_reduce("sum", torch.ones(2), groups=[[1 - rank]])):
+        try:
+            bad()
+        except ValueError as error:
+            out["errors"].append(str(error))
 
     # lists: in place, bucketed
     tensors = [torch.full((i % 7 + 1, 3), float(rank + i)) for i in range(100)]
@@ -97,7 +110,7 @@ def _worker(rank, save_path):
     os.environ[_collectives.COMPRESS_ENV] = "fp16"
     env_tensors = [torch.full((3,), 1.0 + rank)]
     with _CountingAllReduce(dist) as env_compressed:
-        xm.all_reduce("mean", env_tensors)
+        xm.all_reduce("sum", env_tensors, scale=0.5)
     del os.environ[_collectives.COMPRESS_ENV]
     out["fp16_env_calls"] = env_compressed.calls
     out["fp16_env"] = env_tensors
@@ -116,7 +129,7 @@ def _worker(rank, save_path):
     out["local_grads"] = local
     out["reduced_grads"] = [p.grad.clone() for p in model.parameters()]
 
-    out["rendezvous"] = xm.rendezvous("test", payload=f"rank{rank}")
+    out["rendezvous"] = xm.rendezvous("test", payload=f"rank{rank}".encode())
     xm.save({"rank": torch.tensor(rank), "nested": [torch.ones(2) * rank]}, save_path)
     # DDP's broadcast, as ACC005 writes it where the wrapper goes
     torch.manual_seed(100 + rank)
@@ -152,11 +165,14 @@ def test_single_tensor_reductions_return_new_tensors(ranks):
     both = torch.stack([_values(0), _values(1)])
     for rank, out in enumerate(results):
         torch.testing.assert_close(out["sum"], both.sum(0) * 0.5)
-        torch.testing.assert_close(out["mean"], both.mean(0))
+        torch.testing.assert_close(out["mul"], both.prod(0))
         torch.testing.assert_close(out["min"], both.min(0).values)
         torch.testing.assert_close(out["max"], both.max(0).values)
         torch.testing.assert_close(out["input_after"], _values(rank))
         assert out["int_max"].tolist() == [1, 5]
+        assert out["int_and"].tolist() == [6 & 5, 7 & 6] and out["int_or"].tolist() == [4 | 8, 1 | 2]
+        assert out["bool_and"].tolist() == [True, False] and out["bool_or"].tolist() == [False, True]
+        assert [e.split(":")[1].split()[0] for e in out["errors"]] == ["scale", "'and'", "rank"], out["errors"]
 
 
 @pytest.mark.slow  # two spawned processes
@@ -220,7 +236,7 @@ def test_reduce_gradients_gives_every_rank_the_mean_gradient(ranks):
 def test_rendezvous_and_save_on_master_only(ranks):
     results, save_path = ranks
     for out in results:
-        assert out["rendezvous"] == ["rank0", "rank1"]
+        assert out["rendezvous"] == [b"rank0", b"rank1"]
     saved = torch.load(save_path)
     assert saved["rank"].item() == 0 and torch.equal(saved["nested"][0], torch.zeros(2))
 

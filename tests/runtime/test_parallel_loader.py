@@ -348,13 +348,14 @@ def test_fetching_a_batch_marks_the_step():
 
 
 def test_batches_per_execution_marks_every_nth_batch():
-    marks = []
+    ran, after_each_fetch = [], []
     iterator = iter(pl.MpDeviceLoader([torch.ones(1)] * 6, "cpu", batches_per_execution=3))
-    for _ in range(6):
-        xm.add_step_closure(marks.append, args=(1,))
+    for fetch in range(1, 7):
+        xm.add_step_closure(ran.append, args=(fetch,))
         next(iterator)
-    # closures were added before fetches 1..6; the step is marked before fetches 1 and 4
-    assert len(marks) == 4
+        after_each_fetch.append(len(ran))
+    # as torch_xla: the step is marked as fetches 3 and 6 begin
+    assert after_each_fetch == [0, 0, 3, 3, 3, 6]
 
 
 def test_parallel_loader_checks_devices():
@@ -362,7 +363,7 @@ def test_parallel_loader_checks_devices():
         pl.ParallelLoader([], ["cpu", "meta"])
     parallel = pl.ParallelLoader([torch.ones(2)], ["cpu"])
     with pytest.raises(ValueError, match="feeds cpu"):
-        parallel.per_device_loader("meta")
+        next(parallel.per_device_loader("meta"))
     assert list(parallel.per_device_loader("cpu"))[0].shape == (2,)
     with pytest.raises(RuntimeError):
         pl.MpDeviceLoader([], "not-a-device")
