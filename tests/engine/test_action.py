@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 from engine_scripts import TRAIN
+from schemas import GITHUB_ACTION, validate
 from workflow_commands import parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,10 @@ def run_action(workspace: Path, summary: Path, **given) -> list[subprocess.Compl
         if result.returncode != 0:
             break
     return done
+
+
+def test_action_yml_follows_the_github_action_schema():
+    validate(yaml.safe_load((ROOT / "action.yml").read_text()), GITHUB_ACTION)
 
 
 def test_the_action_fails_on_a_tree_to_migrate_with_annotations_and_the_diff_in_the_summary(tmp_path):
