@@ -1,0 +1,182 @@
+"""Sharded checkpoints through torch.distributed.checkpoint (DCP), and the full-state export.
+
+``save_checkpoint(path, model, optimizer, **extra)`` writes the model's and the optimizer's
+state, each rank its own shards, into a DCP directory; ``load_checkpoint(path, model,
+optimizer)`` reads it back into a model set up by ``accelerate`` on any number of ranks and any
+``Config`` (DCP reshards: saved at 4 ranks, loaded at 2), and returns ``extra`` (a step count,
+a scheduler's state...; written by rank 0 with ``torch.save``). A plain model on one process
+reads and writes the same checkpoints.
+
+Writes are atomic. ``path`` is a symbolic link to a sibling directory
+``.<name>.<token>.dcp``: the ranks write a new such directory, and rank 0 then swaps the link
+(``os.replace``) in one step. A process killed while saving leaves ``path`` on the previous
+checkpoint, and a reader sees the old checkpoint or the new one, never a mix. Each save keeps
+the checkpoint it replaces (a reader that resolved the link just before the swap still finds
+its directory) and removes the older ones and the directories of saves that never finished; a
+reader on its own outrun by two saves reads the newest.
+
+``export_full_state_dict(path, model)`` writes what ``model.state_dict()`` would be without
+sharding, as one file from rank 0 (atomically), for a plain
+``model.load_state_dict(torch.load(path))`` anywhere.
+
+DTensors whose local shard is not one block of the full tensor (the per-head split of a fused
+q/k/v projection) are stored whole, since DCP stores each shard as a block.
+"""
+
+import os
+import re
+import secrets
+import shutil
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from accrewrite.atomic_file import write_atomically
+
+from ._torch_compat import StridedShard
+
+_EXTRA = "extra.pt"
+
+
+def save_checkpoint(path, model, optimizer=None, **extra) -> None:
+    """Save ``model`` and ``optimizer`` (may be None) sharded at ``path``, with ``extra``;
+    collective: every rank calls it."""
+    model_state, optimizer_state = get_state_dict(model, _optimizers(optimizer))
+    state = _blocks_only({"model": model_state, "optimizer": optimizer_state})
+    path = os.path.abspath(path)
+    directory, name = os.path.split(path)
+    if os.path.lexists(path) and not os.path.islink(path):
+        raise FileExistsError(f"{path} exists and was not written by save_checkpoint; choose another "
+                              f"path or remove it")
+    staging = os.path.join(directory, f".{name}.{_agreed(secrets.token_hex(6))}.dcp")
+    dcp.save(state, checkpoint_id=staging)
+    if _rank() == 0:
+        write_atomically(os.path.join(staging, _EXTRA), lambda file: torch.save(extra, file))
+        link = f"{staging}.link"
+        os.symlink(os.path.basename(staging), link)
+        previous = os.readlink(path) if os.path.islink(path) else None
+        os.replace(link, path)
+        _fsync_directory(directory)
+        keep = {os.path.basename(staging), previous}
+        ours = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{12}}\.dcp(\.link)?")
+        for entry in os.listdir(directory):
+            if ours.fullmatch(entry) and entry not in keep:
+                _remove(os.path.join(directory, entry))
+    _barrier()  # no rank goes on before the checkpoint is in place
+
+
+def load_checkpoint(path, model, optimizer=None) -> dict:
+    """Load the checkpoint at ``path`` into ``model`` and ``optimizer`` (may be None), resharded
+    to their current layout; returns the ``extra`` it was saved with. Collective."""
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    optimizers = _optimizers(optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizers)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    while True:
+        real = _agreed(os.path.realpath(path))  # every rank reads the same save, even mid-swap
+        whole = _blocks_only(state)
+        try:
+            dcp.load(whole, checkpoint_id=real)
+            extra = torch.load(os.path.join(real, _EXTRA), weights_only=False)
+            break
+        except (FileNotFoundError, dcp.CheckpointException):
+            # A lone reader (an evaluator beside the training) outrun by two saves, which
+            # removed the one it was reading, reads the newest instead.
+            if dist.is_initialized() or os.path.realpath(path) == real:
+                raise
+    _redistribute_like(whole, state)
+    set_state_dict(model, optimizers, model_state_dict=whole["model"], optim_state_dict=whole["optimizer"])
+    return extra
+
+
+def export_full_state_dict(path, model) -> None:
+    """Write ``model``'s unsharded ``state_dict`` to the file ``path`` from rank 0, for a plain
+    ``torch.load``. Collective."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if _rank() == 0:
+        write_atomically(path, lambda file: torch.save(state, file))
+    _barrier()
+
+
+def _optimizers(optimizer):
+    return [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+
+
+def _is_block(tensor: DTensor) -> bool:
+    """Whether each rank's shard of ``tensor`` is one block of the full tensor: a strided split
+    is, only when later mesh dimensions split the same tensor dimension into as many parts (the
+    layout FSDP2 gives a tensor-parallel shard that it shards again)."""
+    placements, mesh = tensor.placements, tensor.device_mesh
+    for i, placement in enumerate(placements):
+        if isinstance(placement, StridedShard):
+            later = 1
+            for j in range(i + 1, len(placements)):
+                if placements[j].is_shard(placement.dim):
+                    later *= mesh.size(j)
+            if later != placement.split_factor:
+                return False
+    return True
+
+
+def _blocks_only(state):
+    """``state`` with the DTensors DCP cannot store (see ``_is_block``) made whole."""
+    if isinstance(state, dict):
+        return {key: _blocks_only(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [_blocks_only(value) for value in state]
+    if isinstance(state, DTensor) and not _is_block(state):
+        return state.full_tensor()
+    return state
+
+
+def _redistribute_like(loaded, template):
+    """Split the whole tensors of ``loaded`` again as the DTensors of ``template`` are."""
+    for key, value in (loaded.items() if isinstance(loaded, dict) else enumerate(loaded)):
+        like = template[key]
+        if isinstance(value, (dict, list)):
+            _redistribute_like(value, like)
+        elif isinstance(like, DTensor) and not isinstance(value, DTensor):
+            loaded[key] = distribute_tensor(value, like.device_mesh, like.placements)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _agreed(value):
+    """Rank 0's ``value`` on every rank."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _remove(entry: str) -> None:
+    if os.path.islink(entry) or not os.path.isdir(entry):
+        os.unlink(entry)
+    else:
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def _fsync_directory(directory: str) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,176 @@
+"""``save_checkpoint``/``load_checkpoint`` (DCP) and ``export_full_state_dict``: resharding from
+4 ranks to 2 is bit-exact, the export reads with a plain ``torch.load``, and a save killed
+midway leaves the previous checkpoint loadable while a reader keeps reading."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.utils.data import DataLoader
+
+from accrewrite.runtime import Config, accelerate, export_full_state_dict, load_checkpoint, save_checkpoint
+
+import _forked
+from _ranks import run_ranks
+from test_accelerate import GLOBAL_BATCH, tiny_gpt, token_dataset, train
+
+
+def _full(model, optimizer):
+    model_state, optimizer_state = get_state_dict(
+        model, [optimizer], options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    return model_state, optimizer_state
+
+
+def _setup(fsdp, tp):
+    config = Config()
+    config.dist.fsdp.size, config.dist.tp.size = fsdp, tp
+    model = accelerate(tiny_gpt("gpt2"), config=config)  # gpt2: a fused q/k/v split by head
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def _save_rank(rank, directory, fsdp, tp):
+    model, optimizer = _setup(fsdp, tp)
+    loader = DataLoader(token_dataset(batches=3), batch_size=GLOBAL_BATCH)
+    for tokens, targets in loader:  # every rank the same batches: the states differ by layout only
+        optimizer.zero_grad()
+        model(tokens, targets).backward()
+        optimizer.step()
+    save_checkpoint(os.path.join(directory, "ckpt"), model, optimizer, step=3, note="four ranks")
+    export_full_state_dict(os.path.join(directory, "full.pt"), model)
+    return _full(model, optimizer)
+
+
+def _load_rank(rank, directory, fsdp, tp):
+    model, optimizer = _setup(fsdp, tp)
+    extra = load_checkpoint(os.path.join(directory, "ckpt"), model, optimizer)
+    return extra, _full(model, optimizer)
+
+
+def _assert_equal(got, want):
+    if isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for key in want:
+            _assert_equal(got[key], want[key])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            _assert_equal(a, b)
+    elif isinstance(want, torch.Tensor):
+        assert torch.equal(got, want)
+    else:
+        assert got == want
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_saved_at_four_ranks_loads_at_two_bit_exact_and_exports_a_plain_state_dict(tmp_path):
+    saved = run_ranks(_save_rank, 4, str(tmp_path), 2, 2)[0]  # FSDP 2 x TP 2
+    for fsdp, tp in [(2, 1), (1, 2)]:
+        extra, loaded = run_ranks(_load_rank, 2, str(tmp_path), fsdp, tp)[0]
+        assert extra == {"step": 3, "note": "four ranks"}
+        _assert_equal(loaded, saved)
+
+    plain = tiny_gpt("gpt2")
+    plain.load_state_dict(torch.load(tmp_path / "full.pt"))  # one process, no runtime involved
+    _assert_equal(plain.state_dict(), saved[0])
+
+
+def test_one_process_round_trip_and_the_training_resumes_alike(tmp_path):
+    model = tiny_gpt()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loader = DataLoader(token_dataset(batches=4), batch_size=GLOBAL_BATCH)
+    batches = list(loader)
+    for tokens, targets in batches[:2]:
+        optimizer.zero_grad()
+        model(tokens, targets).backward()
+        optimizer.step()
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, step=2)
+
+    resumed = tiny_gpt()
+    torch.nn.init.zeros_(resumed.lm_head.weight)  # differs from what was saved until loaded
+    resumed_optimizer = torch.optim.SGD(resumed.parameters(), lr=0.1, momentum=0.9)
+    assert load_checkpoint(tmp_path / "ckpt", resumed, resumed_optimizer) == {"step": 2}
+    want = train_from(model, optimizer, batches[2:])
+    assert train_from(resumed, resumed_optimizer, batches[2:]) == want
+
+
+def train_from(model, optimizer, batches):
+    losses = []
+    for tokens, targets in batches:
+        optimizer.zero_grad()
+        loss = model(tokens, targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_path_not_written_by_save_checkpoint_is_left_alone(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(FileExistsError, match="choose another path or remove it"):
+        save_checkpoint(tmp_path / "ckpt", tiny_gpt())
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing", tiny_gpt())
+
+
+# -- atomicity ------------------------------------------------------------------------------------
+
+WIDE = 1 << 21  # 8 MB of parameters: a save takes long enough to be killed in the middle
+
+
+class Versioned(torch.nn.Module):
+    def __init__(self, version=0.0):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.full((WIDE,), version))
+        self.b = torch.nn.Parameter(torch.full((WIDE,), version))
+
+
+def _save_forever(path):
+    version = 1
+    while True:
+        save_checkpoint(path, Versioned(float(version)), version=version)
+        version += 1
+
+
+def _read(path):
+    model = Versioned()
+    version = load_checkpoint(path, model)["version"]
+    assert torch.all(model.a == version) and torch.all(model.b == version), "a checkpoint of mixed saves"
+    return version
+
+
+def _unfinished(path):
+    """The save directories of ``path`` still being written (no extra file yet)."""
+    return {e for e in os.listdir(path.parent) if e.startswith(f".{path.name}.") and e.endswith(".dcp")
+            and not (path.parent / e / "extra.pt").exists()}
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint_and_readers_never_see_a_mix(tmp_path):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, Versioned(0.0), version=0)
+    writer = _forked.start(_save_forever, path)
+    try:
+        versions = []
+        deadline = time.monotonic() + 60
+        while len(set(versions)) < 4 and time.monotonic() < deadline:
+            versions.append(_read(path))  # concurrent with the saves
+        assert versions == sorted(versions) and len(set(versions)) >= 4
+        unfinished = set()
+        while not unfinished and time.monotonic() < deadline:  # kill until a save is caught midway
+            os.kill(writer.pid, signal.SIGSTOP)
+            unfinished = _unfinished(path)
+            if not unfinished:
+                os.kill(writer.pid, signal.SIGCONT)
+        assert unfinished, "never caught a save in progress"
+        last = _read(path)
+    finally:
+        writer.kill()
+        writer.join()
+    assert _read(path) == last >= versions[-1]
+    save_checkpoint(path, Versioned(-1.0), version=-1)  # the next save clears what the killed one left
+    assert _read(path) == -1
+    assert not any((tmp_path / entry).exists() for entry in unfinished)
