@@ -15,7 +15,7 @@ from accrewrite.runtime import Config, accelerate, export_full_state_dict, load_
 
 import _forked
 from _ranks import run_ranks
-from test_accelerate import GLOBAL_BATCH, tiny_gpt, token_dataset, train
+from test_accelerate import GLOBAL_BATCH, tiny_gpt, token_dataset
 
 
 def _full(model, optimizer):
