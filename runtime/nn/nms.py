@@ -89,8 +89,8 @@ def _like_input(boxes, dets, inds):
 
 
 class _NmsModule(types.ModuleType):
-    """This module is also callable as ``nms``. DESIGN lists ``nms`` among the names of
-    ``accrewrite.runtime.nn`` and the guide imports the functions from ``...nn.nms``: once this
+    """This module is also callable as ``nms``. ``nms`` is one of the names of
+    ``accrewrite.runtime.nn`` (docs/runtime-api.md), and the guide imports the functions from ``...nn.nms``: once this
     module is imported, Python binds ``accrewrite.runtime.nn.nms`` to it, shadowing the function
     of the same name, so ``from accrewrite.runtime.nn import nms; nms(...)`` must still work."""
 
