@@ -1,4 +1,5 @@
-"""accrewrite.runtime: what migrated scripts import (DESIGN.md, "Runtime API").
+"""accrewrite.runtime: what migrated scripts import (docs/torch_xla_conformance.md maps its
+torch_xla modules, docs/torchacc_names.md its TorchAcc 1.x names).
 
 Members load on first use, so ``import accrewrite.runtime.xla_model as xm`` does not pay for the
 graph compiler or the kernels.
@@ -11,6 +12,8 @@ from . import _process_exit  # noqa: F401 - first registered exit handler, so it
 _ATTRIBUTES = {
     "xla_model": "xla_model",
     "parallel_loader": "parallel_loader",
+    "xla_runtime": "xla_runtime",
+    "distributed": "distributed",
     "amp": "amp",
     "io": "io",
     "nn": "nn",
