@@ -6,9 +6,9 @@ scale and the overflow flag as tensors and never reads them on the host; with an
 optimizer it checks the flag on the host, as PyTorch does.
 
 Gradients all-reduced in place between ``scaler.scale(loss).backward()`` and
-``unscale_``/``step`` (the order of TorchAcc's migration guide) are what the scaler checks: every rank then sees the
-same reduced gradients, finds the same overflow and skips the same steps, so the replicas stay
-identical. An overflow on one rank becomes inf/nan on all ranks through the sum.
+``unscale_``/``step`` (the order of TorchAcc's migration guide) are what the scaler checks:
+every rank then sees the same reduced gradients, finds the same overflow and skips the same
+steps, so the replicas stay identical. An overflow on one rank becomes inf/nan on all ranks through the sum.
 """
 
 import torch
