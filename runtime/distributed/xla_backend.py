@@ -14,11 +14,8 @@ from .. import xla_model as xm
 
 
 def _create_process_group(store, rank, size, timeout):
-    if xm.dist_backend() == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, size, options)
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    group = dist.ProcessGroupNCCL if xm.dist_backend() == "nccl" else dist.ProcessGroupGloo
+    return group(store, rank, size, timeout)
 
 
 def new_xla_process_group(ranks=None, timeout=dist.default_pg_timeout, backend=None, pg_options=None):
