@@ -27,6 +27,7 @@ _ATTRIBUTES = {
     "auto_checkpoint": "memory:auto_checkpoint",
     "accelerate": "parallel.accelerate:accelerate",
     "Config": "parallel.config:Config",
+    "parallel_config": "parallel.config:parallel_config",
     "save_checkpoint": "parallel.checkpoint:save_checkpoint",
     "load_checkpoint": "parallel.checkpoint:load_checkpoint",
     "export_full_state_dict": "parallel.checkpoint:export_full_state_dict",

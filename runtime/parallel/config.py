@@ -14,6 +14,7 @@ spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` a
 and the world, and a mistake is reported with what to change.
 """
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -88,3 +89,26 @@ class Config:
                 f"{world_size} (or leave dp.size as None to take what is left)"
             )
         return dp, fsdp, tp
+
+
+PARALLEL_KINDS = ("fsdp", "tp", "fsdp,tp")
+
+
+def parallel_config(kind: str) -> Config:
+    """The ``Config`` that ``migrate --parallel KIND`` writes into a DDP script: ``"fsdp"``
+    shards over every rank; ``"tp"`` splits every block over every rank; ``"fsdp,tp"`` splits
+    blocks over the ranks of a machine (torchrun's ``LOCAL_WORLD_SIZE``) and shards over the
+    machines."""
+    if kind not in PARALLEL_KINDS:
+        raise ValueError(f"parallel_config({kind!r}): expected one of {', '.join(PARALLEL_KINDS)}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    config = Config()
+    if kind == "fsdp":
+        config.dist.fsdp.size = world
+    elif kind == "tp":
+        config.dist.tp.size = world
+    else:
+        config.dist.tp.size = local
+        config.dist.fsdp.size = world // local
+    return config
