@@ -1,5 +1,5 @@
 """Package layout: the repository keeps rules/, runtime/ and kernels/ at the top level (see
-DESIGN.md) and they install as subpackages of ``accrewrite``. setuptools needs the full package
+docs/design.md) and they install as subpackages of ``accrewrite``. setuptools needs the full package
 list for such a mapping, so it is computed here rather than kept by hand in pyproject.toml."""
 
 from setuptools import find_packages, setup

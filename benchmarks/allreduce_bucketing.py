@@ -5,7 +5,7 @@ The gradient list mimics a model of 50 layers (a weight and a bias each: 100 ten
 methods reduce the same tensors, alternating, --repeats times each after a barrier; rank 0
 prints the medians and the ratio, plus the bf16-compressed variant.
 
-Goal (issue 4): bucketed at least 3x faster than per-tensor.
+Goal: bucketed at least 3x faster than per-tensor.
 
     python benchmarks/allreduce_bucketing.py [--layers 50] [--width 128] [--repeats 20]
 """

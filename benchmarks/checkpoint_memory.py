@@ -2,7 +2,7 @@
 
     python benchmarks/checkpoint_memory.py [--blocks 12] [--dim 128] [--seq 256] [--batch 8]
 
-Goals (issue 7): every block checkpointed brings the peak to at most 0.40x the un-checkpointed
+Goals: every block checkpointed brings the peak to at most 0.40x the un-checkpointed
 peak at most 1.25x the step time; with a budget the measured peak ratio is within 10% of it.
 Every block is measured both ways: selective (auto_checkpoint's default, which keeps attention
 and down-projection outputs) and full recomputation (plain ``torch.utils.checkpoint``).

@@ -9,7 +9,7 @@ in one run, per step:
 * ``plain``: ``for batch in loader: step(batch)`` -- load + compute;
 * ``MpDeviceLoader``: the same loop over ``pl.MpDeviceLoader(loader, device)``.
 
-Goal (issue 4): MpDeviceLoader step time <= 1.15 x max(load, compute).
+Goal: MpDeviceLoader step time <= 1.15 x max(load, compute).
 
 The loader runs on a thread of the same interpreter: each batch it yields needs the GIL, which
 the training step holds between torch calls, so on a busy machine the loader waits for it (up to

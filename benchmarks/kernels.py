@@ -8,7 +8,7 @@ that unit allocates, for ours and each baseline, and the ratios:
 ``speedup = baseline time / our time`` (above 1: ours is faster) and
 ``memory = our peak / baseline peak`` (below 1: ours needs less). All figures come from one run.
 
-Goals (issue 5, H100/H200-class GPU): layer_norm bf16 hidden 4096 >= 1.3x eager; AdamW >= 1.0x
+Goals (H100/H200-class GPU): layer_norm bf16 hidden 4096 >= 1.3x eager; AdamW >= 1.0x
 torch fused and >= 1.5x foreach (eager); window_process >= 2x eager; bias_dropout_add >= 2x
 eager; swin_fmha >= 1.25x eager.
 """

@@ -6,7 +6,7 @@ what ``accrewrite migrate --target runtime`` makes of it (xla_device, pl.MpDevic
 xm.optimizer_step, the log in an async step closure). Both train the same model on the same data;
 the two loops alternate, --repeats times each, and the medians are compared.
 
-Goal (issue 4): migrated / original <= 1.05.
+Goal: migrated / original <= 1.05.
 
 The device loader's thread collates the next batch while the step runs. On a machine with few
 free cores an intra-op thread pool as wide as the machine then competes with it (OpenMP teams

@@ -2,7 +2,7 @@
 148 tensors) against torch.optim.AdamW's foreach step (eager), its compiled step and its fused
 step.
 
-Goal (issue 5): at least parity with ``torch.optim.AdamW(fused=True)`` and 1.5x foreach.
+Goal: at least parity with ``torch.optim.AdamW(fused=True)`` and 1.5x foreach.
 """
 
 import torch

@@ -1,7 +1,7 @@
 """bias_dropout_add cases: the Philox kernel against ``residual + F.dropout(x + bias)`` (eager,
 torch.compile).
 
-Goal (issue 5): forward + backward at least 2x eager.
+Goal: forward + backward at least 2x eager.
 """
 
 import torch

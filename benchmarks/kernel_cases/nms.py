@@ -2,7 +2,7 @@
 against their PyTorch references (eager, torch.compile) and, where installed, torchvision's
 CUDA nms. NMS has no backward: each callable is one call.
 
-No goal is set for NMS in issue 5; these show where the kernels stand.
+No goal is set for NMS; these show where the kernels stand.
 """
 
 import torch

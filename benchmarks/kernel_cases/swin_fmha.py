@@ -5,7 +5,7 @@ The eager baseline is the code users run today: under autocast ``attn`` is bf16 
 relative position bias and the mask are fp32, so eager adds and normalises in fp32 and returns
 fp32 probabilities; ours computes in fp32 and returns them in ``attn``'s dtype.
 
-Goal (issue 5): forward + backward at least 1.25x eager.
+Goal: forward + backward at least 1.25x eager.
 """
 
 import torch

@@ -1,7 +1,7 @@
 """window_process cases: the fused shift + partition kernel (and merge + reverse shift) against
 ``torch.roll`` + ``window_partition`` (eager, torch.compile), Swin-T shapes at batch 128.
 
-Goal (issue 5): forward + backward at least 2x eager (Swin's published fused kernel: 2.0x).
+Goal: forward + backward at least 2x eager (Swin's published fused kernel: 2.0x).
 """
 
 import torch
