@@ -4,8 +4,8 @@ Devices are real PyTorch devices (``cuda:LOCAL_RANK`` where CUDA is present, els
 collectives are torch.distributed (NCCL on CUDA, gloo on CPU). The process group is the one the
 script created with ``dist.init_process_group``; a script that never creates one but runs with
 ``WORLD_SIZE > 1`` (under ``accrun``/torchrun) gets the default group initialised on its first
-collective. With one process every collective is a local no-op (apart from ``scale``) and needs
-no process group.
+collective. With one process a collective returns its input (a copy of a single tensor) and
+needs no process group.
 
 Every name torch_xla 2.9 also has takes torch_xla's arguments and behaves as torch_xla's does
 (tests/runtime/test_xla_conformance.py runs both); what differs on purpose is listed in

@@ -86,6 +86,16 @@ def test_master_print_writes_to_the_standard_output_by_default():
     assert (run.returncode, run.stdout) == (0, "to stdout 1\n"), run.stderr
 
 
+def test_get_memory_info_reports_this_process_on_the_cpu():
+    before = xm.get_memory_info()
+    held = torch.ones(64, 1024, 1024, dtype=torch.uint8) + 1  # 64 MiB, touched
+    after = xm.get_memory_info("cpu")
+    assert set(after) == {"bytes_used", "bytes_limit", "peak_bytes_used"}
+    assert after["bytes_used"] - before["bytes_used"] >= 60 * 2**20
+    assert after["bytes_used"] <= after["peak_bytes_used"] <= after["bytes_limit"]
+    del held
+
+
 def test_set_rng_state_makes_runs_repeat():
     xm.set_rng_state(1234)
     assert xm.get_rng_state() == 1234
