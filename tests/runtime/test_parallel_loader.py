@@ -376,3 +376,15 @@ def test_cuda_batches_are_pinned_and_copied_non_blocking():
     for batch, ref in zip(got, batches):
         assert batch["x"].is_cuda and torch.equal(batch["x"].cpu(), ref["x"])
         assert torch.equal(batch["y"].cpu(), ref["y"])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_iterating_again_closes_the_previous_iteration(workers):
+    # torch_xla's MpDeviceLoader closes the ParallelLoader of its previous iter()
+    device_loader = pl.MpDeviceLoader(DataLoader(list(range(64)), batch_size=2, num_workers=workers), "cpu")
+    first = iter(device_loader)
+    next(first)
+    second = iter(device_loader)
+    with pytest.raises(StopIteration):
+        next(first)
+    assert len(list(second)) == 32
