@@ -19,7 +19,7 @@ from rich.table import Table
 
 from accrewrite import __version__, explain
 from accrewrite.report import FORMATS, report
-from accrewrite.config import ConfigError, find_config
+from accrewrite.config import PARALLEL_KINDS, ConfigError, find_config
 from accrewrite.discovery import discover
 from accrewrite.engine import Options
 from accrewrite.errors import FileError
@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     modes.add_argument("--check", dest="mode", action="store_const", const="check",
                        help="exit 1 when a file would change; write nothing")
     modes.add_argument("--output-dir", metavar="DIR", help="write migrated copies under DIR")
+    migrate.add_argument("--parallel", choices=PARALLEL_KINDS,
+                         help="target runtime: DDP becomes FSDP2 and/or tensor parallel through accelerate()")
     migrate.add_argument("--guard", metavar="ENV_VAR",
                          help="write the dual-path form: the target path runs only when ENV_VAR is set")
     migrate.add_argument("--select", type=_codes, metavar="CODES", help="rules to run: codes, prefixes, names, ALL")
@@ -131,6 +133,7 @@ def _options(args, config) -> Options:
         ignore=tuple(pick(args.ignore, "ignore", [])),
         unsafe_fixes=bool(pick(args.unsafe_fixes, "unsafe-fixes", False)),
         guard=pick(args.guard, "guard", None),
+        parallel=pick(args.parallel, "parallel", None),
     )
 
 

@@ -2,7 +2,7 @@
 
 The nearest is the first pyproject.toml with a ``[tool.accrewrite]`` table found walking up from
 the first path given on the command line (or the working directory). Command-line flags override
-it. Keys: target, guard, select, ignore, unsafe-fixes, exclude.
+it. Keys: target, guard, select, ignore, unsafe-fixes, exclude, parallel.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 _LISTS = ("select", "ignore", "exclude")
-_KEYS = {"target": str, "guard": str, "unsafe-fixes": bool, **{key: list for key in _LISTS}}
+_KEYS = {"target": str, "guard": str, "unsafe-fixes": bool, "parallel": str, **{key: list for key in _LISTS}}
+PARALLEL_KINDS = ("fsdp", "tp", "fsdp,tp")  # migrate --parallel
 
 
 class ConfigError(ValueError):
@@ -66,4 +67,7 @@ def _validate(path: Path, table: dict) -> dict:
         if not isinstance(value, expected) or (expected is list and not all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: [tool.accrewrite] {key} must be a {expected.__name__}"
                               + (" of strings" if expected is list else ""))
+    if table.get("parallel", PARALLEL_KINDS[0]) not in PARALLEL_KINDS:
+        raise ConfigError(f"{path}: [tool.accrewrite] parallel must be one of {', '.join(PARALLEL_KINDS)}, "
+                          f"got {table['parallel']!r}")
     return table

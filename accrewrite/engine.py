@@ -21,7 +21,7 @@ from accrewrite.analysis import analyze
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
 from accrewrite.imports import add_imports
-from accrewrite.registry import Selection, select
+from accrewrite.registry import Selection, all_rules, select
 from accrewrite.rule import Finding, RuleContext
 from accrewrite.targets import DEFAULT_TARGET, get_target
 from accrewrite.transform import BatchedTransformer, RuleBug, walked_types
@@ -38,9 +38,20 @@ class Options:
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
     guard: str | None = None
+    parallel: str | None = None  # --parallel: "fsdp", "tp" or "fsdp,tp"
 
     def selection(self) -> Selection:
-        return select(list(self.select), list(self.ignore), self.unsafe_fixes)
+        chosen = select(list(self.select), list(self.ignore), self.unsafe_fixes)
+        if self.parallel is None:
+            return chosen
+        # The parallel rules run; where the target has accelerate(), in place of the rules they
+        # replace (DDP unwrapping, gradient all-reduce: FSDP2 reduces); elsewhere they only say so.
+        parallel = [rule for rule in all_rules().values() if rule.parallel]
+        replaced = set()
+        if get_target(self.target).has(*{c for rule in parallel for c in rule.concepts}):
+            replaced = {code for rule in parallel for code in rule.replaces}
+        rules = [r for r in chosen.rules if r.code not in replaced and not r.parallel] + parallel
+        return Selection(tuple(sorted(rules, key=lambda r: r.code)), chosen.withheld)
 
 
 @dataclass
@@ -171,7 +182,7 @@ def _migrate(source: bytes, options: Options) -> tuple[bytes, RuleContext] | Non
     selection = options.selection()
     facts = analyze(module, *_triggers(selection), walked_types(tuple(selection.rules)))
     target = get_target(options.target).clear_of(facts.imports)
-    ctx = RuleContext(module=module, facts=facts, target=target, source_text=text)
+    ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel)
     rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
     if facts.framework is not None:
         rules = [rule for rule in rules if rule.diagnostic_only()]  # the framework migrates itself (ACC107)

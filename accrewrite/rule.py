@@ -53,6 +53,10 @@ class Rule:
     safe: ClassVar[bool] = True
     # An opt-in rule runs only when selected by its exact code or name.
     opt_in: ClassVar[bool] = False
+    # A parallel rule runs with ``migrate --parallel`` (``RuleContext.parallel``), in place of
+    # the rules it ``replaces`` where the target has its concepts.
+    parallel: ClassVar[bool] = False
+    replaces: ClassVar[tuple[str, ...]] = ()
     # Concepts the rule needs from a target profile: a target without them does not support
     # the rule (the rule reports "not available on this target" and changes nothing).
     concepts: ClassVar[tuple[str, ...]] = ()
@@ -117,6 +121,7 @@ class RuleContext:
     facts: Facts
     target: Target
     source_text: str
+    parallel: str | None = None  # migrate --parallel: "fsdp", "tp" or "fsdp,tp"
     # Kept by the batched transformer as it walks: enclosing functions, statements and
     # training loops, innermost last.
     scopes: list[cst.FunctionDef] = field(default_factory=list)

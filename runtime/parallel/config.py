@@ -17,6 +17,8 @@ and the world, and a mistake is reported with what to change.
 import os
 from dataclasses import dataclass, field
 
+from accrewrite.config import PARALLEL_KINDS
+
 
 @dataclass
 class DataParallelConfig:
@@ -89,9 +91,6 @@ class Config:
                 f"{world_size} (or leave dp.size as None to take what is left)"
             )
         return dp, fsdp, tp
-
-
-PARALLEL_KINDS = ("fsdp", "tp", "fsdp,tp")
 
 
 def parallel_config(kind: str) -> Config:

@@ -1,0 +1,216 @@
+import libcst as cst
+
+from accrewrite.analysis import WRAPPER_NAMES
+from accrewrite.nodes import call_arg, dotted, names_in
+from accrewrite.rule import Example, Rule
+from accrewrite.rules.acc005_ddp_unwrap import _Wrapped
+
+_SYNC_FLAG = "require_backward_grad_sync"
+
+
+class ParallelWrap(Rule):
+    """`migrate --parallel fsdp|tp|fsdp,tp`: DistributedDataParallel becomes FSDP2 and/or tensor
+    parallelism through `accelerate` (TorchAcc 2.x's accelerate API), for models that do not
+    fit one device.
+
+    - `model = DDP(model, ...)` becomes `model = accrt.accelerate(model,
+      config=accrt.parallel_config("fsdp"))` (the kind given to `--parallel`); FSDP2 reduces
+      the gradients, so the explicit all-reduce (ACC006) and the unwrapping (ACC005) do not run;
+    - an optimizer built from the model before the wrap moves right after the statement that
+      wraps (or after the `if` that holds the wrap): FSDP2 and tensor parallelism replace the
+      parameters with DTensors, and an optimizer built earlier would update the old ones;
+    - `model.module` becomes `model` (accelerate returns the model itself), and DDP's
+      gradient-accumulation switch `model.require_backward_grad_sync = flag` becomes FSDP2's
+      `model.set_requires_gradient_sync(flag)`.
+
+    `torch.nn.utils.clip_grad_norm_` keeps working: every parameter is a DTensor on one mesh.
+    Saving the model's state is ACC031's. Targets without `accelerate` (the XLA ones) get a
+    diagnostic naming their own sharding API instead, and nothing changes.
+    """
+
+    code = "ACC030"
+    name = "parallel-wrap"
+    summary = "--parallel: DDP -> accrt.accelerate(model, config=...) (FSDP2 / tensor parallel)"
+    opt_in = True
+    parallel = True
+    replaces = ("ACC005", "ACC006")
+    concepts = ("parallel_accelerate",)
+    triggers = None  # the optimizer statement that moves names nothing of DDP
+    examples = (
+        Example(
+            before="""
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            model = GPT(config).to(device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+            model = DDP(model, device_ids=[local_rank])
+            raw_model = model.module
+            for micro_step in range(accum):
+                model.require_backward_grad_sync = micro_step == accum - 1
+                loss = model(x)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            """,
+            after="""
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import accrewrite.runtime as accrt
+
+            model = GPT(config).to(device)
+            model = accrt.accelerate(model, config=accrt.parallel_config("fsdp"))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+            raw_model = model
+            for micro_step in range(accum):
+                model.set_requires_gradient_sync(micro_step == accum - 1)
+                loss = model(x)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            model = Net().to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            if distributed:
+                model = torch.nn.parallel.DistributedDataParallel(model)
+            train(model, optimizer)
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime as accrt
+
+            model = Net().to(device)
+            if distributed:
+                model = accrt.accelerate(model, config=accrt.parallel_config("fsdp"))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            train(model, optimizer)
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            """,
+            diagnostics=("ACC030:3",),
+        ),
+    )
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._wrapped: set[str] = set()
+        self._moved: dict[cst.CSTNode, cst.CSTNode] = {}  # optimizer statement -> statement it follows
+
+    @property
+    def _kind(self) -> str:
+        return self.ctx.parallel or "fsdp"
+
+    def applies(self) -> bool:
+        if "DataParallel" not in self.ctx.source_text:
+            return False
+        finder = _Wrapped(self.ctx.facts)
+        finder.walk(self.ctx.module)
+        self._wrapped = finder.names
+        return True
+
+    def _wraps(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in WRAPPER_NAMES
+
+    # Optimizers built before the wrap --------------------------------------------------------
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._pair_optimizers(node.body)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._pair_optimizers(node.body)
+
+    def _pair_optimizers(self, body) -> None:
+        """Note each optimizer statement that precedes, in ``body``, the statement that wraps
+        (or holds an ``if`` that wraps) the model it was built from: it moves after that one."""
+        if not self.ctx.target.has(*self.concepts):
+            return
+        optimizers: dict[str, cst.SimpleStatementLine] = {}  # model name -> optimizer statement
+        for statement in body:
+            assign = _single_assign(statement)
+            if assign is not None and dotted(assign.targets[0].target) in self.ctx.facts.optimizers:
+                for model in names_in(assign.value) & (self.ctx.facts.models | self._wrapped):
+                    optimizers[model] = statement
+                continue
+            for wrapped in self._wrapped_in(statement):
+                if wrapped in optimizers:
+                    self._moved[optimizers.pop(wrapped)] = statement
+
+    def _wrapped_in(self, statement: cst.CSTNode) -> list[str]:
+        """The models that ``statement`` (or a statement nested in it) wraps in DDP."""
+        found = []
+        wraps = self._wraps
+
+        class Wraps(cst.CSTVisitor):
+            def visit_Assign(self, node: cst.Assign) -> None:
+                module = call_arg(node.value, 0, "module") if wraps(node.value) else None
+                if module is not None:
+                    found.append(dotted(module.value))
+
+        statement.visit(Wraps())
+        return found
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if original_node in self._moved:
+            self.ctx.fix(original_node, "optimizer moved after accelerate: it must see the sharded parameters")
+            self.ctx.insert_after(self._moved[original_node], [updated_node])
+            return cst.RemovalSentinel.REMOVE
+        assign = _single_assign(original_node)
+        if assign is None or not isinstance(assign.targets[0].target, cst.Attribute):
+            return updated_node
+        flag = assign.targets[0].target
+        if flag.attr.value != _SYNC_FLAG or dotted(flag.value) not in self._wrapped:
+            return updated_node
+        self.ctx.fix(original_node, "require_backward_grad_sync -> set_requires_gradient_sync (FSDP2)")
+        [statement] = self.ctx.statements("gradient_sync_switch", model=dotted(flag.value),
+                                          value=self.ctx.code(updated_node.body[0].value))
+        return statement.with_changes(leading_lines=updated_node.leading_lines)
+
+    # Expressions -----------------------------------------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        # On visit: the target's own rules (ACC005) may replace the call before it is left.
+        if self._wraps(node) and not self.ctx.target.has(*self.concepts):
+            self.ctx.diagnose(
+                node,
+                "--parallel: this target has no accelerate(); the DDP wrap is left as it is",
+                "FSDP2 and DTensor tensor parallelism are accrewrite.runtime's (--target runtime). On "
+                "torch_xla, shard with its SPMD API instead: torch_xla.distributed.spmd.mark_sharding, or "
+                "FSDPv2 (torch_xla.experimental.spmd_fully_sharded_data_parallel."
+                "SpmdFullyShardedDataParallel); TorchAcc 2.x has torchacc.accelerate(model, config=...).",
+            )
+
+    def leave_Call(self, original_node, updated_node):
+        if not self._wraps(original_node) or not self.ctx.target.has(*self.concepts):
+            return updated_node
+        module = call_arg(updated_node, 0, "module")
+        if module is None or any(arg.star for arg in original_node.args):
+            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told",
+                              "Call accrt.accelerate(model, config=...) by hand.", code="ACC105")
+            return updated_node
+        self.ctx.fix(original_node, f"DDP -> accelerate ({self._kind}): FSDP2 shards and reduces")
+        return self.ctx.expr("parallel_accelerate", model=self.ctx.code(module.value), kind=f'"{self._kind}"')
+
+    def leave_Attribute(self, original_node, updated_node):
+        if original_node.attr.value == "module" and dotted(original_node.value) in self._wrapped:
+            name = dotted(original_node.value)
+            self.ctx.fix(original_node, f"{name}.module -> {name}: accelerate returns the model itself")
+            return updated_node.value
+        return updated_node
+
+
+def _single_assign(statement) -> cst.Assign | None:
+    if (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1):
+        return statement.body[0]
+    return None

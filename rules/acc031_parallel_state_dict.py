@@ -1,0 +1,132 @@
+import re
+
+import libcst as cst
+
+from accrewrite.nodes import call_arg, dotted
+from accrewrite.rule import Example, Rule
+from accrewrite.rules.acc005_ddp_unwrap import _Wrapped
+
+# An `if` that runs on one rank only.
+_ONE_RANK = re.compile(r"rank|master|main_process|is_main")
+
+
+class ParallelStateDict(Rule):
+    """`migrate --parallel`: saving the model's weights keeps giving a whole state dict.
+
+    Under FSDP2 or tensor parallelism `model.state_dict()` holds each rank's shards (DTensors),
+    which a plain `torch.load` + `load_state_dict` elsewhere cannot read. So
+    `torch.save(model.state_dict(), path)` (or `model.module.state_dict()`) becomes
+    `accrt.export_full_state_dict(path, model)`: the unsharded state dict, gathered from every
+    rank and written by rank 0, which a plain model on one process loads.
+
+    The export is collective: every rank must call it. A save under an `if` on the rank
+    (`if rank == 0:`) is reported instead of changed: move it out of the `if`. A state dict
+    saved inside a larger object (a dict with the optimizer's state) is reported too: a
+    resumable checkpoint is `accrt.save_checkpoint(path, model, optimizer, **extra)` (sharded,
+    resharding, atomic), read back with `accrt.load_checkpoint`.
+    """
+
+    code = "ACC031"
+    name = "parallel-state-dict"
+    summary = "--parallel: torch.save(model.state_dict(), p) -> accrt.export_full_state_dict(p, model)"
+    opt_in = True
+    parallel = True
+    concepts = ("full_state_export",)
+    triggers = frozenset({"state_dict"})
+    examples = (
+        Example(
+            before="""
+            import torch
+
+            model = GPT(config)
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            train(model)
+            torch.save(model.module.state_dict(), "model.pt")
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime as accrt
+
+            model = GPT(config)
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            train(model)
+            accrt.export_full_state_dict("model.pt", model)
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(GPT(config))
+            if rank == 0:
+                torch.save(model.module.state_dict(), "model.pt")
+            torch.save({"model": model.state_dict(), "step": step}, "ckpt.pt")
+            """,
+            diagnostics=("ACC031:5", "ACC031:6"),
+        ),
+    )
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._models: set[str] = set()
+
+    def applies(self) -> bool:
+        finder = _Wrapped(self.ctx.facts)
+        finder.walk(self.ctx.module)
+        self._models = self.ctx.facts.models | finder.names
+        return bool(self._models)
+
+    def _saved_model(self, node: cst.CSTNode) -> str | None:
+        """``M`` when ``node`` is ``M.state_dict()`` or ``M.module.state_dict()`` of a model."""
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "state_dict" and not node.args):
+            return None
+        owner = node.func.value
+        if isinstance(owner, cst.Attribute) and owner.attr.value == "module":
+            owner = owner.value
+        name = dotted(owner)
+        return name if name in self._models else None
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
+            return updated_node
+        call = original_node.body[0].value
+        if not isinstance(call, cst.Call) or self.ctx.facts.qualname(call.func) != "torch.save":
+            return updated_node
+        saved, path = call_arg(call, 0, "obj"), call_arg(call, 1, "f")
+        if saved is None or path is None:
+            return updated_node
+        model = self._saved_model(saved.value)
+        if model is None:
+            if any(self._saved_model(node) for node in _calls(saved.value)):
+                self.ctx.diagnose(
+                    original_node, "a sharded model's state dict saved inside another object",
+                    "Under --parallel each rank holds shards. For a checkpoint to resume from, call "
+                    "accrt.save_checkpoint(path, model, optimizer, **extra) on every rank and "
+                    "accrt.load_checkpoint to read it; for weights read elsewhere, "
+                    "accrt.export_full_state_dict(path, model).",
+                )
+            return updated_node
+        one_rank = [s for s in self.ctx.open_statements if isinstance(s, cst.If)
+                    and _ONE_RANK.search(self.ctx.code(s.test))]
+        if one_rank:
+            self.ctx.diagnose(
+                original_node, "the full-state export must run on every rank, not under this `if`",
+                f"Replace this save by accrt.export_full_state_dict({self.ctx.code(path.value)}, {model}) "
+                "outside the `if`: it gathers the shards from every rank and writes from rank 0.",
+            )
+            return updated_node
+        self.ctx.fix(original_node, "state_dict save -> export_full_state_dict: unsharded, from rank 0")
+        [statement] = self.ctx.statements("full_state_export", path=self.ctx.code(path.value), model=model)
+        return statement.with_changes(leading_lines=updated_node.leading_lines)
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    found = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(Calls())
+    return found
