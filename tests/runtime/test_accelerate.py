@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader, TensorDataset
 
-from accrewrite.runtime import Config, accelerate
+from accrewrite.runtime import Config, accelerate, parallel_config
 from accrewrite.runtime.parallel.tensor_parallel import derive_plan
 
 from _ranks import run_ranks
@@ -268,3 +268,17 @@ def test_both_half_precisions_is_an_error():
     config.compute.bf16 = config.compute.fp16 = True
     with pytest.raises(ValueError, match="choose one"):
         accelerate(tiny_gpt(), config=config)
+
+
+@pytest.mark.parametrize(
+    "kind, environment, sizes",
+    [("fsdp", {"WORLD_SIZE": "4"}, (1, 4, 1)), ("tp", {"WORLD_SIZE": "4"}, (1, 1, 4)),
+     ("fsdp,tp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (1, 2, 4))],
+)
+def test_the_configs_that_migrate_parallel_writes(kind, environment, sizes, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert parallel_config(kind).mesh_shape(int(environment["WORLD_SIZE"])) == sizes
+    with pytest.raises(ValueError, match="expected one of fsdp, tp, fsdp,tp"):
+        parallel_config("zero3")

@@ -1,0 +1,96 @@
+"""``migrate --parallel``: a DDP script becomes one that calls ``accelerate`` (ACC030, ACC031),
+the option and its config key, the XLA targets left alone, and the migrated example training
+under FSDP2 as the DDP original does."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accrewrite.cli import main
+from accrewrite.engine import Options, migrate_source
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_gpt" / "train.py"
+LOSS = re.compile(r"^step (\d+) loss (\S+)$", re.MULTILINE)
+
+
+def _migrate(source: bytes, **options):
+    result = migrate_source(source, "train.py", Options(**options))
+    assert result.error is None, result.error
+    return result
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "tp", "fsdp,tp"])
+def test_the_example_calls_accelerate_instead_of_ddp(kind):
+    result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
+    output = result.output.decode()
+    wrap = f'model = accrt.accelerate(model, config=accrt.parallel_config("{kind}"))'
+    assert wrap in output and "DDP(" not in output
+    # FSDP2 reduces the gradients: no explicit all-reduce or broadcast is added
+    assert not re.search(r"optimizer_step|reduce_gradients|broadcast_master_param", output)
+    # the optimizer now follows the `if distributed:` that wraps
+    assert output.index(wrap) < output.index("optimizer = ") < output.index("model.train()")
+    assert {"ACC030"} <= {fix.code for fix in result.fixes}
+    assert _migrate(result.output, parallel=kind).output == result.output  # a second run changes nothing
+
+
+def test_full_state_export_replaces_a_state_dict_save():
+    source = b"""import torch
+
+model = torch.nn.parallel.DistributedDataParallel(Net())
+train(model)
+torch.save(model.module.state_dict(), "weights.pt")
+"""
+    output = _migrate(source, parallel="fsdp").output.decode()
+    assert 'accrt.export_full_state_dict("weights.pt", model)' in output
+    assert "torch.save" not in output
+
+
+@pytest.mark.parametrize("target", ["torch_xla", "torchacc"])
+def test_xla_targets_get_a_diagnostic_and_no_change_from_the_option(target):
+    source = EXAMPLE.read_bytes()
+    with_option = _migrate(source, target=target, parallel="fsdp")
+    assert with_option.output == _migrate(source, target=target).output
+    [diagnostic] = [d for d in with_option.diagnostics if d.code == "ACC030"]
+    assert "torch_xla.distributed.spmd" in diagnostic.help
+
+
+def test_the_option_and_the_config_key(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    shutil.copyfile(EXAMPLE, script)
+    assert main(["migrate", str(script), "--parallel", "tp"]) == 0
+    assert 'parallel_config("tp")' in capsys.readouterr().out
+
+    (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\nparallel = "fsdp"\n')
+    assert main(["migrate", str(script)]) == 0
+    assert 'parallel_config("fsdp")' in capsys.readouterr().out
+
+    (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\nparallel = "zero3"\n')
+    assert main(["migrate", str(script)]) == 2
+    assert "parallel must be one of fsdp, tp, fsdp,tp, got 'zero3'" in capsys.readouterr().err
+
+
+def _losses(command, cwd):
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = LOSS.findall(result.stdout)
+    assert [int(step) for step, _ in steps] == list(range(20)), result.stdout[-3000:]
+    return [float(loss) for _, loss in steps]
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
+    (tmp_path / "original").mkdir()
+    (tmp_path / "migrated").mkdir()
+    shutil.copyfile(EXAMPLE, tmp_path / "original" / "train.py")
+    (tmp_path / "migrated" / "train.py").write_bytes(_migrate(EXAMPLE.read_bytes(), parallel="fsdp").output)
+    launch = ["--standalone", "--nproc_per_node", "2", "train.py", "--steps", "20"]
+    original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
+    migrated = _losses([sys.executable, "-m", "accrewrite.launcher", *launch], tmp_path / "migrated")
+    assert migrated == pytest.approx(original, abs=2e-4)  # printed with 4 decimals
