@@ -189,8 +189,8 @@ class BatchedTransformer(cst.CSTTransformer):
         except ConceptMissing as missing:
             ctx.diagnose(
                 original_node,
-                f"{rule.name} is not available on target {missing.target!r} "
-                f"(it has no {missing.concept!r}); left unchanged",
+                f"{rule.name} is not available on target {missing.target!r}; left unchanged",
+                f"The target has no {missing.concept!r}: see `accrewrite rules` for the rules each target supports.",
             )
             return current
         if changed is current and not ctx.pending_insertions:

@@ -178,7 +178,7 @@ class Amp(Rule):
             return False
         self.ctx.diagnose(
             call,
-            f"{excerpt(self.ctx.code(call.func))}() left as it is: `{name}` is bound to {excerpt(bound)}",
+            f"{excerpt(self.ctx.code(call.func))}() left as it is: the name `{name}` is taken",
             f"The target's own is called {name}, which this file already binds to {bound}; import the "
             "target's under another name and call it here.",
             code="ACC105",

@@ -75,7 +75,7 @@ class UnsafeFix(Rule):
             return updated_node
         self.ctx.diagnose(
             original_node,
-            f"`{excerpt(target, 30)}` is {how}, out of the migration's sight",
+            f"`{excerpt(target, 30)}` is {how}, out of sight",
             "ACC021 would have made an Adam/AdamW the target's FusedAdam/FusedAdamW. Make that replacement "
             "where the optimizer is built (or call hooks.enable_fused_adam() before it), or build it in "
             "this script from torch.optim.",
@@ -85,7 +85,7 @@ class UnsafeFix(Rule):
     def _how(self, call: cst.Call) -> str | None:
         func = call.func
         if isinstance(func, cst.Call) and dotted(func.func) == "getattr":
-            return f"built from a class chosen at run time (`{' '.join(self.ctx.code(func).split())}`)"
+            return f"built from a class chosen at run time (`{excerpt(self.ctx.code(func), 30)}`)"
         name = dotted(func)
         if name is None:
             return None

@@ -3,6 +3,7 @@ in text and JSON output; nothing is reported inside a step closure (including th
 ACC009 moves into one in the same run) or outside the training loop where it is harmless."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -199,7 +200,7 @@ def test_unsafe_fix_reports_an_unseen_optimizer_factory_where_fused_adam_exists(
     found = document["files"][0]["diagnostics"]
     assert [d["line"] for d in found] == lines  # torch_xla has no fused Adam: nothing was missed
     if found:
-        assert "`self.optimizer` is built by `model.configure_optimizers(...)`" in found[0]["message"]
+        assert found[0]["message"] == "`self.optimizer` is built by `model.configure_optimizers(...)`, out of sight"
         assert "FusedAdam" in found[0]["help"]
     # With a GradScaler, ACC008 reports the optimizer at scaler.step: not reported twice.
     path.write_bytes(FACTORY.replace(b"import torch\n", b"import torch\nscaler = torch.cuda.amp.GradScaler()\n"))
@@ -228,3 +229,20 @@ def test_host_sync_read_only_for_logging_says_where_it_belongs(tmp_path, cli):
     assert [d["line"] for d in found] == [8, 10]
     assert "`lossf` is read only by logging" in found[0]["help"]
     assert "read only by logging" not in found[1]["help"]  # `best` also decides the loop
+
+
+@pytest.mark.parametrize("target", ["runtime", "torchacc", "torch_xla"])
+def test_every_message_is_one_short_line_with_a_help(cli, target):
+    """Over the fixtures and examples: a message fits a line (about 90 characters), the why and
+    the fix are its help."""
+    root = Path(__file__).resolve().parents[2]
+    code, out, _ = cli("migrate", "--format", "json", "--target", target, root / "tests" / "rules" / "fixtures",
+                       root / "examples")
+    assert code == 0
+    document = json.loads(out)
+    found = [d for entry in document["files"] for d in entry["diagnostics"]]
+    assert found
+    for diagnostic in found:
+        message = diagnostic["message"]
+        assert len(message) <= 90 and "\n" not in message, message
+        assert diagnostic["help"].endswith(".") and len(diagnostic["help"]) > len(message) / 2, diagnostic
