@@ -4,7 +4,7 @@ concise and full text formats, --statistics and --show-fixes."""
 import json
 import re
 
-from engine_scripts import TRAIN
+from engine_scripts import HOST_SYNCS, TRAIN
 from schemas import SARIF, validate
 from workflow_commands import parse
 
@@ -14,22 +14,9 @@ from accrewrite.report import github
 from accrewrite.rule import Finding
 from accrewrite.runner import Outcome
 
-# One finding (ACC101 on `loss.item()`) on three lines, and a different one on a fourth.
-REPEATED = b'''import torch
-model = model.cuda()
-for x, y in loader:
-    loss = model(x, y)
-    loss.backward()
-    optimizer.step()
-    a = loss.item()
-    b = loss.item()
-    c = loss.item()
-    d = x.item()
-'''
-
 
 def tree(tmp_path):
-    (tmp_path / "train.py").write_bytes(REPEATED)
+    (tmp_path / "train.py").write_bytes(HOST_SYNCS)
     (tmp_path / "odd name #1.py").write_bytes(TRAIN)
     (tmp_path / "broken.py").write_bytes(b"import torch\nx = (\n")
     return tmp_path
@@ -99,14 +86,14 @@ def test_gitlab_code_quality_report(tmp_path, cli, monkeypatch):
     assert host_syncs[0]["description"] == "ACC101 `loss.item()` syncs the host every step"
     assert "step closure" in host_syncs[0]["content"]["body"]
     # A line added above moves the findings, not their fingerprints.
-    (tmp_path / "train.py").write_bytes(b"# moved\n" + REPEATED)
+    (tmp_path / "train.py").write_bytes(b"# moved\n" + HOST_SYNCS)
     moved = json.loads(cli("migrate", "--check", "--format", "gitlab", tmp_path)[1])
     assert {i["fingerprint"] for i in moved} == {i["fingerprint"] for i in issues}
 
 
 def test_concise_lines_state_one_fact_and_a_repeat_once(tmp_path, cli):
     path = tmp_path / "train.py"
-    path.write_bytes(REPEATED)
+    path.write_bytes(HOST_SYNCS)
     code, out, _ = cli("migrate", "--check", path)
     lines = [line for line in out.splitlines() if re.match(rf"{re.escape(str(path))}:\d+:\d+: ACC", line)]
     assert lines == [
@@ -117,7 +104,7 @@ def test_concise_lines_state_one_fact_and_a_repeat_once(tmp_path, cli):
 
 def test_full_format_shows_the_source_line_and_the_help_once(tmp_path, cli):
     path = tmp_path / "train.py"
-    path.write_bytes(REPEATED)
+    path.write_bytes(HOST_SYNCS)
     code, out, _ = cli("migrate", "--check", "--output-format", "full", path)
     assert f"{path}:8:9: ACC101 `loss.item()` syncs the host every step" in out
     assert "7 |     a = loss.item()\n  |         ^" in out
