@@ -1,9 +1,8 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES
 from accrewrite.nodes import call_arg, dotted, names_in
 from accrewrite.rule import Example, Rule
-from accrewrite.rules.acc005_ddp_unwrap import _Wrapped
+from accrewrite.rules.acc005_ddp_unwrap import DdpUnwrap
 
 _SYNC_FLAG = "require_backward_grad_sync"
 
@@ -111,16 +110,9 @@ class ParallelWrap(Rule):
     def _kind(self) -> str:
         return self.ctx.parallel or "fsdp"
 
-    def applies(self) -> bool:
-        if "DataParallel" not in self.ctx.source_text:
-            return False
-        finder = _Wrapped(self.ctx.facts)
-        finder.walk(self.ctx.module)
-        self._wrapped = finder.names
-        return True
-
-    def _wraps(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in WRAPPER_NAMES
+    # The wrapped names and the wrapper calls, found as ACC005 finds them.
+    applies = DdpUnwrap.applies
+    _wraps = DdpUnwrap._wraps
 
     # Optimizers built before the wrap --------------------------------------------------------
 
