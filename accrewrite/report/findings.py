@@ -12,6 +12,8 @@ from accrewrite.runner import Outcome
 
 @dataclass(frozen=True)
 class Summary:
+    """A run's totals: the summary table's row, the JSON document's ``summary``."""
+
     files: int
     changed: int
     written: int
@@ -35,9 +37,10 @@ class Summary:
 
 def help_of(finding: Finding) -> str:
     """Why a finding matters and what to do: its own help, else its rule's summary."""
+    if finding.help:
+        return finding.help
     rule = all_rules().get(finding.code)
-    fallback = f"{rule.summary}." if rule is not None else ""
-    return finding.help or fallback
+    return f"{rule.summary}." if rule is not None else ""
 
 
 def error_location(outcome: Outcome) -> str:
