@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.data import DataLoader, TensorDataset
 
 from accrewrite.runtime import Config, accelerate, parallel_config
-from accrewrite.runtime.parallel.tensor_parallel import derive_plan
+from accrewrite.runtime.parallel.tensor_parallel import derive_plan, parallelize_block
 
 from _ranks import run_ranks
 
@@ -206,6 +206,27 @@ def test_four_ranks_fsdp_and_fsdp_by_tensor_parallel_match_one_process():
         _assert_matches(result, layout)
 
 
+def _bf16_rank(rank):
+    config = Config()
+    config.dist.fsdp.size = 2
+    config.compute.bf16 = True
+    loader = DataLoader(token_dataset(batches=5), batch_size=GLOBAL_BATCH // 2)
+    model, loader = accelerate(tiny_gpt(), loader, config)
+    computed = []
+    model.h[0].attn.q_proj.register_forward_hook(lambda module, args, out: computed.append(out.dtype))
+    losses = train(model, loader, steps=5)
+    return losses, computed[0], {p.dtype for p in model.parameters()}
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_bf16_computes_in_bf16_keeps_float32_parameters_and_follows_the_float32_losses():
+    losses, computed, kept = run_ranks(_bf16_rank, 2)[0]
+    assert computed == torch.bfloat16 and kept == {torch.float32}
+    want = train(tiny_gpt(), DataLoader(token_dataset(batches=5), batch_size=GLOBAL_BATCH), steps=5)
+    assert losses == pytest.approx(want, abs=3e-2)  # bf16 rounding, not a different computation
+
+
 # -- one process: plans, layouts and what a wrong config says -------------------------------------
 
 
@@ -229,6 +250,12 @@ def test_a_block_of_unknown_layout_asks_for_a_plan():
     block = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     with pytest.raises(ValueError, match="config.dist.tp.plan"):
         derive_plan(block)
+
+
+def test_a_plan_that_names_modules_the_block_lacks_lists_what_it_has():
+    with pytest.raises(ValueError, match=r"names \['attn.query'\], which Block lacks; its projections are "
+                                         r"\['attn.q_proj'"):
+        parallelize_block(Block("separate"), {"attn.query": "colwise"}, mesh=None)
 
 
 def _config(**sizes):
