@@ -23,9 +23,9 @@ Checkpoints: ``save_checkpoint``/``load_checkpoint`` (``checkpoint.py``).
 With a ``dataloader``, the second return value is a loader over the same dataset and collate
 function that gives this data-parallel rank every ``dp * fsdp``-th batch of the original's batch
 order (the ranks of one tensor-parallel group read the same batches). The original's order must
-be the same on every rank, as with DDP scripts that seed alike; an uneven tail of batches is
-dropped so that every rank steps as often. A loader with a ``DistributedSampler`` is returned as
-it is when that sampler already splits over the data-parallel ranks.
+be the same on every rank (one random state on all of them, as DDP scripts set); an uneven tail
+of batches is dropped so that every rank steps as often. A loader with a ``DistributedSampler``
+is returned as it is when that sampler already splits over the data-parallel ranks.
 """
 
 import torch
