@@ -18,7 +18,9 @@ It places the model on this process's device and builds, on a DeviceMesh of shap
 The wrapped layers are ``dist.fsdp.wrap_layer_cls`` (classes or class names), by default the
 repeated blocks of the model (``accrewrite.runtime.blocks``). The parameters become DTensors:
 build the optimizer after ``accelerate``; ``torch.nn.utils.clip_grad_norm_`` works on them.
-Checkpoints: ``save_checkpoint``/``load_checkpoint`` (``checkpoint.py``).
+Checkpoints: ``save_checkpoint``/``load_checkpoint`` (``checkpoint.py``). The mesh is
+``model.accelerate_mesh`` (dims ``dp``, ``fsdp``, ``tp``; None with one process), for code that
+shards its own data or builds its own DTensors.
 
 With a ``dataloader``, the second return value is a loader over the same dataset and collate
 function that gives this data-parallel rank every ``dp * fsdp``-th batch of the original's batch
@@ -61,6 +63,12 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
     device = xm.xla_device()
     model.to(device)
     layers = _layers(model, config.dist.fsdp.wrap_layer_cls, "config.dist.fsdp.wrap_layer_cls")
+    if not layers and (tp > 1 or config.memory.gc or compute.compile):
+        raise ValueError(
+            f"{type(model).__name__} has no repeated blocks (an nn.ModuleList or nn.Sequential of one "
+            f"class) to split, checkpoint or compile; name its layer classes in "
+            f"config.dist.fsdp.wrap_layer_cls"
+        )
     mesh = init_device_mesh(device.type, (dp, fsdp, tp), mesh_dim_names=MESH_DIMS) if world > 1 else None
 
     if tp > 1:

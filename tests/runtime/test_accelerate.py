@@ -290,6 +290,13 @@ def test_a_layer_class_that_matches_nothing_names_the_classes_there():
         accelerate(tiny_gpt(), config=config)
 
 
+def test_a_model_without_repeated_blocks_asks_for_its_layer_classes():
+    config = Config()
+    config.memory.gc = True
+    with pytest.raises(ValueError, match="name its layer classes in config.dist.fsdp.wrap_layer_cls"):
+        accelerate(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), config=config)
+
+
 def test_both_half_precisions_is_an_error():
     config = Config()
     config.compute.bf16 = config.compute.fp16 = True
