@@ -76,6 +76,7 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
             plan = derive_plan(layer) if config.dist.tp.plan is None else config.dist.tp.plan
             parallelize_block(layer, plan, mesh["tp"])
         replicate_the_rest(model, mesh["tp"])
+        _check_tensor_parallel_inputs(model, mesh["tp"])
     if config.memory.gc:
         checkpointed = layers if config.memory.gc_cls is None else _layers(model, config.memory.gc_cls,
                                                                           "config.memory.gc_cls")
@@ -111,6 +112,27 @@ def _layers(model: nn.Module, classes, setting: str) -> list[nn.Module]:
         raise ValueError(f"{setting} = {sorted(wanted)} matches no module of {type(model).__name__}; "
                          f"its module classes are {present}")
     return found
+
+
+def _check_tensor_parallel_inputs(model: nn.Module, mesh) -> None:
+    """At the first forward, check that the ranks of a tensor-parallel group got the same
+    inputs: a loader split over every rank (a DDP script's ``DistributedSampler``) would give
+    them different ones, and the split layers would silently mix them."""
+
+    def check(module, args, kwargs):
+        handle.remove()
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        digest = torch.stack([t.double().sum() for t in tensors]) if tensors else torch.zeros(1, dtype=torch.float64)
+        gathered = [torch.empty_like(digest) for _ in range(mesh.size())]
+        dist.all_gather(gathered, digest, group=mesh.get_group())
+        if any(not torch.equal(other, gathered[0]) for other in gathered):
+            raise ValueError(
+                "the tensor-parallel ranks got different inputs; they must read the same batches: pass "
+                "the dataloader to accelerate(model, dataloader, config), or split the data over the "
+                "data-parallel ranks only (the 'dp' and 'fsdp' dims of model.accelerate_mesh)"
+            )
+
+    handle = model.register_forward_pre_hook(check, with_kwargs=True)
 
 
 def _fully_shard(model: nn.Module, layers: list[nn.Module], mesh, config: Config) -> None:

@@ -206,6 +206,25 @@ def test_four_ranks_fsdp_and_fsdp_by_tensor_parallel_match_one_process():
         _assert_matches(result, layout)
 
 
+def _different_inputs_rank(rank):
+    config = Config()
+    config.dist.tp.size = 2
+    model = accelerate(tiny_gpt(), config=config)
+    tokens, targets = token_dataset()[rank * GLOBAL_BATCH:(rank + 1) * GLOBAL_BATCH]
+    try:
+        model(tokens, targets)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_tensor_parallel_ranks_fed_different_batches_are_told_so():
+    for message in run_ranks(_different_inputs_rank, 2):
+        assert message is not None and "tensor-parallel ranks got different inputs" in message
+
+
 def _bf16_rank(rank):
     config = Config()
     config.dist.fsdp.size = 2
