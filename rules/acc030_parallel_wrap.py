@@ -5,6 +5,7 @@ from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc005_ddp_unwrap import DdpUnwrap
 
 _SYNC_FLAG = "require_backward_grad_sync"
+_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 
 
 class ParallelWrap(Rule):
@@ -21,6 +22,9 @@ class ParallelWrap(Rule):
     - `model.module` becomes `model` (accelerate returns the model itself), and DDP's
       gradient-accumulation switch `model.require_backward_grad_sync = flag` becomes FSDP2's
       `model.set_requires_gradient_sync(flag)`.
+
+    With `tp` in the kind, a `DistributedSampler` is reported: it splits the data over every
+    rank, where the ranks of a tensor-parallel group must read the same batches.
 
     `torch.nn.utils.clip_grad_norm_` keeps working: every parameter is a DTensor on one mesh.
     Saving the model's state is ACC031's. Targets without `accelerate` (the XLA ones) get a
@@ -171,6 +175,14 @@ class ParallelWrap(Rule):
     # Expressions -----------------------------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
+        if "tp" in self._kind.split(",") and self.ctx.facts.qualname(node.func) in _SAMPLERS:
+            self.ctx.diagnose(
+                node, "a sampler over every rank: tensor-parallel ranks would read different batches",
+                "The ranks of one tensor-parallel group must read the same batches. Pass the loader to "
+                "accrt.accelerate(model, loader, config=...) without this sampler (it returns the loader "
+                "split over the data-parallel ranks), or build the sampler over the 'dp' and 'fsdp' dims of "
+                "model.accelerate_mesh.",
+            )
         # On visit: the target's own rules (ACC005) may replace the call before it is left.
         if self._wraps(node) and not self.ctx.target.has(*self.concepts):
             self.ctx.diagnose(

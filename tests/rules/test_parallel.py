@@ -38,6 +38,13 @@ def test_the_example_calls_accelerate_instead_of_ddp(kind):
     assert _migrate(result.output, parallel=kind).output == result.output  # a second run changes nothing
 
 
+@pytest.mark.parametrize("kind, reported", [("fsdp", False), ("tp", True), ("fsdp,tp", True)])
+def test_a_sampler_over_every_rank_is_reported_under_tensor_parallel(kind, reported):
+    result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
+    sampler = [d for d in result.diagnostics if d.code == "ACC030" and "sampler" in d.message]
+    assert bool(sampler) == reported
+
+
 def test_full_state_export_replaces_a_state_dict_save():
     source = b"""import torch
 
