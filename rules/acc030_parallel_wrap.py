@@ -5,6 +5,8 @@ from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc005_ddp_unwrap import DdpUnwrap
 
 _SYNC_FLAG = "require_backward_grad_sync"
+_BUILD_AFTER = ("FSDP2 and tensor parallelism replace the model's parameters with DTensors: an optimizer "
+                "built before accrt.accelerate updates the old ones and trains nothing. Build it after.")
 _SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 
 
@@ -131,16 +133,23 @@ class ParallelWrap(Rule):
         (or holds an ``if`` that wraps) the model it was built from: it moves after that one."""
         if not self.ctx.target.has(*self.concepts):
             return
-        optimizers: dict[str, cst.SimpleStatementLine] = {}  # model name -> optimizer statement
-        for statement in body:
+        statements = list(body)
+        for i, statement in enumerate(statements):
             assign = _single_assign(statement)
-            if assign is not None and dotted(assign.targets[0].target) in self.ctx.facts.optimizers:
-                for model in names_in(assign.value) & (self.ctx.facts.models | self._wrapped):
-                    optimizers[model] = statement
+            name = dotted(assign.targets[0].target) if assign is not None else None
+            if name not in self.ctx.facts.optimizers:
                 continue
-            for wrapped in self._wrapped_in(statement):
-                if wrapped in optimizers:
-                    self._moved[optimizers.pop(wrapped)] = statement
+            models = names_in(assign.value) & (self.ctx.facts.models | self._wrapped)
+            for j in range(i + 1, len(statements)):
+                if not models & set(self._wrapped_in(statements[j])):
+                    continue
+                if any(name in names_in(between) for between in statements[i + 1:j]):
+                    # used before the wrap: moving it would break that use
+                    self.ctx.diagnose(statement, f"`{name}` is used before the model is wrapped; left in place",
+                                      _BUILD_AFTER)
+                else:
+                    self._moved[statement] = statements[j]
+                break
 
     def _wrapped_in(self, statement: cst.CSTNode) -> list[str]:
         """The models that ``statement`` (or a statement nested in it) wraps in DDP."""
@@ -202,6 +211,10 @@ class ParallelWrap(Rule):
             self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told",
                               "Call accrt.accelerate(model, config=...) by hand.", code="ACC105")
             return updated_node
+        for name, built in self.ctx.facts.optimizers.items():
+            if not _holds(self.ctx.scope or self.ctx.module, built):
+                self.ctx.diagnose(original_node, f"`{name}` is built in another function than this wrap",
+                                  _BUILD_AFTER)
         self.ctx.fix(original_node, f"DDP -> accelerate ({self._kind}): FSDP2 shards and reduces")
         return self.ctx.expr("parallel_accelerate", model=self.ctx.code(module.value), kind=f'"{self._kind}"')
 
@@ -211,6 +224,20 @@ class ParallelWrap(Rule):
             self.ctx.fix(original_node, f"{name}.module -> {name}: accelerate returns the model itself")
             return updated_node.value
         return updated_node
+
+
+def _holds(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is ``tree`` or inside it."""
+    found = False
+
+    class Find(cst.CSTVisitor):
+        def on_visit(self, visited: cst.CSTNode) -> bool:
+            nonlocal found
+            found = found or visited is node
+            return not found
+
+    tree.visit(Find())
+    return found
 
 
 def _single_assign(statement) -> cst.Assign | None:

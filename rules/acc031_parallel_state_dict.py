@@ -23,7 +23,8 @@ class ParallelStateDict(Rule):
     (`if rank == 0:`) is reported instead of changed: move it out of the `if`. A state dict
     saved inside a larger object (a dict with the optimizer's state) is reported too: a
     resumable checkpoint is `accrt.save_checkpoint(path, model, optimizer, **extra)` (sharded,
-    resharding, atomic), read back with `accrt.load_checkpoint`.
+    resharding, atomic), read back with `accrt.load_checkpoint`; so is any other use of the
+    model's `state_dict()`, which now holds this rank's shards.
     """
 
     code = "ACC031"
@@ -69,6 +70,7 @@ class ParallelStateDict(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._models: set[str] = set()
+        self._handled: set[cst.CSTNode] = set()  # state_dict calls inside a torch.save
 
     def applies(self) -> bool:
         finder = _Wrapped(self.ctx.facts)
@@ -87,18 +89,39 @@ class ParallelStateDict(Rule):
         name = dotted(owner)
         return name if name in self._models else None
 
-    def leave_SimpleStatementLine(self, original_node, updated_node):
-        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Expr):
-            return updated_node
-        call = original_node.body[0].value
+    def _torch_save(self, statement) -> tuple[cst.Arg, cst.Arg] | None:
+        """``(object, path)`` when ``statement`` is ``torch.save(object, path)``."""
+        if len(statement.body) != 1 or not isinstance(statement.body[0], cst.Expr):
+            return None
+        call = statement.body[0].value
         if not isinstance(call, cst.Call) or self.ctx.facts.qualname(call.func) != "torch.save":
-            return updated_node
+            return None
         saved, path = call_arg(call, 0, "obj"), call_arg(call, 1, "f")
-        if saved is None or path is None:
+        return None if saved is None or path is None else (saved, path)
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        saving = self._torch_save(node)
+        if saving is not None:  # reported or changed as a whole when left
+            self._handled.update(_calls(saving[0].value))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        model = self._saved_model(node)
+        if model is not None and node not in self._handled:
+            self.ctx.diagnose(
+                node, f"{self.ctx.code(node)} holds this rank's shards under --parallel",
+                f"A plain load_state_dict elsewhere cannot read it. For weights read elsewhere, "
+                f"accrt.export_full_state_dict(path, {model}) on every rank; for a checkpoint to resume "
+                f"from, accrt.save_checkpoint(path, {model}, optimizer, **extra) and accrt.load_checkpoint.",
+            )
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        saving = self._torch_save(original_node)
+        if saving is None:
             return updated_node
+        saved, path = saving
         model = self._saved_model(saved.value)
         if model is None:
-            if any(self._saved_model(node) for node in _calls(saved.value)):
+            if any(self._saved_model(call) for call in _calls(saved.value)):
                 self.ctx.diagnose(
                     original_node, "a sharded model's state dict saved inside another object",
                     "Under --parallel each rank holds shards. For a checkpoint to resume from, call "

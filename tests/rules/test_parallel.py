@@ -57,6 +57,31 @@ torch.save(model.module.state_dict(), "weights.pt")
     assert "torch.save" not in output
 
 
+OPTIMIZER_USED_BEFORE_THE_WRAP = b"""import torch
+
+
+def main():
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 10)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    snapshot = {"weights": model.module.state_dict()}
+"""
+
+
+def test_an_optimizer_that_cannot_move_and_a_sharded_state_dict_are_reported():
+    result = _migrate(OPTIMIZER_USED_BEFORE_THE_WRAP, parallel="fsdp")
+    output = result.output.decode()
+    assert output.index("optimizer = torch.optim.SGD") < output.index("accrt.accelerate(")  # left in place
+    found = {(d.code, d.line, d.message.split(";")[0]) for d in result.diagnostics}
+    assert ("ACC030", 6, "`optimizer` is used before the model is wrapped") in found
+    assert ("ACC031", 9, "model.module.state_dict() holds this rank's shards under --parallel") in found
+
+    # pytorch/examples' torchrun script builds its optimizer in a factory function, wraps in a Trainer
+    trainer = _migrate((EXAMPLE.parents[1] / "torchrun_ddp" / "train.py").read_bytes(), parallel="fsdp")
+    assert any(d.code == "ACC030" and "built in another function" in d.message for d in trainer.diagnostics)
+
+
 @pytest.mark.parametrize("target", ["torch_xla", "torchacc"])
 def test_xla_targets_get_a_diagnostic_and_no_change_from_the_option(target):
     source = EXAMPLE.read_bytes()
