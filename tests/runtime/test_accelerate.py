@@ -162,9 +162,10 @@ def full_state(model):
 
 def _accelerated_rank(rank, cases):
     results = []
-    for layout, fsdp, tp in cases:
+    for layout, fsdp, tp, *plan in cases:
         config = Config()
         config.dist.fsdp.size, config.dist.tp.size = fsdp, tp
+        config.dist.tp.plan = plan[0] if plan else None
         data_ranks = int(os.environ["WORLD_SIZE"]) // tp
         loader = DataLoader(token_dataset(), batch_size=GLOBAL_BATCH // data_ranks)
         model, loader = accelerate(tiny_gpt(layout), loader, config)
@@ -191,9 +192,10 @@ def _assert_matches(result, layout):
 @pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_two_ranks_fsdp_and_tensor_parallel_match_one_process():
-    cases = [("separate", 2, 1), ("separate", 1, 2), ("gpt2", 1, 2), ("llama", 1, 2)]
+    by_hand = {"mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}  # the MLPs only
+    cases = [("separate", 2, 1), ("separate", 1, 2), ("gpt2", 1, 2), ("llama", 1, 2), ("separate", 1, 2, by_hand)]
     results = run_ranks(_accelerated_rank, 2, cases)[0]
-    for (layout, _, _), result in zip(cases, results):
+    for (layout, *_), result in zip(cases, results):
         _assert_matches(result, layout)
 
 
@@ -202,7 +204,7 @@ def test_two_ranks_fsdp_and_tensor_parallel_match_one_process():
 def test_four_ranks_fsdp_and_fsdp_by_tensor_parallel_match_one_process():
     cases = [("separate", 4, 1), ("separate", 2, 2), ("gpt2", 2, 2), ("llama", 1, 2)]  # last: dp 2 x tp 2
     results = run_ranks(_accelerated_rank, 4, cases)[0]
-    for (layout, _, _), result in zip(cases, results):
+    for (layout, *_), result in zip(cases, results):
         _assert_matches(result, layout)
 
 
