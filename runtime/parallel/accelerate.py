@@ -60,6 +60,11 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
     xm._default_group()  # the process group, created from torchrun's environment if needed
     world = dist.get_world_size() if dist.is_initialized() else 1
     dp, fsdp, tp = config.mesh_shape(world)
+    if world == 1 and (compute.bf16 or compute.fp16):
+        raise ValueError(
+            "config.compute.bf16/fp16 run through FSDP2's MixedPrecisionPolicy, which needs more than "
+            "one process; in one process leave them off and use accrewrite.runtime.amp.autocast"
+        )
     device = xm.xla_device()
     model.to(device)
     layers = _layers(model, config.dist.fsdp.wrap_layer_cls, "config.dist.fsdp.wrap_layer_cls")
@@ -88,11 +93,6 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
             compile(layer, regional=False)
     if mesh is not None and (dp * fsdp > 1 or compute.bf16 or compute.fp16):
         _fully_shard(model, layers, mesh, config)
-    elif compute.bf16 or compute.fp16:
-        raise ValueError(
-            "config.compute.bf16/fp16 run through FSDP2's MixedPrecisionPolicy, which needs more than "
-            "one process; in one process leave them off and use accrewrite.runtime.amp.autocast"
-        )
     model.accelerate_mesh = mesh
     if dataloader is None:
         return model

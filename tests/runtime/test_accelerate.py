@@ -323,6 +323,9 @@ def test_both_half_precisions_is_an_error():
     config.compute.bf16 = config.compute.fp16 = True
     with pytest.raises(ValueError, match="choose one"):
         accelerate(tiny_gpt(), config=config)
+    config.compute.fp16 = False
+    with pytest.raises(ValueError, match="in one process leave them off and use accrewrite.runtime.amp.autocast"):
+        accelerate(tiny_gpt(), config=config)
 
 
 @pytest.mark.parametrize(
