@@ -22,11 +22,12 @@ by the tp size, so code that sizes its views from them, or from ``-1`` and a hea
 Hugging Face and torchtitan models do, runs unchanged.
 """
 
+import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
-from ._torch_compat import StridedShard
+from .._torch_compat import StridedShard
 
 COLWISE, COLWISE_FUSED, ROWWISE = "colwise", "colwise_fused", "rowwise"
 _STYLES = (COLWISE, COLWISE_FUSED, ROWWISE)
@@ -148,6 +149,9 @@ def _replicate(param, mesh):
 def _shard(tensor, mesh, dim: int, fused: int):
     placement = Shard(dim) if fused == 1 else StridedShard(dim, split_factor=fused)
     full = tensor.detach()
+    if full.shape[dim] % (fused * mesh.size()):
+        raise ValueError(f"a projection of {full.shape[dim]} features (in {fused} parts) does not split over "
+                         f"config.dist.tp.size = {mesh.size()}; choose a tp size that divides its width")
     local = full.unflatten(dim, (fused, mesh.size(), -1)).select(dim + 1, mesh.get_local_rank()).flatten(dim, dim + 1)
     return nn.Parameter(DTensor.from_local(local.contiguous(), mesh, [placement], run_check=False,
                                            shape=full.shape, stride=full.stride()))
@@ -179,7 +183,8 @@ class _Colwise(_Split):
 
     @staticmethod
     def _input(module, inputs, mesh):
-        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False) for x in inputs)
+        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False) if isinstance(x, torch.Tensor)
+                     else x for x in inputs)
 
     _output = staticmethod(_to_local)
 
@@ -194,7 +199,8 @@ class _Rowwise(_Split):
 
     @staticmethod
     def _input(module, inputs, mesh):
-        return tuple(DTensor.from_local(x, mesh, [Shard(x.dim() - 1)], run_check=False) for x in inputs)
+        return tuple(DTensor.from_local(x, mesh, [Shard(x.dim() - 1)], run_check=False) if isinstance(x, torch.Tensor)
+                     else x for x in inputs)
 
     @staticmethod
     def _output(module, output, mesh):
