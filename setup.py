@@ -21,6 +21,6 @@ setup(
     package_dir=ROOTS,
     package_data={
         "accrewrite.rules": ["targets/*.toml"],
-        "accrewrite.runtime.compiler": ["*.cpp"],  # built at run time (cpu_kernels.py)
+        "accrewrite.runtime.compiler.cpu": ["*.cpp"],  # built at run time (cpu_kernels.py)
     },
 )

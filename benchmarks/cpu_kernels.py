@@ -5,11 +5,11 @@
 Causal attention: for each shape (batch, heads, tokens, head size), with q, k and v the heads of
 one (batch, tokens, 3 * hidden) projection as a GPT block makes them, the median time of the
 forward and of the backward for ATen's kernel (what ``F.scaled_dot_product_attention(...,
-is_causal=True)`` runs) and for ``accrewrite.runtime.compiler.attention``.
+is_causal=True)`` runs) and for ``accrewrite.runtime.compiler.cpu.attention``.
 
 Cross-entropy: for each shape (rows, hidden, classes), a language model's head and loss,
 ``F.cross_entropy(linear(x), target)``, compiled with the accrewrite backend, forward and
-backward: once as written, where the kernel (``accrewrite.runtime.compiler.cross_entropy``)
+backward: once as written, where the kernel (``accrewrite.runtime.compiler.cpu.cross_entropy``)
 computes the loss and the head's bias gradient, and once with ``ignore_index=-1``, which the
 kernel selection does not match (no target is -1: the same loss), so that inductor compiles the
 loss. The matmuls are the same oneDNN GEMMs in both.
@@ -25,9 +25,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from accrewrite.runtime.compiler import attention, cross_entropy
 from accrewrite.runtime.compiler.backend import Backend
-from accrewrite.runtime.host_memory import cache_host_memory
+from accrewrite.runtime.compiler.cpu import attention, cross_entropy
+from accrewrite.runtime.compiler.cpu.host_memory import cache_host_memory
 
 ATTENTION_SHAPES = [(16, 4, 64, 32), (16, 4, 128, 64), (8, 8, 128, 128), (8, 4, 256, 64),
                     (4, 4, 512, 64), (2, 4, 1024, 64), (2, 3, 100, 40)]
@@ -108,7 +108,7 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cache_host_memory()  # as compile() turns it on for a CPU model
+    cache_host_memory()  # as compile(..., host_memory=True) turns it on for a CPU model
     for module in (attention, cross_entropy):
         if module.unavailable():
             raise SystemExit(f"{module.__name__}: kernel unavailable: {module.unavailable()}")

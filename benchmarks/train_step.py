@@ -6,12 +6,13 @@ script) on the same model:
 
 - eager: the model as written, ``torch.optim.AdamW`` with its default (per-parameter) step;
 - eager+cache: eager in a process with accrewrite's host memory cache on
-  (``runtime/host_memory.py``, which ``compile`` turns on for a model on the CPU): how much of
-  accrewrite's step comes from the cache, not from compiling;
+  (``runtime/compiler/cpu/host_memory.py``, which the accrewrite setup asks ``compile`` for): how
+  much of accrewrite's step comes from the cache, not from compiling;
 - torch.compile: ``torch.compile(model)``, eager optimizer;
 - regional: Accelerate's ``compile_regions`` recipe, ``torch.compile`` of each repeated block and
   of each other leaf module, eager optimizer;
-- accrewrite: ``accrewrite.runtime.compile(model)`` and ``compile(optimizer)``.
+- accrewrite: ``accrewrite.runtime.compile(model, host_memory=True)`` and
+  ``compile(optimizer)``.
 
 "first step" is the wall time of step 1, compilation included (cold start: dynamo and inductor
 caches are off; what a process pays once, whatever it compiles, such as loading inductor and
@@ -22,7 +23,7 @@ one after another, then the steady steps in turns (a step of each setup per roun
 machine's drift falls on every setup alike. Ratios are against eager and against torch.compile.
 "floor" is the time that the matmuls, convolutions and attention of an eager+cache step take
 (ATen's kernels; the median of three more steps): no setup steps faster than that unless it
-replaces those kernels, as accrewrite does for most matmuls on AMD CPUs (``matmul.py``). Run
+replaces those kernels, as accrewrite does for most matmuls (``compiler/cpu/onednn.py``). Run
 on CPU:
 
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
@@ -45,7 +46,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from accrewrite.runtime import compile as accrewrite_compile
-from accrewrite.runtime.host_memory import cache_host_memory
+from accrewrite.runtime.compiler.cpu.host_memory import cache_host_memory
 
 
 class GPTBlock(nn.Module):
@@ -175,7 +176,7 @@ def regional(model):
 
 
 def accrewrite(model):
-    model = accrewrite_compile(model)
+    model = accrewrite_compile(model, host_memory=True)
     return model, accrewrite_compile(torch.optim.AdamW(model.parameters(), lr=1e-4))
 
 

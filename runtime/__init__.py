@@ -20,7 +20,7 @@ _ATTRIBUTES = {
     "optim": "optim",
     "hooks": "hooks",
     "memory": "memory",
-    "host_memory": "host_memory",
+    "host_memory": "compiler.cpu.host_memory",
     "utils": "utils",
     "compile": "compiler:compile",
     "explain": "compiler:explain",

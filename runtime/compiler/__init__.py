@@ -1,13 +1,15 @@
-"""The graph compiler (``accrewrite.runtime.compile``), built on torch.compile.
+"""The graph compiler (``accrewrite.runtime.compile``), built on torch.compile, with a registry
+of kernel implementations per op and device (RAF's operator dialects).
 
 - ``frontend.py``: ``compile(model, ...)``, the entry point, and ``compile_report``.
-- ``backend.py``: the dynamo backend ``"accrewrite"`` (AOTAutograd, our passes, inductor).
-- ``kernel_selection.py``: the pass that swaps aten subgraphs for accrewrite kernels.
-- ``ops.py``: those kernels as ``torch.library`` custom ops.
-- ``matmul.py``: the pass that runs CPU matmuls on oneDNN's GEMM where it is faster than ATen's.
-- ``memory.py``: the activation-memory budget of the rematerialising partitioner.
-- ``regional.py``: regional compilation of repeated blocks.
+- ``backend.py``: the dynamo backend ``"accrewrite"`` (AOTAutograd, our passes, inductor) and
+  the compile report.
 - ``explain.py``: ``explain(model, *inputs)``, the graph breaks with file:line and reason.
+- ``core/``: the registry, the selector and autotuning, the passes that find ops in graphs,
+  regional compilation, the activation-memory budget.
+- ``ops/``: the ops, one module each: how they are found and their default implementation.
+- ``cpu/``: implementations for the CPU (C++ kernels, oneDNN) and the host memory cache.
+- ``cuda/``: implementations for CUDA (the Triton kernels, causal attention).
 """
 
 from accrewrite.runtime.compiler.explain import explain

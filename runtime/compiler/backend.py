@@ -2,29 +2,32 @@
 
 Inductor's ``compile_fx`` already runs AOTAutograd (joint forward + backward graph, then the
 min-cut rematerialisation partitioner) and lowers what remains; this backend runs it with the
-kernel-selection pass as inductor's joint-graph pre-pass, the matmul selection (``matmul.py``)
-as its post-grad pass on each forward and backward graph, with the activation-memory budget
-set for the partitioner, and with each graph's C++ kernels built as one library per compile
-thread (``cpp_library.py``). ``torch.compile(model, backend="accrewrite", options={...})`` uses it
-directly; ``accrewrite.runtime.compile`` builds one ``Backend`` per model so that the model's
-report collects what each of its graphs did.
+kernel-selection passes (``core/patterns.py`` as inductor's joint-graph pre-pass,
+``core/nodes.py`` as its post-grad pass on each forward and backward graph), with the
+activation-memory budget set for the partitioner, and with each graph's C++ kernels built as
+one library per compile thread (``cpu/cpp_library.py``). Every setting is scoped to the
+compilation: a plain ``torch.compile`` in the same process compiles as it would without it.
+``torch.compile(model, backend="accrewrite", options={...})`` uses it directly;
+``accrewrite.runtime.compile`` builds one ``Backend`` per model so that the model's report
+collects what each of its graphs did.
 """
 
 import collections
 import dataclasses
+import functools
+import logging
 
 import torch
-from torch._dynamo import register_backend
-from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-from accrewrite.runtime.compiler import cpp_library, regional
-from accrewrite.runtime.compiler.kernel_selection import (
-    KernelMatch,
-    KernelSelectionPass,
-    check_policy,
-)
-from accrewrite.runtime.compiler.matmul import MatmulSelectionPass
-from accrewrite.runtime.compiler.memory import activation_budget, check_budget
+from accrewrite.runtime import _torch_compat as compat
+from accrewrite.runtime.compiler.core import regional
+from accrewrite.runtime.compiler.core.memory import activation_budget, check_budget
+from accrewrite.runtime.compiler.core.nodes import NodeSelectionPass
+from accrewrite.runtime.compiler.core.patterns import KernelSelectionPass
+from accrewrite.runtime.compiler.core.selection import KernelMatch, check_policy
+from accrewrite.runtime.compiler.cpu import cpp_library
+
+log = logging.getLogger(__name__)
 
 OPTIONS = ("kernels", "memory_budget")
 
@@ -32,8 +35,8 @@ OPTIONS = ("kernels", "memory_budget")
 @dataclasses.dataclass
 class CompileReport:
     """What compiling one model or optimizer did: each compiled graph (by the code it came
-    from), each kernel-selection match (patterns and CPU matmuls) with its choice, and other
-    choices (notes); printed, equal matches are one line with their count. A graph that
+    from), each op matched with the implementation chosen and why, and other choices (notes);
+    printed, equal matches are one line with their count. A graph that
     inductor loads from its on-disk cache is not traced again, so its matches are not listed
     (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`` shows them)."""
 
@@ -65,6 +68,7 @@ class Backend:
 
     def __init__(self, *, mode=None, kernels="auto", memory_budget=None, blocks=None):
         check_policy(kernels)
+        _check_torch()
         self.mode = None if mode in (None, "default") else mode
         self.kernels = kernels
         self.memory_budget = check_budget(memory_budget)
@@ -80,16 +84,16 @@ class Backend:
         return self.compile_graph(gm, example_inputs)
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs):
-        """AOTAutograd, the kernel-selection and matmul passes and inductor on one graph."""
-        patches = dict(torch._inductor.list_mode_options(self.mode)) if self.mode else {}
+        """AOTAutograd, the kernel-selection passes and inductor on one graph."""
+        patches = dict(compat.list_mode_options(self.mode)) if self.mode else {}
         patches["joint_custom_pre_pass"] = KernelSelectionPass(self.kernels, self.report.matches)
-        patches["post_grad_custom_post_pass"] = MatmulSelectionPass(
+        patches["post_grad_custom_post_pass"] = NodeSelectionPass(
             self.kernels, self.report.matches
         )
         # batched here for the graphs that compile_fx loads from inductor's caches, which do not
         # go through inner_compile
         with activation_budget(self.memory_budget), cpp_library.batched():
-            return compile_fx(
+            return compat.compile_fx(
                 gm, example_inputs, inner_compile=_compile_inner, config_patches=patches
             )
 
@@ -99,10 +103,17 @@ def _compile_inner(gm, example_inputs, **kwargs):
     backward graph at the first backward, out of ``compile_graph``: its C++ kernels are
     batched here (see ``cpp_library``)."""
     with cpp_library.batched():
-        return compile_fx_inner(gm, example_inputs, **kwargs)
+        return compat.compile_fx_inner(gm, example_inputs, **kwargs)
 
 
-@register_backend(name="accrewrite")
+@functools.cache
+def _check_torch() -> None:
+    unsupported = compat.check_version()
+    if unsupported:
+        log.warning("%s: its private APIs may have moved (runtime/_torch_compat.py)", unsupported)
+
+
+@compat.register_backend(name="accrewrite")
 def accrewrite(gm, example_inputs, *, mode=None, options=None):
     """``torch.compile(..., backend="accrewrite", mode=..., options={"kernels": ...,
     "memory_budget": ...})``."""

@@ -7,7 +7,7 @@ dynamo's explain on the example inputs and reports each break at the user's line
 
 import dataclasses
 
-import torch
+from accrewrite.runtime import _torch_compat as compat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ def explain(model, *example_inputs, **example_kwargs) -> Explanation:
     """
     if not callable(model):
         raise TypeError(f"explain() expects a model or function, got {type(model).__name__}")
-    result = torch._dynamo.explain(model)(*example_inputs, **example_kwargs)
+    result = compat.dynamo_explain(model)(*example_inputs, **example_kwargs)
     breaks = []
     for reason in result.break_reasons:
         # The innermost frame of the user stack is the line that broke the graph.

@@ -5,10 +5,11 @@ import weakref
 import torch
 from torch import nn
 
+from accrewrite.runtime import _torch_compat as compat
 from accrewrite.runtime.blocks import repeated_blocks
 from accrewrite.runtime.compiler.backend import Backend, CompileReport
-from accrewrite.runtime.compiler.regional import CompiledCalls, batch_norm_blocks, block_names
-from accrewrite.runtime.host_memory import cache_host_memory
+from accrewrite.runtime.compiler.core.regional import CompiledCalls, batch_norm_blocks, block_names
+from accrewrite.runtime.compiler.cpu import host_memory as host_memory_cache
 
 _REGIONAL = ("auto", True, False)
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -23,6 +24,7 @@ def compile(
     dynamic=None,
     memory_budget=None,
     kernels="auto",
+    host_memory=None,
 ):
     """Compile ``model`` (an ``nn.Module``) in place with the ``"accrewrite"`` backend and return
     it; its forward is compiled, and its backward through AOTAutograd. The module keeps its
@@ -36,19 +38,22 @@ def compile(
     ``regional.py``); else the whole graph is compiled at once. True requires repeated blocks;
     False compiles the whole graph at once. ``mode`` and ``dynamic`` are ``torch.compile``'s.
     ``memory_budget``: None or a fraction in [0, 1] of the activation memory the compiled
-    training graph may keep (see ``memory.py``). ``kernels``: "auto" lets the kernel-selection
-    pass choose by device and shape (and, for float32 matmuls on the CPU, between ATen's GEMM and
-    oneDNN's: ``matmul.py``), "accrewrite" always uses the accrewrite kernels, "inductor" never
-    does.
+    training graph may keep (see ``core/memory.py``). ``kernels``: how each op the compiler
+    knows (``ops/``) gets its implementation (``core/selection.py``): "auto" by the
+    implementations' cost rules for the device and shape, "autotune" by timing them on the
+    shapes compiled (once per machine and shape), "accrewrite" always by accrewrite's kernels
+    where one takes the op, "inductor" never by them.
 
     An optimizer (``torch.optim.Optimizer``) may be passed instead of a model, right after it is
     built, so that the optimizer step is not left to per-parameter eager loops: Adam, AdamW and
     SGD switch to their fused implementation, others get their ``step`` compiled.
     ``compile_report(model)`` tells what was compiled and chosen.
 
-    A model on the CPU also turns on the host memory cache (``host_memory.py``): the process
-    keeps the memory its steps free for the next ones instead of faulting it in again each
-    step, as CUDA's caching allocator does on a GPU.
+    ``host_memory``: True turns on the host memory cache for a model on the CPU
+    (``cpu/host_memory.py``): the process keeps the memory its steps free for the next ones
+    instead of faulting it in again each step, as CUDA's caching allocator does on a GPU. It is
+    a setting of the whole process, so it is opt-in; None leaves it to
+    ``ACCREWRITE_HOST_MEMORY_CACHE=1``.
     """
     if regional not in _REGIONAL:
         raise ValueError(f"regional={regional!r}: expected 'auto', True or False")
@@ -56,6 +61,8 @@ def compile(
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(_MODES)}")
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic={dynamic!r}: expected None, True or False")
+    if host_memory not in (None, True, False):
+        raise ValueError(f"host_memory={host_memory!r}: expected None, True or False")
     if isinstance(model, torch.optim.Optimizer):
         backend = Backend(mode=mode, kernels=kernels, memory_budget=memory_budget)
         return _compile_optimizer(model, backend, dynamic)
@@ -83,8 +90,8 @@ def compile(
             f"regional='auto': whole model compiled, its blocks ({', '.join(with_batch_norm)}) "
             "hold batch norm, which steps slower compiled by region"
         )
-    if _on_cpu(model):
-        not_cached = cache_host_memory()
+    if host_memory_cache.requested(host_memory) and _on_cpu(model):
+        not_cached = host_memory_cache.cache_host_memory()
         backend.report.notes.append(
             f"host memory cache off: {not_cached}" if not_cached
             else "host memory cache on: each step reuses the host memory the last one freed"
@@ -123,7 +130,7 @@ def _compile_optimizer(optimizer, backend, dynamic):
 
 
 def _can_fuse(optimizer) -> bool:
-    devices = torch.utils._foreach_utils._get_fused_kernels_supported_devices()
+    devices = compat.fused_kernel_devices()
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return (
         type(optimizer) in _FUSABLE

@@ -7,5 +7,6 @@ accelerate API):
 - ``tensor_parallel.py``: tensor-parallel plans, derived from a block's layout or given.
 - ``checkpoint.py``: ``save_checkpoint``/``load_checkpoint``: sharded, resharding, atomic
   checkpoints through torch.distributed.checkpoint, and the full-state export.
-- ``_torch_compat.py``: the torch private names used here.
+- the torch private names used here are in ``runtime/_torch_compat.py``, with the rest of the
+  runtime's.
 """

@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from accrewrite.atomic_file import write_atomically
 
-from ._torch_compat import StridedShard
+from .._torch_compat import StridedShard
 
 _EXTRA = "extra.pt"
 

@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 
 from accrewrite.runtime import compile
 from accrewrite.runtime.compiler import compile_report
-from accrewrite.runtime.compiler.regional import Region
+from accrewrite.runtime.compiler.core.regional import Region
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compiles")
@@ -126,6 +126,7 @@ def train(model, loss_fn, batch_fn, steps, compile_optimizer):
         ({"kernels": "triton"}, "kernels='triton'"),
         ({"memory_budget": 1.5}, "memory_budget=1.5"),
         ({"memory_budget": "low"}, "memory_budget='low'"),
+        ({"host_memory": "yes"}, "host_memory=.yes."),
     ],
 )
 def test_bad_arguments_are_rejected(kwargs, message):

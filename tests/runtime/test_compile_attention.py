@@ -1,5 +1,5 @@
-"""Causal attention by accrewrite's C++ kernel (compiler/attention.py, cpu_kernels.cpp) and its
-choice by kernel selection: the kernel equals ATen's attention, forward and backward, over odd
+"""Causal attention by accrewrite's C++ kernel (compiler/cpu/attention.py, cpu_kernels.cpp) and
+its choice by kernel selection: the kernel equals ATen's attention, forward and backward, over odd
 shapes and the strided layouts models hand it; on the CPU ``kernels="auto"`` replaces ATen's
 kernel with it up to the tokens it is measured at and says why; and the attention it does not
 compute (a mask, a scale of its own, dropout, no causal mask, other dtypes, symbolic sizes) is
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
-from accrewrite.runtime.compiler import attention, cpp_library, cpu_kernels
+from accrewrite.runtime.compiler.cpu import attention, cpp_library, cpu_kernels
 from accrewrite.runtime.compiler.backend import Backend
 
 FLASH = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default("
@@ -145,7 +145,7 @@ def test_on_cpu_auto_runs_causal_attention_on_the_kernel_and_matches_eager():
     out, grads, code, matches = compile_and_run(causal, q, k, v)
 
     assert [str(m) for m in matches] == [
-        "causal_attention [2, 3, 130, 32] float32 on cpu (training): accrewrite "
+        "causal_attention [2, 3, 130, 32] float32 on cpu (training): cpp "
         "(accrewrite's C++ kernel: 0.50-0.86x ATen's time on the CPU)"
     ]
     assert FLASH not in code and KERNEL in code
@@ -160,7 +160,7 @@ def test_in_an_inference_graph():
     q, k, v = qkv(2, 2, 128, 64)
     out, _, code, matches = compile_and_run(causal, q, k, v, training=False)
 
-    assert [(m.training, m.choice) for m in matches] == [(False, "accrewrite")]
+    assert [(m.training, m.choice) for m in matches] == [(False, "cpp")]
     assert FLASH not in code and KERNEL in code
     torch.testing.assert_close(out, causal(q, k, v).detach(), rtol=1e-5, atol=1e-5)
 
@@ -168,8 +168,8 @@ def test_in_an_inference_graph():
 @pytest.mark.usefixtures("fresh_compiles")
 @pytest.mark.parametrize(
     "shape, dtype, kernels, reason",
-    [((1, 1, 1025, 8), torch.float32, "auto", "ATen's kernel: 1025 tokens, over the 1024"),
-     ((1, 2, 64, 16), torch.bfloat16, "accrewrite", "torch.bfloat16, not float32"),
+    [((1, 1, 1025, 8), torch.float32, "auto", "1025 tokens, over the 1024 it is measured at"),
+     ((1, 2, 64, 16), torch.bfloat16, "accrewrite", "cpp does not take it: bfloat16, not float32"),
      ((1, 2, 64, 16), torch.float32, "inductor", "kernels='inductor'")],
     ids=["long", "bfloat16", "kernels=inductor"],
 )
@@ -177,7 +177,7 @@ def test_attention_left_to_atens_kernel_says_why(shape, dtype, kernels, reason):
     q, k, v = qkv(*shape, dtype=dtype)
     out, grads, code, matches = compile_and_run(causal, q, k, v, kernels=kernels)
 
-    assert [m.choice for m in matches] == ["inductor"] and reason in matches[0].reason
+    assert [m.choice for m in matches] == ["aten"] and reason in matches[0].reason
     assert FLASH in code and KERNEL not in code
     expected, expected_grads = forward_backward(causal, q, k, v)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
@@ -192,7 +192,7 @@ def test_where_the_kernel_cannot_run_atens_is_kept(monkeypatch):
     out, grads, code, matches = compile_and_run(causal, q, k, v)
 
     assert [(m.choice, m.reason) for m in matches] == [
-        ("inductor", "the kernel does not take it: RuntimeError: no C++ compiler")
+        ("aten", "cpp does not take it: RuntimeError: no C++ compiler")
     ]
     assert FLASH in code and KERNEL not in code
 
@@ -241,5 +241,5 @@ def test_a_symbolic_number_of_tokens_keeps_atens_kernel():
         torch.testing.assert_close(grads, expected_grads, rtol=1e-5, atol=1e-5)
 
     assert backend.report.matches and all(
-        m.choice == "inductor" and "is symbolic" in m.reason for m in backend.report.matches
+        m.choice == "aten" and "is symbolic" in m.reason for m in backend.report.matches
     )

@@ -5,12 +5,13 @@ import logging
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch._inductor.async_compile as async_compile
 from torch._inductor import config as inductor_config
 from torch._inductor.codecache import CppPythonBindingsCodeCache
 from torch._inductor.cpp_builder import CppBuilder
 
-from accrewrite.runtime.compiler import cpp_library
-from accrewrite.runtime.compiler.cpp_library import LibraryAsyncCompile, batched
+from accrewrite.runtime.compiler.cpu import cpp_library
+from accrewrite.runtime.compiler.cpu.cpp_library import LibraryAsyncCompile, batched
 
 pytestmark = pytest.mark.usefixtures("fresh_compiles")
 
@@ -158,3 +159,13 @@ def test_a_warm_start_builds_nothing(monkeypatch):
     assert builds == []
     assert cold is not None
     torch.testing.assert_close(warm, cold)
+
+
+def test_batched_restores_inductors_async_compile():
+    original = async_compile.AsyncCompile
+    with batched():
+        assert async_compile.AsyncCompile is LibraryAsyncCompile
+        with batched():
+            pass
+        assert async_compile.AsyncCompile is LibraryAsyncCompile  # the inner one restores it
+    assert async_compile.AsyncCompile is original

@@ -1,5 +1,5 @@
-"""Cross-entropy by accrewrite's C++ kernel (compiler/cross_entropy.py, cpu_kernels.cpp) and its
-choice by kernel selection: the kernel equals ``F.cross_entropy`` (loss, gradient and the
+"""Cross-entropy by accrewrite's C++ kernel (compiler/cpu/cross_entropy.py, cpu_kernels.cpp) and
+its choice by kernel selection: the kernel equals ``F.cross_entropy`` (loss, gradient and the
 gradient's column sums) over odd shapes, ignored targets and strided logits; on the CPU
 ``kernels="auto"`` replaces inductor's code for rows of many classes, and the bias gradient of
 the linear layer before it comes from the kernel's column sums; other cross-entropies (few
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
-from accrewrite.runtime.compiler import cross_entropy
+from accrewrite.runtime.compiler.cpu import cross_entropy
 from accrewrite.runtime.compiler.backend import Backend
 
 
@@ -121,7 +121,7 @@ def test_on_cpu_auto_runs_a_vocabulary_cross_entropy_on_the_kernel():
     loss, grads, backward, expected, expected_grads, matches = compile_and_run(Head(1500))
 
     assert [str(m) for m in matches if m.kernel == "cross_entropy"] == [
-        "cross_entropy [33, 1500] float32 on cpu (training): accrewrite "
+        "cross_entropy [33, 1500] float32 on cpu (training): cpp "
         "(accrewrite's C++ kernel: fewer passes over the logits than inductor's)"
     ]
     assert "torch.ops.accrewrite.cross_entropy_backward.default(" in backward
@@ -134,8 +134,8 @@ def test_on_cpu_auto_runs_a_vocabulary_cross_entropy_on_the_kernel():
 @pytest.mark.usefixtures("fresh_compiles")
 @pytest.mark.parametrize(
     "classes, kernels, dtype, reason",
-    [(10, "auto", torch.float32, "10 classes, under 1024"),
-     (1500, "accrewrite", torch.bfloat16, "torch.bfloat16, not float32"),
+    [(10, "auto", torch.float32, "10 classes, under the 1024 it is measured at"),
+     (1500, "accrewrite", torch.bfloat16, "cpp does not take it: bfloat16, not float32"),
      (1500, "inductor", torch.float32, "kernels='inductor'")],
     ids=["few classes", "bfloat16", "kernels=inductor"],
 )
@@ -157,7 +157,7 @@ def test_where_the_kernel_cannot_run_inductors_code_is_kept(monkeypatch):
     monkeypatch.setattr(cross_entropy, "unavailable", lambda: "RuntimeError: no C++ compiler")
     *_, matches = compile_and_run(Head(1500))
     assert [(m.choice, m.reason) for m in matches if m.kernel == "cross_entropy"] == [
-        ("inductor", "the kernel does not take it: RuntimeError: no C++ compiler")
+        ("inductor", "cpp does not take it: RuntimeError: no C++ compiler")
     ]
 
 

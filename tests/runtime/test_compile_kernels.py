@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
 import accrewrite.runtime.compiler  # noqa: F401  (registers the "accrewrite" backend)
-from accrewrite.runtime.compiler import ops
 from accrewrite.runtime.compiler.backend import Backend, accrewrite
-from accrewrite.runtime.compiler.kernel_selection import choose
+from accrewrite.runtime.compiler.core.selection import select
+from accrewrite.runtime.compiler.cuda import triton
+from accrewrite.runtime.compiler.cuda import triton_ops as ops
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compiles")
@@ -219,8 +220,8 @@ def test_forced_kernels_in_an_inference_graph():
 
     assert kernel_ops(codes) == {"layer_norm", "quick_gelu"}
     assert sorted((m.kernel, m.training, m.choice) for m in pattern_matches(backend)) == [
-        ("layer_norm", False, "accrewrite"),
-        ("quick_gelu", False, "accrewrite"),
+        ("layer_norm", False, "triton"),
+        ("quick_gelu", False, "triton"),
     ]
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
@@ -238,7 +239,7 @@ def test_forced_swin_fmha_matches_eager():
     expected, expected_grads = run_step(eager, attn, mask)
 
     assert kernel_ops(codes) == {"swin_fmha", "swin_fmha_backward"}
-    assert [m.choice for m in backend.report.matches] == ["accrewrite"] * 3
+    assert [m.choice for m in backend.report.matches] == ["triton"] * 3
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-5)
 
@@ -246,7 +247,7 @@ def test_forced_swin_fmha_matches_eager():
     attn = torch.randn(9, 2, 9, 9)
     torch.testing.assert_close(model(attn, mask), eager(attn, mask), rtol=1e-5, atol=1e-5)
     later = backend.report.matches[3:]
-    assert [m.choice for m in later] == ["accrewrite"] * 3
+    assert [m.choice for m in later] == ["triton"] * 3
     assert all(isinstance(m.shape[0], torch.SymInt) for m in later)
 
 
@@ -269,7 +270,7 @@ def test_forced_swin_fmha_matches_with_symbolic_windows_per_image():
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(grads, expected_grads, rtol=1e-4, atol=1e-5)
 
-    assert [m.choice for m in backend.report.matches] == ["accrewrite"] * 3
+    assert [m.choice for m in backend.report.matches] == ["triton"] * 3
     assert all(isinstance(m.shape[0], torch.SymInt) for m in backend.report.matches)
 
 
@@ -346,31 +347,43 @@ def test_forced_bias_dropout_add_draws_one_mask_per_step_for_forward_and_backwar
         masks(inputs, outs)
     assert kernel_ops(codes) == {"bias_dropout_add"}
     assert sorted((m.training, m.choice) for m in backend.report.matches) == (
-        [(False, "accrewrite")] * 2 + [(True, "accrewrite")] * 2
+        [(False, "triton")] * 2 + [(True, "triton")] * 2
     )
 
 
+def choose(op, x, policy):
+    """(the implementation's name, why) for ``op`` with ``x`` as its main input."""
+    args = {"x": x, "weight": None, "bias": None, "eps": 1e-5, "residual": x, "p": 0.1}
+    implementation, reason = select(op, {"attn": x, **args} if op == "swin_fmha" else args, policy)
+    return implementation.name, reason
+
+
 def test_choice_by_policy_device_and_shape(monkeypatch):
-    x = torch.empty(4, 8, device="meta")
-    assert choose("layer_norm", x, "accrewrite") == ("accrewrite", "kernels='accrewrite'")
+    x = torch.empty(4, 8)
+    assert choose("layer_norm", x, "accrewrite") == ("triton", "kernels='accrewrite'")
     assert choose("layer_norm", x, "inductor") == ("inductor", "kernels='inductor'")
-    assert choose("layer_norm", x, "auto")[0] == "inductor"  # not CUDA
+    assert choose("layer_norm", x, "auto") == (
+        "inductor", "on cpu the kernel is its PyTorch reference"
+    )
 
     # On CUDA: layer norm by hidden size, pointwise kernels left to inductor's fusion.
-    from accrewrite.runtime.compiler import kernel_selection
-
     cuda = lambda *shape: torch.empty(*shape, device="meta").as_subclass(_Cuda)  # noqa: E731
-    monkeypatch.setattr(kernel_selection, "triton_available", lambda: True)
-    assert choose("layer_norm", cuda(8, 4096), "auto")[0] == "accrewrite"
-    assert choose("layer_norm", cuda(8, 1024), "auto")[0] == "inductor"
+    monkeypatch.setattr(triton, "triton_available", lambda: True)
+    assert choose("layer_norm", cuda(8, 4096), "auto") == ("triton", "hidden size 4096 >= 4096")
+    assert choose("layer_norm", cuda(8, 1024), "auto") == ("inductor", "hidden size 1024 < 4096")
     assert choose("quick_gelu", cuda(8, 8192), "auto")[0] == "inductor"
     assert choose("bias_dropout_add", cuda(8, 8192), "auto")[0] == "inductor"
     # Swin-T at batch 128: stages 1-3 have 8192 to 512 windows, stage 4 128; 7x7 windows
-    assert choose("swin_fmha", cuda(512, 12, 49, 49), "auto")[0] == "accrewrite"
-    assert choose("swin_fmha", cuda(128, 24, 49, 49), "auto")[0] == "inductor"
-    assert choose("swin_fmha", cuda(8192, 3, 512, 512), "auto")[0] == "inductor"
-    monkeypatch.setattr(kernel_selection, "triton_available", lambda: False)
-    assert choose("layer_norm", cuda(8, 4096), "auto") == ("inductor", "triton is not installed")
+    bias = torch.empty(12, 49, 49, device="meta")
+    swin = lambda attn: select(  # noqa: E731
+        "swin_fmha", {"attn": attn, "relative_pos_bias": bias[: attn.shape[1]]}, "auto"
+    )[0].name
+    assert swin(cuda(512, 12, 49, 49)) == "triton"
+    assert swin(cuda(128, 12, 49, 49)) == "inductor"
+    monkeypatch.setattr(triton, "triton_available", lambda: False)
+    assert choose("layer_norm", cuda(8, 4096), "auto") == (
+        "inductor", "triton does not take it: triton is not installed"
+    )
 
 
 class _Cuda(torch.Tensor):

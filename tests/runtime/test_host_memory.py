@@ -1,4 +1,5 @@
-"""The host memory cache (runtime/host_memory.py): freed host memory is reused, not faulted again.
+"""The host memory cache (runtime/compiler/cpu/host_memory.py): freed host memory is reused, not
+faulted again; ``compile`` turns it on only when asked.
 
 Each case runs in a process of its own, since the cache is set once per process. What is
 counted is the page faults of a "step" that fills three 40 MiB tensors and frees them: without
@@ -51,7 +52,7 @@ def run(script: str, env=None) -> list[str]:
 def test_freed_memory_is_reused_once_the_cache_is_on():
     before, reason, after = run(
         """
-        from accrewrite.runtime.host_memory import cache_host_memory
+        from accrewrite.runtime.compiler.cpu.host_memory import cache_host_memory
 
         print(faults_per_step())
         print(cache_host_memory())
@@ -63,27 +64,41 @@ def test_freed_memory_is_reused_once_the_cache_is_on():
     assert int(after) < PAGES // 50
 
 
-COMPILE = """
+def compile_script(arguments: str) -> str:
+    return f"""
     from torch import nn
 
     from accrewrite.runtime import compile
     from accrewrite.runtime.compiler import compile_report
 
-    model = compile(nn.Linear(4, 4))
-    print(compile_report(model).notes[-1])
+    model = compile(nn.Linear(4, 4){arguments})
+    print(compile_report(model).notes)
     print(faults_per_step())
     """
 
 
-def test_compiling_a_model_on_the_cpu_turns_the_cache_on():
-    note, faults = run(COMPILE)[:2]
-    assert note.startswith("host memory cache on")
+def test_compile_leaves_host_memory_alone_unless_asked():
+    notes, faults = run(compile_script(""))[:2]
+    assert notes == "[]"
+    assert int(faults) > PAGES // 2
+
+
+@pytest.mark.parametrize(
+    "arguments, env",
+    [(", host_memory=True", {}), ("", {"ACCREWRITE_HOST_MEMORY_CACHE": "1"})],
+    ids=["argument", "environment"],
+)
+def test_compile_turns_it_on_when_asked(arguments, env):
+    notes, faults = run(compile_script(arguments), env)[:2]
+    assert "host memory cache on" in notes
     assert int(faults) < PAGES // 50
 
 
-def test_the_environment_turns_it_off():
-    note, faults = run(COMPILE, env={"ACCREWRITE_HOST_MEMORY_CACHE": "0"})[:2]
-    assert note == "host memory cache off: ACCREWRITE_HOST_MEMORY_CACHE=0"
+def test_the_argument_overrides_the_environment():
+    notes, faults = run(
+        compile_script(", host_memory=False"), {"ACCREWRITE_HOST_MEMORY_CACHE": "1"}
+    )[:2]
+    assert notes == "[]"
     assert int(faults) > PAGES // 2
 
 
@@ -93,5 +108,5 @@ def test_a_model_off_the_cpu_leaves_host_memory_alone():
     from accrewrite.runtime import compile
     from accrewrite.runtime.compiler import compile_report
 
-    model = compile(nn.Linear(4, 4, device="meta"))
+    model = compile(nn.Linear(4, 4, device="meta"), host_memory=True)
     assert not any("host memory" in note for note in compile_report(model).notes)

@@ -31,12 +31,11 @@ import types
 import unittest.mock
 
 import torch
-import torch._functorch.config as functorch_config
 from torch import fx, nn
-from torch._dynamo.utils import detect_fake_mode, to_fake_tensor
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.split_module import split_module
 from torch.utils.flop_counter import FlopCounterMode
+
+from accrewrite.runtime import _torch_compat as compat
 
 
 def call_module(module: nn.Module, *args, **kwargs):
@@ -169,7 +168,7 @@ def _owners(gm: fx.GraphModule, blocks: dict[str, str]) -> dict[fx.Node, str | N
 def _under_ddp_optimizer() -> bool:
     # DDPOptimizer has already split the graph into gradient buckets and expects one
     # AOTAutograd graph per bucket; a bucket is compiled whole.
-    context = torch._guards.TracingContext.try_get()
+    context = compat.TracingContext.try_get()
     return context is not None and context.ddp_optimizer_ctx is not None
 
 
@@ -179,15 +178,16 @@ class _PartCompiler(fx.Interpreter):
 
     def __init__(self, split, example_inputs, cache, compile_graph, report, owner_of_part):
         super().__init__(split)
-        self.fake_mode = detect_fake_mode(example_inputs) or torch._subclasses.FakeTensorMode()
+        fake_mode = compat.dynamo_utils.detect_fake_mode(example_inputs)
+        self.fake_mode = fake_mode or compat.FakeTensorMode()
         self.cache, self.compile_graph, self.report = cache, compile_graph, report
         self.owner_of_part = owner_of_part
 
     def run_node(self, node):
         args, kwargs = self.fetch_args_kwargs_from_env(node)
         args = tuple(
-            to_fake_tensor(a, self.fake_mode)
-            if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor)
+            compat.dynamo_utils.to_fake_tensor(a, self.fake_mode)
+            if isinstance(a, torch.Tensor) and not isinstance(a, compat.FakeTensor)
             else a
             for a in args
         )
@@ -233,7 +233,7 @@ class _PartCompiler(fx.Interpreter):
         # AOTAutograd compiles a backward graph at its first call, with the forward metadata
         # the tracing context holds then: that of the last part compiled. Compile each part's
         # backward with its forward instead.
-        with functorch_config.patch(force_non_lazy_backward_lowering=True):
+        with compat.functorch_config.patch(force_non_lazy_backward_lowering=True):
             return self.compile_graph(part, list(args))
 
 

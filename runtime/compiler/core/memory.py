@@ -11,7 +11,7 @@ trades compute for a larger batch.
 
 import contextlib
 
-import torch._functorch.config as functorch_config
+from accrewrite.runtime import _torch_compat as compat
 
 
 def check_budget(budget) -> float | None:
@@ -32,5 +32,5 @@ def activation_budget(budget: float | None):
     if budget is None:
         yield
         return
-    with functorch_config.patch(activation_memory_budget=budget):
+    with compat.functorch_config.patch(activation_memory_budget=budget):
         yield

@@ -12,8 +12,9 @@ again: 151 MiB of them per step of eager training on a 4-block GPT, 32 MiB under
 and the heap is never trimmed: a step reuses the memory the previous step freed. The cost is a
 caching allocator's: the process's resident memory stays at its peak, plus what fragmentation
 adds (measured: peak resident memory 2% higher for a compiled GPT, 11% higher for an eager one
-whose batch and sequence lengths change at every step). ``accrewrite.runtime.compile`` turns it
-on for models on the CPU; ``ACCREWRITE_HOST_MEMORY_CACHE=0`` turns that off.
+whose batch and sequence lengths change at every step). As a setting of the whole process it is
+opt-in: ``accrewrite.runtime.compile(model, host_memory=True)`` turns it on for a model on the
+CPU, as does ``ACCREWRITE_HOST_MEMORY_CACHE=1`` for every such model (``requested``).
 """
 
 import ctypes
@@ -33,12 +34,18 @@ _NEVER_TRIM = -1  # mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimmin
 ENV = "ACCREWRITE_HOST_MEMORY_CACHE"
 
 
+def requested(host_memory: bool | None) -> bool:
+    """Whether ``compile(..., host_memory=host_memory)`` turns the cache on: the argument, or
+    where it is None, ``ACCREWRITE_HOST_MEMORY_CACHE=1``."""
+    if host_memory is None:
+        return os.environ.get(ENV, "0") == "1"
+    return bool(host_memory)
+
+
 @functools.cache
 def cache_host_memory() -> str | None:
-    """Keep freed host memory for reuse, once per process. Returns None when it is on, else why
-    it is not (not glibc, glibc refused, or ``ACCREWRITE_HOST_MEMORY_CACHE=0``)."""
-    if os.environ.get(ENV, "1") == "0":
-        return f"{ENV}=0"
+    """Keep freed host memory for reuse, from now on in this process. Returns None when it is
+    on, else why it is not (not glibc, or glibc refused)."""
     mallopt = _glibc_mallopt()
     if mallopt is None:
         return "the C library is not glibc"

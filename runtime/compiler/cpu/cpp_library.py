@@ -15,7 +15,7 @@ function per kernel, and has inductor's ``CppPythonBindingsCodeCache`` build it 
 precompiled header and its on-disk cache are inductor's). A kernel whose source does not fit
 that shape, or a library that fails to build, is built on its own as inductor would.
 
-``load_functions`` builds accrewrite's own C++ (``attention.cpp``) the same way, with its
+``load_functions`` builds accrewrite's own C++ (``cpu_kernels.cpp``) the same way, with its
 functions bound as the kernels are.
 """
 
@@ -26,8 +26,7 @@ import logging
 import re
 from concurrent.futures import Future
 
-import torch._inductor.async_compile as async_compile
-from torch._inductor.codecache import CppPythonBindingsCodeCache
+from accrewrite.runtime import _torch_compat as compat
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ def _kernel(argtypes, source: str) -> _Kernel | None:
     return _Kernel(list(argtypes), source, includes, body)
 
 
-class LibraryAsyncCompile(async_compile.AsyncCompile):
+class LibraryAsyncCompile(compat.async_compile.AsyncCompile):
     """Inductor's ``AsyncCompile``; under ``batched()`` its C++ kernels wait for ``wait`` and
     are built as libraries of several kernels."""
 
@@ -97,10 +96,10 @@ class LibraryAsyncCompile(async_compile.AsyncCompile):
 
 def _build(kernels: list[_Kernel]) -> None:
     """Build ``kernels`` as one library per compile thread and set each kernel's future."""
-    threads = async_compile.get_compile_threads()
+    threads = compat.async_compile.get_compile_threads()
     # as AsyncCompile.cpp_pybinding: with one thread the build runs here (submitted, it would
     # wait for the file lock that load_async holds while it submits)
-    submit = async_compile.AsyncCompile.submit if threads > 1 else None
+    submit = compat.async_compile.AsyncCompile.submit if threads > 1 else None
     count = min(threads, len(kernels))
     groups = [[] for _ in range(count)]
     sizes = [0] * count
@@ -109,9 +108,9 @@ def _build(kernels: list[_Kernel]) -> None:
         smallest = sizes.index(min(sizes))
         groups[smallest].append(kernel)
         sizes[smallest] += len(kernel.body)
+    cache = compat.CppPythonBindingsCodeCache
     loading = [
-        (group, CppPythonBindingsCodeCache.load_async(library_source(group), submit_fn=submit))
-        for group in groups
+        (group, cache.load_async(library_source(group), submit_fn=submit)) for group in groups
     ]
     for group, load in loading:
         try:
@@ -120,7 +119,7 @@ def _build(kernels: list[_Kernel]) -> None:
             log.warning("C++ kernels built one by one, their library failed: %s", error)
             for kernel in group:
                 kernel.future.set_result(
-                    CppPythonBindingsCodeCache.load_pybinding(kernel.argtypes, kernel.source)
+                    cache.load_pybinding(kernel.argtypes, kernel.source)
                 )
             continue
         for index, kernel in enumerate(group):
@@ -148,7 +147,7 @@ def load_functions(source: str, functions: dict[str, list[str]]):
     the name of a C-linkage function of ``source`` and its argument types, as inductor gives
     them (pointers, which take tensors, ``int64_t`` and ``float``)."""
     bindings = _bindings([(name, name, argtypes) for name, argtypes in functions.items()])
-    return CppPythonBindingsCodeCache.load_async(f"{source}\n{bindings}")()
+    return compat.CppPythonBindingsCodeCache.load_async(f"{source}\n{bindings}")()
 
 
 def _bindings(functions: list[tuple[str, str, list[str]]]) -> str:
@@ -260,11 +259,13 @@ PyMODINIT_FUNC PyInit_kernel(void) {
 def batched():
     """Build the C++ kernels of the graphs inductor compiles (or loads from its cache) in this
     context as libraries of several kernels."""
-    # Generated graph modules import AsyncCompile when they load. Outside this context the
-    # subclass does what inductor's class does, so leaving it installed changes nothing else.
-    async_compile.AsyncCompile = LibraryAsyncCompile
+    # Generated graph modules import AsyncCompile when they load, inside this context: they get
+    # the subclass, which does what inductor's class does outside it. Restored on the way out.
+    module = compat.async_compile
+    previous, module.AsyncCompile = module.AsyncCompile, LibraryAsyncCompile
     token = _BATCHED.set(True)
     try:
         yield
     finally:
         _BATCHED.reset(token)
+        module.AsyncCompile = previous

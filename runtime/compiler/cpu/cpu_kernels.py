@@ -13,7 +13,7 @@ import pathlib
 
 from torch import Tensor
 
-from accrewrite.runtime.compiler import cpp_library
+from accrewrite.runtime.compiler.cpu import cpp_library
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,112 @@
+"""The torch private names the runtime relies on, in one place, so that a torch upgrade that
+moves them breaks here and nowhere else.
+
+Supported torch: from ``SUPPORTED[0]`` up to, not including, ``SUPPORTED[1]`` (what the
+compiler's passes and the parallel layouts are tested with); ``check_version`` says why a
+version is not. Each name loads on first use, so that the parallel layouts do not load inductor
+and the compiler does not load torch.distributed.
+"""
+
+import contextlib
+import importlib
+
+import torch
+
+SUPPORTED = ((2, 13), (2, 14))
+
+# name: "module:attribute" (or "module" for the module itself)
+_NAMES = {
+    # graph capture and lowering (compiler/backend.py, compiler/core)
+    "register_backend": "torch._dynamo:register_backend",
+    "dynamo_utils": "torch._dynamo.utils",
+    "dynamo_explain": "torch._dynamo:explain",
+    "TracingContext": "torch._guards:TracingContext",
+    "functorch_config": "torch._functorch.config",
+    "inductor_config": "torch._inductor.config",
+    "list_mode_options": "torch._inductor:list_mode_options",
+    "compile_fx": "torch._inductor.compile_fx:compile_fx",
+    "compile_fx_inner": "torch._inductor.compile_fx:compile_fx_inner",
+    "pattern_matcher": "torch._inductor.pattern_matcher",
+    "CustomGraphPass": "torch._inductor.custom_graph_pass:CustomGraphPass",
+    "CustomInferenceAwareGraphPass":
+        "torch._inductor.custom_graph_pass:CustomInferenceAwareGraphPass",
+    "get_hash_for_files": "torch._inductor.custom_graph_pass:get_hash_for_files",
+    "early_patterns": "torch._inductor.fx_passes.joint_graph:early_patterns",
+    "remove_noop_ops": "torch._inductor.fx_passes.post_grad:remove_noop_ops",
+    "FakeTensor": "torch._subclasses.fake_tensor:FakeTensor",
+    "FakeTensorMode": "torch._subclasses.fake_tensor:FakeTensorMode",
+    "unset_fake_temporarily": "torch._subclasses.fake_tensor:unset_fake_temporarily",
+    "inductor_cache_dir": "torch._inductor.runtime.cache_dir_utils:cache_dir",
+    # inductor's C++ builds (compiler/cpu/cpp_library.py)
+    "async_compile": "torch._inductor.async_compile",
+    "CppPythonBindingsCodeCache": "torch._inductor.codecache:CppPythonBindingsCodeCache",
+    # the dispatcher, for a custom op's backward that differentiates its kernel (compiler/cuda)
+    "ForceDispatchKeyGuard": "torch._C:_ForceDispatchKeyGuard",
+    "dispatch_include_set": "torch._C:_dispatch_tls_local_include_set",
+    "dispatch_exclude_set": "torch._C:_dispatch_tls_local_exclude_set",
+    # optimizers with a fused step (compiler/frontend.py)
+    "fused_kernel_devices": "torch.utils._foreach_utils:_get_fused_kernels_supported_devices",
+    # A DTensor placement for a dimension split into ``split_factor`` equal parts, each sharded
+    # across the mesh: the layout of a fused q/k/v projection split by attention head (parallel/).
+    "StridedShard": "torch.distributed.tensor.placement_types:_StridedShard",
+}
+
+
+def __getattr__(name):
+    try:
+        module, _, attribute = _NAMES[name].partition(":")
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = importlib.import_module(module)
+    value = getattr(value, attribute) if attribute else value
+    globals()[name] = value  # loaded once
+    return value
+
+
+@contextlib.contextmanager
+def own_compile_metrics():
+    """A compilation inside another's (autotuning's) records its metrics apart: dynamo keeps
+    one record per thread and refuses a metric set twice in it."""
+    utils = importlib.import_module("torch._dynamo.utils")
+    local = utils._metrics_context_tls
+    outer = getattr(local, "metrics_context", None)
+    local.metrics_context = utils.MetricsContext(on_exit=utils.record_compilation_metrics)
+    try:
+        yield
+    finally:
+        if outer is None:
+            del local.metrics_context
+        else:
+            local.metrics_context = outer
+
+
+def autograd_keys() -> "torch._C.DispatchKeySet":
+    """The dispatch keys of autograd, which the dispatcher excludes inside an op's kernel."""
+    keys = torch._C.DispatchKey
+    return (
+        torch._C.DispatchKeySet(keys.AutogradFunctionality)
+        | torch._C.DispatchKeySet(keys.AutogradOther)
+        | torch._C.DispatchKeySet(keys.AutogradNestedTensor)
+    )
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string such as "2.13.0+cpu"."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_version(version: str = torch.__version__) -> str | None:
+    """Why torch ``version`` is outside the supported range, or None."""
+    low, high = SUPPORTED
+    if low <= version_tuple(version) < high:
+        return None
+    return (
+        f"torch {version} is outside the range the runtime is tested with "
+        f"(>= {low[0]}.{low[1]}, < {high[0]}.{high[1]})"
+    )
+
+
+__all__ = [
+    *_NAMES, "SUPPORTED", "autograd_keys", "check_version", "own_compile_metrics", "version_tuple"
+]

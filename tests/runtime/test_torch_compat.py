@@ -1,0 +1,72 @@
+"""runtime/_torch_compat.py: every torch private name the compiler and the parallel layouts use
+resolves on this torch, the supported range is stated and checked, and no other module of
+theirs reaches into torch's private modules."""
+
+import ast
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from accrewrite.runtime import _torch_compat as compat
+
+RUNTIME = pathlib.Path(compat.__file__).parent
+
+
+@pytest.mark.parametrize("name", sorted(compat._NAMES))
+def test_each_name_resolves_on_this_torch(name):
+    assert getattr(compat, name) is not None
+
+
+def test_this_torch_is_in_the_supported_range():
+    assert compat.check_version() is None
+
+
+@pytest.mark.parametrize(
+    "version, supported",
+    [("2.13.0", True), ("2.13.1+cu128", True), ("2.12.1", False), ("2.14.0.dev20260101", False),
+     ("3.0.0", False)],
+)
+def test_the_range_is_checked(version, supported):
+    why = compat.check_version(version)
+    assert (why is None) == supported
+    if why:
+        assert version in why and ">= 2.13, < 2.14" in why
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        compat.nothing  # noqa: B018
+
+
+def _private_uses(path: pathlib.Path) -> list[str]:
+    """The torch private modules and attributes that ``path`` names in code (not in docstrings):
+    a dotted name from ``torch`` with a part that starts with one underscore. Operators
+    (``torch.ops.<namespace>.<op>``) are not Python APIs and do not count."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else [
+                alias.name for alias in node.names
+            ]
+        elif isinstance(node, ast.Attribute):
+            parts, inner = [node.attr], node.value
+            while isinstance(inner, ast.Attribute):
+                parts.insert(0, inner.attr)
+                inner = inner.value
+            names = [".".join([inner.id, *parts])] if isinstance(inner, ast.Name) else []
+        else:
+            continue
+        for name in names:
+            parts = (name or "").split(".")
+            private = any(p.startswith("_") and not p.startswith("__") for p in parts)
+            if parts[0] == "torch" and private and parts[1:2] != ["ops"]:
+                found.append(f"{path.relative_to(RUNTIME)}:{node.lineno}: {name}")
+    return found
+
+
+def test_no_other_module_of_the_compiler_or_the_parallel_layouts_uses_torch_privates():
+    paths = [*RUNTIME.glob("compiler/**/*.py"), *RUNTIME.glob("parallel/*.py")]
+    assert len(paths) > 20
+    assert [use for path in sorted(paths) for use in _private_uses(path)] == []
