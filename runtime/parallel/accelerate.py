@@ -1,7 +1,9 @@
 """``accelerate(model, dataloader=None, config=None)``: TorchAcc 2.x's accelerate API on
 torch.distributed.
 
-It places the model on this process's device and builds, on a DeviceMesh of shape
+It places the model on this process's device, copies rank 0's parameters and buffers to every
+rank (as DDP's constructor did: ranks may have built different weights), and builds, on a
+DeviceMesh of shape
 ``(dp, fsdp, tp)`` (see ``Config``):
 
 1. tensor parallel (``dist.tp.size > 1``): each wrapped layer's projections split over the
@@ -67,6 +69,7 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
         )
     device = xm.xla_device()
     model.to(device)
+    xm.broadcast_master_param(model)  # rank 0's weights everywhere, as DDP's constructor copied them
     layers = _layers(model, config.dist.fsdp.wrap_layer_cls, "config.dist.fsdp.wrap_layer_cls")
     if not layers and (tp > 1 or config.memory.gc or compute.compile):
         raise ValueError(

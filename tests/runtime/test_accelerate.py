@@ -208,6 +208,22 @@ def test_four_ranks_fsdp_and_fsdp_by_tensor_parallel_match_one_process():
         _assert_matches(result, layout)
 
 
+def _rank_dependent_weights_rank(rank):
+    torch.manual_seed(rank)  # as scripts with a per-rank random state build their models
+    config = Config()
+    config.dist.fsdp.size = 2
+    return full_state(accelerate(TinyGPT(), config=config))
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_every_rank_starts_from_rank_zeros_weights_as_with_ddp():
+    state = run_ranks(_rank_dependent_weights_rank, 2)[0]
+    torch.manual_seed(0)
+    for key, value in TinyGPT().state_dict().items():
+        assert torch.equal(state[key], value), key
+
+
 def _different_inputs_rank(rank):
     config = Config()
     config.dist.tp.size = 2
