@@ -12,7 +12,9 @@ script) on the same model:
 - regional: Accelerate's ``compile_regions`` recipe, ``torch.compile`` of each repeated block and
   of each other leaf module, eager optimizer;
 - accrewrite: ``accrewrite.runtime.compile(model, host_memory=True)`` and
-  ``compile(optimizer)``.
+  ``compile(optimizer)``;
+- accrewrite@base (with ``--base DIR``): the same with the accrewrite that ``import accrewrite``
+  finds on ``DIR`` (put first on its process's path), to compare two versions in one run.
 
 "first step" is the wall time of step 1, compilation included (cold start: dynamo and inductor
 caches are off; what a process pays once, whatever it compiles, such as loading inductor and
@@ -30,6 +32,7 @@ on CPU:
                                                # gpt-12: cold start only
     python benchmarks/train_step.py --quick    # tiny shapes, four steps (a smoke run)
     python benchmarks/train_step.py --threads 1  # on a shared, loaded machine
+    python benchmarks/train_step.py --base DIR   # this accrewrite against the one on DIR
 """
 
 import argparse
@@ -37,6 +40,7 @@ import copy
 import dataclasses
 import multiprocessing
 import statistics
+import sys
 import time
 import traceback
 
@@ -45,8 +49,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from accrewrite.runtime import compile as accrewrite_compile
-from accrewrite.runtime.compiler.cpu.host_memory import cache_host_memory
 
 
 class GPTBlock(nn.Module):
@@ -158,7 +160,12 @@ def eager(model):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
+# accrewrite is imported by the setups that use it, in their worker process (see --base)
+
+
 def eager_cached(model):
+    from accrewrite.runtime.compiler.cpu.host_memory import cache_host_memory
+
     off = cache_host_memory()
     if off:  # the row would be plain eager under another name
         raise RuntimeError(f"eager+cache: the host memory cache is off ({off})")
@@ -176,8 +183,22 @@ def regional(model):
 
 
 def accrewrite(model):
-    model = accrewrite_compile(model, host_memory=True)
-    return model, accrewrite_compile(torch.optim.AdamW(model.parameters(), lr=1e-4))
+    from accrewrite.runtime import compile
+
+    model = compile(model, host_memory=True)
+    return model, compile(torch.optim.AdamW(model.parameters(), lr=1e-4))
+
+
+def accrewrite_base(model):
+    """``accrewrite`` with the version on ``--base``, whose ``compile`` may not have the
+    ``host_memory`` argument (it turned the cache on for a CPU model by itself)."""
+    from accrewrite.runtime import compile
+
+    try:
+        model = compile(model, host_memory=True)
+    except TypeError:
+        model = compile(model)
+    return model, compile(torch.optim.AdamW(model.parameters(), lr=1e-4))
 
 
 SETUPS = {
@@ -186,6 +207,7 @@ SETUPS = {
     "torch.compile": full,
     "regional": regional,
     "accrewrite": accrewrite,
+    "accrewrite@base": accrewrite_base,  # with --base only
 }
 
 
@@ -251,7 +273,7 @@ class Worker:
         self.setup = setup
         self.connection, child = context.Pipe()
         self.process = context.Process(
-            target=serve, args=(child, case_index, setup, args.quick, args.threads), daemon=True
+            target=serve, args=(child, case_index, setup, args), daemon=True
         )
         self.process.start()
         child.close()
@@ -272,14 +294,16 @@ class Worker:
         self.process.kill()
 
 
-def serve(connection, case_index: int, setup_name: str, quick: bool, threads: int | None) -> None:
+def serve(connection, case_index: int, setup_name: str, args) -> None:
     """A worker process's loop (see ``Worker``)."""
     try:
-        if threads:
-            torch.set_num_threads(threads)
+        if setup_name == "accrewrite@base":  # before anything imports accrewrite
+            sys.path.insert(0, args.base)
+        if args.threads:
+            torch.set_num_threads(args.threads)
         torch._inductor.config.force_disable_caches = True  # cold start means cold
         torch.manual_seed(0)  # the same model in every process
-        case, setup = cases(quick)[case_index], SETUPS[setup_name]
+        case, setup = cases(args.quick)[case_index], SETUPS[setup_name]
         warm_up(setup)
         connection.send((True, "ready"))
         while True:
@@ -300,18 +324,18 @@ def serve(connection, case_index: int, setup_name: str, quick: bool, threads: in
 def run(case_index: int, case: Case, args) -> dict[str, tuple[float, float | None]]:
     """Per setup: (first step in s, median steady step in ms or None); and "floor": (None,
     floor of the eager+cache step in ms) when there are steady steps."""
-    workers = {name: Worker(case_index, name, args) for name in SETUPS}
+    workers = {name: Worker(case_index, name, args) for name in setups(args)}
     try:
         for worker in workers.values():  # "ready": they warm up side by side
             worker.answer()
         first = {name: worker.call("first") for name, worker in workers.items()}
-        steady = {name: [] for name in SETUPS}
+        steady = {name: [] for name in workers}
         for _ in range(case.steps):
             for name, worker in workers.items():
                 steady[name].append(worker.call("step"))
         results = {
             name: (first[name], statistics.median(steady[name]) * 1e3 if steady[name] else None)
-            for name in SETUPS
+            for name in workers
         }
         if case.steps:
             results["floor"] = (None, workers["eager+cache"].call("floor"))
@@ -319,6 +343,10 @@ def run(case_index: int, case: Case, args) -> dict[str, tuple[float, float | Non
     finally:
         for worker in workers.values():
             worker.close()
+
+
+def setups(args) -> list[str]:
+    return [name for name in SETUPS if args.base or name != "accrewrite@base"]
 
 
 def ratio(value, base):
@@ -333,6 +361,10 @@ def main(argv=None):
         type=int,
         help="intra-op threads (default: torch's); 1 on a shared, loaded machine, where OpenMP "
         "threads of compiled kernels wait on each other's time slices",
+    )
+    parser.add_argument(
+        "--base", metavar="DIR",
+        help="also run accrewrite@base: the accrewrite that 'import accrewrite' finds on DIR",
     )
     args = parser.parse_args(argv)
     threads = args.threads or torch.get_num_threads()
