@@ -18,7 +18,7 @@ from torch._inductor.utils import run_and_get_code
 import accrewrite.runtime.compiler  # noqa: F401  (registers the "accrewrite" backend)
 from accrewrite.runtime.compiler.backend import Backend, accrewrite
 from accrewrite.runtime.compiler.core.selection import select
-from accrewrite.runtime.compiler.cuda import triton
+from accrewrite.runtime.compiler.cuda import triton as triton_implementations
 from accrewrite.runtime.compiler.cuda import triton_ops as ops
 
 
@@ -368,7 +368,7 @@ def test_choice_by_policy_device_and_shape(monkeypatch):
 
     # On CUDA: layer norm by hidden size, pointwise kernels left to inductor's fusion.
     cuda = lambda *shape: torch.empty(*shape, device="meta").as_subclass(_Cuda)  # noqa: E731
-    monkeypatch.setattr(triton, "triton_available", lambda: True)
+    monkeypatch.setattr(triton_implementations, "triton_available", lambda: True)
     assert choose("layer_norm", cuda(8, 4096), "auto") == ("triton", "hidden size 4096 >= 4096")
     assert choose("layer_norm", cuda(8, 1024), "auto") == ("inductor", "hidden size 1024 < 4096")
     assert choose("quick_gelu", cuda(8, 8192), "auto")[0] == "inductor"
@@ -380,7 +380,7 @@ def test_choice_by_policy_device_and_shape(monkeypatch):
     )[0].name
     assert swin(cuda(512, 12, 49, 49)) == "triton"
     assert swin(cuda(128, 12, 49, 49)) == "inductor"
-    monkeypatch.setattr(triton, "triton_available", lambda: False)
+    monkeypatch.setattr(triton_implementations, "triton_available", lambda: False)
     assert choose("layer_norm", cuda(8, 4096), "auto") == (
         "inductor", "triton does not take it: triton is not installed"
     )

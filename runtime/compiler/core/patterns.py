@@ -87,6 +87,8 @@ def _check(pattern: Pattern, training: bool):
         output = match.output_nodes()[0]
         if output in selection.chosen:
             return False
+        if not registry.replaceable(pattern.op, args[registry.ops()[pattern.op].input].device.type):
+            return False  # a device this op has no other implementation for: nothing to choose
         implementation = selection.chosen[output] = selection.record(pattern.op, args)
         if implementation.kernel is None:
             return False
@@ -189,12 +191,12 @@ def pattern_set(device: str):
 
 def graph_device(graph: torch.fx.Graph) -> str:
     """The device type of a graph's tensor inputs: CUDA if any input is on a GPU."""
-    devices = {
+    devices = [
         node.meta["val"].device.type
         for node in graph.find_nodes(op="placeholder")
         if isinstance(node.meta.get("val"), torch.Tensor)
-    }
-    return "cuda" if "cuda" in devices else "cpu"
+    ]
+    return "cuda" if "cuda" in devices else next(iter(devices), "cpu")
 
 
 class KernelSelectionPass(compat.CustomGraphPass):

@@ -79,9 +79,8 @@ class Implementation:
     finish: Callable[[torch.fx.Graph], None] | None = None
 
     def why_not(self, args: dict, x: torch.Tensor) -> str | None:
-        """Why this implementation cannot run the op on ``args`` (``x``: the op's main input)."""
-        if x.device.type not in self.devices:
-            return f"not for {x.device.type}"
+        """Why this implementation cannot run the op on ``args`` (``x``: the op's main input, on
+        one of its devices)."""
         if x.dtype not in self.dtypes:
             dtypes = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
             return f"{str(x.dtype).removeprefix('torch.')}, not {dtypes}"

@@ -25,11 +25,11 @@ _SWIN_FMHA_MIN_WINDOWS = 512
 _SWIN_FMHA_MAX_TOKENS = 256
 
 
-def _rule(rule):
+def _rule(rule, input_name: str):
     """``rule`` (CUDA shapes -> Cost) as a cost rule for every device."""
 
     def cost(args):
-        x = next(iter(args.values()))
+        x = args[input_name]
         if x.device.type != "cuda":
             return never(f"on {x.device.type} the kernel is its PyTorch reference")
         return rule(args)
@@ -37,11 +37,11 @@ def _rule(rule):
     return cost
 
 
-def _triton_missing(unsupported=None):
+def _triton_missing(input_name: str, unsupported=None):
     """``unsupported`` for a kernel, and on CUDA "triton is not installed" where it is not."""
 
     def check(args):
-        x = next(iter(args.values()))
+        x = args[input_name]
         if x.device.type == "cuda" and not triton_available():
             return "triton is not installed"
         return unsupported(args) if unsupported else None
@@ -110,13 +110,20 @@ def _swin_fmha(attn, relative_pos_bias, attn_mask=None):
 
 
 _DEVICES = ("cuda", "cpu")
-register(Implementation("layer_norm", "triton", _DEVICES, FLOATS, _rule(_layer_norm_cost),
-                        kernel=_layer_norm, unsupported=_triton_missing(), ours=True))
-register(Implementation("quick_gelu", "triton", _DEVICES, FLOATS, _rule(_pointwise_cost),
-                        kernel=triton_ops.quick_gelu, unsupported=_triton_missing(), ours=True))
-register(Implementation("bias_dropout_add", "triton", _DEVICES, FLOATS, _rule(_pointwise_cost),
-                        kernel=_bias_dropout_add,
-                        unsupported=_triton_missing(_bias_dropout_add_unsupported), ours=True))
-register(Implementation("swin_fmha", "triton", _DEVICES, FLOATS, _rule(_swin_fmha_cost),
-                        kernel=_swin_fmha, unsupported=_triton_missing(_swin_fmha_unsupported),
-                        ours=True))
+register(Implementation(
+    "layer_norm", "triton", _DEVICES, FLOATS, _rule(_layer_norm_cost, "x"), kernel=_layer_norm,
+    unsupported=_triton_missing("x"), ours=True,
+))
+register(Implementation(
+    "quick_gelu", "triton", _DEVICES, FLOATS, _rule(_pointwise_cost, "x"),
+    kernel=triton_ops.quick_gelu, unsupported=_triton_missing("x"), ours=True,
+))
+register(Implementation(
+    "bias_dropout_add", "triton", _DEVICES, FLOATS, _rule(_pointwise_cost, "x"),
+    kernel=_bias_dropout_add, unsupported=_triton_missing("x", _bias_dropout_add_unsupported),
+    ours=True,
+))
+register(Implementation(
+    "swin_fmha", "triton", _DEVICES, FLOATS, _rule(_swin_fmha_cost, "attn"), kernel=_swin_fmha,
+    unsupported=_triton_missing("attn", _swin_fmha_unsupported), ours=True,
+))
