@@ -1,6 +1,6 @@
-"""Issue 5, item 5: a small transformer trained 30 steps with the fused modules (FusedLayerNorm,
-QuickGelu, dropout_add_fused_train, FusedAdamW; the reference path on the CPU) matches the same
-model built from plain torch modules, loss for loss.
+"""A small transformer trained 30 steps with the fused modules (FusedLayerNorm, QuickGelu,
+dropout_add_fused_train, FusedAdamW; the reference path on the CPU) matches the same model built
+from plain torch modules, loss for loss.
 
 Both models draw the same dropout masks (the reference path is torch's dropout, called in the
 same order), so the only differences are float32 rounding from the reordered Adam arithmetic:

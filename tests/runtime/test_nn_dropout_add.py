@@ -1,5 +1,6 @@
-"""dropout_add_fused_train / dropout_add_fused with seed 001's call signatures (CPU: torch's
-dropout, so under the same torch seed they equal the unfused expression exactly)."""
+"""dropout_add_fused_train / dropout_add_fused with the call signatures of TorchAcc's migration
+guide (CPU: torch's dropout, so under the same torch seed they equal the unfused expression
+exactly)."""
 
 import pytest
 import torch

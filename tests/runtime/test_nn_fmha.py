@@ -1,4 +1,5 @@
-"""FusedSwinFmha.apply with seed 001's signature, against Swin's eager WindowAttention code."""
+"""FusedSwinFmha.apply with the signature of TorchAcc's migration guide, against Swin's eager
+WindowAttention code."""
 
 import pytest
 import torch

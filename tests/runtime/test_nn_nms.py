@@ -1,7 +1,7 @@
 """runtime.nn nms family: torchvision's nms interface and mmcv's nms / soft_nms / batched_nms
 interfaces and return values (the reference path; tests/kernels/test_nms.py checks Triton).
 
-Imported as seed 001 does (``from torchacc.runtime.nn.nms import nms, nms_normal``)."""
+Imported as TorchAcc's migration guide does (``from torchacc.runtime.nn.nms import nms, nms_normal``)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""QuickGelu, the module seed 001 puts in place of nn.GELU (on the CPU: the reference path)."""
+"""QuickGelu, the module TorchAcc's migration guide puts in place of nn.GELU (on the CPU: the
+reference path)."""
 
 import pytest
 import torch

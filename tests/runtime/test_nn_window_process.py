@@ -1,4 +1,5 @@
-"""WindowProcess / WindowProcessReverse with seed 001's call signatures and sign conventions.
+"""WindowProcess / WindowProcessReverse with the call signatures and sign conventions of
+TorchAcc's migration guide.
 
 These run the reference path (the CPU path); tests/kernels/test_window_process.py checks the
 Triton kernel against it.
@@ -16,7 +17,7 @@ def test_swin_block_round_trip_matches_unfused():
     x = torch.randn(B, H, W, C, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_()
 
-    # Seed 001's unfused Swin code ...
+    # The migration guide's unfused Swin code ...
     shifted = torch.roll(x_ref, shifts=(-shift, -shift), dims=(1, 2))
     windows_ref = window_partition(shifted, ws)
     out_ref = torch.roll(window_reverse(windows_ref * 2, ws, H, W), (shift, shift), (1, 2))

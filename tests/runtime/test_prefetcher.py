@@ -1,4 +1,4 @@
-"""io.Prefetcher: seed 001's loop-driven prefetcher (prefetch_CPU / prefetch_GPU)."""
+"""io.Prefetcher: TorchAcc's loop-driven prefetcher (prefetch_CPU / prefetch_GPU)."""
 
 import pytest
 import torch

@@ -1,8 +1,8 @@
-"""Issue 4 item 7: N training steps on 2 gloo ranks under ``accrun`` equal N steps of one process
+"""N training steps on 2 gloo ranks under ``accrun`` equal N steps of one process
 on the concatenated batch, to 1e-5.
 
 The training script below is written the way a script migrated to ``--target runtime`` reads
-(xm / pl / amp calls, seed 001's order for AMP: all-reduce before the scaler's step). It runs
+(xm / pl / amp calls, the migration guide's order for AMP: all-reduce before the scaler's step). It runs
 once as a plain single process and once under ``accrun --nproc_per_node 2``; each rank reads
 every other sample (``DistributedSampler`` without shuffling), so rank batches concatenated
 are the single process's batches.

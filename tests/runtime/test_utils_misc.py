@@ -17,7 +17,7 @@ def mmdet_multi_apply(func, *args, **kwargs):
     return tuple(map(list, zip(*map_results)))
 
 
-def seed_func(t1, t2, t3):  # seed 001's example
+def seed_func(t1, t2, t3):  # the migration guide's example
     return t1 * 2.0, t2 + 2.0, t3 - 2.0
 
 
@@ -37,7 +37,7 @@ def test_seed_example_matches_multi_apply():
     got = multi_apply_multi_stream(seed_func, 2, t1, t2, t3)
     _assert_same(got, mmdet_multi_apply(seed_func, t1, t2, t3))
     assert len(got) == 3 and len(got[0]) == 10  # one list per output, one entry per row
-    assert from_misc is multi_apply_multi_stream  # seed 001 imports it from utils.misc
+    assert from_misc is multi_apply_multi_stream  # the migration guide imports it from utils.misc
 
 
 def test_lists_kwargs_shortest_argument_and_empty():
