@@ -65,6 +65,7 @@ EXAMPLES_RUN = {
         Example("nanogpt", distributed=True),
         Example("imagenet", distributed=True, launch_args=("--dist-url", "env://")),
         Example("torchrun_ddp", distributed=True, torchrun_only=True),
+        Example("ddp_gpt", distributed=True),
     )
 }
 
