@@ -8,6 +8,9 @@
   variables ``ACCREWRITE_ALLREDUCE_DTYPE`` and ``ACCREWRITE_BUCKET_MB``.
 * ``OMP_NUM_THREADS``, when unset, becomes the machine's cores divided among the local
   processes (torchrun would leave each process a single thread, which starves CPU training).
+* With ``--max-restarts`` above 0, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set: with
+  torchrun's shared rendezvous store, a restarted worker can read a peer's address from the
+  attempt before and fail with "connection refused" (pytorch/pytorch#135712).
 
 Everything else (rendezvous, ``--nproc_per_node``, ``--nnodes``, elastic restarts, a free port
 on a single node) is torchrun's. Torch is imported only when the job is launched, so
@@ -71,6 +74,10 @@ def main(argv=None):
     threads = _threads_per_process(args.nproc_per_node)
     if threads is not None:
         environment.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(threads)))
+    if args.max_restarts > 0:
+        environment.setdefault(
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        )
     os.environ.update(environment)
     torchrun.main(torchrun_argv)
 

@@ -62,10 +62,9 @@ def _accrun(options, out, *script_args):
     script = out.parent / "train.py"
     if not script.exists():  # a launched process may be reading it
         script.write_text(SCRIPT)
-    # torchrun shares its rendezvous store with the workers by default, and a restarted worker can
-    # read a peer's address from the attempt before (connection refused); the workers' own store
-    # avoids that.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # accrun itself gives restarted workers their own rendezvous store (see accrewrite.launcher)
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    env["OMP_NUM_THREADS"] = "1"
     command = [sys.executable, "-m", "accrewrite.launcher", *options, str(script), "--out", str(out), *script_args]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -1,6 +1,7 @@
 """accrun: torchrun plus the runtime's settings, run for real on 2 processes."""
 
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -80,3 +81,15 @@ def test_a_failing_script_fails_the_launch(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode != 0
+
+
+@pytest.mark.parametrize("restarts, expected", [("0", None), ("1", "1")])
+def test_elastic_restarts_get_their_own_rendezvous_store(restarts, expected, monkeypatch):
+    from torch.distributed import run as torchrun
+
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "set before")
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")  # restored at teardown
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))  # main sets it
+    monkeypatch.setattr(torchrun, "main", lambda argv: None)
+    launcher.main(["--max-restarts", restarts, "--standalone", "--nproc_per_node", "1", "train.py"])
+    assert os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == expected
