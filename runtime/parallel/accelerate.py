@@ -3,8 +3,7 @@ torch.distributed.
 
 It places the model on this process's device, copies rank 0's parameters and buffers to every
 rank (as DDP's constructor did: ranks may have built different weights), and builds, on a
-DeviceMesh of shape
-``(dp, fsdp, tp)`` (see ``Config``):
+DeviceMesh of shape ``(dp, fsdp, tp)`` (see ``Config``):
 
 1. tensor parallel (``dist.tp.size > 1``): each wrapped layer's projections split over the
    ``tp`` ranks by DTensor's ``parallelize_module`` (``tensor_parallel.py``);
