@@ -359,7 +359,7 @@ def rename(text: str, rng: random.Random, pool: list[str]) -> str | None:
     if not tokens:
         return None
     old = rng.choice(tokens).string
-    new = rng.choice(pool + [_fullwidth(old)])
+    new = rng.choice([name for name in pool + [_fullwidth(old)] if name != old])
     lines = re.split(r"(?<=\n)", text)
     for t in reversed(tokens):
         if t.string == old:
