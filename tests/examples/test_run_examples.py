@@ -5,10 +5,11 @@
 * The guarded form's promise (TorchAcc's migration guide): every guarded form (``migrated/guarded_torchacc.py``) run with
   ``TORCHACC_COMPILER_OPT`` unset follows the original path, so it prints the same losses as the
   plain script, digit for digit (and it runs where TorchAcc is not installed).
-* End to end: every ``migrated/runtime.py`` runs under ``accrun
-  --nproc_per_node 1`` and its first 20 losses match the plain script's (same seed, one process);
-  a distributed example also runs under ``accrun --nproc_per_node 2`` and rank 0's losses match
-  the original script launched by torchrun on 2 processes (DDP on gloo). Tolerance: RUNTIME_TOL.
+* End to end: every ``migrated/runtime.py``, and every ``migrated/torchacc.py`` with TorchAcc's
+  names answered by the runtime, runs under ``accrun --nproc_per_node 1`` and its first 20 losses
+  match the plain script's (same seed, one process); a distributed example also runs under
+  ``accrun --nproc_per_node 2`` and rank 0's losses match the original script launched by torchrun
+  on 2 processes (DDP on gloo). Tolerance: RUNTIME_TOL.
 * ``migrated/torch_xla.py`` runs under torch_xla on the CPU (``PJRT_DEVICE=CPU``,
   one device) and its losses match the plain script's within XLA_TOL. Marked ``xla``: runs where
   torch_xla is importable by this interpreter or by the one named in ``ACCREWRITE_XLA_PYTHON``
@@ -160,24 +161,31 @@ def test_guarded_form_unset_follows_the_original_path(name, tmp_root, tmp_path):
     assert tuple(losses) == reference(name, 1, tmp_root)
 
 
+# The forms that run on accrewrite.runtime, and how accrun starts them: the torchacc form through
+# TorchAcc's module names answered by the runtime (accrewrite.runtime.torchacc_names).
+RUNTIME_FORMS = {"runtime": (), "torchacc": ("-m", "accrewrite.runtime.torchacc_names")}
+
+
 @pytest.mark.launches_ranks
 @pytest.mark.slow  # torchrun + the runtime's process group
+@pytest.mark.parametrize("form", RUNTIME_FORMS)
 @pytest.mark.parametrize("name", NAMES)
-def test_runtime_form_under_accrun_one_process_matches(name, tmp_root, tmp_path):
+def test_form_on_the_runtime_under_accrun_one_process_matches(name, form, tmp_root, tmp_path):
     example = EXAMPLES_RUN[name]
-    script = EXAMPLES / name / "migrated" / "runtime.py"
-    losses = run_script(script, _accrun(1), example.launch_args, tmp_path, _env())
-    assert_close(losses, reference(name, 1, tmp_root), RUNTIME_TOL, f"{name} runtime, accrun 1 process")
+    script = EXAMPLES / name / "migrated" / f"{form}.py"
+    losses = run_script(script, [*_accrun(1), *RUNTIME_FORMS[form]], example.launch_args, tmp_path, _env())
+    assert_close(losses, reference(name, 1, tmp_root), RUNTIME_TOL, f"{name} {form} form, accrun 1 process")
 
 
 @pytest.mark.launches_ranks
 @pytest.mark.slow  # two ranks of each, on gloo
+@pytest.mark.parametrize("form", RUNTIME_FORMS)
 @pytest.mark.parametrize("name", DISTRIBUTED)
-def test_runtime_form_under_accrun_two_processes_matches_ddp(name, tmp_root, tmp_path):
+def test_form_on_the_runtime_under_accrun_two_processes_matches_ddp(name, form, tmp_root, tmp_path):
     example = EXAMPLES_RUN[name]
-    script = EXAMPLES / name / "migrated" / "runtime.py"
-    losses = run_script(script, _accrun(2), example.launch_args, tmp_path, _env())
-    assert_close(losses, reference(name, 2, tmp_root), RUNTIME_TOL, f"{name} runtime, accrun 2 processes")
+    script = EXAMPLES / name / "migrated" / f"{form}.py"
+    losses = run_script(script, [*_accrun(2), *RUNTIME_FORMS[form]], example.launch_args, tmp_path, _env())
+    assert_close(losses, reference(name, 2, tmp_root), RUNTIME_TOL, f"{name} {form} form, accrun 2 processes")
 
 
 # torch_xla ------------------------------------------------------------------------------------
