@@ -73,8 +73,8 @@ def _check(pattern: Pattern, training: bool):
     again what was left to the default) and say whether to replace it."""
 
     def check(match) -> bool:
-        selection = _ACTIVE.get(None)
-        if selection is None or selection.training != training:
+        state = _ACTIVE.get(None)
+        if state is None or state.training != training:
             return False
         args = {
             name: value.meta["val"] if isinstance(value, torch.fx.Node) else value
@@ -85,15 +85,16 @@ def _check(pattern: Pattern, training: bool):
         if _sets_unnamed_keyword(match):
             return False
         output = match.output_nodes()[0]
-        if output in selection.chosen:
+        if output in state.chosen:
             return False
-        if not registry.replaceable(pattern.op, args[registry.ops()[pattern.op].input].device.type):
+        device = args[registry.ops()[pattern.op].input].device.type
+        if not registry.replaceable(pattern.op, device):
             return False  # a device this op has no other implementation for: nothing to choose
-        implementation = selection.chosen[output] = selection.record(pattern.op, args)
+        implementation = state.chosen[output] = state.record(pattern.op, args)
         if implementation.kernel is None:
             return False
-        selection.current = implementation
-        selection.used.add(implementation)
+        state.current = implementation
+        state.used.add(implementation)
         return True
 
     return check
