@@ -177,10 +177,19 @@ def test_form_on_the_runtime_under_accrun_one_process_matches(name, form, tmp_ro
     assert_close(losses, reference(name, 1, tmp_root), RUNTIME_TOL, f"{name} {form} form, accrun 1 process")
 
 
+# The torchacc target follows TorchAcc's guide, one seed on every rank instead of DDP's broadcast
+# of rank 0's weights, and reports a script whose seed depends on the rank (ACC005: "nothing
+# broadcasts rank 0's weights"). nanoGPT's does, so its torchacc form trains apart on two
+# processes until that seed is fixed by hand.
+RANK_SEEDED = {"nanogpt"}
+TWO_PROCESS_RUNS = [
+    (name, form) for name in DISTRIBUTED for form in RUNTIME_FORMS if not (form == "torchacc" and name in RANK_SEEDED)
+]
+
+
 @pytest.mark.launches_ranks
 @pytest.mark.slow  # two ranks of each, on gloo
-@pytest.mark.parametrize("form", RUNTIME_FORMS)
-@pytest.mark.parametrize("name", DISTRIBUTED)
+@pytest.mark.parametrize("name, form", TWO_PROCESS_RUNS)
 def test_form_on_the_runtime_under_accrun_two_processes_matches_ddp(name, form, tmp_root, tmp_path):
     example = EXAMPLES_RUN[name]
     script = EXAMPLES / name / "migrated" / f"{form}.py"
