@@ -254,7 +254,8 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True, *, 
     group = _group_for(groups)
     if group is None:  # a group of one
         if scale != 1.0:
-            torch._foreach_mul_(tensors, scale)
+            for tensor in tensors:
+                tensor.mul_(scale)
     else:
         wire = _collectives.wire_dtype(compress)
         cap = _collectives.bucket_cap_bytes(bucket_cap_mb)
