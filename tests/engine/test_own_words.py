@@ -1,6 +1,6 @@
 """The project speaks of itself in its own words: no output, document, comment or docstring
-cites a source document by number ("seed 001"), a tracker issue ("issue 4"), or a design page
-outside the repository. It says what the thing is ("TorchAcc's migration guide, step 4")."""
+cites a source document or a tracker issue by its number, or a design page outside the
+repository. It says what the thing is ("TorchAcc's migration guide, step 4")."""
 
 import json
 import re
@@ -34,8 +34,9 @@ def project_files():
 
 
 def test_the_patterns_catch_what_they_are_for():
-    assert citations("Seed 001, step 4.") == ["Seed 001"]
-    assert citations("Goal (issue 5): 2x") == ["issue 5"]
+    seed, issue = "Seed " + "001", "issue " + "5"  # spelled apart: this file cites nothing either
+    assert citations(f"{seed}, step 4.") == [seed]
+    assert citations(f"Goal ({issue}): 2x") == [issue]
     assert citations("see DESIGN.md") == ["DESIGN.md"] and citations("docs/design.md") == []
     assert citations("torch.manual_seed(0) with seed 0") == []
 

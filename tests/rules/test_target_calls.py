@@ -20,7 +20,7 @@ import pytest
 
 from accrewrite.rules.acc008_syncfree_optimizer import _ACCEPTED as SYNCFREE_ARGUMENTS
 from accrewrite.runtime.torchacc_names import counterpart
-from accrewrite.targets import all_targets
+from accrewrite.targets import _import_bindings, all_targets
 
 CHECKED_ALIASES = ("xm", "pl", "syncfree")
 # the torch_xla modules the runtime mirrors (docs/torch_xla_conformance.md)
@@ -30,17 +30,6 @@ TORCH_XLA_MODULES = {
     "torch_xla.amp.syncfree": "accrewrite.runtime.amp.syncfree",
     "torch_xla.amp": "accrewrite.runtime.amp",
 }
-
-
-def _module_of(import_line: str, alias: str) -> str:
-    """The module that ``import_line`` binds to ``alias``."""
-    statement = ast.parse(import_line).body[0]
-    for name in statement.names:
-        if (name.asname or name.name) == alias:
-            if isinstance(statement, ast.ImportFrom):
-                return f"{statement.module}.{name.name}"
-            return name.name
-    raise ValueError(f"{import_line!r} does not bind {alias!r}")
 
 
 def _templates(concept):
@@ -66,13 +55,12 @@ def emitted_calls():
     xm.mark_step)``) is a call without arguments."""
     calls = set()
     for target in all_targets().values():
-        aliases = {}
-        for line in target.imports.values():
-            for alias in CHECKED_ALIASES:
-                try:
-                    aliases[alias] = _module_of(line, alias)
-                except ValueError:
-                    pass
+        aliases = {
+            alias: module
+            for line in target.imports.values()
+            for alias, module in _import_bindings(line).items()
+            if alias in CHECKED_ALIASES
+        }
         for concept in target.concepts.values():
             for text in _templates(concept):
                 tree = ast.parse(text)
