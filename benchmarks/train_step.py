@@ -22,7 +22,9 @@ registering patterns, is paid before any measurement by a warm-up compile of a t
 loading accrewrite's CPU kernels, which are built once per machine);
 "step" is the median of the steady steps after it. One process runs at a time: the first steps
 one after another, then the steady steps in turns (a step of each setup per round), so that the
-machine's drift falls on every setup alike. Ratios are against eager and against torch.compile.
+machine's drift falls on every setup alike. With ``--rounds N`` all of it is done N times, each
+time with fresh processes and the setups in a rotated order, and the medians are printed.
+Ratios are against eager and against torch.compile (where those setups run).
 "floor" is the time that the matmuls, convolutions and attention of an eager+cache step take
 (ATen's kernels; the median of three more steps): no setup steps faster than that unless it
 replaces those kernels, as accrewrite does for most matmuls (``compiler/cpu/onednn.py``). Run
@@ -33,11 +35,14 @@ on CPU:
     python benchmarks/train_step.py --quick    # tiny shapes, four steps (a smoke run)
     python benchmarks/train_step.py --threads 1  # on a shared, loaded machine
     python benchmarks/train_step.py --base DIR   # this accrewrite against the one on DIR
+    python benchmarks/train_step.py --base DIR --rounds 5 --setups eager,accrewrite,accrewrite@base
+                                               # the same, to within a few percent
 """
 
 import argparse
 import copy
 import dataclasses
+import gc
 import multiprocessing
 import statistics
 import sys
@@ -214,9 +219,13 @@ SETUPS = {
 def warm_up(setup) -> None:
     """Pay the once-per-process costs of ``setup`` on a tiny model (see the docstring), then
     have dynamo forget it: dynamo remembers the sizes that a function was compiled for, and the
-    measured model, of the same class at other sizes, would compile again with dynamic shapes."""
+    measured model, of the same class at other sizes, would compile again with dynamic shapes.
+    Last, collect the warm-up's garbage: else a full collection of it (0.5 s after a GPT's
+    warm-up) falls into the first step of one setup and not another's, by where the
+    interpreter's thresholds stood when the warm-up ended."""
     first_step(GPT(1, d=8, heads=2, seq=16, vocab=64), cases(quick=True)[0].batch, setup)
     torch._dynamo.reset()
+    gc.collect()
 
 
 def first_step(model, batch, setup):
@@ -321,10 +330,11 @@ def serve(connection, case_index: int, setup_name: str, args) -> None:
         connection.send((False, traceback.format_exc()))
 
 
-def run(case_index: int, case: Case, args) -> dict[str, tuple[float, float | None]]:
-    """Per setup: (first step in s, median steady step in ms or None); and "floor": (None,
-    floor of the eager+cache step in ms) when there are steady steps."""
-    workers = {name: Worker(case_index, name, args) for name in setups(args)}
+def run(case_index: int, case: Case, names: list[str], args) -> dict[str, tuple]:
+    """One round on ``case``, a fresh process per setup in ``names``' order: per setup, (first
+    step in s, its steady steps in s); and "floor": (None, [floor of the eager+cache step in
+    ms]) when there are steady steps and that setup runs."""
+    workers = {name: Worker(case_index, name, args) for name in names}
     try:
         for worker in workers.values():  # "ready": they warm up side by side
             worker.answer()
@@ -333,20 +343,45 @@ def run(case_index: int, case: Case, args) -> dict[str, tuple[float, float | Non
         for _ in range(case.steps):
             for name, worker in workers.items():
                 steady[name].append(worker.call("step"))
-        results = {
-            name: (first[name], statistics.median(steady[name]) * 1e3 if steady[name] else None)
-            for name in workers
-        }
-        if case.steps:
-            results["floor"] = (None, workers["eager+cache"].call("floor"))
+        results = {name: (first[name], steady[name]) for name in workers}
+        if case.steps and "eager+cache" in workers:
+            results["floor"] = (None, [workers["eager+cache"].call("floor")])
         return results
     finally:
         for worker in workers.values():
             worker.close()
 
 
+def rounds(case_index: int, case: Case, args) -> dict[str, tuple[float, float | None]]:
+    """Per setup: (median first step in s, median steady step in ms or None) over
+    ``args.rounds`` rounds, each with the setups in another order (rotated), so that no setup
+    always comes first or after the same one; "floor" as in ``run``, in ms."""
+    names = setups(args)
+    firsts, steps = {}, {}
+    for index in range(args.rounds):
+        shift = index % len(names)
+        results = run(case_index, case, names[shift:] + names[:shift], args)
+        for name, (first, steady) in results.items():
+            firsts.setdefault(name, []).append(first)
+            steps.setdefault(name, []).extend(steady)
+    return {
+        name: (
+            statistics.median(firsts[name]) if firsts[name][0] is not None else None,
+            statistics.median(steps[name]) * (1 if name == "floor" else 1e3)
+            if steps[name] else None,
+        )
+        for name in [*names, "floor"] if name in firsts
+    }
+
+
 def setups(args) -> list[str]:
-    return [name for name in SETUPS if args.base or name != "accrewrite@base"]
+    wanted = args.setups.split(",") if args.setups else list(SETUPS)
+    unknown = set(wanted) - set(SETUPS)
+    if unknown:
+        raise SystemExit(
+            f"--setups: unknown {', '.join(sorted(unknown))}; from {', '.join(SETUPS)}"
+        )
+    return [name for name in SETUPS if name in wanted and (args.base or name != "accrewrite@base")]
 
 
 def ratio(value, base):
@@ -366,16 +401,28 @@ def main(argv=None):
         "--base", metavar="DIR",
         help="also run accrewrite@base: the accrewrite that 'import accrewrite' finds on DIR",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="measure each case this many times, the setups in a rotated order each time, and "
+        "print medians (first steps vary by several percent from one process to the next)",
+    )
+    parser.add_argument(
+        "--setups", metavar="A,B,...",
+        help=f"only these setups (default: all; from {', '.join(SETUPS)})",
+    )
     args = parser.parse_args(argv)
     threads = args.threads or torch.get_num_threads()
-    print(f"torch {torch.__version__}, {threads} threads, CPU, a process per setup")
+    print(
+        f"torch {torch.__version__}, {threads} threads, CPU, a process per setup, "
+        f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
+    )
     header = f"{'model':28} {'setup':14} {'first step':>11} {'vs eager':>9} {'vs compile':>10}"
     header += f" {'step':>10} {'vs eager':>9} {'vs compile':>10}"
     print(header)
     for index, case in enumerate(cases(args.quick)):
-        results = run(index, case, args)
-        eager_first, eager_step = results["eager"]
-        full_first, full_step = results["torch.compile"]
+        results = rounds(index, case, args)
+        eager_first, eager_step = results.get("eager", (None, None))
+        full_first, full_step = results.get("torch.compile", (None, None))
         for name, (first, step) in results.items():
             step_text = f"{step:8.1f}ms" if step is not None else "         -"
             first_text = f"{first:10.2f}s" if first is not None else "          -"

@@ -27,6 +27,7 @@ import math
 import torch
 
 from accrewrite.kernels.dispatch import triton_available, use_triton
+from accrewrite.runtime import _torch_compat as compat
 
 if triton_available():
     import triton
@@ -229,9 +230,9 @@ def _adam_step_triton(
     for (device, p_dtype, g_dtype, state_dtype), index in buckets.items():
         bucket_steps = [steps[i] for i in index]
         if found_inf is None:
-            torch._foreach_add_(bucket_steps, 1.0)
+            compat.foreach_add_(bucket_steps, 1.0)
         else:
-            torch._foreach_add_(bucket_steps, (found_inf == 0).to(device, torch.float32))
+            compat.foreach_add_(bucket_steps, (found_inf == 0).to(device, torch.float32))
         addresses = tuple(
             tensors[i].data_ptr()
             for tensors in (params, grads, exp_avgs, exp_avg_sqs, steps)

@@ -46,6 +46,12 @@ _NAMES = {
     "dispatch_exclude_set": "torch._C:_dispatch_tls_local_exclude_set",
     # optimizers with a fused step (compiler/frontend.py)
     "fused_kernel_devices": "torch.utils._foreach_utils:_get_fused_kernels_supported_devices",
+    # the step counts of a bucket of parameters, in one launch (kernels/adam.py)
+    "foreach_add_": "torch:_foreach_add_",
+    # nested containers' tensors, and ops intercepted as they dispatch (memory.py, utils/misc.py)
+    "tree_leaves": "torch.utils._pytree:tree_leaves",
+    "tree_flatten": "torch.utils._pytree:tree_flatten",
+    "TorchDispatchMode": "torch.utils._python_dispatch:TorchDispatchMode",
     # A DTensor placement for a dimension split into ``split_factor`` equal parts, each sharded
     # across the mesh: the layout of a fused q/k/v projection split by attention head (parallel/).
     "StridedShard": "torch.distributed.tensor.placement_types:_StridedShard",

@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -46,6 +44,7 @@ from torch.utils.checkpoint import (
     noop_context_fn,
 )
 
+from . import _torch_compat as compat
 from .blocks import repeated_blocks
 
 logger = logging.getLogger(__name__)
@@ -201,7 +200,7 @@ class _SavedBytes(saved_tensors_hooks):
         super().__init__(pack, lambda tensor: tensor)
 
 
-class _KeptBytes(TorchDispatchMode):
+class _KeptBytes(compat.TorchDispatchMode):
     """Counts the bytes of the op outputs that a selective checkpoint would keep."""
 
     def __init__(self):
@@ -212,7 +211,8 @@ class _KeptBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         output = func(*args, **(kwargs or {}))
         if _keeps(func, args):
-            self.bytes += sum(_new_bytes(value, self._seen) for value in tree_leaves(output))
+            leaves = compat.tree_leaves(output)
+            self.bytes += sum(_new_bytes(value, self._seen) for value in leaves)
         return output
 
 
@@ -229,7 +229,7 @@ def _new_bytes(tensor, seen: set[int]) -> int:
 
 def _tensor_bytes(values) -> int:
     seen: set[int] = set()
-    return sum(_new_bytes(value, seen) for value in tree_leaves(values))
+    return sum(_new_bytes(value, seen) for value in compat.tree_leaves(values))
 
 
 def _grad_bytes(parameters) -> int:
@@ -287,7 +287,7 @@ class _Calibration:
         self.calls.append((wrapper.module, _tensor_bytes((args, kwargs))))
         if group in self.probed:
             return
-        devices = sorted({t.device.index or 0 for t in tree_leaves((args, kwargs))
+        devices = sorted({t.device.index or 0 for t in compat.tree_leaves((args, kwargs))
                           if isinstance(t, torch.Tensor) and t.is_cuda})
         saved, kept = _SavedBytes(self.parameter_storages), _KeptBytes()
         with torch.random.fork_rng(devices=devices), saved, kept:

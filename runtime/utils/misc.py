@@ -14,7 +14,8 @@ on the GPU; elsewhere the calls run one after the other. Either way the result i
 from functools import partial
 
 import torch
-from torch.utils._pytree import tree_flatten
+
+from accrewrite.runtime import _torch_compat as compat
 
 __all__ = ["multi_apply_multi_stream"]
 
@@ -35,7 +36,7 @@ def multi_apply_multi_stream(fn, n_streams, *args, **kwargs):
 
 def _cuda_device(args, kwargs):
     """The device of the first CUDA tensor among the arguments, or None."""
-    leaves, _ = tree_flatten((args, kwargs))
+    leaves, _ = compat.tree_flatten((args, kwargs))
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
             return leaf.device
@@ -55,7 +56,7 @@ def _run_on_streams(call, calls, n_streams, device):
         current.wait_stream(stream)
     # Outputs were allocated on the side streams but live on in the current one: tell the
     # caching allocator, or freeing one could hand its memory to the side stream too early.
-    for leaf in tree_flatten(results)[0]:
+    for leaf in compat.tree_flatten(results)[0]:
         if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
             leaf.record_stream(current)
     return results

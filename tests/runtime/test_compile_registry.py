@@ -4,6 +4,10 @@ by registering alone; inductor's cache key follows the registered modules; causa
 CUDA chooses between SDPA's flash kernel and inductor's code (fake CUDA tensors, as the CUDA
 rules of the Triton kernels are tested)."""
 
+import importlib
+import sys
+import textwrap
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -85,6 +89,40 @@ def test_a_registered_implementation_is_chosen_by_its_cost(registered):
     assert "test does not take it: bfloat16, not float32" in reason
     # and the module that registered it is part of inductor's cache key
     assert __file__ in registry.source_files()
+
+
+def test_a_new_implementation_is_one_new_module(tmp_path):
+    """A module dropped into cpu/ (or cuda/) is loaded, registered, chosen by its rule and part
+    of the cache key, with no other file edited."""
+    module = tmp_path / "sigmoid_gelu.py"
+    module.write_text(textwrap.dedent("""
+        import torch
+
+        from accrewrite.runtime.compiler.core import registry
+
+        registry.register(registry.Implementation(
+            "quick_gelu", "sigmoid_gelu", ("cpu",), (torch.float32,),
+            lambda args: registry.Cost(0.5, "the new module's rule"),
+            kernel=lambda x: x * torch.sigmoid(1.702 * x),
+        ))
+    """))
+    package = importlib.import_module("accrewrite.runtime.compiler.cpu")
+    path, package.__path__ = package.__path__, [*package.__path__, str(tmp_path)]
+    registry.load.cache_clear()
+    try:
+        implementation, reason = select("quick_gelu", {"x": torch.empty(4, 8)}, "auto")
+        assert (implementation.name, reason) == ("sigmoid_gelu", "the new module's rule")
+        assert str(module) in registry.source_files()
+    finally:
+        package.__path__ = path
+        registry._IMPLEMENTATIONS["quick_gelu"] = [
+            i for i in registry._IMPLEMENTATIONS["quick_gelu"] if i.name != "sigmoid_gelu"
+        ]
+        registry._FILES.discard(str(module))
+        sys.modules.pop(f"{package.__name__}.sigmoid_gelu", None)
+        vars(package).pop("sigmoid_gelu", None)
+        registry.load.cache_clear()
+    assert select("quick_gelu", {"x": torch.empty(4, 8)}, "auto")[0].name == "inductor"
 
 
 def test_on_a_tie_the_default_stays(registered):
