@@ -333,7 +333,7 @@ def serve(connection, case_index: int, setup_name: str, args) -> None:
 def run(case_index: int, case: Case, names: list[str], args) -> dict[str, tuple]:
     """One round on ``case``, a fresh process per setup in ``names``' order: per setup, (first
     step in s, its steady steps in s); and "floor": (None, [floor of the eager+cache step in
-    ms]) when there are steady steps and that setup runs."""
+    s]) when there are steady steps and that setup runs."""
     workers = {name: Worker(case_index, name, args) for name in names}
     try:
         for worker in workers.values():  # "ready": they warm up side by side
@@ -345,7 +345,7 @@ def run(case_index: int, case: Case, names: list[str], args) -> dict[str, tuple]
                 steady[name].append(worker.call("step"))
         results = {name: (first[name], steady[name]) for name in workers}
         if case.steps and "eager+cache" in workers:
-            results["floor"] = (None, [workers["eager+cache"].call("floor")])
+            results["floor"] = (None, [workers["eager+cache"].call("floor") / 1e3])
         return results
     finally:
         for worker in workers.values():
@@ -355,7 +355,7 @@ def run(case_index: int, case: Case, names: list[str], args) -> dict[str, tuple]
 def rounds(case_index: int, case: Case, args) -> dict[str, tuple[float, float | None]]:
     """Per setup: (median first step in s, median steady step in ms or None) over
     ``args.rounds`` rounds, each with the setups in another order (rotated), so that no setup
-    always comes first or after the same one; "floor" as in ``run``, in ms."""
+    always comes first or after the same one; "floor" as a step."""
     names = setups(args)
     firsts, steps = {}, {}
     for index in range(args.rounds):
@@ -367,8 +367,7 @@ def rounds(case_index: int, case: Case, args) -> dict[str, tuple[float, float | 
     return {
         name: (
             statistics.median(firsts[name]) if firsts[name][0] is not None else None,
-            statistics.median(steps[name]) * (1 if name == "floor" else 1e3)
-            if steps[name] else None,
+            statistics.median(steps[name]) * 1e3 if steps[name] else None,
         )
         for name in [*names, "floor"] if name in firsts
     }
