@@ -15,7 +15,7 @@ import libcst as cst
 
 from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, names_in, node_types, string_value
 from accrewrite.targets import spelled_callees
-from accrewrite.values import FileValues, ScopeValues
+from accrewrite.values import FileValues, Kind, ScopeValues
 
 OPTIMIZER_MODULES = ("torch.optim.",)
 SCALER_NAMES = {
@@ -64,8 +64,14 @@ def managed_by(module: str) -> str | None:
     """The framework of ``MANAGED_FRAMEWORKS`` that importing ``module`` trains through."""
     return next((f for f in MANAGED_FRAMEWORKS if module == f or module.startswith(f + ".")), None)
 
+# What a ``--device`` option's default may name besides CUDA.
+_DEVICE_TYPES = frozenset({"cpu", "mps", "xpu", "hpu", "npu", "xla", "meta", "cuda"})
+
 # The targets' device calls: a migrated file places on its device.
 _DEVICE_CALLS = spelled_callees("device")
+
+# torch.cuda/accelerator calls that only ask (``pin_memory=torch.cuda.is_available()``): they place nothing.
+_QUERIES = frozenset({"is_available", "device_count", "is_bf16_supported", "get_device_name", "get_device_capability"})
 
 _COLLECTIVES = {"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
                 "torch.distributed.all_reduce_coalesced"}
@@ -154,8 +160,15 @@ class Facts:
     places_on_device: bool = False
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
-    # Each statement's position in the file (statements numbered in source order).
+    # Each statement's position in the file (statements numbered in source order; the small
+    # statements of a line share its number).
     order: dict[cst.CSTNode, int] = field(default_factory=dict)
+    # Every ``for`` loop, with the function it is in (None at module level).
+    for_loops: list[tuple[cst.For, cst.FunctionDef | None]] = field(default_factory=list)
+    # ``iter(x)`` calls, with their function and statement.
+    iter_calls: list[tuple[cst.Call, cst.FunctionDef | None, cst.CSTNode]] = field(default_factory=list)
+    # ``next(it)`` calls: the name read, its function and the loops around the call.
+    next_calls: list[tuple[str, cst.FunctionDef | None, tuple[cst.CSTNode, ...]]] = field(default_factory=list)
     # The class each method is defined in.
     method_class: dict[cst.FunctionDef, cst.ClassDef] = field(default_factory=dict)
     # Statements that mention a trigger word of the selected rules (None: every statement).
@@ -198,23 +211,47 @@ class Facts:
         """Whether the file trains with a GradScaler (AMP with loss scaling)."""
         return bool(self.scalers or self.called & SCALER_NAMES)
 
-    def device_in(self, scope: cst.FunctionDef | None) -> str | None:
-        """The device variable visible in ``scope``: one assigned there, else a parameter named
-        ``device``, else a ``self.`` attribute assigned in another method of the same class,
-        else one at module level."""
-        owner = self.method_class.get(scope)
+    def device_at(self, scope: cst.FunctionDef | None, order: int) -> str | None:
+        """The device variable bound where the statement numbered ``order`` of ``scope`` (a
+        function, or None for module level) runs: one assigned earlier in ``scope``; a
+        parameter named ``device`` that its callers do not pass a CUDA ordinal (an int); a
+        ``self.`` attribute another method of the class assigns; one of module level assigned
+        before every call that runs ``scope``. None: the target's device is to be spelled out."""
         for device in self.devices:
-            if device.scope is scope:
+            if device.scope is scope and device.order < order:
                 return device.name
-        if scope is not None and any(param.name.value == "device" for param in scope.params.params):
-            return "device"
+        if scope is None:
+            return None
+        for param in scope.params.params:
+            if param.name.value == "device":
+                self.values(None)
+                if self._values.param_kind(scope, param) is not Kind.INT:
+                    return "device"
+        owner = self.method_class.get(scope)
         for device in self.devices:
             if owner is not None and device.name.startswith("self.") and self.method_class.get(device.scope) is owner:
                 return device.name
         for device in self.devices:
-            if device.scope is None:
+            if device.scope is None and self._runs_after(scope, device.order):
                 return device.name
         return None
+
+    def _runs_after(self, function: cst.FunctionDef, order: int, seen: frozenset = frozenset()) -> bool:
+        """Whether every run of ``function`` starts after module-level statement ``order``: each
+        call of it in this file is a module-level statement after it or in a function that runs
+        after it; a function this file never calls (a callback) must be defined after it."""
+        self.values(None)
+        calls = self._values.calls_of(function)
+        if not calls:
+            return self.order.get(function, 0) > order
+        for call, caller, _ in calls:
+            if caller is None:
+                statement = self.values(None).statement_of(call)
+                if self.order.get(statement, 0) <= order:
+                    return False
+            elif caller in seen or not self._runs_after(caller, order, seen | {function}):
+                return False
+        return True
 
     def option_defaults(self) -> dict[str, str]:
         """The string defaults of the file's command-line options (``parser.add_argument``), by
@@ -243,8 +280,13 @@ class Facts:
         if isinstance(node, cst.Call) and self.qualname(node.func) == "torch.accelerator.current_accelerator":
             return True
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
-            default = self.option_defaults().get(node.attr.value)  # args.device, default "cuda"
-            return default is not None and (default == "cuda" or default.startswith("cuda:"))
+            # args.device, default "cuda"; or named device with a default of another device
+            # ("cpu", "mps"): the option chooses the device, which the target's now is.
+            default = self.option_defaults().get(node.attr.value)
+            if default is None:
+                return False
+            return default == "cuda" or default.startswith("cuda:") or (
+                node.attr.value == "device" and default.partition(":")[0] in _DEVICE_TYPES)
         if isinstance(node, cst.IfExp):
             # ``"cuda" if torch.cuda.is_available() else "cpu"`` chooses a device;
             # nanoGPT's ``"cuda" if "cuda" in device else "cpu"`` names a device's type.
@@ -326,6 +368,9 @@ class _Analyzer(_Walker):
             self._statements.append(node)
             self._order += 1
             self.facts.order[node] = self._order
+            if kind is cst.SimpleStatementLine:
+                for small in node.body:
+                    self.facts.order[small] = self._order
         if kind in self._trigger_types:
             self._mark_hot()
         if self._walked is not None:
@@ -424,6 +469,8 @@ class _Analyzer(_Walker):
 
     def _enter_loop(self, node) -> None:
         self._loops.append(TrainingLoop(node=node, scope=self._scope))
+        if type(node) is cst.For:
+            self.facts.for_loops.append((node, self._scope))
 
     def _leave_loop(self) -> None:
         loop = self._loops.pop()
@@ -516,6 +563,7 @@ class _Analyzer(_Walker):
         if not isinstance(func, cst.Attribute):
             if isinstance(func, cst.Name):
                 self._loop_callees += [(loop, func.value) for loop in self._loops]
+                self._note_iteration(node, func.value)
             return
         method = func.attr.value
         if isinstance(func.value, cst.Name) and func.value.value == "self":  # a trainer's self._run_batch()
@@ -528,6 +576,17 @@ class _Analyzer(_Walker):
             if owner:
                 self.facts.models.add(owner)
 
+    def _note_iteration(self, node: cst.Call, name: str) -> None:
+        """``iter(x)`` and ``next(it)``: where a loader may be read outside a ``for`` loop."""
+        if len(node.args) != 1 or name not in ("iter", "next") or name in self.facts.imports:
+            return
+        if name == "iter":
+            self.facts.iter_calls.append((node, self._scope, self._statements[-1]))
+            return
+        read = dotted(node.args[0].value)
+        if read is not None:
+            self.facts.next_calls.append((read, self._scope, tuple(loop.node for loop in self._loops)))
+
     def _trains(self, backward: bool, step: bool) -> None:
         """The enclosing loops and function call backward or step the optimizer."""
         if backward or step:
@@ -539,7 +598,7 @@ class _Analyzer(_Walker):
 
     def _places(self, node: cst.Call, callee: str | None) -> bool:
         if callee is not None and (callee.startswith(("torch.accelerator.", "torch.cuda.")) or callee in _DEVICE_CALLS):
-            return True
+            return callee.rpartition(".")[2] not in _QUERIES
         func = node.func
         if isinstance(func, cst.Attribute) and callee is None and func.attr.value in ("cuda", "to"):
             if func.attr.value == "cuda" or not node.args:

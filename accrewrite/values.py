@@ -922,6 +922,15 @@ class ScopeValues:
 
     # Questions rules ask ------------------------------------------------------------------------
 
+    def statement_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """The small statement (or compound statement's header) of this scope that holds the
+        expression ``node``."""
+        return self._statement_of.get(node)
+
+    def binds(self, name: str) -> bool:
+        """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""
+        return name in self._local or self.scope is not None and name in self.file.functions[self.scope].params
+
     def is_tensor(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is known to hold a tensor (or a batch, a container of tensors)."""
         return self.kind(node) in TENSORS

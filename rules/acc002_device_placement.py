@@ -328,15 +328,9 @@ class DevicePlacement(Rule):
         return self.ctx.facts.values(self.ctx.scope).is_int(node)
 
     def _device(self) -> cst.BaseExpression:
-        """The device variable visible here (one assigned in this function or module before this
-        statement, else a parameter or attribute ``device_in`` finds), else the target's device."""
+        """The device variable bound here (``Facts.device_at``), else the target's device."""
         facts = self.ctx.facts
-        here = facts.order.get(self.ctx.statement, 0)
-        later = {d.name for d in facts.devices if d.scope is self.ctx.scope and d.order > here}
-        earlier = {d.name for d in facts.devices if d.scope is self.ctx.scope and d.order <= here}
-        name = facts.device_in(self.ctx.scope)
-        if name in later and name not in earlier:
-            name = None  # ``model = Net().cuda()`` above ``device = ...``
+        name = facts.device_at(self.ctx.scope, facts.order.get(self.ctx.statement, 0))
         return cst.parse_expression(name) if name else self.ctx.expr("device")
 
     def leave_Call(self, original_node, updated_node):

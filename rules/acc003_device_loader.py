@@ -2,8 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, names_in, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.targets import spelled_callees
-from accrewrite.values import Kind
+from accrewrite.rules._loader_feeds import Plan, Planner, batch_names, bind_batch, calls_a_model, iterated, root
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 
@@ -16,14 +15,25 @@ class DeviceLoader(Rule):
     per-batch `x = x.to(device)` / `.cuda()` in the loop is removed (as are dict and tuple
     forms such as `batch = {k: v.to(device) for k, v in batch.items()}`).
 
-    Where the wrap goes: a `DataLoader` assigned in a function that can see the device is
-    rebound right after both exist (after the device's statement when the device is chosen
-    later, as in the guide's example). The target's device loader then answers `len()`,
-    `.dataset` and `.sampler.set_epoch()` like the loader it wraps. Where the target's
-    device loader does not stand in for the loader (torch_xla's has no `.dataset` or
-    `.sampler`), or no device is visible where the loader is made, the loop's iterable is
-    wrapped instead (`for x, y in pl.MpDeviceLoader(loader, device)`) and the loader keeps its
-    name and attributes.
+    Which loops: those whose batches reach the device. A loop that moves a batch value
+    (`x.to(device)`, `.cuda()`) is fed, and so is one that trains or calls a model in a file
+    that places something on a device (DataParallel moved its inputs itself). A loop that only
+    looks at a batch (`for x, y in loader: print(x.shape); break`, a plot) keeps the loader,
+    and a tensor the loop makes itself (`z = torch.randn(n, d).to(device)`) keeps its move.
+    In a file that places nothing on a device, no loader is wrapped (batches on the device
+    beside a model on the host would fail) and the training loop says so.
+
+    Where the wrap goes: a `DataLoader` is rebound to the device loader at one point, after
+    the loader and a device variable exist (after the device's statement when the device is
+    chosen later, as in the guide's example), before every loop it feeds and after every loop
+    that keeps the loader. The target's device loader then answers `len()`, `.dataset` and
+    `.sampler.set_epoch()` like the loader it wraps. Where no such point exists, or the
+    target's device loader does not stand in for the loader (torch_xla's has no `.dataset` or
+    `.sampler`), each fed loop's iterable is wrapped instead (`for x, y in
+    pl.MpDeviceLoader(loader, device)`), naming a device variable bound there, else the
+    target's device call, and the loader keeps its name and attributes. A loop over a
+    function's parameter is fed by its callers when every call passes a rebound loader, and
+    wrapped itself otherwise.
 
     A step loop that no device loader feeds (nanoGPT's `get_batch()` loop) ends each
     iteration with the target's `xm.mark_step()`: the device loader is what otherwise marks
@@ -32,7 +42,7 @@ class DeviceLoader(Rule):
 
     code = "ACC003"
     name = "device-loader"
-    summary = "DataLoaders feeding loops -> the target's device loader; per-batch .to(device) removed; other step loops mark steps"
+    summary = "DataLoaders feeding the device -> the target's device loader; per-batch .to(device) removed; other step loops mark steps"
     concepts = ("device_loader",)
     # Training loops are always walked (the analysis marks them), so step loops need no word.
     triggers = frozenset({"DataLoader", "cuda", "device", "to", "iter", "cat", "concat"})
@@ -93,49 +103,109 @@ class DeviceLoader(Rule):
                     optimizer.step()
             """,
         ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            from torch.utils.data import DataLoader
+
+            loader = DataLoader(dataset, batch_size=32)
+            for images, labels in loader:
+                print(images.shape)
+                break
+
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            for images, labels in loader:
+                images = images.to(device)
+                noise = torch.randn(32, 8).to(device)
+                loss = criterion(D(images), D(G(noise)))
+                loss.backward()
+                optimizer.step()
+            """,
+            after="""
+            import torch
+            from torch.utils.data import DataLoader
+            import torch_xla.distributed.parallel_loader as pl
+
+            loader = DataLoader(dataset, batch_size=32)
+            for images, labels in loader:
+                print(images.shape)
+                break
+
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            for images, labels in pl.MpDeviceLoader(loader, device):
+                noise = torch.randn(32, 8).to(device)
+                loss = criterion(D(images), D(G(noise)))
+                loss.backward()
+                optimizer.step()
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            model = torch.nn.Linear(20, 3)
+            for epoch in range(2):
+                for inputs, labels in train_loader:
+                    loss = criterion(model(inputs), labels)
+                    loss.backward()
+                    optimizer.step()
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            model = torch.nn.Linear(20, 3)
+            for epoch in range(2):
+                for inputs, labels in train_loader:
+                    loss = criterion(model(inputs), labels)
+                    loss.backward()
+                    optimizer.step()
+                    xm.mark_step()
+            """,
+            diagnostics=("ACC003:5",),
+        ),
     )
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        facts = ctx.facts
-        rebind = ctx.target.has("device_loader") and ctx.concept("device_loader").rebind
-        # Loaders rebound at their assignment: statement -> [(loader, device)] to add after it.
-        self._wraps: dict[cst.CSTNode, list[tuple[str, str]]] = {}
-        self._rebound: set[str] = set(facts.device_loaders)
-        for loader in facts.loader_bindings:
-            device = self._device_for(loader.scope)
-            if loader.name in facts.device_loaders or not rebind or device is None:
-                continue
-            later = device.scope is loader.scope and device.order > loader.order
-            anchor = device.statement if later else loader.statement
-            self._wraps.setdefault(anchor, []).append((loader.name, device.name))
-            self._rebound.add(loader.name)
-        self._device_loaders = spelled_callees("device_loader")
-        # Loops fed by a device loader, innermost last: (loop, names its batches bind, the
-        # loader to wrap at the loop or None).
-        self._fed: list[tuple[cst.CSTNode, set[str], str | None]] = []
+        self._planned: Plan | None = None
+        # Fed loops being walked, innermost last: (loop, the names that hold its batch values).
+        self._open: list[tuple[cst.For, set[str]]] = []
+        self._reported_host = False
 
     def applies(self) -> bool:
         return bool(self.ctx.facts.loaders or self.ctx.facts.loops or self.ctx.target.has("lazy_execution"))
 
-    def _device_for(self, scope):
-        """The CUDA device binding visible in ``scope``: the function's own, else the module's."""
-        devices = self.ctx.facts.devices
-        return next((d for d in devices if d.scope is scope), None) or next((d for d in devices if d.scope is None), None)
+    @property
+    def _plan(self) -> Plan:
+        """Which loops the device loader feeds and where it goes (``rules/_loader_feeds.py``),
+        planned when the walk first asks."""
+        if self._planned is None:
+            rebind = self.ctx.concept("device_loader").rebind
+            self._planned = Planner(self.ctx.facts, self._is_move, rebind).build()
+        return self._planned
+
+    def _device(self, device: str | None) -> str:
+        return device or self.ctx.code(self.ctx.expr("device"))
 
     # Rebinding at the assignment ------------------------------------------------------------
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         # On the way down: another rule may replace this statement on the way up.
-        for loader, device in self._wraps.get(node, ()):
-            wrapped = self.ctx.expr("device_loader", loader=loader, device=device)
+        for loader, device in self._plan.rebinds.get(node, ()):
+            wrapped = self.ctx.expr("device_loader", loader=loader, device=self._device(device))
             line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.parse_expression(loader))], wrapped)])
             self.ctx.insert_after(node, [line])
             self.ctx.fix(node, f"{loader} is wrapped in the target's device loader")
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
-        if self._fed and self._is_inside_fed_loop():
-            return self._drop_batch_moves(original_node, updated_node)
+        if self._open and self._is_inside_fed_loop():
+            result = self._drop_batch_moves(original_node, updated_node)
+            statement = original_node.body[0]
+            if isinstance(statement, cst.Assign) and len(statement.targets) == 1:
+                bind_batch(self._open[-1][1], statement.targets[0].target, statement.value)
+            return result
         return updated_node
 
     # Loops ----------------------------------------------------------------------------------
@@ -144,9 +214,22 @@ class DeviceLoader(Rule):
         self._mark_steps(node)
 
     def visit_For(self, node: cst.For) -> None:
-        self._visit_for(node)
-        if not self._fed or self._fed[-1][0] is not node:
-            self._mark_steps(node)
+        plan = self._plan
+        if node in plan.fed:
+            self._open.append((node, batch_names(node)))
+            return
+        if self._open and self._is_inside_fed_loop() and root(iterated(node.iter)) in self._open[-1][1]:
+            self._open[-1][1].update(names_in(node.target))  # for k, v in batch.items()
+        if node in plan.on_host and not self._reported_host:
+            self._reported_host = True
+            self.ctx.diagnose(
+                node, "nothing in this file is placed on a device: the loader's batches stay on the host",
+                "The script trains where it was written to, on the CPU: no model or tensor is moved to a device, so "
+                "the loader is not wrapped (batches on the device beside a model on the host would fail). To train "
+                "on the target's device, place the model and the batches (`model.to(device)`, `x.to(device)`) and "
+                "migrate again.",
+            )
+        self._mark_steps(node)
 
     def _mark_steps(self, node) -> None:
         """A step loop that no device loader feeds ends each step itself: the device loader
@@ -183,86 +266,28 @@ class DeviceLoader(Rule):
             return True
 
         walk(node.body, enter)
-        return grown and _calls_a_model(node.body, values)
-
-    def _visit_for(self, node: cst.For) -> None:
-        if self._device_loader_in(node.iter) or names_in(node.iter) & self._rebound or self._fed_through(node.iter):
-            self._fed.append((node, names_in(node.target), None))
-            return
-        loader = self._loader_to_wrap(node)
-        if loader is not None:
-            self._fed.append((node, names_in(node.target), loader))
-
-    def _fed_through(self, iterable: cst.BaseExpression) -> bool:
-        """A loop over a name assigned a device loader or a wrapper of one (``pbar = tqdm(loader)``
-        where ``loader`` is rebound)."""
-        loader = _iterated(iterable)
-        if loader is None:
-            return False
-        behind = _iterated(self.ctx.facts.values(self.ctx.scope).assigned_value(loader))
-        return behind is not loader and (dotted(behind) in self._rebound or self._device_loader_in(behind))
-
-    def _device_loader_in(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` builds a target's device loader already (a migrated file)."""
-        return any(self.ctx.facts.qualname(call.func) in self._device_loaders for call in _calls(node))
-
-    def _loader_to_wrap(self, node: cst.For) -> str | None:
-        """The loader a loop iterates (itself, or through ``enumerate``, ``tqdm`` and the like)
-        when it is to be wrapped at the loop: a loop that trains or calls a model, over a
-        loader that is not rebound. Where loaders are rebound, a loop over a parameter gets a
-        device loader from its caller."""
-        facts = self.ctx.facts
-        values = facts.values(self.ctx.scope)
-        loader = _iterated(node.iter)
-        if loader is None or values.kind(loader) is not Kind.LOADER:
-            return None
-        name = dotted(loader)
-        if name is None or name in self._rebound:
-            return None
-        if self._rebound and isinstance(loader, cst.Name) and _is_parameter(self.ctx.scope, name):
-            return None
-        trains = any(loop.node is node for loop in facts.loops)
-        if trains or name in facts.loaders or _calls_a_model(node.body, values):
-            return name
-        return None
+        return grown and calls_a_model(node.body, values)
 
     def leave_Call(self, original_node, updated_node):
-        """``iter(loader)`` feeding a training loop's ``next()`` reads from the device loader
-        where the loader is not rebound (``it = iter(loader)`` before ``while True: x =
-        next(it)``); a one-off ``next(iter(loader))`` keeps reading the loader."""
-        if dotted(original_node.func) != "iter" or len(original_node.args) != 1 or not self._feeds_a_step():
+        """``it = iter(loader)`` whose ``next(it)`` feeds a training loop reads from the device
+        loader where the loader is not rebound; a one-off ``next(iter(loader))`` keeps reading
+        the loader."""
+        wrap = self._plan.wraps.get(original_node)
+        if wrap is None:
             return updated_node
-        loader = original_node.args[0].value
-        name = dotted(loader)
-        values = self.ctx.facts.values(self.ctx.scope)
-        if name is None or name in self._rebound or values.kind(loader) is not Kind.LOADER:
-            return updated_node
-        if self.ctx.statement is not None and self._peeks(original_node):
-            return updated_node
-        device = self.ctx.facts.device_in(self.ctx.scope) or self.ctx.code(self.ctx.expr("device"))
-        wrapped = self.ctx.expr("device_loader", loader=name, device=device)
-        self.ctx.fix(original_node, f"iter({name}) reads from the target's device loader")
+        loader, device = wrap
+        wrapped = self.ctx.expr("device_loader", loader=loader, device=self._device(device))
+        self.ctx.fix(original_node, f"iter({loader}) reads from the target's device loader")
         return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=wrapped)])
 
-    def _feeds_a_step(self) -> bool:
-        """Whether the function (or module) being walked trains: it holds a step loop."""
-        return any(loop.scope is self.ctx.scope and loop.calls_step for loop in self.ctx.facts.loops)
-
-    def _peeks(self, call: cst.Call) -> bool:
-        """``next(iter(loader))``: one batch, for its shape."""
-        return any(
-            dotted(outer.func) == "next" and outer.args and outer.args[0].value is call
-            for outer in _calls(self.ctx.statement)
-        )
-
     def leave_For(self, original_node, updated_node):
-        if not self._fed or self._fed[-1][0] is not original_node:
+        if self._open and self._open[-1][0] is original_node:
+            self._open.pop()
+        wrap = self._plan.wraps.get(original_node)
+        if wrap is None:
             return updated_node
-        _, _, loader = self._fed.pop()
-        if loader is None:
-            return updated_node
-        device = self.ctx.facts.device_in(self.ctx.scope) or self.ctx.code(self.ctx.expr("device"))
-        wrapped = self.ctx.expr("device_loader", loader=loader, device=device)
+        loader, device = wrap
+        wrapped = self.ctx.expr("device_loader", loader=loader, device=self._device(device))
         self.ctx.fix(original_node, f"the loop over {loader} reads from the target's device loader")
         return updated_node.with_changes(iter=_Replace(loader, wrapped).visit_expr(updated_node.iter))
 
@@ -272,7 +297,7 @@ class DeviceLoader(Rule):
         """``if torch.cuda.is_available(): images = images.cuda()`` whose moves are gone goes too."""
         body = updated_node.body
         if (
-            self._fed and self._is_inside_fed_loop() and original_node.orelse is None
+            self._open and self._is_inside_fed_loop() and original_node.orelse is None
             and isinstance(body, cst.IndentedBlock) and len(body.body) == 1
             and isinstance(body.body[0], cst.SimpleStatementLine)
             and isinstance(body.body[0].body[0], cst.Pass)
@@ -283,26 +308,22 @@ class DeviceLoader(Rule):
         return updated_node
 
     def _is_inside_fed_loop(self) -> bool:
-        return any(loop in self.ctx.open_statements for loop, _, _ in self._fed)
-
-    def _batch_names(self) -> set[str]:
-        names: set[str] = set()
-        for loop, bound, _ in self._fed:
-            if loop in self.ctx.open_statements:
-                names |= bound
-        return names
+        """Whether the walk is in a fed loop's own body (not in a function defined there)."""
+        loop = self._open[-1][0]
+        opened = self.ctx.open_statements
+        return loop in opened and not any(isinstance(s, cst.FunctionDef) for s in opened[opened.index(loop):])
 
     def _drop_batch_moves(self, original_node, updated_node):
         if len(updated_node.body) != 1:
             return updated_node
         statement = updated_node.body[0]
-        batch = self._batch_names()
+        batch = self._open[-1][1]
         if isinstance(statement, cst.Expr) and self._is_move(statement.value, batch):
             self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
             return cst.RemoveFromParent()
         if not isinstance(statement, cst.Assign) or len(statement.targets) != 1:
             return updated_node
-        stripped = _StripMoves(self, batch | names_in(statement.value)).visit_expr(statement.value)
+        stripped = _StripMoves(self, batch).visit_expr(statement.value)
         if stripped.deep_equals(statement.value):
             return updated_node
         self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
@@ -314,8 +335,7 @@ class DeviceLoader(Rule):
         """``x.to(device)``, ``x.cuda(...)``, ``x.to(device, non_blocking=True)`` of a batch."""
         if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
             return False
-        root = dotted(node.func.value) or ""
-        if not (names_in(node.func.value) & batch) and root.split(".")[0] not in batch:
+        if root(node.func.value) not in batch:
             return False
         method = node.func.attr.value
         if method == "cuda":
@@ -340,15 +360,25 @@ class DeviceLoader(Rule):
 
 
 class _StripMoves(cst.CSTTransformer):
-    """Replaces each move of a batch value by the value itself."""
+    """Replaces each move of a batch value by the value itself (in a comprehension over the
+    batch, of its elements too)."""
 
     def __init__(self, rule: DeviceLoader, batch: set[str]):
         super().__init__()
         self.rule = rule
-        self.batch = batch
+        self.batch = set(batch)
 
     def visit_expr(self, node):
         return node.visit(self)
+
+    def on_visit(self, node):
+        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+            for_in = node.for_in
+            while for_in is not None:
+                if root(iterated(for_in.iter)) in self.batch:
+                    self.batch.update(names_in(for_in.target))
+                for_in = for_in.inner_for_in
+        return super().on_visit(node)
 
     def leave_Call(self, original_node, updated_node):
         if self.rule._is_move(original_node, self.batch):
@@ -402,29 +432,6 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
     return False
 
 
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    """Every call in ``node``'s subtree."""
-    found = []
-    walk(node, lambda child: found.append(child) if isinstance(child, cst.Call) else None)
-    return found
-
-
-# Calls whose iteration is their first argument's: the loader behind ``enumerate(loader)``.
-_PASSING = frozenset({"enumerate", "iter", "tqdm", "trange", "islice", "zip", "log_every"})
-
-
-def _iterated(node: cst.BaseExpression) -> cst.BaseExpression | None:
-    """What a for loop's iterable iterates: itself, or the loader that ``enumerate(...)``,
-    ``tqdm(...)`` or ``metric_logger.log_every(...)`` pass through."""
-    while isinstance(node, cst.Call):
-        name = (dotted(node.func) or "").split(".")[-1]
-        positional = [arg.value for arg in node.args if arg.keyword is None and not arg.star]
-        if name.lower() not in _PASSING or not positional:
-            return node
-        node = positional[0]
-    return node
-
-
 def _concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> bool:
     """``idx = torch.cat((idx, idx_next), dim=1)``."""
     if facts.qualname(call.func) not in ("torch.cat", "torch.concat", "torch.concatenate") or not call.args:
@@ -432,18 +439,6 @@ def _concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> b
     parts = call.args[0].value
     name = dotted(target)
     return isinstance(parts, (cst.Tuple, cst.List)) and any(dotted(e.value) == name for e in parts.elements)
-
-
-def _is_parameter(scope: cst.FunctionDef | None, name: str) -> bool:
-    if scope is None:
-        return False
-    params = scope.params
-    return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params))
-
-
-def _calls_a_model(body: cst.CSTNode, values) -> bool:
-    """Whether ``body`` calls a model (an evaluation loop)."""
-    return any(values.kind(call.func) is Kind.MODEL for call in _calls(body))
 
 
 def _has_pass(block: cst.BaseSuite) -> bool:

@@ -218,18 +218,19 @@ class Trainer:
             batch_size=config.batch_size,
             num_workers=config.num_workers,
         )
+        train_loader = pl.MpDeviceLoader(train_loader, self.device)
 
         model.train()
         self.iter_num = 0
         self.iter_time = time.time()
-        data_iter = iter(pl.MpDeviceLoader(train_loader, self.device))
+        data_iter = iter(train_loader)
         while True:
 
             # fetch the next batch (x, y) and re-init iterator if needed
             try:
                 batch = next(data_iter)
             except StopIteration:
-                data_iter = iter(pl.MpDeviceLoader(train_loader, self.device))
+                data_iter = iter(train_loader)
                 batch = next(data_iter)
             batch = [t.to(self.device) for t in batch]
             x, y = batch

@@ -1,0 +1,408 @@
+"""Which loops over a loader the device loader must feed, and where it goes (ACC003's plan).
+
+A loop over a loader *feeds the device* when its batches reach it: it moves a batch value
+(``x = x.to(device)``, ``.cuda()``), or, in a file that places something on a device, it trains
+or calls a model (DataParallel moved its inputs itself). A loop that only looks at a batch (its
+shape, a plot) keeps the loader: its batches stay on the host, as the original's did.
+
+Each loader assignment is either *rebound* to the target's device loader (``loader =
+pl.MpDeviceLoader(loader, device)``, where that stands in for the loader) at one point, or left
+as it is, and then each loop that must be fed is wrapped where it iterates the loader (``for x in
+pl.MpDeviceLoader(loader, device)``). A rebind point comes after the loader and the device exist,
+before every use it must feed and after every use that keeps the loader, or there is none. A loop
+over a function's parameter is fed by its callers' rebound loaders when every call in the file
+passes one; otherwise it is wrapped itself, and the loaders passed to it are not rebound (they
+would be wrapped twice). The device a wrap names is a device variable bound at that point, else
+the target's device call.
+
+No class here derives from ``Rule``: the registry registers every Rule subclass of a module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from accrewrite.nodes import dotted, names_in, walk
+from accrewrite.targets import spelled_callees
+from accrewrite.values import Kind
+
+_DEVICE_LOADERS = spelled_callees("device_loader")
+# Calls whose iteration is their first argument's: the loader behind ``enumerate(loader)``.
+_PASSING = frozenset({"enumerate", "iter", "tqdm", "trange", "islice", "zip", "log_every"})
+
+
+def iterated(node: cst.BaseExpression) -> cst.BaseExpression:
+    """What a for loop's iterable iterates: itself, or the loader that ``enumerate(...)``,
+    ``tqdm(...)`` or ``metric_logger.log_every(...)`` pass through."""
+    while isinstance(node, cst.Call):
+        name = (dotted(node.func) or "").split(".")[-1]
+        positional = [arg.value for arg in node.args if arg.keyword is None and not arg.star]
+        if name.lower() not in _PASSING or not positional:
+            return node
+        node = positional[0]
+    return node
+
+
+def calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call in ``node``'s subtree, in source order."""
+    found = []
+    walk(node, lambda child: found.append(child) if isinstance(child, cst.Call) else None)
+    return found
+
+
+def calls_a_model(body: cst.CSTNode, values) -> bool:
+    """Whether ``body`` calls a model (an evaluation loop)."""
+    return any(values.kind(call.func) is Kind.MODEL for call in calls_in(body))
+
+
+def root(node: cst.CSTNode) -> str | None:
+    """``x`` for ``x``, ``x.a``, ``x[0]``, ``x.float()``, ``x[0].view(-1)``: the name a value is
+    read from, through attributes, subscripts and method calls."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            node = node.func.value
+        elif isinstance(node, (cst.Attribute, cst.Subscript)):
+            node = node.value
+        else:
+            return node.value if isinstance(node, cst.Name) else None
+
+
+@dataclass(eq=False)
+class Use:
+    """A place a loader binding's batches are read: a loop over it (or over a parameter it is
+    passed as), an ``iter()`` of it. ``order`` is where it runs in the binding's scope (None:
+    in another function, at a time this file does not show)."""
+
+    order: int | None
+    fed: bool
+
+
+@dataclass(eq=False)
+class Plan:
+    # Statement -> the (loader, device) rebinds to insert after it.
+    rebinds: dict[cst.CSTNode, list[tuple[str, str | None]]] = field(default_factory=dict)
+    # Loops (and ``iter()`` calls) to wrap where they read the loader: node -> (loader, device).
+    wraps: dict[cst.CSTNode, tuple[str, str | None]] = field(default_factory=dict)
+    # Loops fed by the device loader (wrapped here or rebound), whose per-batch moves go.
+    fed: set[cst.CSTNode] = field(default_factory=set)
+    # Training loops over a loader in a file that places nothing on a device.
+    on_host: list[cst.For] = field(default_factory=list)
+
+
+class Planner:
+    """Builds the plan from the file's analysis (``Facts``): its loops, loader assignments,
+    devices and the data-flow values of each function."""
+
+    def __init__(self, facts, move, rebind: bool):
+        self.facts = facts
+        self.is_move = move  # (call, batch names) -> whether it moves a batch to the device
+        self.rebind = rebind
+        self.plan = Plan()
+        self._loops_in: dict[cst.FunctionDef | None, list[cst.For]] = {}
+        for loop, scope in facts.for_loops:
+            self._loops_in.setdefault(scope, []).append(loop)
+        self._training = {loop.node for loop in facts.loops}
+        self._fed: dict[cst.For, bool] = {}
+
+    def build(self) -> Plan:
+        facts = self.facts
+        bindings = [b for b in facts.loader_bindings if b.name not in facts.device_loaders]
+        uses = {binding: self._uses(binding) for binding in bindings}
+        anchors = {}
+        if self.rebind:
+            for binding in bindings:
+                anchor = self._anchor(binding, uses[binding])
+                if anchor is not None:
+                    anchors[binding] = anchor
+        served = self._settle(anchors)
+        for binding, (statement, device) in anchors.items():
+            self.plan.rebinds.setdefault(statement, []).append((binding.name, device))
+        for loop, scope in facts.for_loops:
+            if self._device_loader(loop, scope):
+                self.plan.fed.add(loop)
+            elif self._loader_loop(loop, scope) is not None and self.fed(loop, scope):
+                self.plan.fed.add(loop)
+                if not self._rebound(loop, scope, anchors, served):
+                    self.plan.wraps[loop] = (dotted(iterated(loop.iter)), self._device(scope, loop))
+            elif loop in self._training and self._loader_loop(loop, scope) is not None and not self._placed():
+                self.plan.on_host.append(loop)
+        for call, scope, statement in facts.iter_calls:
+            name = dotted(call.args[0].value)
+            if name is not None and self._feeds_steps(call, scope, statement) and not self._rebound_name(
+                    name, scope, statement, anchors):
+                if self.facts.values(scope).kind(call.args[0].value) is Kind.LOADER:
+                    self.plan.wraps[call] = (name, self._device(scope, statement))
+        return self.plan
+
+    # Loops ------------------------------------------------------------------------------------
+
+    def _placed(self) -> bool:
+        return self.facts.places_on_device
+
+    def _device_loader(self, loop: cst.For, scope) -> bool:
+        """Whether a loop reads a target's device loader already (a migrated file)."""
+        return self._source(loop, scope) in self.facts.device_loaders or any(
+            self.facts.qualname(call.func) in _DEVICE_LOADERS for call in calls_in(loop.iter))
+
+    def _loader_loop(self, loop: cst.For, scope) -> str | None:
+        """The dotted name a loop iterates when it is a loader (or a device loader already)."""
+        source = iterated(loop.iter)
+        name = dotted(source)
+        if name is None or name in self.facts.device_loaders:
+            return None
+        return name if self.facts.values(scope).kind(source) is Kind.LOADER else None
+
+    def _source(self, loop: cst.For, scope) -> str | None:
+        """The dotted name of what a loop reads batches from: what it iterates, through
+        ``enumerate``/``tqdm`` and through a name assigned one of them (``pbar = tqdm(loader)``)."""
+        source = iterated(loop.iter)
+        if isinstance(source, cst.Name):
+            behind = iterated(self.facts.values(scope).assigned_value(source))
+            if behind is not source and dotted(behind) is not None:
+                source = behind
+        return dotted(source)
+
+    def fed(self, loop: cst.For, scope) -> bool:
+        """Whether the loop's batches reach the device (see the module's doc)."""
+        found = self._fed.get(loop)
+        if found is None:
+            values = self.facts.values(scope)
+            found = self._moves_a_batch(loop) or (loop in self._training or calls_a_model(loop.body, values)) and (
+                self._placed() or self._model_from_caller(loop, scope))
+            self._fed[loop] = found
+        return found
+
+    def _model_from_caller(self, loop: cst.For, scope) -> bool:
+        """Whether the model a loop runs may be placed by code this file does not show: it is a
+        parameter of the loop's function or an attribute of ``self`` (a training helper that
+        another file calls), or no model is named in the loop at all."""
+        values = self.facts.values(scope)
+        params = set(values.file.functions[scope].params) if scope is not None else set()
+        roots = {root(name) for name in _names(loop.body) if values.kind(name) is Kind.MODEL}
+        return not roots or bool(roots & (params | {"self"}))
+
+    def _moves_a_batch(self, loop: cst.For) -> bool:
+        batch = batch_names(loop)
+        moved = False
+
+        def enter(node):
+            nonlocal moved
+            if moved or isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+            if isinstance(node, cst.Assign) and len(node.targets) == 1:
+                bind_batch(batch, node.targets[0].target, node.value)
+            elif isinstance(node, (cst.For, cst.CompFor)) and root(iterated(node.iter)) in batch:
+                batch.update(names_in(node.target))  # {k: v.to(device) for k, v in batch.items()}
+            elif isinstance(node, cst.Call) and self.is_move(node, batch):
+                moved = True
+            return True
+
+        walk(loop.body, enter)
+        return moved
+
+    def _feeds_steps(self, call: cst.Call, scope, statement) -> bool:
+        """``it = iter(loader)`` whose ``next(it)`` is read in a training loop of the same
+        function (a one-off ``next(iter(loader))`` or a peek at one batch is not)."""
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        small = statement.body[0]
+        if not isinstance(small, cst.Assign) or small.value is not call or len(small.targets) != 1:
+            return False
+        name = dotted(small.targets[0].target)
+        return any(read == name and where is scope and any(loop in self._training for loop in loops)
+                   for read, where, loops in self.facts.next_calls)
+
+    # Uses of a loader binding -----------------------------------------------------------------
+
+    def _uses(self, binding) -> list[Use]:
+        facts = self.facts
+        uses = []
+        for loop in self._loops_in.get(binding.scope, ()):
+            if self._source(loop, binding.scope) == binding.name and self._owner(binding, facts.order[loop]):
+                uses.append(Use(facts.order[loop], self.fed(loop, binding.scope)))
+        if binding.scope is None:  # functions that read the module's loader
+            for scope, loops in self._loops_in.items():
+                if scope is None or facts.values(scope).binds(binding.name):
+                    continue
+                uses += [Use(None, self.fed(loop, scope)) for loop in loops
+                         if self._source(loop, scope) == binding.name]
+        for call, scope, statement in facts.iter_calls:
+            if scope is binding.scope and dotted(call.args[0].value) == binding.name:
+                order = facts.order[statement]
+                if self._owner(binding, order):
+                    uses.append(Use(order, self._feeds_steps(call, scope, statement)))
+        for function, param, call, order in self._passes(binding):
+            uses += [Use(order, self.fed(loop, function)) for loop in self._loops_in.get(function, ())
+                     if self._source(loop, function) == param]
+        return uses
+
+    def _owner(self, binding, order: int) -> bool:
+        """Whether ``binding`` is the assignment of its name that a statement at ``order`` of its
+        scope reads (the latest before it)."""
+        latest = None
+        for other in self.facts.loader_bindings:
+            if other.name == binding.name and other.scope is binding.scope and other.order < order:
+                if latest is None or other.order > latest.order:
+                    latest = other
+        return latest is binding
+
+    def _passes(self, binding):
+        """(function, parameter, call, order) for each call in the binding's scope that passes
+        its loader to a function of this file."""
+        facts = self.facts
+        values = facts.values(binding.scope)
+        for function in values.file.functions:
+            for caller, call, arguments in facts.passed(function):
+                if caller is not binding.scope:
+                    continue
+                order = facts.order.get(values.statement_of(call), 0)
+                for param, argument in arguments.items():
+                    if dotted(argument) == binding.name and self._owner(binding, order):
+                        yield function, param, call, order
+
+    def _anchor(self, binding, uses: list[Use]) -> tuple[cst.CSTNode, str | None] | None:
+        """Where the binding is rebound, and the device variable it names: after the device when
+        that is chosen later in the same function, else right after the loader where a device is
+        bound there; None where no device variable is, or no point comes before every use it
+        must feed and after every use that keeps the loader."""
+        facts = self.facts
+        device = next((d for d in facts.devices if d.scope is binding.scope and d.order > binding.order), None)
+        candidates = []
+        if device is not None:
+            candidates.append((device.statement, device.order, device.name))
+        bound = facts.device_at(binding.scope, binding.order)
+        if bound is not None:
+            candidates.append((binding.statement, binding.order, bound))
+        for statement, order, name in candidates:
+            if all(_fits(use, order, statement is binding.statement) for use in uses):
+                return statement, name
+        return None
+
+    def _settle(self, anchors: dict) -> set[tuple]:
+        """The (function, parameter) pairs whose fed loops every call of the function feeds a
+        rebound loader; where some call passes anything else, the loop is wrapped itself, and
+        the loaders passed to it are not rebound after all."""
+        functions = self.facts.values(None).file.functions
+        while True:
+            served, dropped = set(), set()
+            for function, info in functions.items():
+                params = {self._source(loop, function) for loop in self._loops_in.get(function, ())
+                          if self._loader_loop(loop, function) is not None and self.fed(loop, function)}
+                for param in params & set(info.params):
+                    passed = [self._binding(caller, arguments.get(param), call, anchors)
+                              for caller, call, arguments in self.facts.passed(function)]
+                    if passed and None not in passed:
+                        served.add((function, param))
+                    else:
+                        dropped |= {binding for binding in passed if binding is not None}
+            dropped &= set(anchors)
+            if not dropped:
+                return served
+            for binding in dropped:
+                del anchors[binding]
+
+    def _binding(self, caller, argument, call, anchors: dict):
+        """The rebound loader binding a call passes as ``argument`` (or the name of a device
+        loader it passes), else None."""
+        name = dotted(argument) if argument is not None else None
+        if name is None:
+            return None
+        if name in self.facts.device_loaders:
+            return name
+        order = self.facts.order.get(self.facts.values(caller).statement_of(call), 0)
+        for binding in anchors:
+            if binding.name == name and binding.scope is caller and self._owner(binding, order):
+                return binding
+            if binding.name == name and binding.scope is None and caller is not None \
+                    and not self.facts.values(caller).binds(name):
+                return binding
+        return None
+
+    def _rebound(self, loop: cst.For, scope, anchors: dict, served: set) -> bool:
+        """Whether a fed loop reads a rebound loader: its own scope's, the module's, or the
+        callers' (a parameter every call feeds one)."""
+        name = self._source(loop, scope)
+        if (scope, name) in served:
+            return True
+        return self._rebound_name(name, scope, loop, anchors)
+
+    def _rebound_name(self, name: str, scope, statement, anchors: dict) -> bool:
+        order = self.facts.order[statement]
+        return any(
+            binding.name == name and (
+                binding.scope is scope and self._owner(binding, order)
+                or binding.scope is None and scope is not None and not self.facts.values(scope).binds(name))
+            for binding in anchors
+        )
+
+    def _device(self, scope, statement) -> str | None:
+        return self.facts.device_at(scope, self.facts.order[statement])
+
+
+def _names(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The names and attribute chains an expression or block reads (``model``, ``self.model``)."""
+    found = []
+
+    def enter(child):
+        if isinstance(child, (cst.Name, cst.Attribute)) and dotted(child) is not None:
+            found.append(child)
+            return False
+        return True
+
+    walk(node, enter)
+    return found
+
+
+def _fits(use: Use, order: int, at_binding: bool) -> bool:
+    """Whether a rebind at statement ``order`` serves ``use``: a use it must feed comes after
+    it, one that keeps the loader before it; a use in another function, whose time the file
+    does not show, is fed only by a rebind right where the loader is made."""
+    if use.order is None:
+        return use.fed and at_binding
+    return use.order > order if use.fed else use.order < order
+
+
+def batch_names(loop: cst.For) -> set[str]:
+    """The names a loop's target binds: its batch (and counter)."""
+    return names_in(loop.target)
+
+
+def bind_batch(batch: set[str], target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+    """Update the names that hold batch values after ``target = value``: a value read from the
+    batch (``images = data[0]``) holds one, anything else (``x = model(x)``, ``z =
+    torch.randn(n)``) does not."""
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) and \
+            len(target.elements) == len(value.elements):
+        for part, part_value in zip(target.elements, value.elements):
+            bind_batch(batch, part.value, part_value.value)
+        return
+    names = _bound(target)
+    if _from_batch(value, batch):
+        batch.update(names)
+    else:
+        batch.difference_update(names)
+
+
+def _from_batch(value: cst.BaseExpression, batch: set[str]) -> bool:
+    """Whether ``value`` is read from the batch: ``data[0]``, ``x.float()``, ``{k: v.to(device)
+    for k, v in batch.items()}``, ``tuple(t for t in batch)``, ``(x, y)``."""
+    if isinstance(value, cst.Call) and dotted(value.func) in ("tuple", "list", "dict") and len(value.args) == 1:
+        value = value.args[0].value
+    if isinstance(value, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+        return root(iterated(value.for_in.iter)) in batch
+    if isinstance(value, (cst.Tuple, cst.List)) and value.elements:
+        return all(_from_batch(element.value, batch) for element in value.elements)
+    return root(value) in batch
+
+
+def _bound(target: cst.BaseExpression) -> set[str]:
+    """The plain names an assignment target binds (not ``a.b`` or ``a[i]``, which keep ``a``)."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(_bound(element.value) for element in target.elements))
+    if isinstance(target, cst.StarredElement):
+        return _bound(target.value)
+    return set()

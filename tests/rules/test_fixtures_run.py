@@ -1,0 +1,83 @@
+"""The golden fixtures that are whole scripts run, migrated, to their end: the runtime form on this
+CPU and the torch_xla form under torch_xla on PJRT's CPU device, where a tensor left on the host
+beside one on the device fails (``Expected XLA tensor``), as a name the migration left unbound
+does on every target. Each prints ``loss ...`` lines; they must match the original's (or, where
+the original needs CUDA, the runtime form's), and the torch_xla form must have run on the device.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accrewrite.engine import Options, migrate_source
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Fixture -> whether the original runs on a CPU (those that place by CUDA ordinal do not).
+RUNNABLE = {
+    "tutorial_module_level": True,
+    "gan_created_tensors": True,
+    "no_device": True,
+    "device_option_cpu": True,
+    "device_param_rank": False,
+    "late_device": True,
+}
+# Fixtures that never place anything on a device: they stay on the host on every target.
+HOST_ONLY = {"no_device"}
+TOLERANCE = 1e-4
+_LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)
+# Runs a script as `python script.py` would, then prints how many graphs torch_xla executed.
+_XLA_WRAPPER = (
+    "import runpy, sys; path = sys.argv[1]; sys.argv = sys.argv[1:]; runpy.run_path(path, run_name='__main__'); "
+    "import torch_xla.debug.metrics as m; data = m.metric_data('ExecuteTime'); "
+    "print('xla executions', data[0] if data else 0)"
+)
+
+
+def _run(command: list[str], cwd: Path, **env: str) -> str:
+    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    environment.update(env, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command[-1]} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def _losses(output: str) -> list[float]:
+    found = [float(value) for line in _LOSS.findall(output) for value in line.split()]
+    assert found, f"no loss lines in:\n{output[-2000:]}"
+    return found
+
+
+def _migrated(name: str, target: str, directory: Path) -> Path:
+    source = (FIXTURES / f"{name}.in.py").read_bytes()
+    result = migrate_source(source, f"{name}.py", Options(target=target))
+    assert result.error is None, result.error
+    path = directory / f"{name}_{target}.py"
+    path.write_bytes(result.output)
+    return path
+
+
+def _reference(name: str, tmp_path: Path) -> list[float]:
+    if RUNNABLE[name]:
+        return _losses(_run([sys.executable, str(FIXTURES / f"{name}.in.py")], tmp_path))
+    return _losses(_run([sys.executable, str(_migrated(name, "runtime", tmp_path))], tmp_path))
+
+
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
+def test_runtime_form_runs_to_its_end(name, tmp_path):
+    losses = _losses(_run([sys.executable, str(_migrated(name, "runtime", tmp_path))], tmp_path))
+    assert losses == pytest.approx(_reference(name, tmp_path), rel=TOLERANCE)
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
+def test_torch_xla_form_runs_to_its_end_on_the_device(name, tmp_path, xla_python):
+    path = _migrated(name, "torch_xla", tmp_path)
+    output = _run([xla_python, "-c", _XLA_WRAPPER, str(path)], tmp_path, PJRT_DEVICE="CPU")
+    assert _losses(output) == pytest.approx(_reference(name, tmp_path), rel=TOLERANCE)
+    executions = int(re.search(r"^xla executions (\d+)$", output, re.MULTILINE).group(1))
+    assert (executions == 0) if name in HOST_ONLY else (executions > 0)
