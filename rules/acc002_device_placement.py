@@ -31,7 +31,9 @@ class DevicePlacement(Rule):
       visible in that function, else the target's device call; `non_blocking` is kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
       `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`): it names the
-      target device too;
+      target device too, and a `device` parameter that callers pass one is not a device;
+    - a `--device` option chose the device (`default='cpu'` too): `torch.device(args.device)`
+      is the target's device now;
     - `device="cuda"` arguments name the target device, and so does `map_location="cuda"`,
       except where the target cannot load onto its device (XLA: `map_location='cpu'`, and
       `load_state_dict` copies onto the model's device);
