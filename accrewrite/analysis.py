@@ -281,9 +281,10 @@ class Facts:
             return True
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
             # args.device, default "cuda"; or named device with a default of another device
-            # ("cpu", "mps"): the option chooses the device, which the target's now is.
+            # ("cpu", "mps"): the option chooses the device, which the target's now is. (Not
+            # ``x.device``, a tensor's.)
             default = self.option_defaults().get(node.attr.value)
-            if default is None:
+            if default is None or self.values(None).file.option_kind(node) is None:
                 return False
             return default == "cuda" or default.startswith("cuda:") or (
                 node.attr.value == "device" and default.partition(":")[0] in _DEVICE_TYPES)

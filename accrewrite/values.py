@@ -1095,6 +1095,8 @@ class FileValues:
         self._calls: dict[cst.CSTNode, list[tuple[cst.Call, cst.FunctionDef | None, int]]] | None = None
         self._options: dict[str, Kind] | None = None
         self._namespaces: set[str] = set()
+        # Functions defined inside functions, by (enclosing function, name).
+        self._nested: dict[tuple[cst.FunctionDef, str], cst.FunctionDef] = {}
         self._index(module, owner=None, parent=None)
 
     def _index(self, node: cst.CSTNode, owner, parent) -> None:
@@ -1106,6 +1108,8 @@ class FileValues:
                     self._methods.setdefault(owner, {})[child.name.value] = child
                 elif owner is None and parent is None:
                     self.defined.setdefault(child.name.value, child)
+                elif owner is None:
+                    self._nested.setdefault((parent, child.name.value), child)
                 self._index(child, owner=None, parent=child)
             elif isinstance(child, cst.ClassDef):
                 if owner is None and parent is None:
@@ -1262,7 +1266,7 @@ class FileValues:
         func = call.func
         target, shift = None, 0
         if isinstance(func, cst.Name):
-            defined = self.defined.get(func.value)
+            defined = self._visible(scope, func.value)
             if isinstance(defined, cst.FunctionDef):
                 target = defined
             elif isinstance(defined, cst.ClassDef):
@@ -1273,6 +1277,17 @@ class FileValues:
                 target, shift = self.method(owner, func.attr.value), 1
         if target is not None:
             self._calls.setdefault(target, []).append((call, scope, shift))
+
+    def _visible(self, scope, name: str) -> cst.CSTNode | None:
+        """The function or class ``name`` calls from ``scope``: one defined in it or in a
+        function around it, else one of module level."""
+        while scope is not None:
+            nested = self._nested.get((scope, name))
+            if nested is not None:
+                return nested
+            function = self.functions.get(scope)
+            scope = function.parent if function is not None else None
+        return self.defined.get(name)
 
     # self.attributes ---------------------------------------------------------------------------
 

@@ -29,6 +29,9 @@ from accrewrite.targets import spelled_callees
 from accrewrite.values import Kind
 
 _DEVICE_LOADERS = spelled_callees("device_loader")
+# What a parameter may be given besides a loader assignment of this file: anything (another
+# file's call, an expression) or a device loader already.
+_UNKNOWN, _DEVICE_LOADER = "unknown", "device loader"
 # Calls whose iteration is their first argument's: the loader behind ``enumerate(loader)``.
 _PASSING = frozenset({"enumerate", "iter", "tqdm", "trange", "islice", "zip", "log_every"})
 
@@ -89,6 +92,8 @@ class Plan:
     fed: set[cst.CSTNode] = field(default_factory=set)
     # Training loops over a loader in a file that places nothing on a device.
     on_host: list[cst.For] = field(default_factory=list)
+    # Each statement line of a loader loop: the names that hold batch values where it starts.
+    batch_at: dict[cst.CSTNode, frozenset[str]] = field(default_factory=dict)
 
 
 class Planner:
@@ -105,6 +110,15 @@ class Planner:
             self._loops_in.setdefault(scope, []).append(loop)
         self._training = {loop.node for loop in facts.loops}
         self._fed: dict[cst.For, bool] = {}
+        # (calling function, name) -> (function of this file, its parameter, the call) for each
+        # call that passes the name on.
+        self._passing: dict[tuple, list[tuple]] = {}
+        for function in facts.values(None).file.functions:
+            for caller, call, arguments in facts.passed(function):
+                for param, argument in arguments.items():
+                    name = dotted(argument)
+                    if name is not None:
+                        self._passing.setdefault((caller, name), []).append((function, param, call))
 
     def build(self) -> Plan:
         facts = self.facts
@@ -184,14 +198,18 @@ class Planner:
         return not roots or bool(roots & (params | {"self"}))
 
     def _moves_a_batch(self, loop: cst.For) -> bool:
+        """Whether the loop moves a value read from its batch to the device; records, for each
+        statement line of its body, the names that hold batch values where it starts."""
         batch = batch_names(loop)
         moved = False
 
         def enter(node):
             nonlocal moved
-            if moved or isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return False
-            if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            if isinstance(node, cst.SimpleStatementLine):
+                self.plan.batch_at[node] = frozenset(batch)
+            elif isinstance(node, cst.Assign) and len(node.targets) == 1:
                 bind_batch(batch, node.targets[0].target, node.value)
             elif isinstance(node, (cst.For, cst.CompFor)) and root(iterated(node.iter)) in batch:
                 batch.update(names_in(node.target))  # {k: v.to(device) for k, v in batch.items()}
@@ -214,7 +232,7 @@ class Planner:
         return any(read == name and where is scope and any(loop in self._training for loop in loops)
                    for read, where, loops in self.facts.next_calls)
 
-    # Uses of a loader binding -----------------------------------------------------------------
+    # Where a loader flows ------------------------------------------------------------------
 
     def _uses(self, binding) -> list[Use]:
         facts = self.facts
@@ -233,10 +251,59 @@ class Planner:
                 order = facts.order[statement]
                 if self._owner(binding, order):
                     uses.append(Use(order, self._feeds_steps(call, scope, statement)))
-        for function, param, call, order in self._passes(binding):
-            uses += [Use(order, self.fed(loop, function)) for loop in self._loops_in.get(function, ())
-                     if self._source(loop, function) == param]
+        for function, param, call in self._passing.get((binding.scope, binding.name), ()):
+            order = self._call_order(binding.scope, call)
+            if self._owner(binding, order):
+                uses += [Use(order, self.fed(loop, where)) for loop, where in self._reached(function, param)]
         return uses
+
+    def _reached(self, function, param: str, seen: frozenset = frozenset()) -> list[tuple[cst.For, object]]:
+        """The loader loops that read what ``function`` is given as ``param``: its own, and
+        those of the functions it passes it on to."""
+        if (function, param) in seen:
+            return []
+        found = [(loop, function) for loop in self._loops_in.get(function, ())
+                 if self._source(loop, function) == param and self._loader_loop(loop, function) is not None]
+        for callee, callee_param, _ in self._passing.get((function, param), ()):
+            found += self._reached(callee, callee_param, seen | {(function, param)})
+        return found
+
+    def _sources(self, function, param: str, seen: frozenset = frozenset()) -> set:
+        """Where what ``function`` is given as ``param`` comes from: its callers' loader
+        assignments, and ``_UNKNOWN`` for anything else (a call from another file, an
+        expression, a default)."""
+        if (function, param) in seen:
+            return set()
+        calls = self.facts.passed(function)
+        if not calls:
+            return {_UNKNOWN}
+        found = set()
+        for caller, call, arguments in calls:
+            name = dotted(arguments[param]) if param in arguments else None
+            if name in self.facts.device_loaders:
+                found.add(_DEVICE_LOADER)
+                continue
+            binding = self._binding_at(caller, name, self._call_order(caller, call)) if name else None
+            if binding is not None:
+                found.add(binding)
+            elif name is not None and caller is not None and name in self.facts.values(None).file.functions[caller].params:
+                found |= self._sources(caller, name, seen | {(function, param)})
+            else:
+                found.add(_UNKNOWN)
+        return found
+
+    def _binding_at(self, scope, name: str, order: int):
+        """The loader assignment that ``name`` read at statement ``order`` of ``scope`` holds:
+        the scope's own, or the module's where a function reads it as a global."""
+        for binding in self.facts.loader_bindings:
+            if binding.name == name and binding.scope is scope and self._owner(binding, order):
+                return binding
+        if scope is not None and not self.facts.values(scope).binds(name):
+            return next((b for b in self.facts.loader_bindings if b.name == name and b.scope is None), None)
+        return None
+
+    def _call_order(self, scope, call: cst.Call) -> int:
+        return self.facts.order.get(self.facts.values(scope).statement_of(call), 0)
 
     def _owner(self, binding, order: int) -> bool:
         """Whether ``binding`` is the assignment of its name that a statement at ``order`` of its
@@ -247,20 +314,6 @@ class Planner:
                 if latest is None or other.order > latest.order:
                     latest = other
         return latest is binding
-
-    def _passes(self, binding):
-        """(function, parameter, call, order) for each call in the binding's scope that passes
-        its loader to a function of this file."""
-        facts = self.facts
-        values = facts.values(binding.scope)
-        for function in values.file.functions:
-            for caller, call, arguments in facts.passed(function):
-                if caller is not binding.scope:
-                    continue
-                order = facts.order.get(values.statement_of(call), 0)
-                for param, argument in arguments.items():
-                    if dotted(argument) == binding.name and self._owner(binding, order):
-                        yield function, param, call, order
 
     def _anchor(self, binding, uses: list[Use]) -> tuple[cst.CSTNode, str | None] | None:
         """Where the binding is rebound, and the device variable it names: after the device when
@@ -281,44 +334,23 @@ class Planner:
         return None
 
     def _settle(self, anchors: dict) -> set[tuple]:
-        """The (function, parameter) pairs whose fed loops every call of the function feeds a
-        rebound loader; where some call passes anything else, the loop is wrapped itself, and
-        the loaders passed to it are not rebound after all."""
-        functions = self.facts.values(None).file.functions
+        """The (function, parameter) pairs whose fed loops read only rebound loaders, from every
+        call; where anything else may come in, the loop is wrapped itself, and the loaders that
+        reach it are not rebound after all (they would be wrapped twice)."""
+        fed_params = set()
+        for function, info in self.facts.values(None).file.functions.items():
+            for loop in self._loops_in.get(function, ()):
+                param = self._source(loop, function)
+                if param in info.params and self._loader_loop(loop, function) is not None and self.fed(loop, function):
+                    fed_params.add((function, param))
+        sources = {key: self._sources(*key) for key in fed_params}
         while True:
-            served, dropped = set(), set()
-            for function, info in functions.items():
-                params = {self._source(loop, function) for loop in self._loops_in.get(function, ())
-                          if self._loader_loop(loop, function) is not None and self.fed(loop, function)}
-                for param in params & set(info.params):
-                    passed = [self._binding(caller, arguments.get(param), call, anchors)
-                              for caller, call, arguments in self.facts.passed(function)]
-                    if passed and None not in passed:
-                        served.add((function, param))
-                    else:
-                        dropped |= {binding for binding in passed if binding is not None}
-            dropped &= set(anchors)
+            served = {key for key, found in sources.items() if found and found <= set(anchors) | {_DEVICE_LOADER}}
+            dropped = set().union(*(found for key, found in sources.items() if key not in served)) & set(anchors)
             if not dropped:
                 return served
             for binding in dropped:
                 del anchors[binding]
-
-    def _binding(self, caller, argument, call, anchors: dict):
-        """The rebound loader binding a call passes as ``argument`` (or the name of a device
-        loader it passes), else None."""
-        name = dotted(argument) if argument is not None else None
-        if name is None:
-            return None
-        if name in self.facts.device_loaders:
-            return name
-        order = self.facts.order.get(self.facts.values(caller).statement_of(call), 0)
-        for binding in anchors:
-            if binding.name == name and binding.scope is caller and self._owner(binding, order):
-                return binding
-            if binding.name == name and binding.scope is None and caller is not None \
-                    and not self.facts.values(caller).binds(name):
-                return binding
-        return None
 
     def _rebound(self, loop: cst.For, scope, anchors: dict, served: set) -> bool:
         """Whether a fed loop reads a rebound loader: its own scope's, the module's, or the
@@ -329,13 +361,7 @@ class Planner:
         return self._rebound_name(name, scope, loop, anchors)
 
     def _rebound_name(self, name: str, scope, statement, anchors: dict) -> bool:
-        order = self.facts.order[statement]
-        return any(
-            binding.name == name and (
-                binding.scope is scope and self._owner(binding, order)
-                or binding.scope is None and scope is not None and not self.facts.values(scope).binds(name))
-            for binding in anchors
-        )
+        return self._binding_at(scope, name, self.facts.order[statement]) in anchors
 
     def _device(self, scope, statement) -> str | None:
         return self.facts.device_at(scope, self.facts.order[statement])

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, names_in, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.rules._loader_feeds import Plan, Planner, batch_names, bind_batch, calls_a_model, iterated, root
+from accrewrite.rules._loader_feeds import Plan, Planner, calls_a_model, iterated, root
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 
@@ -170,8 +170,8 @@ class DeviceLoader(Rule):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._planned: Plan | None = None
-        # Fed loops being walked, innermost last: (loop, the names that hold its batch values).
-        self._open: list[tuple[cst.For, set[str]]] = []
+        # Fed loops being walked, innermost last.
+        self._open: list[cst.For] = []
         self._reported_host = False
 
     def applies(self) -> bool:
@@ -201,11 +201,7 @@ class DeviceLoader(Rule):
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if self._open and self._is_inside_fed_loop():
-            result = self._drop_batch_moves(original_node, updated_node)
-            statement = original_node.body[0]
-            if isinstance(statement, cst.Assign) and len(statement.targets) == 1:
-                bind_batch(self._open[-1][1], statement.targets[0].target, statement.value)
-            return result
+            return self._drop_batch_moves(original_node, updated_node)
         return updated_node
 
     # Loops ----------------------------------------------------------------------------------
@@ -216,10 +212,8 @@ class DeviceLoader(Rule):
     def visit_For(self, node: cst.For) -> None:
         plan = self._plan
         if node in plan.fed:
-            self._open.append((node, batch_names(node)))
+            self._open.append(node)
             return
-        if self._open and self._is_inside_fed_loop() and root(iterated(node.iter)) in self._open[-1][1]:
-            self._open[-1][1].update(names_in(node.target))  # for k, v in batch.items()
         if node in plan.on_host and not self._reported_host:
             self._reported_host = True
             self.ctx.diagnose(
@@ -281,7 +275,7 @@ class DeviceLoader(Rule):
         return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=wrapped)])
 
     def leave_For(self, original_node, updated_node):
-        if self._open and self._open[-1][0] is original_node:
+        if self._open and self._open[-1] is original_node:
             self._open.pop()
         wrap = self._plan.wraps.get(original_node)
         if wrap is None:
@@ -294,22 +288,21 @@ class DeviceLoader(Rule):
     # Per-batch moves --------------------------------------------------------------------------
 
     def leave_If(self, original_node, updated_node):
-        """``if torch.cuda.is_available(): images = images.cuda()`` whose moves are gone goes too."""
-        body = updated_node.body
-        if (
-            self._open and self._is_inside_fed_loop() and original_node.orelse is None
-            and isinstance(body, cst.IndentedBlock) and len(body.body) == 1
-            and isinstance(body.body[0], cst.SimpleStatementLine)
-            and isinstance(body.body[0].body[0], cst.Pass)
-            and not _has_pass(original_node.body)
-        ):
+        """``if torch.cuda.is_available(): images = images.cuda()`` whose moves are gone goes
+        too, and so does an ``else:`` branch that only moved the batch."""
+        if not (self._open and self._is_inside_fed_loop()):
+            return updated_node
+        if original_node.orelse is None and _emptied(original_node.body, updated_node.body):
             self.ctx.fix(original_node, "removed a branch that only moved the batch: the device loader moves batches")
             return cst.RemoveFromParent()
+        if isinstance(original_node.orelse, cst.Else) and _emptied(original_node.orelse.body, updated_node.orelse.body):
+            self.ctx.fix(original_node, "removed a branch that only moved the batch: the device loader moves batches")
+            return updated_node.with_changes(orelse=None)
         return updated_node
 
     def _is_inside_fed_loop(self) -> bool:
         """Whether the walk is in a fed loop's own body (not in a function defined there)."""
-        loop = self._open[-1][0]
+        loop = self._open[-1]
         opened = self.ctx.open_statements
         return loop in opened and not any(isinstance(s, cst.FunctionDef) for s in opened[opened.index(loop):])
 
@@ -317,7 +310,7 @@ class DeviceLoader(Rule):
         if len(updated_node.body) != 1:
             return updated_node
         statement = updated_node.body[0]
-        batch = self._open[-1][1]
+        batch = self._plan.batch_at.get(original_node, frozenset())
         if isinstance(statement, cst.Expr) and self._is_move(statement.value, batch):
             self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
             return cst.RemoveFromParent()
@@ -439,6 +432,16 @@ def _concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> b
     parts = call.args[0].value
     name = dotted(target)
     return isinstance(parts, (cst.Tuple, cst.List)) and any(dotted(e.value) == name for e in parts.elements)
+
+
+def _emptied(original: cst.BaseSuite, updated: cst.BaseSuite) -> bool:
+    """Whether a block is left holding only the ``pass`` the walk puts in an emptied block."""
+    return (
+        isinstance(updated, cst.IndentedBlock) and len(updated.body) == 1
+        and isinstance(updated.body[0], cst.SimpleStatementLine)
+        and isinstance(updated.body[0].body[0], cst.Pass)
+        and not _has_pass(original)
+    )
 
 
 def _has_pass(block: cst.BaseSuite) -> bool:
