@@ -144,7 +144,8 @@ class Planner:
                 self.plan.on_host.append(loop)
         for call, scope, statement in facts.iter_calls:
             name = dotted(call.args[0].value)
-            if name is not None and self._feeds_steps(call, scope, statement) and not self._rebound_name(
+            if name is not None and name not in facts.device_loaders and self._feeds_steps(call, scope, statement) \
+                    and not self._rebound_name(
                     name, scope, statement, anchors):
                 if self.facts.values(scope).kind(call.args[0].value) is Kind.LOADER:
                     self.plan.wraps[call] = (name, self._device(scope, statement))
