@@ -160,7 +160,8 @@ def test_data_one_and_two_folders_above_the_working_directory_is_found(tmp_path,
     monkeypatch.chdir(tmp_path / "tutorials" / "basics")
     monkeypatch.setenv("COLUMNS", "200")
     reads = 'scale = float(open("../../data/scale.txt").read()) + float(open("../offset.txt").read())\n'
-    write(Path.cwd(), "train.py", TRAIN.format(activation="nn.ReLU()").replace("torch.manual_seed(0)\n", reads + "torch.manual_seed(0)\n"))
+    seeded = "torch.manual_seed(0)\n"
+    write(Path.cwd(), "train.py", TRAIN.format(activation="nn.ReLU()").replace(seeded, reads + seeded))
     assert main(["verify", "train.py", "--steps", "3"]) == 0, capsys.readouterr().err
 
 
