@@ -4,7 +4,7 @@ they still train the same.
     python benchmarks/real_scripts.py DIR [--targets runtime,torch_xla,torchacc] [--exclude GLOB]
         [--jobs N] [--list-diagnostics] [--json OUT]
         [--verify [--python PATH] [--xla-python PATH] [--steps 5] [--timeout S] [--recipe TEXT]
-                  [--no-end] [--run-jobs N]]
+                  [--no-end | --end-only] [--run-jobs N]]
 
 DIR holds fetched public repositories, one folder per repository (``owner+name``). It is only
 read: migrations happen in memory, and verify runs work on copies in temporary directories.
@@ -68,7 +68,8 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
    generation, a second model, a checkpoint loaded back). Recorded: the exit status, the end of
    stderr when it failed, and for torch_xla how many graphs XLA executed and compiled and how
    many operations fell back to the CPU, summed over its processes (``SITE``, a module every
-   process imports first, reports them at exit). ``--run-jobs`` recipes at a time.
+   process imports first, reports them at exit). ``--end-only`` runs these and no verify;
+   ``--run-jobs`` recipes at a time.
 5. A table per script (verify within the tolerance, ran to the end, XLA executions), a
    summary per target, and with ``--json OUT`` everything above as JSON.
 """
@@ -1367,7 +1368,7 @@ def run_recipe(script: Path | None, relative: str, recipe: Recipe, args) -> Outc
                         for sides, counts in comparisons(recipe)],
                        [EndResult(recipe.suffix, side, None, "skipped: not in DIR") for side in end_sides(recipe)])
     ends = [] if args.no_end else [run_to_end(script, relative, recipe, side, args) for side in end_sides(recipe)]
-    return Outcome(run_verify(script, relative, recipe, args), ends)
+    return Outcome([] if args.end_only else run_verify(script, relative, recipe, args), ends)
 
 
 def verify_all(directory: Path, args) -> list[Outcome]:
@@ -1588,6 +1589,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtol", type=float, default=0.02, help="verify's tolerance (default 0.02)")
     parser.add_argument("--recipe", action="append", metavar="TEXT", help="verify only recipes whose path has TEXT")
     parser.add_argument("--no-end", action="store_true", help="verify only: no runs to the end")
+    parser.add_argument("--end-only", action="store_true", help="runs to the end only: no accrewrite verify")
     parser.add_argument("--run-jobs", type=int, default=1, help="recipes verified at once (default 1)")
     args = parser.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
