@@ -88,21 +88,31 @@ class Workspace:
         self.unsafe_fixes = unsafe_fixes
 
     def build(self, side: Side, options: Options | None) -> tuple[Path, Path]:
-        """The side's (working directory, script path). The working directory's siblings are
-        linked beside its copy, so that ``../data`` (PyTorch's examples) is found."""
-        home = self.root / side.name / (self.cwd.name or "root")
+        """The side's (working directory, script path). The copy sits two folders deep, and the
+        siblings of the working directory and of its parent are linked beside them, so that
+        ``../data`` (PyTorch's examples) and ``../../data`` (tutorials that keep one data folder
+        for the whole repository) are found."""
+        home = self.root / side.name / (self.cwd.parent.name or "parent") / (self.cwd.name or "root")
         home.parent.mkdir(parents=True)
-        for sibling in self.cwd.parent.iterdir() if self.cwd.parent != self.cwd else ():
-            if sibling.name != self.cwd.name:
-                (home.parent / sibling.name).symlink_to(sibling)
+        _link_siblings(self.cwd, home)
+        _link_siblings(self.cwd.parent, home.parent)
         script_dir = self.script.parent
         if script_dir.is_relative_to(self.cwd):
             _mirror(self.cwd, home, script_dir if options else None, options, side.migration_errors)
             return home, home / self.script.relative_to(self.cwd)
-        script_home = self.root / side.name / ".script"
+        script_home = self.root / f"{side.name}.script"
         _mirror(self.cwd, home, None, None, side.migration_errors)
         _mirror(script_dir, script_home, script_dir if options else None, options, side.migration_errors)
         return home, script_home / self.script.name
+
+
+def _link_siblings(folder: Path, copy: Path) -> None:
+    """Link the entries beside ``folder`` beside its ``copy``."""
+    if folder.parent == folder:
+        return
+    for sibling in folder.parent.iterdir():
+        if sibling.name != folder.name and not os.path.lexists(copy.parent / sibling.name):
+            (copy.parent / sibling.name).symlink_to(sibling)
 
 
 def _mirror(source: Path, target: Path, migrate_under: Path | None, options: Options | None, errors: list[str]):

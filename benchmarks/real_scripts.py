@@ -3,13 +3,15 @@ they still train the same.
 
     python benchmarks/real_scripts.py DIR [--targets runtime,torch_xla,torchacc] [--exclude GLOB]
         [--jobs N] [--list-diagnostics] [--json OUT]
-        [--verify [--python PATH] [--xla-python PATH] [--steps 5] [--timeout S] [--recipe TEXT]]
+        [--verify [--python PATH] [--xla-python PATH] [--steps 5] [--timeout S] [--recipe TEXT]
+                  [--no-end | --end-only] [--run-jobs N]]
 
 DIR holds fetched public repositories, one folder per repository (``owner+name``). It is only
 read: migrations happen in memory, and verify runs work on copies in temporary directories.
 
-1. Every ``.py`` file under DIR (``accrewrite.discovery.discover``, minus ``--exclude``) is
-   migrated to each target. Counted: internal errors (a FileError whose reason starts with
+1. Every ``.py`` file under DIR (``accrewrite.discovery.discover``, minus ``--exclude``), and
+   every notebook's code cells as one script (``notebook_source``), is migrated to each target.
+   Counted: internal errors (a FileError whose reason starts with
    "internal error": a rule's bug), other errors (Python 2 syntax, undecodable files), outputs
    that do not ``compile()`` although the original does, and outputs that are not idempotent
    (migrating the output again with the same options changes it).
@@ -53,14 +55,23 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
 3. Diagnostics by code and target; ``--list-diagnostics`` prints every ACC101/ACC102/ACC103
    finding of the runtime target as ``path:line: CODE <source line>``, to label by hand.
 4. ``--verify``: ``accrewrite verify`` on every script in ``RECIPES`` found in DIR, in a scratch
-   directory holding a copy of the script's directory and synthetic data (no network):
+   directory holding a copy of the script's directory (two folders deep, so that ``../../data``
+   stays inside it; a notebook's code as ``<name>.py``) and synthetic data (no network):
    ``original,runtime`` and ``original,torch_xla``, or ``runtime,torch_xla`` (counted for both)
    where the original needs CUDA, or only ``original,runtime`` where it places nothing on a
    device. ``--python`` runs ``-m accrewrite.cli verify`` and with it the original and the
    runtime side; ``--xla-python`` (default ``$ACCREWRITE_XLA_PYTHON``) the
    torch_xla side, which is skipped without one. A recipe whose original cannot run here is not
-   counted as verified.
-5. A summary per target, and with ``--json OUT`` everything above as JSON.
+   counted as verified. Then, unless ``--no-end``, each side (the original where it runs here,
+   runtime, torch_xla on PJRT_DEVICE=CPU) is run as a user runs it, with the recipe's arguments,
+   to the script's end: verify stops after its steps and sees nothing after them (evaluation,
+   generation, a second model, a checkpoint loaded back). Recorded: the exit status, the end of
+   stderr when it failed, and for torch_xla how many graphs XLA executed and compiled and how
+   many operations fell back to the CPU, summed over its processes (``SITE``, a module every
+   process imports first, reports them at exit). ``--end-only`` runs these and no verify;
+   ``--run-jobs`` recipes at a time.
+5. A table per script (verify within the tolerance, ran to the end, XLA executions), a
+   summary per target, and with ``--json OUT`` everything above as JSON.
 """
 
 from __future__ import annotations
@@ -74,6 +85,7 @@ import pickle
 import random
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -83,13 +95,14 @@ import warnings
 import zlib
 from array import array
 from collections import Counter, defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from accrewrite.discovery import discover
+from accrewrite.discovery import _excluded, discover
 from accrewrite.engine import Options, migrate_source
+from accrewrite.verify import Side, Workspace
 
 DEFAULT_TARGETS = ("runtime", "torch_xla", "torchacc")
 LISTED_DIAGNOSTICS = ("ACC101", "ACC102", "ACC103")
@@ -708,7 +721,7 @@ def _compiles(source: bytes, path: str) -> bool:
 
 def examine(path: str, relative: str, target: str) -> FileReport:
     """Migrate one file to one target and judge the output."""
-    source = Path(path).read_bytes()
+    source = source_bytes(Path(path))
     options = Options(target=target)
     result = migrate_source(source, path, options)
     report = FileReport(relative, target, diagnostics=[(d.code, d.line) for d in result.diagnostics])
@@ -729,6 +742,12 @@ def examine(path: str, relative: str, target: str) -> FileReport:
         report.training = True
         report.needs = check_output(original, result.output, target)
     return report
+
+
+def notebooks(directory: Path, excludes: tuple[str, ...]) -> list[Path]:
+    """The notebooks under ``directory``: their code cells are migrated as one script."""
+    return sorted(p for p in directory.rglob("*.ipynb")
+                  if ".ipynb_checkpoints" not in p.parts and not _excluded(p, directory, excludes))
 
 
 def corpus_pass(directory: Path, paths: list[Path], targets: list[str], jobs: int) -> list[FileReport]:
@@ -783,16 +802,71 @@ def image_folder(root: Path, splits=("train", "val"), classes=2, per_class=6, si
                 _png(root / split / f"class{c}" / f"{i}.png", *size, rng)
 
 
-def mnist_raw(root: Path, train: int = 256, test: int = 64) -> None:
-    """torchvision's unpacked MNIST (``root/MNIST/raw``): with these present it downloads nothing."""
+def mnist_raw(root: Path, train: int = 256, test: int = 64, name: str = "MNIST") -> None:
+    """torchvision's unpacked MNIST (``root/MNIST/raw``), or FashionMNIST with ``name``: with
+    these present it downloads nothing."""
     rng = random.Random(0)
-    raw = root / "MNIST" / "raw"
+    raw = root / name / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for prefix, n in (("train", train), ("t10k", test)):
         images = struct.pack(">IIII", 2051, n, 28, 28) + rng.randbytes(n * 784)
         labels = struct.pack(">II", 2049, n) + bytes(rng.randrange(10) for _ in range(n))
         (raw / f"{prefix}-images-idx3-ubyte").write_bytes(images)
         (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(labels)
+
+
+def mnist(root: str, train: int = 256, test: int = 64, name: str = "MNIST") -> Callable[[Path, str], None]:
+    """The data helper that writes MNIST (or ``name``) at ``root``, relative to the working
+    directory: tutorials hard-code their epochs and batch sizes, so ``train`` and ``test`` set
+    how many steps they make."""
+    def write(cwd: Path, python: str) -> None:
+        mnist_raw(cwd / root, train, test, name)
+    return write
+
+
+def cifar10(root: str, train: int = 40, test: int = 12) -> Callable[[Path, str], None]:
+    """torchvision's ``cifar-10-batches-py`` at ``root``: five training batches and a test batch
+    of random pixels, uint8 arrays as torchvision reads them, so the interpreter writes them with
+    numpy; their checksums pass through ``SITE``."""
+    def write(cwd: Path, python: str) -> None:
+        folder = cwd / root / "cifar-10-batches-py"
+        folder.mkdir(parents=True, exist_ok=True)
+        code = (f"import numpy as np, pickle; rng = np.random.default_rng(0); n = {train}; "
+                "sizes = [n // 5 + (i < n % 5) for i in range(5)]\n"
+                "names = [f'data_batch_{i + 1}' for i in range(5)] + ['test_batch']\n"
+                f"for name, k in zip(names, sizes + [{test}]):\n"
+                "    batch = {'data': rng.integers(0, 256, (k, 3072), dtype=np.uint8), "
+                "'labels': rng.integers(0, 10, k).tolist()}\n"
+                "    pickle.dump(batch, open(name, 'wb'))\n"
+                "pickle.dump({'label_names': [f'class{i}' for i in range(10)]}, open('batches.meta', 'wb'))")
+        subprocess.run([python, "-c", code], cwd=folder, check=True, capture_output=True, timeout=120)
+    return write
+
+
+def text(name: str, kind: str = "chars", size: int = 6000) -> Callable[[Path, str], None]:
+    """A text file ``name`` in the working directory: ``chars`` (a character-level corpus),
+    ``words`` (lines of ten words from a vocabulary of 50) or ``names`` (one short name a line)."""
+    def write(cwd: Path, python: str) -> None:
+        rng = random.Random(0)
+        if kind == "chars":
+            body = "".join(rng.choice("abcdefghij klmnopqrst\nuvwxyz.,!?ABCDEFGHIJ") for _ in range(size))
+        elif kind == "words":
+            words = [f"w{i}" for i in range(50)]
+            body = "".join(" ".join(rng.choices(words, k=10)) + "\n" for _ in range(size // 10))
+        else:
+            body = "".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 8))) + "\n"
+                           for _ in range(size))
+        path = cwd / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+    return write
+
+
+def images(root: str, classes: int = 2, per_class: int = 4, size=(40, 32)) -> Callable[[Path, str], None]:
+    """An ImageFolder tree ``root/{train,val}/classN/*.png`` relative to the working directory."""
+    def write(cwd: Path, python: str) -> None:
+        image_folder(cwd / root, classes=classes, per_class=per_class, size=size)
+    return write
 
 
 def shakespeare_char(cwd: Path, python: str) -> None:
@@ -807,14 +881,10 @@ def shakespeare_char(cwd: Path, python: str) -> None:
     (folder / "meta.pkl").write_bytes(pickle.dumps(meta))
 
 
-def mnist_above(cwd: Path, python: str) -> None:
-    """MNIST in ``../data``, where pytorch/examples' MNIST scripts look: outside the working
-    directory, which is all that ``accrewrite verify`` copies into its workspaces."""
-    mnist_raw(cwd.parent / "data")
-
-
-def mnist_here(cwd: Path, python: str) -> None:
-    mnist_raw(cwd / "data")
+mnist_above = mnist("../data")
+"""MNIST in ``../data``, where pytorch/examples' MNIST scripts look: outside the working
+directory, which ``accrewrite verify`` links beside its copies."""
+mnist_here = mnist("data")
 
 
 def vae_data(cwd: Path, python: str) -> None:
@@ -891,6 +961,7 @@ class Recipe:
     steps: int | None = None  # instead of --steps, where a step is slow
     needs: tuple[str, ...] = ()  # modules the interpreters must import
     env: tuple[tuple[str, str], ...] = ()
+    packages: tuple[str, ...] = ()  # folders, relative to the script's, copied into its working directory
     note: str = ""
 
 
@@ -948,6 +1019,90 @@ RECIPES = (
     Recipe("pytorch+examples/distributed/ddp-tutorial-series/multigpu_torchrun.py", ("1", "1", "--batch_size", "8"),
            no_data, original_runs=False, nproc=2,
            note="the original calls torch.cuda.set_device and uses NCCL; " + _ZERO_LOSS),
+    # Tutorial-shaped scripts (the second corpus, docs/benchmarks.md): module-level code that
+    # hard-codes its epochs and sizes, so the data sets how long they run.
+    Recipe("yunjey+pytorch-tutorial/tutorials/01-basics/logistic_regression/main.py", (),
+           mnist("../../data", train=200, test=100), needs=_MNIST, on_device=False,
+           note="it places nothing on a device"),
+    Recipe("yunjey+pytorch-tutorial/tutorials/01-basics/feedforward_neural_network/main.py", (),
+           mnist("../../data", train=200, test=100), needs=_MNIST),
+    Recipe("yunjey+pytorch-tutorial/tutorials/02-intermediate/convolutional_neural_network/main.py", (),
+           mnist("../../data", train=200, test=100), needs=_MNIST),
+    Recipe("yunjey+pytorch-tutorial/tutorials/02-intermediate/recurrent_neural_network/main.py", (),
+           mnist("../../data", train=200, test=100), needs=_MNIST, steps=4),
+    Recipe("yunjey+pytorch-tutorial/tutorials/02-intermediate/bidirectional_recurrent_neural_network/main.py", (),
+           mnist("../../data", train=200, test=100), needs=_MNIST, steps=4),
+    Recipe("yunjey+pytorch-tutorial/tutorials/02-intermediate/deep_residual_network/main.py", (),
+           cifar10("../../data", train=100, test=100), needs=("torchvision", "numpy"), steps=4,
+           note="80 epochs of one batch; its learning rate drops every 20 epochs"),
+    Recipe("yunjey+pytorch-tutorial/tutorials/02-intermediate/language_model/main.py", (),
+           text("data/train.txt", "words", 2400), needs=("numpy",),
+           note="it samples 1000 words after training, one model call per word"),
+    Recipe("yunjey+pytorch-tutorial/tutorials/03-advanced/generative_adversarial_network/main.py", (),
+           mnist("../../data", train=100, test=10), needs=_MNIST,
+           note="200 epochs of one batch, a sample image saved per epoch"),
+    Recipe("yunjey+pytorch-tutorial/tutorials/03-advanced/variational_autoencoder/main.py", (),
+           mnist("../../data", train=128, test=10), needs=_MNIST),
+    Recipe("eriklindernoren+PyTorch-GAN/implementations/gan/gan.py", ("--n_epochs", "1", "--batch_size", "32"),
+           mnist("../../data/mnist", train=128, test=10), needs=_MNIST, steps=6),
+    Recipe("eriklindernoren+PyTorch-GAN/implementations/dcgan/dcgan.py", ("--n_epochs", "1", "--batch_size", "16"),
+           mnist("../../data/mnist", train=64, test=10), needs=_MNIST, steps=6),
+    Recipe("eriklindernoren+PyTorch-GAN/implementations/cgan/cgan.py", ("--n_epochs", "1", "--batch_size", "16"),
+           mnist("../../data/mnist", train=64, test=10), needs=_MNIST, steps=6),
+    Recipe("eriklindernoren+PyTorch-GAN/implementations/acgan/acgan.py", ("--n_epochs", "1", "--batch_size", "16"),
+           mnist("../../data/mnist", train=64, test=10), needs=_MNIST, steps=6),
+    Recipe("eriklindernoren+PyTorch-GAN/implementations/wgan_gp/wgan_gp.py",
+           ("--n_epochs", "1", "--batch_size", "16"), mnist("../../data/mnist", train=160, test=10), needs=_MNIST),
+    Recipe("MorvanZhou+PyTorch-Tutorial/tutorial-contents/401_CNN.py", (), mnist("mnist", train=200, test=64),
+           needs=_MNIST, on_device=False, steps=4, note="it places nothing on a device"),
+    Recipe("MorvanZhou+PyTorch-Tutorial/tutorial-contents/402_RNN_classifier.py", (),
+           mnist("mnist", train=256, test=64), needs=_MNIST, on_device=False, steps=4, note="it places nothing on a device"),
+    Recipe("MorvanZhou+PyTorch-Tutorial/tutorial-contents/403_RNN_regressor.py", (), no_data,
+           needs=("numpy", "matplotlib"), on_device=False, note="it places nothing on a device"),
+    Recipe("MorvanZhou+PyTorch-Tutorial/tutorial-contents/406_GAN.py", (), no_data, needs=("numpy", "matplotlib"),
+           on_device=False, note="it places nothing on a device; 10000 steps of two small networks"),
+    Recipe("MorvanZhou+PyTorch-Tutorial/tutorial-contents/502_GPU.py", (), mnist("mnist", train=100, test=64),
+           needs=_MNIST, original_runs=False, steps=2, note="the original calls .cuda() unconditionally"),
+    Recipe("aladdinpersson+Machine-Learning-Collection/ML/Pytorch/Basics/pytorch_simple_CNN.py", (),
+           mnist("dataset", train=128, test=64), needs=(*_MNIST, "tqdm")),
+    Recipe("pytorch+tutorials/beginner_source/basics/quickstart_tutorial.py", (),
+           mnist("data", train=256, test=64, name="FashionMNIST"), needs=_MNIST),
+    Recipe("pytorch+tutorials/beginner_source/blitz/cifar10_tutorial.py", (), cifar10("data"),
+           needs=("torchvision", "matplotlib"), on_device=False,
+           note="it trains on the CPU: the device is chosen at the end and only printed"),
+    Recipe("pytorch+tutorials/intermediate_source/ddp_tutorial.py", (), no_data, original_runs=False,
+           note="mp.spawn of two processes, one step each, twice; the original needs CUDA "
+                "(device_ids from torch.cuda.device_count()); verify records the parent process only"),
+    Recipe("karpathy+ng-video-lecture/bigram.py", (), text("input.txt", "chars", 6000),
+           note="3000 steps, an evaluation every 300, then 500 generated characters"),
+    Recipe("karpathy+minGPT/projects/chargpt/chargpt.py",
+           ("--trainer.max_iters=20", "--trainer.batch_size=8", "--trainer.num_workers=0",
+            "--model.model_type=gpt-nano", "--data.block_size=32"), text("input.txt", "chars", 6000),
+           packages=("../../mingpt",),
+           note="the training loop is mingpt/trainer.py, copied beside it and migrated with it; it "
+                "generates 500 characters at step 0"),
+    Recipe("karpathy+makemore/makemore.py",
+           ("--max-steps", "30", "--num-workers", "0", "--batch-size", "8", "--n-layer", "2", "--n-embd", "32",
+            "--n-embd2", "32"), text("names.txt", "names", 400), on_device=False,
+           note="--device defaults to cpu, so it places nothing on a device"),
+    Recipe("rasbt+LLMs-from-scratch/appendix-A/01_main-chapter-code/code-part1.ipynb", (), no_data,
+           needs=("numpy",), on_device=False, note="a notebook; it places nothing on a device"),
+    Recipe("rasbt+LLMs-from-scratch/appendix-A/01_main-chapter-code/DDP-script.py", (), no_data,
+           original_runs=False,
+           note="mp.spawn over torch.cuda.device_count() processes, NCCL; verify records the parent process only"),
+    Recipe("rasbt+LLMs-from-scratch/appendix-A/01_main-chapter-code/DDP-script-torchrun.py", (), no_data,
+           original_runs=False, nproc=2, note="torchrun, NCCL, torch.cuda.set_device(rank)"),
+    Recipe("tczhangzhi+pytorch-distributed/multiprocessing_distributed.py",
+           ("--data", "images", "-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1"),
+           images("images", classes=2, per_class=2), needs=("torchvision", "PIL"), original_runs=False, steps=2,
+           note="mp.spawn over torch.cuda.device_count() processes, NCCL; verify records the parent process only"),
+    Recipe("tczhangzhi+pytorch-distributed/distributed.py",
+           ("--data", "images", "-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1"),
+           images("images", classes=2, per_class=2), needs=("torchvision", "PIL"), original_runs=False, nproc=2,
+           steps=2, note="written for torch.distributed.launch (--local_rank), NCCL"),
+    Recipe("mrdbourke+pytorch-deep-learning/01_pytorch_workflow.ipynb", (), no_data, needs=("matplotlib",),
+           steps=104, note="a notebook: 100 steps on the CPU, then the device is chosen and a second model "
+                           "trains on it for 1000 steps; 104 steps reach the second model"),
 )
 
 
@@ -959,6 +1114,20 @@ class VerifyResult:
     code: int | None  # accrewrite verify's exit status; None when it did not run
     verdict: str
     seconds: float = 0.0
+
+
+@dataclass
+class EndResult:
+    """One side run as a user runs it, to the script's end (no probe, no step limit)."""
+
+    script: str
+    side: str  # original, runtime or torch_xla
+    code: int | None  # its exit status; None when it did not run or ran past --timeout
+    note: str  # why it did not run, or the end of its stderr when it failed
+    seconds: float = 0.0
+    executions: int | None = None  # torch_xla: XLA graph executions, summed over its processes
+    compilations: int | None = None
+    fallbacks: int | None = None  # torch_xla: operations that fell back to the CPU (aten:: counters)
 
 
 def comparisons(recipe: Recipe) -> list[tuple[str, tuple[str, ...]]]:
@@ -975,11 +1144,102 @@ def importable(python: str, module: str) -> bool:
     return subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=300).returncode == 0
 
 
-def scratch_copy(script: Path, scratch: Path) -> Path:
-    """A copy of the script's directory in ``scratch``; its path (the working directory)."""
-    cwd = scratch / script.parent.name
+def _missing(recipe: Recipe, pythons: list[str]) -> str:
+    missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m)})
+    return f"skipped: cannot import {', '.join(missing)}" if missing else ""
+
+
+# Every process the benchmark starts imports SITE first (it is put on PYTHONPATH): the synthetic
+# CIFAR-10 batches pass torchvision's checksums, and a process that imported torch_xla says at
+# exit how many graphs XLA compiled and executed, spawned workers included.
+XLA_MARK = "real_scripts: xla"
+SITE = '''"""Written by benchmarks/real_scripts.py: see its SITE."""
+import atexit
+import importlib.abc
+import sys
+
+
+class _SyntheticCifar(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torchvision.datasets.cifar":
+            return None
+        spec = next((s for s in (f.find_spec(name, path, target) for f in sys.meta_path if f is not self) if s), None)
+        if spec is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                module.CIFAR10._check_integrity = lambda self: True
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def _xla_report():
+    if "torch_xla" not in sys.modules:
+        return
+    import torch_xla.debug.metrics as met
+
+    def count(*names):
+        return sum((met.metric_data(n) or (0,))[0] for n in names)
+
+    fallbacks = sum(met.counter_value(n) or 0 for n in met.counter_names() if n.startswith("aten::"))
+    print(MARK, "executions", count("ExecuteTime", "ExecuteReplicatedTime"), "compilations",
+          count("CompileTime"), "fallbacks", fallbacks, file=sys.stderr, flush=True)
+
+
+sys.meta_path.insert(0, _SyntheticCifar())
+atexit.register(_xla_report)
+'''.replace("MARK", repr(XLA_MARK))
+
+
+def notebook_source(path: Path) -> str:
+    """A notebook's code cells as one script: IPython's ``!`` and ``%`` lines become ``pass``
+    (keeping any block they close valid), so the rest runs as the notebook's cells would."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    lines = []
+    for cell in cells:
+        if cell.get("cell_type") != "code":
+            continue
+        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        for line in source.splitlines():
+            stripped = line.lstrip()
+            lines.append(line[:len(line) - len(stripped)] + "pass" if stripped[:1] in ("!", "%") else line)
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def source_bytes(path: Path) -> bytes:
+    return notebook_source(path).encode() if path.suffix == ".ipynb" else path.read_bytes()
+
+
+@dataclass
+class Prepared:
+    cwd: Path  # the working directory: a copy of the script's directory, data written
+    script: Path  # the script in it (a notebook's code as ``<name>.py``)
+    env: dict[str, str]
+
+
+def prepare(script: Path, recipe: Recipe, scratch: Path, python: str) -> Prepared:
+    """The script's directory copied to ``scratch/<its parent's name>/<its name>`` (so that
+    ``../../data`` stays inside ``scratch``), the recipe's data written, ``SITE`` installed."""
+    cwd = scratch / script.parent.parent.name / script.parent.name
     shutil.copytree(script.parent, cwd, ignore=shutil.ignore_patterns(".git", "__pycache__"), symlinks=True)
-    return cwd
+    path = cwd / script.name
+    if script.suffix == ".ipynb":
+        path = path.with_suffix(".py")
+        path.write_text(notebook_source(script), encoding="utf-8")
+    for package in recipe.packages:
+        shutil.copytree(script.parent / package, cwd / Path(package).name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    recipe.data(cwd, python)
+    site = scratch / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE)
+    paths = [str(site), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, **dict(recipe.env), "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+           "MPLBACKEND": "Agg", "COLUMNS": "1000"}  # COLUMNS: rich does not wrap verify's verdict
+    return Prepared(cwd, path, env)
 
 
 def run_verify(script: Path, relative: str, recipe: Recipe, args) -> list[VerifyResult]:
@@ -998,25 +1258,21 @@ def _verify_once(script: Path, recipe: Recipe, sides: str, args) -> tuple[int | 
     """(exit status or None, verdict, seconds) of one ``accrewrite verify --compare SIDES``."""
     if "torch_xla" in sides and not args.xla_python:
         return None, "skipped: no --xla-python (or $ACCREWRITE_XLA_PYTHON)", 0.0
-    pythons = [args.python, *([args.xla_python] if "torch_xla" in sides else [])]
-    missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m)})
+    missing = _missing(recipe, [args.python, *([args.xla_python] if "torch_xla" in sides else [])])
     if missing:
-        return None, f"skipped: cannot import {', '.join(missing)}", 0.0
+        return None, missing, 0.0
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="real-scripts-") as scratch:
         try:
-            cwd = scratch_copy(script, Path(scratch))
-            recipe.data(cwd, args.python)
+            ready = prepare(script, recipe, Path(scratch), args.python)
         except Exception as exc:  # noqa: BLE001 - one recipe never stops the run
             return None, f"could not prepare the data: {type(exc).__name__}: {exc}", 0.0
-        command = [args.python, "-m", "accrewrite.cli", "verify", str(cwd / script.name), "--compare", sides,
+        command = [args.python, "-m", "accrewrite.cli", "verify", str(ready.script), "--compare", sides,
                    "--steps", str(recipe.steps or args.steps), "--timeout", str(args.timeout),
                    "--rtol", str(args.rtol), "--nproc", str(recipe.nproc), "--", *recipe.args]
-        env = {**os.environ, **dict(recipe.env), "COLUMNS": "1000"}  # COLUMNS: rich does not wrap the verdict
-        if args.xla_python:
-            env["ACCREWRITE_XLA_PYTHON"] = args.xla_python
+        env = {**ready.env, **({"ACCREWRITE_XLA_PYTHON": args.xla_python} if args.xla_python else {})}
         try:
-            done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+            done = subprocess.run(command, cwd=ready.cwd, env=env, capture_output=True, text=True,
                                   timeout=2 * args.timeout + 120)
         except subprocess.TimeoutExpired:
             return None, "accrewrite verify itself did not finish", time.monotonic() - start
@@ -1040,21 +1296,100 @@ def verdict_line(done: subprocess.CompletedProcess) -> str:
     return error if cause == error else f"{error} | {cause}"
 
 
-def verify_all(directory: Path, paths: list[Path], args) -> list[VerifyResult]:
-    relatives = {p.relative_to(directory).as_posix(): p for p in paths}
+END_TAIL = 6  # lines of stderr kept for a side that did not run to its end
+
+
+def end_sides(recipe: Recipe) -> list[str]:
+    return [*(["original"] if recipe.original_runs else []), "runtime", "torch_xla"]
+
+
+def run_to_end(script: Path, relative: str, recipe: Recipe, side: str, args) -> EndResult:
+    """``side`` run as a user runs it, with the recipe's arguments and data, to the script's end:
+    the migrated copies are made as ``accrewrite verify`` makes them; torch_xla runs on
+    PJRT_DEVICE=CPU and reports its XLA executions through ``SITE``."""
+    python = args.xla_python if side == "torch_xla" else args.python
+    if not python:
+        return EndResult(relative, side, None, "skipped: no --xla-python (or $ACCREWRITE_XLA_PYTHON)")
+    missing = _missing(recipe, [python])
+    if missing:
+        return EndResult(relative, side, None, missing)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="real-scripts-") as scratch:
+        try:
+            ready = prepare(script, recipe, Path(scratch), args.python)
+            workspace = Workspace(Path(scratch) / "sides", ready.cwd, ready.script, unsafe_fixes=False)
+            target = None if side == "original" else side
+            migration = Side(side, target)
+            home, path = workspace.build(migration, Options(target=target) if target else None)
+        except Exception as exc:  # noqa: BLE001 - one recipe never stops the run
+            return EndResult(relative, side, None, f"could not prepare it: {type(exc).__name__}: {exc}")
+        if migration.migration_errors:
+            return EndResult(relative, side, None, "migration error: " + "; ".join(migration.migration_errors))
+        launch = [] if recipe.nproc <= 1 else ["-m", "accrewrite.launcher", "--standalone",
+                                               f"--nproc_per_node={recipe.nproc}"]
+        env = {**ready.env, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
+               **({"PJRT_DEVICE": "CPU"} if side == "torch_xla" else {})}
+        with open(Path(scratch) / "stderr", "w+b") as err:
+            process = subprocess.Popen([python, *launch, str(path), *recipe.args], cwd=home, env=env,
+                                       stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            try:
+                code = process.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                code = None
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
+    result = EndResult(relative, side, code, "", time.monotonic() - start)
+    if side == "torch_xla":
+        counts = [dict(zip(mark[2::2], map(int, mark[3::2])))
+                  for mark in (line.split() for line in stderr.splitlines() if line.startswith(XLA_MARK))]
+        if counts:
+            result.executions, result.compilations, result.fallbacks = (
+                sum(c[key] for c in counts) for key in ("executions", "compilations", "fallbacks"))
+    if code != 0:
+        tail = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith(XLA_MARK)]
+        reason = [f"still running after {args.timeout:.0f} s (--timeout)"] if code is None else []
+        result.note = " | ".join(reason + tail[-END_TAIL:])
+    return result
+
+
+@dataclass
+class Outcome:
+    """One recipe's verify verdicts and runs to the end."""
+
+    verify: list[VerifyResult]
+    ends: list[EndResult]
+
+
+def run_recipe(script: Path | None, relative: str, recipe: Recipe, args) -> Outcome:
+    if script is None:
+        return Outcome([VerifyResult(recipe.suffix, sides, counts, None, "skipped: not in DIR")
+                        for sides, counts in comparisons(recipe)],
+                       [EndResult(recipe.suffix, side, None, "skipped: not in DIR") for side in end_sides(recipe)])
+    ends = [] if args.no_end else [run_to_end(script, relative, recipe, side, args) for side in end_sides(recipe)]
+    return Outcome([] if args.end_only else run_verify(script, relative, recipe, args), ends)
+
+
+def verify_all(directory: Path, args) -> list[Outcome]:
+    """Every chosen recipe, ``--run-jobs`` at a time (each runs its processes one after another)."""
+    found = {p.relative_to(directory).as_posix(): p for p in directory.rglob("*") if p.suffix in (".py", ".ipynb")}
     chosen = [r for r in RECIPES if not args.recipe or any(text in r.suffix for text in args.recipe)]
-    results = []
-    for number, recipe in enumerate(chosen, 1):
-        match = next((rel for rel in relatives if rel == recipe.suffix or rel.endswith("/" + recipe.suffix)), None)
-        print(f"verify {number}/{len(chosen)} {recipe.suffix}", file=sys.stderr, flush=True)
-        if match is None:
-            results.extend(VerifyResult(recipe.suffix, sides, counts, None, "skipped: not in DIR")
-                           for sides, counts in comparisons(recipe))
-            continue
-        for result in run_verify(relatives[match], match, recipe, args):
-            print(f"  {result.comparison}: exit {result.code} {result.verdict}", file=sys.stderr, flush=True)
-            results.append(result)
-    return results
+
+    def one(numbered: tuple[int, Recipe]) -> Outcome:
+        number, recipe = numbered
+        match = next((rel for rel in found if rel == recipe.suffix or rel.endswith("/" + recipe.suffix)), None)
+        outcome = run_recipe(found.get(match), match or recipe.suffix, recipe, args)
+        lines = [f"verify {number}/{len(chosen)} {recipe.suffix}"]
+        lines += [f"  {r.comparison}: exit {r.code} {r.verdict}" for r in outcome.verify]
+        for e in outcome.ends:
+            xla = f", {e.executions} XLA executions" if e.side == "torch_xla" else ""
+            lines.append(f"  {e.side} to the end: exit {e.code} in {e.seconds:.0f}s{xla}" + (f": {e.note}" if e.note else ""))
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=max(args.run_jobs, 1)) as pool:
+        return list(pool.map(one, enumerate(chosen, 1)))
 
 
 # Reporting -----------------------------------------------------------------------------------
@@ -1153,20 +1488,59 @@ def list_diagnostics(directory: Path, reports: list[FileReport]) -> None:
             print(f"{r.path}:{line}: {code} {text}")
 
 
-def print_verify(results: list[VerifyResult]) -> None:
+def print_verify(outcomes: list[Outcome]) -> None:
+    results = [r for o in outcomes for r in o.verify]
+    ends = [e for o in outcomes for e in o.ends]
     print("\n== 4. accrewrite verify ==")
     width = max((len(r.script) for r in results), default=10)
     print(f"{'script':<{width}}  {'comparison':<18}  exit  {'time':>6}  verdict")
     for r in results:
         code = "-" if r.code is None else str(r.code)
         print(f"{r.script:<{width}}  {r.comparison:<18}  {code:>4}  {r.seconds:>5.0f}s  {r.verdict}")
+    if ends:
+        print("\n== 5. to the end: each side run as a user runs it, with the recipe's arguments ==")
+        print(f"{'script':<{width}}  {'side':<9}  exit  {'time':>6}  xla (executions/compilations/fallbacks)  why not")
+        for e in ends:
+            code = "-" if e.code is None else str(e.code)
+            xla = "" if e.executions is None else f"{e.executions}/{e.compilations}/{e.fallbacks}"
+            print(f"{e.script:<{width}}  {e.side:<9}  {code:>4}  {e.seconds:>5.0f}s  {xla:<40}  {e.note}")
+    print("\n== per script: verify within the tolerance, ran to the end, XLA executions ==")
+    print(f"{'script':<{width}}  {'original':>8}  {'runtime':>7}  {'to end':>6}  {'torch_xla':>9}  {'to end':>6}  "
+          "xla exec.")
+    for o in outcomes:
+        row = scorecard(o)
+        print(f"{row['script']:<{width}}  {row['original to end']:>8}  {row['runtime verify']:>7}  "
+              f"{row['runtime to end']:>6}  {row['torch_xla verify']:>9}  {row['torch_xla to end']:>6}  "
+              f"{row['xla executions']}")
     notes = {r.suffix: r.note for r in RECIPES if r.note}
     for script, note in sorted(notes.items()):
         if any(res.script.endswith(script) for res in results):
             print(f"  note {script}: {note}")
 
 
-def verified_counts(results: list[VerifyResult], rtol: float) -> dict[str, str]:
+def _yes_no(code: int | None) -> str:
+    return "-" if code is None else ("yes" if code == 0 else "no")
+
+
+def scorecard(outcome: Outcome) -> dict[str, str]:
+    """One row of the per-script table: "-" where it did not run (skipped, not applicable)."""
+    script = (outcome.verify or outcome.ends)[0].script
+    row = {"script": script}
+    for target in ("runtime", "torch_xla"):
+        codes = [r.code for r in outcome.verify if target in r.counts_for]
+        row[f"{target} verify"] = _yes_no(codes[0]) if codes else "-"
+    for side in ("original", "runtime", "torch_xla"):
+        ends = [e for e in outcome.ends if e.side == side]
+        row[f"{side} to end"] = "-" if not ends or (ends[0].code is None and ends[0].note.startswith("skipped")) \
+            else ("yes" if ends[0].code == 0 else "no")
+    xla = [e for e in outcome.ends if e.side == "torch_xla" and e.executions is not None]
+    row["xla executions"] = str(xla[0].executions) if xla else "-"
+    return row
+
+
+def verified_counts(outcomes: list[Outcome], rtol: float) -> dict[str, str]:
+    results = [r for o in outcomes for r in o.verify]
+    ends = [e for o in outcomes for e in o.ends]
     counts = {}
     for target in ("runtime", "torch_xla"):
         mine = [r for r in results if target in r.counts_for and r.code is not None]
@@ -1176,10 +1550,16 @@ def verified_counts(results: list[VerifyResult], rtol: float) -> dict[str, str]:
         extras = [f"{via_xla} compared runtime,torch_xla: the original needs CUDA"] if via_xla else []
         extras += [f"{skipped} not run"] if skipped else []
         counts[target] = f"{ok}/{len(mine)} within {rtol:.0%}" + (f" ({'; '.join(extras)})" if extras else "")
+        ran = [e for e in ends if e.side == target and not e.note.startswith("skipped")]
+        if ran:
+            counts[target] += f"; {sum(e.code == 0 for e in ran)}/{len(ran)} ran to the end"
+        if target == "torch_xla" and ran:
+            idle = sum(e.code == 0 and not e.executions for e in ran)
+            counts[target] += f" ({idle} of them without an XLA execution)"
     return counts
 
 
-def print_summary(summary: dict, targets: list[str], verify: list[VerifyResult] | None, rtol: float) -> None:
+def print_summary(summary: dict, targets: list[str], verify: list[Outcome] | None, rtol: float) -> None:
     print("\n== summary ==")
     print(f"{'target':<10} {'files':>6} {'internal':>9} {'not idem.':>10} {'training':>9}  coverage")
     for target in targets:
@@ -1205,9 +1585,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--xla-python", default=os.environ.get("ACCREWRITE_XLA_PYTHON"),
                         help="runs the torch_xla side (default: $ACCREWRITE_XLA_PYTHON)")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per verify (default 5)")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per verify side (default 300)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per verify side and run (default 300)")
     parser.add_argument("--rtol", type=float, default=0.02, help="verify's tolerance (default 0.02)")
     parser.add_argument("--recipe", action="append", metavar="TEXT", help="verify only recipes whose path has TEXT")
+    parser.add_argument("--no-end", action="store_true", help="verify only: no runs to the end")
+    parser.add_argument("--end-only", action="store_true", help="runs to the end only: no accrewrite verify")
+    parser.add_argument("--run-jobs", type=int, default=1, help="recipes verified at once (default 1)")
     args = parser.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = [t for t in targets if t not in SPELLINGS]
@@ -1215,7 +1598,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown target {', '.join(unknown)}; choose from {', '.join(SPELLINGS)}")
 
     directory = Path(args.directory).resolve()
-    paths = discover([str(directory)], tuple(args.exclude)).files
+    paths = discover([str(directory)], tuple(args.exclude)).files + notebooks(directory, tuple(args.exclude))
     reports = corpus_pass(directory, paths, targets, max(args.jobs, 1))
     summary = summarise(reports, targets)
     print_corpus(summary, targets)
@@ -1223,15 +1606,18 @@ def main(argv: list[str] | None = None) -> int:
     print_diagnostics(summary, targets)
     if args.list_diagnostics:
         list_diagnostics(directory, reports)
-    verify = verify_all(directory, paths, args) if args.verify else None
+    verify = verify_all(directory, args) if args.verify else None
     if verify is not None:
         print_verify(verify)
     print_summary(summary, targets, verify, args.rtol)
     if args.json:
         document = {"directory": str(directory), "targets": targets, "summary": summary,
                     "files": [asdict(r) for r in reports],
-                    "verify": None if verify is None else {"results": [asdict(r) for r in verify],
-                                                           "counts": verified_counts(verify, args.rtol)}}
+                    "verify": None if verify is None else {
+                        "results": [asdict(r) for o in verify for r in o.verify],
+                        "ends": [asdict(e) for o in verify for e in o.ends],
+                        "scripts": [scorecard(o) for o in verify],
+                        "counts": verified_counts(verify, args.rtol)}}
         Path(args.json).write_text(json.dumps(document, indent=1))
     return 0
 

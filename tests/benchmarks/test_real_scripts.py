@@ -1,10 +1,13 @@
 """benchmarks/real_scripts.py on a tiny corpus written here: the training scripts and their
 needs are found, a migration that does the work satisfies them and an output that does not is
-reported as a miss. No verify runs, no network."""
+reported as a miss; a tiny script run to its end, as the verify step runs each side. No verify
+runs, no network."""
 
+import argparse
 import ast
 import json
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -191,3 +194,77 @@ def test_verdict_line():
     failed = subprocess.CompletedProcess([], 2, stdout="", stderr="original: 0/5 steps\nerror: original cannot run: it "
                                          "exited\n  File x\nRuntimeError: no data\nterminate called\n")
     assert rs.verdict_line(failed) == "error: original cannot run: it exited | RuntimeError: no data"
+
+
+def test_a_notebooks_code_cells_become_one_script_without_its_shell_and_magic_lines(tmp_path):
+    cells = [{"cell_type": "markdown", "source": ["# Training\n"]},
+             {"cell_type": "code", "source": ["%matplotlib inline\n", "import math\n", "x = math.pi\n"]},
+             {"cell_type": "code", "source": "try:\n    import yaml\nexcept ImportError:\n    !pip install pyyaml\n"},
+             {"cell_type": "code", "source": ["!ls -l\n", "y = x * 2\n"]}]
+    notebook = tmp_path / "lesson.ipynb"
+    notebook.write_text(json.dumps({"cells": cells}))
+    script = rs.notebook_source(notebook)
+    assert "# Training" not in script and "!" not in script and "%matplotlib" not in script
+    assert "except ImportError:\n    pass\n" in script
+    scope = {}
+    exec(compile(script, "lesson.py", "exec"), scope)
+    assert scope["y"] == pytest.approx(6.283185307)
+
+
+# Trains two steps on the original's CUDA device or the CPU, then fails after training unless
+# given --finish: what a run to the end sees and a verify of the first steps does not.
+TO_THE_END = textwrap.dedent("""\
+    import sys
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = torch.nn.Linear(4, 1).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        loss = model(torch.ones(2, 4, device=device)).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if "--finish" not in sys.argv:
+        raise RuntimeError("evaluation after training failed")
+""")
+
+
+@pytest.fixture
+def to_the_end(tmp_path):
+    script = tmp_path / "corpus" / "someone+tutorial" / "train.py"
+    script.parent.mkdir(parents=True)
+    script.write_text(TO_THE_END)
+    return script
+
+
+def _args(**given):
+    return argparse.Namespace(**{"python": sys.executable, "xla_python": None, "timeout": 300, **given})
+
+
+def test_a_migrated_side_runs_to_the_end_or_says_how_it_ended(to_the_end):
+    finish = rs.Recipe("train.py", ("--finish",), rs.no_data)
+    ended = rs.run_to_end(to_the_end, "train.py", finish, "runtime", _args())
+    assert (ended.code, ended.note) == (0, "")
+    failing = rs.Recipe("train.py", (), rs.no_data)
+    failed = rs.run_to_end(to_the_end, "train.py", failing, "runtime", _args())
+    assert failed.code == 1 and "RuntimeError: evaluation after training failed" in failed.note
+    skipped = rs.run_to_end(to_the_end, "train.py", finish, "torch_xla", _args())
+    assert skipped.code is None and skipped.note.startswith("skipped")
+
+
+def test_a_torch_xla_run_to_the_end_counts_its_xla_executions(to_the_end, xla_python):
+    finish = rs.Recipe("train.py", ("--finish",), rs.no_data)
+    ended = rs.run_to_end(to_the_end, "train.py", finish, "torch_xla", _args(xla_python=xla_python))
+    assert ended.code == 0, ended.note
+    assert ended.executions and ended.executions >= 2 and ended.compilations >= 1
+
+
+def test_the_scorecard_of_a_script():
+    verify = [rs.VerifyResult("a.py", "original,runtime", ("runtime",), 0, "match"),
+              rs.VerifyResult("a.py", "original,torch_xla", ("torch_xla",), 1, "diverge")]
+    ends = [rs.EndResult("a.py", "original", 0, ""), rs.EndResult("a.py", "runtime", 1, "NameError: device"),
+            rs.EndResult("a.py", "torch_xla", 0, "", executions=0)]
+    row = rs.scorecard(rs.Outcome(verify, ends))
+    assert row == {"script": "a.py", "runtime verify": "yes", "torch_xla verify": "no", "original to end": "yes",
+                   "runtime to end": "no", "torch_xla to end": "yes", "xla executions": "0"}

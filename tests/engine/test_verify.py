@@ -151,6 +151,20 @@ def test_the_xla_device_draws_what_the_cpu_draws_under_host_random(tmp_path, xla
     assert done.stdout.split("\n")[-2] == str([True] * 11)
 
 
+def test_data_one_and_two_folders_above_the_working_directory_is_found(tmp_path, monkeypatch, capsys):
+    # Tutorials read ../../data (one data folder for the whole repository) or ../data.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "scale.txt").write_text("0.5\n")
+    (tmp_path / "tutorials" / "basics").mkdir(parents=True)
+    (tmp_path / "tutorials" / "offset.txt").write_text("0.25\n")
+    monkeypatch.chdir(tmp_path / "tutorials" / "basics")
+    monkeypatch.setenv("COLUMNS", "200")
+    reads = 'scale = float(open("../../data/scale.txt").read()) + float(open("../offset.txt").read())\n'
+    seeded = "torch.manual_seed(0)\n"
+    write(Path.cwd(), "train.py", TRAIN.format(activation="nn.ReLU()").replace(seeded, reads + seeded))
+    assert main(["verify", "train.py", "--steps", "3"]) == 0, capsys.readouterr().err
+
+
 def test_a_side_that_cannot_run_says_why(project, capsys):
     write(project, "train.py", "import torch\nraise SystemExit('needs a dataset at /data/imagenet')\n")
     assert main(["verify", "train.py", "--steps", "2"]) == 2
