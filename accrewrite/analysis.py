@@ -115,8 +115,8 @@ class Binding:
     function ``scope`` (None at module level), ``order``-th statement of the file."""
 
     name: str
-    statement: cst.CSTNode
-    scope: cst.FunctionDef | None
+    statement: cst.CSTNode = field(repr=False)
+    scope: cst.FunctionDef | None = field(repr=False)
     order: int
 
 

@@ -184,8 +184,8 @@ class Planner:
         found = self._fed.get(loop)
         if found is None:
             values = self.facts.values(scope)
-            found = self._moves_a_batch(loop) or (loop in self._training or calls_a_model(loop.body, values)) and (
-                self._placed() or self._model_from_caller(loop, scope))
+            runs = loop in self._training or calls_a_model(loop.body, values) or _hands_a_model(loop.body, values)
+            found = self._moves_a_batch(loop) or runs and (self._placed() or self._model_from_caller(loop, scope))
             self._fed[loop] = found
         return found
 
@@ -366,6 +366,12 @@ class Planner:
 
     def _device(self, scope, statement) -> str | None:
         return self.facts.device_at(scope, self.facts.order[statement])
+
+
+def _hands_a_model(body: cst.CSTNode, values) -> bool:
+    """Whether ``body`` passes a model to a call (``calc_loss_batch(x, y, model, device)``),
+    which runs it on what else it is given."""
+    return any(values.kind(arg.value) is Kind.MODEL for call in calls_in(body) for arg in call.args)
 
 
 def _names(node: cst.CSTNode) -> list[cst.BaseExpression]:
