@@ -58,7 +58,8 @@ class Rule:
     parallel: ClassVar[bool] = False
     replaces: ClassVar[tuple[str, ...]] = ()
     # Concepts the rule needs from a target profile: a target without them does not support
-    # the rule (the rule reports "not available on this target" and changes nothing).
+    # the rule, which does not run there (selected by its exact code, the command line says so
+    # once per run).
     concepts: ClassVar[tuple[str, ...]] = ()
     examples: ClassVar[tuple[Example, ...]] = ()
     # Words (names, attribute names, text in string literals) of which every node the rule
