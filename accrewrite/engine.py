@@ -207,6 +207,10 @@ def _migrate(source: bytes, options: Options) -> tuple[bytes, RuleContext] | Non
     migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld, guard))
     if ctx.insertions:
         raise RuleBug("a rule inserted next to a statement the walk had already left")
+    if ctx.refusals:
+        ctx.fixes, ctx.withheld, ctx.diagnostics = [], [], ctx.refusals
+        ctx.resolve_lines()
+        return source, ctx
     import_lines = [target.import_line(key) for key in ctx.imports]
     if guard is not None:
         migrated = guard.finish(migrated, facts, import_lines)
