@@ -2,6 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, names_in, walk
 from accrewrite.rule import Example, Rule
+from accrewrite.rules._generation import calls_a_model as _calls_a_model, grown_sequence
 from accrewrite.targets import spelled_callees
 from accrewrite.values import Kind
 
@@ -171,19 +172,7 @@ class DeviceLoader(Rule):
             self.ctx.fix(node, "the step loop marks each step's end (no device loader does it)")
 
     def _generates(self, node) -> bool:
-        values = self.ctx.facts.values(self.ctx.scope)
-        grown = False
-
-        def enter(child):
-            nonlocal grown
-            if isinstance(child, (cst.FunctionDef, cst.ClassDef)):
-                return False
-            if isinstance(child, cst.Assign) and len(child.targets) == 1 and isinstance(child.value, cst.Call):
-                grown = grown or _concatenates_itself(self.ctx.facts, child.targets[0].target, child.value)
-            return True
-
-        walk(node.body, enter)
-        return grown and _calls_a_model(node.body, values)
+        return grown_sequence(self.ctx.facts, node, self.ctx.facts.values(self.ctx.scope)) is not None
 
     def _visit_for(self, node: cst.For) -> None:
         if self._device_loader_in(node.iter) or names_in(node.iter) & self._rebound or self._fed_through(node.iter):
@@ -425,25 +414,11 @@ def _iterated(node: cst.BaseExpression) -> cst.BaseExpression | None:
     return node
 
 
-def _concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> bool:
-    """``idx = torch.cat((idx, idx_next), dim=1)``."""
-    if facts.qualname(call.func) not in ("torch.cat", "torch.concat", "torch.concatenate") or not call.args:
-        return False
-    parts = call.args[0].value
-    name = dotted(target)
-    return isinstance(parts, (cst.Tuple, cst.List)) and any(dotted(e.value) == name for e in parts.elements)
-
-
 def _is_parameter(scope: cst.FunctionDef | None, name: str) -> bool:
     if scope is None:
         return False
     params = scope.params
     return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params))
-
-
-def _calls_a_model(body: cst.CSTNode, values) -> bool:
-    """Whether ``body`` calls a model (an evaluation loop)."""
-    return any(values.kind(call.func) is Kind.MODEL for call in _calls(body))
 
 
 def _has_pass(block: cst.BaseSuite) -> bool:
