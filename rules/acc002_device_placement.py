@@ -32,8 +32,9 @@ class DevicePlacement(Rule):
     - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable
       visible in that function, else the target's device call; `non_blocking` is kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
-      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`): it names the
-      target device too;
+      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`), and so is an
+      element of the list a wrapper takes as `device_ids=` (`model.to(device_ids[0])` in
+      PyTorch's DDP tutorial): it names the target device too;
     - `device="cuda"` arguments name the target device, and so does `map_location="cuda"`,
       except where the target cannot load onto its device (XLA: `map_location='cpu'`, and
       `load_state_dict` copies onto the model's device);

@@ -287,6 +287,14 @@ class ProcessGroup(Rule):
                 arg = arg.with_changes(keyword=cst.Name(name), equal=cst.AssignEqual(
                     whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
             args.append(arg)
+        spawn = next((s for s in ctx.facts.spawns() if s.call is original_node), None)
+        if owns and spawn is not None and spawn.counted and not spawn.workers:
+            ctx.diagnose(
+                original_node, "the launched function is not in this file: its process count is CUDA's",
+                "The target's launcher picks the number of processes; the argument that passed nprocs still "
+                f"carries this process's count. Read {ctx.concept('device_count').render_expr()} at the start of "
+                "the launched function instead.",
+            )
         ctx.fix(original_node, "torch.multiprocessing.spawn -> the target's launcher" +
                 (" (one process per device)" if owns else " (each process told its device)"))
         return updated_node.with_changes(func=ctx.expr("spawn"), args=_with_commas(args))

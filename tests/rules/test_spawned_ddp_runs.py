@@ -68,6 +68,14 @@ def test_a_spawn_the_launcher_cannot_take_is_left_and_reported():
     assert any(d.code == "ACC105" and "cannot become torch_xla.launch" in d.message for d in result.diagnostics)
 
 
+def test_a_launched_function_of_another_file_is_said_to_get_the_launching_count():
+    source = b"import torch\nimport torch.multiprocessing as mp\nfrom worker import train\n\n" \
+             b"world_size = torch.cuda.device_count()\nmp.spawn(train, args=(world_size,), nprocs=world_size)\n"
+    result = _migrated(source, "torch_xla")
+    assert b"torch_xla.launch(train, args=(world_size,))" in result.output
+    assert [(d.code, d.line) for d in result.diagnostics] == [("ACC004", 6)]
+
+
 def test_torchacc_keeps_the_spawn_and_the_scripts_rendezvous():
     text = _migrated(SPAWN, "torchacc").output.decode()
     assert "mp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)" in text
