@@ -118,8 +118,8 @@ class ProcessGroup(Rule):
             after="""
             import torch.distributed as dist
             import torch.multiprocessing as mp
-            import torch_xla.distributed.xla_backend
             import torch_xla.runtime as xr
+            import torch_xla.distributed.xla_backend
             import torch_xla
 
             def demo(rank, world_size):
@@ -158,21 +158,21 @@ class ProcessGroup(Rule):
                         self._recounted.setdefault(worker, []).extend(
                             params[i] for i in spawn.counted if i < len(params))
 
-    def leave_FunctionDef(self, original_node, updated_node):
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         """A launched function reads the device count where the devices are: its parameter that
         received ``nprocs`` from the launching process."""
-        names = list(dict.fromkeys(self._recounted.get(original_node, ())))
-        if not names or not isinstance(updated_node.body, cst.IndentedBlock):
-            return updated_node
+        names = list(dict.fromkeys(self._recounted.get(node, ())))
+        body = list(node.body.body) if isinstance(node.body, cst.IndentedBlock) else []
+        start = 1 if body and _is_docstring(body[0]) else 0
+        if not names or len(body) <= start:
+            return
         count = self.ctx.expr("device_count")
         lines = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], count)]) for name in names]
-        body = list(updated_node.body.body)
-        start = 1 if body and _is_docstring(body[0]) else 0
         if all(self.ctx.code(line).strip() in self.ctx.code(statement) for line, statement in zip(lines, body[start:])):
-            return updated_node  # migrated already
-        self.ctx.fix(original_node, f"{', '.join(names)}: the target's device count, read in the launched process "
-                                    "(its launcher picks the number of processes)")
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=[*body[:start], *lines, *body[start:]]))
+            return  # migrated already
+        self.ctx.insert_before(body[start], lines)
+        self.ctx.fix(node, f"{', '.join(names)}: the target's device count, read in the launched process "
+                           "(its launcher picks the number of processes)")
 
     def leave_Call(self, original_node, updated_node):
         callee = self.ctx.facts.qualname(original_node.func)

@@ -28,10 +28,10 @@ import torch.utils.data.distributed
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import TensorDataset
 import torch_xla
+import torch_xla.runtime as xr
 import torch_xla.distributed.xla_backend
 import torch_xla.core.xla_model as xm
 from torch_xla.amp import syncfree
-import torch_xla.runtime as xr
 import atexit
 import torch_xla.distributed.parallel_loader as pl
 
