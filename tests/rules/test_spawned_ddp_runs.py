@@ -6,6 +6,7 @@ PJRT's CPU device (one device: torch_xla.launch starts one process)."""
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +87,10 @@ def test_torchacc_keeps_the_spawn_and_the_scripts_rendezvous():
 def test_runtime_form_trains_on_two_gloo_processes(tmp_path):
     text = _migrated(SPAWN, "runtime").output.decode()
     assert "xmp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)" in text
-    output = _run([sys.executable], text.encode(), tmp_path, CPU_NUM_DEVICES="2")
+    with socket.socket() as sock:  # the tutorial's fixed port may be taken on a shared machine
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    output = _run([sys.executable], text.encode(), tmp_path, CPU_NUM_DEVICES="2", MASTER_PORT=port)
     found = sorted(_SPAWNED.findall(output))
     assert [(rank, world) for rank, world, _ in found] == [("0", "2"), ("1", "2")], output
     assert found[0][2] == found[1][2]  # the gradients were averaged: the replicas agree
