@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, names_in, node_types, string_value
+from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, names_in, node_types, string_value, walk
 from accrewrite.targets import spelled_callees
 from accrewrite.values import FileValues, Kind, ScopeValues
 
@@ -28,6 +28,8 @@ SCALER_NAMES = {
     *spelled_callees("grad_scaler"),
 }
 LOADER_NAMES = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+# torch.multiprocessing.spawn, and the targets' spellings of it (a migrated file still spawns).
+SPAWN_NAMES = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", *spelled_callees("spawn")}
 WRAPPER_NAMES = {
     "torch.nn.parallel.DistributedDataParallel",
     "torch.nn.parallel.distributed.DistributedDataParallel",
@@ -120,6 +122,20 @@ class Binding:
     order: int
 
 
+@dataclass(frozen=True, eq=False)
+class Spawn:
+    """``mp.spawn(fn, args=(...), nprocs=n)``: ``fn(index, *args)`` in ``n`` new processes."""
+
+    call: cst.Call
+    scope: cst.FunctionDef | None
+    # The functions of the file it runs: ``fn``, or what the callers of the function that holds
+    # the call pass as ``fn`` (the DDP tutorial's ``run_demo(demo_fn, world_size)``).
+    workers: tuple[cst.FunctionDef, ...]
+    # The positions of the workers' parameters that receive the number of processes (an
+    # argument that is ``nprocs`` itself: ``args=(world_size,), nprocs=world_size``).
+    counted: tuple[int, ...]
+
+
 @dataclass
 class Facts:
     """What one analysis pass learns about a file."""
@@ -179,6 +195,8 @@ class Facts:
     module: cst.Module | None = None
     _values: FileValues | None = None
     _option_defaults: dict[str, str] | None = None
+    _spawns: list[Spawn] | None = None
+    _launched: set[cst.FunctionDef] | None = None
 
     def values(self, scope: cst.FunctionDef | None) -> ScopeValues:
         """What each expression of ``scope`` (a function, or None for module level) holds: the
@@ -193,6 +211,79 @@ class Facts:
         parameter name -> argument expression)."""
         self.values(None)
         return self._values.passed(function)
+
+    def spawns(self) -> list[Spawn]:
+        """The file's ``torch.multiprocessing.spawn`` calls (or a target's spelling of one)."""
+        if self._spawns is None:
+            self._spawns = []
+            if self.called & SPAWN_NAMES:
+                self._find_spawns(self.module, None)
+        return self._spawns
+
+    def _find_spawns(self, node: cst.CSTNode, scope: cst.FunctionDef | None) -> None:
+        for child in children(node):
+            if isinstance(child, cst.Call) and self.qualname(child.func) in SPAWN_NAMES:
+                self._spawns.append(self._spawn(child, scope))
+            self._find_spawns(child, child if isinstance(child, cst.FunctionDef) else scope)
+
+    def _spawn(self, call: cst.Call, scope: cst.FunctionDef | None) -> Spawn:
+        fn, args, nprocs = call_arg(call, 0, "fn"), call_arg(call, 1, "args"), call_arg(call, 2, "nprocs")
+        named = [fn.value] if fn is not None else []
+        if scope is not None and named and isinstance(named[0], cst.Name) and named[0].value not in self._defined():
+            named = [arguments[named[0].value] for _, _, arguments in self.passed(scope) if named[0].value in arguments]
+        workers = tuple(self._defined()[n.value] for n in named
+                        if isinstance(n, cst.Name) and isinstance(self._defined().get(n.value), cst.FunctionDef))
+        counted = ()
+        if args is not None and nprocs is not None and isinstance(args.value, (cst.Tuple, cst.List)):
+            count = self.module.code_for_node(nprocs.value)
+            counted = tuple(position + 1 for position, element in enumerate(args.value.elements)
+                            if self.module.code_for_node(element.value) == count)
+        return Spawn(call, scope, workers, counted)
+
+    def _defined(self) -> dict[str, cst.CSTNode]:
+        self.values(None)
+        return self._values.defined
+
+    def in_launcher(self, scopes: list[cst.FunctionDef]) -> bool:
+        """Whether code in ``scopes`` (nested functions, innermost last; none at module level)
+        runs in the process that spawns the others: the file spawns, and it is not in a launched
+        function."""
+        return bool(self.spawns()) and not any(self.launched(scope) for scope in scopes)
+
+    def launched(self, scope: cst.FunctionDef | None) -> bool:
+        """Whether ``scope`` runs in the processes that the file's spawns start: a worker, or a
+        function of the file that one calls (a class it makes: every method)."""
+        if self._launched is None:
+            self._launched = set()
+            pending = [worker for spawn in self.spawns() for worker in spawn.workers]
+            while pending:
+                function = pending.pop()
+                if function not in self._launched:
+                    self._launched.add(function)
+                    pending += self._callees(function)
+        return scope in self._launched
+
+    def _callees(self, function: cst.FunctionDef) -> list[cst.FunctionDef]:
+        defined, found = self._defined(), []
+        owner = self.method_class.get(function)
+
+        def enter(node):
+            if isinstance(node, cst.FunctionDef) and node is not function:
+                found.append(node)  # a nested function runs where it is made
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+                called = defined.get(node.func.value)
+                if isinstance(called, cst.FunctionDef):
+                    found.append(called)
+                elif isinstance(called, cst.ClassDef):
+                    found.extend(m for m, c in self.method_class.items() if c is called)
+            elif isinstance(node, cst.Call) and owner is not None and dotted(node.func) is not None \
+                    and dotted(node.func).startswith("self."):
+                found.extend(m for m, c in self.method_class.items() if c is owner and
+                             m.name.value == node.func.attr.value)
+            return True
+
+        walk(function, enter)
+        return found
 
     def qualname(self, node: cst.CSTNode) -> str | None:
         """The fully qualified name ``node`` refers to, through the imports; None when its root

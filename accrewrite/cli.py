@@ -164,6 +164,9 @@ def _migrate(args, out: Console, err: Console) -> int:
     except (ConfigError, SelectionError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         return EXIT_ERROR
+    for rule in options.unavailable():
+        err.print(f"[bold yellow]warning:[/] {rule.code} {rule.name} is not available on target "
+                  f"{options.target!r}; it does not run (see `accrewrite rules`)", highlight=False, soft_wrap=True)
     excludes = tuple(args.exclude or ()) + tuple(config.get("exclude", []))
     found = discover(args.paths, excludes)
     mode = "output-dir" if args.output_dir else (args.mode or "diff")

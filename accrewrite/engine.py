@@ -21,9 +21,9 @@ from accrewrite.analysis import analyze
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
 from accrewrite.imports import add_imports
-from accrewrite.registry import Selection, all_rules, select
-from accrewrite.rule import Finding, RuleContext
-from accrewrite.targets import DEFAULT_TARGET, get_target
+from accrewrite.registry import Selection, all_rules, select, selected_exactly
+from accrewrite.rule import Finding, Rule, RuleContext
+from accrewrite.targets import DEFAULT_TARGET, Target, get_target
 from accrewrite.transform import BatchedTransformer, RuleBug, walked_types
 
 SKIP_FILE = re.compile(rb"#\s*accrewrite:\s*skip-file")
@@ -52,6 +52,13 @@ class Options:
             replaced = {code for rule in parallel for code in rule.replaces}
         rules = [r for r in chosen.rules if r.code not in replaced and not r.parallel] + parallel
         return Selection(tuple(sorted(rules, key=lambda r: r.code)), chosen.withheld)
+
+    def unavailable(self) -> list[type[Rule]]:
+        """The rules selected by their exact code or name that the target cannot run (it lacks
+        their concepts): they do not run, and the command line says so once."""
+        target = get_target(self.target)
+        return [rule for rule in self.selection().rules
+                if not _runs_on(rule, target) and selected_exactly(rule, self.select)]
 
 
 @dataclass
@@ -175,6 +182,13 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
     return result
 
 
+def _runs_on(rule: type[Rule], target: Target) -> bool:
+    """A rule runs where the target has its concepts; elsewhere it has nothing to write and says
+    nothing. The parallel rules run wherever --parallel asks for them: ACC030 says what the
+    target has instead."""
+    return rule.parallel or target.has(*rule.concepts)
+
+
 def _migrate(source: bytes, options: Options) -> tuple[bytes, RuleContext] | None:
     """The migrated bytes and the rules' findings, or None when no rule applies."""
     module = _parse(source)
@@ -183,7 +197,8 @@ def _migrate(source: bytes, options: Options) -> tuple[bytes, RuleContext] | Non
     facts = analyze(module, *_triggers(selection), walked_types(tuple(selection.rules)))
     target = get_target(options.target).clear_of(facts.imports)
     ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel)
-    rules = [rule for rule in (cls(ctx) for cls in selection.rules) if rule.applies()]
+    runnable = [cls for cls in selection.rules if _runs_on(cls, target)]
+    rules = [rule for rule in (cls(ctx) for cls in runnable) if rule.applies()]
     if facts.framework is not None:
         rules = [rule for rule in rules if rule.diagnostic_only()]  # the framework migrates itself (ACC107)
     if not rules:
@@ -192,6 +207,10 @@ def _migrate(source: bytes, options: Options) -> tuple[bytes, RuleContext] | Non
     migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld, guard))
     if ctx.insertions:
         raise RuleBug("a rule inserted next to a statement the walk had already left")
+    if ctx.refusals:
+        ctx.fixes, ctx.withheld, ctx.diagnostics = [], [], ctx.refusals
+        ctx.resolve_lines()
+        return source, ctx
     import_lines = [target.import_line(key) for key in ctx.imports]
     if guard is not None:
         migrated = guard.finish(migrated, facts, import_lines)

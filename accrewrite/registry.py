@@ -75,7 +75,8 @@ def _matches(rule: type[Rule], entry: str) -> bool:
     return entry.upper() == "ALL" or rule.code.startswith(entry.upper()) or entry == rule.name
 
 
-def _exact(rule: type[Rule], entries) -> bool:
+def selected_exactly(rule: type[Rule], entries) -> bool:
+    """Whether ``entries`` (--select) name ``rule`` by its exact code or name."""
     return any(e.strip().upper() == rule.code or e.strip() == rule.name for e in entries)
 
 
@@ -92,12 +93,12 @@ def select(select: list[str] | None, ignore: list[str] | None, unsafe_fixes: boo
     if select:
         chosen = [
             r for r in rules
-            if (_exact(r, select) or (not r.opt_in and any(_matches(r, e) for e in select)))
+            if (selected_exactly(r, select) or (not r.opt_in and any(_matches(r, e) for e in select)))
         ]
     else:
         chosen = [r for r in rules if not r.opt_in]
     chosen = [r for r in chosen if not any(_matches(r, e) for e in ignore or [])]
     withheld = frozenset(
-        r for r in chosen if not r.safe and not unsafe_fixes and not _exact(r, select or [])
+        r for r in chosen if not r.safe and not unsafe_fixes and not selected_exactly(r, select or [])
     )
     return Selection(tuple(chosen), withheld)

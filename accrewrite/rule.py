@@ -58,7 +58,8 @@ class Rule:
     parallel: ClassVar[bool] = False
     replaces: ClassVar[tuple[str, ...]] = ()
     # Concepts the rule needs from a target profile: a target without them does not support
-    # the rule (the rule reports "not available on this target" and changes nothing).
+    # the rule, which does not run there (selected by its exact code, the command line says so
+    # once per run).
     concepts: ClassVar[tuple[str, ...]] = ()
     examples: ClassVar[tuple[Example, ...]] = ()
     # Words (names, attribute names, text in string literals) of which every node the rule
@@ -133,6 +134,8 @@ class RuleContext:
     imports: list[str] = field(default_factory=list)
     # Fixes a rule made but may not apply here (unsafe without permission): offered, not done.
     withheld: list[Finding] = field(default_factory=list)
+    # Why the file cannot run on the target once migrated (``refuse``): it is left as it is.
+    refusals: list[Finding] = field(default_factory=list)
     _rule: Rule | None = None
     _pending_fixes: list[Finding] = field(default_factory=list)
     _pending_imports: list[str] = field(default_factory=list)
@@ -205,6 +208,14 @@ class RuleContext:
         one fact (about 90 characters at most), ``help`` why it matters and what to do."""
         rule = self._rule
         self.diagnostics.append(Finding(code or rule.code, rule.name, message, node, help=help))
+
+    def refuse(self, node: cst.CSTNode, message: str, help: str = "") -> None:
+        """Report that the file cannot be migrated to this target (``message`` says what stops
+        it): no fix of the file is made, and this is its only finding. A ``# noqa`` for the
+        rule on ``node``'s lines lets the migration go ahead."""
+        rule = self._rule
+        if not self.suppressed(rule.code, node):
+            self.refusals.append(Finding(rule.code, rule.name, message, node, help=help))
 
     # What the batched transformer calls ----------------------------------------------------
 

@@ -5,7 +5,8 @@ and ``leave_<Node>`` methods are gathered into tables by node type and called fr
 transformer. Each ``leave_`` call is a small transaction: the fixes, imports and insertions a
 rule records while returning a changed node are kept only when the change is kept (not withheld
 as an unsafe fix, not suppressed by ``# noqa``), and a target that lacks a concept turns the
-rule's change into a "not available on this target" diagnostic.
+rule's change into a "not available on this target" diagnostic (an optional concept that a rule
+asks for mid-way; a rule whose required concepts the target lacks is not run at all).
 
 The walk also keeps the context rules read (enclosing function, statement and training loop),
 applies insertions when their statement is left, and in guarded mode turns every changed

@@ -127,6 +127,9 @@ _STRING_METHODS = frozenset({"format", "join", "strip", "lower", "upper", "repla
 _ARGPARSE_TYPES = {"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL}
 
 
+# torch functions whose first argument is a sequence of tensors.
+_JOINING = frozenset({"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"})
+
 # torch.cuda.synchronize() and the targets' spellings of it (xm.wait_device_ops()).
 _WAITS = frozenset({"torch.cuda.synchronize", *spelled_callees("synchronize")})
 
@@ -1221,8 +1224,26 @@ class FileValues:
             if param.default is not None and not _neutral(param.default):
                 passed.append(_literal_kind(param.default))
             kind = join(passed) if passed else Kind.UNKNOWN
+        if kind is Kind.UNKNOWN and param.name.value in self._joined(scope):
+            kind = Kind.TENSOR  # torch.cat((idx, idx_next)) takes tensors only
         self._params[key] = kind
         return kind
+
+    def _joined(self, scope: cst.FunctionDef) -> set[str]:
+        """The names that ``scope`` concatenates or stacks (``torch.cat((idx, idx_next), dim=1)``):
+        tensors, whatever its callers pass."""
+        found: set[str] = set()
+        stack = list(children(scope.body))
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                continue
+            stack.extend(children(node))
+            if isinstance(node, cst.Call) and self.facts.qualname(node.func) in _JOINING and node.args:
+                parts = node.args[0].value
+                if isinstance(parts, (cst.Tuple, cst.List)):
+                    found.update(e.value.value for e in parts.elements if isinstance(e.value, cst.Name))
+        return found
 
     def _passed(self, scope: cst.FunctionDef, param: cst.Param) -> list[Kind]:
         kinds = []

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accrewrite.nodes import dotted, names_in, walk
+from accrewrite.rules._generation import calls_a_model
 from accrewrite.targets import spelled_callees
 from accrewrite.values import Kind
 
@@ -53,11 +54,6 @@ def calls_in(node: cst.CSTNode) -> list[cst.Call]:
     found = []
     walk(node, lambda child: found.append(child) if isinstance(child, cst.Call) else None)
     return found
-
-
-def calls_a_model(body: cst.CSTNode, values) -> bool:
-    """Whether ``body`` calls a model (an evaluation loop)."""
-    return any(values.kind(call.func) is Kind.MODEL for call in calls_in(body))
 
 
 def root(node: cst.CSTNode) -> str | None:

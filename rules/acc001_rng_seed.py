@@ -21,7 +21,9 @@ class RngSeed(Rule):
     file also calls `torch.manual_seed`, and otherwise becomes the target's seed call.
 
     Only a seed call standing alone as a statement is rewritten: one used as a value (its
-    generator) is left as it is.
+    generator) is left as it is, and so is a seed in the process that launches the workers
+    where the target's launcher owns the devices (torch_xla's refuses to start once that process
+    has used its runtime; the processes it starts seed themselves).
 
     A script that wraps its model in DistributedDataParallel but never seeds relied on DDP
     broadcasting rank 0's weights. ACC005 removes the wrapper and, where the target can,
@@ -138,6 +140,8 @@ class RngSeed(Rule):
     def leave_SimpleStatementLine(self, original_node, updated_node):
         found = self._seed_call(original_node)
         if found is None:
+            return updated_node
+        if self.ctx.target.has("spawn_owns_devices") and self.ctx.facts.in_launcher(self.ctx.scopes):
             return updated_node
         callee, seed_arg = found
         seed = self.ctx.code(seed_arg.value)

@@ -1,3 +1,5 @@
+import functools
+
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
@@ -30,8 +32,10 @@ class DevicePlacement(Rule):
     - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable
       visible in that function, else the target's device call; `non_blocking` is kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
-      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`): it names the
-      target device too, and a `device` parameter that callers pass one is not a device;
+      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`), and so is an
+      element of the list a wrapper takes as `device_ids=` (`model.to(device_ids[0])` in
+      PyTorch's DDP tutorial): it names the target device too, and a `device` parameter that
+      callers pass one is not a device;
     - a `--device` option chose the device (`default='cpu'` too): `torch.device(args.device)`
       is the target's device now;
     - `device="cuda"` arguments name the target device, and so does `map_location="cuda"`,
@@ -326,8 +330,25 @@ class DevicePlacement(Rule):
 
     def _ordinal(self, node: cst.CSTNode) -> bool:
         """An int passed where a device goes (``model.to(gpu_id)``, ``torch.device(local_rank)``)
-        is a CUDA device's index."""
+        is a CUDA device's index; so is an element of a list that a wrapper takes as its CUDA
+        devices (``.to(device_ids[0])`` beside ``DDP(model, device_ids=device_ids)``)."""
+        if isinstance(node, cst.Subscript) and dotted(node.value) in self._device_id_lists:
+            return True
         return self.ctx.facts.values(self.ctx.scope).is_int(node)
+
+    @functools.cached_property
+    def _device_id_lists(self) -> set[str]:
+        """The names the file passes to a wrapper as ``device_ids=``."""
+        found = set()
+
+        def enter(node):
+            if isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in WRAPPER_NAMES:
+                given = call_arg(node, 99, "device_ids")
+                if given is not None and dotted(given.value):
+                    found.add(dotted(given.value))
+
+        walk(self.ctx.module, enter)
+        return found
 
     def _device(self) -> cst.BaseExpression:
         """The device variable bound here (``Facts.device_at``), else the target's device."""

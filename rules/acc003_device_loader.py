@@ -1,8 +1,9 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted, names_in, walk
+from accrewrite.nodes import call_arg, dotted, names_in
 from accrewrite.rule import Example, Rule
-from accrewrite.rules._loader_feeds import Plan, Planner, calls_a_model, iterated, root
+from accrewrite.rules._generation import grown_sequence
+from accrewrite.rules._loader_feeds import Plan, Planner, iterated, root
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 
@@ -248,19 +249,7 @@ class DeviceLoader(Rule):
             self.ctx.fix(node, "the step loop marks each step's end (no device loader does it)")
 
     def _generates(self, node) -> bool:
-        values = self.ctx.facts.values(self.ctx.scope)
-        grown = False
-
-        def enter(child):
-            nonlocal grown
-            if isinstance(child, (cst.FunctionDef, cst.ClassDef)):
-                return False
-            if isinstance(child, cst.Assign) and len(child.targets) == 1 and isinstance(child.value, cst.Call):
-                grown = grown or _concatenates_itself(self.ctx.facts, child.targets[0].target, child.value)
-            return True
-
-        walk(node.body, enter)
-        return grown and calls_a_model(node.body, values)
+        return grown_sequence(self.ctx.facts, node, self.ctx.facts.values(self.ctx.scope)) is not None
 
     def leave_Call(self, original_node, updated_node):
         """``it = iter(loader)`` whose ``next(it)`` feeds a training loop reads from the device
@@ -423,15 +412,6 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
             and value.value.deep_equals(loop.target.elements[1].value)
         )
     return False
-
-
-def _concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> bool:
-    """``idx = torch.cat((idx, idx_next), dim=1)``."""
-    if facts.qualname(call.func) not in ("torch.cat", "torch.concat", "torch.concatenate") or not call.args:
-        return False
-    parts = call.args[0].value
-    name = dotted(target)
-    return isinstance(parts, (cst.Tuple, cst.List)) and any(dotted(e.value) == name for e in parts.elements)
 
 
 def _emptied(original: cst.BaseSuite, updated: cst.BaseSuite) -> bool:

@@ -7,6 +7,9 @@ from accrewrite.rules.acc002_device_placement import _with_commas
 _INIT = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
 # init_process_group's parameters in order, for positional arguments.
 _PARAMETERS = ("backend", "init_method", "timeout", "world_size", "rank", "store", "group_name", "pg_options", "device_id")
+_SPAWN = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
+# torch.multiprocessing.spawn's parameters in order.
+_SPAWN_PARAMETERS = ("fn", "args", "nprocs", "join", "daemon", "start_method")
 
 
 class ProcessGroup(Rule):
@@ -31,13 +34,28 @@ class ProcessGroup(Rule):
     `'nccl' if cuda else 'gloo'`): the target decides. `timeout` and the other arguments are
     kept; `device_id=` (which binds the group to a CUDA device) is dropped on every target,
     which chooses the device itself. `destroy_process_group` stays as it is.
+
+    The processes of PyTorch's DDP tutorial come from `mp.spawn(fn, args=(world_size,),
+    nprocs=world_size)`, which calls `fn(index, *args)` in each. It becomes the target's
+    launcher:
+
+    - `runtime`: `xmp.spawn(...)` with the same arguments, which also tells each process its
+      device (`LOCAL_RANK`, as torchrun does), so that `xm.xla_device()` is its own GPU;
+    - `torch_xla`: `torch_xla.launch(fn, args=(...))`, one process per device. It picks the
+      number of processes, so `nprocs` goes, and an argument that passed it (`world_size`) is
+      read again where the devices are: the launched function starts with `world_size =
+      xr.global_runtime_device_count()`. Its `xla://` rendezvous is the one the group joins (a
+      spawn of torch's would host a second one: the address is in use). A spawn it cannot
+      take (`join=False`, `daemon=True`) is left, and reported;
+    - `torchacc`: unchanged, with the script's own init method, rank and world size.
     """
 
     code = "ACC004"
     name = "process-group"
     summary = "dist.init_process_group(...) -> the target's backend and init method, plus the backend import"
     concepts = ("dist_backend",)
-    triggers = frozenset({"init_process_group"})
+    triggers = frozenset({"init_process_group", "spawn"})
+    trigger_nodes = (cst.FunctionDef,)  # a launched function is given its count, whatever its words
     examples = (
         Example(
             before="""
@@ -85,10 +103,82 @@ class ProcessGroup(Rule):
                 dist.init_process_group(backend='xla', init_method='xla://')
             """,
         ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+
+            def demo(rank, world_size):
+                dist.init_process_group("nccl", rank=rank, world_size=world_size)
+
+            def run(world_size):
+                mp.spawn(demo, args=(world_size,), nprocs=world_size, join=True)
+            """,
+            after="""
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+            import torch_xla.runtime as xr
+            import torch_xla.distributed.xla_backend
+            import torch_xla
+
+            def demo(rank, world_size):
+                world_size = xr.global_runtime_device_count()
+                dist.init_process_group("xla", init_method="xla://")
+
+            def run(world_size):
+                torch_xla.launch(demo, args=(world_size,))
+            """,
+        ),
+        Example(
+            before="""
+            import torch.multiprocessing as mp
+
+            mp.spawn(demo, (world_size,), world_size)
+            """,
+            after="""
+            import torch.multiprocessing as mp
+            import accrewrite.runtime.distributed.xla_multiprocessing as xmp
+
+            xmp.spawn(demo, args=(world_size,), nprocs=world_size)
+            """,
+        ),
     )
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # Launched function -> its parameters that received nprocs, where the target's launcher
+        # picks the number of processes itself.
+        self._recounted: dict[cst.FunctionDef, list[str]] = {}
+        if ctx.target.has("spawn_owns_devices", "spawn", "device_count"):
+            for spawn in ctx.facts.spawns():
+                if ctx.facts.qualname(spawn.call.func) in _SPAWN and self._launchable(spawn.call):
+                    for worker in spawn.workers:
+                        params = [p.name.value for p in (*worker.params.posonly_params, *worker.params.params)]
+                        self._recounted.setdefault(worker, []).extend(
+                            params[i] for i in spawn.counted if i < len(params))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        """A launched function reads the device count where the devices are: its parameter that
+        received ``nprocs`` from the launching process."""
+        names = list(dict.fromkeys(self._recounted.get(node, ())))
+        body = list(node.body.body) if isinstance(node.body, cst.IndentedBlock) else []
+        start = 1 if body and _is_docstring(body[0]) else 0
+        if not names or len(body) <= start:
+            return
+        count = self.ctx.expr("device_count")
+        lines = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], count)]) for name in names]
+        if all(self.ctx.code(line).strip() in self.ctx.code(statement) for line, statement in zip(lines, body[start:])):
+            return  # migrated already
+        self.ctx.insert_before(body[start], lines)
+        self.ctx.fix(node, f"{', '.join(names)}: the target's device count, read in the launched process "
+                           "(its launcher picks the number of processes)")
+
     def leave_Call(self, original_node, updated_node):
-        if self.ctx.facts.qualname(original_node.func) not in _INIT:
+        callee = self.ctx.facts.qualname(original_node.func)
+        if callee in _SPAWN:
+            return self._spawn(original_node, updated_node)
+        if callee not in _INIT:
             return updated_node
         if any(arg.star for arg in original_node.args):
             self.ctx.diagnose(
@@ -157,6 +247,62 @@ class ProcessGroup(Rule):
             return updated_node
         ctx.fix(original_node, "init_process_group on the target: " + "; ".join(changes))
         return updated_node.with_changes(args=_with_commas(args))
+
+
+    # Spawning ------------------------------------------------------------------------------
+
+    def _launchable(self, call: cst.Call) -> bool:
+        """Whether a launcher that owns the devices can take this spawn: it always joins, never
+        makes daemons, and takes its arguments as a tuple."""
+        if any(arg.star for arg in call.args):
+            return False
+        for position, arg in enumerate(call.args):
+            name = arg.keyword.value if arg.keyword is not None else _SPAWN_PARAMETERS[position]
+            value = self.ctx.code(arg.value)
+            if (name, value) not in (("join", "True"), ("daemon", "False")) and name in ("join", "daemon"):
+                return False
+        return True
+
+    def _spawn(self, original_node, updated_node):
+        ctx = self.ctx
+        if not ctx.target.has("spawn"):
+            return updated_node
+        owns = ctx.target.has("spawn_owns_devices")
+        if owns and not self._launchable(original_node):
+            launcher = ctx.concept("spawn").render_expr()
+            ctx.diagnose(
+                original_node, f"this spawn cannot become {launcher}(...); left as it is",
+                f"{launcher} starts one process per device and waits for them (no join=False, no daemons). "
+                "Processes started otherwise cannot join the target's process group (its init method hosts one "
+                "rendezvous for the processes it launched): launch them with it.",
+                code="ACC105",
+            )
+            return updated_node
+        args = []
+        for position, (original, arg) in enumerate(zip(original_node.args, updated_node.args)):
+            name = original.keyword.value if original.keyword is not None else _SPAWN_PARAMETERS[position]
+            if owns and name in ("nprocs", "join", "daemon"):
+                continue  # the launcher's own: every device, joined
+            if original.keyword is None and name != "fn":
+                arg = arg.with_changes(keyword=cst.Name(name), equal=cst.AssignEqual(
+                    whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+            args.append(arg)
+        spawn = next((s for s in ctx.facts.spawns() if s.call is original_node), None)
+        if owns and spawn is not None and spawn.counted and not spawn.workers:
+            ctx.diagnose(
+                original_node, "the launched function is not in this file: its process count is CUDA's",
+                "The target's launcher picks the number of processes; the argument that passed nprocs still "
+                f"carries this process's count. Read {ctx.concept('device_count').render_expr()} at the start of "
+                "the launched function instead.",
+            )
+        ctx.fix(original_node, "torch.multiprocessing.spawn -> the target's launcher" +
+                (" (one process per device)" if owns else " (each process told its device)"))
+        return updated_node.with_changes(func=ctx.expr("spawn"), args=_with_commas(args))
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)
+            and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
 
 
 def _same(code: str, wanted: str) -> bool:

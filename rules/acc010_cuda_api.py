@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import dotted
+from accrewrite.nodes import dotted, names_in, walk
 from accrewrite.rule import Example, Rule, excerpt
 
 _SYNCHRONIZE = {"torch.cuda.synchronize"}
@@ -12,6 +12,7 @@ _MEMORY = {
     )
 }
 _QUERIES = {"torch.cuda.is_available", "torch.cuda.device_count"}
+_DEVICE_COUNTS = {"torch.cuda.device_count", "torch.accelerator.device_count"}
 _CUDNN = "torch.backends.cudnn."
 
 
@@ -30,6 +31,14 @@ class CudaApi(Rule):
       and `torch.backends.cudnn.*` settings (no effect: the target does not run cuDNN).
       On `runtime`, which trains on CUDA itself where CUDA is present, they are right as
       they are.
+    - `torch.cuda.device_count()` and `torch.accelerator.device_count()` count the devices a
+      script runs a process on (`world_size = torch.cuda.device_count()` before `mp.spawn`,
+      `if torch.cuda.device_count() < 2: sys.exit(...)`). They become the target's count of
+      the devices the job trains on (`xr.global_runtime_device_count()`: on `runtime` CUDA's
+      count, torchrun's processes, or `CPU_NUM_DEVICES` on the CPU). Where the target's
+      launcher owns the devices (torch_xla's `torch_xla.launch` refuses to start once its
+      runtime has been asked anything), a count in the launching process, before the launch,
+      is left as it is and reported; the launched processes read the target's count (ACC004).
     """
 
     code = "ACC010"
@@ -96,6 +105,23 @@ class CudaApi(Rule):
                 xm.wait_device_ops()
             """,
         ),
+        Example(
+            before="""
+            import sys
+            import torch
+
+            if torch.cuda.device_count() < 2:
+                sys.exit("this example needs 2 GPUs")
+            """,
+            after="""
+            import sys
+            import torch
+            import accrewrite.runtime.xla_runtime as xr
+
+            if xr.global_runtime_device_count() < 2:
+                sys.exit("this example needs 2 GPUs")
+            """,
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -123,6 +149,8 @@ class CudaApi(Rule):
         if callee in _SYNCHRONIZE:
             self.ctx.fix(original_node, "torch.cuda.synchronize() -> the target's wait for the device")
             return self.ctx.expr("synchronize")
+        if callee in _DEVICE_COUNTS and self.ctx.target.has("device_count") and not self._selecting:
+            return self._device_count(original_node, updated_node, callee)
         if not self.ctx.target.has("device_type"):
             return updated_node
         if callee in _MEMORY:
@@ -141,6 +169,42 @@ class CudaApi(Rule):
                 "it is. If it chooses the device or CUDA-only features, decide by the target device instead.",
             )
         return updated_node
+
+    def _device_count(self, call: cst.Call, updated_node: cst.Call, callee: str):
+        ctx = self.ctx
+        if ctx.facts.in_launcher(ctx.scopes) and ctx.target.has("spawn_owns_devices"):
+            if not self._tested(call):
+                return updated_node  # it sizes the spawn, whose processes count again (ACC004)
+            launcher = ctx.concept("spawn").render_expr()
+            ctx.diagnose(
+                call, f"{callee}() counts CUDA devices before {launcher}: left as it is",
+                f"{launcher} starts one process per device and refuses to once the launching process has asked "
+                f"for a device or a device count, so the count cannot be asked here. The launched processes "
+                f"read it ({ctx.concept('device_count').render_expr()}); a check on this one (enough GPUs?) "
+                "fails where there is no CUDA: move it into the launched function.",
+            )
+            return updated_node
+        ctx.fix(call, f"{callee}() -> the target's count of the devices the job trains on")
+        return ctx.expr("device_count")
+
+    def _tested(self, call: cst.Call) -> bool:
+        """Whether a count is compared (``assert n_gpus >= 2``), itself or through the name the
+        statement assigns it to, in the function (or module) that holds it."""
+        statement = self.ctx.statement
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        names = {dotted(t.target) for t in small.targets} if isinstance(small, cst.Assign) and small.value is call else set()
+        found = False
+
+        def enter(node):
+            nonlocal found
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node is not self.ctx.scope:
+                return False
+            if isinstance(node, cst.Comparison) and (names & names_in(node) or _holds(node, call)):
+                found = True
+            return not found
+
+        walk(self.ctx.scope or self.ctx.module, enter)
+        return found
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if not self.ctx.target.has("device_type"):
@@ -162,3 +226,15 @@ class CudaApi(Rule):
                         "script's CUDA path.",
                     )
         return updated_node
+
+
+def _holds(node: cst.CSTNode, wanted: cst.CSTNode) -> bool:
+    found = False
+
+    def enter(child):
+        nonlocal found
+        found = found or child is wanted
+        return not found
+
+    walk(node, enter)
+    return found

@@ -4,6 +4,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
+from accrewrite.rules._generation import grown_sequence
 from accrewrite.rules._training_code import LoopDiagnostic, free_names
 
 # Hugging Face collators that pad each batch to its longest sample unless told otherwise.
@@ -17,6 +18,12 @@ _PADDED = (
     "Every batch has a new shape, and each new shape compiles a new graph. Pack samples into "
     "fixed-length rows (accrewrite.runtime.io.PackedDataset) or pad to a fixed length "
     "(padding=\"max_length\", max_length=N)."
+)
+_GROWING_HELP = (
+    "On a lazy device every new shape compiles a new graph, so N generated tokens compile N graphs "
+    "(minutes where eager takes seconds). Write the tokens into a buffer of the final length made "
+    "once (torch.full((B, T + N), pad), filled at position t, the model run on a fixed window and "
+    "the logits read at t), or generate on the host: move the model to the CPU for sampling."
 )
 _DATA_SIZED_HELP = (
     "The size is known only after the device computes it (an XLA sync), and each size compiles a "
@@ -46,7 +53,14 @@ class DynamicShapes(LoopDiagnostic, Rule):
       the counter to (`source[i:i + bptt]` in a language model's `get_batch`). The shape
       stays, but on XLA the offset is a constant of the graph, so every step compiles a new one.
       What to do: keep the tensor on the host and move each slice (`source[i:i + bptt].to(device)`);
-      a slice moved at once is not reported.
+      a slice moved at once is not reported;
+    - on a lazy target (torchacc, torch_xla), token-by-token generation in any function of the
+      file, a model's `generate` included: a loop that calls a model and grows a tensor by
+      concatenating onto it (`idx = torch.cat((idx, idx_next), dim=1)`). Every token is a new
+      length and compiles a new graph. What to do: write the tokens into a buffer of the final
+      length, made once, and run the model on a fixed window; or generate on the host (the
+      model moved to the CPU for sampling). ACC003 ends each token's step, so that the graph
+      does not also grow across tokens.
     """
 
     code = "ACC103"
@@ -54,7 +68,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
     summary = "dynamic shapes: boolean-mask indexing, nonzero(), padding to the longest sample per batch"
     triggers = frozenset(
         {*_PADDING_COLLATORS, *_DATA_SIZED, "where", "padding", "pad_sequence", "mask", "masks", "labels",
-         "attention_mask", "loss_mask", "valid"}
+         "attention_mask", "loss_mask", "valid", "cat", "concat", "concatenate"}
     )
     trigger_nodes = (cst.Slice,)  # an offset that changes every step has no word of its own
     examples = (
@@ -98,7 +112,41 @@ class DynamicShapes(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC103:5", "ACC103:5"),
         ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            import torch.nn as nn
+
+            class GPT(nn.Module):
+                def generate(self, idx, max_new_tokens):
+                    for _ in range(max_new_tokens):
+                        logits = self(idx[:, -min(self.block_size, idx.size(1)):])
+                        idx_next = torch.multinomial(logits[:, -1, :].softmax(-1), num_samples=1)
+                        idx = torch.cat((idx, idx_next), dim=1)
+                    return idx
+            """,
+            diagnostics=("ACC103:6",),
+        ),
     )
+
+    def visit_For(self, node: cst.For) -> None:
+        self._generation(node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._generation(node)
+
+    def _generation(self, loop: cst.For | cst.While) -> None:
+        if not self.ctx.target.has("lazy_execution"):
+            return
+        values = self.ctx.facts.values(self.ctx.scope)
+        grown = grown_sequence(self.ctx.facts, loop, values)
+        if grown is None or any(grown_sequence(self.ctx.facts, inner, values) for inner in _loops_in(loop.body)):
+            return  # not generation, or an outer loop around the one that generates
+        self.ctx.diagnose(
+            loop, f"`{grown}` grows by one step per iteration of this loop: each length compiles a new graph",
+            _GROWING_HELP,
+        )
 
     def visit_Call(self, node: cst.Call) -> None:
         super().visit_Call(node)
@@ -206,6 +254,12 @@ class DynamicShapes(LoopDiagnostic, Rule):
 
 def _steps(loop) -> bool:
     return loop.calls_step and not loop.encloses_step_loop
+
+
+def _loops_in(body: cst.CSTNode) -> list[cst.For | cst.While]:
+    found = []
+    walk(body, lambda node: found.append(node) if isinstance(node, (cst.For, cst.While)) else None)
+    return found
 
 
 def _targets(loop: cst.For | cst.While) -> set[str]:

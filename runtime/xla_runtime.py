@@ -4,9 +4,14 @@ One process drives one device (torchrun style), so a process's ordinal is its ra
 device counts are process counts: ``global_ordinal()`` is the global rank, ``local_ordinal()``
 the rank on this machine, ``world_size()`` the number of processes. They read the process group
 where there is one and torchrun's environment otherwise, as ``xla_model`` does.
+``global_runtime_device_count()`` is also known before any process starts: the devices one
+process each would train on.
 """
 
+import os
+
 import torch
+import torch.distributed as dist
 
 from . import xla_model as xm
 
@@ -50,3 +55,16 @@ def global_device_count():
 
 def local_device_count():
     return local_process_count()
+
+
+def global_runtime_device_count():
+    """The devices the job trains on, one process each: the process group's size, else
+    torchrun's ``WORLD_SIZE``; before any process starts, this machine's: CUDA's device count,
+    or on the CPU ``CPU_NUM_DEVICES`` (torch_xla's variable for its CPU devices; 1 when unset)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    if os.environ.get("WORLD_SIZE"):
+        return xm._env_int("WORLD_SIZE", 1)
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return xm._env_int("CPU_NUM_DEVICES", 1)

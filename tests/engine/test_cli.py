@@ -96,6 +96,16 @@ def test_select_and_ignore(tmp_path, cli):
     assert codes == {"ACC002"}
 
 
+def test_a_rule_selected_by_code_that_the_target_lacks_is_said_once(tmp_path, cli):
+    source = b"import torch.nn as nn\n\nnorms = [nn.LayerNorm(8), nn.LayerNorm(16)]\n"
+    paths = [write(tmp_path, name, source) for name in ("a.py", "b.py")]
+    code, out, err = cli("migrate", *paths, "--target", "torch_xla", "--select", "ACC020")
+    assert code == 0
+    assert err.count("ACC020") == 1 and "not available on target 'torch_xla'" in err
+    assert "ACC020" not in out
+    assert "ACC020" not in cli("migrate", *paths, "--target", "torch_xla")[2]
+
+
 def test_json_document(tmp_path, cli):
     path = write(tmp_path)
     code, out, _ = cli("migrate", path, "--format", "json")

@@ -272,3 +272,21 @@ def test_host_tensors_are_told_from_device_tensors():
         Kind.CPU, Kind.TENSOR, Kind.CPU, Kind.TENSOR, Kind.PYTHON,
     ]
 
+
+
+def test_a_parameter_that_the_function_concatenates_is_a_tensor():
+    code = """
+    import torch
+
+    class GPT(torch.nn.Module):
+        def generate(self, idx, steps, names):
+            for _ in range(steps):
+                idx_cond = idx[:, -8:]
+                idx_next = torch.multinomial(self(idx_cond).softmax(-1)[:, -1], 1)
+                idx = torch.cat((idx, idx_next), dim=1)
+            return idx, names
+
+    def crop(seq, block_size):
+        return seq[-block_size:]
+    """
+    assert kinds(code, "idx_cond", "names", "seq") == [Kind.TENSOR, Kind.UNKNOWN, Kind.UNKNOWN]

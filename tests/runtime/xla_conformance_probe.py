@@ -28,6 +28,8 @@ SURFACES = {
     "amp": ("torch_xla.amp", "accrewrite.runtime.amp"),
     "amp.syncfree": ("torch_xla.amp.syncfree", "accrewrite.runtime.amp.syncfree"),
     "distributed.xla_backend": ("torch_xla.distributed.xla_backend", "accrewrite.runtime.distributed.xla_backend"),
+    "distributed.xla_multiprocessing": ("torch_xla.distributed.xla_multiprocessing",
+                                        "accrewrite.runtime.distributed.xla_multiprocessing"),
     "runtime": ("torch_xla.runtime", "accrewrite.runtime.xla_runtime"),
 }
 PRIVATE_BUT_EMITTED = {"_fetch_gradients"}  # the torchacc target calls it

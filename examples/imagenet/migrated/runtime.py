@@ -28,6 +28,8 @@ import torch.utils.data.distributed
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import TensorDataset
 import accrewrite.runtime.xla_model as xm
+import accrewrite.runtime.xla_runtime as xr
+import accrewrite.runtime.distributed.xla_multiprocessing as xmp
 import accrewrite.runtime.parallel_loader as pl
 
 parser = argparse.ArgumentParser(description='PyTorch ImageNet Training (synthetic data)')
@@ -90,7 +92,7 @@ def main():
     args.distributed = args.world_size > 1 or args.multiprocessing_distributed
 
     if torch.cuda.is_available():
-        ngpus_per_node = torch.cuda.device_count()
+        ngpus_per_node = xr.global_runtime_device_count()
     else:
         ngpus_per_node = 1
     if args.multiprocessing_distributed:
@@ -99,7 +101,7 @@ def main():
         args.world_size = ngpus_per_node * max(args.world_size, 1)
         # Use torch.multiprocessing.spawn to launch distributed processes: the
         # main_worker process function
-        mp.spawn(main_worker, nprocs=ngpus_per_node, args=(ngpus_per_node, args))
+        xmp.spawn(main_worker, nprocs=ngpus_per_node, args=(ngpus_per_node, args))
     else:
         # Simply call main_worker function
         main_worker(args.gpu, ngpus_per_node, args)

@@ -27,9 +27,10 @@ import torch.utils.data
 import torch.utils.data.distributed
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import TensorDataset
-import torch_xla.core.xla_model as xm
-import torch_xla.distributed.xla_backend
 import torch_xla
+import torch_xla.runtime as xr
+import torch_xla.distributed.xla_backend
+import torch_xla.core.xla_model as xm
 from torch_xla.amp import syncfree
 import atexit
 import torch_xla.distributed.parallel_loader as pl
@@ -85,7 +86,6 @@ def main():
     if args.seed is not None:
         random.seed(args.seed)
         torch.manual_seed(args.seed)
-        xm.set_rng_state(args.seed)
         cudnn.deterministic = True
         cudnn.benchmark = False
 
@@ -104,13 +104,14 @@ def main():
         args.world_size = ngpus_per_node * max(args.world_size, 1)
         # Use torch.multiprocessing.spawn to launch distributed processes: the
         # main_worker process function
-        mp.spawn(main_worker, nprocs=ngpus_per_node, args=(ngpus_per_node, args))
+        torch_xla.launch(main_worker, args=(ngpus_per_node, args))
     else:
         # Simply call main_worker function
         main_worker(args.gpu, ngpus_per_node, args)
 
 
 def main_worker(gpu, ngpus_per_node, args):
+    ngpus_per_node = xr.global_runtime_device_count()
     args.gpu = gpu
 
     if args.gpu is not None and torch.cuda.is_available():
