@@ -174,6 +174,9 @@ class Facts:
     # Whether the file moves anything to a device (``.cuda()``, ``.to(device)``, ``device=``):
     # a script that never does trains on the CPU, where nothing waits for a device.
     places_on_device: bool = False
+    # Names passed to DistributedDataParallel/DataParallel as ``device_ids=``: lists of CUDA
+    # indices (``.to(device_ids[0])`` in PyTorch's DDP tutorial).
+    device_id_lists: set[str] = field(default_factory=set)
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
     # Each statement's position in the file (statements numbered in source order; the small
@@ -447,6 +450,8 @@ class _Analyzer(_Walker):
         self._step_functions: dict[str, tuple[bool, bool]] = {}
         self._function_calls: dict[cst.FunctionDef | None, tuple[bool, bool]] = {}
         self._loop_callees: list[tuple[TrainingLoop, str]] = []
+        # Lists indexed for a device (``.to(ids[0])``): CUDA indices where they are device_ids.
+        self._indexed_moves: set[str | None] = set()
 
     @property
     def _scope(self) -> cst.FunctionDef | None:
@@ -652,6 +657,10 @@ class _Analyzer(_Walker):
             self._trains(backward=True, step=True)
         if not self.facts.places_on_device and self._places(node, callee):
             self.facts.places_on_device = True
+        if callee in WRAPPER_NAMES:
+            given = call_arg(node, 99, "device_ids")
+            if given is not None and dotted(given.value):
+                self.facts.device_id_lists.add(dotted(given.value))
         if not isinstance(func, cst.Attribute):
             if isinstance(func, cst.Name):
                 self._loop_callees += [(loop, func.value) for loop in self._loops]
@@ -695,6 +704,8 @@ class _Analyzer(_Walker):
         if isinstance(func, cst.Attribute) and callee is None and func.attr.value in ("cuda", "to"):
             if func.attr.value == "cuda" or not node.args:
                 return func.attr.value == "cuda"
+            if isinstance(node.args[0].value, cst.Subscript):  # .to(device_ids[0]), known at the end
+                self._indexed_moves.add(dotted(node.args[0].value.value))
             where = dotted(node.args[0].value) or string_value(node.args[0].value) or ""
             return any(word in where.lower() for word in ("device", "cuda", "gpu", "rank")) or \
                 self.facts.is_cuda_device(node.args[0].value)
@@ -721,6 +732,8 @@ class _Analyzer(_Walker):
         return owner is not None and owner.split(".")[-1] in ("optimizer", "optim", "opt")
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        if self._indexed_moves & self.facts.device_id_lists:
+            self.facts.places_on_device = True
         known = {loop.node for loop in self.facts.loops}
         # Functions that hold a step loop of their own (``train()`` looping over its loader).
         looping = {loop.scope for loop in self.facts.loops if loop.calls_step}

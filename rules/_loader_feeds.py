@@ -86,8 +86,9 @@ class Plan:
     wraps: dict[cst.CSTNode, tuple[str, str | None]] = field(default_factory=dict)
     # Loops fed by the device loader (wrapped here or rebound), whose per-batch moves go.
     fed: set[cst.CSTNode] = field(default_factory=set)
-    # Training loops over a loader in a file that places nothing on a device.
-    on_host: list[cst.For] = field(default_factory=list)
+    # The first training loop of a file that trains on the host: nothing placed on a device,
+    # and the models trained are the file's own (a helper given its model by a caller is not).
+    on_host: cst.CSTNode | None = None
     # Each statement line of a loader loop: the names that hold batch values where it starts.
     batch_at: dict[cst.CSTNode, frozenset[str]] = field(default_factory=dict)
 
@@ -136,8 +137,8 @@ class Planner:
                 self.plan.fed.add(loop)
                 if not self._rebound(loop, scope, anchors, served):
                     self.plan.wraps[loop] = (dotted(iterated(loop.iter)), self._device(scope, loop))
-            elif loop in self._training and self._loader_loop(loop, scope) is not None and not self._placed():
-                self.plan.on_host.append(loop)
+        if not self._placed() and facts.loops and not any(self._model_from_caller(l.node, l.scope) for l in facts.loops):
+            self.plan.on_host = min((loop.node for loop in facts.loops), key=facts.order.get)
         for call, scope, statement in facts.iter_calls:
             name = dotted(call.args[0].value)
             if name is not None and name not in facts.device_loaders and self._feeds_steps(call, scope, statement) \
@@ -185,7 +186,7 @@ class Planner:
             self._fed[loop] = found
         return found
 
-    def _model_from_caller(self, loop: cst.For, scope) -> bool:
+    def _model_from_caller(self, loop: cst.For | cst.While, scope) -> bool:
         """Whether the model a loop runs may be placed by code this file does not show: it is a
         parameter of the loop's function or an attribute of ``self`` (a training helper that
         another file calls), or no model is named in the loop at all."""

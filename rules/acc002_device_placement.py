@@ -1,4 +1,4 @@
-import functools
+import re
 
 import libcst as cst
 
@@ -223,12 +223,26 @@ class DevicePlacement(Rule):
                 return other
         return updated_node
 
+    def _refuse_cuda_tensor_type(self, node: cst.Attribute) -> None:
+        """``Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor``: a legacy CUDA
+        tensor type makes tensors on CUDA, and has no spelling for the device of a target whose
+        availability test holds (``cuda`` is true there)."""
+        name = self.ctx.facts.qualname(node) or ""
+        if self.ctx.target.has("accelerator_available") and _CUDA_TENSOR_TYPE.fullmatch(name):
+            self.ctx.refuse(
+                node, f"`{name}` makes tensors on CUDA, which this target's device is not; file left as it is",
+                "Legacy tensor types have no spelling for another device, and the script's CUDA check holds on "
+                "this target. Make the tensors with a device instead (`torch.ones(n, 1, device=device)`, "
+                "`torch.as_tensor(array, device=device)`, `x.to(device, torch.float32)`) and migrate again.",
+            )
+
     def _device_name(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` names a variable this rule turns into the target's device."""
         return dotted(node) in {device.name for device in self.ctx.facts.devices}
 
     def leave_Attribute(self, original_node, updated_node):
         """``device.startswith("cuda")`` reads a device string: its string is read instead."""
+        self._refuse_cuda_tensor_type(original_node)
         if original_node.attr.value in _STRING_METHODS and self._device_name(original_node.value):
             self.ctx.fix(original_node, "a device object on the target: its string is read")
             return updated_node.with_changes(value=_string_of(updated_node.value))
@@ -332,23 +346,9 @@ class DevicePlacement(Rule):
         """An int passed where a device goes (``model.to(gpu_id)``, ``torch.device(local_rank)``)
         is a CUDA device's index; so is an element of a list that a wrapper takes as its CUDA
         devices (``.to(device_ids[0])`` beside ``DDP(model, device_ids=device_ids)``)."""
-        if isinstance(node, cst.Subscript) and dotted(node.value) in self._device_id_lists:
+        if isinstance(node, cst.Subscript) and dotted(node.value) in self.ctx.facts.device_id_lists:
             return True
         return self.ctx.facts.values(self.ctx.scope).is_int(node)
-
-    @functools.cached_property
-    def _device_id_lists(self) -> set[str]:
-        """The names the file passes to a wrapper as ``device_ids=``."""
-        found = set()
-
-        def enter(node):
-            if isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in WRAPPER_NAMES:
-                given = call_arg(node, 99, "device_ids")
-                if given is not None and dotted(given.value):
-                    found.add(dotted(given.value))
-
-        walk(self.ctx.module, enter)
-        return found
 
     def _device(self) -> cst.BaseExpression:
         """The device variable bound here (``Facts.device_at``), else the target's device."""
@@ -475,6 +475,7 @@ class DevicePlacement(Rule):
 
 
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
+_CUDA_TENSOR_TYPE = re.compile(r"torch\.cuda\.[A-Z][A-Za-z]*Tensor")
 
 
 def _string_of(node: cst.BaseExpression) -> cst.Call:

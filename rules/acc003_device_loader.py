@@ -21,8 +21,9 @@ class DeviceLoader(Rule):
     that places something on a device (DataParallel moved its inputs itself). A loop that only
     looks at a batch (`for x, y in loader: print(x.shape); break`, a plot) keeps the loader,
     and a tensor the loop makes itself (`z = torch.randn(n, d).to(device)`) keeps its move.
-    In a file that places nothing on a device, no loader is wrapped (batches on the device
-    beside a model on the host would fail) and the training loop says so.
+    A file that trains models of its own and places nothing on a device trains on the host:
+    it is left as it is, and its first training loop says so (batches on the device beside a
+    model on the host would fail, as would the target's collectives on host tensors).
 
     Where the wrap goes: a `DataLoader` is rebound to the device loader at one point, after
     the loader and a device variable exist (after the device's statement when the device is
@@ -152,19 +153,7 @@ class DeviceLoader(Rule):
                     loss.backward()
                     optimizer.step()
             """,
-            after="""
-            import torch
-            import accrewrite.runtime.xla_model as xm
-
-            model = torch.nn.Linear(20, 3)
-            for epoch in range(2):
-                for inputs, labels in train_loader:
-                    loss = criterion(model(inputs), labels)
-                    loss.backward()
-                    optimizer.step()
-                    xm.mark_step()
-            """,
-            diagnostics=("ACC003:5",),
+            diagnostics=("ACC003:4",),
         ),
     )
 
@@ -173,7 +162,6 @@ class DeviceLoader(Rule):
         self._planned: Plan | None = None
         # Fed loops being walked, innermost last.
         self._open: list[cst.For] = []
-        self._reported_host = False
 
     def applies(self) -> bool:
         return bool(self.ctx.facts.loaders or self.ctx.facts.loops or self.ctx.target.has("lazy_execution"))
@@ -208,22 +196,25 @@ class DeviceLoader(Rule):
     # Loops ----------------------------------------------------------------------------------
 
     def visit_While(self, node: cst.While) -> None:
+        self._refuse_on_host(node)
         self._mark_steps(node)
+
+    def _refuse_on_host(self, node) -> None:
+        if node is self._plan.on_host:
+            self.ctx.refuse(
+                node, "nothing in this file is placed on a device: it trains on the host; file left as it is",
+                "No model or tensor is moved to a device, so the script trains on the CPU, and so would its "
+                "migration, with loaders, collectives and optimizers of the target's that expect the device "
+                "(batches on the device beside a model on the host fail). To train on the target's device, "
+                "place the model and its inputs (`model.to(device)`, `x.to(device)`) and migrate again.",
+            )
 
     def visit_For(self, node: cst.For) -> None:
         plan = self._plan
         if node in plan.fed:
             self._open.append(node)
             return
-        if node in plan.on_host and not self._reported_host:
-            self._reported_host = True
-            self.ctx.diagnose(
-                node, "nothing in this file is placed on a device: the loader's batches stay on the host",
-                "The script trains where it was written to, on the CPU: no model or tensor is moved to a device, so "
-                "the loader is not wrapped (batches on the device beside a model on the host would fail). To train "
-                "on the target's device, place the model and the batches (`model.to(device)`, `x.to(device)`) and "
-                "migrate again.",
-            )
+        self._refuse_on_host(node)
         self._mark_steps(node)
 
     def _mark_steps(self, node) -> None:
