@@ -1170,6 +1170,7 @@ class _SyntheticCifar(importlib.abc.MetaPathFinder):
             def exec_module(module):
                 run(module)
                 module.CIFAR10._check_integrity = lambda self: True
+                module.check_integrity = lambda *args, **kwargs: True  # batches.meta's checksum
 
             spec.loader.exec_module = exec_module
         return spec
