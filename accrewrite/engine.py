@@ -114,18 +114,19 @@ def _round_trips(module: cst.Module, source: bytes) -> None:
     ))
 
 
-def _verify(original: bytes, output: bytes, path: str) -> None:
+def _verify(original: bytes, output: bytes, path: str) -> bool:
     """The rewrite must compile wherever the original did: anything else is a rule's bug, and
     the file is left as it was. (CPython's compiler may give up on nesting its parser took:
-    RecursionError, MemoryError.)"""
+    RecursionError, MemoryError.) Whether the rewrite compiles."""
     failures = (SyntaxError, RecursionError, MemoryError)
     try:
         compile(output, path, "exec", dont_inherit=True)
+        return True
     except failures as exc:
         try:
             compile(original, path, "exec", dont_inherit=True)
         except failures:
-            return
+            return False
         raise MigrationError(
             FileError(
                 f"internal error: the migration produced code that does not compile "
@@ -153,7 +154,7 @@ def _no_name_left_unbound(source: bytes, output: bytes, path: str, options: Opti
     if not new:
         return
     kind, name = new[0]
-    line, code = unbound.locate(new[0], before, after, _decode(source), _decode(output))
+    line, code = unbound.locate(new[0], after, _decode(source), _decode(output))
 
     def clears(rule) -> bool:
         rest = Selection(tuple(r for r in selection.rules if r is not rule), selection.withheld)
@@ -216,8 +217,8 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         if migrated is not None:
             output, ctx = migrated
             if output != source:
-                _verify(source, output, path)
-                limits.deep_stack(_no_name_left_unbound, source, output, path, options, selection, ctx.fixes)
+                if _verify(source, output, path):
+                    limits.deep_stack(_no_name_left_unbound, source, output, path, options, selection, ctx.fixes)
             result.output = output
             result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
     except MigrationError as exc:

@@ -81,8 +81,9 @@ class Target:
 
     def clear_of(self, bound: dict[str, str]) -> "Target":
         """This profile with its import aliases renamed where the file binds the same name to
-        something else (``xm`` already torch_xla's, in a script that runs on torch_xla where it
-        is installed): ``xm`` becomes ``xm_runtime``."""
+        something else (a module of the project's own called ``xm``): ``xm`` becomes
+        ``xm_runtime``. A file importing another target's modules never gets here (the engine
+        refuses it)."""
         renames = {}
         for line in self.imports.values():
             for local, qualified in _import_bindings(line).items():

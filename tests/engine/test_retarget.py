@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from accrewrite import targets
 from accrewrite.engine import Options, migrate_source
 from accrewrite.targets import all_targets
 
@@ -93,3 +94,16 @@ def test_the_cli_exits_2_and_migrates_the_other_files(tmp_path, cli):
     assert f"{retargeted}:2:1: error: the file is written for target 'runtime', not 'torch_xla'" in " ".join(out.split())
     assert retargeted.read_bytes() == migrated("runtime", None)
     assert plain.read_bytes() == migrated("torch_xla", None)
+
+
+def test_a_targets_package_comes_from_its_profiles_imports():
+    """What the imports share beyond the standard library and torch, which a plain script imports
+    already; a profile whose own imports share nothing says so."""
+    assert {name: target.package for name, target in all_targets().items()} == {
+        "runtime": "accrewrite.runtime", "torch_xla": "torch_xla", "torchacc": "torchacc"}
+    profile = {"name": "split", "imports": {"a": "import os", "b": "import torch", "c": "import vendor_a.xm",
+                                            "d": "from vendor_b import pl"}}
+    with pytest.raises(ValueError, match="split.toml: the target's own imports have no package in common"):
+        targets._parse(profile, "split.toml")
+    profile["imports"]["d"] = "from vendor_a.amp import autocast"
+    assert targets._parse(profile, "split.toml").package == "vendor_a"

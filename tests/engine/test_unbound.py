@@ -152,6 +152,32 @@ for batch in loader:
     assert b"xm.set_rng_state(seed)" in result.output and b"model.to(xm.xla_device())" in result.output
 
 
+def test_more_reads_of_a_name_the_input_already_reads_unbound_are_not_blamed(broken_rule):
+    """``device`` comes from ``exec``: the rule's read of it is no worse than the script's own.
+    And a script that reads ``model`` before ``model = DDP(model)`` binds it fails as it did
+    when the unwrapping leaves ``model`` unbound below."""
+    from_exec = b'''import torch
+
+exec(open("config.py").read())
+test_dataloader = torch.utils.data.DataLoader(list(range(8)))
+for X in test_dataloader:
+    print(X.to(device))
+'''
+    result = migrate_source(from_exec, "from_exec.py", BROKEN)
+    assert result.error is None and b"pl.MpDeviceLoader(test_dataloader, device)" in result.output
+    unbound_model = b'''import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(local_rank):
+    model = DDP(model, device_ids=[local_rank])
+    for x in loader:
+        model(x).sum().backward()
+'''
+    result = migrate_source(unbound_model, "unbound_model.py", Options(target="runtime"))
+    assert result.error is None and b"model = DDP(" not in result.output
+
+
 def test_in_place_writes_nothing_for_the_refused_file_and_the_others_still_migrate(broken_rule, tmp_path, cli):
     refused, fine = tmp_path / "tutorial.py", tmp_path / "fine.py"
     refused.write_bytes(TUTORIAL)
