@@ -135,7 +135,7 @@ def test_a_local_read_before_the_function_binds_it_is_refused(broken_rule, globa
 
 def test_names_the_input_already_leaves_unbound_are_not_blamed_on_the_migration():
     """A star import, names that ``exec`` binds and a plain undefined one stay as unbound as they
-    were: only what the output reads unbound more often than the input counts."""
+    were: only a name the output reads unbound and the input never does counts."""
     source = b'''import torch
 from helpers import *
 
