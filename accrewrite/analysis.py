@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, names_in, node_types, string_value, walk
-from accrewrite.targets import spelled_callees
+from accrewrite.targets import spelled_callees, written_for
 from accrewrite.values import FileValues, Kind, ScopeValues
 
 OPTIMIZER_MODULES = ("torch.optim.",)
@@ -144,6 +144,9 @@ class Facts:
     imports: dict[str, str] = field(default_factory=dict)
     # Modules imported without an alias (``import a.b.c``), in full.
     imported_modules: set[str] = field(default_factory=set)
+    # Each target whose modules the file imports (one migrated to it, or written for it by
+    # hand), with the first import that does.
+    target_imports: dict[str, cst.Import | cst.ImportFrom] = field(default_factory=dict)
     # Variables assigned a CUDA device.
     devices: list[Binding] = field(default_factory=list)
     # The values of those assignments (so that a rule rewrites the assignment, not the value).
@@ -508,10 +511,16 @@ class _Analyzer(_Walker):
         if self.facts.framework is None:
             self.facts.framework = managed_by(module or "")
 
+    def _note_target(self, module: str, node: cst.Import | cst.ImportFrom) -> None:
+        target = written_for(module)
+        if target is not None:
+            self.facts.target_imports.setdefault(target, node)
+
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
             full = dotted(alias.name)
             self._note_framework(full)
+            self._note_target(full, node)
             if alias.asname is not None:
                 self.facts.imports[alias.asname.name.value] = full
             else:
@@ -527,6 +536,7 @@ class _Analyzer(_Walker):
         for alias in node.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else dotted(alias.name)
             self._note_framework(f"{module}.{name}")  # from torch.distributed import rpc
+            self._note_target(f"{module}.{name}", node)
             local = alias.asname.name.value if alias.asname is not None else name
             self.facts.imports[local] = f"{module}.{name}"
             if self._triggers is not None and name in self._triggers and local != name:

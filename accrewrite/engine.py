@@ -9,6 +9,7 @@ it. Nothing here touches the file system (see ``accrewrite.runner``).
 
 from __future__ import annotations
 
+import ast
 import re
 import tokenize
 from dataclasses import dataclass, field
@@ -16,13 +17,14 @@ from io import BytesIO
 
 import libcst as cst
 
-from accrewrite import limits, normalize
-from accrewrite.analysis import analyze
+from accrewrite import limits, normalize, unbound
+from accrewrite.analysis import Facts, analyze
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
 from accrewrite.imports import add_imports
+from accrewrite.positions import starts
 from accrewrite.registry import Selection, all_rules, select, selected_exactly
-from accrewrite.rule import Finding, Rule, RuleContext
+from accrewrite.rule import Finding, Rule, RuleContext, excerpt
 from accrewrite.targets import DEFAULT_TARGET, Target, get_target
 from accrewrite.transform import BatchedTransformer, RuleBug, walked_types
 
@@ -119,18 +121,19 @@ def _round_trips(module: cst.Module, source: bytes) -> None:
     ))
 
 
-def _verify(original: bytes, output: bytes, path: str) -> None:
+def _verify(original: bytes, output: bytes, path: str) -> bool:
     """The rewrite must compile wherever the original did: anything else is a rule's bug, and
     the file is left as it was. (CPython's compiler may give up on nesting its parser took:
-    RecursionError, MemoryError.)"""
+    RecursionError, MemoryError.) Whether the rewrite compiles."""
     failures = (SyntaxError, RecursionError, MemoryError)
     try:
         compile(output, path, "exec", dont_inherit=True)
+        return True
     except failures as exc:
         try:
             compile(original, path, "exec", dont_inherit=True)
         except failures:
-            return
+            return False
         raise MigrationError(
             FileError(
                 f"internal error: the migration produced code that does not compile "
@@ -139,6 +142,60 @@ def _verify(original: bytes, output: bytes, path: str) -> None:
                 getattr(exc, "lineno", None) or 0,
             )
         ) from None
+
+
+def _syntax(code: bytes, path: str) -> ast.Module:
+    return compile(code, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+
+
+def _no_name_left_unbound(source: bytes, output: bytes, path: str, options: Options, selection: Selection,
+                          fixes: list[Finding]) -> None:
+    """The net (``accrewrite.unbound``): an output that reads a name unbound where the input
+    bound it is refused, naming the rule whose fixes do it: the one whose removal (the
+    migration run again without it, only when the net trips) leaves the name bound."""
+    after = unbound.reads(_syntax(output, path))
+    if not after:
+        return
+    before = unbound.reads(_syntax(source, path))
+    new = unbound.excess(before, after)
+    if not new:
+        return
+    kind, name = new[0]
+    line, code = unbound.locate(new[0], after, _decode(source), _decode(output))
+
+    def clears(rule) -> bool:
+        rest = Selection(tuple(r for r in selection.rules if r is not rule), selection.withheld)
+        again = _migrate(source, options, rest)
+        rewritten = source if again is None else again[0]
+        return (kind, name) not in unbound.excess(before, unbound.reads(_syntax(rewritten, path)))
+
+    by_code = {rule.code: rule for rule in selection.rules}
+    fixing = [by_code[code] for code in dict.fromkeys(fix.code for fix in fixes)]
+    culprit = next(
+        (f"{rule.code} {rule.name}" for rule in fixing if clears(rule)),
+        f"rules {', '.join(rule.code for rule in fixing)} together",
+    )
+    written = f", where it writes `{excerpt(code, 60)}`" if code else ""
+    raise MigrationError(FileError(
+        f"{unbound.REFUSAL} {name!r} unbound at line {line}{written} ({culprit}); "
+        "the file was left unchanged; please report it with the file", line,
+    ))
+
+
+def _written_for_this_target(module: cst.Module, facts: Facts, target: str) -> None:
+    """A file that imports another target's modules (migrated to it, or written for it) is
+    refused: migrating it again would leave it half in one target and half in the other, their
+    spellings differing beyond the imports (the device, the step's end, AMP, fused modules)."""
+    other = next((name for name in facts.target_imports if name != target), None)
+    if other is None:
+        return
+    node = facts.target_imports[other]
+    line = starts(module, [node])[node][0]
+    raise MigrationError(FileError(
+        f"the file is written for target {other!r}, not {target!r} (line {line}: "
+        f"`{excerpt(module.code_for_node(node), 60)}`); migrate the original script with --target {target}, "
+        f"or keep --target {other}", line,
+    ))
 
 
 def _triggers(selection: Selection) -> tuple[frozenset[str] | None, tuple[type, ...]]:
@@ -162,13 +219,13 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         if SKIP_FILE.search(source) or not _RELEVANT.search(source):
             return result
         limits.check(source, path)
-        readable, restore = normalize.for_libcst(source)
-        migrated = limits.deep_stack(_migrate, readable, options)
+        selection = options.selection()
+        migrated = limits.deep_stack(_migrate, source, options, selection)
         if migrated is not None:
             output, ctx = migrated
-            output = restore(output)
             if output != source:
-                _verify(source, output, path)
+                if _verify(source, output, path):
+                    limits.deep_stack(_no_name_left_unbound, source, output, path, options, selection, ctx.fixes)
             result.output = output
             result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
     except MigrationError as exc:
@@ -189,12 +246,13 @@ def _runs_on(rule: type[Rule], target: Target) -> bool:
     return rule.parallel or target.has(*rule.concepts)
 
 
-def _migrate(source: bytes, options: Options) -> tuple[bytes, RuleContext] | None:
+def _migrate(original: bytes, options: Options, selection: Selection) -> tuple[bytes, RuleContext] | None:
     """The migrated bytes and the rules' findings, or None when no rule applies."""
+    source, restore = normalize.for_libcst(original)
     module = _parse(source)
     text = _decode(source)
-    selection = options.selection()
     facts = analyze(module, *_triggers(selection), walked_types(tuple(selection.rules)))
+    _written_for_this_target(module, facts, options.target)
     target = get_target(options.target).clear_of(facts.imports)
     ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel)
     runnable = [cls for cls in selection.rules if _runs_on(cls, target)]
@@ -220,4 +278,4 @@ def _migrate(source: bytes, options: Options) -> tuple[bytes, RuleContext] | Non
     if output != source:
         _round_trips(module, source)
     ctx.resolve_lines()
-    return output, ctx
+    return restore(output), ctx

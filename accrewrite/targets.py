@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -62,6 +63,9 @@ class Target:
     guard_function: str = "enable_accelerator"
     imports: dict[str, str] = field(default_factory=dict)
     concepts: dict[str, Concept] = field(default_factory=dict)
+    # The package of the target's own modules (``torch_xla``): a file importing from it is
+    # written for this target.
+    package: str = ""
 
     def has(self, *concepts: str) -> bool:
         return all(name in self.concepts for name in concepts)
@@ -77,8 +81,9 @@ class Target:
 
     def clear_of(self, bound: dict[str, str]) -> "Target":
         """This profile with its import aliases renamed where the file binds the same name to
-        something else (``xm`` already torch_xla's, in a script that runs on torch_xla where it
-        is installed): ``xm`` becomes ``xm_runtime``."""
+        something else (a module of the project's own called ``xm``): ``xm`` becomes
+        ``xm_runtime``. A file importing another target's modules never gets here (the engine
+        refuses it)."""
         renames = {}
         for line in self.imports.values():
             for local, qualified in _import_bindings(line).items():
@@ -128,7 +133,21 @@ def _parse(data: dict, origin: str) -> Target:
         guard_function=data.get("guard_function", Target.guard_function),
         imports=imports,
         concepts=concepts,
+        package=_package(imports.values(), origin),
     )
+
+
+def _package(lines, origin: str) -> str:
+    """The package that a profile's import lines have in common, leaving out the modules a plain
+    PyTorch script imports already (the standard library's, torch's)."""
+    own = [
+        module.split(".") for module in (line.split()[1] for line in lines)
+        if module.split(".")[0] not in sys.stdlib_module_names and module.split(".")[0] != "torch"
+    ]
+    common = os.path.commonprefix(own)  # element by element: dotted names' parts
+    if not common:
+        raise ValueError(f"{origin}: the target's own imports have no package in common")
+    return ".".join(common)
 
 
 @functools.cache
@@ -198,6 +217,15 @@ def called_names(concept: str) -> frozenset[str]:
                 if outer:
                     found.add(outer.group(1))
     return frozenset(found)
+
+
+def written_for(module: str) -> str | None:
+    """The target whose package ``module`` (a qualified name) is in: a file that imports it is
+    written for that target."""
+    return next(
+        (name for name, target in all_targets().items() if module == target.package or module.startswith(target.package + ".")),
+        None,
+    )
 
 
 DEFAULT_TARGET = "runtime"

@@ -23,7 +23,9 @@ Each source's inputs are drawn first, then migrated to each target in the codemo
 processes (``accrewrite.workers``, ``--jobs`` of them); a worker that dies is a "crash" and one
 that takes more than ``--timeout`` seconds is killed, a "timeout". The defects:
 
-* ``internal``: an error whose reason starts with "internal error" (a bug of ours);
+* ``unbound``: the net refused the output, which reads a name unbound where the input bound it
+  (``accrewrite.unbound``; a rule's bug);
+* ``internal``: any other error whose reason starts with "internal error" (a bug of ours);
 * ``exception``: an exception escaped ``migrate_source``;
 * ``noncompiling``: the input compiles (CPython's ``compile``) and the output does not;
 * ``nonidempotent``: migrating the output again changes it (or fails);
@@ -55,15 +57,17 @@ from io import StringIO
 from pathlib import Path
 
 from accrewrite.engine import Options, migrate_source
+from accrewrite.unbound import REFUSAL
 from accrewrite.workers import Lost, map_isolated
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("runtime", "torch_xla", "torchacc")
 SOURCES = ("grammar", "node", "mutation")
-DEFECTS = ("internal", "exception", "noncompiling", "nonidempotent", "accepted-invalid", "rejected-valid", "crash", "timeout")
+DEFECTS = ("unbound", "internal", "exception", "noncompiling", "nonidempotent", "accepted-invalid", "rejected-valid", "crash", "timeout")
 
-# The engine's input limits: a valid file past them is refused, and that is no defect.
-LIMITS = ("file too large", "nested too deeply")
+# The engine's input limits, and a file written for another target than the one asked for: a
+# valid file is refused there, and that is no defect.
+LIMITS = ("file too large", "nested too deeply", "the file is written for target")
 # The engine leaves a file alone, unparsed, when it says skip-file or names neither torch nor
 # CUDA (accrewrite.engine); such a file owes no error for being invalid.
 _SCREENED_IN = re.compile(rb"torch|cuda")
@@ -107,6 +111,8 @@ def check(source: bytes, target: str) -> Outcome:
     valid, why = cpython_verdict(source)
     if result.error is not None:
         reason = result.error.reason
+        if reason.startswith(REFUSAL):
+            return Outcome("error", ("unbound",), reason[:300], reason)
         if reason.startswith("internal error"):
             return Outcome("error", ("internal",), reason[:300], reason)
         if valid and not reason.startswith(LIMITS):

@@ -11,8 +11,9 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
 
 1. Every ``.py`` file under DIR (``accrewrite.discovery.discover``, minus ``--exclude``), and
    every notebook's code cells as one script (``notebook_source``), is migrated to each target.
-   Counted: internal errors (a FileError whose reason starts with
-   "internal error": a rule's bug), other errors (Python 2 syntax, undecodable files), outputs
+   Counted: internal errors (a FileError whose reason starts with "internal error": a rule's
+   bug; among them "net refused", the names a migration leaves unbound,
+   ``accrewrite.unbound``), other errors (Python 2 syntax, undecodable files), outputs
    that do not ``compile()`` although the original does, and outputs that are not idempotent
    (migrating the output again with the same options changes it).
 2. Training scripts: files with a ``for``/``while`` loop whose body calls ``.backward(`` or
@@ -102,6 +103,7 @@ from typing import Callable
 
 from accrewrite.discovery import _excluded, discover
 from accrewrite.engine import Options, migrate_source
+from accrewrite.unbound import REFUSAL
 from accrewrite.verify import Side, Workspace
 
 DEFAULT_TARGETS = ("runtime", "torch_xla", "torchacc")
@@ -1407,6 +1409,7 @@ def summarise(reports: list[FileReport], targets: list[str]) -> dict:
         summary[target] = {
             "files": len(mine),
             "internal_errors": [(r.path, r.error) for r in mine if r.internal],
+            "refused_by_net": [(r.path, r.error) for r in mine if r.internal and r.error.startswith(REFUSAL)],
             "other_errors": [(r.path, r.error) for r in mine if r.error and not r.internal],
             "not_compiling": [r.path for r in mine if r.compiles is False],
             "not_idempotent": [(r.path, r.idempotency_note) for r in mine if r.idempotent is False],
@@ -1562,10 +1565,11 @@ def verified_counts(outcomes: list[Outcome], rtol: float) -> dict[str, str]:
 
 def print_summary(summary: dict, targets: list[str], verify: list[Outcome] | None, rtol: float) -> None:
     print("\n== summary ==")
-    print(f"{'target':<10} {'files':>6} {'internal':>9} {'not idem.':>10} {'training':>9}  coverage")
+    print(f"{'target':<10} {'files':>6} {'internal':>9} {'net refused':>12} {'not idem.':>10} {'training':>9}  coverage")
     for target in targets:
         s = summary[target]
-        print(f"{target:<10} {s['files']:>6} {len(s['internal_errors']):>9} {len(s['not_idempotent']):>10} "
+        print(f"{target:<10} {s['files']:>6} {len(s['internal_errors']):>9} {len(s['refused_by_net']):>12} "
+              f"{len(s['not_idempotent']):>10} "
               f"{s['training_scripts']:>9}  {_ratio(s)}")
     if verify is not None:
         for target, text in verified_counts(verify, rtol).items():

@@ -6,6 +6,8 @@ import random
 import pytest
 from benchmark_module import load
 
+from accrewrite.unbound import REFUSAL
+
 pytest.importorskip("hypothesmith")
 
 fuzz = load("fuzz")
@@ -60,6 +62,10 @@ def test_the_checks_name_each_defect(monkeypatch):
 
     monkeypatch.setattr(fuzz, "migrate_source", lambda source, path, options: Result(source, Error()))
     assert fuzz.check(good, "runtime").defects == ("internal",)
+    Error.reason = f"{REFUSAL} 'device' unbound at line 2 (ACC003 device-loader); the file was left unchanged"
+    assert fuzz.check(good, "runtime").defects == ("unbound",)
+    Error.reason = "the file is written for target 'torch_xla', not 'runtime' (line 1: `import torch_xla`); ..."
+    assert fuzz.check(good, "runtime").defects == ()  # refused on purpose, not a valid file rejected
     monkeypatch.setattr(fuzz, "migrate_source", lambda source, path, options: Result(source + b"x = (\n"))
     assert fuzz.check(good, "runtime").defects == ("noncompiling", "nonidempotent")
     monkeypatch.setattr(fuzz, "migrate_source", lambda source, path, options: Result(source + b"# again\n"))

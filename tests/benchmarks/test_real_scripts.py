@@ -13,6 +13,8 @@ import textwrap
 import pytest
 from benchmark_module import load
 
+from accrewrite.unbound import REFUSAL
+
 rs = load("real_scripts")
 
 CUDA_SCRIPT = textwrap.dedent("""\
@@ -186,6 +188,18 @@ def test_main_reports_the_corpus(corpus, tmp_path, capsys):
     assert summary["needed"] == 5
     printed = capsys.readouterr().out
     assert "coverage runtime:" in printed and "someone+project/trainer.py" in printed
+
+
+def test_the_summary_counts_what_the_net_refused_among_the_internal_errors(capsys):
+    net = f"{REFUSAL} 'device' unbound at line 9 (ACC003 device-loader); the file was left unchanged"
+    reports = [rs.FileReport("a.py", "runtime", error=net, internal=True),
+               rs.FileReport("b.py", "runtime", error="internal error (KeyError: 'x')", internal=True),
+               rs.FileReport("c.py", "runtime")]
+    summary = rs.summarise(reports, ["runtime"])
+    assert summary["runtime"]["refused_by_net"] == [("a.py", net)] and len(summary["runtime"]["internal_errors"]) == 2
+    rs.print_summary(summary, ["runtime"], None, 0.02)
+    header, row = capsys.readouterr().out.splitlines()[-2:]
+    assert row.split()[:4] == ["runtime", "3", "2", "1"] and "net refused" in header
 
 
 def test_verdict_line():

@@ -41,7 +41,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(tmp_path):
                    "print(sorted(all_rules()))", cwd=tmp_path)
     assert imported.returncode == 0 and "ACC001" in imported.stdout, imported.stderr
     listed = run(bin_dir / "python", "-m", "pip", "list", "--format=freeze").stdout.lower()
-    assert "libcst==" in listed and "rich==" in listed
+    assert "libcst==" in listed and "rich==" in listed and "pyflakes==" in listed
     assert "torch" not in listed and "triton" not in listed
 
 
