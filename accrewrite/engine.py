@@ -268,7 +268,7 @@ def _migrate(original: bytes, options: Options, selection: Selection) -> tuple[b
     if ctx.refusals:
         ctx.fixes, ctx.withheld, ctx.diagnostics = [], [], ctx.refusals
         ctx.resolve_lines()
-        return source, ctx
+        return original, ctx
     import_lines = [target.import_line(key) for key in ctx.imports]
     if guard is not None:
         migrated = guard.finish(migrated, facts, import_lines)
