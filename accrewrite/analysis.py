@@ -671,6 +671,8 @@ class _Analyzer(_Walker):
             given = call_arg(node, 99, "device_ids")
             if given is not None and dotted(given.value):
                 self.facts.device_id_lists.add(dotted(given.value))
+            if given is not None or callee.endswith(".DataParallel"):
+                self.facts.places_on_device = True  # CUDA devices given, or DataParallel's (CUDA only)
         if not isinstance(func, cst.Attribute):
             if isinstance(func, cst.Name):
                 self._loop_callees += [(loop, func.value) for loop in self._loops]
