@@ -1,9 +1,11 @@
 """Which loops over a loader the device loader must feed, and where it goes (ACC003's plan).
 
 A loop over a loader *feeds the device* when its batches reach it: it moves a batch value
-(``x = x.to(device)``, ``.cuda()``), or, in a file that places something on a device, it trains
-or calls a model (DataParallel moved its inputs itself). A loop that only looks at a batch (its
-shape, a plot) keeps the loader: its batches stay on the host, as the original's did.
+(``x = x.to(device)``, ``.cuda()``), or it runs a model (trains, calls one, hands one to a
+helper) that is placed on a device: in a file that places something on a device (DataParallel
+moved its inputs itself), or given by a caller that may have placed it. A loop that only looks
+at a batch (its shape, a plot) keeps the loader: its batches stay on the host, as the original's
+did. A file that trains models of its own and places nothing trains on the host: ``on_host``.
 
 Each loader assignment is either *rebound* to the target's device loader (``loader =
 pl.MpDeviceLoader(loader, device)``, where that stands in for the loader) at one point, or left
@@ -137,21 +139,19 @@ class Planner:
                 self.plan.fed.add(loop)
                 if not self._rebound(loop, scope, anchors, served):
                     self.plan.wraps[loop] = (dotted(iterated(loop.iter)), self._device(scope, loop))
-        if not self._placed() and facts.loops and not any(self._model_from_caller(l.node, l.scope) for l in facts.loops):
+        placed = facts.places_on_device
+        if not placed and facts.loops and not any(self._model_from_caller(loop.node, loop.scope) for loop in facts.loops):
             self.plan.on_host = min((loop.node for loop in facts.loops), key=facts.order.get)
         for call, scope, statement in facts.iter_calls:
             name = dotted(call.args[0].value)
-            if name is not None and name not in facts.device_loaders and self._feeds_steps(call, scope, statement) \
-                    and not self._rebound_name(
+            if name is None or name in facts.device_loaders or not self._feeds_steps(call, scope, statement):
+                continue
+            if facts.values(scope).kind(call.args[0].value) is Kind.LOADER and not self._rebound_name(
                     name, scope, statement, anchors):
-                if self.facts.values(scope).kind(call.args[0].value) is Kind.LOADER:
-                    self.plan.wraps[call] = (name, self._device(scope, statement))
+                self.plan.wraps[call] = (name, self._device(scope, statement))
         return self.plan
 
     # Loops ------------------------------------------------------------------------------------
-
-    def _placed(self) -> bool:
-        return self.facts.places_on_device
 
     def _device_loader(self, loop: cst.For, scope) -> bool:
         """Whether a loop reads a target's device loader already (a migrated file)."""
@@ -159,7 +159,7 @@ class Planner:
             self.facts.qualname(call.func) in _DEVICE_LOADERS for call in calls_in(loop.iter))
 
     def _loader_loop(self, loop: cst.For, scope) -> str | None:
-        """The dotted name a loop iterates when it is a loader (or a device loader already)."""
+        """The dotted name a loop iterates when it is a loader (not a device loader already)."""
         source = iterated(loop.iter)
         name = dotted(source)
         if name is None or name in self.facts.device_loaders:
@@ -182,7 +182,8 @@ class Planner:
         if found is None:
             values = self.facts.values(scope)
             runs = loop in self._training or calls_a_model(loop.body, values) or _hands_a_model(loop.body, values)
-            found = self._moves_a_batch(loop) or runs and (self._placed() or self._model_from_caller(loop, scope))
+            found = self._moves_a_batch(loop) or runs and (
+                self.facts.places_on_device or self._model_from_caller(loop, scope))
             self._fed[loop] = found
         return found
 
