@@ -123,6 +123,8 @@ _FACTORIES = frozenset({
     "zeros", "ones", "full", "empty", "randn", "rand", "randint", "randperm", "arange", "linspace", "eye",
     "tensor", "as_tensor", "from_numpy", "zeros_like", "ones_like", "Tensor", "LongTensor", "FloatTensor",
 })
+# Methods that put their argument into a container.
+_ADDS = frozenset({"append", "extend", "insert", "add", "appendleft"})
 _STRING_METHODS = frozenset({"format", "join", "strip", "lower", "upper", "replace", "rjust", "ljust", "center"})
 _ARGPARSE_TYPES = {"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL}
 
@@ -138,8 +140,8 @@ def join(kinds) -> Kind:
         return Kind.UNKNOWN
     if len(found) == 1:
         return found.pop()
-    if found <= TENSORS:
-        return Kind.TENSOR
+    if found - {Kind.NONE} <= TENSORS:
+        return Kind.TENSOR  # a tensor, or None on another path: what reads it reads a tensor
     if found <= TENSORS | {Kind.CPU}:
         return Kind.TENSOR  # moved on one path
     if found <= NUMBERS:
@@ -238,6 +240,9 @@ class ScopeValues:
         self._final = False
         self._inline = False
         self._local: set[str] = set()
+        # Whether the walk used a placeholder for the return of a function still being computed
+        # (that function asked this scope what it passes): walked again once it is known.
+        self.provisional = False
         # Plain ``name = value`` assignments, in order (for loops over such a name).
         self._assignments: dict[str, list[cst.BaseExpression]] = {}
 
@@ -263,6 +268,13 @@ class ScopeValues:
         values._env = env
         values._final = True
         return values
+
+    def waits(self) -> None:
+        """Mark the scope (not a comprehension's, which belongs to it) as walked with a placeholder."""
+        values = self
+        while values._inline and values._parent is not None:
+            values = values._parent
+        values.provisional = True
 
     # The walk ------------------------------------------------------------------------------------
 
@@ -406,6 +418,12 @@ class ScopeValues:
                     receiver = call.args[0].value
                 name = dotted(receiver)
                 if name:
+                    self._bind(env, name, Kind.TENSOR)
+            elif isinstance(call.func, cst.Attribute) and call.func.attr.value in _ADDS and self._any_tensor_argument(call):
+                # ``res.append(correct_k.mul_(100.0 / batch_size))``: the list holds a tensor, like
+                # ``out[k] = t``
+                name = dotted(call.func.value)
+                if name and self._eval(call.func.value) in HOST | {Kind.UNKNOWN}:
                     self._bind(env, name, Kind.TENSOR)
         elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
             for alias in small.names:
@@ -687,14 +705,14 @@ class ScopeValues:
 
     def _binary_kind(self, node: cst.BinaryOperation) -> Kind:
         left, right = self._eval(node.left), self._eval(node.right)
+        if left is Kind.STR and isinstance(node.operator, cst.Modulo):
+            return Kind.STR  # "%f" % loss is a string whatever it formats
         if left in TENSORS or right in TENSORS:
             if isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)) and Kind.MASK in (left, right):
                 return Kind.MASK
             return Kind.TENSOR
         if Kind.CPU in (left, right) and {left, right} <= {Kind.CPU, *NUMBERS}:
             return Kind.CPU
-        if left is Kind.STR and isinstance(node.operator, cst.Modulo):
-            return Kind.STR
         if left in NUMBERS and right in NUMBERS:
             return Kind.FLOAT if isinstance(node.operator, cst.Divide) else join([left, right])
         if left in HOST and right in HOST:
@@ -844,7 +862,7 @@ class ScopeValues:
                 return Kind.TENSOR
             if method in _MODEL_SELF:
                 return Kind.MODEL
-            if method in _MODEL_TENSORS or method in ("named_parameters",):
+            if method in _MODEL_TENSORS or method in ("named_parameters", "state_dict"):
                 return Kind.TENSOR
             return self._own_method_kind(node, func)
         if receiver is Kind.LOADER:
@@ -971,6 +989,11 @@ class ScopeValues:
             if isinstance(func, cst.Attribute) and func.attr.value == "format":
                 if any(self.is_tensor(arg.value) for arg in node.args):
                     return "formatting a tensor"
+            if isinstance(func, cst.Name) and self.name_kind(func.value) is Kind.UNKNOWN:
+                read = self.file.returned_reads(func.value)
+                if read and any(self.is_tensor(arg) for param, arg in self.file.arguments(node, func.value).items()
+                                if param in read):
+                    return f"{func.value}() returns it read on the host"
         if isinstance(node, cst.FormattedStringExpression) and self.is_tensor(node.expression):
             return "formatting a tensor"
         if isinstance(node, cst.IfExp) and self.is_tensor(node.test):
@@ -1086,6 +1109,8 @@ class FileValues:
         self._calls: dict[cst.CSTNode, list[tuple[cst.Call, cst.FunctionDef | None, int]]] | None = None
         self._options: dict[str, Kind] | None = None
         self._namespaces: set[str] = set()
+        # How many scope walks are under way (``of`` re-walks provisional scopes at none).
+        self._walking = 0
         self._index(module, owner=None, parent=None)
 
     def _index(self, node: cst.CSTNode, owner, parent) -> None:
@@ -1116,11 +1141,22 @@ class FileValues:
         asks what its callers pass), what the walk has seen so far."""
         found = self._scopes.get(scope)
         if found is None:
-            parent = self.parent_values(scope)
-            found = self._scopes.get(scope)  # the parent's walk may have asked for this scope
-            if found is None:
-                found = self._scopes[scope] = ScopeValues(self, scope, parent)
-                found.walk()
+            self._walking += 1
+            try:
+                parent = self.parent_values(scope)
+                found = self._scopes.get(scope)  # the parent's walk may have asked for this scope
+                if found is None:
+                    found = self._scopes[scope] = ScopeValues(self, scope, parent)
+                    found.walk()
+            finally:
+                self._walking -= 1
+        if found.provisional and not self._walking:
+            # Walked while a function it calls was being computed (``test()`` asked this scope what
+            # it passes while the scope bound ``test()``'s result): that return is known now, so
+            # the provisional scopes are walked again (each round knows more returns: it ends).
+            for stale in [key for key, values in self._scopes.items() if values.provisional]:
+                del self._scopes[stale]
+            found = self.of(scope)
         return found
 
     def parent_values(self, scope: cst.FunctionDef | None) -> ScopeValues | None:
@@ -1165,6 +1201,9 @@ class FileValues:
         """What calling a function or class of this file gives."""
         if isinstance(defined, cst.ClassDef):
             return self.class_kind(defined)
+        if defined in self._returning and defined not in self._returns:
+            caller.waits()
+            return Kind.UNKNOWN
         returned = self.return_kind(defined)
         if returned is Kind.UNKNOWN and caller._any_tensor_argument(call):
             return Kind.TENSOR
@@ -1192,6 +1231,24 @@ class FileValues:
             self._returning.discard(function)
         self._returns[function] = kind
         return kind
+
+    def returned_reads(self, name: str) -> frozenset[str]:
+        """The parameters that the file's function ``name`` returns read on the host (apex's
+        ``def to_python_float(t): return t.float().item()``): a call passing a tensor there waits
+        for it."""
+        if not isinstance(self.defined.get(name), cst.FunctionDef):
+            return frozenset()
+        return self.facts.returned_reads.get(name, frozenset())
+
+    def arguments(self, call: cst.Call, name: str) -> dict[str, cst.BaseExpression]:
+        """Parameter name -> argument of a call of the file's function ``name``."""
+        info = self.functions.get(self.defined.get(name))
+        if info is None:
+            return {}
+        positional = [a.value for a in call.args if a.keyword is None and not a.star]
+        found = dict(zip(info.params, positional))
+        found.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
+        return found
 
     def param_kind(self, scope: cst.FunctionDef, param: cst.Param) -> Kind:
         """A parameter's kind: its annotation's, else what the file's callers pass, else its
@@ -1391,6 +1448,30 @@ def _element(kind: Kind) -> Kind:
     if kind is Kind.CPU:
         return Kind.CPU
     return Kind.PYTHON if kind in HOST else Kind.UNKNOWN
+
+
+def returned_read(value: cst.BaseExpression, params: set[str]) -> frozenset[str]:
+    """The ``params`` whose value a returned expression reads on the host: ``t`` of
+    ``return t.float().item()`` or ``return float(t[0])``."""
+    found = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        stack.extend(children(node))
+        if not isinstance(node, cst.Call):
+            continue
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS:
+            read = func.value
+        elif isinstance(func, cst.Name) and func.value in SYNC_BUILTINS and node.args:
+            read = node.args[0].value
+        else:
+            continue
+        while isinstance(read, (cst.Attribute, cst.Subscript, cst.Call)):
+            read = read.func if isinstance(read, cst.Call) else read.value
+        if isinstance(read, cst.Name) and read.value in params:
+            found.add(read.value)
+    return frozenset(found)
 
 
 def _returns_and_yields(function: cst.FunctionDef) -> tuple[list, list]:

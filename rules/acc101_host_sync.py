@@ -1,5 +1,6 @@
 import libcst as cst
 
+from accrewrite.analysis import HOST_READ_CALLS
 from accrewrite.nodes import walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._training_code import LoopDiagnostic, free_names, is_logging_call
@@ -29,7 +30,10 @@ class HostSync(LoopDiagnostic, Rule):
     code = "ACC101"
     name = "host-sync"
     summary = "host sync in the loop (.item(), .cpu(), .numpy(), .tolist(), printing a tensor): breaks the graph"
-    triggers = frozenset({"item", "tolist", "numpy", "cpu", "float", "int", "bool", "print", "format", "str"})
+    # "%" finds `"%f" % t` (a word of string literals); f-strings are found by their expressions.
+    triggers = frozenset({"item", "tolist", "numpy", "cpu", "float", "int", "bool", "print", "format", "str", "%",
+                          HOST_READ_CALLS})
+    trigger_nodes = (cst.FormattedStringExpression,)
     examples = (
         Example(
             before="""
@@ -122,6 +126,20 @@ class HostSync(LoopDiagnostic, Rule):
 
         walk(body, enter)
         return name if reads["logging"] and not reads["other"] else None
+
+    def leave_BinaryOperation(self, original_node, updated_node):
+        if self.in_loop and isinstance(original_node.operator, cst.Modulo):
+            tensors = self.tensors()
+            if tensors.sync(original_node) is not None:  # "%f" % t: each tensor formatted is read
+                right = original_node.right
+                if isinstance(right, (cst.Tuple, cst.Dict)):
+                    operands = [element.value for element in right.elements if isinstance(element, cst.BaseElement)]
+                else:
+                    operands = [right]
+                for operand in operands:
+                    if tensors.is_tensor(operand):
+                        self.report(operand, _message(self.ctx.code(operand), "formatting a tensor"), _HELP)
+        return updated_node
 
     def leave_FormattedStringExpression(self, original_node, updated_node):
         if self.in_loop and self.tensors().sync(original_node) is not None:
