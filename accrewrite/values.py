@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import children, dotted
+from accrewrite.nodes import children, dotted, node_types
 from accrewrite.targets import spelled_callees
 
 
@@ -234,6 +234,8 @@ class ScopeValues:
         # Each statement's environment before it runs (small statements and compound headers).
         self._before: dict[cst.CSTNode, dict[str, _Bound]] = {}
         self._statement_of: dict[cst.CSTNode, cst.CSTNode] = {}
+        # The comprehension whose names each node of one sees (``_note_comprehension``).
+        self._comprehension_of: dict[cst.CSTNode, cst.CSTNode] = {}
         # Every kind each name is bound to anywhere in the scope (what nested scopes see).
         self._summary: dict[str, list[_Bound]] = {}
         self._memo: dict[cst.CSTNode, Kind] = {}
@@ -328,8 +330,22 @@ class ScopeValues:
             while stack:
                 child = stack.pop()
                 self._statement_of.setdefault(child, statement)
+                if type(child) in _COMPREHENSIONS:
+                    self._note_comprehension(child)
                 stack.extend(c for c in children(child) if not _is_block(c))
         self._before[statement] = env
+
+    def _note_comprehension(self, comprehension) -> None:
+        """Note the nodes that see a comprehension's own names: its element, conditions and inner
+        loops (not its first iterable, which the enclosing scope evaluates). A comprehension
+        nested in another is noted after it and keeps its own nodes."""
+        first = comprehension.for_in.iter
+        stack = list(children(comprehension))
+        while stack:
+            node = stack.pop()
+            if node is not first:
+                self._comprehension_of[node] = comprehension
+                stack.extend(children(node))
 
     def _statement(self, node: cst.CSTNode, env: dict[str, _Bound]) -> dict[str, _Bound]:
         if isinstance(node, cst.SimpleStatementLine):
@@ -544,8 +560,10 @@ class ScopeValues:
         if found is None:
             walking = self._env
             self._env = self._before.get(self._statement_of.get(node, node), walking)
+            comprehension = self._comprehension_of.get(node)
             try:
-                found = self._eval(node)
+                # (a node of a comprehension sees the comprehension's names: ``v`` of ``[v.cpu() for v in out]``)
+                found = self._eval(node) if comprehension is None else self._comprehension(comprehension.for_in, node)
             finally:
                 self._env = walking
             if self._final:
@@ -1026,6 +1044,9 @@ class ScopeValues:
                 return True
             stack.extend(children(current))
         return False
+
+
+_COMPREHENSIONS = node_types(cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
 
 def _is_block(node: cst.CSTNode) -> bool:
