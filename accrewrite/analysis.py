@@ -9,6 +9,7 @@ resolve from a table.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -21,6 +22,7 @@ from accrewrite.values import FileValues, ScopeValues, returned_read
 # on the host (``to_python_float(t)``, see ``Facts.returned_reads``): the statements holding
 # such a call are walked for a rule that lists it.
 HOST_READ_CALLS = "<calls returning a host read>"
+_BUILTINS = frozenset(dir(builtins))
 
 OPTIMIZER_MODULES = ("torch.optim.",)
 SCALER_NAMES = {
@@ -539,7 +541,7 @@ class _Analyzer(_Walker):
         if not isinstance(func, cst.Attribute):
             if isinstance(func, cst.Name):
                 self._loop_callees += [(loop, func.value) for loop in self._loops]
-                if self._name_calls is not None and callee is None:
+                if self._name_calls is not None and callee is None and func.value not in _BUILTINS:
                     self._name_calls.append((func.value, tuple(self._statements)))
             return
         method = func.attr.value
