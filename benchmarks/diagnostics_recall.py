@@ -22,8 +22,16 @@ to labels by line, a finding per labelled sync (a line may hold several):
 * not counted: ACC101's findings on ``torch.cuda.synchronize()``, a wait for the device rather
   than a read of a value.
 
-Syncs in helpers of another file (``metric_logger.update(loss=t)`` converting inside utils.py)
-are out of reach of a per-file analysis and not labelled.
+ACC101 is measured twice: as migrated, and with ACC009 off, where every labelled sync stays in
+the step and each must be reported (the analysis behind ACC101 judged on all of them).
+
+What the labels cover: syncs written in the loop's body (nested blocks and loops included, also
+those that run every N steps or once an epoch in an epoch loop around the step loop), and calls
+there of a helper of the same file that returns its argument read on the host
+(``to_python_float(t)``). The bodies of other functions the loop calls (an evaluation pass, a
+helper that logs) are not read, nor syncs inside helpers of another file
+(``metric_logger.update(loss=t)`` converting in utils.py): a per-file analysis cannot see them.
+Scripts that train on the CPU only (nothing waits for a device there) are not labelled.
 
 ``--before CHECKOUT`` measures a source tree of accrewrite too (``git archive REV | tar -x -C
 CHECKOUT``), imported in a subprocess, and prints both side by side.
