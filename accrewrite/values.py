@@ -32,6 +32,9 @@ from accrewrite.targets import spelled_callees
 class Kind(enum.Enum):
     TENSOR = "tensor"  # a tensor, or a batch/container holding tensors
     MASK = "mask"  # a boolean tensor
+    # A list, tuple or dict known to hold tensors (``res.append(t)``, ``out[k] = t``,
+    # ``model.state_dict()``): read like a tensor, but its truth value is its length.
+    HOLDER = "container of tensors"
     CPU = "cpu tensor"  # a tensor made on the host and never moved: reading it waits for nothing
     INT = "int"
     FLOAT = "float"
@@ -44,7 +47,7 @@ class Kind(enum.Enum):
     UNKNOWN = "unknown"
 
 
-TENSORS = frozenset({Kind.TENSOR, Kind.MASK})
+TENSORS = frozenset({Kind.TENSOR, Kind.MASK, Kind.HOLDER})
 NUMBERS = frozenset({Kind.INT, Kind.FLOAT, Kind.BOOL})
 HOST = frozenset({*NUMBERS, Kind.STR, Kind.NONE, Kind.PYTHON})
 
@@ -140,8 +143,10 @@ def join(kinds) -> Kind:
         return Kind.UNKNOWN
     if len(found) == 1:
         return found.pop()
-    if found - {Kind.NONE} <= TENSORS:
-        return Kind.TENSOR  # a tensor, or None on another path: what reads it reads a tensor
+    rest = found - {Kind.NONE}
+    if rest <= TENSORS:
+        # a tensor (or a container of them), or None on another path: what reads it reads a tensor
+        return rest.pop() if len(rest) == 1 else Kind.TENSOR
     if found <= TENSORS | {Kind.CPU}:
         return Kind.TENSOR  # moved on one path
     if found <= NUMBERS:
@@ -440,7 +445,7 @@ class ScopeValues:
                 # ``out[k] = t``
                 name = dotted(call.func.value)
                 if name and self._eval(call.func.value) in HOST | {Kind.UNKNOWN}:
-                    self._bind(env, name, Kind.TENSOR)
+                    self._bind(env, name, Kind.HOLDER)
         elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
             for alias in small.names:
                 name = dotted(alias.asname.name if alias.asname is not None else alias.name)
@@ -470,7 +475,7 @@ class ScopeValues:
             # (``losses[k] = loss.item()``) leaves it a tensor.
             name = dotted(target.value)
             if name and kind in TENSORS:
-                self._bind(env, name, Kind.TENSOR)
+                self._bind(env, name, Kind.TENSOR if env.get(name, (None,))[0] in (Kind.TENSOR, Kind.MASK) else Kind.HOLDER)
             return env
         name = dotted(target)
         if name is None:
@@ -523,7 +528,8 @@ class ScopeValues:
             return Kind.MODEL
         if method in ("named_parameters", "named_buffers"):
             return Kind.TENSOR
-        return self._container_kind([self._eval(call.func.value)])
+        owner = self._eval(call.func.value)
+        return Kind.TENSOR if owner in TENSORS else self._container_kind([owner])
 
     # Names -------------------------------------------------------------------------------------
 
@@ -642,7 +648,7 @@ class ScopeValues:
     def _container_kind(kinds) -> Kind:
         found = set(kinds)
         if found & TENSORS:
-            return Kind.TENSOR
+            return Kind.HOLDER
         if Kind.CPU in found and found <= HOST | {Kind.CPU}:
             return Kind.CPU
         if found <= HOST:
@@ -880,8 +886,10 @@ class ScopeValues:
                 return Kind.TENSOR
             if method in _MODEL_SELF:
                 return Kind.MODEL
-            if method in _MODEL_TENSORS or method in ("named_parameters", "state_dict"):
+            if method in _MODEL_TENSORS or method in ("named_parameters",):
                 return Kind.TENSOR
+            if method == "state_dict":
+                return Kind.HOLDER
             return self._own_method_kind(node, func)
         if receiver is Kind.LOADER:
             return Kind.LOADER if method in ("__iter__",) else Kind.UNKNOWN
@@ -941,7 +949,8 @@ class ScopeValues:
                     kinds = [kinds[0]]
                 return Kind.TENSOR if any(k in TENSORS for k in kinds) else join(kinds)
             if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("items", "values"):
-                return self._container_kind([self._eval(node.func.value)])
+                owner = self._eval(node.func.value)
+                return Kind.TENSOR if owner in TENSORS else self._container_kind([owner])
             kind = self._eval(node)
             if kind in (Kind.LOADER, Kind.UNKNOWN) and any(self._eval(a) is Kind.LOADER for a in args):
                 return Kind.TENSOR  # metric_logger.log_every(loader, ...) yields the loader's batches
@@ -961,6 +970,12 @@ class ScopeValues:
     def is_tensor(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is known to hold a tensor (or a batch, a container of tensors)."""
         return self.kind(node) in TENSORS
+
+    def tested_as_tensor(self, node: cst.CSTNode) -> bool:
+        """Whether ``node``'s truth value is a tensor's (read on the host): not a container of
+        tensors, whose truth value is its length."""
+        kind = self.kind(node)
+        return kind in TENSORS and kind is not Kind.HOLDER
 
     def is_mask(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is known to be a boolean tensor."""
@@ -1014,11 +1029,12 @@ class ScopeValues:
                     return f"{func.value}() returns it read on the host"
         if isinstance(node, cst.FormattedStringExpression) and self.is_tensor(node.expression):
             return "formatting a tensor"
-        if isinstance(node, cst.IfExp) and self.is_tensor(node.test):
+        if isinstance(node, cst.IfExp) and self.tested_as_tensor(node.test):
             return "a tensor's truth value"
-        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not) and self.is_tensor(node.expression):
-            return "a tensor's truth value"
-        if isinstance(node, cst.BooleanOperation) and self.is_tensor(node.left):
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            if self.tested_as_tensor(node.expression):
+                return "a tensor's truth value"
+        if isinstance(node, cst.BooleanOperation) and self.tested_as_tensor(node.left):
             return "a tensor's truth value"
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
             if self.kind(node.left) is Kind.STR and self.holds_tensor(node.right):

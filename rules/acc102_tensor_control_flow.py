@@ -81,7 +81,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
         if not self.in_loop:
             return
         tensors = self.tensors()
-        if tensors.is_tensor(test):
+        if tensors.tested_as_tensor(test):
             how = "a tensor's truth value"
         elif tensors.reads_value(test):
             how = "a value read from a tensor"

@@ -340,9 +340,30 @@ def test_containers_given_tensors_hold_tensors():
         acc1 = accuracy(out, y)
         weights = model.state_dict()
         copies = [w.cpu() for w in weights.values()]
-        print(values, acc1[0], weights, copies)
+        print(values, acc1, acc1[0], weights, copies)
     """
-    assert kinds(code, "values", "acc1[0]", "weights", "w") == [Kind.PYTHON, Kind.TENSOR, Kind.TENSOR, Kind.TENSOR]
+    assert kinds(code, "values", "acc1", "acc1[0]", "weights", "w") == [
+        Kind.PYTHON, Kind.HOLDER, Kind.TENSOR, Kind.HOLDER, Kind.TENSOR,
+    ]
+
+
+def test_the_truth_value_of_a_container_of_tensors_is_its_length():
+    module = cst.parse_module(textwrap.dedent("""
+    import torch
+
+    saved = {}
+    for x in loader:
+        out = model(x)
+        if not saved:
+            saved["first"] = out[:1].clone()
+        if not out.isfinite().all():
+            break
+    """))
+    facts = analyze(module)
+    loop = module.body[-1]
+    tests = [statement.test for statement in loop.body.body[1:]]
+    values = facts.values(None)
+    assert [values.sync(test) for test in tests] == [None, "a tensor's truth value"]
 
 
 def test_formatting_with_percent_gives_a_string():
