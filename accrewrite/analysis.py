@@ -9,13 +9,20 @@ resolve from a table.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, names_in, node_types, string_value, walk
 from accrewrite.targets import spelled_callees, written_for
-from accrewrite.values import FileValues, Kind, ScopeValues
+from accrewrite.values import FileValues, Kind, ScopeValues, returned_read
+
+# A trigger word that stands for the calls of the file's functions that return an argument read
+# on the host (``to_python_float(t)``, see ``Facts.returned_reads``): the statements holding
+# such a call are walked for a rule that lists it.
+HOST_READ_CALLS = "<calls returning a host read>"
+_BUILTINS = frozenset(dir(builtins))
 
 OPTIMIZER_MODULES = ("torch.optim.",)
 SCALER_NAMES = {
@@ -195,6 +202,9 @@ class Facts:
     method_class: dict[cst.FunctionDef, cst.ClassDef] = field(default_factory=dict)
     # Statements that mention a trigger word of the selected rules (None: every statement).
     hot: set[cst.CSTNode] | None = None
+    # Module-level functions that return a parameter's value read on the host (apex's
+    # ``def to_python_float(t): return t.float().item()``): name -> those parameters.
+    returned_reads: dict[str, frozenset[str]] = field(default_factory=dict)
     # Nodes whose subtree holds no node of the types the rule walk acts on (``analyze``'s
     # ``walked``): the walk need not enter them.
     inert: set[cst.CSTNode] = field(default_factory=set)
@@ -455,6 +465,11 @@ class _Analyzer(_Walker):
         self._loop_callees: list[tuple[TrainingLoop, str]] = []
         # Lists indexed for a device (``.to(ids[0])``): CUDA indices where they are device_ids.
         self._indexed_moves: set[str | None] = set()
+        # Calls of plain names, with their enclosing statements, while a rule asks for
+        # HOST_READ_CALLS (whether the name returns a host read is known at the module's end).
+        self._name_calls: list[tuple[str, tuple[cst.CSTNode, ...]]] | None = (
+            [] if triggers is not None and HOST_READ_CALLS in triggers else None
+        )
 
     @property
     def _scope(self) -> cst.FunctionDef | None:
@@ -574,6 +589,16 @@ class _Analyzer(_Walker):
             self._step_functions[original_node.name.value] = (backward, step, original_node)
             self.facts.step_functions.add(original_node)
 
+    def visit_Return(self, node: cst.Return) -> None:
+        function = self._functions[-1] if len(self._containers) == 1 and self._functions else None
+        if function is None or node.value is None:
+            return
+        params = {param.name.value for param in (*function.params.posonly_params, *function.params.params)}
+        read = returned_read(node.value, params)
+        if read:
+            name = function.name.value
+            self.facts.returned_reads[name] = self.facts.returned_reads.get(name, frozenset()) | read
+
     def _enter_loop(self, node) -> None:
         self._loops.append(TrainingLoop(node=node, scope=self._scope))
         if type(node) is cst.For:
@@ -677,6 +702,8 @@ class _Analyzer(_Walker):
             if isinstance(func, cst.Name):
                 self._loop_callees += [(loop, func.value) for loop in self._loops]
                 self._note_iteration(node, func.value)
+                if self._name_calls is not None and callee is None and func.value not in _BUILTINS:
+                    self._name_calls.append((func.value, tuple(self._statements)))
             return
         method = func.attr.value
         if isinstance(func.value, cst.Name) and func.value.value == "self":  # a trainer's self._run_batch()
@@ -746,6 +773,9 @@ class _Analyzer(_Walker):
     def leave_Module(self, original_node: cst.Module) -> None:
         if self._indexed_moves & self.facts.device_id_lists:
             self.facts.places_on_device = True
+        for name, statements in self._name_calls or ():
+            if name in self.facts.returned_reads:
+                self.facts.hot.update(statements)
         known = {loop.node for loop in self.facts.loops}
         # Functions that hold a step loop of their own (``train()`` looping over its loader).
         looping = {loop.scope for loop in self.facts.loops if loop.calls_step}

@@ -25,13 +25,16 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import children, dotted
+from accrewrite.nodes import children, dotted, node_types
 from accrewrite.targets import spelled_callees
 
 
 class Kind(enum.Enum):
     TENSOR = "tensor"  # a tensor, or a batch/container holding tensors
     MASK = "mask"  # a boolean tensor
+    # A list, tuple or dict known to hold tensors (``res.append(t)``, ``out[k] = t``,
+    # ``model.state_dict()``): read like a tensor, but its truth value is its length.
+    HOLDER = "container of tensors"
     CPU = "cpu tensor"  # a tensor made on the host and never moved: reading it waits for nothing
     INT = "int"
     FLOAT = "float"
@@ -44,7 +47,7 @@ class Kind(enum.Enum):
     UNKNOWN = "unknown"
 
 
-TENSORS = frozenset({Kind.TENSOR, Kind.MASK})
+TENSORS = frozenset({Kind.TENSOR, Kind.MASK, Kind.HOLDER})
 NUMBERS = frozenset({Kind.INT, Kind.FLOAT, Kind.BOOL})
 HOST = frozenset({*NUMBERS, Kind.STR, Kind.NONE, Kind.PYTHON})
 
@@ -123,6 +126,8 @@ _FACTORIES = frozenset({
     "zeros", "ones", "full", "empty", "randn", "rand", "randint", "randperm", "arange", "linspace", "eye",
     "tensor", "as_tensor", "from_numpy", "zeros_like", "ones_like", "Tensor", "LongTensor", "FloatTensor",
 })
+# Methods that put their argument into a container.
+_ADDS = frozenset({"append", "extend", "insert", "add", "appendleft"})
 _STRING_METHODS = frozenset({"format", "join", "strip", "lower", "upper", "replace", "rjust", "ljust", "center"})
 _ARGPARSE_TYPES = {"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL}
 
@@ -141,8 +146,10 @@ def join(kinds) -> Kind:
         return Kind.UNKNOWN
     if len(found) == 1:
         return found.pop()
-    if found <= TENSORS:
-        return Kind.TENSOR
+    rest = found - {Kind.NONE}
+    if rest <= TENSORS:
+        # a tensor (or a container of them), or None on another path: what reads it reads a tensor
+        return rest.pop() if len(rest) == 1 else Kind.TENSOR
     if found <= TENSORS | {Kind.CPU}:
         return Kind.TENSOR  # moved on one path
     if found <= NUMBERS:
@@ -235,12 +242,17 @@ class ScopeValues:
         # Each statement's environment before it runs (small statements and compound headers).
         self._before: dict[cst.CSTNode, dict[str, _Bound]] = {}
         self._statement_of: dict[cst.CSTNode, cst.CSTNode] = {}
+        # The comprehension whose names each node of one sees (``_note_comprehension``).
+        self._comprehension_of: dict[cst.CSTNode, cst.CSTNode] = {}
         # Every kind each name is bound to anywhere in the scope (what nested scopes see).
         self._summary: dict[str, list[_Bound]] = {}
         self._memo: dict[cst.CSTNode, Kind] = {}
         self._final = False
         self._inline = False
         self._local: set[str] = set()
+        # Whether the walk used a placeholder for the return of a function still being computed
+        # (that function asked this scope what it passes): walked again once it is known.
+        self.provisional = False
         # Plain ``name = value`` assignments, in order (for loops over such a name).
         self._assignments: dict[str, list[cst.BaseExpression]] = {}
 
@@ -266,6 +278,13 @@ class ScopeValues:
         values._env = env
         values._final = True
         return values
+
+    def waits(self) -> None:
+        """Mark the scope (not a comprehension's, which belongs to it) as walked with a placeholder."""
+        values = self
+        while values._inline and values._parent is not None:
+            values = values._parent
+        values.provisional = True
 
     # The walk ------------------------------------------------------------------------------------
 
@@ -319,8 +338,22 @@ class ScopeValues:
             while stack:
                 child = stack.pop()
                 self._statement_of.setdefault(child, statement)
+                if type(child) in _COMPREHENSIONS:
+                    self._note_comprehension(child)
                 stack.extend(c for c in children(child) if not _is_block(c))
         self._before[statement] = env
+
+    def _note_comprehension(self, comprehension) -> None:
+        """Note the nodes that see a comprehension's own names: its element, conditions and inner
+        loops (not its first iterable, which the enclosing scope evaluates). A comprehension
+        nested in another is noted after it and keeps its own nodes."""
+        first = comprehension.for_in.iter
+        stack = list(children(comprehension))
+        while stack:
+            node = stack.pop()
+            if node is not first:
+                self._comprehension_of[node] = comprehension
+                stack.extend(children(node))
 
     def _statement(self, node: cst.CSTNode, env: dict[str, _Bound]) -> dict[str, _Bound]:
         if isinstance(node, cst.SimpleStatementLine):
@@ -410,6 +443,12 @@ class ScopeValues:
                 name = dotted(receiver)
                 if name:
                     self._bind(env, name, Kind.TENSOR)
+            elif isinstance(call.func, cst.Attribute) and call.func.attr.value in _ADDS and self._any_tensor_argument(call):
+                # ``res.append(correct_k.mul_(100.0 / batch_size))``: the list holds a tensor, like
+                # ``out[k] = t``
+                name = dotted(call.func.value)
+                if name and self._eval(call.func.value) in HOST | {Kind.UNKNOWN}:
+                    self._bind(env, name, Kind.HOLDER)
         elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
             for alias in small.names:
                 name = dotted(alias.asname.name if alias.asname is not None else alias.name)
@@ -439,7 +478,7 @@ class ScopeValues:
             # (``losses[k] = loss.item()``) leaves it a tensor.
             name = dotted(target.value)
             if name and kind in TENSORS:
-                self._bind(env, name, Kind.TENSOR)
+                self._bind(env, name, Kind.TENSOR if env.get(name, (None,))[0] in (Kind.TENSOR, Kind.MASK) else Kind.HOLDER)
             return env
         name = dotted(target)
         if name is None:
@@ -492,7 +531,8 @@ class ScopeValues:
             return Kind.MODEL
         if method in ("named_parameters", "named_buffers"):
             return Kind.TENSOR
-        return self._container_kind([self._eval(call.func.value)])
+        owner = self._eval(call.func.value)
+        return Kind.TENSOR if owner in TENSORS else self._container_kind([owner])
 
     # Names -------------------------------------------------------------------------------------
 
@@ -529,8 +569,10 @@ class ScopeValues:
         if found is None:
             walking = self._env
             self._env = self._before.get(self._statement_of.get(node, node), walking)
+            comprehension = self._comprehension_of.get(node)
             try:
-                found = self._eval(node)
+                # (a node of a comprehension sees the comprehension's names: ``v`` of ``[v.cpu() for v in out]``)
+                found = self._eval(node) if comprehension is None else self._comprehension(comprehension.for_in, node)
             finally:
                 self._env = walking
             if self._final:
@@ -609,7 +651,7 @@ class ScopeValues:
     def _container_kind(kinds) -> Kind:
         found = set(kinds)
         if found & TENSORS:
-            return Kind.TENSOR
+            return Kind.HOLDER
         if Kind.CPU in found and found <= HOST | {Kind.CPU}:
             return Kind.CPU
         if found <= HOST:
@@ -690,14 +732,14 @@ class ScopeValues:
 
     def _binary_kind(self, node: cst.BinaryOperation) -> Kind:
         left, right = self._eval(node.left), self._eval(node.right)
+        if left is Kind.STR and isinstance(node.operator, cst.Modulo):
+            return Kind.STR  # "%f" % loss is a string whatever it formats
         if left in TENSORS or right in TENSORS:
             if isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)) and Kind.MASK in (left, right):
                 return Kind.MASK
             return Kind.TENSOR
         if Kind.CPU in (left, right) and {left, right} <= {Kind.CPU, *NUMBERS}:
             return Kind.CPU
-        if left is Kind.STR and isinstance(node.operator, cst.Modulo):
-            return Kind.STR
         if left in NUMBERS and right in NUMBERS:
             return Kind.FLOAT if isinstance(node.operator, cst.Divide) else join([left, right])
         if left in HOST and right in HOST:
@@ -849,6 +891,8 @@ class ScopeValues:
                 return Kind.MODEL
             if method in _MODEL_TENSORS or method in ("named_parameters",):
                 return Kind.TENSOR
+            if method == "state_dict":
+                return Kind.HOLDER
             return self._own_method_kind(node, func)
         if receiver is Kind.LOADER:
             return Kind.LOADER if method in ("__iter__",) else Kind.UNKNOWN
@@ -908,7 +952,8 @@ class ScopeValues:
                     kinds = [kinds[0]]
                 return Kind.TENSOR if any(k in TENSORS for k in kinds) else join(kinds)
             if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("items", "values"):
-                return self._container_kind([self._eval(node.func.value)])
+                owner = self._eval(node.func.value)
+                return Kind.TENSOR if owner in TENSORS else self._container_kind([owner])
             kind = self._eval(node)
             if kind in (Kind.LOADER, Kind.UNKNOWN) and any(self._eval(a) is Kind.LOADER for a in args):
                 return Kind.TENSOR  # metric_logger.log_every(loader, ...) yields the loader's batches
@@ -937,6 +982,12 @@ class ScopeValues:
     def is_tensor(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is known to hold a tensor (or a batch, a container of tensors)."""
         return self.kind(node) in TENSORS
+
+    def tested_as_tensor(self, node: cst.CSTNode) -> bool:
+        """Whether ``node``'s truth value is a tensor's (read on the host): not a container of
+        tensors, whose truth value is its length."""
+        kind = self.kind(node)
+        return kind in TENSORS and kind is not Kind.HOLDER
 
     def is_mask(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is known to be a boolean tensor."""
@@ -983,13 +1034,19 @@ class ScopeValues:
             if isinstance(func, cst.Attribute) and func.attr.value == "format":
                 if any(self.is_tensor(arg.value) for arg in node.args):
                     return "formatting a tensor"
+            if isinstance(func, cst.Name) and self.name_kind(func.value) is Kind.UNKNOWN:
+                read = self.file.returned_reads(func.value)
+                if read and any(self.is_tensor(arg) for param, arg in self.file.arguments(node, func.value).items()
+                                if param in read):
+                    return f"{func.value}() returns it read on the host"
         if isinstance(node, cst.FormattedStringExpression) and self.is_tensor(node.expression):
             return "formatting a tensor"
-        if isinstance(node, cst.IfExp) and self.is_tensor(node.test):
+        if isinstance(node, cst.IfExp) and self.tested_as_tensor(node.test):
             return "a tensor's truth value"
-        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not) and self.is_tensor(node.expression):
-            return "a tensor's truth value"
-        if isinstance(node, cst.BooleanOperation) and self.is_tensor(node.left):
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            if self.tested_as_tensor(node.expression):
+                return "a tensor's truth value"
+        if isinstance(node, cst.BooleanOperation) and self.tested_as_tensor(node.left):
             return "a tensor's truth value"
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
             if self.kind(node.left) is Kind.STR and self.holds_tensor(node.right):
@@ -1015,6 +1072,9 @@ class ScopeValues:
                 return True
             stack.extend(children(current))
         return False
+
+
+_COMPREHENSIONS = node_types(cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
 
 def _is_block(node: cst.CSTNode) -> bool:
@@ -1100,6 +1160,8 @@ class FileValues:
         self._namespaces: set[str] = set()
         # Functions defined inside functions, by (enclosing function, name).
         self._nested: dict[tuple[cst.FunctionDef, str], cst.FunctionDef] = {}
+        # How many scope walks are under way (``of`` re-walks provisional scopes at none).
+        self._walking = 0
         self._index(module, owner=None, parent=None)
 
     def _index(self, node: cst.CSTNode, owner, parent) -> None:
@@ -1132,11 +1194,22 @@ class FileValues:
         asks what its callers pass), what the walk has seen so far."""
         found = self._scopes.get(scope)
         if found is None:
-            parent = self.parent_values(scope)
-            found = self._scopes.get(scope)  # the parent's walk may have asked for this scope
-            if found is None:
-                found = self._scopes[scope] = ScopeValues(self, scope, parent)
-                found.walk()
+            self._walking += 1
+            try:
+                parent = self.parent_values(scope)
+                found = self._scopes.get(scope)  # the parent's walk may have asked for this scope
+                if found is None:
+                    found = self._scopes[scope] = ScopeValues(self, scope, parent)
+                    found.walk()
+            finally:
+                self._walking -= 1
+        if found.provisional and not self._walking:
+            # Walked while a function it calls was being computed (``test()`` asked this scope what
+            # it passes while the scope bound ``test()``'s result): that return is known now, so
+            # the provisional scopes are walked again (each round knows more returns: it ends).
+            for stale in [key for key, values in self._scopes.items() if values.provisional]:
+                del self._scopes[stale]
+            found = self.of(scope)
         return found
 
     def parent_values(self, scope: cst.FunctionDef | None) -> ScopeValues | None:
@@ -1181,6 +1254,9 @@ class FileValues:
         """What calling a function or class of this file gives."""
         if isinstance(defined, cst.ClassDef):
             return self.class_kind(defined)
+        if defined in self._returning and defined not in self._returns:
+            caller.waits()
+            return Kind.UNKNOWN
         returned = self.return_kind(defined)
         if returned is Kind.UNKNOWN and caller._any_tensor_argument(call):
             return Kind.TENSOR
@@ -1208,6 +1284,24 @@ class FileValues:
             self._returning.discard(function)
         self._returns[function] = kind
         return kind
+
+    def returned_reads(self, name: str) -> frozenset[str]:
+        """The parameters that the file's function ``name`` returns read on the host (apex's
+        ``def to_python_float(t): return t.float().item()``): a call passing a tensor there waits
+        for it."""
+        if not isinstance(self.defined.get(name), cst.FunctionDef):
+            return frozenset()
+        return self.facts.returned_reads.get(name, frozenset())
+
+    def arguments(self, call: cst.Call, name: str) -> dict[str, cst.BaseExpression]:
+        """Parameter name -> argument of a call of the file's function ``name``."""
+        info = self.functions.get(self.defined.get(name))
+        if info is None:
+            return {}
+        positional = [a.value for a in call.args if a.keyword is None and not a.star]
+        found = dict(zip(info.params, positional))
+        found.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
+        return found
 
     def param_kind(self, scope: cst.FunctionDef, param: cst.Param) -> Kind:
         """A parameter's kind: its annotation's, else what the file's callers pass, else its
@@ -1436,6 +1530,30 @@ def _element(kind: Kind) -> Kind:
     if kind is Kind.CPU:
         return Kind.CPU
     return Kind.PYTHON if kind in HOST else Kind.UNKNOWN
+
+
+def returned_read(value: cst.BaseExpression, params: set[str]) -> frozenset[str]:
+    """The ``params`` whose value a returned expression reads on the host: ``t`` of
+    ``return t.float().item()`` or ``return float(t[0])``."""
+    found = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        stack.extend(children(node))
+        if not isinstance(node, cst.Call):
+            continue
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in SYNC_METHODS:
+            read = func.value
+        elif isinstance(func, cst.Name) and func.value in SYNC_BUILTINS and node.args:
+            read = node.args[0].value
+        else:
+            continue
+        while isinstance(read, (cst.Attribute, cst.Subscript, cst.Call)):
+            read = read.func if isinstance(read, cst.Call) else read.value
+        if isinstance(read, cst.Name) and read.value in params:
+            found.add(read.value)
+    return frozenset(found)
 
 
 def _returns_and_yields(function: cst.FunctionDef) -> tuple[list, list]:

@@ -1,18 +1,19 @@
 import libcst as cst
 
-from accrewrite.nodes import walk
+from accrewrite.analysis import HOST_READ_CALLS
+from accrewrite.nodes import dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.rules._training_code import LoopDiagnostic, free_names, is_logging_call
-
-_PRINTERS = frozenset({"print"})
+from accrewrite.rules._training_code import LOGGING_WORDS, LoopDiagnostic, free_names, is_logging_call
 
 
 class HostSync(LoopDiagnostic, Rule):
     """Report reads of a tensor's value on the host inside the training loop.
 
     `.item()`, `.cpu()`, `.to("cpu")`, `.numpy()`, `.tolist()`, `float(t)`/`int(t)`/`bool(t)`,
-    and printing or formatting a tensor copy its value to the host: Python stops until the
-    device has computed it. On an XLA target that forces the pending lazy graph to compile and
+    printing, logging or formatting a tensor (`f"{norm:.4f}"`, `"{:.4f}".format(t)`, `"%f" % t`:
+    each calls `Tensor.__format__`, an `.item()`), and calling a helper of the file that returns
+    its argument read on the host (`to_python_float(t)`) copy its value to the host: Python stops
+    until the device has computed it. On an XLA target that forces the pending lazy graph to compile and
     run in the middle of the step (an XLA sync), and with torch.compile it is a graph break: the
     compiled graph ends at that line and a new one starts after it. Each finding says so; the
     lines reported are exactly the ones that cut the compiled graph.
@@ -21,7 +22,12 @@ class HostSync(LoopDiagnostic, Rule):
     read it every N steps instead of every step, or read it in a step closure
     (`xm.add_step_closure`; ACC009 moves logging there by itself).
 
-    Only the training loop and its step functions are checked: elsewhere a host read costs once.
+    Whether a value is a tensor comes from the file's data-flow analysis, through its helpers
+    (`reduce_tensor(loss.data).item()`) and arithmetic (`0.0 + loss.detach()` is a tensor); a
+    number from `.item()`, `len()`, `time.time()` or an option is not one.
+
+    Only the training loop (one that calls backward, also with parameters updated by hand) and
+    its step functions are checked: elsewhere a host read costs once.
     Nothing inside a step closure is reported, including the logging that ACC009 moves into one
     in the same run.
     """
@@ -29,7 +35,10 @@ class HostSync(LoopDiagnostic, Rule):
     code = "ACC101"
     name = "host-sync"
     summary = "host sync in the loop (.item(), .cpu(), .numpy(), .tolist(), printing a tensor): breaks the graph"
-    triggers = frozenset({"item", "tolist", "numpy", "cpu", "float", "int", "bool", "print", "format", "str"})
+    # "%" finds `"%f" % t` (a word of string literals); f-strings are found by their expressions.
+    triggers = frozenset({"item", "tolist", "numpy", "cpu", "float", "int", "bool", "format", "str", "%",
+                          HOST_READ_CALLS, *LOGGING_WORDS})
+    trigger_nodes = (cst.FormattedStringExpression,)
     examples = (
         Example(
             before="""
@@ -63,6 +72,157 @@ class HostSync(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC101:8", "ACC101:8"),
         ),
+        # A helper's tensor read on the host, arithmetic with a Python number (a tensor still), a
+        # helper that returns its argument read on the host (apex's to_python_float), a tensor
+        # given to logging; the number len() gives is not a tensor.
+        Example(
+            before="""
+            import torch
+            import torch.distributed as dist
+
+
+            def reduce_tensor(t):
+                rt = t.clone()
+                dist.all_reduce(rt)
+                rt /= dist.get_world_size()
+                return rt
+
+
+            def to_python_float(t):
+                return t.float().item()
+
+
+            model = Net().cuda()
+            for step, (x, y) in enumerate(train_loader):
+                loss = criterion(model(x.cuda()), y.cuda())
+                loss.backward()
+                optimizer.step()
+                reduced = reduce_tensor(loss.data).item()
+                lossf = 0.0 + loss.detach()
+                if step % 100 == 0:
+                    meter.update(to_python_float(loss), x.size(0))
+                    logger.info("step %d loss %s", step, lossf)
+                    logger.info("step %d of %d", step, len(train_loader))
+            """,
+            diagnostics=("ACC101:21", "ACC101:24", "ACC101:25"),
+        ),
+        # A tensor formatted (f-string, str.format, %) where no logging call moves it: each is
+        # Tensor.__format__, an .item(); an option's float, time.time() and len() are not tensors.
+        Example(
+            before="""
+            import argparse
+            import time
+            import torch
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--lr", type=float, default=0.1)
+            args = parser.parse_args()
+
+            model = Net().cuda()
+            start = time.time()
+            for step, (x, y) in enumerate(train_loader):
+                loss = criterion(model(x.cuda()), y.cuda())
+                loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                elapsed = time.time() - start
+                with open("train.log", "a") as log:
+                    log.write(f"{step}: norm {norm:.4f} lr {args.lr} {elapsed:.1f}s\\n")
+                    log.write("{:.4f}\\n".format(norm))
+                    log.write("%d: %.4f of %d\\n" % (step, norm, len(train_loader)))
+            """,
+            diagnostics=("ACC101:18", "ACC101:19", "ACC101:20"),
+        ),
+        # A loop that updates the parameters by hand (no optimizer.step()) trains; a list given
+        # tensors holds tensors (accuracy()'s res), and so does a model's state dict.
+        Example(
+            before="""
+            import torch
+
+
+            def accuracy(output, target):
+                res = []
+                correct = output.argmax(-1).eq(target)
+                res.append(correct.float().mean() * 100)
+                return res
+
+
+            model = torch.nn.Linear(16, 4).cuda()
+            lr = 0.1
+            for epoch in range(10):
+                for x, y in train_loader:
+                    x, y = x.cuda(), y.cuda()
+                    output = model(x)
+                    loss = criterion(output, y)
+                    loss.backward()
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p -= lr * p.grad
+                            p.grad = None
+                    acc1 = accuracy(output, y)
+                    top1.update(acc1[0].item(), x.size(0))
+                snapshot = {k: v.cpu() for k, v in model.state_dict().items()}
+            """,
+            diagnostics=("ACC101:24", "ACC101:25"),
+        ),
+        # test() returns Python floats (its .item() runs in test, not in the step): formatting
+        # them reads nothing, although test() was being computed when train_iter was first read.
+        Example(
+            before="""
+            import torch
+
+
+            def train_iter(model, optimizer, x, y):
+                optimizer.zero_grad()
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+                history.append(loss.item())
+                loss_val, acc_val = test(model, x, y)
+                print(f"loss {loss_val:.4f} acc {acc_val:.4f}")
+
+
+            def test(model, x, y):
+                with torch.no_grad():
+                    out = model(x)
+                    loss = criterion(out, y)
+                    acc = (out.argmax(1) == y).float().mean()
+                return loss.item(), acc.item()
+
+
+            model = Net().cuda()
+            features = torch.randn(100, 16).cuda()
+            labels = torch.randint(0, 4, (100,)).cuda()
+            for epoch in range(100):
+                train_iter(model, optimizer, features, labels)
+            loss_test, acc_test = test(model, features, labels)
+            """,
+            diagnostics=("ACC101:9",),
+        ),
+        # Inside a step closure (a function or lambda given to add_step_closure) a read runs after
+        # the step's graph: not reported.
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            import torch_xla.core.xla_model as xm
+
+            device = xm.xla_device()
+            model = torch.nn.Linear(16, 4).to(device)
+            for step, (x, y) in enumerate(train_loader):
+                loss = criterion(model(x), y)
+                loss.backward()
+                xm.optimizer_step(optimizer)
+
+                def report(step, loss):
+                    print(f"step {step} loss {loss.item():.4f}")
+
+                xm.add_step_closure(report, args=(step, loss))
+                xm.add_step_closure(lambda loss: print(loss.item()), args=(loss.detach(),))
+                total = loss.item()
+            """,
+            diagnostics=("ACC101:16",),
+        ),
     )
 
     def check_call(self, node: cst.Call) -> None:
@@ -70,9 +230,11 @@ class HostSync(LoopDiagnostic, Rule):
             return
         tensors = self.tensors()
         how = tensors.sync(node)
-        if how is None and isinstance(node.func, cst.Name) and node.func.value in _PRINTERS:
-            if any(tensors.is_tensor(arg.value) for arg in node.args):
-                how = "printing a tensor"
+        if how is None and is_logging_call(self.ctx.facts, node):
+            # print(loss), logger.info("%s", loss), wandb.log({"loss": loss}): formatted or
+            # converted where the call runs
+            if any(tensors.holds_tensor(arg.value) for arg in node.args):
+                how = "printing a tensor" if dotted(node.func) == "print" else "logging a tensor"
         if how is None:
             return
         func = node.func
@@ -122,6 +284,20 @@ class HostSync(LoopDiagnostic, Rule):
 
         walk(body, enter)
         return name if reads["logging"] and not reads["other"] else None
+
+    def leave_BinaryOperation(self, original_node, updated_node):
+        if self.in_loop and isinstance(original_node.operator, cst.Modulo):
+            tensors = self.tensors()
+            if tensors.sync(original_node) is not None:  # "%f" % t: each tensor formatted is read
+                right = original_node.right
+                if isinstance(right, (cst.Tuple, cst.Dict)):
+                    operands = [element.value for element in right.elements if isinstance(element, cst.BaseElement)]
+                else:
+                    operands = [right]
+                for operand in operands:
+                    if tensors.is_tensor(operand):
+                        self.report(operand, _message(self.ctx.code(operand), "formatting a tensor"), _HELP)
+        return updated_node
 
     def leave_FormattedStringExpression(self, original_node, updated_node):
         if self.in_loop and self.tensors().sync(original_node) is not None:

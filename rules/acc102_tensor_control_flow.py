@@ -15,15 +15,16 @@ class TensorControlFlow(LoopDiagnostic, Rule):
 
     What to do: compute both sides and select with `torch.where(cond, a, b)` (or multiply by
     a mask), check the condition every N steps or in a step closure, or keep such checks out of
-    the compiled region. Only the training loop and its step functions are checked, and only
-    tests that mention a tensor word (`loss`, `.item()`, `torch.*`, `.any()`, ...).
+    the compiled region. Only the training loop and its step functions are checked. Whether a
+    test is on a tensor comes from the file's data-flow analysis: a value that is a tensor or
+    None (`acc = None if ... else t.mean()`) is tested as a tensor; a number from `.item()`,
+    `len()`, `time.time()` or an option is not a tensor.
     """
 
     code = "ACC102"
     name = "tensor-control-flow"
     summary = "Python control flow (if/while/ternary/assert) on a tensor value inside the loop"
-    # Words that tests on tensors almost always mention (walking every statement of every file
-    # would cost all rules their skip of untouched statements).
+    # Found by their statements (if, while, conditional expressions, assert), not by words.
     triggers = frozenset()
     trigger_nodes = (cst.If, cst.While, cst.IfExp, cst.Assert)
     examples = (
@@ -43,6 +44,34 @@ class TensorControlFlow(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC102:6", "ACC102:10"),
         ),
+        # A tensor kept as the best value, an optional tensor (None on the first step) and a
+        # tensor tolerance loop; tests on len(), an option, time.time() and the step are not on tensors.
+        Example(
+            before="""
+            import time
+            import torch
+
+            model = torch.nn.Linear(16, 4).cuda()
+            best, tol = float("inf"), 1e-3
+            start = time.time()
+            for step, (x, y) in enumerate(train_loader):
+                loss = criterion(model(x.cuda()), y.cuda())
+                loss.backward()
+                optimizer.step()
+                if loss < best:
+                    best = loss.detach()
+                acc = None if step == 0 else (model(x.cuda()).argmax(-1) == y.cuda()).float().mean()
+                if acc:
+                    print("accuracy logged")
+                err = model.weight.grad.norm()
+                while err > tol:
+                    err = err / 2
+                lr = args.lr * 0.5 if len(train_loader) > 10 else args.lr
+                if step % 100 == 0 and time.time() - start > 60:
+                    print(f"step {step} lr {lr}")
+            """,
+            diagnostics=("ACC102:11", "ACC102:14", "ACC102:17"),
+        ),
     )
 
     def applies(self) -> bool:
@@ -52,7 +81,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
         if not self.in_loop:
             return
         tensors = self.tensors()
-        if tensors.is_tensor(test):
+        if tensors.tested_as_tensor(test):
             how = "a tensor's truth value"
         elif tensors.reads_value(test):
             how = "a value read from a tensor"

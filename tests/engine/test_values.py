@@ -290,3 +290,130 @@ def test_a_parameter_that_the_function_concatenates_is_a_tensor():
         return seq[-block_size:]
     """
     assert kinds(code, "idx_cond", "names", "seq") == [Kind.TENSOR, Kind.UNKNOWN, Kind.UNKNOWN]
+
+
+def test_a_function_computed_while_its_caller_was_first_read_gives_its_return_there():
+    # gat's shape: train_iter is read first; test() asks its callers what they pass, which walks
+    # train_iter while test()'s return is unknown. The floats test() returns are not tensors.
+    code = """
+    import torch
+
+    def train_iter(model, optimizer, x, y):
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        loss_val, acc_val = test(model, x, y)
+        print(loss_val, acc_val)
+
+    def test(model, x, y):
+        with torch.no_grad():
+            out = model(x)
+            loss = criterion(out, y)
+            acc = (out.argmax(1) == y).float().mean()
+        return loss.item(), acc.item()
+
+    features = torch.randn(100, 16).cuda()
+    labels = torch.randint(0, 4, (100,)).cuda()
+    for epoch in range(100):
+        train_iter(model, optimizer, features, labels)
+    loss_test, acc_test = test(model, features, labels)
+    print(loss_test)
+    """
+    assert kinds(code, "print(loss_val, acc_val)", "loss_val", "acc_val", "loss_test") == [
+        Kind.NONE, Kind.PYTHON, Kind.PYTHON, Kind.PYTHON,
+    ]
+
+
+def test_a_tensor_or_none_is_read_as_a_tensor():
+    code = """
+    import torch
+
+    for step, (x, y) in enumerate(loader):
+        out = model(x)
+        if mixup is None:
+            acc = (out.argmax(-1) == y).float().mean()
+        else:
+            acc = None
+        best = None if step == 0 else out.max()
+        ready = acc is not None
+        print(acc, best, ready)
+    """
+    assert kinds(code, "acc", "best", "ready") == [Kind.TENSOR, Kind.TENSOR, Kind.BOOL]
+
+
+def test_containers_given_tensors_hold_tensors():
+    code = """
+    import torch
+
+    def accuracy(output, target):
+        res = []
+        res.append((output.argmax(-1) == target).float().mean())
+        return res
+
+    model = torch.nn.Linear(16, 4)
+    for x, y in loader:
+        out = model(x)
+        values = []
+        values.append(out.sum().item())
+        acc1 = accuracy(out, y)
+        weights = model.state_dict()
+        copies = [w.cpu() for w in weights.values()]
+        print(values, acc1, acc1[0], weights, copies)
+    """
+    assert kinds(code, "values", "acc1", "acc1[0]", "weights", "w") == [
+        Kind.PYTHON, Kind.HOLDER, Kind.TENSOR, Kind.HOLDER, Kind.TENSOR,
+    ]
+
+
+def test_the_truth_value_of_a_container_of_tensors_is_its_length():
+    module = cst.parse_module(textwrap.dedent("""
+    import torch
+
+    saved = {}
+    for x in loader:
+        out = model(x)
+        if not saved:
+            saved["first"] = out[:1].clone()
+        if not out.isfinite().all():
+            break
+    """))
+    facts = analyze(module)
+    loop = module.body[-1]
+    tests = [statement.test for statement in loop.body.body[1:]]
+    values = facts.values(None)
+    assert [values.sync(test) for test in tests] == [None, "a tensor's truth value"]
+
+
+def test_formatting_with_percent_gives_a_string():
+    code = """
+    for x in loader:
+        loss = model(x).sum()
+        line = "loss %f" % loss
+        row = "%d: %f" % (step, loss)
+        print(line, row)
+    """
+    assert kinds(code, "line", "row") == [Kind.STR, Kind.STR]
+
+
+def test_a_helper_returning_its_argument_read_on_the_host_syncs_where_called():
+    module = cst.parse_module(textwrap.dedent("""
+    import torch
+
+    def to_python_float(t):
+        return t.float().item()
+
+    def scaled(t, factor):
+        return t * factor
+
+    for x in loader:
+        loss = model(x).sum()
+        value = to_python_float(loss)
+        steps = to_python_float(3)
+        other = scaled(loss, 2)
+    """))
+    facts = analyze(module)
+    assert facts.returned_reads == {"to_python_float": frozenset({"t"})}
+    loop = module.body[-1]
+    calls = [line.body[0].value for line in loop.body.body[1:]]
+    values = facts.values(None)
+    assert [values.sync(call) for call in calls] == ["to_python_float() returns it read on the host", None, None]
