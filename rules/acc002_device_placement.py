@@ -230,7 +230,7 @@ class DevicePlacement(Rule):
         name = self.ctx.facts.qualname(node) or ""
         if self.ctx.target.has("accelerator_available") and _CUDA_TENSOR_TYPE.fullmatch(name):
             self.ctx.refuse(
-                node, f"`{name}` makes tensors on CUDA, which this target's device is not; file left as it is",
+                node, f"`{name}` makes CUDA tensors, unlike this target; file left as it is",
                 "Legacy tensor types have no spelling for another device, and the script's CUDA check holds on "
                 "this target. Make the tensors with a device instead (`torch.ones(n, 1, device=device)`, "
                 "`torch.as_tensor(array, device=device)`, `x.to(device, torch.float32)`) and migrate again.",

@@ -29,13 +29,15 @@ SCRIPT = textwrap.dedent(
 
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = torch.nn.Linear(4, 1).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
     loader = torch.utils.data.DataLoader(data, batch_size=None)
     running = 0.0
     for epoch in range(2):
         for step, (x, y) in enumerate(loader):
+            x, y = x.to(device), y.to(device)
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
