@@ -1320,8 +1320,16 @@ class FileValues:
             kind = join(passed) if passed else Kind.UNKNOWN
         if kind is Kind.UNKNOWN and param.name.value in self._joined(scope):
             kind = Kind.TENSOR  # torch.cat((idx, idx_next)) takes tensors only
+        if kind is Kind.UNKNOWN and self._spawned_index(scope, param):
+            kind = Kind.INT  # mp.spawn(fn, ...) calls fn(index, *args)
         self._params[key] = kind
         return kind
+
+    def _spawned_index(self, scope: cst.FunctionDef, param: cst.Param) -> bool:
+        """Whether ``param`` is the first parameter of a function the file spawns processes of."""
+        params = scope.params
+        first = (*params.posonly_params, *params.params)[:1]
+        return bool(first) and first[0] is param and any(scope in spawn.workers for spawn in self.facts.spawns())
 
     def _joined(self, scope: cst.FunctionDef) -> set[str]:
         """The names that ``scope`` concatenates or stacks (``torch.cat((idx, idx_next), dim=1)``):
