@@ -87,6 +87,7 @@ import random
 import re
 import shutil
 import signal
+import string
 import struct
 import subprocess
 import sys
@@ -851,7 +852,7 @@ def text(name: str, kind: str = "chars", size: int = 6000) -> Callable[[Path, st
     def write(cwd: Path, python: str) -> None:
         rng = random.Random(0)
         if kind == "chars":
-            body = "".join(rng.choice("abcdefghij klmnopqrst\nuvwxyz.,!?ABCDEFGHIJ") for _ in range(size))
+            body = "".join(rng.choice(string.ascii_letters + " \n.,!?") for _ in range(size))
         elif kind == "words":
             words = [f"w{i}" for i in range(50)]
             body = "".join(" ".join(rng.choices(words, k=10)) + "\n" for _ in range(size // 10))
@@ -1085,8 +1086,8 @@ RECIPES = (
                 "generates 500 characters at step 0"),
     Recipe("karpathy+makemore/makemore.py",
            ("--max-steps", "30", "--num-workers", "0", "--batch-size", "8", "--n-layer", "2", "--n-embd", "32",
-            "--n-embd2", "32"), text("names.txt", "names", 400), on_device=False,
-           note="--device defaults to cpu, so it places nothing on a device"),
+            "--n-embd2", "32"), text("names.txt", "names", 400), needs=("tensorboard",),
+           note="its --device option (default cpu) chooses the device, the target's once migrated"),
     Recipe("rasbt+LLMs-from-scratch/appendix-A/01_main-chapter-code/code-part1.ipynb", (), no_data,
            needs=("numpy",), on_device=False, note="a notebook; it places nothing on a device"),
     Recipe("rasbt+LLMs-from-scratch/appendix-A/01_main-chapter-code/DDP-script.py", (), no_data,
