@@ -121,3 +121,17 @@ def walk(node: cst.CSTNode, enter) -> None:
         if enter(current) is False:
             continue
         stack.extend(reversed(children(current)))
+
+
+def holds(tree: cst.CSTNode, wanted) -> bool:
+    """Whether ``tree`` is, or has inside it, a node of ``wanted`` (a node, or a set of nodes)."""
+    targets = wanted if isinstance(wanted, (set, frozenset)) else {wanted}
+    found = False
+
+    def enter(child):
+        nonlocal found
+        found = found or child in targets
+        return not found
+
+    walk(tree, enter)
+    return found

@@ -3,7 +3,7 @@ import re
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
-from accrewrite.nodes import call_arg, dotted, names_in, string_value, walk
+from accrewrite.nodes import call_arg, dotted, names_in, holds, string_value, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.values import Kind
 
@@ -260,7 +260,7 @@ class DevicePlacement(Rule):
         tests: list[cst.CSTNode] = []
 
         def enter(node):
-            if isinstance(node, cst.If) and (_contains(node.body, chosen) or self._returns_cuda(node.body)
+            if isinstance(node, cst.If) and (holds(node.body, chosen) or self._returns_cuda(node.body)
                                              or self._places_on_cuda(node.body)):
                 tests.append(node.test)
                 self._fallbacks.update(self._other_choices(node, chosen))
@@ -283,7 +283,7 @@ class DevicePlacement(Rule):
     def _other_choices(self, choice: cst.If, chosen: set) -> list[cst.CSTNode]:
         """``else: device = torch.device("cpu")`` (or ``"mps"``) after a CUDA choice: on a
         target whose device is not CUDA the migrated script runs there too."""
-        names = {d.name for d in self.ctx.facts.devices if _contains(choice.body, {d.statement})}
+        names = {d.name for d in self.ctx.facts.devices if holds(choice.body, {d.statement})}
         found = []
 
         def enter(node):
@@ -480,18 +480,6 @@ _CUDA_TENSOR_TYPE = re.compile(r"torch\.cuda\.[A-Z][A-Za-z]*Tensor")
 
 def _string_of(node: cst.BaseExpression) -> cst.Call:
     return cst.Call(func=cst.Name("str"), args=[cst.Arg(node)])
-
-
-def _contains(block: cst.CSTNode, wanted: set) -> bool:
-    found = False
-
-    def enter(child):
-        nonlocal found
-        found = found or child in wanted
-        return not found
-
-    walk(block, enter)
-    return found
 
 
 def _calls_in(node: cst.CSTNode) -> set[cst.Call]:

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import dotted, names_in, walk
+from accrewrite.nodes import dotted, holds, names_in, walk
 from accrewrite.rule import Example, Rule, excerpt
 
 _SYNCHRONIZE = {"torch.cuda.synchronize"}
@@ -199,7 +199,7 @@ class CudaApi(Rule):
             nonlocal found
             if isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node is not self.ctx.scope:
                 return False
-            if isinstance(node, cst.Comparison) and (names & names_in(node) or _holds(node, call)):
+            if isinstance(node, cst.Comparison) and (names & names_in(node) or holds(node, call)):
                 found = True
             return not found
 
@@ -226,15 +226,3 @@ class CudaApi(Rule):
                         "script's CUDA path.",
                     )
         return updated_node
-
-
-def _holds(node: cst.CSTNode, wanted: cst.CSTNode) -> bool:
-    found = False
-
-    def enter(child):
-        nonlocal found
-        found = found or child is wanted
-        return not found
-
-    walk(node, enter)
-    return found

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted, names_in
+from accrewrite.nodes import call_arg, dotted, holds, names_in
 from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc005_ddp_unwrap import DdpUnwrap
 
@@ -212,7 +212,7 @@ class ParallelWrap(Rule):
                               "Call accrt.accelerate(model, config=...) by hand.", code="ACC105")
             return updated_node
         for name, built in self.ctx.facts.optimizers.items():
-            if not _holds(self.ctx.scope or self.ctx.module, built):
+            if not holds(self.ctx.scope or self.ctx.module, built):
                 self.ctx.diagnose(original_node, f"`{name}` is built in another function than this wrap",
                                   _BUILD_AFTER)
         self.ctx.fix(original_node, f"DDP -> accelerate ({self._kind}): FSDP2 shards and reduces")
@@ -224,20 +224,6 @@ class ParallelWrap(Rule):
             self.ctx.fix(original_node, f"{name}.module -> {name}: accelerate returns the model itself")
             return updated_node.value
         return updated_node
-
-
-def _holds(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
-    """Whether ``node`` is ``tree`` or inside it."""
-    found = False
-
-    class Find(cst.CSTVisitor):
-        def on_visit(self, visited: cst.CSTNode) -> bool:
-            nonlocal found
-            found = found or visited is node
-            return not found
-
-    tree.visit(Find())
-    return found
 
 
 def _single_assign(statement) -> cst.Assign | None:
