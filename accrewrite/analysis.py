@@ -138,9 +138,11 @@ class Spawn:
     # The functions of the file it runs: ``fn``, or what the callers of the function that holds
     # the call pass as ``fn`` (the DDP tutorial's ``run_demo(demo_fn, world_size)``).
     workers: tuple[cst.FunctionDef, ...]
-    # The positions of the workers' parameters that receive the number of processes (an
-    # argument that is ``nprocs`` itself: ``args=(world_size,), nprocs=world_size``).
-    counted: tuple[int, ...]
+    # Where the workers receive the number of processes: (position of a parameter, the
+    # attributes read from it), for an argument that is ``nprocs`` itself (``args=(world_size,),
+    # nprocs=world_size``: ``(1, "")``) or holds it (``args=(args,), nprocs=args.nprocs``:
+    # ``(1, ".nprocs")``).
+    counted: tuple[tuple[int, str], ...]
 
 
 @dataclass
@@ -252,8 +254,10 @@ class Facts:
         counted = ()
         if args is not None and nprocs is not None and isinstance(args.value, (cst.Tuple, cst.List)):
             count = self.module.code_for_node(nprocs.value)
-            counted = tuple(position + 1 for position, element in enumerate(args.value.elements)
-                            if self.module.code_for_node(element.value) == count)
+            for position, element in enumerate(args.value.elements):
+                passed = self.module.code_for_node(element.value)
+                if count == passed or count.startswith(passed + ".") and dotted(element.value) is not None:
+                    counted += ((position + 1, count[len(passed):]),)
         return Spawn(call, scope, workers, counted)
 
     def _defined(self) -> dict[str, cst.CSTNode]:

@@ -147,8 +147,8 @@ class ProcessGroup(Rule):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        # Launched function -> its parameters that received nprocs, where the target's launcher
-        # picks the number of processes itself.
+        # Launched function -> its parameters (or their attributes) that received nprocs, where
+        # the target's launcher picks the number of processes itself.
         self._recounted: dict[cst.FunctionDef, list[str]] = {}
         if ctx.target.has("spawn_owns_devices", "spawn", "device_count"):
             for spawn in ctx.facts.spawns():
@@ -156,7 +156,7 @@ class ProcessGroup(Rule):
                     for worker in spawn.workers:
                         params = [p.name.value for p in (*worker.params.posonly_params, *worker.params.params)]
                         self._recounted.setdefault(worker, []).extend(
-                            params[i] for i in spawn.counted if i < len(params))
+                            params[i] + attributes for i, attributes in spawn.counted if i < len(params))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         """A launched function reads the device count where the devices are: its parameter that
@@ -167,7 +167,8 @@ class ProcessGroup(Rule):
         if not names or len(body) <= start:
             return
         count = self.ctx.expr("device_count")
-        lines = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], count)]) for name in names]
+        lines = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.parse_expression(name))], count)])
+                 for name in names]
         if all(self.ctx.code(line).strip() in self.ctx.code(statement) for line, statement in zip(lines, body[start:])):
             return  # migrated already
         self.ctx.insert_before(body[start], lines)
