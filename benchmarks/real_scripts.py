@@ -830,7 +830,8 @@ def mnist(root: str, train: int = 256, test: int = 64, name: str = "MNIST") -> C
 def cifar10(root: str, train: int = 40, test: int = 12) -> Callable[[Path, str], None]:
     """torchvision's ``cifar-10-batches-py`` at ``root``: five training batches and a test batch
     of random pixels, uint8 arrays as torchvision reads them, so the interpreter writes them with
-    numpy; their checksums pass through ``SITE``."""
+    numpy; their checksums pass through ``SITE``. Each batch of ten or more holds every class:
+    tutorials end with an accuracy per class, which divides by the class's count."""
     def write(cwd: Path, python: str) -> None:
         folder = cwd / root / "cifar-10-batches-py"
         folder.mkdir(parents=True, exist_ok=True)
@@ -839,7 +840,7 @@ def cifar10(root: str, train: int = 40, test: int = 12) -> Callable[[Path, str],
                 "names = [f'data_batch_{i + 1}' for i in range(5)] + ['test_batch']\n"
                 f"for name, k in zip(names, sizes + [{test}]):\n"
                 "    batch = {'data': rng.integers(0, 256, (k, 3072), dtype=np.uint8), "
-                "'labels': rng.integers(0, 10, k).tolist()}\n"
+                "'labels': rng.permutation(np.arange(k) % 10).tolist()}\n"
                 "    pickle.dump(batch, open(name, 'wb'))\n"
                 "pickle.dump({'label_names': [f'class{i}' for i in range(10)]}, open('batches.meta', 'wb'))")
         subprocess.run([python, "-c", code], cwd=folder, check=True, capture_output=True, timeout=120)
@@ -888,6 +889,10 @@ mnist_above = mnist("../data")
 """MNIST in ``../data``, where pytorch/examples' MNIST scripts look: outside the working
 directory, which ``accrewrite verify`` links beside its copies."""
 mnist_here = mnist("data")
+mnist_dataset = mnist("dataset", train=128, test=64)
+"""MNIST in ``dataset/``, where aladdinpersson's Machine-Learning-Collection scripts look."""
+fashion_mnist_above = mnist("../datasets", train=64, test=64, name="FashionMNIST")
+"""FashionMNIST in ``../datasets``, where L1aoXingyu's pytorch-beginner scripts look."""
 
 
 def vae_data(cwd: Path, python: str) -> None:
@@ -1067,15 +1072,56 @@ RECIPES = (
     Recipe("MorvanZhou+PyTorch-Tutorial/tutorial-contents/502_GPU.py", (), mnist("mnist", train=100, test=64),
            needs=_MNIST, original_runs=False, steps=2, note="the original calls .cuda() unconditionally"),
     Recipe("aladdinpersson+Machine-Learning-Collection/ML/Pytorch/Basics/pytorch_simple_CNN.py", (),
-           mnist("dataset", train=128, test=64), needs=(*_MNIST, "tqdm")),
+           mnist_dataset, needs=(*_MNIST, "tqdm")),
+    Recipe("aladdinpersson+Machine-Learning-Collection/ML/Pytorch/Basics/pytorch_simple_fullynet.py", (),
+           mnist_dataset, needs=(*_MNIST, "tqdm"),
+           note='device = "mps" if torch.backends.mps.is_available() else "cuda" if ... else "cpu"'),
+    Recipe("aladdinpersson+Machine-Learning-Collection/ML/Pytorch/Basics/pytorch_rnn_gru_lstm.py", (),
+           mnist_dataset, needs=_MNIST, steps=4,
+           note="the model's forward places its initial states with .to(device), the module-level device"),
+    Recipe("aladdinpersson+Machine-Learning-Collection/ML/Pytorch/Basics/pytorch_bidirectional_lstm.py", (),
+           mnist_dataset, needs=_MNIST, steps=4),
+    Recipe("aladdinpersson+Machine-Learning-Collection/ML/Pytorch/Basics/pytorch_mixed_precision_example.py", (),
+           mnist("dataset", train=20, test=10), needs=_MNIST, original_runs=False, steps=3,
+           note="torch.cuda.amp.GradScaler and autocast; the original asserts device == 'cuda'; its convolutions "
+                "have 420 and 1000 channels, so 20 images"),
+    Recipe("aladdinpersson+Machine-Learning-Collection/ML/Pytorch/GANs/1. SimpleGAN/fc_gan.py", (),
+           mnist("dataset", train=64, test=10), needs=(*_MNIST, "tensorboard"),
+           note='device = "cuda" if ... else "cpu" (a string); 50 epochs of two batches, images to TensorBoard'),
     Recipe("pytorch+tutorials/beginner_source/basics/quickstart_tutorial.py", (),
            mnist("data", train=256, test=64, name="FashionMNIST"), needs=_MNIST),
     Recipe("pytorch+tutorials/beginner_source/blitz/cifar10_tutorial.py", (), cifar10("data"),
            needs=("torchvision", "matplotlib"), on_device=False,
            note="it trains on the CPU: the device is chosen at the end and only printed"),
+    Recipe("pytorch+tutorials/intermediate_source/spatial_transformer_tutorial.py", (),
+           mnist(".", train=64, test=64), needs=(*_MNIST, "matplotlib", "six"),
+           note="20 epochs of one batch, each followed by a test; loaders with num_workers=4; "
+                "F.affine_grid and F.grid_sample"),
+    Recipe("pytorch+tutorials/beginner_source/knowledge_distillation_tutorial.py", (), cifar10("data"),
+           needs=("torchvision",),
+           note="five models trained for 10 epochs each by functions given device=; the teacher's "
+                "state_dict, on the device, is loaded into new models built on the CPU"),
     Recipe("pytorch+tutorials/intermediate_source/ddp_tutorial.py", (), no_data, original_runs=False,
            note="mp.spawn of two processes, one step each, twice; the original needs CUDA "
                 "(device_ids from torch.cuda.device_count()); verify records the parent process only"),
+    Recipe("patrickloeber+pytorchTutorial/13_feedforward.py", (), mnist("data", train=200, test=100),
+           needs=(*_MNIST, "matplotlib")),
+    Recipe("patrickloeber+pytorchTutorial/14_cnn.py", (), cifar10("data", train=40, test=12),
+           needs=("torchvision", "matplotlib"),
+           note="batches of 4; its test indexes each batch element by element (predicted[i], labels[i])"),
+    Recipe("patrickloeber+pytorchTutorial/16_tensorboard.py", (), mnist("data", train=128, test=64),
+           needs=(*_MNIST, "matplotlib", "tensorboard"),
+           note="writer.add_graph traces the model on a batch .to(device); add_pr_curve of the gathered "
+                "predictions"),
+    Recipe("L1aoXingyu+pytorch-beginner/02-Logistic Regression/Logistic_Regression.py", (), fashion_mnist_above,
+           needs=_MNIST,
+           note="use_gpu = torch.cuda.is_available(), then .cuda() under if use_gpu; 100 epochs of one batch, "
+                "each followed by a test"),
+    Recipe("L1aoXingyu+pytorch-beginner/03-Neural Network/neural_network.py", (), fashion_mnist_above,
+           needs=_MNIST, note="as Logistic_Regression.py, 50 epochs"),
+    Recipe("L1aoXingyu+pytorch-beginner/08-AutoEncoder/conv_autoencoder.py", (), mnist_here, needs=_MNIST,
+           original_runs=False,
+           note="model.cuda() and Variable(img).cuda() unconditionally; 100 epochs of two batches"),
     Recipe("karpathy+ng-video-lecture/bigram.py", (), text("input.txt", "chars", 6000),
            note="3000 steps, an evaluation every 300, then 500 generated characters"),
     Recipe("karpathy+minGPT/projects/chargpt/chargpt.py",
