@@ -113,8 +113,9 @@ def test_the_guard_counts_the_targets_devices():
 def test_runtime_guard_passes_under_accrun_with_two_processes(tmp_path):
     script = _migrated(GUARD, "runtime").output
     accrun = [sys.executable, "-m", "accrewrite.launcher", "--standalone", "--nproc_per_node", "2"]
-    found = sorted(_TRAINED.findall(_run(accrun, script, tmp_path)))
-    assert [rank for rank, _ in found] == ["0", "1"] and found[0][1] == found[1][1]
+    output = _run(accrun, script, tmp_path)
+    found = sorted(_TRAINED.findall(output))
+    assert [rank for rank, _ in found] == ["0", "1"] and found[0][1] == found[1][1], output
     assert _REFUSED in _run([sys.executable], script, tmp_path)  # one process: one CPU device
 
 
