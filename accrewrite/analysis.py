@@ -381,6 +381,11 @@ class Facts:
             return text == "cuda" or text.startswith("cuda:")
         if isinstance(node, cst.FormattedString):
             first = node.parts[0] if node.parts else None
+            if isinstance(first, cst.FormattedStringExpression) and len(node.parts) > 1:
+                # f"{acc}:{rank}": an index put after a device
+                after = node.parts[1]
+                return (isinstance(after, cst.FormattedStringText) and after.value.startswith(":")
+                        and dotted(first.expression) in {binding.name for binding in self.devices})
             return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
         if isinstance(node, cst.Call) and self.qualname(node.func) == "torch.device":
             first = call_arg(node, 0, "type")

@@ -12,6 +12,7 @@ _DEVICE_KEYWORDS = ("device", "map_location")
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
 _AVAILABLE = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+_SET_DEVICE = {"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.accelerator.set_device_idx"}
 # torch functions that make a tensor on the CPU unless given a device.
 _FACTORIES = frozenset(f"torch.{name}" for name in (
     "randn", "rand", "randint", "zeros", "ones", "full", "empty", "arange", "tensor", "eye", "linspace",
@@ -28,7 +29,10 @@ class DevicePlacement(Rule):
     - a variable assigned a CUDA device (`torch.device("cuda")`, `torch.device(f"cuda:{r}")`,
       `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`) is assigned the target
       device, followed by the replication call;
-    - `torch.cuda.set_device(...)` is removed (the target picks the device per process);
+    - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
+      (the target picks the device per process);
+    - a device string built from a device and an index (`torch.device(f"{acc}:{rank}")` with
+      `acc = torch.accelerator.current_accelerator()`) is the target device;
     - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable
       visible in that function, else the target's device call; `non_blocking` is kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
@@ -145,8 +149,9 @@ class DevicePlacement(Rule):
             return updated_node
         statement = original_node.body[0]
         if isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call):
-            if self.ctx.facts.qualname(statement.value.func) == "torch.cuda.set_device":
-                self.ctx.fix(original_node, "removed torch.cuda.set_device(): the target chooses the device per process")
+            callee = self.ctx.facts.qualname(statement.value.func)
+            if callee in _SET_DEVICE:
+                self.ctx.fix(original_node, f"removed {callee}(): the target chooses the device per process")
                 return cst.RemoveFromParent()
         if original_node in self._fallbacks:
             return self._assign_device(original_node, updated_node)
