@@ -407,7 +407,9 @@ class Facts:
         if isinstance(node, cst.IfExp):
             # ``"cuda" if torch.cuda.is_available() else "cpu"`` chooses a device;
             # nanoGPT's ``"cuda" if "cuda" in device else "cpu"`` names a device's type.
-            return not isinstance(node.test, cst.Comparison) and self.is_cuda_device(node.body)
+            # (``"mps" if ... else "cuda" if ... else "cpu"`` chooses one too.)
+            return not isinstance(node.test, cst.Comparison) and (
+                self.is_cuda_device(node.body) or self.is_cuda_device(node.orelse))
         return False
 
 
