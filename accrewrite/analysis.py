@@ -381,6 +381,11 @@ class Facts:
             return text == "cuda" or text.startswith("cuda:")
         if isinstance(node, cst.FormattedString):
             first = node.parts[0] if node.parts else None
+            if isinstance(first, cst.FormattedStringExpression) and len(node.parts) > 1:
+                # f"{acc}:{rank}": an index put after a device
+                after = node.parts[1]
+                return (isinstance(after, cst.FormattedStringText) and after.value.startswith(":")
+                        and dotted(first.expression) in {binding.name for binding in self.devices})
             return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
         if isinstance(node, cst.Call) and self.qualname(node.func) == "torch.device":
             first = call_arg(node, 0, "type")
@@ -402,7 +407,9 @@ class Facts:
         if isinstance(node, cst.IfExp):
             # ``"cuda" if torch.cuda.is_available() else "cpu"`` chooses a device;
             # nanoGPT's ``"cuda" if "cuda" in device else "cpu"`` names a device's type.
-            return not isinstance(node.test, cst.Comparison) and self.is_cuda_device(node.body)
+            # (``"mps" if ... else "cuda" if ... else "cpu"`` chooses one too.)
+            return not isinstance(node.test, cst.Comparison) and (
+                self.is_cuda_device(node.body) or self.is_cuda_device(node.orelse))
         return False
 
 

@@ -12,6 +12,7 @@ _DEVICE_KEYWORDS = ("device", "map_location")
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
 _AVAILABLE = {"torch.cuda.is_available", "torch.accelerator.is_available"}
+_SET_DEVICE = {"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.accelerator.set_device_idx"}
 # torch functions that make a tensor on the CPU unless given a device.
 _FACTORIES = frozenset(f"torch.{name}" for name in (
     "randn", "rand", "randint", "zeros", "ones", "full", "empty", "arange", "tensor", "eye", "linspace",
@@ -28,7 +29,10 @@ class DevicePlacement(Rule):
     - a variable assigned a CUDA device (`torch.device("cuda")`, `torch.device(f"cuda:{r}")`,
       `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`) is assigned the target
       device, followed by the replication call;
-    - `torch.cuda.set_device(...)` is removed (the target picks the device per process);
+    - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
+      (the target picks the device per process);
+    - a device string built from a device and an index (`torch.device(f"{acc}:{rank}")` with
+      `acc = torch.accelerator.current_accelerator()`) is the target device;
     - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable
       visible in that function, else the target's device call; `non_blocking` is kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
@@ -43,8 +47,9 @@ class DevicePlacement(Rule):
       `load_state_dict` copies onto the model's device);
     - `device_ids=` and `output_device=` are dropped from DistributedDataParallel and
       DataParallel, which pin them to CUDA;
-    - `"cuda" in device` (nanoGPT's device type) tests `str(device)`: the target's device is
-      an object, not a string.
+    - `"cuda" in device` (nanoGPT's device type) tests `str(device)`, and `device == "cpu"` its
+      `device.type`: the target's device is an object, not a string; `assert device == "cuda"`
+      goes where the target's device is an accelerator.
 
     Where the target's move gives a module new Parameter objects (XLA), the first model move is
     preceded by PyTorch's setting that keeps them, so weights tied before the move stay tied
@@ -81,6 +86,27 @@ class DevicePlacement(Rule):
             xm.set_replication(device, [device])
             model = Net().to(device)
             mask = torch.ones(8, device=device)
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            device = "mps" if torch.backends.mps.is_available() else "cuda" if torch.cuda.is_available() else "cpu"
+            assert device == "cuda", "GPU not available"
+            model = Net().to(device)
+            if device == "cpu":
+                print("slow")
+            """,
+            after="""
+            import torch
+            import torch_xla
+
+            device = torch_xla.device()
+            model = Net().to(device)
+            if device.type == "cpu":
+                print("slow")
             """,
         ),
         Example(
@@ -145,9 +171,13 @@ class DevicePlacement(Rule):
             return updated_node
         statement = original_node.body[0]
         if isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call):
-            if self.ctx.facts.qualname(statement.value.func) == "torch.cuda.set_device":
-                self.ctx.fix(original_node, "removed torch.cuda.set_device(): the target chooses the device per process")
+            callee = self.ctx.facts.qualname(statement.value.func)
+            if callee in _SET_DEVICE:
+                self.ctx.fix(original_node, f"removed {callee}(): the target chooses the device per process")
                 return cst.RemoveFromParent()
+        if self._asserts_cuda(statement):
+            self.ctx.fix(original_node, "removed the assertion of a CUDA device: the target's device is an accelerator")
+            return cst.RemoveFromParent()
         if original_node in self._fallbacks:
             return self._assign_device(original_node, updated_node)
         if isinstance(statement, cst.Assign) and any(d.statement is original_node for d in self.ctx.facts.devices):
@@ -202,11 +232,27 @@ class DevicePlacement(Rule):
                 as_string = _string_of(updated_node.comparisons[0].comparator)
                 self.ctx.fix(original_node, "a device object on the target: its string is tested")
                 return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=as_string)])
-        if isinstance(comparison.operator, (cst.Equal, cst.NotEqual)) and string_value(comparison.comparator) is not None:
+        compared = string_value(comparison.comparator)
+        if isinstance(comparison.operator, (cst.Equal, cst.NotEqual)) and compared is not None:
             if self._device_name(original_node.left):
-                self.ctx.fix(original_node, "a device object on the target: its string is compared")
-                return updated_node.with_changes(left=_string_of(updated_node.left))
+                if ":" in compared:
+                    self.ctx.fix(original_node, "a device object on the target: its string is compared")
+                    return updated_node.with_changes(left=_string_of(updated_node.left))
+                # torch.device("cuda") == "cuda" holds, str() of the target's "cuda:0" would not
+                self.ctx.fix(original_node, "a device object on the target: its type is compared")
+                return updated_node.with_changes(left=cst.Attribute(updated_node.left, cst.Name("type")))
         return updated_node
+
+    def _asserts_cuda(self, statement: cst.CSTNode) -> bool:
+        """``assert device == "cuda", "GPU not available"``: the script asks for an accelerator,
+        which the target's device is (where its availability test holds)."""
+        test = statement.test if isinstance(statement, cst.Assert) else None
+        if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+            return False
+        comparison = test.comparisons[0]
+        compared = string_value(comparison.comparator) or ""
+        return (isinstance(comparison.operator, cst.Equal) and compared.partition(":")[0] == "cuda"
+                and self._device_name(test.left) and self.ctx.target.has("accelerator_available"))
 
     def leave_BooleanOperation(self, original_node, updated_node):
         """``not args.no_cuda and torch.cuda.is_available()`` keeps only its other operand where

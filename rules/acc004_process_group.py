@@ -5,6 +5,8 @@ from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc002_device_placement import _with_commas
 
 _INIT = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
+_BACKEND_FOR_DEVICE = {"torch.distributed.get_default_backend_for_device",
+                       "torch.distributed.distributed_c10d.get_default_backend_for_device"}
 # init_process_group's parameters in order, for positional arguments.
 _PARAMETERS = ("backend", "init_method", "timeout", "world_size", "rank", "store", "group_name", "pg_options", "device_id")
 _SPAWN = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
@@ -34,6 +36,8 @@ class ProcessGroup(Rule):
     `'nccl' if cuda else 'gloo'`): the target decides. `timeout` and the other arguments are
     kept; `device_id=` (which binds the group to a CUDA device) is dropped on every target,
     which chooses the device itself. `destroy_process_group` stays as it is.
+    `dist.get_default_backend_for_device(device)` (PyTorch's examples pick the backend of the
+    accelerator so) becomes the target's backend too: torch_xla registers none for its device.
 
     The processes of PyTorch's DDP tutorial come from `mp.spawn(fn, args=(world_size,),
     nprocs=world_size)`, which calls `fn(index, *args)` in each. It becomes the target's
@@ -54,7 +58,7 @@ class ProcessGroup(Rule):
     name = "process-group"
     summary = "dist.init_process_group(...) -> the target's backend and init method, plus the backend import"
     concepts = ("dist_backend",)
-    triggers = frozenset({"init_process_group", "spawn"})
+    triggers = frozenset({"init_process_group", "get_default_backend_for_device", "spawn"})
     trigger_nodes = (cst.FunctionDef,)  # a launched function is given its count, whatever its words
     examples = (
         Example(
@@ -179,6 +183,9 @@ class ProcessGroup(Rule):
         callee = self.ctx.facts.qualname(original_node.func)
         if callee in _SPAWN:
             return self._spawn(original_node, updated_node)
+        if callee in _BACKEND_FOR_DEVICE:
+            self.ctx.fix(original_node, f"{callee.rpartition('.')[2]}() -> the target's backend")
+            return self.ctx.expr("dist_backend")
         if callee not in _INIT:
             return updated_node
         if any(arg.star for arg in original_node.args):

@@ -1,8 +1,9 @@
 """PyTorch's DDP tutorial shape (``mp.spawn`` workers that create their own process group and
-size themselves by ``torch.cuda.device_count()``, tests/rules/fixtures/spawn_ddp.in.py) and a
-torchrun script that refuses to start on too few GPUs (device_count_guard.in.py) run where they
+size themselves by ``torch.cuda.device_count()``, tests/rules/fixtures/spawn_ddp.in.py), a
+torchrun script that refuses to start on too few GPUs (device_count_guard.in.py) and one that
+takes its device and backend from ``torch.accelerator`` (accelerator_ddp.in.py) run where they
 are migrated: the runtime target on this CPU with two gloo processes, the torch_xla target on
-PJRT's CPU device (one device: torch_xla.launch starts one process)."""
+PJRT's CPU device (one device: one process)."""
 
 import os
 import re
@@ -18,6 +19,7 @@ from accrewrite.engine import Options, migrate_source
 FIXTURES = Path(__file__).parent / "fixtures"
 SPAWN = (FIXTURES / "spawn_ddp.in.py").read_bytes()
 GUARD = (FIXTURES / "device_count_guard.in.py").read_bytes()
+ACCELERATOR = (FIXTURES / "accelerator_ddp.in.py").read_bytes()
 _SPAWNED = re.compile(r"rank (\d) of (\d): loss \S+ params (\S+)")
 _TRAINED = re.compile(r"rank (\d): loss \S+ params (\S+)")
 _REFUSED = "Unable to locate sufficient 2 gpus"
@@ -127,3 +129,20 @@ def test_torch_xla_guard_reads_the_one_pjrt_cpu_device(tmp_path, xla_python):
     assert _REFUSED in _run(torchrun, script, tmp_path, PJRT_DEVICE="CPU")
     trained = _run(torchrun, script, tmp_path, "--min-gpus", "1", PJRT_DEVICE="CPU")
     assert [rank for rank, _ in _TRAINED.findall(trained)] == ["0"]
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_runtime_form_of_the_accelerator_script_trains_on_two_processes(tmp_path):
+    accrun = [sys.executable, "-m", "accrewrite.launcher", "--standalone", "--nproc_per_node", "2"]
+    output = _run(accrun, _migrated(ACCELERATOR, "runtime").output, tmp_path)
+    found = sorted(_TRAINED.findall(output))
+    assert [rank for rank, _ in found] == ["0", "1"] and found[0][1] == found[1][1], output
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_torch_xla_form_of_the_accelerator_script_runs_under_torchrun(tmp_path, xla_python):
+    torchrun = [xla_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    output = _run(torchrun, _migrated(ACCELERATOR, "torch_xla").output, tmp_path, PJRT_DEVICE="CPU")
+    assert [rank for rank, _ in _TRAINED.findall(output)] == ["0"], output
