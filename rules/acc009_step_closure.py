@@ -437,6 +437,7 @@ class _Extract(cst.CSTTransformer):
         self._by_code: dict[str, str] = {}
         self._replace: dict[cst.CSTNode, str] = {}
         self._kept: set[cst.CSTNode] = {call.func}  # the logging function itself stays as it is
+        self._call = call  # never a value itself: the closure would only return it
         self._method: set[cst.CSTNode] = set()
         self._parts: set[cst.CSTNode] = set()
         self._taken = free_names(call) | bound
@@ -463,7 +464,7 @@ class _Extract(cst.CSTTransformer):
             self._parts.update((node.left, node.right))
         if node in self._method or node in self._parts or isinstance(node, cst.StarredElement):
             return True  # a starred element's value is replaced, the star stays
-        if isinstance(node, cst.BaseExpression) and self._is_value(node):
+        if isinstance(node, cst.BaseExpression) and node is not self._call and self._is_value(node):
             self._replace[node] = self._param(node)
             return False
         return True

@@ -41,3 +41,30 @@ def train(model, loader, optimizer, writer):
         assert "xm.add_step_closure(" in output and ".cuda()" not in output and ".module" not in output, output
         again = migrate_source(result.output, "t.py", Options(target=target))
         assert again.error is None and again.output == result.output, target
+
+
+def test_a_logging_call_whose_arguments_are_all_values_runs_inside_its_closure():
+    """``writer.add_image(tag, grid, global_step=step)`` (a tensor made by a library the analysis
+    cannot type): the call is what the closure runs, never a value computed before the closure
+    and handed to one that only returns it."""
+    source = b'''import torch
+import torchvision
+from torch.utils.tensorboard import SummaryWriter
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+gen = torch.nn.Linear(64, 784).to(device)
+optimizer = torch.optim.Adam(gen.parameters())
+writer = SummaryWriter("logs")
+step = 0
+for x, y in loader:
+    loss = gen(x).sum()
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        grid = torchvision.utils.make_grid(gen(noise).reshape(-1, 1, 28, 28), normalize=True)
+        writer.add_image("fake", grid, global_step=step)
+        step += 1
+'''
+    output = migrate_source(source, "t.py", Options(target="torch_xla")).output.decode()
+    assert 'lambda grid, step: writer.add_image("fake", grid, global_step=step),' in output
+    assert "args=(grid, step)," in output
