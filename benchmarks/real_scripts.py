@@ -1048,8 +1048,8 @@ RECIPES = (
            note="it samples 1000 words after training, one model call per word"),
     Recipe("yunjey+pytorch-tutorial/tutorials/03-advanced/generative_adversarial_network/main.py", (),
            mnist("../../data", train=100, test=10), needs=_MNIST, steps=8,
-           note="200 epochs of one batch, a sample image saved per epoch; two optimizers: torch_xla's graphs "
-                "settle in the third iteration (steps 5 and 6)"),
+           note="200 epochs of one batch, a sample image saved per epoch; two optimizers: over 5 steps "
+                "torch_xla still compiled each step, over 8 its graphs settle"),
     Recipe("yunjey+pytorch-tutorial/tutorials/03-advanced/variational_autoencoder/main.py", (),
            mnist("../../data", train=128, test=10), needs=_MNIST),
     Recipe("eriklindernoren+PyTorch-GAN/implementations/gan/gan.py", ("--n_epochs", "1", "--batch_size", "32"),
