@@ -20,8 +20,10 @@ FIXTURES = Path(__file__).parent / "fixtures"
 SPAWN = (FIXTURES / "spawn_ddp.in.py").read_bytes()
 GUARD = (FIXTURES / "device_count_guard.in.py").read_bytes()
 ACCELERATOR = (FIXTURES / "accelerator_ddp.in.py").read_bytes()
-_SPAWNED = re.compile(r"rank (\d) of (\d): loss \S+ params (\S+)")
-_TRAINED = re.compile(r"rank (\d): loss \S+ params (\S+)")
+# The ranks share one pipe, and a line's text and its newline may reach it apart, so a line can
+# run on into the next rank's: the numbers are matched by their format.
+_SPAWNED = re.compile(r"rank (\d) of (\d): loss -?\d+\.\d{4} params (-?\d+\.\d{6})")
+_TRAINED = re.compile(r"rank (\d): loss -?\d+\.\d{4} params (-?\d+\.\d{6})")
 _REFUSED = "Unable to locate sufficient 2 gpus"
 
 
