@@ -8,6 +8,7 @@ read, decoded, parsed or written).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -98,21 +99,46 @@ def _parser() -> argparse.ArgumentParser:
     verify = commands.add_parser(
         "verify", help="run a script and its migration, compare per-step losses and parameters",
         usage="accrewrite verify SCRIPT [options] [-- ARGS]   (ARGS: the script's own arguments)",
-        description="Run SCRIPT and its migration (or two migrations, --compare) on the same arguments and "
-                    "compare each optimizer step's loss and a parameter checksum. Exit 0 within --rtol, "
-                    "1 when they diverge, 2 when a side cannot run.",
+        description="Run SCRIPT and its migration (or two migrations, --compare) on the same arguments, to the "
+                    "script's end, and compare each optimizer step's loss and a parameter checksum against the "
+                    "noise that nudged reruns of the first side measure. Exit 0 match, 1 when they diverge or "
+                    "the migrated side fails, 2 when the original cannot run or verify cannot set up.",
     )
     verify.add_argument("script", metavar="SCRIPT")
     verify.add_argument("--target", choices=list(all_targets()), default=DEFAULT_TARGET)
-    verify.add_argument("--steps", type=int, default=10, metavar="N", help="optimizer steps to compare (default 10)")
-    verify.add_argument("--nproc", type=int, default=1, metavar="N", help="processes, under accrun (torchrun)")
-    verify.add_argument("--rtol", type=float, default=0.02, metavar="R", help="relative tolerance (default 0.02)")
+    verify.add_argument("--steps", type=_positive(int), metavar="N",
+                        help="stop each side after N optimizer steps (default: run to the script's end)")
+    verify.add_argument("--nproc", type=_positive(int), default=1, metavar="N", help="processes, under torchrun")
+    verify.add_argument("--rtol", type=_positive(float), metavar="R",
+                        help="the most any step's tolerance may be (default: the measured noise alone decides)")
     verify.add_argument("--compare", type=_sides, metavar="A,B",
                         help="the two sides: original or a target (default: original,TARGET)")
+    verify.add_argument("--python", action="append", default=[], metavar="[SIDE=]PATH",
+                        help="the interpreter of one side (torch_xla=PATH), or of every side; repeatable")
+    verify.add_argument("--root", metavar="DIR",
+                        help="the folder the sides see a copy of (default: the git repository, else the working "
+                             "directory)")
     verify.add_argument("--unsafe-fixes", action="store_true", help="migrate with fixes that may change numerics")
-    verify.add_argument("--timeout", type=float, default=900, metavar="S", help="seconds per side (default 900)")
-    verify.add_argument("--keep", action="store_true", help="keep the workspaces, records and logs")
+    verify.add_argument("--timeout", type=_positive(float), default=900, metavar="S",
+                        help="seconds per side (default 900)")
+    verify.add_argument("--keep", action="store_true", help="keep the workspace, records and logs")
     return parser
+
+
+def _positive(kind):
+    """An argparse type: a finite number above 0."""
+
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        if not (0 < number < math.inf):
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {value}")
+        return number
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _sides(value: str) -> list[str]:
@@ -236,9 +262,18 @@ def _explain(args, out: Console, err: Console) -> int:
 
 def _verify(args, out: Console, err: Console) -> int:
     names = args.compare or [ORIGINAL, args.target]
-    sides = [Side(name, None if name == ORIGINAL else name) for name in names]
+    pythons = {}
+    for given in args.python:
+        name, _, path = given.rpartition("=")
+        if name and name not in (ORIGINAL, *all_targets()):
+            err.print(f"[bold red]error:[/] --python {given}: no side {name!r}; the sides are {', '.join(names)}",
+                      highlight=False)
+            return EXIT_ERROR
+        pythons[name] = path
+    sides = [Side(name, None if name == ORIGINAL else name, pythons.get(name) or pythons.get("") or sys.executable)
+             for name in names]
     return verify(args.script, args.script_args, sides, args.steps, args.nproc, args.rtol, args.unsafe_fixes,
-                  args.timeout, args.keep, out, err)
+                  args.timeout, args.keep, args.root, out, err)
 
 
 def main(argv: list[str] | None = None) -> int:

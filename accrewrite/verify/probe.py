@@ -1,8 +1,11 @@
-"""The process ``accrewrite verify`` runs a training script in, unedited, to record what it does.
+"""What ``accrewrite verify`` installs in every Python process of a side, to record what the
+training does. ``hooks/sitecustomize.py`` loads it by its path at interpreter start wherever
+``ACCREWRITE_VERIFY_RECORDS`` is set: in the script's process, in torchrun's workers and in the
+processes the script starts itself (``mp.spawn``, ``torch.multiprocessing``, a ``fork``).
 
-    python .../accrewrite/probe.py RECORDS STEPS SCRIPT [ARGS...]
-
-Per rank, one JSON line per optimizer step goes to ``RECORDS/rank<RANK>.jsonl``:
+Per process, one JSON line per optimizer step goes to ``RECORDS/rank<RANK>.<PID>.jsonl``, RANK
+being the process's rank in ``torch.distributed`` once it is initialised (``$RANK`` before, else
+0), so that verify can tell two processes that claim the same rank apart:
 
 * ``loss``: the mean of the tensors ``backward()`` was called on since the previous step (a
   GradScaler's scaled loss counts unscaled, so a scaler that is disabled on one side and not on
@@ -12,14 +15,13 @@ Per rank, one JSON line per optimizer step goes to ``RECORDS/rank<RANK>.jsonl``:
   update shows; ``change``: that change's norm, the scale the checksums are compared at;
 * ``xla``: under torch_xla, how many graphs it has compiled and executed so far.
 
-With ``ACCREWRITE_VERIFY_HOST_RANDOM=1`` (verify sets it for torch_xla sides), random numbers
-for the XLA device are drawn by the CPU generator and moved there, so that dropout and noise
-draw what the original's CPU run draws.
+With ``ACCREWRITE_VERIFY_STEPS=N`` the process ends (exit 0) after N steps, with a last line
+``{"stopped": N}``: the rest of the script is not run. With ``ACCREWRITE_VERIFY_HOST_RANDOM=1``
+(verify sets it for torch_xla sides), random numbers for the XLA device are drawn by the CPU
+generator and moved there, so that dropout and noise draw what the original's CPU run draws.
 
-After STEPS optimizer steps the process ends (exit 0) without running the rest of the script.
-The hooks are installed in this process only, and only for the script's run. It is run by its
-path and imports nothing of accrewrite's, so that it runs in any interpreter with torch (the one
-with torch_xla, say) and a directory named ``accrewrite`` in the script's tree cannot shadow it.
+It imports nothing of accrewrite's, so that it runs in any interpreter with torch (the one with
+torch_xla, say), and does nothing in a process that has no torch.
 """
 
 from __future__ import annotations
@@ -27,33 +29,49 @@ from __future__ import annotations
 import json
 import os
 import random
-import runpy
 import sys
 
 SEED = 0
+RECORDS = "ACCREWRITE_VERIFY_RECORDS"
+STEPS = "ACCREWRITE_VERIFY_STEPS"
 NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # a seed (not 0): nudge the parameters before their first use
 NUDGE_SIZE = 1e-6  # relative; at least one unit in the last place of the parameter's dtype
 HOST_RANDOM = "ACCREWRITE_VERIFY_HOST_RANDOM"
 
 
 class Recorder:
-    def __init__(self, path: str, steps: int):
+    def __init__(self, folder: str, steps: int):
         import torch
 
         self.torch = torch
-        self.path = path
-        self.steps = steps
-        self.step = 0
-        self.losses: list = []
-        self.start: dict = {}  # parameter -> (its value at the first step, its sign pattern)
+        self.folder = folder
+        self.steps = steps  # 0: no limit
         self.nudge_seed = int(os.environ.get(NUDGE) or 0)
         self.nudged: set | None = set() if self.nudge_seed else None  # parameters nudged
         self.nudging = None  # the module forward pre-hook that nudges, until the first step
-        self.handle = open(path, "a", encoding="utf-8")
+        self._begin()
+
+    def _begin(self) -> None:
+        """A process's own count: a forked child starts its own records."""
+        self.pid = os.getpid()
+        self.handle = None
+        self.step = 0
+        self.losses: list = []
+        self.start: dict = {}  # parameter -> (its value at the first step, its sign pattern)
+
+    def _write(self, record: dict) -> None:
+        if self.handle is None:
+            name = f"rank{_rank(self.torch)}.{self.pid}.jsonl"
+            os.makedirs(self.folder, exist_ok=True)
+            self.handle = open(os.path.join(self.folder, name), "a", encoding="utf-8")
+        self.handle.write(json.dumps(record) + "\n")
+        self.handle.flush()
 
     # hooks ---------------------------------------------------------------------------------
 
     def backward(self, tensor) -> None:
+        if self.pid != os.getpid():
+            self._begin()
         loss = getattr(tensor, "_accrewrite_unscaled", tensor)
         self.losses.append(loss.detach().float().sum())
 
@@ -63,6 +81,8 @@ class Recorder:
             self._nudge(parameter)
 
     def before_step(self, optimizer, args, kwargs) -> None:
+        if self.pid != os.getpid():
+            self._begin()
         if self.nudging is not None:
             self.nudging.remove()
             self.nudging = None
@@ -107,16 +127,20 @@ class Recorder:
         if xla is not None:
             record["xla"] = xla
         self.losses = []
-        self.handle.write(json.dumps(record) + "\n")
-        self.handle.flush()
-        if self.step >= self.steps:
-            self.finish()
+        self._write(record)
+        if self.steps and self.step >= self.steps:
+            self._write({"stopped": self.step})
+            self.handle.close()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)  # the steps asked for are recorded; the user asked not to run the rest
 
-    def finish(self) -> None:
-        self.handle.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # the steps asked for are recorded; the rest of the script is not needed
+
+def _rank(torch) -> int:
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank()
+    return int(os.environ.get("RANK") or 0)
 
 
 def _parameters(optimizer):
@@ -216,10 +240,15 @@ def host_random(torch):
     return HostRandom()
 
 
-def main(argv: list[str]) -> None:
-    records, steps, script, *args = argv
-    rank = os.environ.get("RANK", "0")
-    os.makedirs(records, exist_ok=True)
+def start() -> None:
+    """Seed what the script may not, install the hooks; a no-op without torch."""
+    folder = os.environ.get(RECORDS)
+    try:
+        recorder = Recorder(folder, int(os.environ.get(STEPS) or 0)) if folder else None
+    except ImportError:
+        return
+    if recorder is None:
+        return
     random.seed(SEED)
     try:
         import numpy
@@ -227,17 +256,7 @@ def main(argv: list[str]) -> None:
         pass
     else:
         numpy.random.seed(SEED)
-    recorder = Recorder(os.path.join(records, f"rank{rank}.jsonl"), int(steps))
     recorder.torch.manual_seed(SEED)
     install(recorder)
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
     if os.environ.get(HOST_RANDOM) == "1":
-        with host_random(recorder.torch):
-            runpy.run_path(script, run_name="__main__")
-    else:
-        runpy.run_path(script, run_name="__main__")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        host_random(recorder.torch).__enter__()  # for the life of the process

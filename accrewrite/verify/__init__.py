@@ -1,0 +1,151 @@
+"""``accrewrite verify``: run a training script and its migration side by side and compare them.
+
+Before anything runs, each side's interpreter is asked to import what its side needs
+(``preflight``). The project is copied once into a workspace, and each side runs in a view of
+it (``workspace``): the user's files are never given to a side. Each side runs the script, to
+its end unless ``--steps`` says otherwise, with the probe in every Python process it starts
+(``sides``, ``probe``). The first side is then rerun with its parameters nudged, to measure the
+noise that each step's tolerance is made of (``verdict``).
+
+Exit codes: 0 every step of every rank within its tolerance, and both sides ended well; 1 the
+second side failed, went non-finite or differs beyond a tolerance (the first such step is named),
+or a torch_xla side trained on the CPU or recompiled every step; 2 the first side (the original)
+cannot run, or verify cannot set up (its error and what to do are printed); 129, 130, 143
+stopped by SIGHUP, SIGINT, SIGTERM, after ending every process of the sides and removing the
+workspace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from accrewrite.verify import preflight, report, sides, verdict
+from accrewrite.verify.sides import Side
+from accrewrite.verify.workspace import Workspace, WorkspaceError, project_root
+
+ORIGINAL = "original"
+# Nudged reruns, each with its own random nudge, until their drift accounts for a difference: one
+# nudge may flip no ReLU where another kernel's rounding flips several.
+NUDGES = 3
+
+__all__ = ["ORIGINAL", "Side", "verify"]
+
+
+class Stopped(BaseException):
+    """verify received SIGTERM or SIGHUP."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stoppable():
+    """SIGTERM and SIGHUP raise ``Stopped`` (SIGINT raises KeyboardInterrupt) while verify runs,
+    so that the sides are ended and the workspace removed; the handlers are put back after."""
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class Run:
+    """One verify: its workspace, its options, and the sides it has run."""
+
+    def __init__(self, workspace: Workspace, args: list[str], steps: int | None, nproc: int, timeout: float,
+                 progress: report.Progress):
+        self.workspace = workspace
+        self.args = args
+        self.steps = steps
+        self.nproc = nproc
+        self.timeout = timeout
+        self.progress = progress
+
+    def run(self, side: Side) -> Side:
+        root = self.workspace.root
+        cwd, script = self.workspace.view(side.name, side.target, side.migration_errors)
+        records = root / "records" / side.name
+        env = sides.environment(side, records, self.steps, self.nproc)
+        argv = sides.command(side.python, script, self.args, self.nproc)
+        try:
+            sides.run(side, argv, cwd, env, records, root / f"{side.name}.log", self.timeout, self.progress)
+        finally:
+            self.workspace.restore()
+        return side
+
+
+def verify(script: str, args: list[str], pair: list[Side], steps: int | None, nproc: int, rtol: float | None,
+           unsafe_fixes: bool, timeout: float, keep: bool, root: str | None, out: Console, err: Console) -> int:
+    path = Path(script).resolve()
+    if not path.is_file():
+        return report.error(err, f"{script}: no such file")
+    missing = preflight.problems([(side.name, side.target, side.python) for side in pair])
+    if missing:
+        return report.error(err, "\n".join(missing))
+    cwd = Path.cwd().resolve()
+    try:
+        project = project_root(cwd, Path(root) if root else None)
+    except WorkspaceError as exc:
+        return report.error(err, str(exc))
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="accrewrite-verify-"))
+    except OSError as exc:
+        return report.error(err, f"cannot make the workspace: {exc}; set TMPDIR to a writable folder")
+    progress = report.Progress(err, steps)
+    try:
+        with _stoppable():
+            try:
+                workspace = Workspace(folder, cwd, path, project, unsafe_fixes)
+                err.print(workspace.copy(), highlight=False, soft_wrap=True)
+            except (WorkspaceError, OSError) as exc:
+                return report.error(err, f"cannot make the workspace: {exc}")
+            run = Run(workspace, args, steps, nproc, timeout, progress)
+            return _compare(run, pair, rtol, out, err)
+    except Stopped as stopped:
+        progress.done()
+        err.print(f"stopped by {signal.Signals(stopped.signum).name}: the sides' processes are ended",
+                  highlight=False)
+        return 128 + stopped.signum
+    finally:
+        progress.done()
+        if keep:
+            err.print(f"workspace, records and logs kept in {folder}", highlight=False)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _compare(run: Run, pair: list[Side], rtol: float | None, out: Console, err: Console) -> int:
+    first, second = pair
+    run.run(first)
+    if first.failed:
+        return report.cannot_run(err, first, run.steps, run.timeout)
+    run.run(second)
+    if second.failed:
+        return report.failed(out, err, first, second, run.timeout)
+    broken = verdict.not_finite(first) or verdict.not_finite(second)
+    if broken:
+        return report.non_finite(out, first, second)
+    if first.records.keys() != second.records.keys() or first.steps != second.steps:
+        return report.different_runs(out, first, second)
+    floors: list[Side] = []
+    comparison, failures = None, []
+    while len(floors) + len(failures) < NUDGES:
+        floor = run.run(Side(f"{first.name}-nudged-{len(floors) + len(failures) + 1}", first.target, first.python,
+                             nudge=len(floors) + len(failures) + 1))
+        (failures if floor.returncode != 0 else floors).append(floor)
+        comparison = verdict.compare(first, second, tuple(floors), rtol)
+        if comparison.over is None or floor.returncode != 0:
+            break
+    return report.conclude(out, err, first, second, comparison, floors, failures, rtol, run.steps)

@@ -1,0 +1,210 @@
+"""What ``accrewrite verify`` prints: progress, the step table, the verdict, and for a side that
+failed, how it ended and the end of its output. Each function that ends a verify returns its
+exit code."""
+
+from __future__ import annotations
+
+import signal
+
+from rich.console import Console
+from rich.table import Table
+
+from accrewrite.verify.probe import NUDGE_SIZE
+from accrewrite.verify.sides import Side
+from accrewrite.verify.verdict import FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
+
+MATCH, DIVERGE, CANNOT_RUN = 0, 1, 2
+_TAIL = 25  # lines of a failed side's output to show
+
+
+def error(err: Console, message: str) -> int:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return CANNOT_RUN
+
+
+def _ended(side: Side, timeout: float) -> str:
+    if side.returncode is None:
+        return f"was still running after {timeout:g} s (--timeout)"
+    if side.returncode < 0:
+        return f"was killed by {signal.Signals(-side.returncode).name}"
+    return f"exited with status {side.returncode}"
+
+
+def _made(side: Side) -> str:
+    return f"{side.steps} step" + ("" if side.steps == 1 else "s")
+
+
+def _tail(err: Console, side: Side) -> None:
+    for problem in side.migration_errors:
+        err.print(f"migration error: {problem}", highlight=False, soft_wrap=True)
+    lines = side.output.rstrip().splitlines()[-_TAIL:]
+    if lines:
+        err.print(f"--- the end of {side.name}'s output ---", highlight=False)
+        err.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)  # tracebacks unwrapped
+
+
+def _collided(side: Side) -> str:
+    rank, pids = next(iter(side.collisions.items()))
+    return (f"{len(pids)} of its processes recorded steps as rank {rank} (pids {', '.join(map(str, pids))}): "
+            "verify tells processes apart by their torch.distributed rank, so processes that train without "
+            "init_process_group cannot be compared step by step")
+
+
+def cannot_run(err: Console, side: Side, steps: int | None, timeout: float) -> int:
+    """The first side failed: nothing to compare against."""
+    if side.collisions:
+        reason = _collided(side)
+    elif side.returncode == 0:
+        reason = "it made no optimizer step (verify records optimizer.step() and what backward() is called on)"
+    else:
+        reason = f"it {_ended(side, timeout)} after {_made(side)}"
+    hint = "check that the script runs here with these arguments (after `--`)"
+    text = side.output
+    if side.target is None and any(word in text for word in ("CUDA", "cuda", "NVIDIA", "accelerator device")):
+        hint = ("the original needs CUDA, which this machine lacks: compare two migrations instead, e.g. "
+                "`--compare runtime,torch_xla`")
+    elif "No module named" in text:
+        hint = f"install the missing module for {side.python}, or name another interpreter with --python"
+    elif side.returncode is None and steps is None:
+        hint = "shorten the run with the script's own arguments (after `--`), or compare its first steps (--steps N)"
+    error(err, f"{side.name} cannot run: {reason}; {hint}.")
+    _tail(err, side)
+    return CANNOT_RUN
+
+
+def failed(out: Console, err: Console, first: Side, second: Side, timeout: float) -> int:
+    """The second side failed where the first did not."""
+    if second.collisions:
+        how = _collided(second)
+    elif second.returncode == 0:
+        how = "made no optimizer step"
+    else:
+        how = f"{_ended(second, timeout)} after {_made(second)}"
+    _tail(err, second)
+    out.print(f"[bold red]diverge: {second.name} {how}, where {first.name} made {_made(first)} and exited "
+              f"with status 0[/]", highlight=False, soft_wrap=True)
+    return DIVERGE
+
+
+def non_finite(out: Console, first: Side, second: Side) -> int:
+    where = {side.name: not_finite(side) for side in (first, second)}
+    step, rank, what = min(value for value in where.values() if value)
+    names = [name for name, value in where.items() if value and value[0] == step]
+    whose = " and ".join(names)
+    on = f" on rank {rank}" if len(first.records) > 1 else ""
+    verb = "are" if what == "parameters" or len(names) > 1 else "is"
+    out.print(f"[bold red]diverge: the {what} of {whose} {verb} not finite (NaN or inf) at step {step}{on}[/]",
+              highlight=False, soft_wrap=True)
+    return DIVERGE
+
+
+def different_runs(out: Console, first: Side, second: Side) -> int:
+    if first.records.keys() != second.records.keys():
+        text = (f"{first.name} recorded ranks {_ranks(first)}, {second.name} ranks {_ranks(second)}")
+    else:
+        text = f"{first.name} made {_made(first)}, {second.name} {_made(second)} (both exited with status 0)"
+    out.print(f"[bold red]diverge: {text}[/]", highlight=False, soft_wrap=True)
+    return DIVERGE
+
+
+def _ranks(side: Side) -> str:
+    return ", ".join(map(str, side.records)) or "none"
+
+
+def _noise(floors: list[Side], failures: list[Side], rtol: float | None) -> str:
+    if floors:
+        reruns = "a rerun" if len(floors) == 1 else f"{len(floors)} reruns"
+        text = f"{FLOOR_MARGIN}x the drift of {reruns} nudged by {NUDGE_SIZE:.0e}, at least {ROUNDING:.2%}"
+    else:
+        text = f"{ROUNDING:.2%}: {failures[0].name}, the rerun that measures the noise, failed (see --keep)"
+    return text + (f", at most --rtol {rtol:g}" if rtol is not None else "")
+
+
+def conclude(out: Console, err: Console, first: Side, second: Side, comparison: Comparison, floors: list[Side],
+            failures: list[Side], rtol: float | None, steps: int | None) -> int:
+    out.print(_table(first, second, comparison), soft_wrap=True)
+    problems = []
+    for side in (first, second):
+        if side.target == "torch_xla":
+            summary, problem = check_xla(side)
+            out.print(summary, highlight=False)
+            problems += [problem] if problem else []
+    noise = _noise(floors, failures, rtol)
+    if comparison.over is not None:
+        step, rank, metric, found, allowed = comparison.over
+        on = f" on rank {rank}" if len(first.records) > 1 else ""
+        what = "loss" if metric == "loss" else "parameter checksum"
+        message = (f"diverge: the {what} differs by {found:.3%} at step {step}{on}, beyond its tolerance "
+                   f"{allowed:.3%} ({noise})")
+    elif problems:
+        message = "diverge: " + "; ".join(problems)
+    else:
+        found, step, allowed = comparison.largest
+        scope = (f"stopped after {steps} steps as asked (--steps): the rest of the script was not run"
+                 if first.stopped or second.stopped else "both ran to the script's end")
+        message = (f"match: {_made(first)}, each within its tolerance ({noise}); largest deviation "
+                   f"{found:.3%} at step {step}, tolerance there {allowed:.3%}; {scope}")
+    code = DIVERGE if message.startswith("diverge") else MATCH
+    colour = "green" if code == MATCH else "red"
+    out.print(f"[bold {colour}]{message}[/]", highlight=False, soft_wrap=True)
+    return code
+
+
+def _table(first: Side, second: Side, comparison: Comparison) -> Table:
+    table = Table(title=f"rank {min(first.records)}" if len(first.records) > 1 else None)
+    columns = ("step", f"{first.name} loss", f"{second.name} loss", *(
+        f"{metric} {kind}" for metric in METRICS for kind in ("deviation", "tolerance")))
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in comparison.rows:
+        cells = [f"{value:.3%}" for pair in zip(row.deviations, row.tolerances) for value in pair]
+        table.add_row(str(row.step), _number(row.first), _number(row.second), *cells)
+    return table
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def check_xla(side: Side) -> tuple[str, str | None]:
+    """What a torch_xla side ran on the XLA device, and why it failed although its numbers may
+    match: no XLA execution (it trained on the CPU), or a compilation in every step of the
+    second half (recompiling per step)."""
+    counts = [step.get("xla") or {"compiles": 0, "executions": 0} for step in side.records[min(side.records)]]
+    last = counts[-1]
+    settled = next((i + 1 for i, c in enumerate(counts) if c["compiles"] == last["compiles"]), len(counts))
+    summary = (f"{side.name}: {last['executions']} XLA graph executions, {last['compiles']} compilations "
+               f"(the last in step {settled} of {len(counts)})")
+    if last["executions"] == 0:
+        return summary, f"{side.name} ran no XLA graph: it trained on the CPU, not on the XLA device"
+    half = counts[len(counts) // 2:]
+    if len(half) >= 3 and all(later["compiles"] > earlier["compiles"] for earlier, later in zip(half, half[1:])):
+        return summary, f"{side.name} compiles a new graph every step ({last['compiles']} in {len(counts)} steps)"
+    return summary, None
+
+
+class Progress:
+    """Which side runs and how many of its steps are recorded: a live line on a terminal, a line
+    per side when it ends."""
+
+    def __init__(self, console: Console, steps: int | None):
+        self.console = console
+        self.steps = steps
+        self.status = None
+
+    def __call__(self, side: Side, records: dict[int, list[dict]], finished: bool = False) -> None:
+        made = min((len(steps) for steps in records.values()), default=0)
+        text = f"{side.name}: {made}/{self.steps} steps" if self.steps else f"{side.name}: {made} steps"
+        if finished:
+            self.done()
+            self.console.print(text, highlight=False)
+        elif self.status is None and self.console.is_terminal:
+            self.status = self.console.status(text)
+            self.status.start()
+        elif self.status is not None:
+            self.status.update(text)
+
+    def done(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None

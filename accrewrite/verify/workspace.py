@@ -1,0 +1,207 @@
+"""What the sides of ``accrewrite verify`` see of the user's files, and how they are kept from
+writing them.
+
+The project (``--root``, else the git repository holding the working directory, else the working
+directory) is copied once into a *snapshot* (cloned where the filesystem can, so it costs no
+space there). Symbolic links are followed, so a linked data folder is copied as a folder.
+Each side gets a *view*: the project's folders made anew, its Python files copied (migrated on
+a migrated side, under the script's folder), every other file a link into the snapshot. A side
+runs in its view of the working directory, so that ``../data`` resolves as it does for the user.
+The sides share the snapshot; after each side, whatever it wrote into it is put back as copied.
+No side is given a path of the user's, and the workspace never copies itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from accrewrite.engine import Options, migrate_source
+
+WORKSPACE_PREFIX = "accrewrite-verify-"
+# Not copied: version control and caches. (Unlike migrate's discovery, `build` or `env` folders
+# are copied: a script may import from them.) Virtual environments are known by pyvenv.cfg.
+_SKIPPED = frozenset({".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+                      ".tox", ".nox", "node_modules"})
+_FREE_MARGIN = 0.9  # of the free space a snapshot may take
+_FICLONE = 0x40049409  # Linux's ioctl to share a file's blocks copy-on-write (btrfs, XFS)
+
+
+class WorkspaceError(Exception):
+    """The workspace cannot be made; the message says why and what to do."""
+
+
+def project_root(cwd: Path, given: Path | None) -> Path:
+    if given is not None:
+        root = given.resolve()
+        if not root.is_dir():
+            raise WorkspaceError(f"--root {given}: no such directory")
+        if not cwd.is_relative_to(root):
+            raise WorkspaceError(f"--root {given} does not hold the working directory {cwd}")
+        return root
+    return next((folder for folder in (cwd, *cwd.parents) if (folder / ".git").exists()), cwd)
+
+
+@dataclass(frozen=True)
+class _Tree:
+    source: Path  # the user's folder
+    name: str  # its folder in the snapshot and in each view
+
+
+class Workspace:
+    def __init__(self, root: Path, cwd: Path, script: Path, project: Path, unsafe_fixes: bool = False):
+        self.root = root
+        self.cwd = cwd
+        self.script = script
+        self.unsafe_fixes = unsafe_fixes
+        self.trees = [_Tree(project, "project")]
+        if not script.parent.is_relative_to(project):
+            self.trees.append(_Tree(script.parent, "script"))
+        self.snapshot = root / "snapshot"
+        self._manifest: dict[Path, tuple] = {}  # snapshot path -> (mode, size, mtime) as copied
+        self._sources: dict[Path, Path] = {}  # snapshot file -> the user's file
+
+    # The snapshot ------------------------------------------------------------------------------
+
+    def copy(self) -> str:
+        """Copy the project into the snapshot; a line saying what was copied."""
+        files = [(source, self.snapshot / tree.name / relative)
+                 for tree in self.trees for source, relative in self._walk(tree.source)]
+        size = sum(source.stat().st_size for source, _ in files)
+        free = shutil.disk_usage(self.root).free
+        if size > _FREE_MARGIN * free:
+            raise WorkspaceError(
+                f"verify copies {self.trees[0].source} ({_mib(size)}) into {self.root.parent}, which has "
+                f"{_mib(free)} free: set TMPDIR to a larger disk, or --root to a smaller folder")
+        for source, copy in files:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            _clone(source, copy)
+            self._sources[copy] = source
+        self._record()
+        return f"workspace: {len(files)} files ({_mib(size)}) of {self.trees[0].source} copied into {self.root}"
+
+    def _walk(self, top: Path):
+        """(file, path relative to top) of every regular file under top, links followed once."""
+        seen = set()
+        for directory, subdirs, files in os.walk(top, followlinks=True):
+            here = Path(directory)
+            real = here.resolve()
+            if real in seen or real.is_relative_to(self.root):
+                subdirs[:] = []
+                continue
+            seen.add(real)
+            subdirs[:] = [d for d in subdirs if d not in _SKIPPED and not d.startswith(WORKSPACE_PREFIX)
+                          and not (here / d / "pyvenv.cfg").exists()]
+            for name in files:
+                path = here / name
+                try:
+                    if stat.S_ISREG(path.stat().st_mode):
+                        yield path, path.relative_to(top)
+                except FileNotFoundError:  # a dangling link, or a file gone since the listing
+                    continue
+
+    def _record(self) -> None:
+        self._manifest = {}
+        for directory, subdirs, files in os.walk(self.snapshot):
+            for name in (*subdirs, *files):
+                path = Path(directory) / name
+                self._manifest[path] = _state(path)
+
+    def restore(self) -> list[Path]:
+        """Put back what a side changed in the snapshot; the paths it had changed."""
+        changed = []
+        for directory, subdirs, files in os.walk(self.snapshot, topdown=False):
+            for name in (*files, *subdirs):
+                path = Path(directory) / name
+                if path not in self._manifest:
+                    changed.append(path)
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        for path, state in self._manifest.items():
+            if _state(path) != state:
+                changed.append(path)
+                if stat.S_ISDIR(state[0]):
+                    if path.is_symlink() or path.is_file():
+                        path.unlink()
+                    path.mkdir(parents=True, exist_ok=True)
+                else:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    if path.is_symlink() or path.is_dir():
+                        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                    _clone(self._sources[path], path)
+        if changed:
+            self._record()
+        return changed
+
+    # A side's view ------------------------------------------------------------------------------
+
+    def view(self, name: str, target: str | None, errors: list[str]) -> tuple[Path, Path]:
+        """The side's (working directory, script path): its view of the project, with the
+        script's folder migrated to ``target`` (None: the original). Migration errors go to
+        ``errors``; such a file is copied unmigrated."""
+        options = Options(target=target, unsafe_fixes=self.unsafe_fixes) if target else None
+        home = self.root / name
+        for tree in self.trees:
+            copy, view = self.snapshot / tree.name, home / tree.name
+            for directory, subdirs, files in os.walk(copy):
+                here = Path(directory)
+                made = view / here.relative_to(copy)
+                made.mkdir(parents=True, exist_ok=True)
+                for file in files:
+                    source = here / file
+                    if not file.endswith(".py"):
+                        (made / file).symlink_to(source)
+                    elif options and self._sources[source].parent.is_relative_to(self.script.parent):
+                        (made / file).write_bytes(_migrated(self._sources[source], options, errors))
+                        shutil.copymode(source, made / file)
+                    else:
+                        shutil.copy2(source, made / file)  # a real file: Python resolves a script's links
+        project = self.trees[0]
+        cwd = home / project.name / self.cwd.relative_to(project.source)
+        cwd.mkdir(parents=True, exist_ok=True)
+        if self.script.is_relative_to(project.source):
+            return cwd, home / project.name / self.script.relative_to(project.source)
+        return cwd, home / self.trees[1].name / self.script.name
+
+
+def _migrated(path: Path, options: Options, errors: list[str]) -> bytes:
+    source = path.read_bytes()
+    result = migrate_source(source, str(path), options)
+    if result.error is not None:
+        errors.append(f"{path}:{result.error.line}: {result.error.reason}")
+        return source
+    return result.output
+
+
+def _state(path: Path) -> tuple:
+    try:
+        found = path.lstat()
+    except FileNotFoundError:
+        return ()
+    if stat.S_ISDIR(found.st_mode):
+        return (found.st_mode,)
+    return found.st_mode, found.st_size, found.st_mtime_ns
+
+
+def _clone(source: Path, copy: Path) -> None:
+    """Copy a file with its times, sharing its blocks where the filesystem can."""
+    if sys.platform == "linux":
+        try:
+            import fcntl
+
+            with open(source, "rb") as reading, open(copy, "wb") as writing:
+                fcntl.ioctl(writing.fileno(), _FICLONE, reading.fileno())
+            shutil.copystat(source, copy)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EBADF):
+                raise
+    shutil.copy2(source, copy)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
