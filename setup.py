@@ -21,6 +21,7 @@ setup(
     package_dir=ROOTS,
     package_data={
         "accrewrite.rules": ["targets/*.toml"],
+        "accrewrite.verify": ["hooks/sitecustomize.py"],  # put on a side's PYTHONPATH
         "accrewrite.runtime.compiler.cpu": ["*.cpp"],  # built at run time (cpu_kernels.py)
     },
 )

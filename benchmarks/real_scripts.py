@@ -105,7 +105,7 @@ from typing import Callable
 from accrewrite.discovery import _excluded, discover
 from accrewrite.engine import Options, migrate_source
 from accrewrite.unbound import REFUSAL
-from accrewrite.verify import Side, Workspace
+from accrewrite.verify.workspace import Workspace
 
 DEFAULT_TARGETS = ("runtime", "torch_xla", "torchacc")
 LISTED_DIAGNOSTICS = ("ACC101", "ACC102", "ACC103")
@@ -1320,8 +1320,10 @@ def _verify_once(script: Path, recipe: Recipe, sides: str, args) -> tuple[int | 
             return None, f"could not prepare the data: {type(exc).__name__}: {exc}", 0.0
         command = [args.python, "-m", "accrewrite.cli", "verify", str(ready.script), "--compare", sides,
                    "--steps", str(recipe.steps or args.steps), "--timeout", str(args.timeout),
-                   "--rtol", str(args.rtol), "--nproc", str(recipe.nproc), "--", *recipe.args]
-        env = {**ready.env, **({"ACCREWRITE_XLA_PYTHON": args.xla_python} if args.xla_python else {})}
+                   *(["--rtol", str(args.rtol)] if args.rtol else []), "--nproc", str(recipe.nproc),
+                   "--root", scratch, *(["--python", f"torch_xla={args.xla_python}"] if args.xla_python else []),
+                   "--", *recipe.args]
+        env = ready.env
         try:
             done = subprocess.run(command, cwd=ready.cwd, env=env, capture_output=True, text=True,
                                   timeout=2 * args.timeout + 120)
@@ -1368,14 +1370,15 @@ def run_to_end(script: Path, relative: str, recipe: Recipe, side: str, args) -> 
     with tempfile.TemporaryDirectory(prefix="real-scripts-") as scratch:
         try:
             ready = prepare(script, recipe, Path(scratch), args.python)
-            workspace = Workspace(Path(scratch) / "sides", ready.cwd, ready.script, unsafe_fixes=False)
-            target = None if side == "original" else side
-            migration = Side(side, target)
-            home, path = workspace.build(migration, Options(target=target) if target else None)
+            (Path(scratch) / "sides").mkdir()
+            workspace = Workspace(Path(scratch) / "sides", ready.cwd, ready.script, Path(scratch))
+            workspace.copy()
+            errors: list[str] = []
+            home, path = workspace.view(side, None if side == "original" else side, errors)
         except Exception as exc:  # noqa: BLE001 - one recipe never stops the run
             return EndResult(relative, side, None, f"could not prepare it: {type(exc).__name__}: {exc}")
-        if migration.migration_errors:
-            return EndResult(relative, side, None, "migration error: " + "; ".join(migration.migration_errors))
+        if errors:
+            return EndResult(relative, side, None, "migration error: " + "; ".join(errors))
         launch = [] if recipe.nproc <= 1 else ["-m", "accrewrite.launcher", "--standalone",
                                                f"--nproc_per_node={recipe.nproc}"]
         env = {**ready.env, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
@@ -1590,7 +1593,7 @@ def scorecard(outcome: Outcome) -> dict[str, str]:
     return row
 
 
-def verified_counts(outcomes: list[Outcome], rtol: float) -> dict[str, str]:
+def verified_counts(outcomes: list[Outcome], rtol: float | None) -> dict[str, str]:
     results = [r for o in outcomes for r in o.verify]
     ends = [e for o in outcomes for e in o.ends]
     counts = {}
@@ -1601,7 +1604,8 @@ def verified_counts(outcomes: list[Outcome], rtol: float) -> dict[str, str]:
         via_xla = sum(1 for r in mine if r.comparison == "runtime,torch_xla")
         extras = [f"{via_xla} compared runtime,torch_xla: the original needs CUDA"] if via_xla else []
         extras += [f"{skipped} not run"] if skipped else []
-        counts[target] = f"{ok}/{len(mine)} within {rtol:.0%}" + (f" ({'; '.join(extras)})" if extras else "")
+        within = f"--rtol {rtol:g}" if rtol else "the measured noise"
+        counts[target] = f"{ok}/{len(mine)} within {within}" + (f" ({'; '.join(extras)})" if extras else "")
         ran = [e for e in ends if e.side == target and not e.note.startswith("skipped")]
         if ran:
             counts[target] += f"; {sum(e.code == 0 for e in ran)}/{len(ran)} ran to the end"
@@ -1611,7 +1615,7 @@ def verified_counts(outcomes: list[Outcome], rtol: float) -> dict[str, str]:
     return counts
 
 
-def print_summary(summary: dict, targets: list[str], verify: list[Outcome] | None, rtol: float) -> None:
+def print_summary(summary: dict, targets: list[str], verify: list[Outcome] | None, rtol: float | None) -> None:
     print("\n== summary ==")
     print(f"{'target':<10} {'files':>6} {'internal':>9} {'net refused':>12} {'not idem.':>10} {'training':>9}  coverage")
     for target in targets:
@@ -1639,7 +1643,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs the torch_xla side (default: $ACCREWRITE_XLA_PYTHON)")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per verify (default 5)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per verify side and run (default 300)")
-    parser.add_argument("--rtol", type=float, default=0.02, help="verify's tolerance (default 0.02)")
+    parser.add_argument("--rtol", type=float, help="verify's --rtol (default: none, the measured noise decides)")
     parser.add_argument("--recipe", action="append", metavar="TEXT", help="verify only recipes whose path has TEXT")
     parser.add_argument("--no-end", action="store_true", help="verify only: no runs to the end")
     parser.add_argument("--end-only", action="store_true", help="runs to the end only: no accrewrite verify")

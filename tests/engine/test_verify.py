@@ -287,12 +287,13 @@ def test_two_processes_compare_rank_by_rank_and_a_killed_rank_fails(project, cap
 
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         rank = dist.get_rank()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         torch.manual_seed(0)
-        model = DDP(torch.nn.Linear(4, 1))
+        model = DDP(torch.nn.Linear(4, 1).to(device))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for step in range(5):
             torch.manual_seed(100 * rank + step)
-            x = torch.randn(8, 4)
+            x = torch.randn(8, 4).to(device)
             loss = model(x).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()

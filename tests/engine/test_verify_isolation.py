@@ -1,0 +1,200 @@
+"""What ``accrewrite verify`` lets a side touch, and how a side's processes end: the user's tree
+is never written, whatever the script writes or deletes, and SIGTERM, SIGHUP or SIGINT to verify
+end every process of the side, those that left its session included."""
+
+import errno
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from accrewrite.cli import main
+from accrewrite.verify import workspace
+
+WRITER = """\
+import os, shutil
+import torch
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+scale = float(open("data/scale.txt").read()) + float(open("../../shared/offset.txt").read())
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = (model(torch.ones(8, 4).to(device)) * scale).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+with open("log.txt", "a") as log:  # an existing file, appended to
+    log.write("trained\\n")
+open("config.txt", "w").write("overwritten")
+os.remove("delete_me.txt")
+open("../sibling/notes.txt", "w").write("overwritten")
+os.remove("../sibling/gone.txt")
+shutil.rmtree("../sibling/folder")
+open("data/new.txt", "w").write("into the linked data folder")
+open("data/scale.txt", "w").write("9")
+torch.save(model.state_dict(), "ckpt.pt")  # over the 9 MB checkpoint: torch writes it from C++
+with open("big.bin", "r+b") as big:
+    big.write(b"scribbled")
+"""
+
+
+def tree(top: Path) -> dict[str, str]:
+    """Every file and link under top (but the temporary folder), by path: its content's hash, or
+    where the link points."""
+    found = {}
+    for directory, subdirs, files in os.walk(top):
+        subdirs[:] = [name for name in subdirs if Path(directory, name) != top / "temp"]
+        for name in subdirs + files:
+            path = Path(directory) / name
+            key = str(path.relative_to(top))
+            if path.is_symlink():
+                found[key] = "-> " + os.readlink(path)
+            elif path.is_file():
+                found[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                found[key] = "dir"
+    return found
+
+
+def workspaces(temp: Path) -> list[Path]:
+    return list(temp.glob("accrewrite-verify-*"))
+
+
+@pytest.fixture
+def user_tree(tmp_path, monkeypatch):
+    """A repository whose experiment folder writes everywhere a script can: its folder, a sibling,
+    a large checkpoint, a data folder linked from outside the repository."""
+    repo = tmp_path / "repo"
+    exp = repo / "projects" / "exp"
+    exp.mkdir(parents=True)
+    (repo / ".git").mkdir()
+    (repo / "shared").mkdir()
+    (repo / "shared" / "offset.txt").write_text("0.25")
+    (exp / "train.py").write_text(WRITER)
+    (exp / "log.txt").write_text("before\n")
+    (exp / "config.txt").write_text("lr=0.1")
+    (exp / "delete_me.txt").write_text("keep me")
+    (exp / "ckpt.pt").write_bytes(os.urandom(9 * 2**20))
+    (exp / "big.bin").write_bytes(os.urandom(12 * 2**20))
+    sibling = repo / "projects" / "sibling"
+    (sibling / "folder").mkdir(parents=True)
+    (sibling / "notes.txt").write_text("notes")
+    (sibling / "gone.txt").write_text("still here")
+    (sibling / "folder" / "inside.txt").write_text("inside")
+    store = tmp_path / "datastore"
+    store.mkdir()
+    (store / "scale.txt").write_text("0.5")
+    (exp / "data").symlink_to(store)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.chdir(exp)
+    return tmp_path
+
+
+def test_the_users_tree_is_byte_for_byte_what_it_was(user_tree, capsys):
+    before = tree(user_tree)
+    assert main(["verify", "train.py"]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "match: 3 steps" in out and "both ran to the script's end" in out
+    assert tree(user_tree) == before
+    assert not workspaces(user_tree / "temp")  # the workspace is gone too
+
+
+def test_the_sides_share_one_copy_of_the_data(user_tree, capsys):
+    assert main(["verify", "train.py", "--keep"]) == 0
+    workspace, = workspaces(user_tree / "temp")
+    copied = sum(path.stat().st_size for path in workspace.rglob("*") if path.is_file() and not path.is_symlink())
+    assert 21 * 2**20 <= copied < 2 * 21 * 2**20  # ckpt.pt and big.bin once, for three sides
+
+
+def test_a_temporary_folder_inside_the_project_is_not_copied_into_itself(user_tree, monkeypatch, capsys):
+    inside = Path.cwd() / "tmp"
+    inside.mkdir()
+    monkeypatch.setenv("TMPDIR", str(inside))
+    assert main(["verify", "train.py", "--steps", "1"]) == 0, capsys.readouterr()
+
+
+def test_a_workspace_that_does_not_fit_or_fails_to_copy_is_an_error_with_the_fix(user_tree, monkeypatch, capsys):
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**30, 2**30 - 2**20, 2**20))
+    assert main(["verify", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "(21.0 MiB) into" in err and "which has 1.0 MiB free: set TMPDIR to a larger disk" in err
+    monkeypatch.undo()
+    monkeypatch.chdir(user_tree / "repo" / "projects" / "exp")
+
+    def full(source, copy):
+        raise OSError(errno.ENOSPC, "No space left on device", str(copy))
+
+    monkeypatch.setattr(workspace, "_clone", full)
+    assert main(["verify", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot make the workspace: [Errno 28] No space left on device" in err and "original:" not in err
+
+
+def test_root_must_hold_the_working_directory(user_tree, capsys):
+    assert main(["verify", "train.py", "--root", str(user_tree / "datastore")]) == 2
+    assert "does not hold the working directory" in capsys.readouterr().err
+
+
+SPAWNER = """\
+import os, subprocess, time
+import torch
+
+children = [subprocess.Popen(["sleep", "1000"]), subprocess.Popen(["sleep", "1001"], start_new_session=True)]
+with open(os.environ["PIDS"], "w") as pids:
+    pids.write(" ".join(str(pid) for pid in [os.getpid(), *(child.pid for child in children)]))
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1000):
+    loss = model(torch.ones(4, 2)).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    time.sleep(0.1)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see which processes live")
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+def test_a_signal_to_verify_ends_every_process_of_the_side_and_the_workspace(tmp_path, signum, code):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "spawner.py").write_text(SPAWNER)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    pids = tmp_path / "pids"
+    env = {**os.environ, "TMPDIR": str(temp), "PIDS": str(pids)}
+    verify = subprocess.Popen([sys.executable, "-m", "accrewrite.cli", "verify", "spawner.py"], cwd=project,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and len(pids.read_text().split()) == 3) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert all(_alive(pid) for pid in started)
+    verify.send_signal(signum)
+    out, err = verify.communicate(timeout=60)
+    assert verify.returncode == code, err
+    assert f"stopped by {signal.Signals(signum).name}" in err or signum == signal.SIGINT
+    time.sleep(0.2)
+    assert not any(_alive(pid) for pid in started)  # the script, its child, and the one in its own session
+    assert not workspaces(temp)
