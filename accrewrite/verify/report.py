@@ -142,8 +142,8 @@ def conclude(out: Console, err: Console, first: Side, second: Side, comparison: 
         found, step, allowed = comparison.largest
         scope = (f"stopped after {steps} steps as asked (--steps): the rest of the script was not run"
                  if first.stopped or second.stopped else "both ran to the script's end")
-        message = (f"match: {_made(first)}, each within its tolerance ({noise}); largest deviation "
-                   f"{found:.3%} at step {step}, tolerance there {allowed:.3%}; {scope}")
+        message = (f"match: {_made(first)} within their tolerances ({noise}); largest deviation {found:.3%} "
+                   f"(step {step}, tolerance {allowed:.3%}); {scope}")
     code = DIVERGE if message.startswith("diverge") else MATCH
     colour = "green" if code == MATCH else "red"
     out.print(f"[bold {colour}]{message}[/]", highlight=False, soft_wrap=True)
@@ -153,7 +153,7 @@ def conclude(out: Console, err: Console, first: Side, second: Side, comparison: 
 def _table(first: Side, second: Side, comparison: Comparison) -> Table:
     table = Table(title=f"rank {min(first.records)}" if len(first.records) > 1 else None)
     columns = ("step", f"{first.name} loss", f"{second.name} loss", *(
-        f"{metric} {kind}" for metric in METRICS for kind in ("deviation", "tolerance")))
+        f"{metric} {kind}" for metric in METRICS for kind in ("dev", "tol")))
     for column in columns:
         table.add_column(column, justify="right")
     for row in comparison.rows:

@@ -26,7 +26,8 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for expected in ("accrewrite/cli.py", "accrewrite/rules/acc001_rng_seed.py",
                      "accrewrite/rules/targets/torch_xla.toml", "accrewrite/runtime/__init__.py",
-                     "accrewrite/kernels/__init__.py"):
+                     "accrewrite/kernels/__init__.py", "accrewrite/verify/probe.py",
+                     "accrewrite/verify/hooks/sitecustomize.py"):
         assert expected in names
 
     venv.create(tmp_path / "venv", with_pip=True)
