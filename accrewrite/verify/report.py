@@ -63,6 +63,9 @@ def cannot_run(err: Console, side: Side, steps: int | None, timeout: float) -> i
     if side.target is None and any(word in text for word in ("CUDA", "cuda", "NVIDIA", "accelerator device")):
         hint = ("the original needs CUDA, which this machine lacks: compare two migrations instead, e.g. "
                 "`--compare runtime,torch_xla`")
+    elif "No such file or directory" in text:
+        hint = ("the sides see a copy of the project named on the workspace line; a file outside it is not there: "
+                "name a folder that holds it with --root")
     elif "No module named" in text:
         hint = f"install the missing module for {side.python}, or name another interpreter with --python"
     elif side.returncode is None and steps is None:

@@ -253,7 +253,8 @@ def train(rank, init):
 
 if __name__ == "__main__":
     init = os.environ.get("INIT") == "1"
-    processes = [mp.Process(target=train, args=(rank, init)) for rank in range(2)]
+    context = mp.get_context(os.environ["START"])  # spawn: new interpreters, as mp.spawn starts
+    processes = [context.Process(target=train, args=(rank, init)) for rank in range(2)]
     [p.start() for p in processes]
     [p.join() for p in processes]
     assert all(p.exitcode == 0 for p in processes)
@@ -269,10 +270,12 @@ def test_processes_the_script_starts_are_recorded_by_their_real_rank(project, ca
         port = free.getsockname()[1]
     write(project, "forked.py", FORKED.format(port=port))
     monkeypatch.setenv("INIT", "1")
+    monkeypatch.setenv("START", "spawn")
     code, out, err = verify(capsys, "forked.py", "--compare", "original,runtime")
     assert code == 0, out + err
     assert "rank 0" in out and "match: 3 steps" in out
     monkeypatch.setenv("INIT", "0")  # two processes train without a rank: both claim rank 0
+    monkeypatch.setenv("START", "fork")
     code, out, err = verify(capsys, "forked.py")
     assert code == 2 and "2 of its processes recorded steps as rank 0" in err
 

@@ -198,3 +198,15 @@ def test_a_signal_to_verify_ends_every_process_of_the_side_and_the_workspace(tmp
     time.sleep(0.2)
     assert not any(_alive(pid) for pid in started)  # the script, its child, and the one in its own session
     assert not workspaces(temp)
+
+
+def test_a_file_outside_the_copied_project_is_named_with_the_fix(tmp_path, monkeypatch, capsys):
+    # No repository: the working directory is the project, and ../data is outside it.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "scale.txt").write_text("0.5")
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "train.py").write_text("import torch\nscale = float(open('../data/scale.txt').read())\n")
+    monkeypatch.chdir(tmp_path / "exp")
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["verify", "train.py"]) == 2
+    assert "name a folder that holds it with --root" in capsys.readouterr().err
