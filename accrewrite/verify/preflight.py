@@ -3,11 +3,22 @@ A missing torch_xla is said at once, not after the original has trained."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from accrewrite.targets import all_targets
 
 _TIMEOUT = 300  # seconds: importing torch_xla cold can take a minute
+_IMPORT = """\
+import importlib, json, sys
+failed = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed[name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(failed))
+"""
 
 
 def needs(target: str | None) -> tuple[str, ...]:
@@ -15,30 +26,39 @@ def needs(target: str | None) -> tuple[str, ...]:
 
 
 def problems(sides: list[tuple[str, str | None, str]]) -> list[str]:
-    """What each (side name, target, interpreter) lacks, with the fix; empty when all is there."""
-    found, checked = [], {}
+    """What each (side name, target, interpreter) lacks, with the fix; empty when all is there.
+    One process per interpreter imports what all its sides need."""
+    wanted: dict[str, list[str]] = {}
+    for _, target, python in sides:
+        wanted.setdefault(python, [])
+        wanted[python] += [module for module in needs(target) if module not in wanted[python]]
+    failed = {python: _failed(python, modules) for python, modules in wanted.items()}
+    found = []
     for name, target, python in sides:
-        modules = needs(target)
-        key = (python, modules)
-        if key not in checked:
-            checked[key] = _missing(python, modules)
-        if checked[key]:
-            found.append(f"{name}: {checked[key]}; install it there, or name an interpreter that has it "
-                         f"with --python {name}=PATH")
+        trouble = failed[python]
+        if isinstance(trouble, str):
+            found.append(f"{name}: {trouble}")
+            continue
+        lacking = [module for module in needs(target) if module in trouble]
+        if lacking:
+            found.append(f"{name}: {python} cannot import {', '.join(lacking)} ({trouble[lacking[0]]}); install it "
+                         f"there, or name an interpreter that has it with --python {name}=PATH")
     return found
 
 
-def _missing(python: str, modules: tuple[str, ...]) -> str:
-    code = "import importlib, sys\nfor name in sys.argv[1:]: importlib.import_module(name)"
+def _failed(python: str, modules: list[str]) -> dict[str, str] | str:
+    """The modules that failed to import, with why; or, as a string, why the interpreter itself
+    could not be asked."""
     try:
-        done = subprocess.run([python, "-c", code, *modules], capture_output=True, text=True, timeout=_TIMEOUT)
-    except FileNotFoundError:
+        done = subprocess.run([python, "-c", _IMPORT, *modules], capture_output=True, text=True, timeout=_TIMEOUT)
+    except (FileNotFoundError, NotADirectoryError):
         return f"no interpreter at {python}"
     except PermissionError:
         return f"{python} cannot be run (permission denied)"
     except subprocess.TimeoutExpired:
         return f"{python} did not import {', '.join(modules)} within {_TIMEOUT} s"
-    if done.returncode == 0:
-        return ""
-    last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-    return f"{python} cannot import {', '.join(modules)} ({last})"
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"{python} could not be asked what it imports ({last})"
