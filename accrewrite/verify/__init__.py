@@ -111,8 +111,10 @@ def verify(script: str, args: list[str], pair: list[Side], steps: int | None, np
                 err.print(workspace.copy(), highlight=False, soft_wrap=True)
             except (WorkspaceError, OSError) as exc:
                 return report.error(err, f"cannot make the workspace: {exc}")
-            run = Run(workspace, args, steps, nproc, timeout, progress)
-            return _compare(run, pair, rtol, out, err)
+            try:
+                return _compare(Run(workspace, args, steps, nproc, timeout, progress), pair, rtol, out, err)
+            except OSError as exc:  # the workspace's disk filled, say, while a side's view was made
+                return report.error(err, f"verify could not go on in {folder}: {exc}")
     except Stopped as stopped:
         progress.done()
         err.print(f"stopped by {signal.Signals(stopped.signum).name}: the sides' processes are ended",
@@ -140,12 +142,14 @@ def _compare(run: Run, pair: list[Side], rtol: float | None, out: Console, err: 
     if first.records.keys() != second.records.keys() or first.steps != second.steps:
         return report.different_runs(out, first, second)
     floors: list[Side] = []
-    comparison, failures = None, []
-    while len(floors) + len(failures) < NUDGES:
-        floor = run.run(Side(f"{first.name}-nudged-{len(floors) + len(failures) + 1}", first.target, first.python,
-                             nudge=len(floors) + len(failures) + 1))
-        (failures if floor.returncode != 0 else floors).append(floor)
-        comparison = verdict.compare(first, second, tuple(floors), rtol)
-        if comparison.over is None or floor.returncode != 0:
+    failures: list[Side] = []
+    for seed in range(1, NUDGES + 1):
+        floor = run.run(Side(f"{first.name}-nudged-{seed}", first.target, first.python, nudge=seed))
+        if floor.returncode != 0:
+            failures.append(floor)
             break
+        floors.append(floor)
+        if verdict.compare(first, second, tuple(floors), rtol).over is None:
+            break
+    comparison = verdict.compare(first, second, tuple(floors), rtol)
     return report.conclude(out, err, first, second, comparison, floors, failures, rtol, run.steps)

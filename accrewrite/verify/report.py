@@ -5,12 +5,13 @@ exit code."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from accrewrite.verify.probe import NUDGE_SIZE
-from accrewrite.verify.sides import Side
+from accrewrite.verify.sides import Side, read_records
 from accrewrite.verify.verdict import FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
 
 MATCH, DIVERGE, CANNOT_RUN = 0, 1, 2
@@ -195,17 +196,23 @@ class Progress:
         self.steps = steps
         self.status = None
 
-    def __call__(self, side: Side, records: dict[int, list[dict]], finished: bool = False) -> None:
+    def _text(self, side: Side, records: dict[int, list[dict]]) -> str:
         made = min((len(steps) for steps in records.values()), default=0)
-        text = f"{side.name}: {made}/{self.steps} steps" if self.steps else f"{side.name}: {made} steps"
-        if finished:
-            self.done()
-            self.console.print(text, highlight=False)
-        elif self.status is None and self.console.is_terminal:
+        return f"{side.name}: {made}/{self.steps} steps" if self.steps else f"{side.name}: {made} steps"
+
+    def running(self, side: Side, folder: Path) -> None:
+        if not self.console.is_terminal:
+            return
+        text = self._text(side, read_records(folder)[0])
+        if self.status is None:
             self.status = self.console.status(text)
             self.status.start()
-        elif self.status is not None:
+        else:
             self.status.update(text)
+
+    def finished(self, side: Side) -> None:
+        self.done()
+        self.console.print(self._text(side, side.records), highlight=False)
 
     def done(self) -> None:
         if self.status is not None:

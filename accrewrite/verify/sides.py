@@ -77,14 +77,14 @@ def run(side: Side, argv: list[str], cwd: Path, env: dict[str, str], records: Pa
         try:
             deadline = time.monotonic() + timeout
             while process.poll() is None and time.monotonic() < deadline:
-                progress(side, read_records(records)[0])
+                progress.running(side, records)
                 time.sleep(0.2)
             side.returncode = process.poll()
         finally:
             end(process, mark)
     side.output = log.read_text(errors="replace")
     side.records, side.stopped, side.collisions = read_records(records)
-    progress(side, side.records, finished=True)
+    progress.finished(side)
 
 
 def end(process: subprocess.Popen, mark: str) -> None:
