@@ -70,31 +70,36 @@ class Workspace:
 
     def copy(self) -> str:
         """Copy the project into the snapshot; a line saying what was copied."""
-        files = [(source, self.snapshot / tree.name / relative)
-                 for tree in self.trees for source, relative in self._walk(tree.source)]
+        folders, files = [], []
+        for tree in self.trees:
+            for source, relative in self._walk(tree.source):
+                (folders if source.is_dir() else files).append((source, self.snapshot / tree.name / relative))
         size = sum(source.stat().st_size for source, _ in files)
         free = shutil.disk_usage(self.root).free
         if size > _FREE_MARGIN * free:
             raise WorkspaceError(
                 f"verify copies {self.trees[0].source} ({_mib(size)}) into {self.root.parent}, which has "
                 f"{_mib(free)} free: set TMPDIR to a larger disk, or --root to a smaller folder")
+        for _, copy in folders:
+            copy.mkdir(parents=True, exist_ok=True)  # an empty one too: a script may write into it
         for source, copy in files:
-            copy.parent.mkdir(parents=True, exist_ok=True)
             _clone(source, copy)
             self._sources[copy] = source
         self._record()
         return f"workspace: {len(files)} files ({_mib(size)}) of {self.trees[0].source} copied into {self.root}"
 
     def _walk(self, top: Path):
-        """(file, path relative to top) of every regular file under top, links followed once."""
+        """(path, path relative to top) of every folder and regular file under top, links
+        followed once, each folder before what it holds."""
         seen = set()
         for directory, subdirs, files in os.walk(top, followlinks=True):
             here = Path(directory)
             real = here.resolve()
-            if real in seen or real.is_relative_to(self.root):
+            if real in seen or real.is_relative_to(self.root.resolve()):
                 subdirs[:] = []
                 continue
             seen.add(real)
+            yield here, here.relative_to(top)
             subdirs[:] = [d for d in subdirs if d not in _SKIPPED and not d.startswith(WORKSPACE_PREFIX)
                           and not (here / d / "pyvenv.cfg").exists()]
             for name in files:
@@ -120,18 +125,17 @@ class Workspace:
                 path = Path(directory) / name
                 if path not in self._manifest:
                     changed.append(path)
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                    _remove(path)
         for path, state in self._manifest.items():
             if _state(path) != state:
                 changed.append(path)
                 if stat.S_ISDIR(state[0]):
-                    if path.is_symlink() or path.is_file():
-                        path.unlink()
+                    if not path.is_dir() or path.is_symlink():
+                        _remove(path)
                     path.mkdir(parents=True, exist_ok=True)
                 else:
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    if path.is_symlink() or path.is_dir():
-                        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                    _remove(path)
                     _clone(self._sources[path], path)
         if changed:
             self._record()
@@ -175,6 +179,13 @@ def _migrated(path: Path, options: Options, errors: list[str]) -> bytes:
         errors.append(f"{path}:{result.error.line}: {result.error.reason}")
         return source
     return result.output
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def _state(path: Path) -> tuple:

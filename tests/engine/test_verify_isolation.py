@@ -35,6 +35,7 @@ for step in range(3):
 with open("log.txt", "a") as log:  # an existing file, appended to
     log.write("trained\\n")
 open("config.txt", "w").write("overwritten")
+open("checkpoints/last.txt", "w").write("into an empty folder")
 os.remove("delete_me.txt")
 open("../sibling/notes.txt", "w").write("overwritten")
 os.remove("../sibling/gone.txt")
@@ -83,6 +84,7 @@ def user_tree(tmp_path, monkeypatch):
     (exp / "log.txt").write_text("before\n")
     (exp / "config.txt").write_text("lr=0.1")
     (exp / "delete_me.txt").write_text("keep me")
+    (exp / "checkpoints").mkdir()
     (exp / "ckpt.pt").write_bytes(os.urandom(9 * 2**20))
     (exp / "big.bin").write_bytes(os.urandom(12 * 2**20))
     sibling = repo / "projects" / "sibling"
