@@ -12,7 +12,7 @@ from rich.table import Table
 
 from accrewrite.verify.probe import NUDGE_SIZE
 from accrewrite.verify.sides import Side, read_records
-from accrewrite.verify.verdict import FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
+from accrewrite.verify.verdict import CHAOTIC, FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
 
 MATCH, DIVERGE, CANNOT_RUN = 0, 1, 2
 _TAIL = 25  # lines of a failed side's output to show
@@ -148,6 +148,9 @@ def conclude(out: Console, err: Console, first: Side, second: Side, comparison: 
                  if first.stopped or second.stopped else "both ran to the script's end")
         message = (f"match: {_made(first)} within their tolerances ({noise}); largest deviation {found:.3%} "
                    f"(step {step}, tolerance {allowed:.3%}); {scope}")
+        if comparison.chaotic_from is not None:
+            message += (f"; from step {comparison.chaotic_from} a rerun nudged by {NUDGE_SIZE:.0e} drifts over "
+                        f"{CHAOTIC:.0%}: the training is chaotic there, and those steps tell little")
     code = DIVERGE if message.startswith("diverge") else MATCH
     colour = "green" if code == MATCH else "red"
     out.print(f"[bold {colour}]{message}[/]", highlight=False, soft_wrap=True)

@@ -22,6 +22,8 @@ from accrewrite.verify.sides import Side
 FLOOR_MARGIN = 10
 # float32 rounding: a deviation this small is a match however calm the training is.
 ROUNDING = 1e-4
+# A drift this large says the training is chaotic there: its steps tell little either way.
+CHAOTIC = 0.1
 METRICS = ("loss", "checksum")
 
 
@@ -42,6 +44,7 @@ class Comparison:
     rows: list[Row] = field(default_factory=list)
     over: tuple | None = None  # (step, rank, metric, deviation, tolerance) of the first step beyond
     largest: tuple = (0.0, 0, 0.0)  # (deviation, step, tolerance) where a deviation came closest to its tolerance
+    chaotic_from: int | None = None  # the first step where a nudged rerun drifts more than CHAOTIC
 
 
 def deviation(a: float | None, b: float | None) -> float:
@@ -89,12 +92,14 @@ def compare(first: Side, second: Side, floors: tuple[Side, ...], rtol: float | N
     """Every step both sides made, rank by rank, within its tolerance (``tolerance``)."""
     found = _deviations(first, second)
     drifts = [_deviations(first, floor) for floor in floors]
-    rows, over, largest = [], None, (-1.0, 0, 0.0, 0.0)
+    rows, over, largest, chaotic = [], None, (-1.0, 0, 0.0, 0.0), []
     for rank, steps in found.items():
         for index, deviations in enumerate(steps):
             measured = [[drift[rank][index][m] for drift in drifts if index < len(drift.get(rank, ()))]
                         for m in range(len(METRICS))]
             tolerances = tuple(tolerance(max(d) if d else None, rtol) for d in measured)
+            if any(drift > CHAOTIC for d in measured for drift in d):
+                chaotic.append(index + 1)
             if rank == min(found):
                 rows.append(Row(index + 1, first.records[rank][index]["loss"], second.records[rank][index]["loss"],
                                 deviations, tolerances))
@@ -104,4 +109,4 @@ def compare(first: Side, second: Side, floors: tuple[Side, ...], rtol: float | N
                 over = (index + 1, rank, METRICS[m], deviations[m], tolerances[m])
             for m in range(len(METRICS)):
                 largest = max(largest, (deviations[m] / tolerances[m], index + 1, deviations[m], tolerances[m]))
-    return Comparison(rows, over, (largest[2], largest[1], largest[3]))
+    return Comparison(rows, over, (largest[2], largest[1], largest[3]), min(chaotic, default=None))

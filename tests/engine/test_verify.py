@@ -206,6 +206,9 @@ def test_each_step_is_held_to_ten_times_what_the_nudged_reruns_drift_there():
     chaotic = side("original-nudged-2", [(1.0, 0.5), (0.9, 0.6), (0.785, 0.7)])  # this one: 1.9%
     found = compare(ours, theirs, (calm, chaotic), rtol=None)
     assert found.over is None and found.rows[2].tolerances[0] == pytest.approx(0.1875)
+    assert found.chaotic_from is None  # 1.9% is sensitive, not chaotic
+    assert compare(ours, theirs, (side("original-nudged-3", [(1.0, 0.5), (0.7, 0.6), (0.8, 0.7)]),),
+                   rtol=None).chaotic_from == 2
     assert found.rows[0].tolerances == (ROUNDING, ROUNDING)  # no drift there: rounding alone
     found = compare(ours, theirs, (calm,), rtol=None)
     assert found.over[:3] == (3, 0, "loss") and found.over[4] == pytest.approx(0.0125)
