@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -52,9 +53,15 @@ def script(activation="nn.ReLU()", optimizer="AdamW", scale=2):
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    """The test's folder, with a temporary folder of its own for verify's workspace (beside the
+    project, not in it), so that nothing else can remove the workspace under it."""
+    (tmp_path / "project").mkdir()
+    (tmp_path / "temp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "temp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    monkeypatch.chdir(tmp_path / "project")
     monkeypatch.setenv("COLUMNS", "200")
-    return tmp_path
+    return tmp_path / "project"
 
 
 def write(project, name, text):
