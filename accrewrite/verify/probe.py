@@ -94,18 +94,26 @@ class Recorder:
                 self.start[parameter] = (parameter.detach().clone(), signs.to(parameter.device))
 
     def _nudge(self, parameter) -> None:
-        """Move every element by ``NUDGE_SIZE``, up or down at random: about what two backends'
-        float32 kernels differ by (batch-norm statistics, a convolution's order of summation),
-        so how far a run drifts from its nudged copy is what such differences alone do to it."""
+        """Nudge a parameter before its first use (once)."""
         if self.nudged is None or parameter in self.nudged or not parameter.is_floating_point():
             return
         self.nudged.add(parameter)
+        self._jitter(parameter, len(self.nudged))
+
+    def _jitter(self, parameter, salt: int) -> None:
+        """Move every element by ``NUDGE_SIZE``, up or down at random: about what two backends'
+        float32 kernels differ by (batch-norm statistics, a convolution's order of summation).
+        Before the first use and again after every step, as those differences recur every step,
+        so how far a run drifts from its nudged copy is what such differences alone do to it."""
         torch = self.torch
-        generator = torch.Generator().manual_seed(self.nudge_seed * 1_000_003 + len(self.nudged))
+        generator = torch.Generator().manual_seed(self.nudge_seed * 1_000_003 + salt)
         size = max(torch.finfo(parameter.dtype).eps, NUDGE_SIZE)
         signs = torch.randint(0, 2, parameter.shape, generator=generator).to(parameter.device) * 2 - 1
         with torch.no_grad():
-            parameter.mul_(1 + size * signs.to(parameter.dtype))
+            nudge = parameter * (size * signs.to(parameter.dtype))
+            parameter.add_(nudge)
+            if parameter in self.start:  # the checksum counts what training does, not the nudge itself
+                self.start[parameter][0].add_(nudge)
 
     def after_step(self, optimizer, args, kwargs) -> None:
         torch = self.torch
@@ -128,6 +136,10 @@ class Recorder:
             record["xla"] = xla
         self.losses = []
         self._write(record)
+        if self.nudged is not None:
+            for index, parameter in enumerate(_parameters(optimizer)):
+                if parameter.is_floating_point():
+                    self._jitter(parameter, 7919 * self.step + index + 1_000_000)
         if self.steps and self.step >= self.steps:
             self._write({"stopped": self.step})
             self.handle.close()

@@ -2,9 +2,9 @@
 that the training itself shows.
 
 The noise is measured, not assumed: the first side is rerun with its parameters nudged by one
-part in a million (``probe.NUDGE_SIZE``) before their first use, and how far each such rerun
-drifts from it, step by step, is what rounding differences alone do to this training (ReLUs
-that flip, BatchNorm over small batches and chaotic losses magnify them). A step matches when
+part in a million (``probe.NUDGE_SIZE``) before their first use and after every step, and how
+far each such rerun drifts from it, step by step, is what rounding differences alone do to this
+training (ReLUs that flip, BatchNorm over small batches and chaotic losses magnify them). A step matches when
 its deviation is within ``FLOOR_MARGIN`` times the largest drift of the reruns at that step, and
 never less than ``ROUNDING``; ``--rtol`` caps that tolerance. A non-finite loss or checksum is
 never a match.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from accrewrite.verify.probe import NUDGE_SIZE
 from accrewrite.verify.sides import Side
 
-# Another backend's kernels differ in every operation of every step, not once as a nudge does.
+# Another backend's kernels differ in every operation, a nudge once per parameter and step.
 FLOOR_MARGIN = 10
 # float32 rounding: a deviation this small is a match however calm the training is.
 ROUNDING = 1e-4
