@@ -5,7 +5,8 @@ processes the script starts itself (``mp.spawn``, ``torch.multiprocessing``, a `
 
 Per process, one JSON line per optimizer step goes to ``RECORDS/rank<RANK>.<PID>.jsonl``, RANK
 being the process's rank in ``torch.distributed`` once it is initialised (``$RANK`` before, else
-0), so that verify can tell two processes that claim the same rank apart:
+0), so that verify can tell two processes that claim the same rank at once apart from processes
+that hold it one after the other (a script that spawns a process group per demo):
 
 * ``loss``: the mean of the tensors ``backward()`` was called on since the previous step (a
   GradScaler's scaled loss counts unscaled, so a scaler that is disabled on one side and not on
@@ -13,9 +14,11 @@ being the process's rank in ``torch.distributed`` once it is initialised (``$RAN
 * ``checksum``: the parameters' change since the first step, projected on a fixed pattern of
   signs (the same on every side), so two runs that apply the same updates agree and any other
   update shows; ``change``: that change's norm, the scale the checksums are compared at;
+* ``time``: when the step ended (seconds since the epoch);
 * ``xla``: under torch_xla, how many graphs it has compiled and executed so far.
 
-With ``ACCREWRITE_VERIFY_STEPS=N`` the process ends (exit 0) after N steps, with a last line
+With ``ACCREWRITE_VERIFY_STEPS=N`` the process ends after N steps (``SystemExit(0)`` from the
+optimizer step, so ``finally`` blocks and launchers see an orderly end), with a last line
 ``{"stopped": N}``: the rest of the script is not run. With ``ACCREWRITE_VERIFY_HOST_RANDOM=1``
 (verify sets it for torch_xla sides), random numbers for the XLA device are drawn by the CPU
 generator and moved there, so that dropout and noise draw what the original's CPU run draws.
@@ -30,6 +33,7 @@ import json
 import os
 import random
 import sys
+import time
 
 SEED = 0
 RECORDS = "ACCREWRITE_VERIFY_RECORDS"
@@ -130,7 +134,7 @@ class Recorder:
             losses = [float(loss.cpu()) for loss in self.losses]
         self.step += 1
         record = {"step": self.step, "loss": sum(losses) / len(losses) if losses else None, "checksum": checksum,
-                  "change": squares ** 0.5}
+                  "change": squares ** 0.5, "time": time.time()}
         xla = _xla_counts()
         if xla is not None:
             record["xla"] = xla
@@ -141,11 +145,11 @@ class Recorder:
                 if parameter.is_floating_point():
                     self._jitter(parameter, 7919 * self.step + index + 1_000_000)
         if self.steps and self.step >= self.steps:
-            self._write({"stopped": self.step})
-            self.handle.close()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)  # the steps asked for are recorded; the user asked not to run the rest
+            if self.step == self.steps:
+                self._write({"stopped": self.step})
+            # The steps asked for are recorded; the user asked not to run the rest. An exit that
+            # unwinds, so that a launcher's pool (torch_xla's spawn) sees its worker return.
+            raise SystemExit(0)
 
 
 def _rank(torch) -> int:

@@ -127,9 +127,10 @@ def _marked(mark: str) -> set[int]:
 
 
 def read_records(folder: Path) -> tuple[dict[int, list[dict]], bool, dict[int, list[int]]]:
-    """(steps per rank, whether a process was stopped after its steps, rank -> pids that both
-    recorded steps as that rank)."""
-    by_rank: dict[int, dict[int, list[dict]]] = {}
+    """(steps per rank, whether a process was stopped after its steps, rank -> pids that recorded
+    steps as that rank at the same time). Processes that held a rank one after the other (a
+    process group per demo) follow each other in its steps."""
+    by_rank: dict[int, list[tuple[int, list[dict]]]] = {}
     stopped = False
     for path in folder.glob("rank*.jsonl") if folder.is_dir() else ():
         rank, pid = (int(part) for part in path.name[len("rank"):-len(".jsonl")].split("."))
@@ -137,7 +138,12 @@ def read_records(folder: Path) -> tuple[dict[int, list[dict]], bool, dict[int, l
         stopped = stopped or any("stopped" in line for line in lines)
         steps = [line for line in lines if "step" in line]
         if steps:
-            by_rank.setdefault(rank, {})[pid] = steps
-    records = {rank: next(iter(pids.values())) for rank, pids in sorted(by_rank.items())}
-    collisions = {rank: sorted(pids) for rank, pids in by_rank.items() if len(pids) > 1}
+            by_rank.setdefault(rank, []).append((pid, steps))
+    records, collisions = {}, {}
+    for rank, runs in sorted(by_rank.items()):
+        runs.sort(key=lambda run: run[1][0].get("time", 0))
+        overlapping = [(a, b) for a, b in zip(runs, runs[1:]) if b[1][0].get("time", 0) <= a[1][-1].get("time", 0)]
+        if overlapping:
+            collisions[rank] = sorted({pid for pair in overlapping for pid, _ in pair})
+        records[rank] = [step for _, steps in runs for step in steps]
     return records, stopped, collisions

@@ -230,17 +230,24 @@ def test_a_nan_is_beyond_every_tolerance():
     assert tolerance(None, None) == ROUNDING and tolerance(0.5, 0.02) == 0.02
 
 
-def test_records_are_kept_per_rank_and_process_and_a_shared_rank_is_a_collision(tmp_path):
-    record = {"step": 1, "loss": 2.0, "checksum": 0.1, "change": 0.3}
-    (tmp_path / "rank0.11.jsonl").write_text(json.dumps(record) + "\n{\"step\": 2")  # a torn last line waits
-    (tmp_path / "rank1.12.jsonl").write_text(json.dumps(record) + "\n" + json.dumps({"stopped": 1}) + "\n")
-    assert read_records(tmp_path) == ({0: [record], 1: [record]}, True, {})
-    (tmp_path / "rank1.13.jsonl").write_text(json.dumps(record) + "\n")
-    assert read_records(tmp_path)[2] == {1: [12, 13]}
+def test_records_are_kept_per_rank_and_process_and_a_rank_held_twice_at_once_is_a_collision(tmp_path):
+    def record(step, time):
+        return json.dumps({"step": step, "loss": 2.0, "checksum": 0.1, "change": 0.3, "time": time}) + "\n"
+
+    (tmp_path / "rank0.11.jsonl").write_text(record(1, 10) + record(2, 11) + '{"step": 3')  # a torn line waits
+    (tmp_path / "rank1.12.jsonl").write_text(record(1, 10) + '{"stopped": 1}\n')
+    records, stopped, collisions = read_records(tmp_path)
+    assert [r["step"] for r in records[0]] == [1, 2] and len(records[1]) == 1 and stopped and not collisions
+    (tmp_path / "rank1.13.jsonl").write_text(record(1, 20) + record(2, 21))  # rank 1 again, later: a second demo
+    records, _, collisions = read_records(tmp_path)
+    assert [r["time"] for r in records[1]] == [10, 20, 21] and not collisions
+    (tmp_path / "rank0.14.jsonl").write_text(record(1, 10.5))  # rank 0 twice at once
+    assert read_records(tmp_path)[2] == {0: [11, 14]}
 
 
 FORKED = """\
 import os
+import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -257,6 +264,7 @@ def train(rank, init):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        time.sleep(0.2)  # the two processes train at the same time
     if init:
         dist.destroy_process_group()
 
