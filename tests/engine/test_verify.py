@@ -76,6 +76,7 @@ def verify(capsys, *args):
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_a_faithful_migration_matches_run_to_the_end_with_the_noise_floor_shown(project, capsys):
     write(project, "train.py", script())
     code, out, err = verify(capsys, "train.py", "--", "--steps", "6")
@@ -125,7 +126,7 @@ if "--crash-at-the-end" in sys.argv and migrated:
 """
 
 
-@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize("value", ["nan", pytest.param("inf", marks=pytest.mark.slow)])
 def test_a_non_finite_loss_is_a_divergence_naming_the_step_and_the_side(project, capsys, value):
     write(project, "broken.py", BROKEN.format(value=value))
     code, out, _ = verify(capsys, "broken.py", "--", "--nan")
@@ -149,6 +150,7 @@ def test_a_migrated_side_that_raises_is_a_divergence_with_its_error(project, cap
     assert "RuntimeError: only the migrated side fails here" in err
 
 
+@pytest.mark.slow
 def test_a_crash_after_the_last_step_fails_and_steps_say_what_was_not_run(project, capsys):
     write(project, "broken.py", BROKEN.format(value="nan"))
     code, out, err = verify(capsys, "broken.py", "--", "--crash-at-the-end")
@@ -183,6 +185,7 @@ def test_a_missing_script_or_target_package_is_said_before_anything_runs(project
     assert code == 2 and "no side 'tpu'" in err
 
 
+@pytest.mark.slow
 def test_nudged_reruns_move_parameters_by_one_part_in_a_million_each_its_own_way(project):
     write(project, "train.py", script())
     runs = {}

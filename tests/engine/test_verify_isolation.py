@@ -114,6 +114,7 @@ def test_the_users_tree_is_byte_for_byte_what_it_was(user_tree, capsys):
     assert not workspaces(user_tree / "temp")  # the workspace is gone too
 
 
+@pytest.mark.slow
 def test_the_sides_share_one_copy_of_the_data(user_tree, capsys):
     assert main(["verify", "train.py", "--keep"]) == 0
     workspace, = workspaces(user_tree / "temp")
@@ -121,6 +122,7 @@ def test_the_sides_share_one_copy_of_the_data(user_tree, capsys):
     assert 21 * 2**20 <= copied < 2 * 21 * 2**20  # ckpt.pt and big.bin once, for three sides
 
 
+@pytest.mark.slow
 def test_a_temporary_folder_inside_the_project_is_not_copied_into_itself(user_tree, monkeypatch, capsys):
     inside = Path.cwd() / "tmp"
     inside.mkdir()
@@ -177,7 +179,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see which processes live")
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), pytest.param(signal.SIGHUP, 129, marks=pytest.mark.slow),
+                                          pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
 def test_a_signal_to_verify_ends_every_process_of_the_side_and_the_workspace(tmp_path, signum, code):
     project = tmp_path / "project"
     project.mkdir()
