@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.table import Table
 
 from accrewrite import __version__, explain
@@ -26,7 +27,7 @@ from accrewrite.engine import Options
 from accrewrite.errors import FileError
 from accrewrite.registry import SelectionError, all_rules, find_rule
 from accrewrite.runner import Job, Outcome, run
-from accrewrite.targets import DEFAULT_TARGET, all_targets
+from accrewrite.targets import DEFAULT_TARGET, all_targets, unknown_target
 from accrewrite.verify import ORIGINAL, Side, verify
 
 EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
@@ -43,6 +44,12 @@ class _Console(Console):
         # is done, so its exit code stands and the rest of the output goes nowhere.
         self.quiet = True
         _to_devnull(self.file)
+
+
+def _error(err: Console, message: str) -> int:
+    """Print an error (its text is never markup: ``[tool.accrewrite]`` stays) and give exit 2."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    return EXIT_ERROR
 
 
 def _to_devnull(stream) -> None:
@@ -63,14 +70,14 @@ def _parser() -> argparse.ArgumentParser:
 
     migrate = commands.add_parser("migrate", help="rewrite training scripts (shows a diff by default)")
     migrate.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
-    migrate.add_argument("--target", choices=list(all_targets()), help=f"default: {DEFAULT_TARGET}")
+    migrate.add_argument("--target", type=_target, metavar=_TARGETS, help=f"default: {DEFAULT_TARGET}")
     modes = migrate.add_mutually_exclusive_group()
     modes.add_argument("--diff", dest="mode", action="store_const", const="diff", help="print a diff (default)")
     modes.add_argument("--in-place", dest="mode", action="store_const", const="in-place", help="rewrite the files")
     modes.add_argument("--check", dest="mode", action="store_const", const="check",
                        help="exit 1 when a file would change; write nothing")
     modes.add_argument("--output-dir", metavar="DIR", help="write migrated copies under DIR")
-    migrate.add_argument("--parallel", choices=PARALLEL_KINDS,
+    migrate.add_argument("--parallel", choices=PARALLEL_KINDS, metavar="|".join(PARALLEL_KINDS),
                          help="target runtime: DDP becomes FSDP2 and/or tensor parallel through accelerate()")
     migrate.add_argument("--guard", metavar="ENV_VAR",
                          help="write the dual-path form: the target path runs only when ENV_VAR is set")
@@ -105,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
                     "the migrated side fails, 2 when the original cannot run or verify cannot set up.",
     )
     verify.add_argument("script", metavar="SCRIPT")
-    verify.add_argument("--target", choices=list(all_targets()), default=DEFAULT_TARGET)
+    verify.add_argument("--target", type=_target, metavar=_TARGETS, default=DEFAULT_TARGET)
     verify.add_argument("--steps", type=_positive(int), metavar="N",
                         help="stop each side after N optimizer steps (default: run to the script's end)")
     verify.add_argument("--nproc", type=_positive(int), default=1, metavar="N", help="processes, under torchrun")
@@ -123,6 +130,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds per side (default 900)")
     verify.add_argument("--keep", action="store_true", help="keep the workspace, records and logs")
     return parser
+
+
+_TARGETS = "{" + ",".join(all_targets()) + "}"
+
+
+def _target(value: str) -> str:
+    if value not in all_targets():
+        raise argparse.ArgumentTypeError(unknown_target(value))
+    return value
 
 
 def _positive(kind):
@@ -185,11 +201,12 @@ def _migrate(args, out: Console, err: Console) -> int:
         config = find_config(Path(args.paths[0]))
         options = _options(args, config)
         options.selection()  # reject unknown codes before touching any file
-        if options.target not in all_targets():
-            raise ConfigError(f"unknown target {options.target!r}; choose one of: {', '.join(all_targets())}")
-    except (ConfigError, SelectionError) as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        return EXIT_ERROR
+    except ConfigError as exc:
+        return _error(err, str(exc))
+    except SelectionError as exc:
+        flags = [*(args.select or []), *(args.ignore or [])]
+        where = "--select/--ignore" if exc.entry in flags else f"{config.path}: [tool.accrewrite] select/ignore"
+        return _error(err, f"{where}: {exc}")
     for rule in options.unavailable():
         err.print(f"[bold yellow]warning:[/] {rule.code} {rule.name} is not available on target "
                   f"{options.target!r}; it does not run (see `accrewrite rules`)", highlight=False, soft_wrap=True)
@@ -254,8 +271,7 @@ def _explain(args, out: Console, err: Console) -> int:
     try:
         rule = find_rule(args.rule)
     except SelectionError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        return EXIT_ERROR
+        return _error(err, str(exc))
     out.print(Markdown(explain.markdown(rule), code_theme="ansi_dark", inline_code_lexer="python"))
     return EXIT_OK
 
@@ -266,9 +282,7 @@ def _verify(args, out: Console, err: Console) -> int:
     for given in args.python:
         name, _, path = given.rpartition("=")
         if name and name not in (ORIGINAL, *all_targets()):
-            err.print(f"[bold red]error:[/] --python {given}: no side {name!r}; the sides are {', '.join(names)}",
-                      highlight=False)
-            return EXIT_ERROR
+            return _error(err, f"--python {given}: no side {name!r}; the sides are {', '.join(names)}")
         pythons[name] = path
     sides = [Side(name, None if name == ORIGINAL else name, pythons.get(name) or pythons.get("") or sys.executable)
              for name in names]
@@ -282,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["verify"] and "--" in argv:  # the script's own arguments, never accrewrite's
         split = argv.index("--")
         argv, script_args = argv[:split], argv[split + 1:]
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        after = "; the script's own arguments go after `--`: accrewrite verify SCRIPT [options] -- ARGS"
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{after if args.command == 'verify' else ''}")
     args.script_args = script_args
     out, err = _Console(), _Console(stderr=True)
     commands = {"migrate": lambda: _migrate(args, out, err), "rules": lambda: _rules(args, out),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accrewrite.discovery import real
+from accrewrite.targets import all_targets, unknown_target
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -67,6 +68,8 @@ def _validate(path: Path, table: dict) -> dict:
         if not isinstance(value, expected) or (expected is list and not all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: [tool.accrewrite] {key} must be a {expected.__name__}"
                               + (" of strings" if expected is list else ""))
+    if "target" in table and table["target"] not in all_targets():
+        raise ConfigError(f"{path}: [tool.accrewrite] target: {unknown_target(table['target'])}")
     if table.get("parallel", PARALLEL_KINDS[0]) not in PARALLEL_KINDS:
         raise ConfigError(f"{path}: [tool.accrewrite] parallel must be one of {', '.join(PARALLEL_KINDS)}, "
                           f"got {table['parallel']!r}")

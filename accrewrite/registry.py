@@ -20,7 +20,11 @@ ENTRY_POINT_GROUP = "accrewrite.rules"
 
 
 class SelectionError(ValueError):
-    """A --select/--ignore entry names no rule."""
+    """A rule asked for by a name or code that no rule has (``entry``: the select/ignore entry)."""
+
+    def __init__(self, message: str, entry: str | None = None):
+        super().__init__(message)
+        self.entry = entry
 
 
 def _rules_in(module) -> list[type[Rule]]:
@@ -89,7 +93,7 @@ def select(select: list[str] | None, ignore: list[str] | None, unsafe_fixes: boo
     rules = all_rules().values()
     for entry in [*(select or []), *(ignore or [])]:
         if not any(_matches(rule, entry) for rule in rules):
-            raise SelectionError(f"--select/--ignore {entry!r} matches no rule (see `accrewrite rules`)")
+            raise SelectionError(f"{entry!r} matches no rule (see `accrewrite rules`)", entry)
     if select:
         chosen = [
             r for r in rules

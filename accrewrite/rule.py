@@ -100,9 +100,23 @@ class Finding:
     message: str
     node: cst.CSTNode
     line: int = 0
-    col: int = 0
+    col: int = 0  # 0-based, as libcst counts; the reports add 1
+    end_line: int = 0  # where the node ends: diagnostics only
+    end_col: int = 0
     # A diagnostic's why and what to do: its message states one fact, short enough for a line.
     help: str = ""
+
+
+def _end(module: cst.Module, finding: Finding) -> tuple[int, int]:
+    """Where a finding's node ends (line 1-based, column 0-based, exclusive), from its code: a
+    statement's code starts after its leading comment lines, and its body is indented from
+    the statement's own column."""
+    rows = module.code_for_node(finding.node).split("\n")[len(getattr(finding.node, "leading_lines", ())):]
+    rows = "\n".join(rows).rstrip().split("\n")
+    if len(rows) == 1:
+        return finding.line, finding.col + len(rows[0])
+    indent = finding.col if isinstance(finding.node, cst.BaseStatement) else 0
+    return finding.line + len(rows) - 1, indent + len(rows[-1])
 
 
 def excerpt(code: str, width: int = 40) -> str:
@@ -279,5 +293,7 @@ class RuleContext:
         for finding in findings:
             finding.line, finding.col = found[finding.node]
         self.diagnostics = [d for d in self.diagnostics if not self.suppressed(d.code, d.node)]
+        for diagnostic in self.diagnostics:
+            diagnostic.end_line, diagnostic.end_col = _end(self.module, diagnostic)
         self.fixes.sort(key=lambda f: (f.line, f.col))
         self.diagnostics.sort(key=lambda d: (d.line, d.col))

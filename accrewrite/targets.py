@@ -8,6 +8,7 @@ lines it needs. A concept missing from a profile means the target lacks it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import os
 import re
@@ -165,8 +166,16 @@ def all_targets() -> dict[str, Target]:
 def get_target(name: str) -> Target:
     targets = all_targets()
     if name not in targets:
-        raise KeyError(f"unknown target {name!r}; choose one of: {', '.join(targets)}")
+        raise KeyError(unknown_target(name))
     return targets[name]
+
+
+def unknown_target(name: str) -> str:
+    """What to say about a target that does not exist: the closest name, and every name."""
+    names = list(all_targets())
+    close = difflib.get_close_matches(name.replace("-", "_").lower(), names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown target {name!r}{hint} (choose from {', '.join(names)})"
 
 
 def _import_bindings(line: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ import json
 from accrewrite.report.findings import Summary, counts, help_of
 from accrewrite.runner import Outcome
 
-JSON_VERSION = 1
+JSON_VERSION = 2  # 2: columns count from 1, as in the other formats; end_location
 
 
 def render(outcomes: list[Outcome], mode: str, target: str) -> str:
@@ -22,10 +22,13 @@ def render(outcomes: list[Outcome], mode: str, target: str) -> str:
                 "changed": o.changed,
                 "written": o.written,
                 "diff": o.diff,
-                "error": None if o.error is None else {"message": o.error.reason, "line": o.error.line, "col": o.error.col},
+                "error": None if o.error is None else {"message": o.error.reason, "line": o.error.line,
+                                                       "col": o.error.col + 1},
                 "fixes": [{"code": f.code, "name": f.name, "line": f.line, "message": f.message} for f in o.fixes],
                 "diagnostics": [
-                    {"code": d.code, "line": d.line, "col": d.col, "message": d.message, "help": help_of(d)}
+                    {"code": d.code, "line": d.line, "col": d.col + 1,
+                     "end_location": {"line": d.end_line, "col": d.end_col + 1},
+                     "message": d.message, "help": help_of(d)}
                     for d in o.diagnostics
                 ],
             }

@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accrewrite.verify.probe import NUDGE_SIZE
@@ -19,7 +20,7 @@ _TAIL = 25  # lines of a failed side's output to show
 
 
 def error(err: Console, message: str) -> int:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return CANNOT_RUN
 
 

@@ -111,11 +111,30 @@ def test_json_document(tmp_path, cli):
     code, out, _ = cli("migrate", path, "--format", "json")
     assert code == 0
     document = json.loads(out)
-    assert document["version"] == 1 and document["target"] == "runtime"
+    assert document["version"] == 2 and document["target"] == "runtime"
     (entry,) = document["files"]
     assert entry["path"] == str(path) and entry["changed"] is True and entry["error"] is None
     assert {"code": "ACC001", "name": "rng-seed", "line": 3}.items() <= entry["fixes"][0].items()
     assert document["summary"] == {"files": 1, "changed": 1, "written": 0, "errors": 0, "fixes": 3, "diagnostics": 0}
+
+
+def test_json_columns_count_from_one_as_the_text_does_with_where_each_diagnostic_ends(tmp_path, cli):
+    path = write(tmp_path, "sync.py", b"""import torch
+model = torch.nn.Linear(2, 1).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in torch.ones(3, 2):
+    loss = model(x.cuda()).sum()
+    loss.backward()
+    optimizer.step()
+    print(loss.item(),
+          "logged")
+""")
+    _, text, _ = cli("migrate", path, "--select", "ACC101")
+    _, out, _ = cli("migrate", path, "--select", "ACC101", "--format", "json")
+    (diagnostic,) = json.loads(out)["files"][0]["diagnostics"]
+    assert f"{path}:8:11: ACC101" in text
+    assert (diagnostic["line"], diagnostic["col"]) == (8, 11)
+    assert diagnostic["end_location"] == {"line": 8, "col": 11 + len("loss.item()")}
 
 
 def test_github_annotations(tmp_path, cli):
