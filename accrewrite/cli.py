@@ -15,20 +15,15 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.markdown import Markdown
 from rich.markup import escape
 from rich.table import Table
 
-from accrewrite import __version__, explain
-from accrewrite.report import FORMATS, report
-from accrewrite.config import PARALLEL_KINDS, ConfigError, find_config
-from accrewrite.discovery import discover
-from accrewrite.engine import Options
-from accrewrite.errors import FileError
-from accrewrite.registry import SelectionError, all_rules, find_rule
-from accrewrite.runner import Job, Outcome, run
+from accrewrite import __version__
+from accrewrite.choices import FORMATS, ORIGINAL, PARALLEL_KINDS
 from accrewrite.targets import DEFAULT_TARGET, all_targets, unknown_target
-from accrewrite.verify import ORIGINAL, Side, verify
+
+# Each command imports what it runs (libcst and the rules) when it runs, so that `--version` and
+# `--help` answer at once.
 
 EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
@@ -69,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     migrate = commands.add_parser("migrate", help="rewrite training scripts (shows a diff by default)")
-    migrate.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
+    migrate.add_argument("paths", nargs="+", metavar="PATH", help="files or directories; - for standard input")
+    migrate.add_argument("--stdin-filename", metavar="NAME",
+                         help="the name of what `-` reads (for messages and the pyproject.toml it uses)")
     migrate.add_argument("--target", type=_target, metavar=_TARGETS, help=f"default: {DEFAULT_TARGET}")
     modes = migrate.add_mutually_exclusive_group()
     modes.add_argument("--diff", dest="mode", action="store_const", const="diff", help="print a diff (default)")
@@ -166,6 +163,8 @@ def _sides(value: str) -> list[str]:
 
 
 def _options(args, config) -> Options:
+    from accrewrite.engine import Options
+
     def pick(flag, key, default):
         return flag if flag is not None else config.get(key, default)
 
@@ -180,6 +179,8 @@ def _options(args, config) -> Options:
 
 
 def _jobs(paths: list[Path], inputs: list[str], output_dir: str | None) -> list[Job]:
+    from accrewrite.runner import Job
+
     if output_dir is None:
         return [Job(path) for path in paths]
     base = _mirrored_from(inputs)
@@ -197,8 +198,18 @@ def _mirrored_from(inputs: list[str]) -> Path:
 
 
 def _migrate(args, out: Console, err: Console) -> int:
+    from accrewrite.config import ConfigError, find_config
+    from accrewrite.discovery import discover
+    from accrewrite.errors import FileError
+    from accrewrite.registry import SelectionError
+    from accrewrite.report import report
+    from accrewrite.runner import Outcome, run
+
+    stdin = "-" in args.paths
+    if stdin and (len(args.paths) > 1 or args.output_dir):
+        return _error(err, "`-` reads standard input: give it alone, without --output-dir")
     try:
-        config = find_config(Path(args.paths[0]))
+        config = find_config(Path(args.stdin_filename or ".") if stdin else Path(args.paths[0]))
         options = _options(args, config)
         options.selection()  # reject unknown codes before touching any file
     except ConfigError as exc:
@@ -210,8 +221,13 @@ def _migrate(args, out: Console, err: Console) -> int:
     for rule in options.unavailable():
         err.print(f"[bold yellow]warning:[/] {rule.code} {rule.name} is not available on target "
                   f"{options.target!r}; it does not run (see `accrewrite rules`)", highlight=False, soft_wrap=True)
+    if stdin:
+        return _migrate_stdin(args, options, out, err)
     excludes = tuple(args.exclude or ()) + tuple(config.get("exclude", []))
     found = discover(args.paths, excludes)
+    if not found.files and not found.problems:
+        err.print(f"[bold yellow]warning:[/] no Python files found under {escape(', '.join(args.paths))}",
+                  highlight=False, soft_wrap=True)
     mode = "output-dir" if args.output_dir else (args.mode or "diff")
     jobs = _jobs(found.files, args.paths, args.output_dir)
     workers = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
@@ -230,7 +246,7 @@ def _migrate(args, out: Console, err: Console) -> int:
             outcomes = run(jobs, options, mode, workers, advance, args.timeout)
     else:
         outcomes = run(jobs, options, mode, workers, timeout=args.timeout)
-    outcomes = [Outcome(path, error=FileError(why)) for path, why in found.problems] + outcomes
+    outcomes = [Outcome(path, error=FileError(why), file=False) for path, why in found.problems] + outcomes
 
     if any(o.error is not None for o in outcomes):
         code = EXIT_ERROR
@@ -245,7 +261,30 @@ def _migrate(args, out: Console, err: Console) -> int:
     return code
 
 
+def _migrate_stdin(args, options: Options, out: Console, err: Console) -> int:
+    """``migrate -``: as ruff reads standard input. With --in-place the migrated source goes to
+    standard output and the report to standard error; otherwise the report (and the diff) goes
+    to standard output as for a file."""
+    from accrewrite.report import report
+    from accrewrite.runner import migrate_text
+
+    source = sys.stdin.buffer.read()
+    mode = args.mode or "diff"
+    outcome, output = migrate_text(args.stdin_filename or "-", source, options, "diff" if mode == "in-place" else mode)
+    if mode == "in-place":
+        sys.stdout.buffer.write(output)
+        sys.stdout.flush()
+        outcome.diff = ""
+    report([outcome], mode, options.target, args.format, err if mode == "in-place" else out, args.statistics,
+           args.show_fixes)
+    if outcome.error is not None:
+        return EXIT_ERROR
+    return EXIT_CHANGES if mode == "check" and outcome.changed else EXIT_OK
+
+
 def _rules(args, out: Console) -> int:
+    from accrewrite.registry import all_rules
+
     rules = all_rules().values()
     if args.format == "json":
         import json
@@ -256,27 +295,45 @@ def _rules(args, out: Console) -> int:
             for r in rules
         ], indent=2))
         return EXIT_OK
-    table = Table()
-    for column in ("code", "name", "fix", "targets", "summary"):
-        table.add_column(column)
+    rows = []
     for rule in rules:
         kind = ("safe" if rule.safe else "unsafe") + (", opt-in" if rule.opt_in else "")
         kind = "diagnostic" if rule.diagnostic_only() else kind
-        table.add_row(rule.code, rule.name, kind, ", ".join(rule.supported_targets()), rule.summary)
+        rows.append((rule.code, rule.name, kind, ", ".join(rule.supported_targets()), rule.summary))
+    if not out.is_terminal:  # piped: a line per rule, nothing cut or wrapped
+        widths = [max(len(row[column]) for row in rows) for column in range(4)]
+        for row in rows:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4])
+        return EXIT_OK
+    table = Table()
+    for column in ("code", "name", "fix", "targets", "summary"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
     return EXIT_OK
 
 
 def _explain(args, out: Console, err: Console) -> int:
+    from rich.markdown import Markdown
+
+    from accrewrite import explain
+    from accrewrite.registry import SelectionError, find_rule
+
     try:
         rule = find_rule(args.rule)
     except SelectionError as exc:
         return _error(err, str(exc))
+    if not out.is_terminal:  # piped: the Markdown itself, unpadded
+        print(explain.markdown(rule).rstrip())
+        return EXIT_OK
     out.print(Markdown(explain.markdown(rule), code_theme="ansi_dark", inline_code_lexer="python"))
     return EXIT_OK
 
 
 def _verify(args, out: Console, err: Console) -> int:
+    from accrewrite.verify import Side, verify
+
     names = args.compare or [ORIGINAL, args.target]
     pythons = {}
     for given in args.python:

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from accrewrite.choices import PARALLEL_KINDS
 from accrewrite.discovery import real
 from accrewrite.targets import all_targets, unknown_target
 
@@ -21,7 +22,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 _LISTS = ("select", "ignore", "exclude")
 _KEYS = {"target": str, "guard": str, "unsafe-fixes": bool, "parallel": str, **{key: list for key in _LISTS}}
-PARALLEL_KINDS = ("fsdp", "tp", "fsdp,tp")  # migrate --parallel
 
 
 class ConfigError(ValueError):

@@ -50,6 +50,9 @@ class Outcome:
     diff: str = ""
     # The source lines that diagnostics point at, by number, for the full output format.
     lines: dict[int, str] = field(default_factory=dict)
+    # False for a path that names no file (it does not exist, or a folder could not be walked):
+    # an error, not a file, in the summary.
+    file: bool = True
 
 
 def _diff(path: str, before: bytes, after: bytes) -> str:
@@ -106,6 +109,26 @@ def _write_error(exc: OSError, path: Path) -> FileError:
     return FileError(f"{where}: {exc.strerror or exc}")
 
 
+def migrate_text(display: str, source: bytes, options: Options, mode: str) -> tuple[Outcome, bytes]:
+    """Migrate source named ``display`` in memory: its outcome (a diff in diff and check modes)
+    and the migrated bytes."""
+    result = migrate_source(source, display, options)
+    for finding in (*result.fixes, *result.diagnostics, *result.withheld):
+        finding.node = None  # syntax trees stay in this process
+    outcome = Outcome(
+        display, changed=result.changed, error=result.error, fixes=result.fixes,
+        diagnostics=result.diagnostics, withheld=result.withheld,
+    )
+    if result.error is not None:
+        return outcome, source
+    if result.diagnostics:
+        text = re.split(r"\r\n?|\n", source.decode("utf-8", errors="replace"))
+        outcome.lines = {d.line: text[d.line - 1] for d in result.diagnostics if 0 < d.line <= len(text)}
+    if result.changed and mode in ("diff", "check"):
+        outcome.diff = _diff(display, source, result.output)
+    return outcome, result.output
+
+
 def process(job: Job, options: Options, mode: str) -> Outcome:
     """Migrate one file and do what ``mode`` says with the result."""
     display = str(job.path)
@@ -115,31 +138,20 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
         return Outcome(display, error=FileError(str(exc)))
     except OSError as exc:
         return Outcome(display, error=FileError(f"cannot read: {exc.strerror or exc}"))
-    result = migrate_source(source, display, options)
-    for finding in (*result.fixes, *result.diagnostics, *result.withheld):
-        finding.node = None  # syntax trees stay in this process
-    outcome = Outcome(
-        display, changed=result.changed, error=result.error, fixes=result.fixes,
-        diagnostics=result.diagnostics, withheld=result.withheld,
-    )
-    if result.error is not None:
+    outcome, output = migrate_text(display, source, options, mode)
+    if outcome.error is not None:
         return outcome
-    if result.diagnostics:
-        text = re.split(r"\r\n?|\n", source.decode("utf-8", errors="replace"))
-        outcome.lines = {d.line: text[d.line - 1] for d in result.diagnostics if 0 < d.line <= len(text)}
-    if result.changed and mode in ("diff", "check"):
-        outcome.diff = _diff(display, source, result.output)
     try:
-        if mode == "in-place" and result.changed:
+        if mode == "in-place" and outcome.changed:
             file_mode = stat.S_IMODE(job.path.stat().st_mode)
             if not file_mode & stat.S_IWUSR:
                 outcome.error = FileError(f"cannot write: the file is read-only; {_WRITABLE}")
                 return outcome
-            write_atomically(job.path, lambda handle: handle.write(result.output), file_mode, sweep=False)
+            write_atomically(job.path, lambda handle: handle.write(output), file_mode, sweep=False)
             outcome.written = True
         elif mode == "output-dir":
             job.output.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(job.output, lambda handle: handle.write(result.output),
+            write_atomically(job.output, lambda handle: handle.write(output),
                              stat.S_IMODE(job.path.stat().st_mode), sweep=False)
             outcome.written = True
     except OSError as exc:

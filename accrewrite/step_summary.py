@@ -11,6 +11,8 @@ import json
 import re
 import sys
 
+from accrewrite.plural import counted
+
 
 def _fenced(text: str, language: str) -> str:
     longest = max((len(run) for run in re.findall(r"`{3,}", text)), default=2)
@@ -26,17 +28,18 @@ def _inline(text: str) -> str:
 def markdown(document: dict) -> str:
     files, summary = document["files"], document["summary"]
     pending = [f for f in files if f["changed"] and f["diff"]]
+    files_checked = counted(summary["files"], "file")
     if summary["errors"]:
-        title = f"{summary['errors']} of {summary['files']} files could not be migrated"
+        title = f"{summary['errors']} of {files_checked} could not be migrated"
     elif pending:
-        title = f"{len(pending)} of {summary['files']} files need migrating"
+        title = f"{len(pending)} of {files_checked} {'needs' if len(pending) == 1 else 'need'} migrating"
     else:
-        title = f"{summary['files']} files checked: nothing to migrate"
+        title = f"{files_checked} checked: nothing to migrate"
     parts = [f"## accrewrite (target {document['target']}): {title}"]
     if pending:
         parts.append("Run `accrewrite migrate --in-place` on these paths to apply the diff below.")
     for f in pending:
-        parts.append(f"<details><summary><code>{_inline(f['path'])}</code>: {len(f['fixes'])} fixes</summary>\n\n"
+        parts.append(f"<details><summary><code>{_inline(f['path'])}</code>: {counted(len(f['fixes']), 'fix', 'fixes')}</summary>\n\n"
                      f"{_fenced(f['diff'], 'diff')}\n\n</details>")
     findings = [
         f"- `{_inline(f['path'])}:{d['line']}:{d['col'] + 1}` **{d['code']}** {_inline(d['message'])}"

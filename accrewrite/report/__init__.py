@@ -12,7 +12,6 @@ from rich.console import Console
 from accrewrite.report import github, gitlab, json_document, sarif, text
 from accrewrite.runner import Outcome
 
-FORMATS = ("concise", "full", "text", "json", "github", "gitlab", "sarif")
 MACHINE = {"json": json_document.render, "github": github.render, "gitlab": gitlab.render, "sarif": sarif.render}
 
 

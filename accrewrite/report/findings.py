@@ -25,7 +25,7 @@ class Summary:
     @classmethod
     def of(cls, outcomes: list[Outcome]) -> "Summary":
         return cls(
-            files=len(outcomes),
+            files=sum(o.file for o in outcomes),
             changed=sum(o.changed for o in outcomes),
             written=sum(o.written for o in outcomes),
             errors=sum(o.error is not None for o in outcomes),

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from accrewrite.plural import counted
 from accrewrite.report.findings import Summary, counts, error_location, help_of, repeats
 from accrewrite.rule import Finding
 from accrewrite.runner import Outcome
@@ -76,7 +77,7 @@ def render(outcomes: list[Outcome], mode: str, target: str, console: Console, fu
         if outcome.diff and mode == "diff":
             console.print(coloured_diff(outcome.diff), soft_wrap=True, end="")
         elif outcome.changed and mode == "check":
-            console.print(f"Would migrate: [bold]{escape(outcome.path)}[/] ({len(outcome.fixes)} fixes)",
+            console.print(f"Would migrate: [bold]{escape(outcome.path)}[/] ({counted(len(outcome.fixes), 'fix', 'fixes')})",
                           soft_wrap=True)
     for outcome in outcomes:
         (_full if full else _concise)(outcome, console)
@@ -94,9 +95,8 @@ def _show_fixes(outcomes: list[Outcome], mode: str, console: Console) -> None:
     if not fixed:
         return
     total = sum(len(o.fixes) for o in fixed)
-    verb = "Fixed" if mode in ("in-place", "output-dir") else "Would fix"
-    console.print(f"{verb} {total} {'fix' if total == 1 else 'fixes'} in {len(fixed)} "
-                  f"{'file' if len(fixed) == 1 else 'files'}:", highlight=False)
+    verb = "Applied" if mode in ("in-place", "output-dir") else "Would apply"
+    console.print(f"{verb} {counted(total, 'fix', 'fixes')} in {counted(len(fixed), 'file')}:", highlight=False)
     for outcome in fixed:
         console.print(f"- {escape(outcome.path)}:", highlight=False, soft_wrap=True)
         for (code, name), count in sorted(Counter((f.code, f.name) for f in outcome.fixes).items()):
@@ -118,7 +118,8 @@ def _summary(outcomes: list[Outcome], mode: str, target: str, console: Console) 
     )
     console.print(table)
     if summary.withheld:
-        console.print(f"{summary.withheld} more fixes are available with --unsafe-fixes (see `accrewrite explain`).")
+        console.print(f"{counted(summary.withheld, 'more fix is', 'more fixes are')} available with --unsafe-fixes "
+                      "(see `accrewrite explain`).")
 
 
 def statistics(outcomes: list[Outcome], console: Console) -> None:

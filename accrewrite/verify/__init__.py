@@ -25,11 +25,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from accrewrite.choices import ORIGINAL
 from accrewrite.verify import preflight, report, sides, verdict
 from accrewrite.verify.sides import Side
 from accrewrite.verify.workspace import Workspace, WorkspaceError, project_root
 
-ORIGINAL = "original"
 # Nudged reruns, each with its own random nudge, until their drift accounts for a difference: one
 # nudge may flip no ReLU where another kernel's rounding flips several.
 NUDGES = 3

@@ -60,7 +60,7 @@ def test_the_action_fails_on_a_tree_to_migrate_with_annotations_and_the_diff_in_
     assert check.returncode == 1  # the job fails: the tree needs migrating
 
     written = summary.read_text()
-    assert written.startswith("## accrewrite (target runtime): 1 of 1 files need migrating\n")
+    assert written.startswith("## accrewrite (target runtime): 1 of 1 file needs migrating\n")
     diff = re.search(r"```diff\n(.*?)\n```", written, re.DOTALL)[1]
     assert "--- a/src/train.py" in diff and "+device = xm.xla_device()" in diff
     assert "-torch.manual_seed(0)" in diff and "+xm.set_rng_state(0)" in diff
@@ -79,5 +79,5 @@ def test_the_action_passes_on_a_migrated_tree_and_takes_its_target(tmp_path, cli
     assert cli("migrate", "--in-place", "--target", "torch_xla", workspace / "train.py")[0] == 0
     steps = run_action(workspace, summary, install="", python=sys.executable, target="torch_xla")
     assert [step.returncode for step in steps] == [0, 0, 0], steps[-1].stderr
-    assert summary.read_text() == "## accrewrite (target torch_xla): 1 files checked: nothing to migrate\n"
+    assert summary.read_text() == "## accrewrite (target torch_xla): 1 file checked: nothing to migrate\n"
     assert steps[-1].stdout == ""

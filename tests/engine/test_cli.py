@@ -1,6 +1,11 @@
 """The CLI contract: modes, exit codes 0/1/2, formats, rules, explain."""
 
+import io
 import json
+import subprocess
+import sys
+
+import pytest
 
 from engine_scripts import TRAIN
 
@@ -219,3 +224,69 @@ def test_progress_bar_on_a_terminal_for_large_trees(tmp_path):
     assert done.returncode == 0
     assert b"migrating" in seen and b"25/25" in seen
     assert json.loads(done.stdout)["summary"]["files"] == 25  # stdout stays clean JSON
+
+
+def stdin(monkeypatch, data: bytes):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+def test_dash_reads_standard_input_named_by_stdin_filename(tmp_path, cli, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\ntarget = "torch_xla"\n')
+    stdin(monkeypatch, TRAIN)
+    code, out, _ = cli("migrate", "-", "--stdin-filename", tmp_path / "train.py")
+    assert code == 0 and f"--- a/{tmp_path / 'train.py'}" in out
+    assert "import torch_xla" in out  # the pyproject.toml beside the name it was given
+    stdin(monkeypatch, TRAIN)
+    code, out, err = cli("migrate", "-", "--in-place")
+    assert code == 0 and out.startswith("import torch") and "xm.xla_device()" in out  # the source alone
+    assert "accrewrite migrate (target runtime)" in err  # the report on standard error
+    stdin(monkeypatch, TRAIN)
+    assert cli("migrate", "-", "--check")[0] == 1
+    assert cli("migrate", "-", str(tmp_path))[0] == 2  # `-` stands alone
+
+
+def test_a_folder_without_python_files_is_said_and_a_missing_path_is_no_file(tmp_path, cli):
+    (tmp_path / "notes.txt").write_text("")
+    code, _, err = cli("migrate", tmp_path)
+    assert code == 0 and f"warning: no Python files found under {tmp_path}" in err
+    code, out, err = cli("migrate", tmp_path / "missing.py", write(tmp_path))
+    assert code == 2 and "no such file or directory" in out + err
+    summary = [line for line in out.splitlines() if line.startswith("│")][-1]
+    assert summary.split("│")[1].strip() == "1"  # one file: the missing path is an error, not a file
+
+
+def test_unknown_names_say_where_they_came_from_and_what_was_meant(tmp_path, cli):
+    with pytest.raises(SystemExit):
+        cli("migrate", write(tmp_path), "--target", "torch-xla")
+    (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\ntarget = "torch-xla"\n')
+    code, _, err = cli("migrate", write(tmp_path))
+    assert code == 2 and "pyproject.toml: [tool.accrewrite] target: unknown target 'torch-xla'; did you mean " \
+                          "'torch_xla'?" in err
+    (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\nselect = ["ACC999"]\n')
+    code, _, err = cli("migrate", write(tmp_path))
+    assert code == 2 and "pyproject.toml: [tool.accrewrite] select/ignore: 'ACC999' matches no rule" in err
+    (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\ntargt = "runtime"\n')
+    code, _, err = cli("migrate", write(tmp_path))
+    assert code == 2 and "pyproject.toml: [tool.accrewrite] has unknown key 'targt'" in err
+    (tmp_path / "pyproject.toml").unlink()
+    code, _, err = cli("migrate", write(tmp_path), "--select", "ACC998")
+    assert code == 2 and "--select/--ignore: 'ACC998' matches no rule" in err
+
+
+def test_argument_errors_name_the_fix(tmp_path, cli, capsys):
+    with pytest.raises(SystemExit):
+        cli("migrate", write(tmp_path), "--target", "torch-xla")
+    assert "unknown target 'torch-xla'; did you mean 'torch_xla'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli("verify", write(tmp_path), "--lr", "0.1")
+    assert "the script's own arguments go after `--`" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli("migrate", "--help")
+    assert "--parallel fsdp|tp|fsdp,tp" in capsys.readouterr().out
+
+
+def test_version_imports_neither_libcst_nor_the_rules():
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "accrewrite.cli", "--version"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("accrewrite ")
+    assert " libcst" not in done.stderr and "accrewrite.rules.acc" not in done.stderr

@@ -135,6 +135,6 @@ def test_show_fixes_lists_the_fixes_per_file_and_rule(tmp_path, cli):
     path = tmp_path / "train.py"
     path.write_bytes(TRAIN)
     code, out, _ = cli("migrate", "--check", "--show-fixes", path)
-    assert f"Would fix 3 fixes in 1 file:\n- {path}:\n    1 × ACC001 (rng-seed)\n    2 × ACC002 (device-placement)\n" in out
+    assert f"Would apply 3 fixes in 1 file:\n- {path}:\n    1 × ACC001 (rng-seed)\n    2 × ACC002 (device-placement)\n" in out
     code, out, _ = cli("migrate", "--in-place", "--show-fixes", path)
-    assert code == 0 and "Fixed 3 fixes in 1 file:" in out
+    assert code == 0 and "Applied 3 fixes in 1 file:" in out
