@@ -55,7 +55,10 @@ def test_pre_commit_hooks_migrate_then_pass(tmp_path):
     assert run(*git, "init", "-q", cwd=project).returncode == 0
     script = project / "train.py"
     script.write_text(UNMIGRATED)
-    run(*git, "add", "train.py", cwd=project)
+    (project / "tests").mkdir()
+    unit_test = project / "tests" / "test_train.py"
+    unit_test.write_text(UNMIGRATED)  # a unit test seeds and steps too: not a training script
+    run(*git, "add", "train.py", "tests/test_train.py", cwd=project)
 
     def try_hook(hook):
         return run("pre-commit", "try-repo", ROOT, hook, "--all-files", cwd=project, env=env)
@@ -71,3 +74,4 @@ def test_pre_commit_hooks_migrate_then_pass(tmp_path):
     second = try_hook("accrewrite")
     assert second.returncode == 0, second.stdout + second.stderr
     assert try_hook("accrewrite-check").returncode == 0
+    assert unit_test.read_text() == UNMIGRATED  # the hooks leave tests out
