@@ -41,6 +41,7 @@ STEPS = "ACCREWRITE_VERIFY_STEPS"
 NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # a seed (not 0): nudge the parameters before their first use
 NUDGE_SIZE = 1e-6  # relative; at least one unit in the last place of the parameter's dtype
 HOST_RANDOM = "ACCREWRITE_VERIFY_HOST_RANDOM"
+EXIT_GRACE = "ACCREWRITE_VERIFY_EXIT_GRACE"  # the runtime's _process_exit.py, by its path
 
 
 class Recorder:
@@ -257,7 +258,15 @@ def host_random(torch):
 
 
 def start() -> None:
-    """Seed what the script may not, install the hooks; a no-op without torch."""
+    """Seed what the script may not, install the hooks; a no-op without torch. Every side's
+    processes get the runtime's exit grace for gloo's threads (registered first, it runs last),
+    so that a plain PyTorch DDP original ends as cleanly as its migration."""
+    grace = os.environ.get(EXIT_GRACE)
+    if grace:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_accrewrite_verify_exit_grace", grace)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
     folder = os.environ.get(RECORDS)
     try:
         recorder = Recorder(folder, int(os.environ.get(STEPS) or 0)) if folder else None

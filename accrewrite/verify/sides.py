@@ -9,6 +9,7 @@ session (``setsid``) included.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ from pathlib import Path
 from accrewrite.verify import probe
 
 HOOKS = Path(__file__).with_name("hooks")
+# Found without importing accrewrite.runtime (and torch with it) in verify's own process.
+EXIT_GRACE = Path(importlib.util.find_spec("accrewrite.runtime").submodule_search_locations[0]) / "_process_exit.py"
 MARK = "ACCREWRITE_VERIFY_SIDE"  # in the environment of each of a side's processes
 
 
@@ -57,7 +60,7 @@ def command(python: str, script: Path, args: list[str], nproc: int) -> list[str]
 
 def environment(side: Side, records: Path, steps: int | None, nproc: int) -> dict[str, str]:
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", probe.RECORDS: str(records),
-           probe.STEPS: str(steps or 0), probe.NUDGE: str(side.nudge),
+           probe.STEPS: str(steps or 0), probe.NUDGE: str(side.nudge), probe.EXIT_GRACE: str(EXIT_GRACE),
            "PYTHONPATH": os.pathsep.join(filter(None, (str(HOOKS), os.environ.get("PYTHONPATH"))))}
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
