@@ -16,6 +16,8 @@ EXIT_ABORT = "terminate called without an active exception"
 
 def pytest_collection_modifyitems(items):
     for item in items:
+        if item.get_closest_marker("launches_ranks") or item.get_closest_marker("xla"):
+            item.add_marker(pytest.mark.slow)  # real processes and torch_xla runs: the slow tier
         if item.get_closest_marker("launches_ranks"):
             item.add_marker(pytest.mark.flaky(reruns=2, only_rerun=[EXIT_ABORT]))
 
