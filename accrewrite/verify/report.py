@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from accrewrite.plural import counted
 from accrewrite.verify.probe import NUDGE_SIZE
 from accrewrite.verify.sides import Side, read_records
 from accrewrite.verify.verdict import CHAOTIC, FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
@@ -28,12 +29,15 @@ def _ended(side: Side, timeout: float) -> str:
     if side.returncode is None:
         return f"was still running after {timeout:g} s (--timeout)"
     if side.returncode < 0:
-        return f"was killed by {signal.Signals(-side.returncode).name}"
+        try:
+            return f"was killed by {signal.Signals(-side.returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-side.returncode}"
     return f"exited with status {side.returncode}"
 
 
 def _made(side: Side) -> str:
-    return f"{side.steps} step" + ("" if side.steps == 1 else "s")
+    return counted(side.steps, "step")
 
 
 def _tail(err: Console, side: Side) -> None:
@@ -47,7 +51,8 @@ def _tail(err: Console, side: Side) -> None:
 
 def _collided(side: Side) -> str:
     rank, pids = next(iter(side.collisions.items()))
-    return (f"{len(pids)} of its processes recorded steps as rank {rank} (pids {', '.join(map(str, pids))}): "
+    return (f"{len(pids)} of its processes recorded steps as rank {rank} at the same time (pids "
+            f"{', '.join(map(str, pids))}): "
             "verify tells processes apart by their torch.distributed rank, so processes that train without "
             "init_process_group cannot be compared step by step")
 
