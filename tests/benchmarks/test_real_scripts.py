@@ -256,6 +256,7 @@ def _args(**given):
     return argparse.Namespace(**{"python": sys.executable, "xla_python": None, "timeout": 300, **given})
 
 
+@pytest.mark.slow
 def test_a_migrated_side_runs_to_the_end_or_says_how_it_ended(to_the_end):
     finish = rs.Recipe("train.py", ("--finish",), rs.no_data)
     ended = rs.run_to_end(to_the_end, "train.py", finish, "runtime", _args())
@@ -267,6 +268,7 @@ def test_a_migrated_side_runs_to_the_end_or_says_how_it_ended(to_the_end):
     assert skipped.code is None and skipped.note.startswith("skipped")
 
 
+@pytest.mark.slow
 def test_a_torch_xla_run_to_the_end_counts_its_xla_executions(to_the_end, xla_python):
     finish = rs.Recipe("train.py", ("--finish",), rs.no_data)
     ended = rs.run_to_end(to_the_end, "train.py", finish, "torch_xla", _args(xla_python=xla_python))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from engine_scripts import TRAIN
 from schemas import GITHUB_ACTION, validate
@@ -51,6 +52,7 @@ def test_action_yml_follows_the_github_action_schema():
     validate(yaml.safe_load((ROOT / "action.yml").read_text()), GITHUB_ACTION)
 
 
+@pytest.mark.slow
 def test_the_action_fails_on_a_tree_to_migrate_with_annotations_and_the_diff_in_the_summary(tmp_path):
     workspace, summary = tmp_path / "repo", tmp_path / "summary.md"
     (workspace / "src").mkdir(parents=True)
@@ -72,6 +74,7 @@ def test_the_action_fails_on_a_tree_to_migrate_with_annotations_and_the_diff_in_
     assert (workspace / "src" / "train.py").read_bytes() == TRAIN  # a check writes nothing
 
 
+@pytest.mark.slow
 def test_the_action_passes_on_a_migrated_tree_and_takes_its_target(tmp_path, cli):
     workspace, summary = tmp_path / "repo", tmp_path / "summary.md"
     workspace.mkdir()

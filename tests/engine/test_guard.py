@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from accrewrite.engine import Options, migrate_source
 
 SCRIPT = textwrap.dedent(
@@ -84,6 +86,7 @@ def run(code: str, tmp_path, env_value):
     return done.stdout
 
 
+@pytest.mark.slow
 def test_unset_runs_the_original_path_and_imports_no_target(tmp_path):
     code = guarded(SCRIPT)
     assert run(code, tmp_path, None) == run(SCRIPT, tmp_path, None)

@@ -85,6 +85,7 @@ def _session(leader: int) -> list[int]:
     return members
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 def test_killing_the_parent_kills_its_workers_and_they_write_no_more(tmp_path):
     body = TRAIN + b"".join(b"def f%d(x):\n    return x.cuda() + %d\n" % (i, i) for i in range(600))

@@ -51,6 +51,7 @@ def test_no_file_of_the_project_cites_them():
     assert not found, "\n".join(f"{where}: {line}" for where, line in found.items())
 
 
+@pytest.mark.slow
 def test_no_output_cites_them(cli):
     outputs = [cli("rules")[1], cli("rules", "--format", "json")[1]]
     outputs += [cli("explain", code)[1] for code in all_rules()]

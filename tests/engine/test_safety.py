@@ -124,6 +124,7 @@ def test_a_failed_write_leaves_the_original(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["train.py"]
 
 
+@pytest.mark.slow
 def test_one_megabyte_file(tmp_path):
     chunk = "def block_{i}(x):\n    # a comment\n    return x.cuda() + {i}\n\n"
     source = "import torch\n" + "".join(chunk.format(i=i) for i in range(16000))

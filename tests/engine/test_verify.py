@@ -87,6 +87,7 @@ def test_a_faithful_migration_matches_run_to_the_end_with_the_noise_floor_shown(
     assert "original-nudged-1: 6 steps" in err
 
 
+@pytest.mark.slow
 def test_a_numerics_change_under_two_percent_is_caught_by_the_measured_noise(project, capsys):
     # GELU -> QuickGELU on a small, calm model: every deviation of these two steps is under 2%,
     # which a fixed tolerance of 2% passed; reruns nudged by 1e-6 drift by far less.
@@ -135,6 +136,7 @@ def test_a_non_finite_loss_is_a_divergence_naming_the_step_and_the_side(project,
     assert code == 1 and "the loss of original and runtime are not finite (NaN or inf) at step 3" in out
 
 
+@pytest.mark.slow
 def test_an_original_that_exits_early_cannot_run_with_its_status(project, capsys):
     write(project, "broken.py", BROKEN.format(value="nan"))
     code, out, err = verify(capsys, "broken.py", "--", "--exit")
@@ -169,6 +171,7 @@ def test_argument_values_are_validated(project, capsys, option, value):
     assert option in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_missing_script_or_target_package_is_said_before_anything_runs(project, capsys, tmp_path):
     code, _, err = verify(capsys, "nowhere.py")
     assert code == 2 and "nowhere.py: no such file" in err
@@ -403,6 +406,7 @@ def test_the_xla_device_draws_what_the_cpu_draws_under_host_random(tmp_path, xla
     assert done.stdout.split("\n")[-2] == str([True] * 11)
 
 
+@pytest.mark.slow
 def test_a_side_that_cannot_run_says_why_unwrapped(project):
     write(project, "train.py", "import torch\nraise SystemExit('needs a dataset at /data/imagenet ' + 'x' * 120)\n")
     done = subprocess.run([sys.executable, "-m", "accrewrite.cli", "verify", "train.py"], capture_output=True,

@@ -105,6 +105,7 @@ def user_tree(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_the_users_tree_is_byte_for_byte_what_it_was(user_tree, capsys):
     before = tree(user_tree)
     assert main(["verify", "train.py"]) == 0, capsys.readouterr()
@@ -205,6 +206,7 @@ def test_a_signal_to_verify_ends_every_process_of_the_side_and_the_workspace(tmp
     assert not workspaces(temp)
 
 
+@pytest.mark.slow
 def test_a_file_outside_the_copied_project_is_named_with_the_fix(tmp_path, monkeypatch, capsys):
     # No repository: the working directory is the project, and ../data is outside it.
     (tmp_path / "data").mkdir()

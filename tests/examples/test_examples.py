@@ -55,6 +55,7 @@ def test_migrated_folder_holds_exactly_the_forms(name):
     assert sorted(p.name for p in folder.glob("*.py")) == sorted(regenerate.FORMS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, form", CASES, ids=[f"{n}-{f[:-3]}" for n, f in CASES])
 def test_committed_form_equals_a_fresh_migration(fresh, name, form):
     committed = EXAMPLES / name / "migrated" / form

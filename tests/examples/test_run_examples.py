@@ -147,12 +147,14 @@ def test_every_example_is_run_here():
     assert on_disk == NAMES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_plain_example_runs_on_cpu(name, tmp_root):
     losses = reference(name, 1, tmp_root)
     assert len(losses) == STEPS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_guarded_form_unset_follows_the_original_path(name, tmp_root, tmp_path):
     example = EXAMPLES_RUN[name]

@@ -231,6 +231,7 @@ def test_host_sync_read_only_for_logging_says_where_it_belongs(tmp_path, cli):
     assert "read only by logging" not in found[1]["help"]  # `best` also decides the loop
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["runtime", "torchacc", "torch_xla"])
 def test_every_message_is_one_short_line_with_a_help(cli, target):
     """Over the fixtures and examples: a message fits a line (about 90 characters), the why and

@@ -67,6 +67,7 @@ def _reference(name: str, tmp_path: Path) -> list[float]:
     return _losses(_run([sys.executable, str(_migrated(name, "runtime", tmp_path)[0])], tmp_path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNNABLE))
 def test_runtime_form_runs_to_its_end(name, tmp_path):
     losses = _losses(_run([sys.executable, str(_migrated(name, "runtime", tmp_path)[0])], tmp_path))

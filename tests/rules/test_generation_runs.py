@@ -46,6 +46,7 @@ def test_lazy_targets_clamp_the_slice_and_name_the_generation_loop(target):
     assert "buffer" in generation.help and "CPU" in generation.help
 
 
+@pytest.mark.slow
 def test_runtime_keeps_the_slice_and_says_nothing_of_generation(tmp_path):
     result = _migrated("runtime")
     assert b"idx[:, -block_size:]" in result.output

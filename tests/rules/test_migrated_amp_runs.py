@@ -84,6 +84,7 @@ def _run(command, tmp_path, **env):
     return found
 
 
+@pytest.mark.slow
 def test_runtime_target_runs_on_cpu(tmp_path):
     path, result = _migrated(tmp_path, "runtime")
     codes = {fix.code for fix in result.fixes}

@@ -100,6 +100,7 @@ def compare(shape, target, python, tmp_path, **env):
     assert found.stdout.splitlines() == expected.stdout.splitlines(), result.output.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SCRIPTS)
 def test_runtime_prints_what_the_original_prints(shape, tmp_path):
     compare(shape, "runtime", sys.executable, tmp_path)

@@ -57,6 +57,7 @@ def _run(path):
     return (done.stdout + done.stderr).splitlines()
 
 
+@pytest.mark.slow
 def test_migrated_logging_prints_the_same_lines(tmp_path):
     result = migrate_source(SCRIPT.encode(), "train.py", Options(target="runtime"))
     assert result.error is None

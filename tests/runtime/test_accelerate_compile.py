@@ -9,6 +9,7 @@ from accrewrite.runtime import Config, accelerate
 from test_accelerate import GLOBAL_BATCH, Block, tiny_gpt, token_dataset, train
 
 
+@pytest.mark.slow
 def test_one_process_with_checkpointing_and_compile_trains_as_the_plain_model(fresh_compiles):
     config = Config()
     config.memory.gc = True

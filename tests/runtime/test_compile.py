@@ -234,6 +234,7 @@ def test_a_graph_traced_again_reuses_its_regions():
     assert [len(blocks) for _, blocks in regions(model)] == [4, 3]
 
 
+@pytest.mark.slow
 def test_glue_without_matmul_runs_as_traced():
     model = compile(GPT())  # its glue before the blocks: an embedding lookup plus positions
     assert compiles(model, torch.randint(0, 64, (2, 16))) == 2  # the blocks and the head
@@ -261,6 +262,7 @@ def test_blocks_sharing_compiled_code_draw_masks_of_their_own():
     assert not torch.equal(first == 0, second == 0)
 
 
+@pytest.mark.slow
 def test_regions_with_dynamic_shapes():
     torch.manual_seed(0)
     eager = GPT()
@@ -271,6 +273,7 @@ def test_regions_with_dynamic_shapes():
     assert [cls for cls, _ in regions(model)] == ["Block"]  # one compile for every length
 
 
+@pytest.mark.slow
 def test_checkpointed_blocks_share_their_region_and_keep_eager_gradients():
     from accrewrite.runtime.memory import auto_checkpoint
 
@@ -303,6 +306,7 @@ class ResNet(nn.Module):
         return x
 
 
+@pytest.mark.slow
 def test_auto_compiles_whole_a_model_whose_blocks_hold_batch_norm():
     model = compile(ResNet())
     with torch.no_grad():

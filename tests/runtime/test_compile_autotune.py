@@ -80,6 +80,7 @@ class Head(nn.Module):
         return F.cross_entropy(self.head(y).flatten(0, 2), target)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_compiles")
 def test_a_compile_names_the_measured_choices(cache):
     torch.manual_seed(0)

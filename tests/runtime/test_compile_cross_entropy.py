@@ -139,6 +139,7 @@ def test_on_cpu_auto_runs_a_vocabulary_cross_entropy_on_the_kernel():
      (1500, "inductor", torch.float32, "kernels='inductor'")],
     ids=["few classes", "bfloat16", "kernels=inductor"],
 )
+@pytest.mark.slow
 def test_cross_entropy_left_to_inductor_says_why(classes, kernels, dtype, reason):
     loss, grads, backward, expected, expected_grads, matches = compile_and_run(
         Head(classes), kernels, dtype
@@ -152,6 +153,7 @@ def test_cross_entropy_left_to_inductor_says_why(classes, kernels, dtype, reason
     torch.testing.assert_close(grads, expected_grads, **tol)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_compiles")
 def test_where_the_kernel_cannot_run_inductors_code_is_kept(monkeypatch):
     monkeypatch.setattr(cross_entropy, "unavailable", lambda: "RuntimeError: no C++ compiler")
@@ -169,6 +171,7 @@ OTHER_LOSSES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fresh_compiles")
 @pytest.mark.parametrize("kind", OTHER_LOSSES)
 def test_cross_entropy_the_kernel_does_not_compute_is_not_matched(kind):

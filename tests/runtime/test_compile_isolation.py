@@ -73,6 +73,7 @@ def compile_other(side: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_plain_torch_compile_after_accrewrites_compiles_as_in_a_fresh_process():
     fresh, after = compile_other("fresh"), compile_other("after accrewrite")
     assert after["settings unchanged"] and fresh["settings unchanged"]

@@ -160,6 +160,7 @@ def test_on_cpu_auto_lists_each_match_and_leaves_it_to_inductor():
     assert kernel_ops(codes) == set()
 
 
+@pytest.mark.slow
 @ORDERS
 @pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
 def test_on_cpu_auto_lists_dropout_add_and_swin_matches(training, residual_first):
@@ -226,6 +227,7 @@ def test_forced_kernels_in_an_inference_graph():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_forced_swin_fmha_matches_eager():
     torch.manual_seed(0)
     eager = Swin()
@@ -423,6 +425,7 @@ def test_layer_norm_op_matches_torch(dtype, tol):
         torch.testing.assert_close(g.float(), e, rtol=tol, atol=tol * 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_ops_on_the_triton_path_match_torch(kernel):
     """The ops run the kernels' Triton code and the generic backward differentiates through

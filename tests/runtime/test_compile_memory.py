@@ -41,6 +41,7 @@ def test_budget_outside_zero_one_is_rejected(budget):
         compile(mlp(), memory_budget=budget)
 
 
+@pytest.mark.slow
 def test_lower_budget_saves_less_and_computes_the_same():
     x = torch.randn(128, 16)
     eager_model, low = mlp(), compile(mlp(), memory_budget=0.0)

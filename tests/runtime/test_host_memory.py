@@ -49,6 +49,7 @@ def run(script: str, env=None) -> list[str]:
     return done.stdout.split("\n")
 
 
+@pytest.mark.slow
 def test_freed_memory_is_reused_once_the_cache_is_on():
     before, reason, after = run(
         """
@@ -77,6 +78,7 @@ def compile_script(arguments: str) -> str:
     """
 
 
+@pytest.mark.slow
 def test_compile_leaves_host_memory_alone_unless_asked():
     notes, faults = run(compile_script(""))[:2]
     assert notes == "[]"
@@ -88,12 +90,14 @@ def test_compile_leaves_host_memory_alone_unless_asked():
     [(", host_memory=True", {}), ("", {"ACCREWRITE_HOST_MEMORY_CACHE": "1"})],
     ids=["argument", "environment"],
 )
+@pytest.mark.slow
 def test_compile_turns_it_on_when_asked(arguments, env):
     notes, faults = run(compile_script(arguments), env)[:2]
     assert "host memory cache on" in notes
     assert int(faults) < PAGES // 50
 
 
+@pytest.mark.slow
 def test_the_argument_overrides_the_environment():
     notes, faults = run(
         compile_script(", host_memory=False"), {"ACCREWRITE_HOST_MEMORY_CACHE": "1"}
