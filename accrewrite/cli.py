@@ -12,6 +12,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,6 +22,10 @@ from rich.table import Table
 from accrewrite import __version__
 from accrewrite.choices import FORMATS, ORIGINAL, PARALLEL_KINDS
 from accrewrite.targets import DEFAULT_TARGET, all_targets, unknown_target
+
+if TYPE_CHECKING:
+    from accrewrite.engine import Options
+    from accrewrite.runner import Job
 
 # Each command imports what it runs (libcst and the rules) when it runs, so that `--version` and
 # `--help` answer at once.

@@ -85,7 +85,7 @@ def cannot_run(err: Console, side: Side, steps: int | None, timeout: float) -> i
 def failed(out: Console, err: Console, first: Side, second: Side, timeout: float) -> int:
     """The second side failed where the first did not."""
     if second.collisions:
-        how = _collided(second)
+        how = f"cannot be compared: {_collided(second)}"
     elif second.returncode == 0:
         how = "made no optimizer step"
     else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from accrewrite.verify.probe import NUDGE_SIZE
 from accrewrite.verify.sides import Side
 
 # Another backend's kernels differ in every operation, a nudge once per parameter and step.

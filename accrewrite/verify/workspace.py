@@ -70,11 +70,11 @@ class Workspace:
 
     def copy(self) -> str:
         """Copy the project into the snapshot; a line saying what was copied."""
-        folders, files = [], []
+        folders, files, size = [], [], 0
         for tree in self.trees:
-            for source, relative in self._walk(tree.source):
-                (folders if source.is_dir() else files).append((source, self.snapshot / tree.name / relative))
-        size = sum(source.stat().st_size for source, _ in files)
+            for source, relative, found in self._walk(tree.source):
+                (files if found else folders).append((source, self.snapshot / tree.name / relative))
+                size += found.st_size if found else 0
         free = shutil.disk_usage(self.root).free
         if size > _FREE_MARGIN * free:
             raise WorkspaceError(
@@ -89,8 +89,8 @@ class Workspace:
         return f"workspace: {len(files)} files ({_mib(size)}) of {self.trees[0].source} copied into {self.root}"
 
     def _walk(self, top: Path):
-        """(path, path relative to top) of every folder and regular file under top, links
-        followed once, each folder before what it holds."""
+        """(path, path relative to top, its stat for a file or None for a folder) of every folder
+        and regular file under top, links followed once, each folder before what it holds."""
         seen = set()
         for directory, subdirs, files in os.walk(top, followlinks=True):
             here = Path(directory)
@@ -99,16 +99,17 @@ class Workspace:
                 subdirs[:] = []
                 continue
             seen.add(real)
-            yield here, here.relative_to(top)
+            yield here, here.relative_to(top), None
             subdirs[:] = [d for d in subdirs if d not in _SKIPPED and not d.startswith(WORKSPACE_PREFIX)
                           and not (here / d / "pyvenv.cfg").exists()]
             for name in files:
                 path = here / name
                 try:
-                    if stat.S_ISREG(path.stat().st_mode):
-                        yield path, path.relative_to(top)
+                    found = path.stat()
                 except FileNotFoundError:  # a dangling link, or a file gone since the listing
                     continue
+                if stat.S_ISREG(found.st_mode):
+                    yield path, path.relative_to(top), found
 
     def _record(self) -> None:
         self._manifest = {}

@@ -23,7 +23,7 @@ import os, shutil
 import torch
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-scale = float(open("data/scale.txt").read()) + float(open("../../shared/offset.txt").read())
+scale = float(open("data/scale.txt").read()) + float(open("../../common/offset.txt").read())
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -78,8 +78,8 @@ def user_tree(tmp_path, monkeypatch):
     exp = repo / "projects" / "exp"
     exp.mkdir(parents=True)
     (repo / ".git").mkdir()
-    (repo / "shared").mkdir()
-    (repo / "shared" / "offset.txt").write_text("0.25")
+    (repo / "common").mkdir()
+    (repo / "common" / "offset.txt").write_text("0.25")
     (exp / "train.py").write_text(WRITER)
     (exp / "log.txt").write_text("before\n")
     (exp / "config.txt").write_text("lr=0.1")
