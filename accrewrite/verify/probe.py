@@ -3,10 +3,12 @@ training does. ``hooks/sitecustomize.py`` loads it by its path at interpreter st
 ``ACCREWRITE_VERIFY_RECORDS`` is set: in the script's process, in torchrun's workers and in the
 processes the script starts itself (``mp.spawn``, ``torch.multiprocessing``, a ``fork``).
 
-Per process, one JSON line per optimizer step goes to ``RECORDS/rank<RANK>.<PID>.jsonl``, RANK
-being the process's rank in ``torch.distributed`` once it is initialised (``$RANK`` before, else
-0), so that verify can tell two processes that claim the same rank at once apart from processes
-that hold it one after the other (a script that spawns a process group per demo):
+Per process, ``RECORDS/rank<RANK>.<PID>.jsonl`` holds a first line ``{"born": T}`` (when the
+process started or was forked, seconds since the epoch), then one JSON line per optimizer step;
+RANK is the process's rank in ``torch.distributed`` once it is initialised (``$RANK`` before,
+else 0). A process born before another holder of its rank made its last step held the rank at
+the same time; one born after held it later (a script that spawns a process group per demo).
+A step's line holds:
 
 * ``loss``: the mean of the tensors ``backward()`` was called on since the previous step (a
   GradScaler's scaled loss counts unscaled, so a scaler that is disabled on one side and not on
@@ -58,6 +60,7 @@ class Recorder:
 
     def _begin(self) -> None:
         """A process's own count: a forked child starts its own records."""
+        self.born = time.time()
         self.pid = os.getpid()
         self.handle = None
         self.step = 0
@@ -69,6 +72,7 @@ class Recorder:
             name = f"rank{_rank(self.torch)}.{self.pid}.jsonl"
             os.makedirs(self.folder, exist_ok=True)
             self.handle = open(os.path.join(self.folder, name), "a", encoding="utf-8")
+            self.handle.write(json.dumps({"born": self.born}) + "\n")
         self.handle.write(json.dumps(record) + "\n")
         self.handle.flush()
 
@@ -200,6 +204,7 @@ def install(recorder: Recorder) -> None:
     if recorder.nudged is not None:
         recorder.nudging = torch.nn.modules.module.register_module_forward_pre_hook(recorder.before_forward)
     register_optimizer_step_post_hook(recorder.after_step)
+    os.register_at_fork(after_in_child=recorder._begin)  # born at the fork, not at its first step
 
 
 def host_random(torch):

@@ -130,10 +130,11 @@ def _marked(mark: str) -> set[int]:
 
 
 def read_records(folder: Path) -> tuple[dict[int, list[dict]], bool, dict[int, list[int]]]:
-    """(steps per rank, whether a process was stopped after its steps, rank -> pids that recorded
-    steps as that rank at the same time). Processes that held a rank one after the other (a
-    process group per demo) follow each other in its steps."""
-    by_rank: dict[int, list[tuple[int, list[dict]]]] = {}
+    """(steps per rank, whether a process was stopped after its steps, rank -> pids that held
+    that rank at the same time: one was born before another made its last step). Processes
+    that held a rank one after the other (a process group per demo) follow each other in its
+    steps."""
+    by_rank: dict[int, list[tuple[float, int, list[dict]]]] = {}
     stopped = False
     for path in folder.glob("rank*.jsonl") if folder.is_dir() else ():
         rank, pid = (int(part) for part in path.name[len("rank"):-len(".jsonl")].split("."))
@@ -141,12 +142,14 @@ def read_records(folder: Path) -> tuple[dict[int, list[dict]], bool, dict[int, l
         stopped = stopped or any("stopped" in line for line in lines)
         steps = [line for line in lines if "step" in line]
         if steps:
-            by_rank.setdefault(rank, []).append((pid, steps))
+            born = next((line["born"] for line in lines if "born" in line), steps[0]["time"])
+            by_rank.setdefault(rank, []).append((born, pid, steps))
     records, collisions = {}, {}
     for rank, runs in sorted(by_rank.items()):
-        runs.sort(key=lambda run: run[1][0].get("time", 0))
-        overlapping = [(a, b) for a, b in zip(runs, runs[1:]) if b[1][0].get("time", 0) <= a[1][-1].get("time", 0)]
-        if overlapping:
-            collisions[rank] = sorted({pid for pair in overlapping for pid, _ in pair})
-        records[rank] = [step for _, steps in runs for step in steps]
+        runs.sort(key=lambda run: run[0])
+        together = {pid for j, (born, pid, _) in enumerate(runs) for _, other, steps in runs[:j]
+                    if born <= steps[-1]["time"] for pid in (pid, other)}
+        if together:
+            collisions[rank] = sorted(together)
+        records[rank] = [step for _, _, steps in runs for step in steps]
     return records, stopped, collisions

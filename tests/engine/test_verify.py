@@ -249,6 +249,11 @@ def test_records_are_kept_per_rank_and_process_and_a_rank_held_twice_at_once_is_
     assert [r["time"] for r in records[1]] == [10, 20, 21] and not collisions
     (tmp_path / "rank0.14.jsonl").write_text(record(1, 10.5))  # rank 0 twice at once
     assert read_records(tmp_path)[2] == {0: [11, 14]}
+    # Born while rank 0's first holder trained, though its first step came after that one's last.
+    (tmp_path / "rank0.14.jsonl").write_text('{"born": 10.9}\n' + record(1, 30))
+    assert read_records(tmp_path)[2] == {0: [11, 14]}
+    (tmp_path / "rank0.14.jsonl").write_text('{"born": 11.5}\n' + record(1, 30))  # born after: a second demo
+    assert not read_records(tmp_path)[2]
 
 
 FORKED = """\
