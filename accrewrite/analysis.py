@@ -69,6 +69,11 @@ def _string_defaults(module: cst.Module) -> dict[str, str]:
 MANAGED_FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "torch.distributed.rpc")
 
 
+# Of those, the ones that put the model on the accelerator (``accelerator.prepare``, the Trainer):
+# their scripts wait for a device as any other does.
+PLACING_FRAMEWORKS = frozenset({"accelerate", "lightning", "pytorch_lightning"})
+
+
 def managed_by(module: str) -> str | None:
     """The framework of ``MANAGED_FRAMEWORKS`` that importing ``module`` trains through."""
     return next((f for f in MANAGED_FRAMEWORKS if module == f or module.startswith(f + ".")), None)
@@ -183,8 +188,9 @@ class Facts:
     # The framework the file trains through, when one manages devices and gradients itself
     # (Accelerate, Lightning: see ACC107).
     framework: str | None = None
-    # Whether the file moves anything to a device (``.cuda()``, ``.to(device)``, ``device=``):
-    # a script that never does trains on the CPU, where nothing waits for a device.
+    # Whether the file moves anything to a device (``.cuda()``, ``.to(device)``, ``device=``, or
+    # a framework that places the model): a script that never does trains on the CPU, where
+    # nothing waits for a device.
     places_on_device: bool = False
     # Names passed to DistributedDataParallel/DataParallel as ``device_ids=``: lists of CUDA
     # indices (``.to(device_ids[0])`` in PyTorch's DDP tutorial).
@@ -536,6 +542,8 @@ class _Analyzer(_Walker):
     def _note_framework(self, module: str | None) -> None:
         if self.facts.framework is None:
             self.facts.framework = managed_by(module or "")
+            if self.facts.framework in PLACING_FRAMEWORKS:
+                self.facts.places_on_device = True
 
     def _note_target(self, module: str, node: cst.Import | cst.ImportFrom) -> None:
         target = written_for(module)
@@ -653,6 +661,10 @@ class _Analyzer(_Walker):
             self.facts.devices.append(binding)
             self.facts.device_values.add(value)
             return
+        if isinstance(value, cst.IfExp) and all(isinstance(v, cst.Call) for v in (value.body, value.orelse)):
+            made = {self.facts.qualname(v.func) for v in (value.body, value.orelse)}
+            if len(made) == 1 and None not in made:  # Accelerator(log_with=...) if tracking else Accelerator()
+                self.facts.assigned_calls.setdefault(target, made.pop())
         if not isinstance(value, cst.Call):
             return
         callee = self.facts.qualname(value.func) or ""

@@ -135,6 +135,12 @@ _ARGPARSE_TYPES = {"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool"
 # torch functions whose first argument is a sequence of tensors.
 _JOINING = frozenset({"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"})
 
+# What makes a Hugging Face metric: its add_batch/add/compute turn the tensors given into numpy.
+METRIC_LOADERS = frozenset({"evaluate.load", "datasets.load_metric"})
+METRIC_READS = frozenset({"add_batch", "add", "compute"})
+# Host modules whose functions read a tensor given as a number (``math.exp(loss)``).
+_NUMBER_MODULES = ("math.", "statistics.")
+
 # torch.cuda.synchronize() and the targets' spellings of it (xm.wait_device_ops()).
 _WAITS = frozenset({"torch.cuda.synchronize", *spelled_callees("synchronize")})
 
@@ -467,7 +473,8 @@ class ScopeValues:
             ):
                 kinds = [(self._eval(e.value), _neutral(e.value), e.value) for e in value.elements]
             else:
-                kinds = [(_element(kind), False, None)] * len(elements)
+                returned = self._returned_parts(value, len(elements))
+                kinds = [(part, False, None) for part in returned] if returned else [(_element(kind), False, None)] * len(elements)
             for element, (part, part_neutral, part_value) in zip(elements, kinds):
                 env = self._assign(element, part, part_neutral, part_value, env)
             return env
@@ -489,6 +496,17 @@ class ScopeValues:
             del env[bound]  # ``args = ...`` forgets what was known of ``args.lr``
         self._bind(env, name, kind, neutral)
         return env
+
+    def _returned_parts(self, value, count: int) -> list[Kind] | None:
+        """Each part's kind where ``value`` calls a function of the file that returns ``count``
+        values (``perplexity, eval_loss = evaluate(...)``: a float and a tensor)."""
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return None
+        name = value.func.value
+        defined = self.file.defined.get(name)
+        if not isinstance(defined, cst.FunctionDef) or self.name_kind(name) is not Kind.UNKNOWN:
+            return None
+        return self.file.returned_parts(defined, count)
 
     def _bind_loop(self, target: cst.BaseExpression, iterable: cst.BaseExpression, env: dict[str, _Bound]):
         """``env`` after ``for target in iterable``: ``enumerate``, ``zip``, ``.items()`` and
@@ -825,8 +843,8 @@ class ScopeValues:
                 return Kind.MODEL
             return Kind.UNKNOWN
         if callee.startswith("torch."):
-            if callee.startswith(_HOST_TORCH):
-                return Kind.PYTHON
+            if callee.startswith(_HOST_TORCH) and not callee.startswith("torch.distributed.nn."):
+                return Kind.PYTHON  # (torch.distributed.nn's collectives are differentiable: tensors)
             return self._torch_function_kind(node, callee)
         if callee in ("os.environ.get", "os.getenv"):
             return Kind.STR
@@ -1011,6 +1029,8 @@ class ScopeValues:
             return any(self.holds_tensor(e.value) for e in node.elements if isinstance(e, cst.DictElement))
         if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
             return any(self.holds_tensor(e.value) for e in node.elements)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "dict":
+            return any(self.holds_tensor(arg.value) for arg in node.args)  # dict(loss=loss)
         return False
 
     def sync(self, node: cst.CSTNode) -> str | None:
@@ -1031,6 +1051,20 @@ class ScopeValues:
             if isinstance(func, cst.Name) and func.value in SYNC_BUILTINS and func.value not in self.facts.imports:
                 if any(self.is_tensor(arg.value) for arg in node.args):
                     return f"{func.value}() of a tensor"
+            if isinstance(func, cst.Name) and func.value in ("max", "min") and func.value not in self.facts.imports:
+                compared = [self._element_of(node.args[0].value)] if len(node.args) == 1 else [
+                    self._eval(arg.value) for arg in node.args if arg.keyword is None]
+                if any(kind in TENSORS for kind in compared):
+                    return f"{func.value}() comparing tensors"
+            callee = self.facts.qualname(func) or ""
+            if callee.startswith(_NUMBER_MODULES) and any(self.is_tensor(arg.value) for arg in node.args):
+                return f"{callee}() of a tensor"
+            if callee in ("torch.tensor", "torch.as_tensor") and node.args and self._several_tensors(node.args[0].value):
+                return f"{callee}() of tensors, each read"
+            if (isinstance(func, cst.Attribute) and func.attr.value in METRIC_READS
+                    and self.facts.assigned_calls.get(dotted(func.value) or "") in METRIC_LOADERS
+                    and any(self.holds_tensor(arg.value) for arg in node.args)):
+                return "a metric given tensors"
             if isinstance(func, cst.Attribute) and func.attr.value == "format":
                 if any(self.is_tensor(arg.value) for arg in node.args):
                     return "formatting a tensor"
@@ -1052,6 +1086,12 @@ class ScopeValues:
             if self.kind(node.left) is Kind.STR and self.holds_tensor(node.right):
                 return "formatting a tensor"
         return None
+
+    def _several_tensors(self, node: cst.BaseExpression) -> bool:
+        """A list of tensors (``torch.tensor(losses)`` reads each), not one tensor (a copy)."""
+        if isinstance(node, (cst.List, cst.Tuple)):
+            return any(self.holds_tensor(e.value) for e in node.elements)
+        return self.kind(node) is Kind.HOLDER
 
     def _reads_receiver(self, func: cst.Attribute) -> bool:
         """Whether ``x.item()``-like calls read a tensor: ``x`` is one, or (for ``.item()``,
@@ -1284,6 +1324,23 @@ class FileValues:
             self._returning.discard(function)
         self._returns[function] = kind
         return kind
+
+    def returned_parts(self, function: cst.FunctionDef, count: int) -> list[Kind] | None:
+        """The kind of each of the ``count`` values that every return of ``function`` gives as a
+        tuple, or None."""
+        returned, yielded = _returns_and_yields(function)
+        if yielded or not returned or function in self._returning:
+            return None
+        if not all(isinstance(r, cst.Tuple) and len(r.elements) == count for r in returned):
+            return None
+        if any(isinstance(e, cst.StarredElement) for r in returned for e in r.elements):
+            return None
+        self._returning.add(function)
+        try:
+            values = self.of(function)
+            return [join([values.kind(r.elements[i].value) for r in returned]) for i in range(count)]
+        finally:
+            self._returning.discard(function)
 
     def returned_reads(self, name: str) -> frozenset[str]:
         """The parameters that the file's function ``name`` returns read on the host (apex's

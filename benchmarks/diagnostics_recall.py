@@ -1,22 +1,31 @@
-"""Recall and precision of the host-sync diagnostics against hand labels of real training loops.
+"""Recall and precision of the diagnostics that name a host sync or a changing shape, against
+hand labels of real training scripts.
 
     python benchmarks/diagnostics_recall.py DIR LABELS [--before CHECKOUT] [--json OUT]
 
 DIR holds fetched public repositories, one folder per repository (``owner+name``, as for
-``real_scripts.py``). LABELS (``benchmarks/labels/host_sync.json``) lists files of DIR whose
-training loops and step functions were read by hand, and in them every host sync that runs
-every step or every N steps: ``.item()``, ``.cpu()``, ``.numpy()``, ``.tolist()``,
-``float()``/``int()``/``bool()`` of a tensor, printing or formatting a tensor (ACC101), and Python
-control flow on a tensor's value (ACC102). A label is a line (its number and text: the text finds
-it again after small shifts), a code, and yes or no; a "no" says why the line is not a sync (a
-Python float, a CPU tensor, an error path) and guards precision.
+``real_scripts.py``). LABELS lists the codes it covers (``codes``) and files of DIR whose training loops and step
+functions were read by hand (``benchmarks/labels/host_sync.json``: plain PyTorch scripts;
+``benchmarks/labels/accelerate.json``: scripts that Accelerate trains, which the codemod leaves
+as they are but still diagnoses), and in them:
 
-Each labelled file is migrated to the runtime target, and its ACC101/ACC102 findings are matched
-to labels by line, a finding per labelled sync (a line may hold several):
+* every host sync that runs every step or every N steps: ``.item()``, ``.cpu()``, ``.numpy()``,
+  ``.tolist()``, ``float()``/``int()``/``bool()`` of a tensor, printing, logging or formatting a
+  tensor, handing one to a metric that reads it (ACC101), and Python control flow on a tensor's
+  value (ACC102);
+* every shape that changes from batch to batch (ACC103): padding to each batch's longest sample
+  (wherever the file sets it up), data-sized results in the loops.
 
-* found: a labelled sync with a finding; missed: one without;
-* false alarm: a finding beyond the line's labelled syncs (on a "no" line, or an unlabelled one:
-  every sync of the labelled loops is labelled, so anything else is not one);
+A label is a line (its number and text: the text finds it again after small shifts), a code,
+and yes or no; a "no" says why the line is not one (a Python float, a CPU tensor, padding to a
+fixed length) and guards precision.
+
+Each labelled file is migrated to the runtime target, and its findings of those codes are
+matched to labels by statement, a finding per labelled occurrence (a statement may hold several):
+
+* found: a labelled occurrence with a finding; missed: one without;
+* false alarm: a finding beyond the statement's labelled occurrences (on a "no" line, or an
+  unlabelled one: everything of the labelled loops is labelled, so anything else is not one);
 * moved: a labelled sync in a statement that ACC009 moved into a step closure. It no longer
   waits in the step, so it is neither found nor missed;
 * not counted: ACC101's findings on ``torch.cuda.synchronize()``, a wait for the device rather
@@ -49,7 +58,7 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-CODES = ("ACC101", "ACC102")
+CODES = ("ACC101", "ACC102", "ACC103")
 # ACC009's fix message for a statement it moved into a step closure.
 MOVED = "moved into a step closure"
 
@@ -93,7 +102,9 @@ def measure_file(directory: Path, entry: dict, ignore: tuple[str, ...]) -> dict:
         return {"error": f"{shown}: {result.error.reason}"}
     starts = statement_starts(source.decode("utf-8", errors="replace"))
     moved = {fix.line for fix in result.fixes if fix.code == "ACC009" and MOVED in fix.message}
-    findings = Counter((d.code, d.line) for d in result.diagnostics if d.code in CODES)
+    # Matched by statement: a call over several lines is reported on one of them and labelled on
+    # another (the tensor a multi-line `accelerator.log({...})` is given).
+    findings = Counter((d.code, starts.get(d.line, d.line)) for d in result.diagnostics if d.code in CODES)
 
     out = {code: {"found": [], "missed": [], "false": [], "moved": [], "waits": []} for code in CODES}
     syncs, negatives, stale = Counter(), {}, []
@@ -103,10 +114,10 @@ def measure_file(directory: Path, entry: dict, ignore: tuple[str, ...]) -> dict:
             stale.append(f"{shown}:{label['line']}: label text not found: {label['text']}")
             continue
         where = f"{shown}:{line}: {label['text']}"
-        code = label["code"]
+        code, line = label["code"], starts.get(line, line)
         if not label["sync"]:
             negatives[code, line] = label.get("reason", "")
-        elif code == "ACC101" and starts.get(line, line) in moved:
+        elif code == "ACC101" and line in moved:
             out[code]["moved"].append(where)
         else:
             syncs[code, line] += 1
@@ -127,13 +138,16 @@ def measure_file(directory: Path, entry: dict, ignore: tuple[str, ...]) -> dict:
 
 # The columns: a code, measured on the migrated file or with ACC009 off (every labelled sync
 # then stays in the step, and each must be reported).
-COLUMNS = {"ACC101": ("ACC101", ()), "ACC101, ACC009 off": ("ACC101", ("ACC009",)), "ACC102": ("ACC102", ())}
+COLUMNS = {"ACC101": ("ACC101", ()), "ACC101, ACC009 off": ("ACC101", ("ACC009",)), "ACC102": ("ACC102", ()),
+           "ACC103": ("ACC103", ())}
 
 
 def measure(directory: Path, labels: dict) -> dict:
-    totals = {column: defaultdict(list) for column in COLUMNS}
+    """The counts of the columns whose code the labels cover (their ``codes``)."""
+    columns = {column: spec for column, spec in COLUMNS.items() if spec[0] in labels["codes"]}
+    totals = {column: defaultdict(list) for column in columns}
     errors, stale = [], []
-    for ignore in sorted({ignore for _, ignore in COLUMNS.values()}):
+    for ignore in sorted({ignore for _, ignore in columns.values()}):
         for entry in labels["files"]:
             report = measure_file(directory, entry, ignore)
             if "error" in report:
@@ -141,11 +155,11 @@ def measure(directory: Path, labels: dict) -> dict:
                 continue
             if not ignore:
                 stale += report["stale"]
-            for column, (code, ignored) in COLUMNS.items():
+            for column, (code, ignored) in columns.items():
                 for kind, items in report["codes"][code].items() if ignored == ignore else ():
                     totals[column][kind] += items
     counts = {}
-    for column in COLUMNS:
+    for column in columns:
         t = totals[column]
         found, missed, false = len(t["found"]), len(t["missed"]), len(t["false"])
         counts[column] = {
@@ -190,18 +204,19 @@ def _ratio(value: float | None) -> str:
 
 def print_table(columns: dict[str, dict]) -> None:
     first = next(iter(columns.values()))
-    print(f"labelled files {first['files']}: {first['syncs']} syncs, {first['negatives']} negatives")
+    print(f"labelled files {first['files']}: {first['syncs']} occurrences, {first['negatives']} negatives")
     rows = [("labelled", "labelled"), ("moved by ACC009", "moved"), ("found", "found"), ("missed", "missed"),
             ("false alarms", "false_alarms"), ("not counted (device waits)", "not_counted"),
             ("recall", "recall"), ("precision", "precision")]
     names = list(columns)
-    width = max(len(column) for column in COLUMNS) + 2
-    print(f"{'':<28}" + "".join(f"{column:>{width}}" for column in COLUMNS for _ in names))
+    shown = list(first["codes"])
+    width = max(len(column) for column in shown) + 2
+    print(f"{'':<28}" + "".join(f"{column:>{width}}" for column in shown for _ in names))
     if len(names) > 1:
-        print(f"{'':<28}" + "".join(f"{name:>{width}}" for _ in COLUMNS for name in names))
+        print(f"{'':<28}" + "".join(f"{name:>{width}}" for _ in shown for name in names))
     for title, key in rows:
         cells = []
-        for column in COLUMNS:
+        for column in shown:
             for name in names:
                 value = columns[name]["codes"][column][key]
                 cells.append(_ratio(value) if key in ("recall", "precision") else str(value))
@@ -209,7 +224,7 @@ def print_table(columns: dict[str, dict]) -> None:
 
 
 def print_lists(name: str, result: dict) -> None:
-    for column in COLUMNS:
+    for column in result["codes"]:
         counts = result["codes"][column]
         for title, key in (("missed", "misses"), ("false alarms", "false_alarm_lines")):
             if counts[key]:

@@ -42,8 +42,8 @@ LOGGING_WORDS = frozenset(_LOG_FUNCTIONS | _LOG_LEVELS | _WRITER_METHODS | _PROG
 
 
 def is_logging_call(facts, call: cst.Call) -> bool:
-    """Whether ``call`` logs: print, logging/logger, SummaryWriter, wandb, tqdm, or a known
-    logging helper of the script."""
+    """Whether ``call`` logs: print, logging/logger, SummaryWriter, wandb, tqdm, Accelerate's
+    ``accelerator.log``, or a known logging helper of the script."""
     func = call.func
     if isinstance(func, cst.Name):
         return func.value in _LOG_FUNCTIONS and (func.value != "log" or func.value in facts.imports)
@@ -56,6 +56,8 @@ def is_logging_call(facts, call: cst.Call) -> bool:
         return method in _LOG_LEVELS
     if method in _WRITER_METHODS or method in _PROGRESS_METHODS and method != "write":
         return True
+    if method == "log" and facts.assigned_calls.get(owner) == "accelerate.Accelerator":
+        return True  # accelerator.log({...}) hands its values to the trackers
     if method in _LOG_LEVELS:
         return bool(_LOGGER_OWNER.search(owner.split(".")[-1])) or owner.split(".")[-1] in ("run", "wandb")
     return method in ("print", "master_print") and callee == ""

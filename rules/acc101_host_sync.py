@@ -1,6 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import HOST_READ_CALLS
+from accrewrite.values import METRIC_READS
 from accrewrite.nodes import dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._training_code import LOGGING_WORDS, LoopDiagnostic, free_names, is_logging_call
@@ -27,7 +28,10 @@ class HostSync(LoopDiagnostic, Rule):
     number from `.item()`, `len()`, `time.time()` or an option is not one.
 
     Only the training loop (one that calls backward, also with parameters updated by hand) and
-    its step functions are checked: elsewhere a host read costs once.
+    its step functions are checked: elsewhere a host read costs once. A script that Hugging
+    Face Accelerate trains is left as it is (ACC107) but checked the same way: Accelerate's
+    TPU guide warns of these reads too. There a metric given tensors (`metric.add_batch(...)`
+    of `evaluate`, which turns them into numpy) and `accelerator.log` given a tensor read it.
     Nothing inside a step closure is reported, including the logging that ACC009 moves into one
     in the same run.
     """
@@ -36,8 +40,8 @@ class HostSync(LoopDiagnostic, Rule):
     name = "host-sync"
     summary = "host sync in the loop (.item(), .cpu(), .numpy(), .tolist(), printing a tensor): breaks the graph"
     # "%" finds `"%f" % t` (a word of string literals); f-strings are found by their expressions.
-    triggers = frozenset({"item", "tolist", "numpy", "cpu", "float", "int", "bool", "format", "str", "%",
-                          HOST_READ_CALLS, *LOGGING_WORDS})
+    triggers = frozenset({"item", "tolist", "numpy", "cpu", "float", "int", "bool", "format", "str", "%", "max", "min",
+                          "math", "statistics", "tensor", "as_tensor", HOST_READ_CALLS, *METRIC_READS, *LOGGING_WORDS})
     trigger_nodes = (cst.FormattedStringExpression,)
     examples = (
         Example(
@@ -198,6 +202,37 @@ class HostSync(LoopDiagnostic, Rule):
             loss_test, acc_test = test(model, features, labels)
             """,
             diagnostics=("ACC101:9",),
+        ),
+        # A script that Accelerate trains is left as it is (ACC107), and its reads are reported as
+        # in any other: a metric given tensors (evaluate's add_batch turns them into numpy),
+        # accelerator.log given a tensor, math.exp of one.
+        Example(
+            before="""
+            import math
+            import evaluate
+            import torch
+            from accelerate import Accelerator
+
+            accelerator = Accelerator(log_with="all")
+            metric = evaluate.load("glue", "mrpc")
+            model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+            for epoch in range(3):
+                for batch in train_loader:
+                    loss = model(**batch).loss
+                    accelerator.backward(loss)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                losses = []
+                for batch in eval_loader:
+                    with torch.no_grad():
+                        outputs = model(**batch)
+                    losses.append(accelerator.gather_for_metrics(outputs.loss.repeat(8)))
+                    predictions, references = accelerator.gather_for_metrics((outputs.logits.argmax(-1), batch["labels"]))
+                    metric.add_batch(predictions=predictions, references=references)
+                eval_loss = torch.cat(losses).mean()
+                accelerator.log({"eval_loss": eval_loss, "perplexity": math.exp(eval_loss)}, step=epoch)
+            """,
+            diagnostics=("ACC101:21", "ACC101:23", "ACC101:23"),
         ),
         # Inside a step closure (a function or lambda given to add_step_closure) a read runs after
         # the step's graph: not reported.

@@ -10,7 +10,7 @@ from accrewrite.rules._training_code import LoopDiagnostic, free_names
 # Hugging Face collators that pad each batch to its longest sample unless told otherwise.
 _PADDING_COLLATORS = frozenset(
     {"DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForTokenClassification",
-     "DataCollatorForLanguageModeling", "DataCollatorForWholeWordMask"}
+     "DataCollatorForLanguageModeling", "DataCollatorForWholeWordMask", "DataCollatorForMultipleChoice"}
 )
 # Ops whose output size depends on the data.
 _DATA_SIZED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"})
@@ -41,7 +41,8 @@ class DynamicShapes(LoopDiagnostic, Rule):
 
     - per-batch padding to the longest sample: `DataCollatorWithPadding(tokenizer)` and the
       other padding collators without `padding="max_length"`, `tokenizer(..., padding=True)`
-      or `padding="longest"`, `pad_sequence(...)` (typically in a `collate_fn`). What to
+      or `padding="longest"`, `pad_sequence(...)` (typically in a `collate_fn`), Accelerate's
+      `accelerator.pad_across_processes(...)` before a gather. What to
       do: pack variable-length samples into fixed-length rows with
       `accrewrite.runtime.io.PackedDataset` (TorchAcc's migration guide, "Pack dataset"), or pad to a fixed
       `max_length`. These are reported wherever they are, since the loop sees their batches;
@@ -67,7 +68,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
     name = "dynamic-shapes"
     summary = "dynamic shapes: boolean-mask indexing, nonzero(), padding to the longest sample per batch"
     triggers = frozenset(
-        {*_PADDING_COLLATORS, *_DATA_SIZED, "where", "padding", "pad_sequence", "mask", "masks", "labels",
+        {*_PADDING_COLLATORS, *_DATA_SIZED, "where", "padding", "pad_sequence", "pad_across_processes", "mask", "masks", "labels",
          "attention_mask", "loss_mask", "valid", "cat", "concat", "concatenate"}
     )
     trigger_nodes = (cst.Slice,)  # an offset that changes every step has no word of its own
@@ -111,6 +112,27 @@ class DynamicShapes(LoopDiagnostic, Rule):
                     first = data[epoch:epoch + 1]
             """,
             diagnostics=("ACC103:5", "ACC103:5"),
+        ),
+        # A script that Accelerate trains is left as it is (ACC107); its padding is reported.
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            from accelerate import Accelerator
+            from transformers import DataCollatorForSeq2Seq
+
+            accelerator = Accelerator()
+            collator = DataCollatorForSeq2Seq(tokenizer, pad_to_multiple_of=8)
+            model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+            for epoch in range(3):
+                for batch in train_loader:
+                    accelerator.backward(model(**batch).loss)
+                    optimizer.step()
+                for batch in eval_loader:
+                    tokens = accelerator.pad_across_processes(model.generate(**batch), dim=1)
+                    outputs.append(accelerator.gather(tokens))
+            """,
+            diagnostics=("ACC103:6", "ACC103:13"),
         ),
         Example(
             target="torch_xla",
@@ -165,6 +187,9 @@ class DynamicShapes(LoopDiagnostic, Rule):
             return
         if last == "pad_sequence":
             self.report(node, "`pad_sequence` pads each batch to its longest sequence", _PADDED)
+            return
+        if last == "pad_across_processes":
+            self.report(node, "`pad_across_processes` pads each batch to the longest of any process", _PADDED)
             return
         padding = call_arg(node, 99, "padding")
         if padding is not None and (

@@ -6,20 +6,28 @@ import sys
 
 import pytest
 
-# PyTorch's gloo worker threads can abort a process at interpreter exit, after its work is done
-# and its results are written ("terminate called without an active exception"). Processes that
-# import accrewrite.runtime no longer do (runtime/_process_exit.py); the reference runs of plain
-# PyTorch scripts (the examples' DDP originals under torchrun) still can. Tests that launch ranks
-# rerun on exactly that failure; any other failure fails at once.
-EXIT_ABORT = "terminate called without an active exception"
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("launches_ranks") or item.get_closest_marker("xla"):
             item.add_marker(pytest.mark.slow)  # real processes and torch_xla runs: the slow tier
-        if item.get_closest_marker("launches_ranks"):
-            item.add_marker(pytest.mark.flaky(reruns=2, only_rerun=[EXIT_ABORT]))
+
+
+@pytest.fixture(autouse=True)
+def exit_grace_for_plain_ranks(request, monkeypatch):
+    """PyTorch's gloo worker threads can abort a process at interpreter exit, after its work is
+    done ("terminate called without an active exception", runtime/_process_exit.py). Processes
+    that import accrewrite.runtime wait for those threads; the reference runs of plain PyTorch
+    scripts (a DDP original under torchrun) get the same wait the way verify gives it to every
+    side: verify's sitecustomize loads it, and records nothing without a records folder."""
+    if request.node.get_closest_marker("launches_ranks") is None:
+        return
+    from accrewrite.verify import probe
+    from accrewrite.verify.sides import EXIT_GRACE, HOOKS
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HOOKS), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(probe.EXIT_GRACE, str(EXIT_GRACE))
 
 
 @pytest.fixture(scope="session")

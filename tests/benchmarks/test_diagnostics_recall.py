@@ -1,5 +1,6 @@
 """benchmarks/diagnostics_recall.py on a labelled script written here: found, missed, moved by
-ACC009, false alarms and device waits are told apart, and labels follow their line's text."""
+ACC009, false alarms and device waits are told apart, per-batch padding is counted beside the
+host syncs, and labels follow their line's text."""
 
 import json
 import pathlib
@@ -30,17 +31,23 @@ SCRIPT = textwrap.dedent("""\
         torch.cuda.synchronize()
         if loss < best:
             best = total
+    padded = torch.nn.utils.rnn.pad_sequence(samples, batch_first=True)
+    fixed = tokenizer(texts, padding="max_length", max_length=128)
 """)
 
 # Lines as labelled by hand, two of them numbered as in an older version of the script (two
 # lines higher): their text finds them.
-LABELS = {"files": [{"repository": "me/loops", "path": "train.py", "labels": [
+LABELS = {"codes": ["ACC101", "ACC102", "ACC103"], "files": [{"repository": "me/loops", "path": "train.py", "labels": [
     {"line": 8, "code": "ACC101", "text": "total = loss.item()", "sync": True},
     {"line": 9, "code": "ACC101", "text": 'print(f"step {step} loss {loss.item():.4f}")', "sync": True},
     {"line": 14, "code": "ACC101", "text": 'log.write("score {}".format(score))', "sync": True,
      "expression": "score: a tensor that evaluate() of another module returns"},
     {"line": 17, "code": "ACC102", "text": "if loss < best:", "sync": True},
     {"line": 18, "code": "ACC101", "text": "best = total", "sync": False, "reason": "a Python float"},
+    {"line": 19, "code": "ACC103", "text": "padded = torch.nn.utils.rnn.pad_sequence(samples, batch_first=True)",
+     "sync": True},
+    {"line": 20, "code": "ACC103", "text": 'fixed = tokenizer(texts, padding="max_length", max_length=128)',
+     "sync": False, "reason": "a fixed length"},
 ]}]}
 
 
@@ -52,8 +59,8 @@ def measure(tmp_path):
 
 def test_each_finding_is_matched_to_a_label(tmp_path):
     result = measure(tmp_path)
-    assert result["syncs"] == 4 and result["negatives"] == 1 and not result["stale"]
-    migrated, every, control = (result["codes"][column] for column in dr.COLUMNS)
+    assert result["syncs"] == 5 and result["negatives"] == 2 and not result["stale"]
+    migrated, every, control, shapes = (result["codes"][column] for column in dr.COLUMNS)
     # The print moves into a step closure; the line nobody labelled (peak) is a false alarm;
     # the synchronize is a wait, not a read.
     assert (migrated["found"], migrated["moved"], migrated["missed"], migrated["false_alarms"]) == (1, 1, 1, 1)
@@ -63,6 +70,7 @@ def test_each_finding_is_matched_to_a_label(tmp_path):
     assert (every["found"], every["moved"], every["missed"], every["false_alarms"]) == (2, 0, 1, 1)
     assert (control["found"], control["missed"], control["false_alarms"]) == (1, 0, 0)
     assert control["recall"] == 1.0 and every["recall"] == 2 / 3 and every["precision"] == 2 / 3
+    assert (shapes["found"], shapes["missed"], shapes["false_alarms"]) == (1, 0, 0)
 
 
 def test_a_label_whose_text_is_gone_is_reported(tmp_path):
@@ -81,6 +89,6 @@ def test_before_measures_another_source_tree_in_one_table(tmp_path, capsys):
     labels.write_text(json.dumps(LABELS))
     assert dr.main([str(tmp_path), str(labels), "--before", str(ROOT)]) == 0
     out = capsys.readouterr().out
-    assert "labelled files 1: 4 syncs, 1 negatives" in out
+    assert "labelled files 1: 5 occurrences, 2 negatives" in out
     recall = next(line for line in out.splitlines() if line.startswith("recall"))
-    assert recall.split()[1:] == ["0.50", "0.50", "0.67", "0.67", "1.00", "1.00"]
+    assert recall.split()[1:] == ["0.50", "0.50", "0.67", "0.67", "1.00", "1.00", "1.00", "1.00"]

@@ -320,7 +320,7 @@ def test_a_function_computed_while_its_caller_was_first_read_gives_its_return_th
     print(loss_test)
     """
     assert kinds(code, "print(loss_val, acc_val)", "loss_val", "acc_val", "loss_test") == [
-        Kind.NONE, Kind.PYTHON, Kind.PYTHON, Kind.PYTHON,
+        Kind.NONE, Kind.FLOAT, Kind.FLOAT, Kind.FLOAT,
     ]
 
 

@@ -247,3 +247,56 @@ def test_every_message_is_one_short_line_with_a_help(cli, target):
         message = diagnostic["message"]
         assert len(message) <= 90 and "\n" not in message, message
         assert diagnostic["help"].endswith(".") and len(diagnostic["help"]) > len(message) / 2, diagnostic
+
+
+# An evaluation in the epoch loop as Hugging Face's no_trainer examples write it.
+ACCELERATE_SCRIPT = b'''import math
+import evaluate
+import torch
+from accelerate import Accelerator
+from transformers import DataCollatorWithPadding
+
+accelerator = Accelerator(log_with="all") if tracking else Accelerator()
+metric = evaluate.load("glue", "mrpc")
+collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
+model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+for epoch in range(3):
+    model.train()
+    total_loss = 0
+    for step, batch in enumerate(train_loader):
+        loss = model(**batch).loss
+        total_loss += loss.detach().float()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 100 == 0:
+            accelerator.print(f"step {step}: {loss}")
+    model.eval()
+    losses = []
+    for batch in eval_loader:
+        with torch.no_grad():
+            outputs = model(**batch)
+        losses.append(accelerator.gather_for_metrics(outputs.loss.repeat(8)))
+        predictions = accelerator.pad_across_processes(outputs.logits.argmax(-1), dim=1)
+        predictions, references = accelerator.gather_for_metrics((predictions, batch["labels"]))
+        metric.add_batch(predictions=predictions, references=references)
+    eval_loss = torch.cat(losses).mean()
+    accelerator.log({"train_loss": total_loss.item() / len(train_loader), "perplexity": math.exp(eval_loss)}, step=epoch)
+'''
+
+
+@pytest.mark.parametrize("target", ["runtime", "torchacc", "torch_xla"])
+def test_a_script_accelerate_trains_is_left_as_it_is_and_diagnosed_as_any_other(tmp_path, cli, target):
+    path = tmp_path / "train.py"
+    path.write_bytes(ACCELERATE_SCRIPT)
+    (file,) = _json(cli, path, "--target", target, "--diff")["files"]
+    assert not file["fixes"] and path.read_bytes() == ACCELERATE_SCRIPT
+    assert [(d["code"], d["line"]) for d in file["diagnostics"]] == [
+        ("ACC107", 4),  # Accelerate trains it: left as it is
+        ("ACC103", 9),  # the collator pads each batch to its longest sample
+        ("ACC101", 21),  # a tensor printed every 100 steps
+        ("ACC103", 28),  # pad_across_processes: the longest of any process
+        ("ACC101", 30),  # evaluate's metric turns the tensors into numpy
+        ("ACC101", 32),  # .item()
+        ("ACC101", 32),  # math.exp of a tensor
+    ]
