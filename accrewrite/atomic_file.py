@@ -4,6 +4,9 @@
 fsyncs it and renames it over ``path``. The codemod's in-place writes and the runtime's
 ``xm.save`` both go through it (this module imports neither libcst nor torch).
 
+The file keeps its owner, group and mode. A rename gives the path a new file: another hard link
+to the old one keeps the old content.
+
 A temporary is named ``.<name>.<host>.<pid>.<random>.tmp``, so that a later writer can tell a
 temporary left by a process killed while writing (its pid is gone) from one still being written,
 and remove the first (``remove_orphans``). Only this machine's temporaries are judged: on a shared
@@ -11,6 +14,7 @@ filesystem a pid means nothing elsewhere.
 """
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -33,11 +37,16 @@ def write_atomically(path, write, mode: int | None = None, sweep: bool = True) -
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            if mode is None:
-                with contextlib.suppress(FileNotFoundError):
-                    mode = stat.S_IMODE(os.stat(path).st_mode)
+            try:
+                replaced = os.stat(path)
+            except FileNotFoundError:
+                replaced = None
+            if replaced is not None:
+                _keep_owner(handle.fileno(), replaced)
+            if mode is None and replaced is not None:
+                mode = stat.S_IMODE(replaced.st_mode)
             if mode is not None:
-                os.fchmod(handle.fileno(), mode)
+                os.fchmod(handle.fileno(), mode)  # after the chown, which clears set-id bits
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -46,6 +55,21 @@ def write_atomically(path, write, mode: int | None = None, sweep: bool = True) -
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def _keep_owner(descriptor: int, replaced: os.stat_result) -> None:
+    """Give the new file the owner and group of the one it replaces (root may; an owner may
+    keep a group it is in). Where that is not allowed the write stops: the file would pass to
+    another owner."""
+    written = os.fstat(descriptor)
+    if (written.st_uid, written.st_gid) == (replaced.st_uid, replaced.st_gid):
+        return
+    try:
+        os.fchown(descriptor, replaced.st_uid, replaced.st_gid)
+    except PermissionError:
+        raise PermissionError(
+            errno.EPERM, f"it belongs to uid {replaced.st_uid} and gid {replaced.st_gid}, which a file written by "
+            f"uid {written.st_uid} cannot keep; run as its owner (or root)") from None
 
 
 def is_temporary(filename: str) -> bool:

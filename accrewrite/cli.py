@@ -8,7 +8,6 @@ read, decoded, parsed or written).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from accrewrite import __version__
-from accrewrite.choices import FORMATS, ORIGINAL, PARALLEL_KINDS
+from accrewrite.choices import FORMATS, ORIGINAL, PARALLEL_KINDS, positive
 from accrewrite.targets import DEFAULT_TARGET, all_targets, unknown_target
 
 if TYPE_CHECKING:
@@ -93,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--statistics", action="store_true", help="print counts per rule instead of the findings")
     migrate.add_argument("--show-fixes", action="store_true", help="list the fixes made (or to make) per file")
     migrate.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                         help="worker processes (0: one per CPU)")
+                         help="worker processes (0: one per CPU; never more than the CPUs or the files)")
     migrate.add_argument("--exclude", type=_codes, action="extend", metavar="GLOB",
                          help="skip paths matching these globs (repeatable, comma-separated)")
     migrate.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
@@ -115,10 +114,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("script", metavar="SCRIPT")
     verify.add_argument("--target", type=_target, metavar=_TARGETS, default=DEFAULT_TARGET)
-    verify.add_argument("--steps", type=_positive(int), metavar="N",
+    verify.add_argument("--steps", type=positive(int), metavar="N",
                         help="stop each side after N optimizer steps (default: run to the script's end)")
-    verify.add_argument("--nproc", type=_positive(int), default=1, metavar="N", help="processes, under torchrun")
-    verify.add_argument("--rtol", type=_positive(float), metavar="R",
+    verify.add_argument("--nproc", type=positive(int), default=1, metavar="N", help="processes, under torchrun")
+    verify.add_argument("--rtol", type=positive(float), metavar="R",
                         help="the most any step's tolerance may be (default: the measured noise alone decides)")
     verify.add_argument("--compare", type=_sides, metavar="A,B",
                         help="the two sides: original or a target (default: original,TARGET)")
@@ -128,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the folder the sides see a copy of (default: the git repository, else the working "
                              "directory)")
     verify.add_argument("--unsafe-fixes", action="store_true", help="migrate with fixes that may change numerics")
-    verify.add_argument("--timeout", type=_positive(float), default=900, metavar="S",
+    verify.add_argument("--timeout", type=positive(float), default=900, metavar="S",
                         help="seconds per side (default 900)")
     verify.add_argument("--keep", action="store_true", help="keep the workspace, records and logs")
     return parser
@@ -141,22 +140,6 @@ def _target(value: str) -> str:
     if value not in all_targets():
         raise argparse.ArgumentTypeError(unknown_target(value))
     return value
-
-
-def _positive(kind):
-    """An argparse type: a finite number above 0."""
-
-    def parse(value: str):
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-        if not (0 < number < math.inf):
-            raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {value}")
-        return number
-
-    parse.__name__ = kind.__name__
-    return parse
 
 
 def _sides(value: str) -> list[str]:
@@ -202,6 +185,10 @@ def _mirrored_from(inputs: list[str]) -> Path:
     return Path(os.path.commonpath([path.parent for path in absolute]))
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
 def _migrate(args, out: Console, err: Console) -> int:
     from accrewrite.config import ConfigError, find_config
     from accrewrite.discovery import discover
@@ -209,6 +196,7 @@ def _migrate(args, out: Console, err: Console) -> int:
     from accrewrite.registry import SelectionError
     from accrewrite.report import report
     from accrewrite.runner import Outcome, run
+    from accrewrite.workers import usable_cpus
 
     stdin = "-" in args.paths
     if stdin and (len(args.paths) > 1 or args.output_dir):
@@ -230,12 +218,14 @@ def _migrate(args, out: Console, err: Console) -> int:
         return _migrate_stdin(args, options, out, err)
     excludes = tuple(args.exclude or ()) + tuple(config.get("exclude", []))
     found = discover(args.paths, excludes)
+    if args.output_dir:  # an output folder inside the inputs holds last run's copies, not inputs
+        found.files = [path for path in found.files if not _inside(path, Path(args.output_dir))]
     if not found.files and not found.problems:
         err.print(f"[bold yellow]warning:[/] no Python files found under {escape(', '.join(args.paths))}",
                   highlight=False, soft_wrap=True)
     mode = "output-dir" if args.output_dir else (args.mode or "diff")
     jobs = _jobs(found.files, args.paths, args.output_dir)
-    workers = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
+    workers = min(args.jobs if args.jobs > 0 else usable_cpus(), usable_cpus(), max(1, len(jobs)))
     if err.is_terminal and len(jobs) >= PROGRESS_MIN_FILES:
         # Refreshed from this thread: the workers are forked, and a refresh thread must not be.
         with Progress(

@@ -21,6 +21,8 @@ import argparse
 import os
 import sys
 
+from accrewrite.choices import positive
+
 _OWN_OPTIONS = {
     "--allreduce-dtype": "ACCREWRITE_ALLREDUCE_DTYPE",
     "--bucket-mb": "ACCREWRITE_BUCKET_MB",
@@ -30,7 +32,7 @@ _OWN_OPTIONS = {
 def _own_options_parser():
     parser = argparse.ArgumentParser(prog="accrun", add_help=False)
     parser.add_argument("--allreduce-dtype", choices=["bf16", "fp16", "none"])
-    parser.add_argument("--bucket-mb", type=float)
+    parser.add_argument("--bucket-mb", type=positive(float))
     return parser
 
 
@@ -47,8 +49,6 @@ def split_own_options(argv):
     for option, variable in _OWN_OPTIONS.items():
         value = getattr(parsed, option.lstrip("-").replace("-", "_"))
         if value is not None:
-            if option == "--bucket-mb" and value <= 0:
-                parser.error("--bucket-mb must be positive")
             environment[variable] = str(value)
     return environment, rest
 

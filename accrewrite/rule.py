@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import libcst as cst
+import libcst.matchers as matchers
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accrewrite import snippets
@@ -267,12 +268,13 @@ class RuleContext:
         """Whether a ``# noqa: CODE`` comment on one of ``node``'s lines covers ``code``."""
         if self._noqa is None:
             self._noqa = {}
-            # Python's line breaks only: str.splitlines also breaks at form feeds and U+2028.
-            for number, line in enumerate(re.split(r"\r\n?|\n", self.source_text), start=1):
-                match = _NOQA.search(line)
+            # Comments only, as ruff reads them: "# noqa: X" inside a string suppresses nothing.
+            comments = [] if "noqa" not in self.source_text.lower() else matchers.findall(self.module, matchers.Comment())
+            for comment in comments:
+                match = _NOQA.search(comment.value)
                 if match:
                     codes = re.split(r"[\s,]+", match.group("codes").upper())
-                    self._noqa[number] = set(codes)
+                    self._noqa.setdefault(self.position(comment).start.line, set()).update(codes)
         if not self._noqa:
             return False
         where = self.position(node)

@@ -155,7 +155,7 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
                              stat.S_IMODE(job.path.stat().st_mode), sweep=False)
             outcome.written = True
     except OSError as exc:
-        outcome.error = _write_error(exc, job.path)
+        outcome.error = _write_error(exc, job.output if mode == "output-dir" else job.path)
     return outcome
 
 

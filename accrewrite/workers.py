@@ -109,11 +109,29 @@ class _Worker:
         return f"the worker migrating this file {how}; the file was left unchanged"
 
     def close(self) -> None:
-        self.connection.close()  # an idle worker reads EOF and exits
-        self.process.join(timeout=1)
+        """Ask an idle worker to exit (a busy one is killed). Not by closing the pipe: forked
+        workers hold copies of the parent's ends of the pipes made before them, so the one that
+        waits on that pipe would never read EOF."""
+        try:
+            self.connection.send(_STOP)
+        except OSError:
+            pass  # it is gone already
+        self.connection.close()
+        self.process.join(timeout=_EXIT_GRACE)
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
+
+
+_STOP = None  # the task that ends a worker
+_EXIT_GRACE = 5.0  # seconds an idle worker has to exit once asked
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: more workers than these only wait for each other."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def _serve(connection, function, parent: int) -> None:
@@ -122,7 +140,9 @@ def _serve(connection, function, parent: int) -> None:
     while True:
         try:
             task = connection.recv()
-        except EOFError:  # the run is over (or gone)
+        except EOFError:  # the run is gone
+            return
+        if task is _STOP:
             return
         connection.send(function(task))
 

@@ -3,10 +3,12 @@ every file ends in a correct output or a clear error, and nothing is lost, hangs
 run."""
 
 import ctypes
+import errno
 import faulthandler
 import json
 import os
 import signal
+import stat
 import socket
 import subprocess
 import sys
@@ -49,6 +51,45 @@ def test_output_dir_keeps_apart_files_of_one_name_from_several_inputs(tmp_path, 
         assert sorted(p.relative_to(out).as_posix() for p in Path(out).rglob("*.py")) == ["a/train.py", "b/train.py"]
         assert (Path(out) / "b/train.py").read_bytes().endswith(b"# b\n")
         assert not (Path(out) / "a/train.py").read_bytes().endswith(b"# b\n")
+
+
+def test_an_output_dir_inside_the_inputs_is_not_migrated_again(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(tree(tmp_path, **{"src/a.py": TRAIN}))
+    for _ in range(2):
+        assert cli("migrate", "src", "--output-dir", "src/out")[0] == 0
+    assert sorted(p.relative_to("src").as_posix() for p in Path("src").rglob("*.py")) == ["a.py", "out/a.py"]
+
+
+def test_a_full_disk_under_output_dir_names_the_output(tmp_path, cli, monkeypatch):
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("accrewrite.runner.write_atomically", full)
+    monkeypatch.chdir(tree(tmp_path, **{"src/a.py": TRAIN}))
+    code, out, _ = cli("migrate", "src", "--output-dir", "out")
+    assert code == 2 and f"cannot write {Path('out/a.py')}: No space left on device" in " ".join(out.split())
+    assert (tmp_path / "src/a.py").read_bytes() == TRAIN
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner takes root")
+def test_a_rewrite_keeps_the_owner_group_and_mode_or_refuses_to_change_them(tmp_path):
+    tree(tmp_path, **{"theirs.py": TRAIN})
+    theirs = tmp_path / "theirs.py"
+    os.chown(theirs, 1234, 5678)
+    theirs.chmod(0o640)
+    as_root = [sys.executable, "-m", "accrewrite.cli", "migrate", "theirs.py", "--in-place"]
+    assert subprocess.run(as_root, cwd=tmp_path, capture_output=True).returncode == 0
+    written = theirs.stat()
+    assert MIGRATED in theirs.read_bytes()
+    assert (written.st_uid, written.st_gid, stat.S_IMODE(written.st_mode)) == (1234, 5678, 0o640)
+    # Without the right to give files away, the file is left as it was, with the reason.
+    theirs.write_bytes(TRAIN)
+    theirs.chmod(0o666)
+    done = subprocess.run(["setpriv", "--bounding-set=-chown", "--", *as_root], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and theirs.read_bytes() == TRAIN
+    assert "it belongs to uid 1234 and gid 5678" in " ".join(done.stdout.split())
+    assert (theirs.stat().st_uid, theirs.stat().st_gid) == (1234, 5678)
 
 
 def test_the_summary_counts_a_refused_write_as_an_error_not_as_written(tmp_path, cli):

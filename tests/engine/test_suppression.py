@@ -22,6 +22,19 @@ def test_noqa_suppresses_only_the_named_code_on_that_line():
     assert [fix.line for fix in result.fixes] == [3]
 
 
+def test_noqa_in_a_string_suppresses_nothing():
+    # Only comments count, as in ruff: a string that says "# noqa" is text.
+    source = (
+        b"import torch\n"
+        b'model = model.cuda(); note = "# noqa: ACC002"\n'
+        b'HELP = """\n'
+        b"x = x.cuda()  # noqa: ACC002\n"
+        b'"""; x = x.cuda()\n'
+    )
+    result = migrate_source(source)
+    assert [fix.line for fix in result.fixes] == [2, 5]
+
+
 def test_noqa_on_a_multiline_statement():
     source = b"import torch\nmodel = Net(\n    depth=2,\n).cuda()  # noqa: ACC002\n"
     assert not migrate_source(source).changed

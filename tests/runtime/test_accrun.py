@@ -51,7 +51,9 @@ def test_own_options_lead_and_become_environment():
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--allreduce-dtype", "int8", "x.py"], "invalid choice"), (["--bucket-mb", "0", "x.py"], "positive")],
+    [(["--allreduce-dtype", "int8", "x.py"], "invalid choice"), (["--bucket-mb", "0", "x.py"], "above 0"),
+     (["--bucket-mb", "nan", "x.py"], "finite"), (["--bucket-mb=inf", "x.py"], "finite"),
+     (["--bucket-mb", "many", "x.py"], "not a number")],
 )
 def test_bad_options_exit_with_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
