@@ -189,11 +189,25 @@ def _inside(path: Path, folder: Path) -> bool:
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
+def _checked_options(args, config) -> Options:
+    """The options for files under ``config``; unknown rule codes are a ConfigError."""
+    from accrewrite.config import ConfigError
+    from accrewrite.registry import SelectionError
+
+    options = _options(args, config)
+    try:
+        options.selection()
+    except SelectionError as exc:
+        flags = [*(args.select or []), *(args.ignore or [])]
+        where = "--select/--ignore" if exc.entry in flags else f"{config.path}: [tool.accrewrite] select/ignore"
+        raise ConfigError(f"{where}: {exc}") from None
+    return options
+
+
 def _migrate(args, out: Console, err: Console) -> int:
-    from accrewrite.config import ConfigError, find_config
+    from accrewrite.config import ConfigError, Configs
     from accrewrite.discovery import discover
     from accrewrite.errors import FileError
-    from accrewrite.registry import SelectionError
     from accrewrite.report import report
     from accrewrite.runner import Outcome, run
     from accrewrite.workers import usable_cpus
@@ -201,30 +215,39 @@ def _migrate(args, out: Console, err: Console) -> int:
     stdin = "-" in args.paths
     if stdin and (len(args.paths) > 1 or args.output_dir):
         return _error(err, "`-` reads standard input: give it alone, without --output-dir")
+    configs = Configs()
+    found = None if stdin else discover(args.paths, tuple(args.exclude or ()))
     try:
-        config = find_config(Path(args.stdin_filename or ".") if stdin else Path(args.paths[0]))
-        options = _options(args, config)
-        options.selection()  # reject unknown codes before touching any file
+        # Flags are checked before any file is touched, and so is every file's configuration.
+        first = _checked_options(args, configs.of(Path(args.stdin_filename or ".") if stdin else Path(args.paths[0])))
+        chosen: dict[Path | None, Options] = {}
+        work = []
+        for path in found.files if found else ():
+            config = configs.of(path)
+            if config.excludes(path):
+                continue
+            if config.path not in chosen:
+                chosen[config.path] = _checked_options(args, config)
+            work.append((path, chosen[config.path]))
     except ConfigError as exc:
         return _error(err, str(exc))
-    except SelectionError as exc:
-        flags = [*(args.select or []), *(args.ignore or [])]
-        where = "--select/--ignore" if exc.entry in flags else f"{config.path}: [tool.accrewrite] select/ignore"
-        return _error(err, f"{where}: {exc}")
-    for rule in options.unavailable():
-        err.print(f"[bold yellow]warning:[/] {rule.code} {rule.name} is not available on target "
-                  f"{options.target!r}; it does not run (see `accrewrite rules`)", highlight=False, soft_wrap=True)
+    warned = set()
+    for options in [first, *chosen.values()]:
+        for rule in options.unavailable():
+            if (rule.code, options.target) not in warned:
+                warned.add((rule.code, options.target))
+                err.print(f"[bold yellow]warning:[/] {rule.code} {rule.name} is not available on target "
+                          f"{options.target!r}; it does not run (see `accrewrite rules`)", highlight=False,
+                          soft_wrap=True)
     if stdin:
-        return _migrate_stdin(args, options, out, err)
-    excludes = tuple(args.exclude or ()) + tuple(config.get("exclude", []))
-    found = discover(args.paths, excludes)
+        return _migrate_stdin(args, first, out, err)
     if args.output_dir:  # an output folder inside the inputs holds last run's copies, not inputs
-        found.files = [path for path in found.files if not _inside(path, Path(args.output_dir))]
-    if not found.files and not found.problems:
+        work = [(path, options) for path, options in work if not _inside(path, Path(args.output_dir))]
+    if not work and not found.problems:
         err.print(f"[bold yellow]warning:[/] no Python files found under {escape(', '.join(args.paths))}",
                   highlight=False, soft_wrap=True)
     mode = "output-dir" if args.output_dir else (args.mode or "diff")
-    jobs = _jobs(found.files, args.paths, args.output_dir)
+    jobs = list(zip(_jobs([path for path, _ in work], args.paths, args.output_dir), (o for _, o in work)))
     workers = min(args.jobs if args.jobs > 0 else usable_cpus(), usable_cpus(), max(1, len(jobs)))
     if err.is_terminal and len(jobs) >= PROGRESS_MIN_FILES:
         # Refreshed from this thread: the workers are forked, and a refresh thread must not be.
@@ -238,10 +261,11 @@ def _migrate(args, out: Console, err: Console) -> int:
                 progress.advance(task)
                 progress.refresh()
 
-            outcomes = run(jobs, options, mode, workers, advance, args.timeout)
+            outcomes = run(jobs, mode, workers, advance, args.timeout)
     else:
-        outcomes = run(jobs, options, mode, workers, timeout=args.timeout)
+        outcomes = run(jobs, mode, workers, timeout=args.timeout)
     outcomes = [Outcome(path, error=FileError(why), file=False) for path, why in found.problems] + outcomes
+    target = ", ".join(sorted({options.target for options in chosen.values()})) or first.target
 
     if any(o.error is not None for o in outcomes):
         code = EXIT_ERROR
@@ -250,7 +274,7 @@ def _migrate(args, out: Console, err: Console) -> int:
     else:
         code = EXIT_OK
     try:
-        report(outcomes, mode, options.target, args.format, out, args.statistics, args.show_fixes)
+        report(outcomes, mode, target, args.format, out, args.statistics, args.show_fixes)
     except BrokenPipeError:
         _to_devnull(sys.stdout)
     return code

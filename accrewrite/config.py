@@ -1,18 +1,21 @@
 """``[tool.accrewrite]`` in the nearest pyproject.toml.
 
-The nearest is the first pyproject.toml with a ``[tool.accrewrite]`` table found walking up from
-the first path given on the command line (or the working directory). Command-line flags override
-it. Keys: target, guard, select, ignore, unsafe-fixes, exclude, parallel.
+Each file has its own, as in ruff: the first pyproject.toml with a ``[tool.accrewrite]`` table
+found walking up from the file's folder (standard input: from --stdin-filename, or the working
+directory). So one call over two projects migrates each with its own settings. Command-line
+flags override it. Keys: target, guard, select, ignore, unsafe-fixes, exclude (globs, relative to
+the pyproject.toml's folder), parallel.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from accrewrite.choices import PARALLEL_KINDS
-from accrewrite.discovery import real
+from accrewrite.discovery import excluded, real
 from accrewrite.targets import all_targets, unknown_target
 
 if sys.version_info >= (3, 11):
@@ -35,6 +38,23 @@ class FileConfig:
 
     def get(self, key: str, default=None):
         return (self.values or {}).get(key, default)
+
+    def excludes(self, path: Path) -> bool:
+        patterns = tuple(self.get("exclude", []))
+        return bool(patterns) and excluded(Path(os.path.abspath(path)), self.path.parent, patterns)
+
+
+class Configs:
+    """The configuration of each file, looked up once per folder."""
+
+    def __init__(self) -> None:
+        self._by_folder: dict[Path, FileConfig] = {}
+
+    def of(self, path: Path) -> FileConfig:
+        folder = real(path) if _is_a(path, Path.is_dir) else real(path).parent
+        if folder not in self._by_folder:
+            self._by_folder[folder] = find_config(folder)
+        return self._by_folder[folder]
 
 
 def find_config(start: Path) -> FileConfig:

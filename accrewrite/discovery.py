@@ -42,7 +42,7 @@ def _is_virtualenv(directory: Path) -> bool:
         return False
 
 
-def _excluded(path: Path, root: Path, excludes: tuple[str, ...]) -> bool:
+def excluded(path: Path, root: Path, excludes: tuple[str, ...]) -> bool:
     """Whether a glob matches ``path`` (relative to the walk's root), its name, or one of its
     directories."""
     if not excludes:
@@ -75,7 +75,7 @@ def discover(paths: list[str], excludes: tuple[str, ...] = ()) -> Found:
         elif path.is_dir():
             for file in _walk(path, excludes, found.problems):
                 take(file)
-        elif not _excluded(path, Path.cwd(), excludes):
+        elif not excluded(path, Path.cwd(), excludes):
             take(path)
     return found
 
@@ -99,11 +99,11 @@ def _walk(root: Path, excludes: tuple[str, ...], problems: list[tuple[str, str]]
             if name not in SKIPPED_DIRS
             and not name.endswith(".egg-info")
             and not _is_virtualenv(here / name)
-            and not _excluded(here / name, root, excludes)
+            and not excluded(here / name, root, excludes)
         )
         for name in sorted(files):
             file = here / name
-            if not name.endswith(".py") or _excluded(file, root, excludes):
+            if not name.endswith(".py") or excluded(file, root, excludes):
                 continue
             if file.is_symlink() and not real(file).is_relative_to(real_root):
                 continue

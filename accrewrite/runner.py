@@ -163,16 +163,17 @@ def _process_star(arguments) -> Outcome:
     return process(*arguments)
 
 
-def run(jobs: list[Job], options: Options, mode: str, workers: int = 1, progress=None,
+def run(jobs: list[tuple[Job, Options]], mode: str, workers: int = 1, progress=None,
         timeout: float | None = None) -> list[Outcome]:
-    """Process every job in ``workers`` worker processes, calling ``progress()`` after each
-    file, with at most ``timeout`` seconds a file. Results come back in the order of ``jobs``."""
+    """Process every job with its options in ``workers`` worker processes, calling
+    ``progress()`` after each file, with at most ``timeout`` seconds a file. Results come back in
+    the order of ``jobs``."""
     if mode in ("in-place", "output-dir"):
-        for directory in {(job.output or job.path).parent for job in jobs}:
+        for directory in {(job.output or job.path).parent for job, _ in jobs}:
             remove_orphans(directory)
-    tasks = [(job, options, mode) for job in jobs]
+    tasks = [(job, options, mode) for job, options in jobs]
     results = map_isolated(_process_star, tasks, workers, timeout, progress)
     return [
         Outcome(str(job.path), error=FileError(result.reason)) if isinstance(result, Lost) else result
-        for job, result in zip(jobs, results)
+        for (job, _), result in zip(jobs, results)
     ]

@@ -49,3 +49,26 @@ def test_wrong_type_is_an_error(tmp_path, cli):
     path = project(tmp_path, 'select = "ACC001"')
     code, _, err = cli("migrate", path)
     assert code == 2 and "select must be a list of strings" in err
+
+
+def test_each_file_takes_its_own_projects_configuration(tmp_path, cli, monkeypatch):
+    # A monorepo's pre-commit run: two projects, one call.
+    for name, table in (("a", 'target = "torch_xla"'), ("b", 'target = "runtime"\nexclude = ["legacy.py"]')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pyproject.toml").write_text(f"[tool.accrewrite]\n{table}\n")
+        for script in ("train.py", "legacy.py"):
+            (tmp_path / name / script).write_bytes(TRAIN)
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli("migrate", "--in-place", "a/train.py", "b/train.py", "b/legacy.py", "--format", "json")
+    assert code == 0
+    document = json.loads(out)
+    assert [f["path"] for f in document["files"]] == ["a/train.py", "b/train.py"] and document["target"] == "runtime, torch_xla"
+    assert b"torch_xla" in (tmp_path / "a/train.py").read_bytes()
+    assert b"accrewrite.runtime" in (tmp_path / "b/train.py").read_bytes()
+    assert (tmp_path / "b/legacy.py").read_bytes() == TRAIN
+    # A bad configuration anywhere stops the call before any file is written.
+    (tmp_path / "b/pyproject.toml").write_text('[tool.accrewrite]\ntarget = "tpu"\n')
+    (tmp_path / "a/legacy.py").write_bytes(TRAIN)
+    code, _, err = cli("migrate", "--in-place", "a/legacy.py", "b/legacy.py")
+    assert code == 2 and "b/pyproject.toml: [tool.accrewrite] target" in err
+    assert (tmp_path / "a/legacy.py").read_bytes() == TRAIN

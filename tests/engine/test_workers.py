@@ -31,9 +31,9 @@ def test_jobs_are_capped_at_the_cpus_and_the_files(tmp_path, monkeypatch, capsys
     asked = []
     run = accrewrite.runner.run
 
-    def counting(jobs, options, mode, count=1, *args, **kwargs):
+    def counting(jobs, mode, count=1, *args, **kwargs):
         asked.append(count)
-        return run(jobs, options, mode, count, *args, **kwargs)
+        return run(jobs, mode, count, *args, **kwargs)
 
     monkeypatch.setattr(accrewrite.runner, "run", counting)
     monkeypatch.setattr(workers, "usable_cpus", lambda: 2)
