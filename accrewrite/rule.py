@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import libcst as cst
-import libcst.matchers as matchers
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accrewrite import snippets
@@ -124,6 +123,16 @@ def excerpt(code: str, width: int = 40) -> str:
     """Source code quoted in a message: on one line, cut to ``width`` characters."""
     code = " ".join(code.split())
     return code if len(code) <= width else code[: width - 3] + "..."
+
+
+class _Comments(cst.CSTVisitor):
+    """The comments of a module (a string that reads "# noqa" is not one)."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.Comment] = []
+
+    def visit_Comment(self, node: cst.Comment) -> None:
+        self.found.append(node)
 
 
 _NOQA = re.compile(r"#\s*noqa:\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)", re.IGNORECASE)
@@ -269,8 +278,10 @@ class RuleContext:
         if self._noqa is None:
             self._noqa = {}
             # Comments only, as ruff reads them: "# noqa: X" inside a string suppresses nothing.
-            comments = [] if "noqa" not in self.source_text.lower() else matchers.findall(self.module, matchers.Comment())
-            for comment in comments:
+            comments = _Comments()
+            if "noqa" in self.source_text.lower():
+                self.module.visit(comments)
+            for comment in comments.found:
                 match = _NOQA.search(comment.value)
                 if match:
                     codes = re.split(r"[\s,]+", match.group("codes").upper())
