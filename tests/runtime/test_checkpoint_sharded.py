@@ -1,17 +1,30 @@
 """``save_checkpoint``/``load_checkpoint`` (DCP) and ``export_full_state_dict``: resharding from
-4 ranks to 2 is bit-exact, the export reads with a plain ``torch.load``, and a save killed
-midway leaves the previous checkpoint loadable while a reader keeps reading."""
+4 ranks to 2 is bit-exact, the export reads with a plain ``torch.load``, a save killed midway
+leaves the previous checkpoint loadable while a reader keeps reading, and a save on a full disk
+leaves nothing behind."""
 
+import contextlib
+import errno
+import io
 import os
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 import torch
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.utils.data import DataLoader
 
-from accrewrite.runtime import Config, accelerate, export_full_state_dict, load_checkpoint, save_checkpoint
+from accrewrite.runtime import (
+    Config,
+    accelerate,
+    export_full_state_dict,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 import _forked
 from _ranks import run_ranks
@@ -174,3 +187,137 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_and_readers_never_s
     save_checkpoint(path, Versioned(-1.0), version=-1)  # the next save clears what the killed one left
     assert _read(path) == -1
     assert not any((tmp_path / entry).exists() for entry in unfinished)
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+class Filled(torch.nn.Module):
+    def __init__(self, value=0.0, size=1 << 16):  # 256 KB
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.full((size,), value))
+
+
+def _value(path):
+    model = Filled()
+    load_checkpoint(path, model)
+    return model.weight[0].item()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs: a disk that fills up for real."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command to mount a tmpfs")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def _assert_full_disk_error(error, path):
+    assert isinstance(error.value, OSError) and error.value.errno == errno.ENOSPC
+    assert f"could not save the checkpoint {path}: the disk is full" in str(error.value)
+    assert "free space and save again" in str(error.value)
+    assert error.value.__cause__ is not None
+
+
+def test_a_save_on_a_full_disk_removes_what_it_wrote_and_the_next_save_succeeds(small_disk):
+    path = small_disk / "ckpt"
+    save_checkpoint(path, Filled(1.0))
+    before = sorted(os.listdir(small_disk))
+    room = os.statvfs(small_disk)
+    with open(small_disk / "filler", "wb") as filler:  # 100 KB left: less than a save
+        filler.write(bytes(room.f_bavail * room.f_frsize - 100_000))
+    for _ in range(3):
+        with pytest.raises(OSError) as error:
+            save_checkpoint(path, Filled(2.0))
+        _assert_full_disk_error(error, path)
+        assert sorted(os.listdir(small_disk)) == sorted([*before, "filler"])
+        assert _value(path) == 1.0
+    os.unlink(small_disk / "filler")
+    save_checkpoint(path, Filled(2.0))
+    assert _value(path) == 2.0
+
+
+class _SmallFile(io.FileIO):
+    """A file on a disk with ``room`` bytes left (shared by all files), then ENOSPC."""
+
+    room = None
+
+    def write(self, data):
+        size = memoryview(data).nbytes
+        if size > type(self).room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        type(self).room -= size
+        return super().write(data)
+
+
+@contextlib.contextmanager
+def _disk_with_room(monkeypatch, room):
+    """DCP's files as if the disk had ``room`` bytes left."""
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with _SmallFile(path, mode) as stream:
+            yield stream
+
+    with monkeypatch.context() as patched:
+        patched.setattr(_SmallFile, "room", room)
+        patched.setattr(FileSystem, "create_stream", create_stream)
+        yield
+
+
+def test_a_save_failing_partway_removes_what_it_wrote_and_the_next_save_succeeds(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, Filled(1.0))
+    before = sorted(os.listdir(tmp_path))
+    for _ in range(3):
+        with _disk_with_room(monkeypatch, 100_000), pytest.raises(OSError) as error:
+            save_checkpoint(path, Filled(2.0))
+        _assert_full_disk_error(error, path)
+        assert sorted(os.listdir(tmp_path)) == before
+        assert _value(path) == 1.0
+    save_checkpoint(path, Filled(2.0))
+    assert _value(path) == 2.0
+
+
+def test_a_save_whose_extra_cannot_be_written_says_so_and_removes_what_it_wrote(tmp_path):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, Filled(1.0))
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(RuntimeError, match=f"could not save the checkpoint {path}: .*lambda"):
+        save_checkpoint(path, Filled(2.0), schedule=lambda step: step)  # not picklable
+    assert sorted(os.listdir(tmp_path)) == before
+    assert _value(path) == 1.0
+
+
+def _full_disk_rank(rank, directory):
+    model, optimizer = _setup(2, 1)  # FSDP: each rank writes its own shards
+    path = os.path.join(directory, "ckpt")
+    save_checkpoint(path, model, optimizer, step=1)
+    before = sorted(os.listdir(directory))
+    for _ in range(3):
+        # Only rank 1's disk is full: rank 0 fails too, and removes nothing rank 1 still writes.
+        with (_disk_with_room(pytest.MonkeyPatch(), 0 if rank == 1 else 1 << 30),
+              pytest.raises(OSError) as error):
+            save_checkpoint(path, model, optimizer, step=2)
+        _assert_full_disk_error(error, path)
+        assert sorted(os.listdir(directory)) == before
+    assert load_checkpoint(path, model, optimizer) == {"step": 1}
+    save_checkpoint(path, model, optimizer, step=3)
+    assert load_checkpoint(path, model, optimizer) == {"step": 3}
+    return sorted(os.listdir(directory))
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_a_full_disk_on_one_rank_fails_the_save_on_every_rank_and_leaves_nothing(tmp_path):
+    listings = run_ranks(_full_disk_rank, 2, str(tmp_path))
+    # the link, the checkpoint and the one it replaced
+    assert listings[0] == listings[1] and len(listings[0]) == 3
+
