@@ -17,6 +17,11 @@ reader on its own outrun by two saves reads the newest. A save that fails (a ful
 what it wrote on every rank, leaves ``path`` as it was and raises an ``OSError`` with the
 system's errno (``ENOSPC``), or a ``RuntimeError``, naming ``path``.
 
+``load_checkpoint`` is strict by default, as ``nn.Module.load_state_dict`` is: the model's keys
+must be the checkpoint's, and the optimizer's state must be in it, else it raises
+``CheckpointMismatchError`` (a ``ValueError``) before reading anything; ``strict=False`` loads
+what matches and leaves the rest (the state of parameters the checkpoint lacks) as it is.
+
 ``export_full_state_dict(path, model)`` writes what ``model.state_dict()`` would be without
 sharding, as one file from rank 0 (atomically), for a plain
 ``model.load_state_dict(torch.load(path))`` anywhere.
@@ -35,7 +40,7 @@ import shutil
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -46,9 +51,19 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from accrewrite.atomic_file import write_atomically
 
-from .._torch_compat import StridedShard
+from .._torch_compat import StridedShard, flatten_state_dict
 
 _EXTRA = "extra.pt"
+_SHOWN = 5  # keys a mismatch names
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's keys are not the model's (or lack the optimizer's state). The keys are
+    DCP's flat names: ``model.<parameter>``, ``optimizer.state.<parameter>.<state>``."""
+
+    def __init__(self, message, missing_keys=(), unexpected_keys=()):
+        super().__init__(message)
+        self.missing_keys, self.unexpected_keys = list(missing_keys), list(unexpected_keys)
 
 
 def save_checkpoint(path, model, optimizer=None, **extra) -> None:
@@ -86,9 +101,12 @@ def save_checkpoint(path, model, optimizer=None, **extra) -> None:
     _barrier()  # no rank goes on before the checkpoint is in place
 
 
-def load_checkpoint(path, model, optimizer=None) -> dict:
+def load_checkpoint(path, model, optimizer=None, *, strict=True) -> dict:
     """Load the checkpoint at ``path`` into ``model`` and ``optimizer`` (may be None), resharded
-    to their current layout; returns the ``extra`` it was saved with. Collective."""
+    to their current layout; returns the ``extra`` it was saved with. Collective. ``strict``:
+    raise ``CheckpointMismatchError`` unless the checkpoint has exactly the model's keys and the
+    optimizer's state; ``strict=False`` loads the keys both have and leaves the others as they
+    are."""
     path = os.path.abspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
@@ -99,7 +117,9 @@ def load_checkpoint(path, model, optimizer=None) -> dict:
         real = _agreed(os.path.realpath(path))  # every rank reads the same save, even mid-swap
         whole = _blocks_only(state)
         try:
-            dcp.load(whole, checkpoint_id=real)
+            if strict:
+                _check_keys(path, whole, FileSystemReader(real).read_metadata().state_dict_metadata)
+            dcp.load(whole, checkpoint_id=real, planner=DefaultLoadPlanner(allow_partial_load=not strict))
             extra = torch.load(os.path.join(real, _EXTRA), weights_only=False)
             break
         except (FileNotFoundError, dcp.CheckpointException):
@@ -175,6 +195,32 @@ def _save_error(path, number, what):
     return OSError(number, message) if number else RuntimeError(message)
 
 
+def _check_keys(path, state, saved) -> None:
+    """Raise ``CheckpointMismatchError`` unless ``saved`` (DCP's metadata) has every key of
+    ``state`` and no model key more."""
+    flat = flatten_state_dict(state)[0]
+    missing = [key for key in flat if key not in saved]
+    # The checkpoint's optimizer state follows its model keys; one loaded without an optimizer
+    # (an evaluation) is no mismatch.
+    unexpected = [key for key in saved if key.startswith("model.") and key not in flat]
+    if missing or unexpected:
+        raise CheckpointMismatchError(
+            f"the checkpoint at {path} does not match the model"
+            f"{' and optimizer' if state['optimizer'] else ''}: missing from the checkpoint: "
+            f"{_few(missing)}; unexpected in the checkpoint: {_few(unexpected)}. Load it into the "
+            f"model (and optimizer) it was saved from, or pass strict=False to load the keys both "
+            f"have and leave the rest as they are",
+            missing, unexpected,
+        )
+
+
+def _few(keys) -> str:
+    if not keys:
+        return "none"
+    more = ", ..." if len(keys) > _SHOWN else ""
+    return f"{len(keys)} key{'s' if len(keys) > 1 else ''} ({', '.join(keys[:_SHOWN])}{more})"
+
+
 def _optimizers(optimizer):
     return [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
 
@@ -208,8 +254,11 @@ def _blocks_only(state):
 
 def _redistribute_like(loaded, template):
     """Split the whole tensors of ``loaded`` again as the DTensors of ``template`` are."""
-    for key, value in (loaded.items() if isinstance(loaded, dict) else enumerate(loaded)):
-        like = template[key]
+    if isinstance(loaded, dict):
+        pairs = [(key, value, template[key]) for key, value in loaded.items()]
+    else:  # the checkpoint's list of a param group's parameter names may be a larger model's
+        pairs = zip(range(len(loaded)), loaded, template)
+    for key, value, like in pairs:
         if isinstance(value, (dict, list)):
             _redistribute_like(value, like)
         elif isinstance(like, DTensor) and not isinstance(value, DTensor):

@@ -1,7 +1,7 @@
 """``save_checkpoint``/``load_checkpoint`` (DCP) and ``export_full_state_dict``: resharding from
 4 ranks to 2 is bit-exact, the export reads with a plain ``torch.load``, a save killed midway
-leaves the previous checkpoint loadable while a reader keeps reading, and a save on a full disk
-leaves nothing behind."""
+leaves the previous checkpoint loadable while a reader keeps reading, a save on a full disk
+leaves nothing behind, and a checkpoint of another model is refused unless ``strict=False``."""
 
 import contextlib
 import errno
@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.utils.data import DataLoader
 
 from accrewrite.runtime import (
+    CheckpointMismatchError,
     Config,
     accelerate,
     export_full_state_dict,
@@ -321,3 +322,82 @@ def test_a_full_disk_on_one_rank_fails_the_save_on_every_rank_and_leaves_nothing
     # the link, the checkpoint and the one it replaced
     assert listings[0] == listings[1] and len(listings[0]) == 3
 
+
+# -- a checkpoint of another model ----------------------------------------------------------------
+
+def _stack(depth, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(depth)])
+    return model, torch.optim.Adam(model.parameters(), lr=0.1)
+
+
+@pytest.fixture
+def four_layers(tmp_path):
+    """A checkpoint of a 4-layer model trained one step with Adam; the model and its optimizer."""
+    model, optimizer = _stack(4, seed=1)
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, step=1)
+    return tmp_path / "ckpt", model, optimizer
+
+
+def _mismatch(path, depth, with_optimizer):
+    model, optimizer = _stack(depth)
+    want = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(CheckpointMismatchError) as error:
+        load_checkpoint(path, model, optimizer if with_optimizer else None)
+    assert isinstance(error.value, ValueError)
+    message = str(error.value)
+    assert f"the checkpoint at {path} does not match the model" in message
+    assert "pass strict=False to load the keys both have" in message
+    assert all(torch.equal(value, want[key]) for key, value in model.state_dict().items())  # untouched
+    return error.value, message
+
+
+@pytest.mark.parametrize("with_optimizer", [True, False])
+def test_a_smaller_model_is_refused_naming_the_keys_it_lacks(four_layers, with_optimizer):
+    error, message = _mismatch(four_layers[0], 2, with_optimizer)
+    assert error.missing_keys == []
+    assert error.unexpected_keys == ["model.2.weight", "model.2.bias", "model.3.weight", "model.3.bias"]
+    assert ("missing from the checkpoint: none; unexpected in the checkpoint: 4 keys (model.2.weight, "
+            "model.2.bias, model.3.weight, model.3.bias)") in message
+
+
+@pytest.mark.parametrize("with_optimizer", [True, False])
+def test_a_larger_model_is_refused_naming_the_keys_the_checkpoint_lacks(four_layers, with_optimizer):
+    error, message = _mismatch(four_layers[0], 6, with_optimizer)
+    model_keys = ["model.4.weight", "model.4.bias", "model.5.weight", "model.5.bias"]
+    optimizer_keys = [f"optimizer.state.{layer}.{name}.{state}" for layer in (4, 5)
+                      for name in ("weight", "bias") for state in ("step", "exp_avg", "exp_avg_sq")]
+    assert error.missing_keys == model_keys + (optimizer_keys if with_optimizer else [])
+    assert error.unexpected_keys == []
+    shown = ", ".join(model_keys + optimizer_keys[:1]) + ", ..." if with_optimizer else ", ".join(model_keys)
+    assert f"missing from the checkpoint: {len(error.missing_keys)} keys ({shown}); unexpected" in message
+
+
+def test_a_checkpoint_without_the_optimizers_state_is_refused_with_the_optimizer(tmp_path):
+    model, optimizer = _stack(2)
+    save_checkpoint(tmp_path / "ckpt", model)
+    # each parameter's state and each param group's settings
+    missing = r"missing from the checkpoint: 24 keys \(optimizer\.state\.0\.weight\.step"
+    with pytest.raises(CheckpointMismatchError, match=missing):
+        load_checkpoint(tmp_path / "ckpt", model, optimizer)
+    assert load_checkpoint(tmp_path / "ckpt", model) == {}
+
+
+@pytest.mark.parametrize("depth", [2, 6])
+def test_strict_false_loads_the_layers_both_have_and_leaves_the_others(four_layers, depth):
+    path, saved, saved_optimizer = four_layers
+    model, optimizer = _stack(depth)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    assert load_checkpoint(path, model, optimizer, strict=False) == {"step": 1}
+    saved_state = saved.state_dict()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, saved_state[key] if key in saved_state else before[key]), key
+    for layer in range(min(depth, 4)):
+        got, want = optimizer.state[model[layer].weight], saved_optimizer.state[saved[layer].weight]
+        assert torch.equal(got["exp_avg"], want["exp_avg"]) and torch.equal(got["step"], want["step"])
+    for layer in range(4, depth):  # no saved state: as a fresh optimizer's
+        assert not optimizer.state[model[layer].weight]["exp_avg"].any()
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()  # trains on
