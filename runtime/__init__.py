@@ -31,6 +31,7 @@ _ATTRIBUTES = {
     "save_checkpoint": "parallel.checkpoint:save_checkpoint",
     "load_checkpoint": "parallel.checkpoint:load_checkpoint",
     "export_full_state_dict": "parallel.checkpoint:export_full_state_dict",
+    "CheckpointMismatchError": "parallel.checkpoint:CheckpointMismatchError",
 }
 __all__ = list(_ATTRIBUTES)
 __getattr__ = lazy_attributes(__name__, _ATTRIBUTES)

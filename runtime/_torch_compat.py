@@ -55,6 +55,8 @@ _NAMES = {
     # A DTensor placement for a dimension split into ``split_factor`` equal parts, each sharded
     # across the mesh: the layout of a fused q/k/v projection split by attention head (parallel/).
     "StridedShard": "torch.distributed.tensor.placement_types:_StridedShard",
+    # DCP's flat keys of a nested state dict, as in a checkpoint's metadata (parallel/checkpoint.py)
+    "flatten_state_dict": "torch.distributed.checkpoint._nested_dict:flatten_state_dict",
 }
 
 

@@ -1,17 +1,31 @@
 """``save_checkpoint``/``load_checkpoint`` (DCP) and ``export_full_state_dict``: resharding from
-4 ranks to 2 is bit-exact, the export reads with a plain ``torch.load``, and a save killed
-midway leaves the previous checkpoint loadable while a reader keeps reading."""
+4 ranks to 2 is bit-exact, the export reads with a plain ``torch.load``, a save killed midway
+leaves the previous checkpoint loadable while a reader keeps reading, a save on a full disk
+leaves nothing behind, and a checkpoint of another model is refused unless ``strict=False``."""
 
+import contextlib
+import errno
+import io
 import os
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 import torch
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.utils.data import DataLoader
 
-from accrewrite.runtime import Config, accelerate, export_full_state_dict, load_checkpoint, save_checkpoint
+from accrewrite.runtime import (
+    CheckpointMismatchError,
+    Config,
+    accelerate,
+    export_full_state_dict,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 import _forked
 from _ranks import run_ranks
@@ -174,3 +188,216 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_and_readers_never_s
     save_checkpoint(path, Versioned(-1.0), version=-1)  # the next save clears what the killed one left
     assert _read(path) == -1
     assert not any((tmp_path / entry).exists() for entry in unfinished)
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+class Filled(torch.nn.Module):
+    def __init__(self, value=0.0, size=1 << 16):  # 256 KB
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.full((size,), value))
+
+
+def _value(path):
+    model = Filled()
+    load_checkpoint(path, model)
+    return model.weight[0].item()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs: a disk that fills up for real."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command to mount a tmpfs")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def _assert_full_disk_error(error, path):
+    assert isinstance(error.value, OSError) and error.value.errno == errno.ENOSPC
+    assert f"could not save the checkpoint {path}: the disk is full" in str(error.value)
+    assert "free space and save again" in str(error.value)
+    assert error.value.__cause__ is not None
+
+
+def test_a_save_on_a_full_disk_removes_what_it_wrote_and_the_next_save_succeeds(small_disk):
+    path = small_disk / "ckpt"
+    save_checkpoint(path, Filled(1.0))
+    before = sorted(os.listdir(small_disk))
+    room = os.statvfs(small_disk)
+    with open(small_disk / "filler", "wb") as filler:  # 100 KB left: less than a save
+        filler.write(bytes(room.f_bavail * room.f_frsize - 100_000))
+    for _ in range(3):
+        with pytest.raises(OSError) as error:
+            save_checkpoint(path, Filled(2.0))
+        _assert_full_disk_error(error, path)
+        assert sorted(os.listdir(small_disk)) == sorted([*before, "filler"])
+        assert _value(path) == 1.0
+    os.unlink(small_disk / "filler")
+    save_checkpoint(path, Filled(2.0))
+    assert _value(path) == 2.0
+
+
+class _SmallFile(io.FileIO):
+    """A file on a disk with ``room`` bytes left (shared by all files), then ENOSPC."""
+
+    room = None
+
+    def write(self, data):
+        size = memoryview(data).nbytes
+        if size > type(self).room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        type(self).room -= size
+        return super().write(data)
+
+
+@contextlib.contextmanager
+def _disk_with_room(monkeypatch, room):
+    """DCP's files as if the disk had ``room`` bytes left."""
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with _SmallFile(path, mode) as stream:
+            yield stream
+
+    with monkeypatch.context() as patched:
+        patched.setattr(_SmallFile, "room", room)
+        patched.setattr(FileSystem, "create_stream", create_stream)
+        yield
+
+
+def test_a_save_failing_partway_removes_what_it_wrote_and_the_next_save_succeeds(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, Filled(1.0))
+    before = sorted(os.listdir(tmp_path))
+    for _ in range(3):
+        with _disk_with_room(monkeypatch, 100_000), pytest.raises(OSError) as error:
+            save_checkpoint(path, Filled(2.0))
+        _assert_full_disk_error(error, path)
+        assert sorted(os.listdir(tmp_path)) == before
+        assert _value(path) == 1.0
+    save_checkpoint(path, Filled(2.0))
+    assert _value(path) == 2.0
+
+
+def test_a_save_whose_extra_cannot_be_written_says_so_and_removes_what_it_wrote(tmp_path):
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, Filled(1.0))
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(RuntimeError, match=f"could not save the checkpoint {path}: .*lambda"):
+        save_checkpoint(path, Filled(2.0), schedule=lambda step: step)  # not picklable
+    assert sorted(os.listdir(tmp_path)) == before
+    assert _value(path) == 1.0
+
+
+def _full_disk_rank(rank, directory):
+    model, optimizer = _setup(2, 1)  # FSDP: each rank writes its own shards
+    path = os.path.join(directory, "ckpt")
+    save_checkpoint(path, model, optimizer, step=1)
+    before = sorted(os.listdir(directory))
+    for _ in range(3):
+        # Only rank 1's disk is full: rank 0 fails too, and removes nothing rank 1 still writes.
+        with (_disk_with_room(pytest.MonkeyPatch(), 0 if rank == 1 else 1 << 30),
+              pytest.raises(OSError) as error):
+            save_checkpoint(path, model, optimizer, step=2)
+        _assert_full_disk_error(error, path)
+        assert sorted(os.listdir(directory)) == before
+    assert load_checkpoint(path, model, optimizer) == {"step": 1}
+    save_checkpoint(path, model, optimizer, step=3)
+    assert load_checkpoint(path, model, optimizer) == {"step": 3}
+    return sorted(os.listdir(directory))
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_a_full_disk_on_one_rank_fails_the_save_on_every_rank_and_leaves_nothing(tmp_path):
+    listings = run_ranks(_full_disk_rank, 2, str(tmp_path))
+    # the link, the checkpoint and the one it replaced
+    assert listings[0] == listings[1] and len(listings[0]) == 3
+
+
+# -- a checkpoint of another model ----------------------------------------------------------------
+
+def _stack(depth, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(depth)])
+    return model, torch.optim.Adam(model.parameters(), lr=0.1)
+
+
+@pytest.fixture
+def four_layers(tmp_path):
+    """A checkpoint of a 4-layer model trained one step with Adam; the model and its optimizer."""
+    model, optimizer = _stack(4, seed=1)
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, step=1)
+    return tmp_path / "ckpt", model, optimizer
+
+
+def _mismatch(path, depth, with_optimizer):
+    model, optimizer = _stack(depth)
+    want = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(CheckpointMismatchError) as error:
+        load_checkpoint(path, model, optimizer if with_optimizer else None)
+    assert isinstance(error.value, ValueError)
+    message = str(error.value)
+    assert f"the checkpoint at {path} does not match the model" in message
+    assert "pass strict=False to load the keys both have" in message
+    assert all(torch.equal(value, want[key]) for key, value in model.state_dict().items())  # untouched
+    return error.value, message
+
+
+@pytest.mark.parametrize("with_optimizer", [True, False])
+def test_a_smaller_model_is_refused_naming_the_keys_it_lacks(four_layers, with_optimizer):
+    error, message = _mismatch(four_layers[0], 2, with_optimizer)
+    assert error.missing_keys == []
+    assert error.unexpected_keys == ["model.2.weight", "model.2.bias", "model.3.weight", "model.3.bias"]
+    assert ("missing from the checkpoint: none; unexpected in the checkpoint: 4 keys (model.2.weight, "
+            "model.2.bias, model.3.weight, model.3.bias)") in message
+
+
+@pytest.mark.parametrize("with_optimizer", [True, False])
+def test_a_larger_model_is_refused_naming_the_keys_the_checkpoint_lacks(four_layers, with_optimizer):
+    error, message = _mismatch(four_layers[0], 6, with_optimizer)
+    model_keys = ["model.4.weight", "model.4.bias", "model.5.weight", "model.5.bias"]
+    optimizer_keys = [f"optimizer.state.{layer}.{name}.{state}" for layer in (4, 5)
+                      for name in ("weight", "bias") for state in ("step", "exp_avg", "exp_avg_sq")]
+    assert error.missing_keys == model_keys + (optimizer_keys if with_optimizer else [])
+    assert error.unexpected_keys == []
+    shown = ", ".join(model_keys + optimizer_keys[:1]) + ", ..." if with_optimizer else ", ".join(model_keys)
+    assert f"missing from the checkpoint: {len(error.missing_keys)} keys ({shown}); unexpected" in message
+
+
+def test_a_checkpoint_without_the_optimizers_state_is_refused_with_the_optimizer(tmp_path):
+    model, optimizer = _stack(2)
+    save_checkpoint(tmp_path / "ckpt", model)
+    # each parameter's state and each param group's settings
+    missing = r"missing from the checkpoint: 24 keys \(optimizer\.state\.0\.weight\.step"
+    with pytest.raises(CheckpointMismatchError, match=missing):
+        load_checkpoint(tmp_path / "ckpt", model, optimizer)
+    assert load_checkpoint(tmp_path / "ckpt", model) == {}
+
+
+@pytest.mark.parametrize("depth", [2, 6])
+def test_strict_false_loads_the_layers_both_have_and_leaves_the_others(four_layers, depth):
+    path, saved, saved_optimizer = four_layers
+    model, optimizer = _stack(depth)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    assert load_checkpoint(path, model, optimizer, strict=False) == {"step": 1}
+    saved_state = saved.state_dict()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, saved_state[key] if key in saved_state else before[key]), key
+    for layer in range(min(depth, 4)):
+        got, want = optimizer.state[model[layer].weight], saved_optimizer.state[saved[layer].weight]
+        assert torch.equal(got["exp_avg"], want["exp_avg"]) and torch.equal(got["step"], want["step"])
+    for layer in range(4, depth):  # no saved state: as a fresh optimizer's
+        assert not optimizer.state[model[layer].weight]["exp_avg"].any()
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()  # trains on
