@@ -55,6 +55,8 @@ _NAMES = {
     # A DTensor placement for a dimension split into ``split_factor`` equal parts, each sharded
     # across the mesh: the layout of a fused q/k/v projection split by attention head (parallel/).
     "StridedShard": "torch.distributed.tensor.placement_types:_StridedShard",
+    # the default process group's key-value store, where xm.send/recv find their peer
+    "default_store": "torch.distributed.distributed_c10d:_get_default_store",
 }
 
 
