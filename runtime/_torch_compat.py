@@ -57,6 +57,8 @@ _NAMES = {
     "StridedShard": "torch.distributed.tensor.placement_types:_StridedShard",
     # DCP's flat keys of a nested state dict, as in a checkpoint's metadata (parallel/checkpoint.py)
     "flatten_state_dict": "torch.distributed.checkpoint._nested_dict:flatten_state_dict",
+    # the default process group's key-value store, where xm.send/recv find their peer
+    "default_store": "torch.distributed.distributed_c10d:_get_default_store",
 }
 
 

@@ -4,8 +4,8 @@ Devices are real PyTorch devices (``cuda:LOCAL_RANK`` where CUDA is present, els
 collectives are torch.distributed (NCCL on CUDA, gloo on CPU). The process group is the one the
 script created with ``dist.init_process_group``; a script that never creates one but runs with
 ``WORLD_SIZE > 1`` (under ``accrun``/torchrun) gets the default group initialised on its first
-collective. With one process a collective returns its input (a copy of a single tensor) and
-needs no process group.
+collective. With one process a collective needs no process group and gives what torch_xla gives
+with one device (mostly a copy of its input).
 
 Every name torch_xla 2.9 also has takes torch_xla's arguments and behaves as torch_xla's does
 (tests/runtime/test_xla_conformance.py runs both); what differs on purpose is listed in
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from accrewrite.atomic_file import write_atomically
 
-from . import _collectives
+from . import _collectives, _torch_compat
 from ._closures import STEP_CLOSURES
 from ._tensor_tree import map_tensors
 
@@ -224,6 +224,15 @@ def _group_for(groups):
     return _SUBGROUPS[key]
 
 
+def _replica_group(groups):
+    """``_group_for(groups)`` and that group's size (1 alone); torch_xla's gathers and scatters
+    need groups of one size."""
+    if groups and len({len(group) for group in groups}) != 1:
+        raise ValueError(f"groups={groups}: every replica group must have the same size")
+    group = _group_for(groups)
+    return group, 1 if group is None else dist.get_world_size(group)
+
+
 # --- collectives -------------------------------------------------------------------------
 
 
@@ -238,19 +247,14 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True, *, 
     bf16/fp16 wire format. ``pin_layout`` is accepted for torch_xla compatibility.
     """
     del pin_layout
-    if reduce_type not in _REDUCE_OPS:
-        raise ValueError(
-            f"all_reduce: unknown reduce_type {reduce_type!r}; expected one of {', '.join(_REDUCE_OPS)}"
-        )
+    _check_reduce_type("all_reduce", reduce_type)
     single = isinstance(inputs, torch.Tensor)
     if not single and not (isinstance(inputs, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in inputs)):
         raise TypeError("all_reduce: inputs must be a tensor or a list/tuple of tensors")
     if world_size() <= 1:
         return inputs.clone() if single else inputs
     tensors = [inputs.detach().clone()] if single else list(inputs)  # collectives are not differentiable
-    if scale != 1.0 and any(not (t.is_floating_point() or t.is_complex()) for t in tensors):
-        raise ValueError("all_reduce: scale != 1 needs floating-point tensors")
-    op = _reduce_op(reduce_type, tensors)
+    op = _reduce_op("all_reduce", reduce_type, tensors, scale)
     group = _group_for(groups)
     if group is None:  # a group of one
         if scale != 1.0:
@@ -263,14 +267,207 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True, *, 
     return tensors[0] if single else inputs
 
 
-def _reduce_op(reduce_type, tensors):
+def _check_reduce_type(caller, reduce_type):
+    if reduce_type not in _REDUCE_OPS:
+        raise ValueError(
+            f"{caller}: unknown reduce_type {reduce_type!r}; expected one of {', '.join(_REDUCE_OPS)}"
+        )
+
+
+def _reduce_op(caller, reduce_type, tensors, scale):
+    """The torch.distributed op for ``reduce_type`` on ``tensors``, refusing what it cannot do."""
+    if scale != 1.0 and any(not (t.is_floating_point() or t.is_complex()) for t in tensors):
+        raise ValueError(f"{caller}: scale != 1 needs floating-point tensors")
     if reduce_type not in _BOOLEAN_OPS:
         return _REDUCE_OPS[reduce_type]
     if any(t.is_floating_point() or t.is_complex() for t in tensors):
-        raise ValueError(f"all_reduce: {reduce_type!r} needs integer or boolean tensors")
+        raise ValueError(f"{caller}: {reduce_type!r} needs integer or boolean tensors")
     if all(t.dtype == torch.bool for t in tensors):
         return _BOOLEAN_OPS[reduce_type]
     return _REDUCE_OPS[reduce_type]
+
+
+def _tensor_list(caller, name, value):
+    """``value`` as a list of tensors: a tensor, or a list of them (torch_xla takes no tuple)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
+        return value
+    raise TypeError(f"{caller}: {name} must be a tensor or a list of tensors, not {type(value).__name__}")
+
+
+def _deliver(caller, results, output, single):
+    """``results`` as torch_xla returns them: one tensor for a tensor input, a list for a list;
+    copied into ``output`` (of the same form), which is then returned, when there is one."""
+    if output is None:
+        return results[0] if single else results
+    if not single and not (isinstance(output, list) and all(isinstance(o, torch.Tensor) for o in output)):
+        raise TypeError(f"{caller}: output must be a list of tensors for a list input, not {type(output).__name__}")
+    outputs = [output] if single else output
+    if len(outputs) != len(results):
+        raise ValueError(f"{caller}: {len(outputs)} outputs for {len(results)} inputs")
+    for out, result in zip(outputs, results):
+        if out.shape != result.shape:
+            raise ValueError(f"{caller}: output of shape {tuple(out.shape)}, the result's is {tuple(result.shape)}")
+        out.copy_(result)
+    return output
+
+
+def all_gather(value, dim=0, groups=None, output=None, pin_layout=True, channel_id=None,
+               use_global_device_ids=None):
+    """Concatenate ``value`` of every process in this rank's group of ``groups`` (all processes
+    without it) along ``dim``, in group order. A list of tensors gives a list of results (it
+    needs ``pin_layout=False``, as in torch_xla); ``output`` (a tensor, or a list for a list)
+    receives the result and is returned. With one process the result is a copy of ``value``.
+    ``pin_layout``, ``channel_id`` and ``use_global_device_ids`` (ranks are global device ids
+    here) change nothing else."""
+    del channel_id, use_global_device_ids
+    tensors = _tensor_list("all_gather", "value", value)
+    single = isinstance(value, torch.Tensor)
+    if pin_layout and not single:
+        raise RuntimeError("all_gather: a list of tensors needs pin_layout=False, as in torch_xla")
+    group, size = _replica_group(groups)
+    return _deliver("all_gather", [_gather(t, dim, group, size) for t in tensors], output, single)
+
+
+def _gather(tensor, dim, group, size):
+    if group is None:
+        return tensor.clone()
+    # all_gather_into_tensor concatenates along dim 0: ``dim`` goes there and back
+    moved = tensor.detach().movedim(dim, 0).contiguous()
+    gathered = moved.new_empty((size * moved.size(0), *moved.shape[1:]))
+    dist.all_gather_into_tensor(gathered, moved, group=group)
+    return gathered.movedim(0, dim).contiguous()
+
+
+def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=None, output=None,
+                   pin_layout=True, channel_id=None, use_global_device_ids=None):
+    """Reduce ``input`` across this rank's group of ``groups`` (all processes without it) with
+    ``reduce_type``, split the result into ``shard_count`` shards along ``scatter_dim`` and give
+    the i-th process of the group the i-th shard, multiplied by ``scale``. ``shard_count`` is
+    the group's size; alone, a process gets the first shard, as with one torch_xla device. A
+    list of tensors gives a list of results; ``output`` receives the result and is returned.
+    ``pin_layout``, ``channel_id`` and ``use_global_device_ids`` change nothing."""
+    del pin_layout, channel_id, use_global_device_ids
+    _check_reduce_type("reduce_scatter", reduce_type)
+    tensors = _tensor_list("reduce_scatter", "input", input)
+    op = _reduce_op("reduce_scatter", reduce_type, tensors, scale)
+    group, size = _replica_group(groups)
+    results = [_scatter(t, op, scale, scatter_dim, shard_count, group, size) for t in tensors]
+    return _deliver("reduce_scatter", results, output, isinstance(input, torch.Tensor))
+
+
+def _scatter(tensor, op, scale, dim, shard_count, group, size):
+    if tensor.size(dim) % shard_count:
+        raise ValueError(
+            f"reduce_scatter: dimension {dim} of size {tensor.size(dim)} does not split into {shard_count} shards"
+        )
+    if group is None:
+        shard = tensor.narrow(dim, 0, tensor.size(dim) // shard_count)
+        return shard * scale if scale != 1.0 else shard.clone()
+    if shard_count != size:
+        raise ValueError(f"reduce_scatter: shard_count={shard_count} in a group of {size} processes")
+    # reduce_scatter_tensor splits along dim 0: ``dim`` goes there and back
+    moved = tensor.detach().movedim(dim, 0).contiguous()
+    shard = moved.new_empty((moved.size(0) // size, *moved.shape[1:]))
+    dist.reduce_scatter_tensor(shard, moved, op=op, group=group)
+    if scale != 1.0:
+        shard.mul_(scale)
+    return shard.movedim(0, dim).contiguous()
+
+
+def all_to_all(value, split_dimension, concat_dimension, split_count, groups=None, pin_layout=True):
+    """XLA's AllToAll: split ``value`` into ``split_count`` blocks along ``split_dimension``,
+    send the i-th to the i-th process of this rank's group of ``groups`` (all processes without
+    it), and concatenate the blocks received along ``concat_dimension``, in group order.
+    ``split_count`` is the group's size; with one process the result is a copy of ``value``.
+    ``pin_layout`` is accepted for torch_xla compatibility."""
+    del pin_layout
+    group, size = _replica_group(groups)
+    if split_count != size:
+        raise ValueError(f"all_to_all: split_count={split_count} in a group of {size} processes")
+    if value.size(split_dimension) % split_count:
+        raise ValueError(
+            f"all_to_all: dimension {split_dimension} of size {value.size(split_dimension)} does not "
+            f"split into {split_count} blocks"
+        )
+    if group is None:
+        return value.clone()
+    blocks = torch.stack(value.detach().chunk(split_count, split_dimension))
+    received = torch.empty_like(blocks)
+    dist.all_to_all_single(received, blocks, group=group)
+    return torch.cat(received.unbind(0), concat_dimension)
+
+
+def collective_permute(value, pairs):
+    """XLA's CollectivePermute: for each ``[source, target]`` pair of global ranks, ``source``'s
+    ``value`` goes to ``target``. A rank sends at most once and receives at most once; one that
+    no pair targets gets zeros."""
+    pairs = [(int(source), int(target)) for source, target in pairs]
+    count = world_size()
+    for end in (0, 1):
+        ranks = [pair[end] for pair in pairs]
+        if len(set(ranks)) != len(ranks) or not all(0 <= r < count for r in ranks):
+            raise ValueError(
+                f"collective_permute: pairs={pairs}: each of {count} ranks sends and receives at most once"
+            )
+    rank = get_ordinal()
+    result = torch.zeros_like(value, memory_format=torch.contiguous_format)
+    _default_group()  # initialises the process group that the P2P ops use
+    ops = []
+    for source, target in pairs:
+        if source == rank == target:
+            result.copy_(value)
+        elif source == rank:
+            ops.append(dist.P2POp(dist.isend, value.detach().contiguous(), target))
+        elif target == rank:
+            ops.append(dist.P2POp(dist.irecv, result, source))
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return result
+
+
+# torch_xla's channel ids name a channel, not a peer. A channel joins one sending process with
+# one receiving process: each end names itself in the process group's store under the channel
+# and its count of uses there, so the n-th send on a channel meets the n-th recv on it.
+_CHANNEL_USES = collections.Counter()  # (direction, channel_id) -> uses by this process
+_LOOPBACK = collections.defaultdict(collections.deque)  # channel_id -> values sent, one process
+
+
+def _channel_peer(direction, channel_id):
+    store = _torch_compat.default_store()
+    use = _CHANNEL_USES[direction, channel_id]
+    _CHANNEL_USES[direction, channel_id] += 1
+    store.set(f"accrewrite.xm.{direction}/{channel_id}/{use}", str(get_ordinal()))
+    other = f"accrewrite.xm.{'recv' if direction == 'send' else 'send'}/{channel_id}/{use}"
+    peer = int(store.get(other))  # waits for the other end
+    store.delete_key(other)  # only this end reads it
+    return peer
+
+
+def send(value, channel_id):
+    """Send ``value`` on channel ``channel_id`` to the process that receives on it (``recv``),
+    waiting for that process; returns a copy of ``value``, as torch_xla does. With one process,
+    ``value`` waits for a ``recv`` on the channel in this process."""
+    if _default_group() is None:
+        _LOOPBACK[channel_id].append(value.detach().clone())
+    else:
+        dist.send(value.detach().contiguous(), _channel_peer("send", channel_id))
+    return value.detach().clone()
+
+
+def recv(output, channel_id):
+    """Receive what the process sending on channel ``channel_id`` (``send``) sends, as a new
+    tensor of the shape and dtype of ``output``, which is left as it is (as in torch_xla)."""
+    result = torch.empty_like(output, memory_format=torch.contiguous_format)
+    if _default_group() is None:
+        if not _LOOPBACK[channel_id]:
+            raise RuntimeError(f"recv: nothing was sent on channel {channel_id} and no other process can send")
+        result.copy_(_LOOPBACK[channel_id].popleft())
+    else:
+        dist.recv(result, _channel_peer("recv", channel_id))
+    return result
 
 
 def _fetch_gradients(optimizer):
@@ -352,13 +549,26 @@ def rendezvous(tag, payload=b"", replicas=[]):  # noqa: B006 - torch_xla's signa
         raise ValueError(
             f"rendezvous: only a rendezvous of all {world_size()} processes is supported, got replicas={replicas}"
         )
+    return _all_objects(payload)
+
+
+def mesh_reduce(tag, data, reduce_fn):
+    """Ends the step (``mark_step``), gathers ``data`` (any picklable object; its tensors move
+    to the CPU) from every process, in rank order, and returns ``reduce_fn`` of that list, as in
+    ``xm.mesh_reduce("accuracy", accuracy, np.mean)``. With one process: ``reduce_fn([data])``."""
+    del tag
+    return reduce_fn(_all_objects(map_tensors(lambda t: t.detach().cpu(), data)))
+
+
+def _all_objects(obj):
+    """Ends the step, then every process's ``obj`` (pickled), in rank order."""
     mark_step()
     group = _default_group()
     if group is None:
-        return [payload]
-    payloads = [None] * dist.get_world_size()
-    dist.all_gather_object(payloads, payload)
-    return payloads
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def save(data, file_or_path, master_only=True, global_master=False):

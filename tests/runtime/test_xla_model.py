@@ -143,6 +143,54 @@ def test_all_reduce_rejects_bad_input():
 
 
 
+def test_gathers_and_scatters_single_process_give_torch_xlas_one_device_results():
+    t = torch.arange(6.0).reshape(2, 3)
+    gathered = xm.all_gather(t, dim=1)
+    assert gathered is not t and torch.equal(gathered, t)
+    # alone, a process gets the first of shard_count shards, scaled
+    assert torch.equal(xm.reduce_scatter(xm.REDUCE_SUM, t, 0.5, 1, 3), t[:, :1] * 0.5)
+    assert torch.equal(xm.all_to_all(t, 1, 0, 1, groups=[[0]]), t)
+    assert torch.equal(xm.collective_permute(t, [[0, 0]]), t)
+    assert torch.equal(xm.collective_permute(t, []), torch.zeros(2, 3))
+    output = torch.zeros(2, 3)
+    assert xm.reduce_scatter(xm.REDUCE_MAX, [t], 2.0, 0, 1, output=[output])[0] is output
+    assert torch.equal(output, t * 2)
+
+
+def test_gathers_and_scatters_reject_what_torch_xla_cannot_do():
+    t = torch.ones(2, 3)
+    for call, error, message in [
+        (lambda: xm.all_gather([t]), RuntimeError, "pin_layout=False"),
+        (lambda: xm.all_gather((t,), pin_layout=False), TypeError, "not tuple"),
+        (lambda: xm.all_gather(t, output=torch.zeros(4, 3)), ValueError, "shape"),
+        (lambda: xm.all_gather(t, groups=[[0], [1, 2]]), ValueError, "same size"),
+        (lambda: xm.reduce_scatter(xm.REDUCE_SUM, t, 1.0, 1, 2), ValueError, "does not split"),
+        (lambda: xm.reduce_scatter(xm.REDUCE_SUM, t.long(), 0.5, 0, 1), ValueError, "scale"),
+        (lambda: xm.reduce_scatter("avg", t, 1.0, 0, 1), ValueError, "reduce_type"),
+        (lambda: xm.all_to_all(t, 0, 0, 2), ValueError, "split_count=2"),
+        (lambda: xm.collective_permute(t, [[0, 1]]), ValueError, "pairs"),
+    ]:
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_send_and_recv_single_process_loop_back_on_their_channel():
+    sent = torch.tensor([1.0, 2.0])
+    returned = xm.send(sent, 5)
+    assert returned is not sent and torch.equal(returned, sent)
+    template = torch.zeros(2)
+    received = xm.recv(template, 5)
+    assert torch.equal(received, sent) and torch.equal(template, torch.zeros(2))
+    with pytest.raises(RuntimeError, match="nothing was sent on channel 5"):
+        xm.recv(template, 5)
+
+
+def test_mesh_reduce_single_process_ends_the_step_and_reduces_a_list_of_one():
+    ran = []
+    xm.add_step_closure(lambda: ran.append(1))
+    assert xm.mesh_reduce("accuracy", 0.75, lambda values: (ran == [1], values)) == (True, [0.75])
+
+
 def _tiny_problem():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)

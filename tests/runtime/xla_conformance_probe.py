@@ -136,6 +136,23 @@ def _values(tensors):
     return [t.detach().cpu().tolist() for t in tensors]
 
 
+def _errors(calls):
+    """The type of the exception each call raises, or "returned"."""
+    out = {}
+    for label, call in calls.items():
+        try:
+            call()
+            out[label] = "returned"
+        except Exception as error:  # noqa: BLE001 - the type is the result
+            out[label] = type(error).__name__
+    return out
+
+
+def _result(result, source):
+    return {"values": _values([result])[0], "shape": list(result.shape), "dtype": str(result.dtype),
+            "is_input": result is source}
+
+
 # --- behaviour cases: each returns JSON-able results ---------------------------------------
 
 CASES = {}
@@ -179,6 +196,74 @@ def all_reduce_reduce_types(api):
         t = torch.tensor([0, 1, 3], dtype=torch.int32, device=api.device)
         out[name] = {"value": reduce_type, "result": _values([api.xm.all_reduce(reduce_type, t)])[0]}
     return out
+
+
+def _matrix(api):
+    return torch.arange(6.0).reshape(2, 3).to(api.device)
+
+
+@case
+def all_gather(api):
+    t = _matrix(api)
+    out = {label: _result(api.xm.all_gather(t, **kwargs), t) for label, kwargs in {
+        "plain": {}, "dim": {"dim": 1}, "negative_dim": {"dim": -1, "pin_layout": False},
+        "groups": {"groups": [[0]]}, "groups_unpinned": {"groups": [[0]], "pin_layout": False},
+    }.items()}
+    output = torch.zeros(2, 3, device=api.device)
+    out["output"] = {"is_output": api.xm.all_gather(t, output=output) is output, "values": _values([output])}
+    ts = [t, t + 1]
+    gathered = api.xm.all_gather(ts, dim=1, pin_layout=False)
+    out["list"] = {"values": _values(gathered), "is_input": gathered is ts}
+    outputs = [torch.zeros(2, 3, device=api.device) for _ in ts]
+    out["list_output"] = {"is_output": api.xm.all_gather(ts, output=outputs, pin_layout=False) is outputs,
+                          "values": _values(outputs)}
+    out["errors"] = _errors({"list_pinned": lambda: api.xm.all_gather(ts),
+                             "not_a_tensor": lambda: api.xm.all_gather(3.0),
+                             "tuple": lambda: api.xm.all_gather(tuple(ts), pin_layout=False)})
+    return out
+
+
+@case
+def reduce_scatter(api):
+    t = _matrix(api)
+    integers = torch.arange(4).to(api.device)
+    out = {label: _result(api.xm.reduce_scatter(*args, **kwargs), args[1]) for label, (args, kwargs) in {
+        "plain": ((api.xm.REDUCE_SUM, t, 1.0, 0, 1), {}),
+        "scaled_dim": ((api.xm.REDUCE_SUM, t, 0.5, 1, 1), {}),
+        "max_scaled": ((api.xm.REDUCE_MAX, t, 0.5, 1, 1), {}),
+        "two_shards": ((api.xm.REDUCE_SUM, t, 0.5, 0, 2), {}),
+        "groups": ((api.xm.REDUCE_SUM, t, 2.0, 0, 1), {"groups": [[0]], "pin_layout": False}),
+        "integers": ((api.xm.REDUCE_SUM, integers, 1.0, 0, 1), {}),
+    }.items()}
+    output = torch.zeros(2, 3, device=api.device)
+    returned = api.xm.reduce_scatter(api.xm.REDUCE_SUM, t, 2.0, 0, 1, output=output)
+    out["output"] = {"is_output": returned is output, "values": _values([output])}
+    # torch_xla 2.9 aborts the process on a list with pin_layout=True: lists go unpinned here
+    ts = [t, t + 1]
+    scattered = api.xm.reduce_scatter(api.xm.REDUCE_SUM, ts, 2.0, 1, 1, pin_layout=False)
+    out["list"] = {"values": _values(scattered), "is_input": scattered is ts, "inputs": _values(ts)}
+    outputs = [torch.zeros(2, 3, device=api.device) for _ in ts]
+    returned = api.xm.reduce_scatter(api.xm.REDUCE_SUM, ts, 1.0, 0, 1, output=outputs, pin_layout=False)
+    out["list_output"] = {"is_output": returned is outputs, "values": _values(outputs)}
+    out["errors"] = _errors({"not_a_tensor": lambda: api.xm.reduce_scatter(api.xm.REDUCE_SUM, 3.0, 1.0, 0, 1)})
+    return out
+
+
+@case
+def all_to_all(api):
+    t = _matrix(api)
+    return {label: _result(api.xm.all_to_all(t, *args, **kwargs), t) for label, (args, kwargs) in {
+        "same_dimension": ((0, 0, 1), {}),
+        "split_columns": ((1, 0, 1), {}),
+        "groups": ((0, 1, 1), {"groups": [[0]], "pin_layout": False}),
+    }.items()}
+
+
+@case
+def collective_permute(api):
+    t = _matrix(api)
+    return {"to_itself": _result(api.xm.collective_permute(t, [[0, 0]]), t),
+            "no_pairs": _result(api.xm.collective_permute(t, []), t)}
 
 
 def _model_and_optimizer(api, optimizer_class=torch.optim.SGD, **kwargs):
@@ -272,14 +357,22 @@ def rendezvous(api):
            "empty": [p.hex() for p in api.xm.rendezvous("probe")],
            "all_replicas": [p.hex() for p in api.xm.rendezvous("probe", b"x", [0])],
            "marks_the_step": ran == [1]}
-    for label, call in {"text_payload": lambda: api.xm.rendezvous("probe", "abc"),
-                        "foreign_replicas": lambda: api.xm.rendezvous("probe", b"", [0, 1])}.items():
-        try:
-            call()
-            out[label] = "returned"
-        except Exception as error:  # noqa: BLE001 - the type is the result
-            out[label] = type(error).__name__
+    out.update(_errors({"text_payload": lambda: api.xm.rendezvous("probe", "abc"),
+                        "foreign_replicas": lambda: api.xm.rendezvous("probe", b"", [0, 1])}))
     return out
+
+
+@case
+def mesh_reduce(api):
+    ran = []
+    api.xm.add_step_closure(lambda: ran.append(1))
+    t = torch.tensor([1.0, 2.0], device=api.device)
+    return {"float": api.xm.mesh_reduce("probe", 0.5, sum),
+            "marks_the_step": ran == [1],
+            "nested": api.xm.mesh_reduce("probe", {"a": 1, "b": [2, (3, "c")]}, lambda datas: datas),
+            "none": api.xm.mesh_reduce("probe", None, lambda datas: datas),
+            "tensor": api.xm.mesh_reduce("probe", {"t": t}, lambda datas: [(d["t"].device.type, d["t"].tolist())
+                                                                           for d in datas])}
 
 
 @case
