@@ -28,7 +28,7 @@ Ratios are against eager and against torch.compile (where those setups run).
 "floor" is the time that the matmuls, convolutions and attention of an eager+cache step take
 (ATen's kernels; the median of three more steps): no setup steps faster than that unless it
 replaces those kernels, as accrewrite does for most matmuls (``compiler/cpu/onednn.py``). Run
-on CPU:
+on CPU (``--device cuda``: the same on a GPU, every step and floor op synchronized):
 
     python benchmarks/train_step.py            # gpt-4 and cnn: steps and cold start;
                                                # gpt-12: cold start only
@@ -139,8 +139,8 @@ def cases(quick: bool) -> list[Case]:
     images = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
     return [
         Case("gpt-4 d256 seq128 b16", GPT(4, **gpt), text, 10),
-        Case("gpt-12 d256 seq128 b16", GPT(12, **gpt), text, 0),
         Case("cnn resnet-6 c32 32x32 b32", CNN(32, 6), images, 10),
+        Case("gpt-12 d256 seq128 b16", GPT(12, **gpt), text, 0),  # last: cold start only
     ]
 
 
@@ -216,14 +216,15 @@ SETUPS = {
 }
 
 
-def warm_up(setup) -> None:
+def warm_up(setup, device: str) -> None:
     """Pay the once-per-process costs of ``setup`` on a tiny model (see the docstring), then
     have dynamo forget it: dynamo remembers the sizes that a function was compiled for, and the
     measured model, of the same class at other sizes, would compile again with dynamic shapes.
     Last, collect the warm-up's garbage: else a full collection of it (0.5 s after a GPT's
     warm-up) falls into the first step of one setup and not another's, by where the
     interpreter's thresholds stood when the warm-up ended."""
-    first_step(GPT(1, d=8, heads=2, seq=16, vocab=64), cases(quick=True)[0].batch, setup)
+    batch = tuple(t.to(device) for t in cases(quick=True)[0].batch)
+    first_step(GPT(1, d=8, heads=2, seq=16, vocab=64).to(device), batch, setup)
     torch._dynamo.reset()
     gc.collect()
 
@@ -232,11 +233,15 @@ def first_step(model, batch, setup):
     """(the first step's time in s, a function that runs one more step and returns its time)."""
     model, optimizer = setup(copy.deepcopy(model))
 
+    cuda = batch[0].is_cuda
+
     def step():
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         model(*batch).backward()
         optimizer.step()
+        if cuda:  # the step's kernels are queued, not done
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     return step(), step
@@ -249,24 +254,33 @@ _FLOOR_OPS = (
 
 
 class _FloorTimer(TorchDispatchMode):
-    """Adds up the time of the ``_FLOOR_OPS`` run under it (CPU kernels run synchronously)."""
+    """Adds up the time of the ``_FLOOR_OPS`` run under it (CPU kernels run synchronously; on
+    CUDA each is synchronized before and after)."""
 
     seconds = 0.0
+
+    def __init__(self, cuda: bool):
+        super().__init__()
+        self.cuda = cuda
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not func.name().startswith(_FLOOR_OPS):
             return func(*args, **(kwargs or {}))
+        if self.cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
+        if self.cuda:
+            torch.cuda.synchronize()
         self.seconds += time.perf_counter() - start
         return out
 
 
-def floor(step) -> float:
+def floor(step, cuda: bool) -> float:
     """The median time in ms of the ``_FLOOR_OPS`` in three more ``step()``s."""
     times = []
     for _ in range(3):
-        with _FloorTimer() as timer:
+        with _FloorTimer(cuda) as timer:
             step()
         times.append(timer.seconds * 1e3)
     return statistics.median(times)
@@ -313,16 +327,17 @@ def serve(connection, case_index: int, setup_name: str, args) -> None:
         torch._inductor.config.force_disable_caches = True  # cold start means cold
         torch.manual_seed(0)  # the same model in every process
         case, setup = cases(args.quick)[case_index], SETUPS[setup_name]
-        warm_up(setup)
+        model, batch = case.model.to(args.device), tuple(t.to(args.device) for t in case.batch)
+        warm_up(setup, args.device)
         connection.send((True, "ready"))
         while True:
             command = connection.recv()
             if command == "first":
-                answer, step = first_step(case.model, case.batch, setup)
+                answer, step = first_step(model, batch, setup)
             elif command == "step":
                 answer = step()
             else:
-                answer = floor(step)
+                answer = floor(step, args.device == "cuda")
             connection.send((True, answer))
     except EOFError:  # the run is over
         pass
@@ -409,10 +424,14 @@ def main(argv=None):
         "--setups", metavar="A,B,...",
         help=f"only these setups (default: all; from {', '.join(SETUPS)})",
     )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU is available")
     threads = args.threads or torch.get_num_threads()
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(
-        f"torch {torch.__version__}, {threads} threads, CPU, a process per setup, "
+        f"torch {torch.__version__}, {threads} threads, {where}, a process per setup, "
         f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
     )
     header = f"{'model':28} {'setup':14} {'first step':>11} {'vs eager':>9} {'vs compile':>10}"

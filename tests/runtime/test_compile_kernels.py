@@ -396,6 +396,41 @@ class _Cuda(torch.Tensor):
         return torch.device("cuda")
 
 
+class WideAndNarrow(nn.Module):
+    """A layer norm on each side of the CUDA rule's hidden size, then a QuickGELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide, self.down, self.narrow = nn.LayerNorm(4096), nn.Linear(4096, 1024), nn.LayerNorm(1024)
+
+    def forward(self, x):
+        h = self.narrow(self.down(self.wide(x)))
+        return h * torch.sigmoid(1.702 * h)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_auto_follows_the_rules_and_matches_eager():
+    """The rules test_choice_by_policy_device_and_shape checks on fake CUDA tensors, on real
+    ones: the Triton layer norm at hidden 4096, inductor's at 1024 and for QuickGELU."""
+    torch.manual_seed(0)
+    eager = WideAndNarrow().cuda()
+    compiled = copy.deepcopy(eager)
+    x = torch.randn(8, 4096, device="cuda", requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    backend = Backend(kernels="auto")
+    (out, grads), codes = run_and_get_code(run_step, torch.compile(compiled, backend=backend), x2)
+    expected, expected_grads = run_step(eager, x)
+
+    assert sorted((m.kernel, m.shape, m.choice) for m in pattern_matches(backend)) == [
+        ("layer_norm", (8, 1024), "inductor"),
+        ("layer_norm", (8, 4096), "triton"),
+        ("quick_gelu", (8, 1024), "inductor"),
+    ]
+    assert kernel_ops(codes) == {"layer_norm", "layer_norm_backward"}
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grads, expected_grads, rtol=1e-3, atol=1e-3)
+
+
 def test_backend_rejects_unknown_options():
     with pytest.raises(ValueError, match="unknown accrewrite backend options"):
         accrewrite(None, [], options={"kernel": "auto"})
