@@ -102,7 +102,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from accrewrite.discovery import _excluded, discover
+from accrewrite.discovery import discover, excluded
 from accrewrite.engine import Options, migrate_source
 from accrewrite.unbound import REFUSAL
 from accrewrite.verify.workspace import Workspace
@@ -750,7 +750,7 @@ def examine(path: str, relative: str, target: str) -> FileReport:
 def notebooks(directory: Path, excludes: tuple[str, ...]) -> list[Path]:
     """The notebooks under ``directory``: their code cells are migrated as one script."""
     return sorted(p for p in directory.rglob("*.ipynb")
-                  if ".ipynb_checkpoints" not in p.parts and not _excluded(p, directory, excludes))
+                  if ".ipynb_checkpoints" not in p.parts and not excluded(p, directory, excludes))
 
 
 def corpus_pass(directory: Path, paths: list[Path], targets: list[str], jobs: int) -> list[FileReport]:
