@@ -168,6 +168,7 @@ class RuleContext:
     insertions: dict[cst.CSTNode, tuple[list, list]] = field(default_factory=dict)
     _positions: dict | None = None
     _noqa: dict[int, set[str]] | None = None
+    _parser_config: cst.PartialParserConfig | None = None
 
     # What rules call -------------------------------------------------------------------------
 
@@ -213,14 +214,20 @@ class RuleContext:
         """The target's expression for ``concept``, its imports noted for this fix."""
         spelled = self.concept(concept)
         self._pending_imports.extend(spelled.imports)
-        return snippets.expression(spelled.render_expr(**values), self.module.config_for_parsing)
+        return snippets.expression(spelled.render_expr(**values), self._config())
 
     def statements(self, concept: str, **values: str) -> list[cst.BaseStatement]:
         """The target's statements for ``concept``, its imports noted for this fix."""
         spelled = self.concept(concept)
         self._pending_imports.extend(spelled.imports)
-        config = self.module.config_for_parsing
+        config = self._config()
         return [snippets.statement(line, config) for line in spelled.render_stmts(**values)]
+
+    def _config(self) -> cst.PartialParserConfig:
+        # libcst works the module's configuration out again on each read
+        if self._parser_config is None:
+            self._parser_config = self.module.config_for_parsing
+        return self._parser_config
 
     def fix(self, node: cst.CSTNode, message: str) -> None:
         """Record that the current rule changed ``node`` (an original node)."""

@@ -11,7 +11,6 @@ the diff already made, so the parent only prints.
 
 from __future__ import annotations
 
-import difflib
 import errno
 import os
 import re
@@ -23,6 +22,7 @@ from accrewrite.atomic_file import is_temporary, remove_orphans, write_atomicall
 from accrewrite.engine import Options, migrate_source
 from accrewrite.errors import FileError
 from accrewrite.rule import Finding
+from accrewrite.unified_diff import unified_diff
 from accrewrite.workers import Lost, map_isolated
 
 MODES = ("diff", "in-place", "check", "output-dir")
@@ -59,7 +59,7 @@ def _diff(path: str, before: bytes, after: bytes) -> str:
     def lines(data: bytes) -> list[str]:
         return data.decode("utf-8", errors="replace").splitlines(keepends=True)
 
-    return "".join(difflib.unified_diff(lines(before), lines(after), f"a/{path}", f"b/{path}"))
+    return "".join(unified_diff(lines(before), lines(after), f"a/{path}", f"b/{path}"))
 
 
 def _read(path: Path, mode: str) -> bytes:

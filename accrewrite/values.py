@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from accrewrite.nodes import children, dotted, node_types
+from accrewrite.persistent import PersistentMap, merge
 from accrewrite.targets import spelled_callees
 
 
@@ -195,27 +196,37 @@ class _Function:
 # A binding's kind and whether it is a literal initialiser (``total = 0``), which gives way to
 # the kind of the name's other bindings where they meet.
 _Bound = tuple[Kind, bool]
+# The names bound where a statement starts: name -> _Bound.
+_Env = PersistentMap
 
 
-def _merge(*envs: dict[str, _Bound]) -> dict[str, _Bound]:
+def _merge(*envs: _Env) -> _Env:
     """Where a loop's paths meet at its head: a name bound on one path only keeps that binding
     (Python has no block scope), and an initialiser from before the loop gives way to what the
     body binds (``total = 0`` before ``total += loss``)."""
+    return merge(envs, _meet_buckets)
+
+
+def _meet_buckets(buckets: list[dict | None], _before=None) -> dict[str, _Bound]:
     merged: dict[str, _Bound] = {}
-    for env in envs:
-        for name, bound in env.items():
+    for bucket in buckets:
+        for name, bound in (bucket or {}).items():
             merged[name] = _meet(merged[name], bound) if name in merged else bound
     return merged
 
 
-def _merge_branches(before: dict[str, _Bound], *ends: dict[str, _Bound]) -> dict[str, _Bound]:
+def _merge_branches(before: _Env, *ends: _Env) -> _Env:
     """After an ``if``/``try``: like ``_merge``, but a literal that a branch assigns itself is
     one of the values, not an initialiser (``value = t if ... else 0.5`` written as a block)."""
-    fresh = [
-        {name: (bound[0], False) if bound[1] and bound is not before.get(name) else bound for name, bound in end.items()}
-        for end in ends
-    ]
-    return _merge(*fresh)
+    def fresh(buckets: list[dict | None], before_bucket: dict | None) -> dict[str, _Bound]:
+        known = before_bucket or {}
+        return _meet_buckets([
+            {name: (bound[0], False) if bound[1] and bound is not known.get(name) else bound
+             for name, bound in (bucket or {}).items()}
+            for bucket in buckets
+        ])
+
+    return merge(ends, fresh, before)
 
 
 def _meet(first: _Bound, second: _Bound) -> _Bound:
@@ -244,14 +255,17 @@ class ScopeValues:
         self.facts = file.facts
         self._parent = parent
         # The environment the expression being evaluated sees.
-        self._env: dict[str, _Bound] = {}
+        self._env = _Env()
         # Each statement's environment before it runs (small statements and compound headers).
-        self._before: dict[cst.CSTNode, dict[str, _Bound]] = {}
+        self._before: dict[cst.CSTNode, _Env] = {}
         self._statement_of: dict[cst.CSTNode, cst.CSTNode] = {}
         # The comprehension whose names each node of one sees (``_note_comprehension``).
         self._comprehension_of: dict[cst.CSTNode, cst.CSTNode] = {}
         # Every kind each name is bound to anywhere in the scope (what nested scopes see).
         self._summary: dict[str, list[_Bound]] = {}
+        # The dotted names bound under each name (``args.lr`` under ``args``), which a binding of
+        # the name forgets.
+        self._attributes: dict[str, set[str]] = {}
         self._memo: dict[cst.CSTNode, Kind] = {}
         self._final = False
         self._inline = False
@@ -266,7 +280,7 @@ class ScopeValues:
         """Walk the scope's statements (once, when its values are first asked for)."""
         body = self.scope.body if self.scope is not None else self.file.module
         self._local = _bound_names(body)
-        env = self._bind_params(self.scope) if self.scope is not None else {}
+        env = self._bind_params(self.scope) if self.scope is not None else _Env()
         self._block(body.body, env)
         self._final = True
 
@@ -275,7 +289,7 @@ class ScopeValues:
         """A comprehension's own names over the enclosing scope's (as its element sees them)."""
         values = cls(outer.file, outer.scope, outer)
         values._inline = True
-        env: dict[str, _Bound] = {}
+        env = _Env()
         while for_in is not None:
             values._env = env
             env = values._bind_loop(for_in.target, for_in.iter, env)
@@ -294,33 +308,37 @@ class ScopeValues:
 
     # The walk ------------------------------------------------------------------------------------
 
-    def _bind(self, env: dict[str, _Bound], name: str, kind: Kind | None, neutral: bool = False) -> None:
+    def _bind(self, env: _Env, name: str, kind: Kind | None, neutral: bool = False) -> _Env:
         if kind is None:
-            return
-        env[name] = (kind, neutral)
+            return env
         self._summary.setdefault(name, []).append((kind, neutral))
+        prefix, dot, _ = name.rpartition(".")
+        while dot:
+            self._attributes.setdefault(prefix, set()).add(name)
+            prefix, dot, _ = prefix.rpartition(".")
+        return env.set(name, (kind, neutral))
 
-    def _bind_params(self, scope: cst.FunctionDef) -> dict[str, _Bound]:
-        env: dict[str, _Bound] = {}
+    def _bind_params(self, scope: cst.FunctionDef) -> _Env:
+        env = _Env()
         owner = self.file.owner_of(scope)
         params = scope.params
         for index, param in enumerate([*params.posonly_params, *params.params, *params.kwonly_params]):
             name = param.name.value
             if index == 0 and owner is not None and name in ("self", "cls"):
-                self._bind(env, name, self.file.class_kind(owner))
+                env = self._bind(env, name, self.file.class_kind(owner))
             else:
-                self._bind(env, name, self.file.param_kind(scope, param))
+                env = self._bind(env, name, self.file.param_kind(scope, param))
         for star in (params.star_arg, params.star_kwarg):
             if isinstance(star, cst.Param):
-                self._bind(env, star.name.value, Kind.UNKNOWN)
+                env = self._bind(env, star.name.value, Kind.UNKNOWN)
         return env
 
-    def _block(self, statements, env: dict[str, _Bound]) -> dict[str, _Bound]:
+    def _block(self, statements, env: _Env) -> _Env:
         for statement in statements:
             env = self._statement(statement, env)
         return env
 
-    def _body(self, suite, env: dict[str, _Bound]) -> dict[str, _Bound]:
+    def _body(self, suite, env: _Env) -> _Env:
         if suite is None:
             return env
         if isinstance(suite, (cst.IndentedBlock, cst.SimpleStatementSuite)):
@@ -329,14 +347,14 @@ class ScopeValues:
             return self._block(suite.body, env)
         return self._body(suite.body, env)  # Else, Finally, ExceptHandler: their own suite
 
-    def _smalls(self, line, smalls, env: dict[str, _Bound]) -> dict[str, _Bound]:
+    def _smalls(self, line, smalls, env: _Env) -> _Env:
         self._record(line, env)
         for small in smalls:
             self._record(small, env)
-            env = self._small(small, dict(env))
+            env = self._small(small, env)
         return env
 
-    def _record(self, statement: cst.CSTNode, env: dict[str, _Bound]) -> None:
+    def _record(self, statement: cst.CSTNode, env: _Env) -> None:
         """Keep the environment ``statement`` starts with (a loop's last, settled pass wins),
         and note which statement each of its expressions belongs to."""
         if statement not in self._before:
@@ -361,7 +379,7 @@ class ScopeValues:
                 self._comprehension_of[node] = comprehension
                 stack.extend(children(node))
 
-    def _statement(self, node: cst.CSTNode, env: dict[str, _Bound]) -> dict[str, _Bound]:
+    def _statement(self, node: cst.CSTNode, env: _Env) -> _Env:
         if isinstance(node, cst.SimpleStatementLine):
             return self._smalls(node, node.body, env)
         self._record(node, env)
@@ -372,7 +390,7 @@ class ScopeValues:
         if isinstance(node, (cst.For, cst.While)):
             return self._loop(node, env)
         if isinstance(node, cst.With):
-            inner = dict(env)
+            inner = env
             self._env = env
             for item in node.items:
                 if item.asname is not None:
@@ -384,8 +402,7 @@ class ScopeValues:
             for handler in node.handlers:
                 start = _merge(env, body)
                 if handler.name is not None:
-                    start = dict(start)
-                    self._bind(start, dotted(handler.name.name) or "", Kind.PYTHON)
+                    start = self._bind(start, dotted(handler.name.name) or "", Kind.PYTHON)
                 self._record(handler, start)
                 ends.append(self._body(handler.body, start))
             merged = _merge_branches(env, *ends)
@@ -398,7 +415,7 @@ class ScopeValues:
                     ends.append(self._body(child, env))
         return _merge_branches(env, *ends)
 
-    def _loop(self, node: cst.For | cst.While, env: dict[str, _Bound]) -> dict[str, _Bound]:
+    def _loop(self, node: cst.For | cst.While, env: _Env) -> _Env:
         """A loop's body runs with what the previous iteration left, until that settles."""
         head = env
         for _ in range(4):
@@ -406,7 +423,7 @@ class ScopeValues:
             start = head
             if isinstance(node, cst.For):
                 self._env = head
-                start = self._bind_loop(node.target, node.iter, dict(head))
+                start = self._bind_loop(node.target, node.iter, head)
             end = self._body(node.body, start)
             settled = _merge(env, end)
             if settled == head:
@@ -414,7 +431,7 @@ class ScopeValues:
             head = settled
         return self._body(node.orelse, head) if node.orelse is not None else head
 
-    def _small(self, small: cst.BaseSmallStatement, env: dict[str, _Bound]) -> dict[str, _Bound]:
+    def _small(self, small: cst.BaseSmallStatement, env: _Env) -> _Env:
         self._env = env
         if isinstance(small, cst.Assign):
             for target in small.targets:
@@ -448,24 +465,23 @@ class ScopeValues:
                     receiver = call.args[0].value
                 name = dotted(receiver)
                 if name:
-                    self._bind(env, name, Kind.TENSOR)
+                    env = self._bind(env, name, Kind.TENSOR)
             elif isinstance(call.func, cst.Attribute) and call.func.attr.value in _ADDS and self._any_tensor_argument(call):
                 # ``res.append(correct_k.mul_(100.0 / batch_size))``: the list holds a tensor, like
                 # ``out[k] = t``
                 name = dotted(call.func.value)
                 if name and self._eval(call.func.value) in HOST | {Kind.UNKNOWN}:
-                    self._bind(env, name, Kind.HOLDER)
+                    env = self._bind(env, name, Kind.HOLDER)
         elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
             for alias in small.names:
                 name = dotted(alias.asname.name if alias.asname is not None else alias.name)
                 if name:
-                    self._bind(env, name.split(".")[0], Kind.UNKNOWN)
+                    env = self._bind(env, name.split(".")[0], Kind.UNKNOWN)
         return env
 
-    def _assign(self, target: cst.CSTNode, kind: Kind, neutral: bool, value, env: dict[str, _Bound]):
+    def _assign(self, target: cst.CSTNode, kind: Kind, neutral: bool, value, env: _Env):
         """``env`` after binding ``target`` (a name, attribute, subscript or unpacking) to a value
         of ``kind`` (``value``, when known, unpacks element by element)."""
-        env = dict(env)
         if isinstance(target, (cst.Tuple, cst.List)):
             elements = [e.value.value if isinstance(e.value, cst.StarredElement) else e.value for e in target.elements]
             if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(elements) and not any(
@@ -485,17 +501,16 @@ class ScopeValues:
             # (``losses[k] = loss.item()``) leaves it a tensor.
             name = dotted(target.value)
             if name and kind in TENSORS:
-                self._bind(env, name, Kind.TENSOR if env.get(name, (None,))[0] in (Kind.TENSOR, Kind.MASK) else Kind.HOLDER)
+                env = self._bind(env, name, Kind.TENSOR if env.get(name, (None,))[0] in (Kind.TENSOR, Kind.MASK) else Kind.HOLDER)
             return env
         name = dotted(target)
         if name is None:
             return env
         if name.startswith("self.") and name.count(".") == 1 and self.scope is not None:
             self.file.note_attribute(self.scope, name[5:], target, kind, neutral)
-        for bound in [bound for bound in env if bound.startswith(name + ".")]:
-            del env[bound]  # ``args = ...`` forgets what was known of ``args.lr``
-        self._bind(env, name, kind, neutral)
-        return env
+        for attribute in self._attributes.get(name, ()):
+            env = env.without(attribute)  # ``args = ...`` forgets what was known of ``args.lr``
+        return self._bind(env, name, kind, neutral)
 
     def _returned_parts(self, value, count: int) -> list[Kind] | None:
         """Each part's kind where ``value`` calls a function of the file that returns ``count``
@@ -508,7 +523,7 @@ class ScopeValues:
             return None
         return self.file.returned_parts(defined, count)
 
-    def _bind_loop(self, target: cst.BaseExpression, iterable: cst.BaseExpression, env: dict[str, _Bound]):
+    def _bind_loop(self, target: cst.BaseExpression, iterable: cst.BaseExpression, env: _Env):
         """``env`` after ``for target in iterable``: ``enumerate``, ``zip``, ``.items()`` and
         ``.named_parameters()`` bind element by element (the counter of ``enumerate(loader)``
         is an int, not a batch), also through a name assigned one of them (``pbar =
@@ -556,8 +571,9 @@ class ScopeValues:
 
     def name_kind(self, name: str) -> Kind:
         """The kind of a (dotted) name where the expression being evaluated is."""
-        if name in self._env:
-            return self._env[name][0]
+        bound = self._env.get(name)
+        if bound is not None:
+            return bound[0]
         root = name.split(".")[0]
         if root in self._local or self._parent is None:
             return Kind.UNKNOWN
@@ -571,8 +587,9 @@ class ScopeValues:
         if bound:
             plain = [kind for kind, neutral in bound if not neutral]
             return join(plain) if plain else join(kind for kind, _ in bound)
-        if name in self._env:
-            return self._env[name][0]
+        bound = self._env.get(name)
+        if bound is not None:
+            return bound[0]
         root = name.split(".")[0]
         if root not in self._local and self._parent is not None:
             return self._parent.summary_kind(name)
@@ -776,7 +793,7 @@ class ScopeValues:
             return self._library_kind(node, callee)
         if isinstance(func, cst.Name):
             name = func.value
-            if name not in self._local_or_parent() and name not in self.file.defined:
+            if not self._bound_here_or_around(name) and name not in self.file.defined:
                 builtin = self._builtin_kind(node, name)
                 if builtin is not None:
                     return builtin
@@ -798,13 +815,13 @@ class ScopeValues:
             return Kind.UNKNOWN
         return Kind.TENSOR if self._any_tensor_argument(node) else Kind.UNKNOWN
 
-    def _local_or_parent(self) -> set[str]:
-        names = set(self._local)
-        parent = self._parent
-        while parent is not None:
-            names |= parent._local
-            parent = parent._parent
-        return names
+    def _bound_here_or_around(self, name: str) -> bool:
+        values = self
+        while values is not None:
+            if name in values._local:
+                return True
+            values = values._parent
+        return False
 
     def _builtin_kind(self, node: cst.Call, name: str) -> Kind | None:
         args = [arg.value for arg in node.args]

@@ -22,6 +22,7 @@ No class here derives from ``Rule``: the registry registers every Rule subclass 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -109,6 +110,28 @@ class Planner:
             self._loops_in.setdefault(scope, []).append(loop)
         self._training = {loop.node for loop in facts.loops}
         self._fed: dict[cst.For, bool] = {}
+        self._source_of: dict[cst.For, str | None] = {}
+        # Indexes, so that a file's many loops and loaders are not each matched against all others.
+        # (scope, dotted name) -> the loops of the scope that read it, and its loader assignments
+        # (by order, with their orders).
+        self._reading: dict[tuple, list[cst.For]] = {}
+        for loop, scope in facts.for_loops:
+            self._reading.setdefault((scope, self._source(loop, scope)), []).append(loop)
+        self._assigned: dict[tuple, list] = {}
+        for binding in sorted(facts.loader_bindings, key=lambda binding: binding.order):
+            self._assigned.setdefault((binding.scope, binding.name), []).append(binding)
+        self._assigned_orders = {key: [b.order for b in found] for key, found in self._assigned.items()}
+        # name -> the functions with loops that read it; (scope, name) -> the ``iter()`` calls of it.
+        self._readers: dict[str, list] = {}
+        for scope, name in self._reading:
+            if scope is not None:
+                self._readers.setdefault(name, []).append(scope)
+        self._iterated: dict[tuple, list[tuple]] = {}
+        for call, scope, statement in facts.iter_calls:
+            self._iterated.setdefault((scope, dotted(call.args[0].value)), []).append((call, statement))
+        # (name, scope) of the ``next()`` calls in a training loop.
+        self._next_in_steps = {(read, where) for read, where, loops in facts.next_calls
+                               if any(loop in self._training for loop in loops)}
         # (calling function, name) -> (function of this file, its parameter, the call) for each
         # call that passes the name on.
         self._passing: dict[tuple, list[tuple]] = {}
@@ -169,12 +192,14 @@ class Planner:
     def _source(self, loop: cst.For, scope) -> str | None:
         """The dotted name of what a loop reads batches from: what it iterates, through
         ``enumerate``/``tqdm`` and through a name assigned one of them (``pbar = tqdm(loader)``)."""
-        source = iterated(loop.iter)
-        if isinstance(source, cst.Name):
-            behind = iterated(self.facts.values(scope).assigned_value(source))
-            if behind is not source and dotted(behind) is not None:
-                source = behind
-        return dotted(source)
+        if loop not in self._source_of:
+            source = iterated(loop.iter)
+            if isinstance(source, cst.Name):
+                behind = iterated(self.facts.values(scope).assigned_value(source))
+                if behind is not source and dotted(behind) is not None:
+                    source = behind
+            self._source_of[loop] = dotted(source)
+        return self._source_of[loop]
 
     def fed(self, loop: cst.For, scope) -> bool:
         """Whether the loop's batches reach the device (see the module's doc)."""
@@ -227,29 +252,24 @@ class Planner:
         small = statement.body[0]
         if not isinstance(small, cst.Assign) or small.value is not call or len(small.targets) != 1:
             return False
-        name = dotted(small.targets[0].target)
-        return any(read == name and where is scope and any(loop in self._training for loop in loops)
-                   for read, where, loops in self.facts.next_calls)
+        return (dotted(small.targets[0].target), scope) in self._next_in_steps
 
     # Where a loader flows ------------------------------------------------------------------
 
     def _uses(self, binding) -> list[Use]:
         facts = self.facts
         uses = []
-        for loop in self._loops_in.get(binding.scope, ()):
-            if self._source(loop, binding.scope) == binding.name and self._owner(binding, facts.order[loop]):
+        for loop in self._reading.get((binding.scope, binding.name), ()):
+            if self._owner(binding, facts.order[loop]):
                 uses.append(Use(facts.order[loop], self.fed(loop, binding.scope)))
         if binding.scope is None:  # functions that read the module's loader
-            for scope, loops in self._loops_in.items():
-                if scope is None or facts.values(scope).binds(binding.name):
-                    continue
-                uses += [Use(None, self.fed(loop, scope)) for loop in loops
-                         if self._source(loop, scope) == binding.name]
-        for call, scope, statement in facts.iter_calls:
-            if scope is binding.scope and dotted(call.args[0].value) == binding.name:
-                order = facts.order[statement]
-                if self._owner(binding, order):
-                    uses.append(Use(order, self._feeds_steps(call, scope, statement)))
+            for scope in self._readers.get(binding.name, ()):
+                if not facts.values(scope).binds(binding.name):
+                    uses += [Use(None, self.fed(loop, scope)) for loop in self._reading[scope, binding.name]]
+        for call, statement in self._iterated.get((binding.scope, binding.name), ()):
+            order = facts.order[statement]
+            if self._owner(binding, order):
+                uses.append(Use(order, self._feeds_steps(call, binding.scope, statement)))
         for function, param, call in self._passing.get((binding.scope, binding.name), ()):
             order = self._call_order(binding.scope, call)
             if self._owner(binding, order):
@@ -261,8 +281,8 @@ class Planner:
         those of the functions it passes it on to."""
         if (function, param) in seen:
             return []
-        found = [(loop, function) for loop in self._loops_in.get(function, ())
-                 if self._source(loop, function) == param and self._loader_loop(loop, function) is not None]
+        found = [(loop, function) for loop in self._reading.get((function, param), ())
+                 if self._loader_loop(loop, function) is not None]
         for callee, callee_param, _ in self._passing.get((function, param), ()):
             found += self._reached(callee, callee_param, seen | {(function, param)})
         return found
@@ -294,11 +314,11 @@ class Planner:
     def _binding_at(self, scope, name: str, order: int):
         """The loader assignment that ``name`` read at statement ``order`` of ``scope`` holds:
         the scope's own, or the module's where a function reads it as a global."""
-        for binding in self.facts.loader_bindings:
-            if binding.name == name and binding.scope is scope and self._owner(binding, order):
-                return binding
+        found = self._latest(scope, name, order)
+        if found is not None:
+            return found
         if scope is not None and not self.facts.values(scope).binds(name):
-            return next((b for b in self.facts.loader_bindings if b.name == name and b.scope is None), None)
+            return next(iter(self._assigned.get((None, name), ())), None)
         return None
 
     def _call_order(self, scope, call: cst.Call) -> int:
@@ -307,12 +327,16 @@ class Planner:
     def _owner(self, binding, order: int) -> bool:
         """Whether ``binding`` is the assignment of its name that a statement at ``order`` of its
         scope reads (the latest before it)."""
-        latest = None
-        for other in self.facts.loader_bindings:
-            if other.name == binding.name and other.scope is binding.scope and other.order < order:
-                if latest is None or other.order > latest.order:
-                    latest = other
-        return latest is binding
+        return self._latest(binding.scope, binding.name, order) is binding
+
+    def _latest(self, scope, name: str, order: int):
+        """The last loader assignment of ``name`` in ``scope`` before statement ``order`` (the
+        first of those at that statement), or None."""
+        orders = self._assigned_orders.get((scope, name))
+        below = bisect_left(orders, order) if orders else 0
+        if not below:
+            return None
+        return self._assigned[scope, name][bisect_left(orders, orders[below - 1])]
 
     def _anchor(self, binding, uses: list[Use]) -> tuple[cst.CSTNode, str | None] | None:
         """Where the binding is rebound, and the device variable it names: after the device when

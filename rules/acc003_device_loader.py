@@ -224,7 +224,7 @@ class DeviceLoader(Rule):
         generation loop on a lazy device (a model called on a sequence that grows each
         iteration, ``idx = torch.cat((idx, idx_next), dim=1)``), whose graph would otherwise
         grow with every token."""
-        loop = next((loop for loop in self.ctx.facts.loops if loop.node is node), None)
+        loop = self.ctx.loop if self.ctx.loop is not None and self.ctx.loop.node is node else None
         generates = loop is None and self.ctx.target.has("lazy_execution") and self._generates(node)
         if not generates and (loop is None or not loop.calls_step or loop.encloses_step_loop):
             return

@@ -108,8 +108,6 @@ class GradientAllReduce(Rule):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._reduced_steps: set[cst.CSTNode] = set()
-        # Every enclosing block asks again about the same earlier statements: walk each once.
-        self._mentioned: dict[tuple[int, tuple[str, ...]], bool] = {}
 
     def applies(self) -> bool:
         facts = self.ctx.facts
@@ -126,30 +124,28 @@ class GradientAllReduce(Rule):
         self._reduce_in(node.body)
 
     def _reduce_in(self, body) -> None:
+        gradient_readers, plain_readers = _FirstMention(body, _GRADIENT_READERS), _FirstMention(body, _PLAIN_READERS)
         for index, statement in enumerate(body):
-            earlier = body[:index]
             optimizer = self._scaler_step(statement)
             if optimizer is not None:
-                anchor = next((s for s in earlier if self._mentions(s, _GRADIENT_READERS)), statement)
+                anchor = gradient_readers.before(index)
+                if anchor is None:
+                    anchor = statement
                 what = "the scaler reads them"
             else:
                 optimizer = self._plain_step(statement)
-                anchor = next((s for s in earlier if self._mentions(s, _PLAIN_READERS)), None)
-                if optimizer is None or anchor is None:
+                if optimizer is None:
+                    continue
+                anchor = plain_readers.before(index)
+                if anchor is None:
                     continue
                 self._reduced_steps.add(statement)
                 what = "they are read (clipped, checked)"
-            if any(self._reduces(s) for s in earlier):
+            if any(self._reduces(s) for s in body[:index]):
                 return  # migrated already
             self.ctx.insert_before(anchor, self.ctx.statements("gradient_allreduce", optimizer=optimizer))
             self.ctx.fix(statement, f"gradients of {optimizer} are all-reduced before {what}")
             return
-
-    def _mentions(self, statement, methods: tuple[str, ...]) -> bool:
-        key = (id(statement), methods)
-        if key not in self._mentioned:
-            self._mentioned[key] = _mentions(statement, methods)
-        return self._mentioned[key]
 
     def _scaler_step(self, statement) -> str | None:
         """The optimizer's code when ``statement`` is ``<scaler>.step(<optimizer>)``."""
@@ -264,3 +260,23 @@ def _mentions(statement, methods) -> bool:
     finder = _Finder(methods)
     statement.visit(finder)
     return finder.found
+
+
+class _FirstMention:
+    """The first statement of a block that mentions one of ``methods``, the block read once and
+    only as far as asked (each step statement asks about the statements before it)."""
+
+    def __init__(self, body, methods: tuple[str, ...]):
+        self.body = body
+        self.methods = methods
+        self.read = 0
+        self.found = None
+
+    def before(self, index: int):
+        """The first such statement before ``body[index]``, or None."""
+        while self.found is None and self.read < index:
+            statement = self.body[self.read]
+            self.read += 1
+            if _mentions(statement, self.methods):
+                self.found = statement
+        return self.found
