@@ -33,7 +33,8 @@ EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
 # Below this many files a progress bar would only flicker.
 PROGRESS_MIN_FILES = 20
-# A 1 MiB file (the size limit) takes about 15 s; ten times that is a hang, not a slow file.
+# A 1 MiB file (the size limit) of training loops takes about a minute on two shared cores
+# (benchmarks/codemod_scaling.py); past 150 s a file is taken for hung, not slow.
 DEFAULT_TIMEOUT = 150.0
 
 

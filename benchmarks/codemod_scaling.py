@@ -1,7 +1,7 @@
 """How the codemod's time and peak memory grow with the size of one file, measured in one run.
 
     python benchmarks/codemod_scaling.py [--sizes 250,500,1000,2000,4000] [--targets runtime,torch_xla]
-                                         [--before CHECKOUT]
+                                         [--before CHECKOUT] [--repeat N]
 
 Each size is one generated training script with that many training loops: small loops over
 DataLoaders with ``.cuda()`` moves, ``loss.backward()``, ``optimizer.step()`` and now and then a
@@ -10,10 +10,12 @@ a model and optimizer per four loops; names vary from loop to loop. Each file is
 command line (``python -m accrewrite migrate FILE --diff --target T``) in a fresh process, so
 that the figures are the whole run's: interpreter start, imports, worker process.
 
-Per size and target: the file's bytes and loops, wall seconds, the peak RSS of the process tree
-(its largest process), and both per loop; then the slope between the two largest sizes, the
-ratio of times over the ratio of sizes (1.0: linear, 2.0: quadratic). The last row is the
-largest generated file under the input limit (``accrewrite.limits.MAX_BYTES``).
+Per size and target: the file's bytes and loops, wall seconds, CPU seconds (the process and its
+workers), the peak RSS of the process tree (its largest process), and time and memory per loop;
+then the slope between the two largest sizes migrated, the ratio of times (or peaks) over the
+ratio of sizes (1.0: linear, 2.0: quadratic). The last row is the largest generated file under
+the input limit (``accrewrite.limits.MAX_BYTES``). With ``--repeat N`` each figure is the least
+of N rounds.
 
 ``--before CHECKOUT`` migrates each file with another source tree of accrewrite too (``git
 archive REV | tar -x -C CHECKOUT``), imported in the subprocess in place of this one, and puts
@@ -157,13 +159,14 @@ runpy.run_module("accrewrite", run_name="__main__")
 @dataclass
 class Run:
     seconds: float
+    cpu: float  # user + system seconds of the process and its workers
     peak_mb: float
     error: str = ""
 
 
 def migrate(path: Path, target: str, tree: Path | None = None) -> Run:
-    """``accrewrite migrate path --diff`` in a fresh process: its wall time and the peak RSS of
-    its largest process (the worker that migrates the file, usually)."""
+    """``accrewrite migrate path --diff`` in a fresh process: its wall and CPU time and the peak
+    RSS of its largest process (the worker that migrates the file, usually)."""
     arguments = ["migrate", str(path), "--diff", "--target", target]
     env = dict(os.environ)
     if tree is None:
@@ -174,7 +177,7 @@ def migrate(path: Path, target: str, tree: Path | None = None) -> Run:
     with tempfile.TemporaryFile() as output:
         start = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-        # wait4's usage of a reaped process covers the children it reaped: the worker's peak too.
+        # wait4's usage of a reaped process covers the children it reaped: the worker's too.
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - start
         code = os.waitstatus_to_exitcode(status)
@@ -183,7 +186,7 @@ def migrate(path: Path, target: str, tree: Path | None = None) -> Run:
             output.seek(0)
             said = [line.strip() for line in output.read().decode(errors="replace").splitlines() if ": error:" in line]
             error = said[-1] if said else f"exit code {code}"
-    return Run(seconds, usage.ru_maxrss / 1024, error)
+    return Run(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, error)
 
 
 @dataclass
@@ -195,46 +198,65 @@ class Row:
 
 
 def measure(files: list[tuple[str, int]], targets: list[str], trees: dict[str, Path | None],
-            directory: Path) -> list[Row]:
-    """Each file (a label and its loops) migrated to each target by each tree."""
+            directory: Path, repeat: int = 1) -> list[Row]:
+    """Each file (a label and its loops) migrated to each target by each tree, the least of
+    ``repeat`` rounds (the machine may be shared: the least disturbed round); a run that fails
+    is not repeated."""
     rows = []
     for label, loops in files:
         path = directory / f"loops_{loops}.py"
         path.write_text(script(loops))
-        runs = {(target, name): migrate(path, target, tree) for target in targets for name, tree in trees.items()}
+        runs: dict[tuple[str, str], Run] = {}
+        for _ in range(repeat):
+            for target in targets:
+                for name, tree in trees.items():
+                    best = runs.get((target, name))
+                    if best is not None and best.error:
+                        continue
+                    run = migrate(path, target, tree)
+                    if best is not None and not run.error:
+                        run = Run(min(run.seconds, best.seconds), min(run.cpu, best.cpu), min(run.peak_mb, best.peak_mb))
+                    runs[target, name] = run
         rows.append(Row(label, loops, path.stat().st_size, runs))
     return rows
 
 
-def slope(rows: list[Row], key: tuple[str, str], field: str) -> float | None:
-    """Growth between the two largest sizes: the ratio of ``field`` over the ratio of loops."""
-    sized = sorted((row for row in rows if row.label != "limit"), key=lambda row: row.loops)
+_FIELDS = ("seconds", "cpu", "peak_mb")
+
+
+def slope(rows: list[Row], key: tuple[str, str]) -> tuple[Row, Row, list[float]] | None:
+    """Growth between the two largest sizes that ``key`` migrated: the ratio of each of
+    ``_FIELDS`` over the ratio of loops (1.0: linear)."""
+    sized = sorted((row for row in rows if row.label != "limit" and not row.runs[key].error), key=lambda row: row.loops)
     if len(sized) < 2:
         return None
-    small, large = sized[-2].runs[key], sized[-1].runs[key]
-    if small.error or large.error:
-        return None
-    return (getattr(large, field) / getattr(small, field)) / (sized[-1].loops / sized[-2].loops)
+    small, large = sized[-2], sized[-1]
+    ratios = [getattr(large.runs[key], field) / getattr(small.runs[key], field) for field in _FIELDS]
+    return small, large, [ratio / (large.loops / small.loops) for ratio in ratios]
 
 
 def print_table(rows: list[Row]) -> None:
     keys = list(rows[0].runs)
     print(f"{'file':>6} {'loops':>6} {'bytes':>10}  {'target':<10} {'tree':<7}"
-          f"{'s':>8} {'peak MB':>9} {'s/loop':>9} {'MB/loop':>9}")
+          f"{'s':>8} {'cpu s':>8} {'peak MB':>9} {'s/loop':>9} {'MB/loop':>9}")
     for row in rows:
         for target, name in keys:
             run = row.runs[target, name]
             head = f"{row.label:>6} {row.loops:>6} {row.size:>10,}  {target:<10} {name:<7}"
             if run.error:
-                print(f"{head}  {run.seconds:>6.1f}  error: {run.error}")
+                print(f"{head}{run.seconds:>8.1f}  error: {run.error}")
                 continue
-            print(f"{head}{run.seconds:>8.2f} {run.peak_mb:>9.0f} {run.seconds / row.loops:>9.4f}"
+            print(f"{head}{run.seconds:>8.2f} {run.cpu:>8.2f} {run.peak_mb:>9.0f} {run.seconds / row.loops:>9.4f}"
                   f" {run.peak_mb / row.loops:>9.3f}")
-    print("\nslope between the two largest sizes (time or peak ratio / size ratio; 1.0 is linear):")
+    print("\nslope between the two largest sizes migrated (ratio / size ratio; 1.0 is linear, 2.0 quadratic):")
     for target, name in keys:
-        cells = [slope(rows, (target, name), field) for field in ("seconds", "peak_mb")]
-        shown = ["-" if cell is None else f"{cell:.2f}" for cell in cells]
-        print(f"  {target:<10} {name:<7} time {shown[0]}  peak RSS {shown[1]}")
+        found = slope(rows, (target, name))
+        if found is None:
+            print(f"  {target:<10} {name:<7} -")
+            continue
+        small, large, (seconds, cpu, peak) = found
+        print(f"  {target:<10} {name:<7} {small.loops} -> {large.loops} loops: "
+              f"time {seconds:.2f}  cpu {cpu:.2f}  peak RSS {peak:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="training loops per file")
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--before", metavar="CHECKOUT", help="also migrate with this source tree of accrewrite")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; each figure is the least")
     args = parser.parse_args(argv)
     files = [(size, int(size)) for size in args.sizes.split(",")] + [("limit", largest_under_limit())]
     trees: dict[str, Path | None] = {"now": None}
     if args.before:
         trees = {"before": Path(args.before), **trees}
     with tempfile.TemporaryDirectory() as directory:
-        rows = measure(files, args.targets.split(","), trees, Path(directory))
+        rows = measure(files, args.targets.split(","), trees, Path(directory), args.repeat)
     print_table(rows)
     return 0
 

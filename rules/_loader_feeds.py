@@ -111,9 +111,9 @@ class Planner:
         self._training = {loop.node for loop in facts.loops}
         self._fed: dict[cst.For, bool] = {}
         self._source_of: dict[cst.For, str | None] = {}
-        # Indexes, so that a file's many loops and loaders are not each matched against all others.
-        # (scope, dotted name) -> the loops of the scope that read it, and its loader assignments
-        # (by order, with their orders).
+        # Indexes: loops and loader assignments are looked up, not each matched against all the
+        # others. (scope, name) -> the scope's loops that read the name, and the scope's loader
+        # assignments of it in order (their orders beside them, to bisect).
         self._reading: dict[tuple, list[cst.For]] = {}
         for loop, scope in facts.for_loops:
             self._reading.setdefault((scope, self._source(loop, scope)), []).append(loop)
