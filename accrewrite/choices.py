@@ -6,7 +6,6 @@ import argparse
 import math
 
 FORMATS = ("concise", "full", "text", "json", "github", "gitlab", "sarif")  # migrate --output-format
-PARALLEL_KINDS = ("fsdp", "tp", "fsdp,tp")  # migrate --parallel
 ORIGINAL = "original"  # verify: the side that runs the script as it is
 
 

@@ -19,7 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from accrewrite import __version__
-from accrewrite.choices import FORMATS, ORIGINAL, PARALLEL_KINDS, positive
+from accrewrite.choices import FORMATS, ORIGINAL, positive
+from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS  # the runtime's table; torch-free
 from accrewrite.targets import DEFAULT_TARGET, all_targets, unknown_target
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from accrewrite.choices import PARALLEL_KINDS
 from accrewrite.discovery import excluded, real
+from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS  # the runtime's table; torch-free
 from accrewrite.targets import all_targets, unknown_target
 
 if sys.version_info >= (3, 11):

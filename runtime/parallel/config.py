@@ -11,13 +11,13 @@
 The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
 ``fsdp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
 spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` against the model
-and the world, and a mistake is reported with what to change.
+and the world (the sizes by ``ParallelDims``), and a mistake is reported with what to change.
 """
 
 import os
 from dataclasses import dataclass, field
 
-from accrewrite.config import PARALLEL_KINDS
+from .kinds import KINDS, PARALLEL_KINDS
 
 
 @dataclass
@@ -67,47 +67,17 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
 
-    def mesh_shape(self, world_size: int) -> tuple[int, int, int]:
-        """``(dp, fsdp, tp)`` sizes for ``world_size`` ranks; raises saying what to change."""
-        sizes = {"dist.fsdp.size": self.dist.fsdp.size, "dist.tp.size": self.dist.tp.size}
-        if self.dist.dp.size is not None:
-            sizes["dist.dp.size"] = self.dist.dp.size
-        for name, size in sizes.items():
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"config.{name} must be a positive int, got {size!r}")
-        fsdp, tp = self.dist.fsdp.size, self.dist.tp.size
-        if self.dist.dp.size is None:
-            if world_size % (fsdp * tp):
-                raise ValueError(
-                    f"config.dist.fsdp.size * config.dist.tp.size = {fsdp} * {tp} does not divide "
-                    f"the world size {world_size}; set them so that their product divides it"
-                )
-            return world_size // (fsdp * tp), fsdp, tp
-        dp = self.dist.dp.size
-        if dp * fsdp * tp != world_size:
-            raise ValueError(
-                f"config.dist.dp.size * fsdp.size * tp.size = {dp} * {fsdp} * {tp} = {dp * fsdp * tp}, "
-                f"but the world size is {world_size}; change the sizes so that they multiply to "
-                f"{world_size} (or leave dp.size as None to take what is left)"
-            )
-        return dp, fsdp, tp
-
 
 def parallel_config(kind: str) -> Config:
-    """The ``Config`` that ``migrate --parallel KIND`` writes into a DDP script: ``"fsdp"``
-    shards over every rank; ``"tp"`` splits every block over every rank; ``"fsdp,tp"`` splits
-    blocks over the ranks of a machine (torchrun's ``LOCAL_WORLD_SIZE``) and shards over the
-    machines."""
+    """The ``Config`` that ``migrate --parallel KIND`` writes into a DDP script, sized from
+    torchrun's ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` by the table of kinds (``kinds.py``):
+    ``"fsdp"`` shards over every rank; ``"tp"`` splits every block over every rank;
+    ``"fsdp,tp"`` splits blocks over the ranks of a machine and shards over the machines."""
     if kind not in PARALLEL_KINDS:
         raise ValueError(f"parallel_config({kind!r}): expected one of {', '.join(PARALLEL_KINDS)}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     config = Config()
-    if kind == "fsdp":
-        config.dist.fsdp.size = world
-    elif kind == "tp":
-        config.dist.tp.size = world
-    else:
-        config.dist.tp.size = local
-        config.dist.fsdp.size = world // local
+    for section, size in KINDS[kind](world, local).items():
+        getattr(config.dist, section).size = size
     return config

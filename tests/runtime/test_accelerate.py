@@ -7,6 +7,8 @@ reading the whole global batch, and the final parameters (gathered full) as clos
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.data import DataLoader, TensorDataset
 
 from accrewrite.runtime import Config, accelerate, parallel_config
+from accrewrite.runtime.parallel.parallel_dims import ParallelDims
 from accrewrite.runtime.parallel.tensor_parallel import derive_plan, parallelize_block
 
 from _ranks import run_ranks
@@ -312,12 +315,16 @@ def _config(**sizes):
 )
 def test_sizes_that_do_not_fit_the_world_say_what_to_change(sizes, message):
     with pytest.raises(ValueError, match=message):
-        _config(**sizes).mesh_shape(4)
+        ParallelDims.from_config(_config(**sizes), 4)
 
 
 def test_sizes_default_data_parallel_to_what_is_left():
-    assert _config(tp=2).mesh_shape(8) == (4, 1, 2)
-    assert _config(fsdp=2, tp=2, dp=2).mesh_shape(8) == (2, 2, 2)
+    assert ParallelDims.from_config(_config(tp=2), 8).shape == (4, 1, 2)
+    dims = ParallelDims.from_config(_config(fsdp=2, tp=2, dp=2), 8)
+    assert dims.shape == (2, 2, 2) and dims.data_parallel_size == 4
+    assert dims.fsdp_enabled and dims.tp_enabled
+    alone = ParallelDims.from_config(_config(), 1)
+    assert not alone.fsdp_enabled and not alone.tp_enabled and alone.build_mesh("cpu") is None
 
 
 def test_a_layer_class_that_matches_nothing_names_the_classes_there():
@@ -330,7 +337,8 @@ def test_a_layer_class_that_matches_nothing_names_the_classes_there():
 def test_a_model_without_repeated_blocks_asks_for_its_layer_classes():
     config = Config()
     config.memory.gc = True
-    with pytest.raises(ValueError, match="name its layer classes in config.dist.fsdp.wrap_layer_cls"):
+    with pytest.raises(ValueError, match=r"for activation checkpointing \(config.memory.gc\); name its layer "
+                                         r"classes in config.dist.fsdp.wrap_layer_cls"):
         accelerate(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), config=config)
 
 
@@ -353,6 +361,14 @@ def test_the_configs_that_migrate_parallel_writes(kind, environment, sizes, monk
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    assert parallel_config(kind).mesh_shape(int(environment["WORLD_SIZE"])) == sizes
+    assert ParallelDims.from_config(parallel_config(kind), int(environment["WORLD_SIZE"])).shape == sizes
     with pytest.raises(ValueError, match="expected one of fsdp, tp, fsdp,tp"):
         parallel_config("zero3")
+
+
+def test_the_config_reads_the_kinds_without_the_codemod():
+    code = ("import sys, accrewrite.runtime.parallel.config\n"
+            "print(sorted(name for name in sys.modules if name.startswith('accrewrite.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = {name.strip("[]',") for name in done.stdout.split()}
+    assert {name for name in loaded if not name.startswith("accrewrite.runtime")} == {"accrewrite.lazy"}

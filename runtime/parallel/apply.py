@@ -1,0 +1,160 @@
+"""The parts that ``accelerate`` applies to a model, each usable on its own, and ``PARTS``, the
+order it applies them in (torchtitan's):
+
+1. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
+   by DTensor's ``parallelize_module`` (``tensor_parallel.py``), the model's other parameters
+   replicated on it;
+2. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.memory``);
+3. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
+4. ``apply_fsdp(model, layers, fsdp, compute, mesh)``: FSDP2 over a ``dp x fsdp`` mesh, last,
+   so that it shards the DTensors tensor parallel made and its all-gathers wrap what
+   checkpointing and compilation made of each layer.
+
+``layers`` are the model's wrapped layers (``find_layers``): the blocks that are split,
+checkpointed, compiled and sharded one by one.
+
+A new parallelism is its ``apply_*`` function, its ``Config`` field, and its ``Part`` in
+``PARTS`` at its place in the order; ``accelerate`` applies what ``PARTS`` holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from ..blocks import repeated_blocks
+from ..memory import checkpoint_modules
+from .config import ComputeConfig, Config, FSDPConfig, MemoryConfig, TensorParallelConfig
+from .parallel_dims import ParallelDims
+from .tensor_parallel import derive_plan, parallelize_block, replicate_the_rest
+
+
+def find_layers(model: nn.Module, classes, setting: str) -> list[nn.Module]:
+    """The modules of ``model`` of ``classes`` (classes or class names), or, for None, its
+    repeated blocks; ``setting`` names the config field in the error when none matches."""
+    if classes is None:
+        return [block for _, container in repeated_blocks(model) for block in container]
+    if isinstance(classes, (str, type)):
+        classes = {classes}
+    wanted = {c if isinstance(c, str) else c.__name__ for c in classes}
+    found = [m for m in model.modules() if type(m).__name__ in wanted]
+    if not found:
+        present = sorted({type(m).__name__ for m in model.modules()})
+        raise ValueError(f"{setting} = {sorted(wanted)} matches no module of {type(model).__name__}; "
+                         f"its module classes are {present}")
+    return found
+
+
+def apply_tp(model: nn.Module, layers: list[nn.Module], tp: TensorParallelConfig, mesh) -> None:
+    """Split each of ``layers`` over the 1-D ``mesh`` by ``tp.plan`` (None: derived from each
+    layer's layout), make every other parameter of ``model`` a replicated DTensor on ``mesh``,
+    and check at the first forward that the ranks of ``mesh`` got the same inputs."""
+    for layer in layers:
+        parallelize_block(layer, derive_plan(layer) if tp.plan is None else tp.plan, mesh)
+    replicate_the_rest(model, mesh)
+    _check_same_inputs(model, mesh)
+
+
+def _check_same_inputs(model: nn.Module, mesh) -> None:
+    """A loader split over every rank (a DDP script's ``DistributedSampler``) would give the
+    ranks of a tensor-parallel group different inputs, and the split layers would silently mix
+    them: the first forward compares them."""
+
+    def check(module, args, kwargs):
+        handle.remove()
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        digest = torch.stack([t.double().sum() for t in tensors]) if tensors else torch.zeros(1, dtype=torch.float64)
+        gathered = [torch.empty_like(digest) for _ in range(mesh.size())]
+        dist.all_gather(gathered, digest, group=mesh.get_group())
+        if any(not torch.equal(other, gathered[0]) for other in gathered):
+            raise ValueError(
+                "the tensor-parallel ranks got different inputs; they must read the same batches: pass "
+                "the dataloader to accelerate(model, dataloader, config), or split the data over the "
+                "data-parallel ranks only (the 'dp' and 'fsdp' dims of model.accelerate_mesh)"
+            )
+
+    handle = model.register_forward_pre_hook(check, with_kwargs=True)
+
+
+def apply_ac(model: nn.Module, layers: list[nn.Module], memory: MemoryConfig) -> None:
+    """Activation checkpointing of the ``memory.gc_cls`` modules of ``model`` (None: ``layers``)."""
+    checkpointed = layers if memory.gc_cls is None else find_layers(model, memory.gc_cls, "config.memory.gc_cls")
+    checkpoint_modules(checkpointed)
+
+
+def apply_compile(layers: list[nn.Module]) -> None:
+    """``accrewrite.runtime.compile`` of each layer, in place: one graph per layer class, reused
+    by the repeated layers."""
+    from ..compiler import compile  # the graph compiler loads only when asked for
+
+    for layer in layers:
+        compile(layer, regional=False)
+
+
+def apply_fsdp(model: nn.Module, layers: list[nn.Module], fsdp: FSDPConfig, compute: ComputeConfig,
+               mesh) -> None:
+    """FSDP2 (``fully_shard``) of each of ``layers``, then of ``model``, over ``mesh`` (2-D
+    ``dp x fsdp``: sharded over the last dim, replicated over the first), in
+    ``compute.bf16``/``fp16`` with float32 gradient reduction. Each layer frees its gathered
+    parameters after its forward (``fsdp.reshard_after_forward``) and issues the all-gather of
+    the next ``fsdp.prefetch`` layers before it computes, in both passes."""
+    dtype = torch.bfloat16 if compute.bf16 else torch.float16 if compute.fp16 else None
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    for module in (*layers, model):
+        fully_shard(module, mesh=mesh, reshard_after_forward=fsdp.reshard_after_forward, mp_policy=policy)
+    if fsdp.prefetch > 0:
+        for i, layer in enumerate(layers):
+            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + fsdp.prefetch])
+            layer.set_modules_to_backward_prefetch(layers[max(0, i - fsdp.prefetch):i][::-1])
+
+
+def _check_precision(config: Config, dims: ParallelDims) -> None:
+    compute = config.compute
+    if compute.bf16 and compute.fp16:
+        raise ValueError("config.compute.bf16 and config.compute.fp16 are both set; choose one")
+    if not dims.distributed and (compute.bf16 or compute.fp16):
+        raise ValueError(
+            "config.compute.bf16/fp16 run through FSDP2's MixedPrecisionPolicy, which needs more than "
+            "one process; in one process leave them off and use accrewrite.runtime.amp.autocast"
+        )
+
+
+def _nothing_to_check(config: Config, dims: ParallelDims) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Part:
+    """One step of ``accelerate``. Before anything is applied, ``check(config, dims)`` of every
+    part raises on settings it cannot honour; then, in order, each part that is ``wanted``
+    gets ``apply(model, layers, config, dims)`` (``dims.mesh`` built). ``name`` says in errors
+    what asked for it; a part ``per_layer`` needs the model to have wrapped layers."""
+
+    name: str
+    wanted: Callable[[Config, ParallelDims], bool]
+    apply: Callable[[nn.Module, list, Config, ParallelDims], None]
+    per_layer: bool = True
+    check: Callable[[Config, ParallelDims], None] = _nothing_to_check
+
+
+PARTS = [
+    Part("tensor parallel (config.dist.tp.size > 1)",
+         wanted=lambda config, dims: dims.tp_enabled,
+         apply=lambda model, layers, config, dims: apply_tp(model, layers, config.dist.tp, dims.tp_mesh)),
+    Part("activation checkpointing (config.memory.gc)",
+         wanted=lambda config, dims: config.memory.gc,
+         apply=lambda model, layers, config, dims: apply_ac(model, layers, config.memory)),
+    Part("compilation (config.compute.compile)",
+         wanted=lambda config, dims: config.compute.compile,
+         apply=lambda model, layers, config, dims: apply_compile(layers)),
+    # Half precision runs through FSDP2 even where there is nothing to shard (tp over every rank).
+    Part("FSDP2", per_layer=False, check=_check_precision,
+         wanted=lambda config, dims: dims.fsdp_enabled or (dims.distributed and (config.compute.bf16 or config.compute.fp16)),
+         apply=lambda model, layers, config, dims: apply_fsdp(model, layers, config.dist.fsdp, config.compute,
+                                                              dims.shard_mesh)),
+]
