@@ -548,14 +548,14 @@ def _fsdp_step(args, tokens, sharded: bool) -> tuple[float, int, int]:
     from torch.distributed.device_mesh import init_device_mesh
 
     import fsdp_memory
-    from accrewrite.runtime import Config
-    from accrewrite.runtime.parallel.accelerate import MESH_DIMS, _fully_shard
+    from accrewrite.runtime.parallel.apply import apply_fsdp
+    from accrewrite.runtime.parallel.config import ComputeConfig, FSDPConfig
 
     torch.manual_seed(0)
     model = fsdp_memory.GPT(args).cuda()
     if sharded:
-        mesh = init_device_mesh("cuda", (1, 1, 1), mesh_dim_names=MESH_DIMS)
-        _fully_shard(model, list(model.h), mesh, Config())
+        mesh = init_device_mesh("cuda", (1, 1), mesh_dim_names=("dp", "fsdp"))
+        apply_fsdp(model, list(model.h), FSDPConfig(), ComputeConfig(), mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():

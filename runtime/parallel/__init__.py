@@ -1,10 +1,17 @@
 """Distributed policies for models past one device, on torch.distributed (TorchAcc 2.x's
 accelerate API):
 
-- ``accelerate.py``: ``accelerate(model, dataloader, config)``: DeviceMesh, FSDP2, tensor
-  parallel, activation checkpointing, compilation per block.
-- ``config.py``: ``Config``, laid out like TorchAcc 2.x's.
+- ``accelerate.py``: ``accelerate(model, dataloader, config)``: checks the config, builds the
+  mesh and applies the parts in order.
+- ``config.py``: ``Config``, laid out like TorchAcc 2.x's; ``parallel_config``.
+- ``kinds.py``: the kinds of ``migrate --parallel`` and the sizes each sets (torch-free: the
+  codemod reads it too).
+- ``parallel_dims.py``: ``ParallelDims``: the ``dp``, ``fsdp`` and ``tp`` degrees checked against
+  the world, the DeviceMesh and the slices of it that the parts take.
+- ``apply.py``: ``apply_tp``, ``apply_ac``, ``apply_compile``, ``apply_fsdp``, each usable on its
+  own, and ``PARTS``, the order ``accelerate`` applies them in.
 - ``tensor_parallel.py``: tensor-parallel plans, derived from a block's layout or given.
+- ``loader.py``: the dataloader split over the data-parallel ranks.
 - ``checkpoint.py``: ``save_checkpoint``/``load_checkpoint``: sharded, resharding, atomic
   checkpoints through torch.distributed.checkpoint, and the full-state export.
 - the torch private names used here are in ``runtime/_torch_compat.py``, with the rest of the
