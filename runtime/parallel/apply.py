@@ -124,6 +124,11 @@ def _check_precision(config: Config, dims: ParallelDims) -> None:
         )
 
 
+def _fsdp_wanted(config: Config, dims: ParallelDims) -> bool:
+    # Half precision runs through FSDP2 even where there is nothing to shard (tp over every rank).
+    return dims.fsdp_enabled or (dims.distributed and (config.compute.bf16 or config.compute.fp16))
+
+
 def _nothing_to_check(config: Config, dims: ParallelDims) -> None:
     pass
 
@@ -152,9 +157,7 @@ PARTS = [
     Part("compilation (config.compute.compile)",
          wanted=lambda config, dims: config.compute.compile,
          apply=lambda model, layers, config, dims: apply_compile(layers)),
-    # Half precision runs through FSDP2 even where there is nothing to shard (tp over every rank).
-    Part("FSDP2", per_layer=False, check=_check_precision,
-         wanted=lambda config, dims: dims.fsdp_enabled or (dims.distributed and (config.compute.bf16 or config.compute.fp16)),
+    Part("FSDP2", per_layer=False, check=_check_precision, wanted=_fsdp_wanted,
          apply=lambda model, layers, config, dims: apply_fsdp(model, layers, config.dist.fsdp, config.compute,
                                                               dims.shard_mesh)),
 ]
