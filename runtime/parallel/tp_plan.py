@@ -301,8 +301,8 @@ class _Flow:
             self.left_whole.append(why)
 
     def _upstream_projections(self, node, seen: set) -> list:
-        """The unassigned projections whose outputs reach ``node`` through ops that keep a split,
-        or [] when anything else feeds it."""
+        """The unassigned projections whose outputs reach ``node`` through ops that keep a split
+        (what else feeds those ops is checked on the walk from the projections)."""
         if node in seen:
             return []
         seen.add(node)
@@ -310,13 +310,7 @@ class _Flow:
             return [node] if node not in self.assigned else []
         if self._kind(node) not in ("elementwise", "reshape", "product", "attention", "attention_only"):
             return []
-        found = []
-        for source in self._tensors(node):
-            upstream = self._upstream_projections(source, seen)
-            if not upstream:
-                return []
-            found += upstream
-        return found
+        return [p for source in self._tensors(node) for p in self._upstream_projections(source, seen)]
 
     def _reached_through(self, blocker):
         """The projection that ``blocker`` feeds through ops of one tensor input (the straight
