@@ -61,6 +61,10 @@ _SPLITS = {torch.split, torch.chunk, torch.unbind, "split", "chunk", "unbind"}
 _PRODUCTS = {torch.matmul, operator.matmul, torch.bmm, "matmul", "bmm"}
 _ATTENTION_ONLY = {F.softmax, torch.softmax, torch.baddbmm, "softmax", "masked_fill", "baddbmm"}
 _SHAPE_METHODS = {"size", "dim", "numel", "type"}
+# Why an op stops a split (after "fc1 reach fc2, but <op> ...").
+_MIXES = "mixes the features a split divides"
+_UNSPLIT = "combines them with a tensor that is not split with them"
+_LEAVES = "gets them, where they would be one rank's slice"
 
 _BY_NAME = {  # the hint for blocks that cannot be traced
     **dict.fromkeys(("q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v",
@@ -153,9 +157,9 @@ class _Flow:
                 f"(its projections: {projections})" if projections else
                 "it has no projections (nn.Linear, or modules computing x @ W + b)")
             raise ValueError(
-                f"cannot derive a tensor-parallel plan for {name}: {reasons}. Give the split in "
-                f"config.dist.tp.plan, as {{'mlp.fc1': 'colwise', 'mlp.fc2': 'rowwise'}}, or leave "
-                f"config.dist.tp.size at 1")
+                f"cannot derive a tensor-parallel plan for {name}: {reasons}. Shard it with "
+                f"config.dist.fsdp.size instead of splitting it, or give in config.dist.tp.plan a split "
+                f"you know is sound, as {{'mlp.fc1': 'colwise', 'mlp.fc2': 'rowwise'}}")
         if self.left_whole:
             warnings.warn(f"tensor parallel leaves part of {name} whole on every tp rank: "
                           f"{'; '.join(self.left_whole)}", stacklevel=4)
@@ -241,10 +245,10 @@ class _Flow:
                     if user.args[0] is node and self.assigned.get(user) in (None, ROWWISE) and user not in members:
                         rows += [] if user in rows else [user]
                     else:
-                        blockers.append(user)
+                        blockers.append((user, "which is split otherwise or reads them as other than its input"))
                     continue
                 if kind == "mixing":
-                    blockers.append(user)
+                    blockers.append((user, _LEAVES if user.op == "output" else _MIXES))
                     continue
                 for other in self._tensors(user):
                     if other is node or other in component:
@@ -263,18 +267,21 @@ class _Flow:
         attention = any(self._kind(p) == "attention" for p in products) or any(
             all(t in component for t in self._tensors(p)[:2]) for p in products)
         if not attention:
-            blockers += [u for u, _ in foreign]
-            blockers += [n for n in component if self._kind(n) in ("attention_only", "product", "attention")]
+            blockers += [(user, _UNSPLIT) for user, _ in foreign]
+            blockers += [(n, _MIXES) for n in component if self._kind(n) in ("attention_only", "product", "attention")]
         else:
             for product in products:  # q, k, v (and the scores) must all be split by head
                 operands = self._tensors(product)[:3 if self._kind(product) == "attention" else 2]
-                blockers += [product for t in operands if t not in component]
+                blockers += [(product, _UNSPLIT) for t in operands if t not in component]
         names = ", ".join(m.target for m in members)
         if blockers or not rows:
-            blocked = next(((b, r) for b in blockers if (r := self._reached_through(b)) is not None), None)
-            why = None if blocked is None else (
-                f"{names} reach {blocked[1].target} through {self._describe(blocked[0])}, which mixes the "
-                f"features a split divides")
+            why = None
+            for blocker, reason in blockers:
+                reached = rows[0] if rows else self._reached_through(blocker)
+                if reached is not None:
+                    verb = "reaches" if len(members) == 1 else "reach"
+                    why = f"{names} {verb} {reached.target}, but {self._describe(blocker)} {reason}"
+                    break
             return self._leave_whole(members, why)
         styles = dict.fromkeys(members, COLWISE)
         for member in members:

@@ -164,6 +164,18 @@ class _ScaledMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)) * self.scale)
 
 
+class _ReturnsHidden(nn.Module):
+    """An MLP that also returns its intermediate features."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x):
+        hidden = self.fc1(x)
+        return self.fc2(F.gelu(hidden)), hidden
+
+
 class _FusedGateUp(nn.Module):
     """Gate and up in one projection, chunked in two (Phi-3's MLP)."""
 
@@ -191,9 +203,12 @@ class _ViewedQKV(nn.Module):
 
 
 @pytest.mark.parametrize("block, message", [
-    (_NormedMLP(), r"cannot derive a tensor-parallel plan for _NormedMLP: fc1 reach fc2 through norm \(LayerNorm\), "
-                   r"which mixes the features a split divides\. Give the split in config.dist.tp.plan"),
-    (_ScaledMLP(), r"for _ScaledMLP: fc1 reach fc2 through mul, which mixes"),
+    (_NormedMLP(), r"cannot derive a tensor-parallel plan for _NormedMLP: fc1 reaches fc2, but norm \(LayerNorm\) "
+                   r"mixes the features a split divides\. Shard it with config.dist.fsdp.size instead of splitting "
+                   r"it, or give in config.dist.tp.plan a split you know is sound"),
+    (_ScaledMLP(), r"for _ScaledMLP: fc1 reaches fc2, but mul combines them with a tensor that is not split with them"),
+    (_ReturnsHidden(), r"for _ReturnsHidden: fc1 reaches fc2, but the block's output gets them, where they would be "
+                       r"one rank's slice"),
     (_FusedGateUp(), r"for _FusedGateUp: gate_up's output is split in 2 parts, which only a fused q/k/v projection "
                      r"in three can be"),
     (_ViewedQKV(), r"for _ViewedQKV: q, k and v all come from qkv, but not by a split or chunk of its output"),
@@ -205,8 +220,8 @@ def test_a_block_with_no_safe_split_names_the_op_and_the_fix(block, message):
 
 
 def test_the_safe_part_of_a_block_is_split_and_the_rest_named():
-    with pytest.warns(UserWarning, match=r"leaves part of _NormedMLP whole on every tp rank: fc1 reach fc2 through "
-                                         r"norm \(LayerNorm\)"):
+    with pytest.warns(UserWarning, match=r"leaves part of _NormedMLP whole on every tp rank: fc1 reaches fc2, but "
+                                         r"norm \(LayerNorm\) mixes"):
         assert derive_plan(_NormedMLP(attention=True)) == ATTENTION
 
 
