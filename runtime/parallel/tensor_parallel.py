@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from .._torch_compat import StridedShard
 from .mha import SplitQKVMultiheadAttention
-from .tp_plan import _ATTENTION_INPUTS, COLWISE, COLWISE_FUSED, HEADS, OUT_IN, ROWWISE, derive_plan, projection_layout
+from .tp_plan import ATTENTION_INPUT_NAMES, COLWISE, COLWISE_FUSED, HEADS, OUT_IN, ROWWISE, derive_plan, projection_layout
 
 _STYLES = (COLWISE, COLWISE_FUSED, ROWWISE, HEADS)
 # Attributes of an attention module that count its heads or its q/k/v width.
@@ -75,7 +75,7 @@ def parallelize_block(block: nn.Module, plan: dict, mesh) -> None:
     tp = mesh.size()
     heads = [name for name, style in plan.items() if style == HEADS]
     if not heads:  # a plan given by hand: the modules holding q/k/v-named projections
-        heads = sorted({name.rpartition(".")[0] for name in plan if name.rpartition(".")[2] in _ATTENTION_INPUTS})
+        heads = sorted({name.rpartition(".")[0] for name in plan if name.rpartition(".")[2] in ATTENTION_INPUT_NAMES})
     for name in heads:
         if isinstance(modules[name], SplitQKVMultiheadAttention):
             modules[name].split_heads(mesh)

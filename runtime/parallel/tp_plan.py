@@ -72,7 +72,7 @@ _BY_NAME = {  # the hint for blocks that cannot be traced
     **dict.fromkeys(("c_attn", "qkv", "qkv_proj", "Wqkv"), COLWISE_FUSED),
     **dict.fromkeys(("o_proj", "out_proj", "o", "wo", "down_proj", "w2", "fc2", "c_proj", "fc_out"), ROWWISE),
 }
-_ATTENTION_INPUTS = {"q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v", "wq", "wk", "wv",
+ATTENTION_INPUT_NAMES = {"q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v", "wq", "wk", "wv",
                      "c_attn", "qkv", "qkv_proj", "Wqkv"}
 
 _layouts: dict[type, str | None] = {}
@@ -365,7 +365,7 @@ def _plan_by_name(block: nn.Module, why: str) -> dict:
         if ROWWISE not in styles or styles == {ROWWISE}:  # half a pair cannot be split alone
             for name in children:
                 del plan[name]
-        elif any(name.rpartition(".")[2] in _ATTENTION_INPUTS for name in children):
+        elif any(name.rpartition(".")[2] in ATTENTION_INPUT_NAMES for name in children):
             plan[parent] = HEADS
     if not plan:
         names = [name for name, module in block.named_modules() if projection_layout(module) is not None]
