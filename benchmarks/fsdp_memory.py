@@ -24,7 +24,8 @@ the ranks sharing the cores, not by what a GPU would see.
 
 On GPUs (one per rank, NCCL), the same script:
 
-    CUDA_VISIBLE_DEVICES=0,1,2,3 python benchmarks/fsdp_memory.py --worlds 2,4 --blocks 12 --dim 1024 --heads 16 --seq 1024 --batch 4
+    CUDA_VISIBLE_DEVICES=0,1,2,3 python benchmarks/fsdp_memory.py --worlds 2,4 --blocks 12 --dim 1024 \
+        --heads 16 --seq 1024 --batch 4
 """
 
 import argparse
@@ -262,7 +263,7 @@ def main(argv=None):
     print(f"{args.blocks} blocks, dim {args.dim}, {args.heads} heads, vocab {args.vocab}, seq {args.seq}, "
           f"batch {args.batch} per data-parallel rank, AdamW, float32; "
           f"{'NCCL, cuda peak' if torch.cuda.is_available() else 'gloo (CPU), resident-set peak'}")
-    print(f"| model | ranks | setup | at rest MiB | peak MiB | peak / DDP | step s | step / DDP |")
+    print("| model | ranks | setup | at rest MiB | peak MiB | peak / DDP | step s | step / DDP |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as outdir:
         for world in map(int, args.worlds.split(",")):

@@ -30,7 +30,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from .._torch_compat import StridedShard
 from .mha import SplitQKVMultiheadAttention
-from .tp_plan import ATTENTION_INPUT_NAMES, COLWISE, COLWISE_FUSED, HEADS, OUT_IN, ROWWISE, derive_plan, projection_layout
+from .tp_plan import (ATTENTION_INPUT_NAMES, COLWISE, COLWISE_FUSED, HEADS, OUT_IN, ROWWISE, derive_plan,
+                      projection_layout)
 
 _STYLES = (COLWISE, COLWISE_FUSED, ROWWISE, HEADS)
 # Attributes of an attention module that count its heads or its q/k/v width.
@@ -50,9 +51,10 @@ def parallelize_block(block: nn.Module, plan: dict, mesh) -> None:
     block_name = type(block).__name__
     modules = dict(block.named_modules())
     for name, style in list(plan.items()):
-        if style == HEADS and isinstance(modules.get(name), nn.MultiheadAttention):
+        if style == HEADS and isinstance(modules.get(name), (nn.MultiheadAttention, SplitQKVMultiheadAttention)):
             _check_heads(block, name, "num_heads", modules[name].num_heads, mesh.size())
-            _replace(block, name, SplitQKVMultiheadAttention.from_module(modules[name]))
+            if isinstance(modules[name], nn.MultiheadAttention):
+                _replace(block, name, SplitQKVMultiheadAttention.from_module(modules[name]))
             for projection in ("q_proj", "k_proj", "v_proj"):
                 plan.setdefault(f"{name}.{projection}", COLWISE)
             plan.setdefault(f"{name}.out_proj", ROWWISE)
@@ -139,14 +141,12 @@ def _divide_heads(block: nn.Module, name: str, tp: int) -> None:
     attention = block.get_submodule(name)
     if getattr(attention, "_heads_divided_by", None) == tp:  # a module shared by two entries
         return
-    for attribute in _HEAD_ATTRIBUTES:
-        value = getattr(attention, attribute, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            _check_heads(block, name, attribute, value, tp)
-    for attribute in _HEAD_ATTRIBUTES:
-        value = getattr(attention, attribute, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            setattr(attention, attribute, value // tp)
+    counts = {attribute: value for attribute in _HEAD_ATTRIBUTES
+              if isinstance(value := getattr(attention, attribute, None), int) and not isinstance(value, bool)}
+    for attribute, value in counts.items():  # all checked before any is changed
+        _check_heads(block, name, attribute, value, tp)
+    for attribute, value in counts.items():
+        setattr(attention, attribute, value // tp)
     attention._heads_divided_by = tp
 
 

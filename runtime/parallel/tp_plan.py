@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _torch_compat
+from .mha import SplitQKVMultiheadAttention
 
 COLWISE, COLWISE_FUSED, ROWWISE, HEADS = "colwise", "colwise_fused", "rowwise", "heads"
 OUT_IN, IN_OUT = "out_in", "in_out"  # how a projection's weight is laid out
@@ -61,6 +62,7 @@ _SPLITS = {torch.split, torch.chunk, torch.unbind, "split", "chunk", "unbind"}
 _PRODUCTS = {torch.matmul, operator.matmul, torch.bmm, "matmul", "bmm"}
 _ATTENTION_ONLY = {F.softmax, torch.softmax, torch.baddbmm, "softmax", "masked_fill", "baddbmm"}
 _SHAPE_METHODS = {"size", "dim", "numel", "type"}
+_TRANSPOSES = {"T", "mT", "H", "mH"}  # attributes that are tensors; the rest (shape, dtype) are not
 # Why an op stops a split (after "fc1 reach fc2, but <op> ...").
 _MIXES = "mixes the features a split divides"
 _UNSPLIT = "combines them with a tensor that is not split with them"
@@ -96,12 +98,12 @@ def projection_layout(module: nn.Module) -> str | None:
 def _traced_layout(module: nn.Module) -> str | None:
     try:
         graph = _torch_compat.trace_forward(module, lambda m, default: default)
-    except Exception:  # noqa: BLE001 - a module fx cannot trace is not one we can split
+    except Exception:  # a module fx cannot trace is not one we can split
         return None
     for node in graph.nodes:
         if node.op == "get_attr" and node.target == "weight":
             for user in node.users:
-                if user.target in (F.linear, torch.nn.functional.linear) and user.args[1] is node:
+                if user.target is F.linear and user.args[1] is node:
                     return OUT_IN
                 if user.target in (torch.addmm, "addmm") and user.args[2] is node:
                     return IN_OUT
@@ -111,8 +113,6 @@ def _traced_layout(module: nn.Module) -> str | None:
 
 
 def _is_attention_module(module: nn.Module) -> bool:
-    from .mha import SplitQKVMultiheadAttention  # noqa: PLC0415 - mha imports DTensor
-
     return isinstance(module, (nn.MultiheadAttention, SplitQKVMultiheadAttention))
 
 
@@ -124,7 +124,7 @@ def derive_plan(block: nn.Module) -> dict:
             block, lambda m, default: (default and not isinstance(m, (nn.TransformerEncoderLayer,
                                                                       nn.TransformerDecoderLayer)))
             or projection_layout(m) is not None or _is_attention_module(m))
-    except Exception as error:  # noqa: BLE001 - fx raises many kinds on code it cannot trace
+    except Exception as error:  # fx raises many kinds on code it cannot trace
         return _plan_by_name(block, f"{type(error).__name__}: {error}")
     return _Flow(block, graph).plan()
 
@@ -136,21 +136,21 @@ class _Flow:
         self.block, self.graph = block, graph
         self.modules = dict(block.named_modules())
         self.assigned: dict = {}  # projection node: style
-        self.plan_: dict = {}
+        self.found: dict = {}
         self.left_whole: list[str] = []  # why a projection that could have paired did not
 
     def plan(self) -> dict:
         for node in self.graph.nodes:
             if node.op == "call_module" and _is_attention_module(self.modules[node.target]):
-                self.plan_[node.target] = HEADS
+                self.found[node.target] = HEADS
         for node in self.graph.nodes:
             if self._is_projection(node) and node not in self.assigned:
                 self._group(node)
         for node, style in self.assigned.items():
             if style is not None:
-                self.plan_[node.target] = style
+                self.found[node.target] = style
         name = type(self.block).__name__
-        if not self.plan_:
+        if not self.found:
             projections = [n.target for n in self.graph.nodes if self._is_projection(n)]
             reasons = "; ".join(self.left_whole) or (
                 f"no projection's output reaches another through elementwise ops or attention "
@@ -163,7 +163,7 @@ class _Flow:
         if self.left_whole:
             warnings.warn(f"tensor parallel leaves part of {name} whole on every tp rank: "
                           f"{'; '.join(self.left_whole)}", stacklevel=4)
-        return self.plan_
+        return self.found
 
     # -- kinds of nodes --------------------------------------------------------------------------
 
@@ -178,6 +178,8 @@ class _Flow:
                 return "projection"
             return "elementwise" if isinstance(module, _ELEMENTWISE_MODULES) else "mixing"
         if node.op == "call_function":
+            if target is getattr and node.args[1] in _TRANSPOSES:
+                return "reshape"
             if target is getattr or target is len:
                 return "shape"
             if target is operator.getitem and self._is_shape(node.args[0]):
@@ -204,7 +206,9 @@ class _Flow:
         if node.op == "call_method":
             return node.target in _SHAPE_METHODS
         if node.op == "call_function":
-            if node.target is getattr or node.target is len:
+            if node.target is getattr:
+                return node.args[1] not in _TRANSPOSES
+            if node.target is len:
                 return True
             if node.target in (operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
                                operator.truediv, operator.neg):
@@ -217,11 +221,33 @@ class _Flow:
             nodes = nodes[:1]  # the rest are sizes or dims
         return [n for n in nodes if not self._is_shape(n)]
 
+    def _width_source(self, node):
+        """The tensor whose last dimension ``node`` (a view or reshape) takes a size from, as
+        ``B, T, C = x.shape; y.view(B, T, C)``: that width is the whole one."""
+        if node.target not in ("view", "reshape", "unflatten", torch.reshape, torch.unflatten):
+            return None
+        sizes = _nodes((node.args[1:], node.kwargs))
+        while sizes:
+            size = sizes.pop()
+            if size.op == "call_method" and size.target == "size" and len(size.args) > 1:
+                if size.args[1] == -1:
+                    return size.args[0]
+            elif size.target is operator.getitem and isinstance(size.args[1], int):
+                shape = size.args[0]
+                taken = [u.args[1] for u in shape.users if u.target is operator.getitem and isinstance(u.args[1], int)]
+                if shape.target in ("size", getattr) and (size.args[1] == -1 or size.args[1] == max(taken) > 0):
+                    return shape.args[0]
+            elif self._is_shape(size):
+                sizes += _nodes(size.args)
+        return None
+
     def _describe(self, node) -> str:
         if node.op == "call_module":
             return f"{node.target} ({type(self.modules[node.target]).__name__})"
         if node.op == "output":
             return "the block's output"
+        if node.op == "placeholder":
+            return f"the block's input {node.target}"
         if node.op == "call_method":
             return f".{node.target}()"
         return getattr(node.target, "__name__", str(node.target))
@@ -253,9 +279,9 @@ class _Flow:
                 for other in self._tensors(user):
                     if other is node or other in component:
                         continue
-                    found = self._upstream_projections(other, set())
-                    if found:
-                        for projection in found:
+                    upstream = self._upstream_projections(other, set())
+                    if upstream:
+                        for projection in upstream:
                             if projection not in members:
                                 members.append(projection)
                                 todo.append(projection)
@@ -273,6 +299,11 @@ class _Flow:
             for product in products:  # q, k, v (and the scores) must all be split by head
                 operands = self._tensors(product)[:3 if self._kind(product) == "attention" else 2]
                 blockers += [(product, _UNSPLIT) for t in operands if t not in component]
+        for node in component:
+            unsplit = self._width_source(node)
+            if unsplit is not None and unsplit not in component:
+                blockers.append((node, f"sizes them from {self._describe(unsplit)}'s last dimension, which the "
+                                       f"split does not divide (size them with -1, or from a split tensor)"))
         names = ", ".join(m.target for m in members)
         if blockers or not rows:
             why = None
@@ -282,7 +313,7 @@ class _Flow:
                     verb = "reaches" if len(members) == 1 else "reach"
                     why = f"{names} {verb} {reached.target}, but {self._describe(blocker)} {reason}"
                     break
-            return self._leave_whole(members, why)
+            return self._leave_whole(members + rows, why)
         styles = dict.fromkeys(members, COLWISE)
         for member in members:
             split = next((u for u in member.users if u.target in _SPLITS), None)
@@ -290,20 +321,20 @@ class _Flow:
                 continue
             parts = len({g.args[1] for g in split.users if g.target is operator.getitem})
             if not attention or len(members) > 1 or parts != 3:
-                return self._leave_whole(members, f"{member.target}'s output is split in {parts} parts, "
+                return self._leave_whole(members + rows, f"{member.target}'s output is split in {parts} parts, "
                                                   f"which only a fused q/k/v projection in three can be")
             styles[member] = COLWISE_FUSED
         if attention and len(members) == 1 and styles[start] != COLWISE_FUSED:
-            return self._leave_whole(members, f"q, k and v all come from {names}, but not by a split or chunk "
+            return self._leave_whole(members + rows, f"q, k and v all come from {names}, but not by a split or chunk "
                                               f"of its output: where each lies in it cannot be read")
         if attention:
-            self.plan_[_common_parent([m.target for m in members])] = HEADS
+            self.found[_common_parent([m.target for m in members])] = HEADS
         self.assigned.update(styles)
         self.assigned.update(dict.fromkeys(rows, ROWWISE))
 
-    def _leave_whole(self, members: list, why: str | None) -> None:
-        for member in members:
-            self.assigned.setdefault(member, None)
+    def _leave_whole(self, projections: list, why: str | None) -> None:
+        for projection in projections:
+            self.assigned.setdefault(projection, None)
         if why is not None:
             self.left_whole.append(why)
 

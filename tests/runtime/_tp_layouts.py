@@ -101,9 +101,10 @@ class LlamaBlock(nn.Module):
         self.wk = nn.Linear(WIDTH, kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(WIDTH, kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(WIDTH, WIDTH, bias=False)
-        self.gate, self.up, self.down = (nn.Linear(WIDTH, 3 * WIDTH, bias=False), nn.Linear(WIDTH, 3 * WIDTH, bias=False),
-                                         nn.Linear(3 * WIDTH, WIDTH, bias=False))
-        angles = torch.outer(torch.arange(CONTEXT).float(), 1.0 / 10000 ** (torch.arange(0, self.head_dim, 2) / self.head_dim))
+        self.gate, self.up = nn.Linear(WIDTH, 3 * WIDTH, bias=False), nn.Linear(WIDTH, 3 * WIDTH, bias=False)
+        self.down = nn.Linear(3 * WIDTH, WIDTH, bias=False)
+        frequencies = 1.0 / 10000 ** (torch.arange(0, self.head_dim, 2) / self.head_dim)
+        angles = torch.outer(torch.arange(CONTEXT).float(), frequencies)
         angles = torch.cat((angles, angles), dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)

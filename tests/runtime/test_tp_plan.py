@@ -225,6 +225,40 @@ def test_the_safe_part_of_a_block_is_split_and_the_rest_named():
         assert derive_plan(_NormedMLP(attention=True)) == ATTENTION
 
 
+class _NanoGPTAttention(nn.Module):
+    """nanoGPT's: its views take the width from the input (``B, T, C = x.size()``), the whole
+    width on every rank, where a split attention holds a slice."""
+
+    def __init__(self):
+        super().__init__()
+        self.n_head, self.n_embd = 4, 16
+        self.c_attn, self.c_proj = nn.Linear(16, 48), nn.Linear(16, 16)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class _NanoGPTBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(16), _NanoGPTAttention(), nn.LayerNorm(16)
+        self.mlp = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+def test_attention_sized_from_its_unsplit_input_stays_whole_and_says_so():
+    with pytest.warns(UserWarning, match=r"attn.c_attn reaches attn.c_proj, but .view\(\) sizes them from ln_1 "
+                                         r"\(LayerNorm\)'s last dimension, which the split does not divide"):
+        assert derive_plan(_NanoGPTBlock()) == {"mlp.0": "colwise", "mlp.2": "rowwise"}
+
+
 # -- real ranks ------------------------------------------------------------------------------------
 
 
@@ -246,7 +280,8 @@ def _attention_weights_differences(mesh) -> list[float]:
     x = torch.randn(layouts.CONTEXT, 3, layouts.WIDTH, generator=torch.Generator().manual_seed(1))
     differences = []
     for average in (True, False):
-        (want, want_weights), (got, got_weights) = (m(x, x, x, average_attn_weights=average) for m in (mha, holder["attn"]))
+        (want, want_weights), (got, got_weights) = (module(x, x, x, average_attn_weights=average)
+                                                    for module in (mha, holder["attn"]))
         differences += [(got - want).abs().max().item(), (got_weights - want_weights).abs().max().item()]
     return differences
 
@@ -256,7 +291,8 @@ def _layouts_rank(rank, names, fsdp, tp):
     for layout in names:
         config = Config()
         config.dist.fsdp.size, config.dist.tp.size = fsdp, tp
-        loader = DataLoader(token_dataset(batches=STEPS), batch_size=GLOBAL_BATCH // (int(os.environ["WORLD_SIZE"]) // tp))
+        data_ranks = int(os.environ["WORLD_SIZE"]) // tp
+        loader = DataLoader(token_dataset(batches=STEPS), batch_size=GLOBAL_BATCH // data_ranks)
         model, loader = accelerate(layouts.build(layout), loader, config)
         results[layout] = (train(model, loader, steps=STEPS), full_state(model))
     if fsdp == 1:
