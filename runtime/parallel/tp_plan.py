@@ -1,8 +1,8 @@
 """Tensor-parallel plans read off what a block computes, not off its module names.
 
 ``derive_plan(block)`` traces the block's forward with torch.fx (symbolically: no inputs are
-needed; projections and torch.nn's modules stay whole) and follows the data from each
-projection:
+needed; projections and torch.nn's modules stay whole, but for its transformer layers, which
+are traced through) and follows the data from each projection:
 
 - a projection whose output reaches another projection through elementwise ops only (an
   activation, dropout, the product with another such projection's output as in gated MLPs) is
@@ -22,7 +22,9 @@ told apart by tracing the module itself.
 
 Where no split is safe the error names the block, the op and the fix: a normalization,
 reduction or other op that mixes the features between two projections, a tensor that is not
-split with the features but combined with them, an intermediate result that leaves the block.
+split with the features but combined with them, an intermediate result that leaves the block,
+a view sized from the unsplit width. Where part of a block splits, the rest stays whole with a
+warning that says why.
 Names are read only when a block cannot be traced (Python branches on its inputs' values): the
 known layouts' names are then the hint.
 """
@@ -75,7 +77,7 @@ _BY_NAME = {  # the hint for blocks that cannot be traced
     **dict.fromkeys(("o_proj", "out_proj", "o", "wo", "down_proj", "w2", "fc2", "c_proj", "fc_out"), ROWWISE),
 }
 ATTENTION_INPUT_NAMES = {"q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v", "wq", "wk", "wv",
-                     "c_attn", "qkv", "qkv_proj", "Wqkv"}
+                         "c_attn", "qkv", "qkv_proj", "Wqkv"}
 
 _layouts: dict[type, str | None] = {}
 
@@ -235,7 +237,8 @@ class _Flow:
             elif size.target is operator.getitem and isinstance(size.args[1], int):
                 shape = size.args[0]
                 taken = [u.args[1] for u in shape.users if u.target is operator.getitem and isinstance(u.args[1], int)]
-                if shape.target in ("size", getattr) and (size.args[1] == -1 or size.args[1] == max(taken) > 0):
+                unpacked = len(set(taken)) > 1 and size.args[1] == max(taken)  # B, T, C = x.shape
+                if shape.target in ("size", getattr) and (size.args[1] == -1 or unpacked):
                     return shape.args[0]
             elif self._is_shape(size):
                 sizes += _nodes(size.args)
@@ -271,7 +274,7 @@ class _Flow:
                     if user.args[0] is node and self.assigned.get(user) in (None, ROWWISE) and user not in members:
                         rows += [] if user in rows else [user]
                     else:
-                        blockers.append((user, "which is split otherwise or reads them as other than its input"))
+                        blockers.append((user, "is split otherwise, or reads them as other than its input"))
                     continue
                 if kind == "mixing":
                     blockers.append((user, _LEAVES if user.op == "output" else _MIXES))
@@ -322,11 +325,11 @@ class _Flow:
             parts = len({g.args[1] for g in split.users if g.target is operator.getitem})
             if not attention or len(members) > 1 or parts != 3:
                 return self._leave_whole(members + rows, f"{member.target}'s output is split in {parts} parts, "
-                                                  f"which only a fused q/k/v projection in three can be")
+                                                         f"which only a fused q/k/v projection in three can be")
             styles[member] = COLWISE_FUSED
         if attention and len(members) == 1 and styles[start] != COLWISE_FUSED:
-            return self._leave_whole(members + rows, f"q, k and v all come from {names}, but not by a split or chunk "
-                                              f"of its output: where each lies in it cannot be read")
+            return self._leave_whole(members + rows, f"q, k and v all come from {names}, but not by a split or "
+                                                     f"chunk of its output: where each lies in it cannot be read")
         if attention:
             self.found[_common_parent([m.target for m in members])] = HEADS
         self.assigned.update(styles)
