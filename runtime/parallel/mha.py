@@ -11,6 +11,9 @@ state dict names the projections (``q_proj.weight``...) rather than ``in_proj_we
 
 After ``split_heads(mesh)`` it computes on its ``num_heads / tp`` heads; the attention weights
 it returns (``need_weights``) are gathered over the mesh, so every rank returns all heads'.
+It is made for that split, with DTensor parameters: ``nn.TransformerEncoder``'s nested-tensor
+inference path (eval, a ``src_key_padding_mask``) reads packed weights, which it has not, and
+is skipped only for parameters with a ``__torch_function__``.
 """
 
 import torch
