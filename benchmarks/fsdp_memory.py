@@ -1,29 +1,35 @@
-"""FSDP2 through ``accelerate`` vs DDP on a 12-block GPT: per-rank memory of parameters,
-gradients and optimizer state, and step time, at 2 and 4 gloo ranks side by side.
+"""FSDP, tensor parallel (TP) and FSDP x TP through ``accelerate`` against DDP: per-rank peak
+memory and step time at 2 and 4 ranks, on a GPT built from standard PyTorch modules
+(``nn.MultiheadAttention``, an ``nn.Sequential`` MLP) and on a Llama-shaped model (RMSNorm,
+grouped-query attention with rotary embeddings, a gated SiLU MLP). TP's plans are the ones
+``accelerate`` derives from the blocks' structure.
 
-    python benchmarks/fsdp_memory.py [--blocks 12] [--dim 256] [--vocab 2048] [--seq 128]
-                                     [--batch 4] [--steps 5] [--worlds 2,4]
+    python benchmarks/fsdp_memory.py [--models gpt,llama] [--blocks 4] [--dim 256] [--heads 8]
+                                     [--vocab 2048] [--seq 64] [--batch 2] [--steps 3] [--worlds 2,4]
 
-Goals: FSDP's per-rank peak at most 0.6x DDP's at 2 ranks and 0.35x at 4.
+Every setup trains on the same global batch: ``--batch`` sequences per data-parallel rank of
+DDP and FSDP, ``--batch * tp`` per tensor-parallel group (its ranks read the same batch). At 2
+ranks: DDP, FSDP over 2, TP over 2; at 4: DDP, FSDP over 4, TP over 4, FSDP over 2 x TP over 2.
 
-Memory is counted, not sampled: the bytes of each rank's parameters, gradients and AdamW state
-after a step (the local shards under FSDP), plus, for FSDP, what a step holds unsharded on top:
-the root's parameters (embeddings, head), the all-gathered parameters of the computing layer
-and of the ``prefetch`` layers gathered ahead, and one layer's unsharded gradients before their
-reduce-scatter. DDP's gradient buckets (another copy of the gradients) are not counted, which
-favours DDP. Step time is the median of ``--steps`` timed steps after a warm-up, each started
-after a barrier; on gloo it is dominated by the CPU collectives, not by what a GPU would see.
+Peak memory, on the CPU: each rank's resident-set high-water mark during the steps (warm-up
+included), above its resident set before the model was built, after one untimed round of every
+setup has loaded what a first use loads; glibc serves allocations over
+64 KiB by mmap, so freed tensors leave the resident set at once. It is what the step holds:
+parameters, gradients, AdamW state, activations, temporaries and communication buffers (DDP's
+gradient buckets, FSDP's all-gathers). The largest over the ranks is reported. With CUDA:
+``torch.cuda.max_memory_allocated``. "At rest": the bytes of a rank's own parameters,
+gradients and AdamW state after a step. Step time: the median of ``--steps`` steps after a
+warm-up, each started after a barrier; on gloo it is dominated by the CPU collectives and by
+the ranks sharing the cores, not by what a GPU would see.
 
-The figures a GPU machine must give (NCCL; overlap of all-gathers with compute; step time vs
-DDP) come from the same script:
+On GPUs (one per rank, NCCL), the same script:
 
-    CUDA_VISIBLE_DEVICES=0,1,2,3 python benchmarks/fsdp_memory.py --worlds 2,4 --dim 1024 --seq 1024 --batch 8
-
-where each rank takes GPU ``rank`` (NCCL) and the peak is also read from
-``torch.cuda.max_memory_allocated``.
+    CUDA_VISIBLE_DEVICES=0,1,2,3 python benchmarks/fsdp_memory.py --worlds 2,4 --blocks 12 --dim 1024 \
+        --heads 16 --seq 1024 --batch 4
 """
 
 import argparse
+import gc
 import os
 import socket
 import statistics
@@ -41,28 +47,27 @@ from torch.nn.parallel import DistributedDataParallel
 from accrewrite.runtime import Config, accelerate
 
 
-class Block(nn.Module):
-    def __init__(self, dim, heads):
+class MHABlock(nn.Module):
+    """A pre-norm GPT block of standard modules."""
+
+    def __init__(self, dim, heads, seq):
         super().__init__()
-        self.head_dim = dim // heads
         self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(dim, dim) for _ in range(4))
-        self.up_proj, self.down_proj = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1), persistent=False)
 
     def forward(self, x):
         h = self.ln_1(x)
-        shape = (*h.shape[:-1], -1, self.head_dim)
-        q, k, v = (p(h).view(shape).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
-        x = x + self.o_proj(y)
-        return x + self.down_proj(F.gelu(self.up_proj(self.ln_2(x))))
+        x = x + self.attn(h, h, h, attn_mask=self.mask, need_weights=False, is_causal=True)[0]
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(args.vocab, args.dim), nn.Embedding(args.seq, args.dim)
-        self.h = nn.ModuleList(Block(args.dim, 8) for _ in range(args.blocks))
+        self.h = nn.ModuleList(MHABlock(args.dim, args.heads, args.seq) for _ in range(args.blocks))
         self.ln_f, self.lm_head = nn.LayerNorm(args.dim), nn.Linear(args.dim, args.vocab)
 
     def forward(self, tokens, targets):
@@ -72,13 +77,87 @@ class GPT(nn.Module):
         return F.cross_entropy(self.lm_head(self.ln_f(x)).flatten(0, 1), targets.flatten())
 
 
+class LlamaAttention(nn.Module):
+    def __init__(self, dim, heads, kv_heads):
+        super().__init__()
+        self.num_heads, self.num_key_value_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        repeat = self.num_heads // self.num_key_value_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        head_dim = args.dim // args.heads
+        self.input_layernorm, self.post_attention_layernorm = nn.RMSNorm(args.dim), nn.RMSNorm(args.dim)
+        self.self_attn = LlamaAttention(args.dim, args.heads, kv_heads=max(1, args.heads // 2))
+        self.mlp = LlamaMLP(args.dim, 64 * ((8 * args.dim // 3 + 63) // 64))
+        angles = torch.outer(torch.arange(args.seq).float(),
+                             1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)).repeat(1, 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x), self.cos, self.sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab, args.dim)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(args) for _ in range(args.blocks))
+        self.norm, self.lm_head = nn.RMSNorm(args.dim), nn.Linear(args.dim, args.vocab, bias=False)
+
+    def forward(self, tokens, targets):
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return F.cross_entropy(self.lm_head(self.norm(x)).flatten(0, 1), targets.flatten())
+
+
+MODELS = {"gpt": GPT, "llama": Llama}
+
+
+def setups(world: int) -> dict:
+    """``{name: (fsdp size, tp size)}``; DDP is ``None``."""
+    found = {"DDP": None, f"FSDP {world}": (world, 1), f"TP {world}": (1, world)}
+    if world >= 4:
+        found[f"FSDP {world // 2} x TP 2"] = (world // 2, 2)
+    return found
+
+
 def _bytes(tensor) -> int:
     tensor = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return tensor.numel() * tensor.element_size()
-
-
-def _full_bytes(params) -> int:
-    return sum(p.numel() * p.element_size() for p in params)  # numel of a DTensor is the full one
 
 
 def model_state_bytes(model, optimizer) -> dict:
@@ -89,10 +168,50 @@ def model_state_bytes(model, optimizer) -> dict:
             "optimizer": sum(map(_bytes, state))}
 
 
-def fsdp_transient_bytes(model, prefetch: int) -> int:
-    layers = [_full_bytes(block.parameters()) for block in model.h]
-    root = _full_bytes(model.parameters()) - sum(layers)
-    return root + (1 + prefetch) * max(layers) + max(layers)  # + one layer's unsharded gradients
+def _resident(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return 1024 * next(int(line.split()[1]) for line in status if line.startswith(field))
+
+
+def _reset_high_water_mark() -> None:
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # Linux >= 4.0
+
+
+def _measure(model_name, setup, args, device, rank, steps) -> dict:
+    cuda = device.type == "cuda"
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    before = _resident("VmRSS:")
+    _reset_high_water_mark()
+    torch.manual_seed(0)
+    model = MODELS[model_name](args).to(device)
+    tp = 1 if setup is None else setup[1]
+    if setup is None:
+        wrapped = DistributedDataParallel(model)
+    else:
+        config = Config()
+        config.dist.fsdp.size, config.dist.tp.size = setup
+        wrapped = model = accelerate(model, config=config)
+    generator = torch.Generator().manual_seed(rank // tp)  # the ranks of a TP group read one batch
+    tokens = torch.randint(args.vocab, (args.batch * tp, args.seq + 1), generator=generator).to(device)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4)
+    times = []
+    for step in range(steps + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=False)
+        wrapped(tokens[:, :-1], tokens[:, 1:]).backward()
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        if step:  # the first is the warm-up
+            times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() if cuda else _resident("VmHWM:") - before
+    return {"at_rest": sum(model_state_bytes(model, optimizer).values()), "peak": peak,
+            "step_s": statistics.median(times) if times else None}
 
 
 def run(rank, world, port, args, outdir):
@@ -104,39 +223,18 @@ def run(rank, world, port, args, outdir):
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    generator = torch.Generator().manual_seed(rank)
-    tokens = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
+    for model_name in args.models.split(","):  # what the first use of each loads or caches stays loaded
+        for setup in setups(world).values():
+            _measure(model_name, setup, args, device, rank, steps=0)
     results = {}
-    for method in ("ddp", "fsdp"):
-        torch.manual_seed(0)
-        model = GPT(args).to(device)
-        if method == "ddp":
-            wrapped = DistributedDataParallel(model)
-        else:
-            config = Config()
-            config.dist.fsdp.size = world
-            wrapped = model = accelerate(model, config=config)
-        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for step in range(args.steps + 1):
-            dist.barrier()
-            start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=False)
-            wrapped(tokens[:, :-1], tokens[:, 1:]).backward()
-            optimizer.step()
-            if cuda:
-                torch.cuda.synchronize()
-            if step:  # the first is the warm-up
-                times.append(time.perf_counter() - start)
-        states = model_state_bytes(model, optimizer)
-        at_rest = sum(states.values())
-        transient = fsdp_transient_bytes(model, config.dist.fsdp.prefetch) if method == "fsdp" else 0
-        results[method] = {**states, "at_rest": at_rest, "peak": at_rest + transient,
-                           "step_s": statistics.median(times),
-                           "cuda_peak": torch.cuda.max_memory_allocated() if cuda else None}
-        del wrapped, model, optimizer
+    for model_name in args.models.split(","):
+        for name, setup in setups(world).items():
+            measured = _measure(model_name, setup, args, device, rank, args.steps)
+            every = [None] * world
+            dist.all_gather_object(every, measured)
+            results[model_name, name] = {"at_rest": max(m["at_rest"] for m in every),
+                                         "peak": max(m["peak"] for m in every),
+                                         "step_s": measured["step_s"]}
     if rank == 0:
         torch.save(results, os.path.join(outdir, f"{world}.pt"))
     dist.destroy_process_group()
@@ -150,34 +248,33 @@ def _free_port() -> int:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--models", default="gpt,llama")
+    parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=4, help="per rank")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=2, help="sequences per data-parallel rank")
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--worlds", default="2,4")
     args = parser.parse_args(argv)
-    goals = {2: 0.6, 4: 0.35}
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # read by the ranks' glibc at start
     mib = 1 << 20
-    print(f"{args.blocks}-block GPT, dim {args.dim}, vocab {args.vocab}, seq {args.seq}, batch {args.batch}/rank, "
-          f"AdamW; {'NCCL' if torch.cuda.is_available() else 'gloo (CPU)'}")
-    print(f"{'ranks':>5} {'method':>6} {'params':>9} {'grads':>9} {'optim':>9} {'at rest':>9} {'peak':>9} "
-          f"{'step s':>8}   MiB per rank")
+    print(f"{args.blocks} blocks, dim {args.dim}, {args.heads} heads, vocab {args.vocab}, seq {args.seq}, "
+          f"batch {args.batch} per data-parallel rank, AdamW, float32; "
+          f"{'NCCL, cuda peak' if torch.cuda.is_available() else 'gloo (CPU), resident-set peak'}")
+    print("| model | ranks | setup | at rest MiB | peak MiB | peak / DDP | step s | step / DDP |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as outdir:
         for world in map(int, args.worlds.split(",")):
             mp.spawn(run, args=(world, _free_port(), args, outdir), nprocs=world)
             results = torch.load(os.path.join(outdir, f"{world}.pt"))
-            for method, r in results.items():
-                print(f"{world:>5} {method:>6} {r['parameters'] / mib:9.2f} {r['gradients'] / mib:9.2f} "
-                      f"{r['optimizer'] / mib:9.2f} {r['at_rest'] / mib:9.2f} {r['peak'] / mib:9.2f} "
-                      f"{r['step_s']:8.3f}" + (f"   cuda peak {r['cuda_peak'] / mib:.1f}" if r["cuda_peak"] else ""))
-            ddp, fsdp = results["ddp"], results["fsdp"]
-            ratio = fsdp["peak"] / ddp["peak"]
-            goal = goals.get(world)
-            verdict = "" if goal is None else f" (goal <= {goal}x: {'met' if ratio <= goal else 'NOT met'})"
-            print(f"      {world} ranks: FSDP/DDP peak {ratio:.2f}x{verdict}, at rest "
-                  f"{fsdp['at_rest'] / ddp['at_rest']:.2f}x, step time {fsdp['step_s'] / ddp['step_s']:.2f}x")
+            for model_name in args.models.split(","):
+                ddp = results[model_name, "DDP"]
+                for name in setups(world):
+                    r = results[model_name, name]
+                    print(f"| {model_name} | {world} | {name} | {r['at_rest'] / mib:.1f} | {r['peak'] / mib:.1f} | "
+                          f"{r['peak'] / ddp['peak']:.2f}x | {r['step_s']:.3f} | {r['step_s'] / ddp['step_s']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -519,8 +519,8 @@ def fsdp_peaks(results: Results, tiny: bool) -> None:
 
     import fsdp_memory
 
-    shape = dict(blocks=2, dim=64, vocab=256, seq=32, batch=2) if tiny else dict(
-        blocks=12, dim=1024, vocab=2048, seq=1024, batch=8)
+    shape = dict(blocks=2, dim=64, heads=4, vocab=256, seq=32, batch=2) if tiny else dict(
+        blocks=12, dim=1024, heads=16, vocab=2048, seq=1024, batch=8)
     args = argparse.Namespace(**shape)
     results.data["notes"].append(
         f"FSDP2: fsdp_memory.py's GPT, {args.blocks} blocks, dim {args.dim}, seq {args.seq}, "

@@ -117,6 +117,33 @@ def check_version(version: str = torch.__version__) -> str | None:
     )
 
 
+def trace_forward(module: torch.nn.Module, is_leaf) -> "torch.fx.Graph":
+    """``module.forward`` as a torch.fx graph traced without inputs, the submodules for which
+    ``is_leaf(submodule, default)`` holds kept as calls (``default``: fx's own choice, torch.nn's
+    modules). Arguments with a default are fixed to it: the plain path is traced, not the
+    branches taken on a mask's dtype. torch.nn's transformer layers pick their inference fast
+    path from the input's shape, which a symbolic trace cannot read: the fast path is off while
+    tracing (raises what fx raises on code it cannot trace)."""
+    import inspect
+
+    import torch.fx
+
+    class Tracer(torch.fx.Tracer):
+        def is_leaf_module(self, m, qualified_name):
+            return is_leaf(m, super().is_leaf_module(m, qualified_name))
+
+    parameters = inspect.signature(module.forward).parameters.values()
+    fixed = {p.name: p.default for p in parameters
+             if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD}
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        return Tracer().trace(module, concrete_args=fixed)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
 __all__ = [
-    *_NAMES, "SUPPORTED", "autograd_keys", "check_version", "own_compile_metrics", "version_tuple"
+    *_NAMES, "SUPPORTED", "autograd_keys", "check_version", "own_compile_metrics", "trace_forward",
+    "version_tuple",
 ]

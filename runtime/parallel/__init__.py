@@ -10,7 +10,9 @@ accelerate API):
   the world, the DeviceMesh and the slices of it that the parts take.
 - ``apply.py``: ``apply_tp``, ``apply_ac``, ``apply_compile``, ``apply_fsdp``, each usable on its
   own, and ``PARTS``, the order ``accelerate`` applies them in.
-- ``tensor_parallel.py``: tensor-parallel plans, derived from a block's layout or given.
+- ``tensor_parallel.py``: tensor-parallel plans applied to a block with DTensor.
+- ``tp_plan.py``: the plans derived from what a block computes (its torch.fx trace).
+- ``mha.py``: ``nn.MultiheadAttention`` as separate projections that split by head.
 - ``loader.py``: the dataloader split over the data-parallel ranks.
 - ``checkpoint.py``: ``save_checkpoint``/``load_checkpoint``: sharded, resharding, atomic
   checkpoints through torch.distributed.checkpoint, and the full-state export.

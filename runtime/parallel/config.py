@@ -36,8 +36,8 @@ class FSDPConfig:
 @dataclass
 class TensorParallelConfig:
     size: int = 1
-    # Per wrapped block: {submodule name: "colwise" | "rowwise" | "colwise_fused_qkv" | a
-    # torch ParallelStyle}. None: derived from the block's layout (see tensor_parallel.py).
+    # Per wrapped block: {submodule name: "colwise" | "rowwise" | "colwise_fused" | "heads" | a
+    # torch ParallelStyle}. None: derived from what the block computes (see tp_plan.py).
     plan: dict | None = None
 
 

@@ -1,6 +1,6 @@
 """Tensor-parallel plans for transformer blocks, applied with DTensor's ``parallelize_module``.
 
-A plan maps the name of a projection inside a block to how it is split over the ``tp`` mesh:
+A plan maps the name of a module inside a block to how it is split over the ``tp`` mesh:
 
 - ``"colwise"``: output features split (q/k/v, MLP up and gate projections); the block sees
   the local part of the output.
@@ -8,96 +8,99 @@ A plan maps the name of a projection inside a block to how it is split over the 
   split by attention head, so a rank holds the same heads of all three.
 - ``"rowwise"``: input features split (attention output, MLP down projection); the outputs are
   summed over the mesh, so the block sees the full result.
+- ``"heads"``: an attention module (or the block itself, ``""``) whose head counts and widths
+  (``num_heads``, ``n_head``, ``split_size``, ``embed_dim``...) are divided by the tp size, so
+  code that sizes its views from them, or from ``-1`` and a head dimension as Hugging Face and
+  torchtitan models do, runs unchanged on its ``heads / tp`` heads. An ``nn.MultiheadAttention``
+  is first converted into separate projections (``mha.py``), split q/k/v column-wise and the
+  output row-wise.
 - or any torch ``ParallelStyle``.
 
-``nn.Linear`` (weight ``out x in``) and GPT-2's ``Conv1D`` (weight ``in x out``) are both
-handled. ``derive_plan`` reads the plan off a block's projection names: separate q/k/v/o
-(``q_proj``, ``query``, ``wq``...), GPT-2 (``c_attn``, ``c_fc``, ``c_proj``), Llama
-(``gate_proj``, ``up_proj``, ``down_proj``; ``w1``, ``w3``, ``w2``) and plain MLPs (``fc1``,
-``fc2``).
-
-The attention of a split block runs on ``heads / tp`` heads: the attention module's head-count
-and width attributes (``num_heads``, ``n_head``, ``split_size``, ``embed_dim``...) are divided
-by the tp size, so code that sizes its views from them, or from ``-1`` and a head dimension as
-Hugging Face and torchtitan models do, runs unchanged.
+``nn.Linear`` projections are split by torch's ``ColwiseParallel``/``RowwiseParallel``; those
+that compute ``x @ W + b`` (GPT-2's ``Conv1D``, weight ``in x out``) and fused q/k/v by the
+styles below. ``derive_plan`` (``tp_plan.py``) reads the plan off what a block computes. A plan
+without ``"heads"`` entries (given by hand) divides the head counts of the modules holding
+projections named as q/k/v are (``q_proj``, ``query``, ``c_attn``...).
 """
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
-from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from .._torch_compat import StridedShard
+from .mha import SplitQKVMultiheadAttention
+from .tp_plan import (ATTENTION_INPUT_NAMES, COLWISE, COLWISE_FUSED, HEADS, OUT_IN, ROWWISE, derive_plan,
+                      projection_layout)
 
-COLWISE, COLWISE_FUSED, ROWWISE = "colwise", "colwise_fused", "rowwise"
-_STYLES = (COLWISE, COLWISE_FUSED, ROWWISE)
-
-_BY_NAME = {
-    **dict.fromkeys(("q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v",
-                     "wq", "wk", "wv", "gate_proj", "up_proj", "w1", "w3", "fc1", "c_fc", "fc_in"), COLWISE),
-    **dict.fromkeys(("c_attn", "qkv", "qkv_proj", "Wqkv"), COLWISE_FUSED),
-    **dict.fromkeys(("o_proj", "out_proj", "o", "wo", "down_proj", "w2", "fc2", "c_proj", "fc_out"), ROWWISE),
-}
-_ATTENTION_INPUTS = {"q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v", "wq", "wk", "wv",
-                     "c_attn", "qkv", "qkv_proj", "Wqkv"}
+_STYLES = (COLWISE, COLWISE_FUSED, ROWWISE, HEADS)
 # Attributes of an attention module that count its heads or its q/k/v width.
 _HEAD_ATTRIBUTES = ("num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
                     "n_kv_heads", "split_size", "embed_dim", "n_embd", "all_head_size", "hidden_size")
 
+__all__ = ["derive_plan", "parallelize_block", "replicate_the_rest"]
+
 
 def _is_projection(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
-
-
-def derive_plan(block: nn.Module) -> dict:
-    """``{name: style}`` for the projections of ``block`` whose names tell their role; raises
-    when the block has a split that its names cannot complete (no rowwise partner)."""
-    plan = {}
-    for name, module in block.named_modules():
-        style = _BY_NAME.get(name.rpartition(".")[2])
-        if style is not None and _is_projection(module):
-            plan[name] = style
-    parents = {name.rpartition(".")[0] for name in plan}
-    for parent in parents:
-        styles = {style for name, style in plan.items() if name.rpartition(".")[0] == parent}
-        if ROWWISE not in styles or styles == {ROWWISE}:  # half a pair cannot be split alone
-            for name in [n for n in plan if n.rpartition(".")[0] == parent]:
-                del plan[name]
-    if not plan:
-        names = [name for name, module in block.named_modules() if _is_projection(module)]
-        raise ValueError(
-            f"cannot derive a tensor-parallel plan for {type(block).__name__}: its projections "
-            f"{names} have no names of a known layout (q_proj/k_proj/v_proj/o_proj, c_attn/c_proj, "
-            f"gate_proj/up_proj/down_proj, fc1/fc2); give one in config.dist.tp.plan, as "
-            f"{{'attn.q': 'colwise', 'attn.out': 'rowwise'}}"
-        )
-    return plan
+    return projection_layout(module) is not None
 
 
 def parallelize_block(block: nn.Module, plan: dict, mesh) -> None:
     """Split ``block`` over the 1-D ``mesh`` by ``plan`` (names relative to the block)."""
+    plan = dict(plan)
+    block_name = type(block).__name__
+    modules = dict(block.named_modules())
+    for name, style in list(plan.items()):
+        if style == HEADS and isinstance(modules.get(name), (nn.MultiheadAttention, SplitQKVMultiheadAttention)):
+            _check_heads(block, name, "num_heads", modules[name].num_heads, mesh.size())
+            if isinstance(modules[name], nn.MultiheadAttention):
+                _replace(block, name, SplitQKVMultiheadAttention.from_module(modules[name]))
+            for projection in ("q_proj", "k_proj", "v_proj"):
+                plan.setdefault(f"{name}.{projection}", COLWISE)
+            plan.setdefault(f"{name}.out_proj", ROWWISE)
     modules = dict(block.named_modules())
     missing = sorted(name for name in plan if name not in modules)
     if missing:
         raise ValueError(
-            f"config.dist.tp.plan names {missing}, which {type(block).__name__} lacks; its "
+            f"config.dist.tp.plan names {missing}, which {block_name} lacks; its "
             f"projections are {[n for n, m in modules.items() if _is_projection(m)]}"
         )
     styles = {}
     for name, style in plan.items():
         if isinstance(style, ParallelStyle):
             styles[name] = style
-        elif style in _STYLES:
-            styles[name] = _Rowwise() if style == ROWWISE else _Colwise(fused=3 if style == COLWISE_FUSED else 1)
-        else:
+        elif style not in _STYLES:
             raise ValueError(f"config.dist.tp.plan[{name!r}] = {style!r}: expected one of {_STYLES} "
                              f"or a torch ParallelStyle")
+        elif style != HEADS:
+            styles[name] = _style(modules[name], style, f"{block_name}.{name}")
     tp = mesh.size()
-    for name in plan:
-        parent, _, leaf = name.rpartition(".")
-        if leaf in _ATTENTION_INPUTS:
-            _divide_heads(modules[parent], tp)
+    heads = [name for name, style in plan.items() if style == HEADS]
+    if not heads:  # a plan given by hand: the modules holding q/k/v-named projections
+        heads = sorted({name.rpartition(".")[0] for name in plan if name.rpartition(".")[2] in ATTENTION_INPUT_NAMES})
+    for name in heads:
+        if isinstance(modules[name], SplitQKVMultiheadAttention):
+            modules[name].split_heads(mesh)
+        else:
+            _divide_heads(block, name, tp)
     parallelize_module(block, mesh, styles)
+
+
+def _replace(block: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(block.get_submodule(parent), leaf, module)
+
+
+def _style(module: nn.Module, style: str, where: str) -> ParallelStyle:
+    layout = projection_layout(module)
+    if layout is None:
+        raise ValueError(f"config.dist.tp.plan splits {where} ({type(module).__name__}) {style}, but tensor "
+                         f"parallel splits projections only: nn.Linear or modules computing x @ W + b")
+    if layout == OUT_IN and style == COLWISE:
+        return ColwiseParallel()
+    if layout == OUT_IN and style == ROWWISE:
+        return RowwiseParallel()
+    return _Rowwise() if style == ROWWISE else _Colwise(fused=3 if style == COLWISE_FUSED else 1)
 
 
 def replicate_the_rest(model: nn.Module, mesh) -> None:
@@ -124,21 +127,31 @@ def _to_local(module, output, mesh):
     return output.to_local() if isinstance(output, DTensor) else output
 
 
-def _divide_heads(attention: nn.Module, tp: int) -> None:
-    if getattr(attention, "_heads_divided_by", None) == tp:  # q, k and v share one parent
+def _check_heads(block: nn.Module, name: str, attribute: str, value: int, tp: int) -> None:
+    if value % tp:
+        where = f"{type(block).__name__}.{name}" if name else type(block).__name__
+        module = block.get_submodule(name)
+        raise ValueError(
+            f"cannot split {where} ({type(module).__name__}) by head: its {attribute} = {value} is not divisible "
+            f"by config.dist.tp.size = {tp}; choose a tp size that divides {value}, or give "
+            f"config.dist.tp.plan without {where}'s projections")
+
+
+def _divide_heads(block: nn.Module, name: str, tp: int) -> None:
+    attention = block.get_submodule(name)
+    if getattr(attention, "_heads_divided_by", None) == tp:  # a module shared by two entries
         return
-    for attribute in _HEAD_ATTRIBUTES:
-        value = getattr(attention, attribute, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            if value % tp:
-                raise ValueError(f"{type(attention).__name__}.{attribute} = {value} is not divisible by "
-                                 f"config.dist.tp.size = {tp}; choose a tp size that divides the heads")
-            setattr(attention, attribute, value // tp)
+    counts = {attribute: value for attribute in _HEAD_ATTRIBUTES
+              if isinstance(value := getattr(attention, attribute, None), int) and not isinstance(value, bool)}
+    for attribute, value in counts.items():  # all checked before any is changed
+        _check_heads(block, name, attribute, value, tp)
+    for attribute, value in counts.items():
+        setattr(attention, attribute, value // tp)
     attention._heads_divided_by = tp
 
 
 def _weight_out_dim(module: nn.Module) -> int:
-    return 0 if isinstance(module, nn.Linear) else 1  # Conv1D keeps its weight as in x out
+    return 0 if projection_layout(module) == OUT_IN else 1  # Conv1D keeps its weight as in x out
 
 
 def _replicate(param, mesh):
@@ -163,7 +176,8 @@ class _Split(ParallelStyle):
 
     def _apply(self, module, mesh):
         if not _is_projection(module):
-            raise ValueError(f"tensor parallel splits nn.Linear or Conv1D projections, not {type(module).__name__}")
+            raise ValueError(f"tensor parallel splits projections (nn.Linear, or x @ W + b as GPT-2's Conv1D), "
+                             f"not {type(module).__name__}")
         return distribute_module(module, mesh, self._partition, self._input, self._output)
 
 

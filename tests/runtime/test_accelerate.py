@@ -274,22 +274,31 @@ def test_bf16_computes_in_bf16_keeps_float32_parameters_and_follows_the_float32_
     "layout, plan",
     [
         ("separate", {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "colwise",
-                      "attn.o_proj": "rowwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}),
+                      "attn.o_proj": "rowwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
+                      "attn": "heads"}),
         ("gpt2", {"attn.c_attn": "colwise_fused", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise",
-                  "mlp.c_proj": "rowwise"}),
+                  "mlp.c_proj": "rowwise", "attn": "heads"}),
         ("llama", {"attn.q_proj": "colwise", "attn.k_proj": "colwise", "attn.v_proj": "colwise",
                    "attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
-                   "mlp.down_proj": "rowwise"}),
+                   "mlp.down_proj": "rowwise", "attn": "heads"}),
     ],
 )
 def test_plans_are_derived_from_the_block_layout(layout, plan):
     assert derive_plan(Block(layout)) == plan
 
 
-def test_a_block_of_unknown_layout_asks_for_a_plan():
-    block = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    with pytest.raises(ValueError, match="config.dist.tp.plan"):
-        derive_plan(block)
+class _Branching(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x)) if x.sum() > 0 else x  # a branch on the values: fx cannot trace it
+
+
+def test_a_block_fx_cannot_trace_and_of_unknown_names_asks_for_a_plan():
+    with pytest.raises(ValueError, match=r"torch.fx cannot trace it \(TraceError.*give one in config.dist.tp.plan"):
+        derive_plan(_Branching())
 
 
 def test_a_plan_that_names_modules_the_block_lacks_lists_what_it_has():

@@ -73,3 +73,12 @@ def test_no_other_module_of_the_runtime_or_the_kernels_uses_torch_privates():
     paths += KERNELS.rglob("*.py")
     assert len(paths) > 50
     assert [use for path in sorted(paths) for use in _private_uses(path)] == []
+
+
+def test_trace_forward_keeps_the_leaves_asked_for_fixes_defaults_and_restores_the_fast_path():
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
+    graph = compat.trace_forward(layer, lambda module, default: isinstance(module, torch.nn.MultiheadAttention)
+                                 or (default and not isinstance(module, torch.nn.TransformerEncoderLayer)))
+    calls = [node.target for node in graph.nodes if node.op == "call_module"]
+    assert calls == ["self_attn", "dropout1", "norm1", "linear1", "dropout", "linear2", "dropout2", "norm2"]
+    assert torch.backends.mha.get_fastpath_enabled()
