@@ -38,5 +38,18 @@ def new_xla_process_group(ranks=None, timeout=dist.default_pg_timeout, backend=N
     return dist.new_group(ranks=ranks, timeout=timeout, backend=backend, pg_options=pg_options)
 
 
+def _register():
+    kind = accelerator.device_type()
+    defaults = dist.Backend.default_device_backend_map
+    before = defaults.get(kind)
+    dist.Backend.register_backend("xla", _create_process_group, devices=[kind])
+    # Registering claims a device that has no backend yet; 'xla' only stands for the device's
+    # backend, so the claim is undone and a vendor's backend registered later still gets it.
+    if before is None:
+        defaults.pop(kind, None)
+    else:
+        defaults[kind] = before
+
+
 if "xla" not in dist.Backend.backend_list:
-    dist.Backend.register_backend("xla", _create_process_group, devices=[accelerator.device_type()])
+    _register()
