@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 # Triton's NVIDIA and AMD backends run on torch's "cuda" devices, Intel's on "xpu".
-TRITON_DEVICE_TYPES = ("cuda", "xpu")
+_TRITON_DEVICE_TYPES = ("cuda", "xpu")
 
 
 def device_type() -> str:
@@ -41,9 +41,7 @@ def select(index: int) -> torch.device:
     kind = device_type()
     count = torch.accelerator.device_count()
     if not 0 <= index < count:
-        raise RuntimeError(
-            f"{kind} device {index} requested (LOCAL_RANK or n) but only {count} visible"
-        )
+        raise RuntimeError(f"{kind} device {index} requested but only {count} visible")
     torch.accelerator.set_device_index(index)
     return torch.device(kind, index)
 
@@ -132,7 +130,7 @@ def memory_info(device) -> dict[str, int]:
 
 def supports_triton(device) -> bool:
     """Whether Triton kernels can run on ``device`` (Triton compiles for GPUs only)."""
-    return torch.device(device).type in TRITON_DEVICE_TYPES
+    return torch.device(device).type in _TRITON_DEVICE_TYPES
 
 
 def multiprocessor_count(device) -> int:

@@ -71,7 +71,9 @@ def xla_device(n=None, devkind=None):
     try:
         return accelerator.select(_env_int("LOCAL_RANK", 0) if n is None else n)
     except RuntimeError as error:
-        raise RuntimeError(f"xla_device: {error}") from None
+        raise RuntimeError(
+            f"xla_device: {error}; the device is LOCAL_RANK (as torchrun sets it) or n"
+        ) from None
 
 
 def set_replication(device, devices):
