@@ -61,11 +61,10 @@ def local_device_count():
 def global_runtime_device_count():
     """The devices the job trains on, one process each: the process group's size, else
     torchrun's ``WORLD_SIZE``; before any process starts, this machine's: the accelerator's
-    device count, or on the CPU ``CPU_NUM_DEVICES`` (torch_xla's variable for its CPU devices; 1 when unset)."""
+    device count, or on the CPU ``CPU_NUM_DEVICES`` (torch_xla's variable for its CPU devices;
+    1 when unset)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     if os.environ.get("WORLD_SIZE"):
         return xm._env_int("WORLD_SIZE", 1)
-    if accelerator.device_type() != "cpu":
-        return accelerator.device_count()
-    return xm._env_int("CPU_NUM_DEVICES", 1)
+    return accelerator.device_count() or xm._env_int("CPU_NUM_DEVICES", 1)

@@ -3,8 +3,8 @@ told its device as torchrun tells it.
 
 ``torch.multiprocessing.spawn`` starts ``fn(index, *args)`` in ``nprocs`` processes but says
 nothing else about where they stand, so ``xm.xla_device()`` (the accelerator's device
-``LOCAL_RANK``) would put every one of them on the first device. Here each process gets ``LOCAL_RANK`` (its index) and
-``LOCAL_WORLD_SIZE`` before ``fn`` runs. The process group stays the script's own
+``LOCAL_RANK``) would put every one of them on the first device. Here each process gets
+``LOCAL_RANK`` (its index) and ``LOCAL_WORLD_SIZE`` before ``fn`` runs. The process group stays the script's own
 (``dist.init_process_group(..., rank=index, world_size=nprocs)``).
 """
 
