@@ -91,6 +91,15 @@ def _module():
     return torch.get_device_module(device_type())
 
 
+def manual_seed(seed: int) -> None:
+    """Seed the CPU's generator and those of every accelerator device: ``torch.manual_seed``
+    reaches the accelerators built into torch, the device module an out-of-tree one too."""
+    torch.manual_seed(seed)
+    if device_type() != "cpu":
+        module = _module()
+        (getattr(module, "manual_seed_all", None) or module.manual_seed)(seed)
+
+
 def rng_states() -> list[torch.Tensor]:
     """The accelerator's random generators' states, one per device; none before it has started
     (reading them would start it) and none on the CPU (whose state torch.random holds)."""

@@ -103,13 +103,13 @@ def _hash(states):
 
 
 def set_rng_state(seed, device=None):
-    """Seed the random generators of every device (``torch.manual_seed``), or put back the
+    """Seed the random generators of the CPU and every accelerator device, or put back the
     state that ``get_rng_state`` returned as ``seed``."""
     del device
     seed = int(seed)
     saved = _SAVED_STATES.get(seed)
     if saved is None:
-        torch.manual_seed(seed)
+        accelerator.manual_seed(seed)
         _SEEDED[_hash(_generator_states())] = seed
         return
     torch.random.set_rng_state(saved[0])

@@ -40,6 +40,9 @@ def fake_accelerator(monkeypatch):
             self.calls.append(("set_rng_state_all",))
             self.states = [state.clone() for state in states]
 
+        def manual_seed_all(self, seed):
+            self.calls.append(("manual_seed_all", seed))
+
     def install(kind, count=2):
         recorder = Recorder()
         real_module = torch.get_device_module

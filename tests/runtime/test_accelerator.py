@@ -145,6 +145,7 @@ def test_wait_device_ops_synchronises_the_accelerator_only(fake_accelerator):
 def test_rng_state_covers_the_accelerators_generators(fake_accelerator):
     fake = fake_accelerator("xpu")
     xm.set_rng_state(1234)
+    assert ("manual_seed_all", 1234) in fake.calls
     assert xm.get_rng_state() == 1234  # nothing drawn since
     torch.rand(3)
     resume = xm.get_rng_state()
