@@ -28,6 +28,7 @@ import torch
 
 from accrewrite.kernels.dispatch import triton_available, use_triton
 from accrewrite.runtime import _torch_compat as compat
+from accrewrite.runtime import accelerator
 
 if triton_available():
     import triton
@@ -282,7 +283,7 @@ def _table(addresses: tuple[int, ...], numels: tuple[int, ...], device: torch.de
     pairs = [value for t, numel in enumerate(numels) for start in range(0, numel, _CHUNK)
              for value in (t, start)]
     host = torch.tensor(addresses + numels + tuple(pairs), dtype=torch.int64)
-    if device.type == "cuda":
+    if accelerator.on_accelerator(device):
         host = host.pin_memory()
     return host.to(device, non_blocking=True), len(pairs) // 2
 

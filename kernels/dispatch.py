@@ -1,6 +1,7 @@
 """Which implementation a kernel call takes: the Triton kernel or the PyTorch reference.
 
-CUDA tensors take the Triton kernel and everything else the reference. The environment variable
+Tensors on a GPU that Triton compiles for (CUDA, XPU: ``accelerator.supports_triton``) take the
+Triton kernel and everything else the reference. The environment variable
 ``ACCREWRITE_KERNELS`` overrides that: ``reference`` forces the reference everywhere (to rule a
 kernel out when chasing a numerical difference), ``triton`` forces the kernel everywhere (the
 tests use it with ``TRITON_INTERPRET=1`` to run the kernels on the CPU).
@@ -10,6 +11,8 @@ import functools
 import os
 
 import torch
+
+from accrewrite.runtime import accelerator
 
 MODE_ENV = "ACCREWRITE_KERNELS"
 _MODES = ("auto", "reference", "triton")
@@ -40,7 +43,7 @@ def use_triton(*tensors) -> bool:
         if not triton_available():
             raise RuntimeError(f"{MODE_ENV}=triton but triton is not installed: pip install triton")
         return True
-    return triton_available() and all(t.is_cuda for t in tensors)
+    return triton_available() and all(accelerator.supports_triton(t.device) for t in tensors)
 
 
 # The floating dtypes the elementwise and normalisation kernels compute (in float32 inside);

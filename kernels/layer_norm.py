@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
+from accrewrite.runtime import accelerator
 
 if triton_available():
     import triton
@@ -146,8 +147,8 @@ def _backward_programs(device: torch.device, rows: int) -> int:
     # One band of rows per SM keeps the float32 partial sums small; on the CPU (the interpreter)
     # a few bands still exercise the band logic and the final reduction.
     slots = 4
-    if device.type == "cuda":
-        slots = torch.cuda.get_device_properties(device).multi_processor_count
+    if accelerator.supports_triton(device):
+        slots = accelerator.multiprocessor_count(device)
     return max(1, min(rows, slots))
 
 

@@ -100,6 +100,23 @@ def autograd_keys() -> "torch._C.DispatchKeySet":
     )
 
 
+def backend_plugins() -> dict:
+    """The torch.distributed backends that packages registered (``Backend.register_backend``),
+    by upper-case name, each with its ``creator_fn`` and ``extended_api``."""
+    return importlib.import_module("torch.distributed").Backend._plugins
+
+
+def builtin_backend(name: str, store, rank: int, size: int, timeout):
+    """Backend ``name`` built into torch with an options object (nccl, xccl), made as
+    ``init_process_group`` makes it: the timeout goes in the options' private ``_timeout``."""
+    group = getattr(importlib.import_module("torch.distributed"), f"ProcessGroup{name.upper()}", None)
+    if group is None:
+        raise RuntimeError(f"torch.distributed has no {name!r} backend in this build of torch")
+    options = group.Options()
+    options._timeout = timeout
+    return group(store, rank, size, options)
+
+
 def version_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a torch version string such as "2.13.0+cpu"."""
     major, minor = version.split("+")[0].split(".")[:2]
@@ -144,6 +161,6 @@ def trace_forward(module: torch.nn.Module, is_leaf) -> "torch.fx.Graph":
 
 
 __all__ = [
-    *_NAMES, "SUPPORTED", "autograd_keys", "check_version", "own_compile_metrics", "trace_forward",
-    "version_tuple",
+    *_NAMES, "SUPPORTED", "autograd_keys", "backend_plugins", "builtin_backend", "check_version",
+    "own_compile_metrics", "trace_forward", "version_tuple",
 ]

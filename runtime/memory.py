@@ -45,6 +45,7 @@ from torch.utils.checkpoint import (
 )
 
 from . import _torch_compat as compat
+from . import accelerator
 from .blocks import repeated_blocks
 
 logger = logging.getLogger(__name__)
@@ -288,9 +289,9 @@ class _Calibration:
         if group in self.probed:
             return
         devices = sorted({t.device.index or 0 for t in compat.tree_leaves((args, kwargs))
-                          if isinstance(t, torch.Tensor) and t.is_cuda})
+                          if isinstance(t, torch.Tensor) and accelerator.on_accelerator(t.device)})
         saved, kept = _SavedBytes(self.parameter_storages), _KeptBytes()
-        with torch.random.fork_rng(devices=devices), saved, kept:
+        with torch.random.fork_rng(devices=devices, device_type=accelerator.device_type()), saved, kept:
             wrapper.run(*args, **kwargs)  # output dropped: its graph and activations go with it
         self.probed[group] = (saved.bytes, kept.bytes)
 

@@ -12,11 +12,11 @@ consumed in the same order as by plain iteration and runs repeat:
 * anything else (a DataLoader without workers, a list, a generator) is loaded on the loop's
   thread when the loop asks for the next batch; reading ahead would change the random numbers.
 
-On CUDA each batch is pinned (unless the loader already pinned it) and copied with
-``non_blocking=True`` on a side stream; the training stream waits for that copy before it uses
-the batch, so the copy still overlaps the work queued before it. Batches may nest tensors in
-dicts, lists, tuples, namedtuples, dataclasses and mappings such as HF ``BatchEncoding`` (see
-``_tensor_tree``).
+On an accelerator (CUDA, XPU, ...) each batch is pinned (unless the loader already pinned it)
+and copied with ``non_blocking=True`` on a side stream; the training stream waits for that copy
+before it uses the batch, so the copy still overlaps the work queued before it. Batches may
+nest tensors in dicts, lists, tuples, namedtuples, dataclasses and mappings such as HF
+``BatchEncoding`` (see ``_tensor_tree``).
 
 An exception raised while loading reaches the training loop as itself, with the loader's
 traceback; a DataLoader worker that died (killed by a signal, say) is named as torch names it,

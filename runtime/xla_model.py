@@ -1,11 +1,12 @@
 """``xm``: the torch_xla ``xla_model`` calls that migrated scripts make, on plain PyTorch.
 
-Devices are real PyTorch devices (``cuda:LOCAL_RANK`` where CUDA is present, else ``cpu``) and
-collectives are torch.distributed (NCCL on CUDA, gloo on CPU). The process group is the one the
-script created with ``dist.init_process_group``; a script that never creates one but runs with
-``WORLD_SIZE > 1`` (under ``accrun``/torchrun) gets the default group initialised on its first
-collective. With one process a collective needs no process group and gives what torch_xla gives
-with one device (mostly a copy of its input).
+Devices are real PyTorch devices (the accelerator's, ``cuda:LOCAL_RANK`` say, where one is
+available, else ``cpu``; see ``accelerator``) and collectives are torch.distributed, on the
+backend torch registers for that device (NCCL on CUDA, XCCL on XPU, gloo on CPU). The process
+group is the one the script created with ``dist.init_process_group``; a script that never
+creates one but runs with ``WORLD_SIZE > 1`` (under ``accrun``/torchrun) gets the default group
+initialised on its first collective. With one process a collective needs no process group and
+gives what torch_xla gives with one device (mostly a copy of its input).
 
 Every name torch_xla 2.9 also has takes torch_xla's arguments and behaves as torch_xla's does
 (tests/runtime/test_xla_conformance.py runs both); what differs on purpose is listed in
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from accrewrite.atomic_file import write_atomically
 
-from . import _collectives, _torch_compat
+from . import _collectives, _torch_compat, accelerator
 from ._closures import STEP_CLOSURES
 from ._tensor_tree import map_tensors
 
@@ -61,20 +62,18 @@ def _env_int(name, default):
 
 
 def xla_device(n=None, devkind=None):
-    """The device this process trains on: ``cuda:LOCAL_RANK`` (or ``cuda:n``) when CUDA is
-    available, made the current CUDA device; ``cpu`` otherwise. ``devkind`` is accepted for
-    torch_xla compatibility and ignored."""
+    """The device this process trains on: the accelerator's device ``LOCAL_RANK`` (or ``n``),
+    ``cuda:0`` say, made the current device, where an accelerator is available; ``cpu``
+    otherwise. ``devkind`` is accepted for torch_xla compatibility and ignored."""
     del devkind
-    if not torch.cuda.is_available():
+    if accelerator.device_type() == "cpu":
         return torch.device("cpu")
-    index = _env_int("LOCAL_RANK", 0) if n is None else n
-    count = torch.cuda.device_count()
-    if not 0 <= index < count:
+    try:
+        return accelerator.select(_env_int("LOCAL_RANK", 0) if n is None else n)
+    except RuntimeError as error:
         raise RuntimeError(
-            f"xla_device: CUDA device {index} requested (LOCAL_RANK or n) but only {count} visible"
-        )
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
+            f"xla_device: {error}; the device is LOCAL_RANK (as torchrun sets it) or n"
+        ) from None
 
 
 def set_replication(device, devices):
@@ -93,10 +92,7 @@ _SEEDED = {}  # hash of the states right after set_rng_state(seed) -> seed
 
 
 def _generator_states():
-    states = [torch.random.get_rng_state()]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states += torch.cuda.get_rng_state_all()
-    return states
+    return [torch.random.get_rng_state(), *accelerator.rng_states()]
 
 
 def _hash(states):
@@ -107,18 +103,17 @@ def _hash(states):
 
 
 def set_rng_state(seed, device=None):
-    """Seed the random generators of every device (``torch.manual_seed``), or put back the
+    """Seed the random generators of the CPU and every accelerator device, or put back the
     state that ``get_rng_state`` returned as ``seed``."""
     del device
     seed = int(seed)
     saved = _SAVED_STATES.get(seed)
     if saved is None:
-        torch.manual_seed(seed)
+        accelerator.manual_seed(seed)
         _SEEDED[_hash(_generator_states())] = seed
         return
     torch.random.set_rng_state(saved[0])
-    if len(saved) > 1:
-        torch.cuda.set_rng_state_all(saved[1:])
+    accelerator.set_rng_states(saved[1:])
 
 
 def get_rng_state(device=None):
@@ -137,8 +132,9 @@ def get_rng_state(device=None):
 
 
 def dist_backend():
-    """The torch.distributed backend for this machine: ``nccl`` with CUDA, else ``gloo``."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    """The torch.distributed backend for this process's device: the one torch registers for it
+    (``nccl`` on CUDA, ``xccl`` on XPU, ...), ``gloo`` on the CPU."""
+    return accelerator.dist_backend()
 
 
 def world_size(defval=1):
@@ -189,7 +185,7 @@ def _default_group():
         return dist.group.WORLD if dist.get_world_size() > 1 else None
     if world_size() <= 1:
         return None
-    xla_device()  # bind this rank's CUDA device before NCCL sees it
+    xla_device()  # bind this rank's device before the collective library sees it
     dist.init_process_group(backend=dist_backend())
     # A group left to the interpreter's teardown can abort the process ("terminate called
     # without an active exception"): the runtime closes the one it opened.
@@ -532,11 +528,10 @@ def broadcast_master_param(model):
 
 
 def wait_device_ops(devices=[]):  # noqa: B006 - torch_xla's signature
-    """Wait for queued async step closures and pending CUDA work."""
+    """Wait for queued async step closures and the work queued on the device."""
     del devices
     STEP_CLOSURES.wait()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+    accelerator.synchronize()
 
 
 def rendezvous(tag, payload=b"", replicas=[]):  # noqa: B006 - torch_xla's signature
@@ -590,16 +585,12 @@ def save(data, file_or_path, master_only=True, global_master=False):
 
 def get_memory_info(device=None):
     """The memory of ``device`` (default: this process's) in torch_xla's form: ``bytes_used``,
-    ``bytes_limit`` and ``peak_bytes_used``. On CUDA these are the caching allocator's
+    ``bytes_limit`` and ``peak_bytes_used``. On an accelerator these are its allocator's
     allocated, the device's total and the peak allocated bytes; on the CPU, this process's
     resident set, the machine's physical memory and the peak resident set."""
     device = torch.device(xla_device() if device is None else device)
-    if device.type == "cuda":
-        return {
-            "bytes_used": torch.cuda.memory_allocated(device),
-            "bytes_limit": torch.cuda.get_device_properties(device).total_memory,
-            "peak_bytes_used": torch.cuda.max_memory_allocated(device),
-        }
+    if accelerator.on_accelerator(device):
+        return accelerator.memory_info(device)
     return _host_memory_info()
 
 

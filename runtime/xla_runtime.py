@@ -10,15 +10,16 @@ process each would train on.
 
 import os
 
-import torch
 import torch.distributed as dist
 
+from . import accelerator
 from . import xla_model as xm
 
 
 def device_type():
-    """``'CUDA'`` where CUDA is present, else ``'CPU'`` (torch_xla's PJRT device names)."""
-    return "CUDA" if torch.cuda.is_available() else "CPU"
+    """The device's type as torch_xla's PJRT names devices: ``'CUDA'``, ``'XPU'``, ... where an
+    accelerator is available, else ``'CPU'``."""
+    return accelerator.device_type().upper()
 
 
 def world_size():
@@ -59,12 +60,11 @@ def local_device_count():
 
 def global_runtime_device_count():
     """The devices the job trains on, one process each: the process group's size, else
-    torchrun's ``WORLD_SIZE``; before any process starts, this machine's: CUDA's device count,
-    or on the CPU ``CPU_NUM_DEVICES`` (torch_xla's variable for its CPU devices; 1 when unset)."""
+    torchrun's ``WORLD_SIZE``; before any process starts, this machine's: the accelerator's
+    device count, or on the CPU ``CPU_NUM_DEVICES`` (torch_xla's variable for its CPU devices;
+    1 when unset)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     if os.environ.get("WORLD_SIZE"):
         return xm._env_int("WORLD_SIZE", 1)
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    return xm._env_int("CPU_NUM_DEVICES", 1)
+    return accelerator.device_count() or xm._env_int("CPU_NUM_DEVICES", 1)

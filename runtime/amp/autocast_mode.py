@@ -1,6 +1,7 @@
-"""Device-aware ``autocast``: the runtime device unless told otherwise, float16 on CUDA and
-bfloat16 on the CPU unless ``dtype`` says otherwise (torch_xla's ``autocast`` with the device
-optional, as TorchAcc scripts call it: ``with autocast():``)."""
+"""Device-aware ``autocast``: the runtime device unless told otherwise, in that device's default
+low-precision dtype (``torch.autocast``'s: float16 on CUDA, bfloat16 on the CPU) unless ``dtype``
+says otherwise (torch_xla's ``autocast`` with the device optional, as TorchAcc scripts call it:
+``with autocast():``)."""
 
 import torch
 
@@ -19,7 +20,4 @@ class autocast(torch.autocast):  # noqa: N801 - the torch_xla name
     or a decorator."""
 
     def __init__(self, device=None, enabled=True, dtype=None, cache_enabled=True):
-        kind = device_type(device)
-        if dtype is None:
-            dtype = torch.float16 if kind == "cuda" else torch.bfloat16
-        super().__init__(kind, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        super().__init__(device_type(device), dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)

@@ -2,9 +2,9 @@
 told its device as torchrun tells it.
 
 ``torch.multiprocessing.spawn`` starts ``fn(index, *args)`` in ``nprocs`` processes but says
-nothing else about where they stand, so ``xm.xla_device()`` (``cuda:LOCAL_RANK``) would put every
-one of them on the first GPU. Here each process gets ``LOCAL_RANK`` (its index) and
-``LOCAL_WORLD_SIZE`` before ``fn`` runs. The process group stays the script's own
+nothing else about where they stand, so ``xm.xla_device()`` (the accelerator's device
+``LOCAL_RANK``) would put every one of them on the first device. Here each process gets
+``LOCAL_RANK`` (its index) and ``LOCAL_WORLD_SIZE`` before ``fn`` runs. The process group stays the script's own
 (``dist.init_process_group(..., rank=index, world_size=nprocs)``).
 """
 

@@ -11,11 +11,11 @@ The loop tells it when the host and the device are idle::
         prefetcher.prefetch_GPU()   # copy it to the device (non-blocking) and preprocess it
 
 ``prefetch_CPU()`` takes the next batch from ``loader`` (on the host, in the calling thread).
-``prefetch_GPU()`` moves it to the device (pinned, ``non_blocking``, on a side stream on CUDA;
-see ``_transfer``) and applies ``preprocess_fn`` there; the next iteration returns it. Each call
-does its work once per batch, and ``prefetch_GPU`` loads first if ``prefetch_CPU`` was not
-called, so a loop that calls neither still gets every batch, in order. ``iter()`` starts over
-and prepares the first batch at once.
+``prefetch_GPU()`` moves it to the device (pinned, ``non_blocking``, on a side stream on an
+accelerator; see ``_transfer``) and applies ``preprocess_fn`` there; the next iteration returns
+it. Each call does its work once per batch, and ``prefetch_GPU`` loads first if
+``prefetch_CPU`` was not called, so a loop that calls neither still gets every batch, in order.
+``iter()`` starts over and prepares the first batch at once.
 """
 
 import torch

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 import accrewrite.runtime.parallel_loader as pl
 import accrewrite.runtime.xla_model as xm
+from accrewrite.runtime import accelerator
 
 import _forked
 
@@ -369,12 +370,12 @@ def test_parallel_loader_checks_devices():
         pl.MpDeviceLoader([], "not-a-device")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_batches_are_pinned_and_copied_non_blocking():
+@pytest.mark.skipif(accelerator.device_type() == "cpu", reason="needs an accelerator")
+def test_accelerator_batches_are_pinned_and_copied_non_blocking():
     batches = [{"x": torch.randn(64, 64), "y": torch.arange(64)} for _ in range(5)]
-    got = list(pl.MpDeviceLoader(batches, "cuda"))
+    got = list(pl.MpDeviceLoader(batches, xm.xla_device()))
     for batch, ref in zip(got, batches):
-        assert batch["x"].is_cuda and torch.equal(batch["x"].cpu(), ref["x"])
+        assert batch["x"].device == xm.xla_device() and torch.equal(batch["x"].cpu(), ref["x"])
         assert torch.equal(batch["y"].cpu(), ref["y"])
 
 

@@ -6,6 +6,7 @@ from functools import partial
 import pytest
 import torch
 
+from accrewrite.runtime import accelerator
 from accrewrite.runtime.utils import multi_apply_multi_stream
 from accrewrite.runtime.utils.misc import multi_apply_multi_stream as from_misc
 
@@ -59,17 +60,18 @@ def test_bad_stream_count():
                                      [torch.ones(1)])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams need a GPU")
-def test_cuda_calls_run_on_side_streams_with_same_results():
+@pytest.mark.skipif(accelerator.device_type() in ("cpu", "mps"), reason="needs side streams")
+def test_accelerator_calls_run_on_side_streams_with_same_results():
     streams_seen = []
 
     def func(t1, t2, t3):
-        streams_seen.append(torch.cuda.current_stream().cuda_stream)
+        streams_seen.append(torch.accelerator.current_stream().stream_id)
         return seed_func(t1 @ t1.T, t2, t3)
 
-    t1, t2, t3 = (torch.randn(6, 256, 256, device="cuda") for _ in range(3))
+    device = accelerator.device_type()
+    t1, t2, t3 = (torch.randn(6, 256, 256, device=device) for _ in range(3))
     got = multi_apply_multi_stream(func, 3, t1, t2, t3)
-    default = torch.cuda.current_stream().cuda_stream
+    default = torch.accelerator.current_stream().stream_id
     assert len(set(streams_seen)) == 3 and default not in streams_seen
     streams_seen.clear()
     _assert_same(got, mmdet_multi_apply(func, t1, t2, t3))

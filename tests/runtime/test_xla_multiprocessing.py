@@ -17,10 +17,10 @@ def _where(index, outdir):
 
 
 @pytest.fixture
-def cpu_only(monkeypatch):
+def cpu_only(monkeypatch, fake_accelerator):
     for name in ("WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CPU_NUM_DEVICES"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    fake_accelerator(None)
 
 
 def test_the_device_count_on_a_cpu_is_cpu_num_devices(cpu_only, monkeypatch):
@@ -31,9 +31,8 @@ def test_the_device_count_on_a_cpu_is_cpu_num_devices(cpu_only, monkeypatch):
     assert xr.global_runtime_device_count() == 2
 
 
-def test_the_device_count_with_cuda_is_cudas(cpu_only, monkeypatch):
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("torch.cuda.device_count", lambda: 4)
+def test_the_device_count_with_an_accelerator_is_its_count(cpu_only, monkeypatch, fake_accelerator):
+    fake_accelerator("cuda", count=4)
     monkeypatch.setenv("CPU_NUM_DEVICES", "3")
     assert xr.global_runtime_device_count() == 4
 

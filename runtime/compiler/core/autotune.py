@@ -22,6 +22,7 @@ import types
 import torch
 
 from accrewrite.runtime import _torch_compat as compat
+from accrewrite.runtime import accelerator
 
 ENV = "ACCREWRITE_AUTOTUNE_CACHE"
 _RUNS = 7
@@ -72,8 +73,10 @@ def _key(op, args: dict, training: bool) -> str:
 
 
 def _machine() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
+    kind = accelerator.device_type()
+    name = getattr(torch.get_device_module(kind), "get_device_name", None)  # cuda, xpu, hpu
+    if kind != "cpu" and name is not None:
+        return name()
     return f"{platform.machine()} {platform.processor() or _cpu_model()} x{os.cpu_count()}"
 
 
@@ -117,7 +120,8 @@ def _time(op, implementation, args: dict, training: bool) -> float:
         function = implementation.kernel or op.reference
         if implementation.generated:
             function = _compiled(function)
-        sync = torch.cuda.synchronize if real[op.input].device.type == "cuda" else lambda: None
+        on_device = accelerator.on_accelerator(real[op.input].device)
+        sync = accelerator.synchronize if on_device else lambda: None
 
         def run():
             out = function(**real)

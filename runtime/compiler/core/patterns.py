@@ -191,13 +191,13 @@ def pattern_set(device: str):
 
 
 def graph_device(graph: torch.fx.Graph) -> str:
-    """The device type of a graph's tensor inputs: CUDA if any input is on a GPU."""
+    """The device type of a graph's tensor inputs: the accelerator's if any input is on one."""
     devices = [
         node.meta["val"].device.type
         for node in graph.find_nodes(op="placeholder")
         if isinstance(node.meta.get("val"), torch.Tensor)
     ]
-    return "cuda" if "cuda" in devices else next(iter(devices), "cpu")
+    return next((d for d in devices if d != "cpu"), "cpu")
 
 
 class KernelSelectionPass(compat.CustomGraphPass):

@@ -26,6 +26,9 @@ _PACKAGES = ("ops", "cpu", "cuda")
 _COMPILER = "accrewrite.runtime.compiler"
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+# the devices of an op's default implementation: wherever torch runs the op (ATen's kernels,
+# inductor's code), so that a graph on any accelerator keeps its default
+EVERY_DEVICE = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +48,7 @@ def same_cost(reason: str) -> Callable[[dict], Cost]:
 
 def inductors_code(op: str, reason="inductor's code, fused with its neighbours"):
     """The default implementation of an op whose code inductor generates on every device."""
-    return Implementation(op, "inductor", ("cpu", "cuda"), FLOATS, same_cost(reason),
+    return Implementation(op, "inductor", EVERY_DEVICE, FLOATS, same_cost(reason),
                           generated=True)
 
 
@@ -61,14 +64,15 @@ class Implementation:
     traced into the graph; None for the op's default implementation, which leaves the graph as
     it is. ``insert(graph, **nodes)``: for ops found as aten nodes, the nodes that compute it.
     ``unsupported(args)``: why it cannot take these arguments (fake tensors by name), or None.
-    ``cost(args)``: its ``Cost``. ``ours``: one of accrewrite's kernels, which
-    kernels="accrewrite" forces. ``generated``: its code is inductor's, generated for the graph
-    (autotuning compiles it to time it). ``finish(graph)``: runs after the pass
-    where it replaced a match (a rewrite of what the match's neighbours compute)."""
+    ``devices``: the device types it runs on, or ``EVERY_DEVICE``. ``cost(args)``: its
+    ``Cost``. ``ours``: one of accrewrite's kernels, which kernels="accrewrite" forces.
+    ``generated``: its code is inductor's, generated for the graph (autotuning compiles it to
+    time it). ``finish(graph)``: runs after the pass where it replaced a match (a rewrite of
+    what the match's neighbours compute)."""
 
     op: str
     name: str
-    devices: tuple[str, ...]
+    devices: tuple[str, ...] | None
     dtypes: tuple[torch.dtype, ...]
     cost: Callable[[dict], Cost]
     kernel: Callable | None = None
@@ -140,7 +144,8 @@ def ops() -> dict[str, Op]:
 def implementations(op: str, device: str | None = None) -> list[Implementation]:
     """``op``'s implementations (for ``device``, if given), the default first, then by name."""
     load()
-    found = [i for i in _IMPLEMENTATIONS.get(op, []) if device is None or device in i.devices]
+    found = [i for i in _IMPLEMENTATIONS.get(op, [])
+             if device is None or i.devices is EVERY_DEVICE or device in i.devices]
     return sorted(found, key=lambda i: (i.kernel is not None, i.name))
 
 

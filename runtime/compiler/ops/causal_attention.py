@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from accrewrite.runtime.compiler.core.patterns import Pattern
 from accrewrite.runtime.compiler.core.registry import (
-    FLOATS, Implementation, Op, register, same_cost,
+    EVERY_DEVICE, FLOATS, Implementation, Op, register, same_cost,
 )
 
 
@@ -34,5 +34,5 @@ def unsupported(args) -> str | None:
 
 register(Op("causal_attention", "q", reference,
             patterns=(Pattern("causal_attention", reference, _inputs),)))
-register(Implementation("causal_attention", "aten", ("cpu", "cuda"), FLOATS,
+register(Implementation("causal_attention", "aten", EVERY_DEVICE, FLOATS,
                         same_cost("ATen's fused attention kernel (SDPA's)")))

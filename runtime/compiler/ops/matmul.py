@@ -5,7 +5,7 @@ default; an ``addmm`` that scales its terms (alpha, beta) is left to it unlisted
 import torch
 
 from accrewrite.runtime.compiler.core.registry import (
-    FLOATS, Implementation, Op, register, same_cost,
+    EVERY_DEVICE, FLOATS, Implementation, Op, register, same_cost,
 )
 
 _aten = torch.ops.aten
@@ -30,4 +30,4 @@ def _shape(args):
 
 
 register(Op("matmul", "a", reference, nodes=nodes, shape=_shape))
-register(Implementation("matmul", "aten", ("cpu", "cuda"), FLOATS, same_cost("ATen's GEMM")))
+register(Implementation("matmul", "aten", EVERY_DEVICE, FLOATS, same_cost("ATen's GEMM")))

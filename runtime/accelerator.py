@@ -1,0 +1,150 @@
+"""The device the runtime trains on, and everything that depends on which device that is.
+
+"The device" is the accelerator torch was built for (``torch.accelerator.current_accelerator``:
+cuda, xpu, mps, or an out-of-tree one such as hpu) when it is available, one device per process;
+the CPU otherwise. Runtime and kernel modules ask here rather than naming a device type: the
+torch.distributed backend for it (the one torch registers for the device: nccl, xccl, hccl, ...;
+gloo on the CPU), side streams and events for copies that overlap compute, the random generators'
+states, synchronisation, memory statistics, and whether Triton can run there.
+"""
+
+import torch
+import torch.distributed as dist
+
+# Triton's NVIDIA and AMD backends run on torch's "cuda" devices, Intel's on "xpu".
+_TRITON_DEVICE_TYPES = ("cuda", "xpu")
+
+
+def device_type() -> str:
+    """The type of the device the runtime trains on: the accelerator's where it is available
+    (a device is visible and its driver loads), else ``"cpu"``."""
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None or not torch.accelerator.is_available():
+        return "cpu"
+    return accelerator.type
+
+
+def device_count() -> int:
+    """The accelerator's visible devices; 0 without one."""
+    return torch.accelerator.device_count() if device_type() != "cpu" else 0
+
+
+def on_accelerator(device) -> bool:
+    """Whether ``device`` (a torch.device or its name) is one of the accelerator's devices."""
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and torch.device(device).type == accelerator.type
+
+
+def select(index: int) -> torch.device:
+    """The accelerator's device ``index``, made the current device of this thread (so that
+    work without an explicit device, and collective libraries, use it)."""
+    kind = device_type()
+    count = torch.accelerator.device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(f"{kind} device {index} requested but only {count} visible")
+    torch.accelerator.set_device_index(index)
+    return torch.device(kind, index)
+
+
+def dist_backend(kind: str | None = None) -> str:
+    """The torch.distributed backend for devices of type ``kind`` (default: the device's), as
+    torch registers it: gloo for the CPU, nccl for CUDA, xccl for XPU, or whatever a vendor's
+    package registered for its device."""
+    kind = kind or device_type()
+    try:
+        backend = dist.get_default_backend_for_device(kind)
+    except ValueError:
+        backend = None
+    # torch's test backend ("fake", which does nothing) claims devices no real backend has
+    if backend not in (None, "fake"):
+        return backend
+    raise RuntimeError(
+        f"torch.distributed has no backend registered for {kind!r} devices: import the "
+        f"package that registers one (the device vendor's collective library for torch) "
+        f"before the first collective, or call dist.init_process_group(backend=...) yourself"
+    )
+
+
+def synchronize() -> None:
+    """Wait for the work queued on the current accelerator device (nothing on the CPU, nor
+    before the accelerator has started)."""
+    if device_type() != "cpu":
+        torch.accelerator.synchronize()
+
+
+def new_stream(device) -> torch.Stream | None:
+    """A stream of its own on ``device``, for work that overlaps the current stream's; None on
+    the host and on devices with a single queue (mps), where work runs in order anyway."""
+    if not on_accelerator(device):
+        return None
+    try:
+        return torch.Stream(device=device)
+    except RuntimeError:  # the backend creates no streams besides its default one
+        return None
+
+
+def current_stream(device) -> torch.Stream:
+    return torch.accelerator.current_stream(torch.device(device))
+
+
+def _module():
+    return torch.get_device_module(device_type())
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the CPU's generator and those of every accelerator device: ``torch.manual_seed``
+    reaches the accelerators built into torch, the device module an out-of-tree one too."""
+    torch.manual_seed(seed)
+    if device_type() != "cpu":
+        module = _module()
+        (getattr(module, "manual_seed_all", None) or module.manual_seed)(seed)
+
+
+def rng_states() -> list[torch.Tensor]:
+    """The accelerator's random generators' states, one per device; none before it has started
+    (reading them would start it) and none on the CPU (whose state torch.random holds)."""
+    if device_type() == "cpu":
+        return []
+    module = _module()
+    if not getattr(module, "is_initialized", lambda: True)():
+        return []
+    if hasattr(module, "get_rng_state_all"):
+        return list(module.get_rng_state_all())
+    return [module.get_rng_state()]
+
+
+def set_rng_states(states: list[torch.Tensor]) -> None:
+    """Put back what ``rng_states`` returned."""
+    if not states:
+        return
+    module = _module()
+    if hasattr(module, "set_rng_state_all"):
+        module.set_rng_state_all(states)
+    else:
+        module.set_rng_state(states[0])
+
+
+def memory_info(device) -> dict[str, int]:
+    """An accelerator device's memory in torch_xla's form: the allocator's allocated bytes
+    (``bytes_used``) and their peak (``peak_bytes_used``), and the device's total memory
+    (``bytes_limit``)."""
+    device = torch.device(device)
+    _, total = torch.accelerator.get_memory_info(device)
+    return {
+        "bytes_used": torch.accelerator.memory_allocated(device),
+        "bytes_limit": total,
+        "peak_bytes_used": torch.accelerator.max_memory_allocated(device),
+    }
+
+
+def supports_triton(device) -> bool:
+    """Whether Triton kernels can run on ``device`` (Triton compiles for GPUs only)."""
+    return torch.device(device).type in _TRITON_DEVICE_TYPES
+
+
+def multiprocessor_count(device) -> int:
+    """The number of units a GPU kernel's programs spread over: CUDA's streaming
+    multiprocessors, XPU's Xe cores."""
+    properties = torch.get_device_module(torch.device(device).type).get_device_properties(device)
+    count = getattr(properties, "multi_processor_count", None)
+    return count if count is not None else properties.gpu_subslice_count

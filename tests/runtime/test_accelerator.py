@@ -1,0 +1,223 @@
+"""The device the runtime trains on is whatever accelerator torch has (``torch.accelerator``), or
+the CPU: the choice and what follows from it (collective backend, autocast, memory statistics,
+synchronisation, random generators, Triton) with the accelerator faked, then the CPU for real."""
+
+import datetime
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import accrewrite.runtime.xla_model as xm
+import accrewrite.runtime.xla_runtime as xr
+from accrewrite.kernels import dispatch
+from accrewrite.runtime import _torch_compat as compat
+from accrewrite.runtime import accelerator, amp
+from accrewrite.runtime.compiler.core import patterns, registry
+from accrewrite.runtime.distributed import xla_backend
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "CPU_NUM_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# --- the device and its count ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["cuda", "xpu", "mps", "hpu"])
+def test_the_device_is_the_accelerators_local_rank_device(fake_accelerator, monkeypatch, kind):
+    fake = fake_accelerator(kind, count=2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert xm.xla_device() == torch.device(kind, 1)
+    assert fake.calls == [("set_device_index", 1)]  # made the current device
+    assert xm.xla_device(n=0) == torch.device(kind, 0)
+    assert xr.device_type() == kind.upper()
+    assert xr.global_runtime_device_count() == 2
+
+
+def test_a_local_rank_beyond_the_devices_is_refused(fake_accelerator, monkeypatch):
+    fake_accelerator("xpu", count=2)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(RuntimeError, match=r"xla_device: xpu device 2 requested .* only 2 visible"):
+        xm.xla_device()
+
+
+def test_without_an_accelerator_the_device_is_the_cpu(fake_accelerator, monkeypatch):
+    fake = fake_accelerator(None)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("CPU_NUM_DEVICES", "4")
+    assert xm.xla_device() == torch.device("cpu")
+    assert (xr.device_type(), xr.global_runtime_device_count()) == ("CPU", 4)
+    assert fake.calls == []
+
+
+def test_a_built_but_unavailable_accelerator_leaves_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # no driver, no device
+    assert accelerator.device_type() == "cpu"
+    assert xm.xla_device() == torch.device("cpu")
+    assert accelerator.device_count() == 0
+
+
+# --- collectives -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, backend", [("cuda", "nccl"), ("xpu", "xccl"), (None, "gloo")])
+def test_the_collective_backend_is_the_one_torch_registers_for_the_device(fake_accelerator, kind, backend):
+    fake_accelerator(kind)
+    assert xm.dist_backend() == backend
+
+
+def test_a_vendors_backend_is_found_once_its_package_registers_it(fake_accelerator, monkeypatch):
+    fake_accelerator("hpu")
+    with pytest.raises(RuntimeError, match=r"no backend registered for 'hpu' devices.*init_process_group"):
+        xm.dist_backend()
+    monkeypatch.setitem(dist.Backend.default_device_backend_map, "hpu", "hccl")
+    assert xm.dist_backend() == "hccl"
+
+
+def test_the_xla_group_is_the_devices_backend(fake_accelerator, monkeypatch):
+    """init_process_group('xla') makes the group of the device's backend: a registered
+    plugin's through its creator, gloo on the CPU."""
+    made = []
+
+    def create(store, rank, size, timeout):
+        made.append((rank, size, timeout))
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    timeout = datetime.timedelta(seconds=30)
+    fake_accelerator("hpu")
+    monkeypatch.setitem(dist.Backend.default_device_backend_map, "hpu", "testccl")
+    monkeypatch.setitem(compat.backend_plugins(), "TESTCCL", types.SimpleNamespace(creator_fn=create, extended_api=False))
+    group = xla_backend._create_process_group(dist.HashStore(), 0, 1, timeout)
+    assert made == [(0, 1, timeout)] and group.size() == 1
+
+    fake_accelerator("xpu")  # torch's own xccl, absent from a CPU build of torch
+    with pytest.raises(RuntimeError, match="no 'xccl' backend in this build"):
+        xla_backend._create_process_group(dist.HashStore(), 0, 1, timeout)
+
+    fake_accelerator(None)
+    assert isinstance(xla_backend._create_process_group(dist.HashStore(), 0, 1, timeout), dist.ProcessGroupGloo)
+
+
+# --- autocast, memory, synchronisation ---------------------------------------------------
+
+
+def test_autocast_and_the_scaler_follow_the_device(fake_accelerator):
+    fake_accelerator("xpu")
+    context = amp.autocast()
+    assert (context.device, context.fast_dtype) == ("xpu", torch.get_autocast_dtype("xpu"))
+    assert amp.GradScaler()._device == "xpu"
+    fake_accelerator("hpu")
+    assert amp.autocast().fast_dtype == torch.bfloat16  # each device's own default
+    fake_accelerator(None)
+    assert (amp.autocast().device, amp.autocast().fast_dtype) == ("cpu", torch.bfloat16)
+
+
+def test_memory_statistics_come_from_the_accelerators_allocator(fake_accelerator, monkeypatch):
+    fake = fake_accelerator("xpu")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    info = xm.get_memory_info()
+    assert info == {"bytes_used": 5, "bytes_limit": 11, "peak_bytes_used": 7}
+    device = torch.device("xpu", 1)
+    assert fake.calls == [("set_device_index", 1), ("get_memory_info", device),
+                          ("memory_allocated", device), ("max_memory_allocated", device)]
+    fake.calls.clear()
+    host = xm.get_memory_info("cpu")  # the host's, whatever the accelerator
+    assert fake.calls == [] and 0 < host["bytes_used"] <= host["bytes_limit"]
+
+
+def test_wait_device_ops_synchronises_the_accelerator_only(fake_accelerator):
+    fake = fake_accelerator("xpu")
+    xm.wait_device_ops()
+    assert fake.calls == [("synchronize",)]
+    fake = fake_accelerator(None)
+    xm.wait_device_ops()
+    assert fake.calls == []
+
+
+# --- random generators -------------------------------------------------------------------
+
+
+def test_rng_state_covers_the_accelerators_generators(fake_accelerator):
+    fake = fake_accelerator("xpu")
+    xm.set_rng_state(1234)
+    assert ("manual_seed_all", 1234) in fake.calls
+    assert xm.get_rng_state() == 1234  # nothing drawn since
+    torch.rand(3)
+    resume = xm.get_rng_state()
+    expected = (torch.rand(3), [state.clone() for state in fake.states])
+    fake.states = [torch.tensor([9, 9], dtype=torch.uint8)] * 2  # the devices drew too
+    xm.set_rng_state(resume)
+    assert ("set_rng_state_all",) in fake.calls
+    assert torch.equal(torch.rand(3), expected[0])
+    assert all(torch.equal(a, b) for a, b in zip(fake.states, expected[1]))
+
+
+def test_rng_state_does_not_start_an_idle_accelerator(fake_accelerator):
+    fake = fake_accelerator("xpu")
+    fake.initialized = False
+    xm.get_rng_state()
+    assert fake.calls == []
+
+
+# --- streams, Triton, the compiler -------------------------------------------------------
+
+
+def test_the_host_has_no_side_stream():
+    assert accelerator.new_stream("cpu") is None
+    assert not accelerator.on_accelerator("cpu")
+
+
+class _OnDevice(torch.Tensor):
+    """A meta tensor that says it lives on ``kind``, to exercise device choices without one."""
+
+    kind = "xpu"
+
+    @property
+    def device(self):
+        return torch.device(self.kind)
+
+
+def _on(kind):
+    tensor = torch.empty(4, device="meta").as_subclass(_OnDevice)
+    tensor.kind = kind
+    return tensor
+
+
+@pytest.mark.parametrize("kind, triton", [("cuda", True), ("xpu", True), ("mps", False), ("hpu", False)])
+def test_triton_kernels_run_where_triton_compiles(monkeypatch, kind, triton):
+    pytest.importorskip("triton")
+    monkeypatch.delenv(dispatch.MODE_ENV, raising=False)
+    assert dispatch.use_triton(_on(kind)) is triton
+    assert dispatch.use_triton(torch.empty(4)) is False
+
+
+@pytest.mark.parametrize("kind", ["xpu", "mps"])
+def test_a_graph_on_another_accelerator_keeps_its_default_code(kind):
+    graph = torch.fx.Graph()
+    for tensor in (torch.empty(2), _on(kind)):
+        graph.placeholder(f"x{len(graph.nodes)}").meta["val"] = tensor
+    assert patterns.graph_device(graph) == kind
+    for op in registry.ops():
+        assert registry.default(op, kind).kernel is None
+        assert not registry.replaceable(op, kind)  # the Triton and C++ kernels are CUDA's and the CPU's
+
+
+def test_the_xla_name_never_becomes_a_devices_backend(fake_accelerator, monkeypatch):
+    """Registered on a device no backend claims yet, 'xla' leaves the claim to the vendor's
+    backend (it stands for that backend, and would otherwise create itself)."""
+    fake_accelerator("hpu")
+    defaults = dict(dist.Backend.default_device_backend_map)
+    monkeypatch.setattr(dist.Backend, "default_device_backend_map", defaults)
+    monkeypatch.setattr(dist.Backend, "backend_list", [b for b in dist.Backend.backend_list if b != "xla"])
+    monkeypatch.setattr(dist.Backend, "backend_capability", dict(dist.Backend.backend_capability))
+    monkeypatch.setattr(dist.Backend, "backend_type_map", dict(dist.Backend.backend_type_map))
+    monkeypatch.setattr(dist.Backend, "_plugins", dict(dist.Backend._plugins))
+    before = defaults.get("hpu")  # torch's test backend may hold it
+    xla_backend._register()
+    assert dist.Backend.backend_capability["xla"] == ["hpu"]
+    assert defaults.get("hpu") == before
