@@ -40,10 +40,6 @@ _NAMES = {
     # inductor's C++ builds (compiler/cpu/cpp_library.py)
     "async_compile": "torch._inductor.async_compile",
     "CppPythonBindingsCodeCache": "torch._inductor.codecache:CppPythonBindingsCodeCache",
-    # the dispatcher, for a custom op's backward that differentiates its kernel (compiler/cuda)
-    "ForceDispatchKeyGuard": "torch._C:_ForceDispatchKeyGuard",
-    "dispatch_include_set": "torch._C:_dispatch_tls_local_include_set",
-    "dispatch_exclude_set": "torch._C:_dispatch_tls_local_exclude_set",
     # optimizers with a fused step (compiler/frontend.py)
     "fused_kernel_devices": "torch.utils._foreach_utils:_get_fused_kernels_supported_devices",
     # the step counts of a bucket of parameters, in one launch (kernels/adam.py)
@@ -90,16 +86,6 @@ def own_compile_metrics():
             local.metrics_context = outer
 
 
-def autograd_keys() -> "torch._C.DispatchKeySet":
-    """The dispatch keys of autograd, which the dispatcher excludes inside an op's kernel."""
-    keys = torch._C.DispatchKey
-    return (
-        torch._C.DispatchKeySet(keys.AutogradFunctionality)
-        | torch._C.DispatchKeySet(keys.AutogradOther)
-        | torch._C.DispatchKeySet(keys.AutogradNestedTensor)
-    )
-
-
 def version_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a torch version string such as "2.13.0+cpu"."""
     major, minor = version.split("+")[0].split(".")[:2]
@@ -118,5 +104,5 @@ def check_version(version: str = torch.__version__) -> str | None:
 
 
 __all__ = [
-    *_NAMES, "SUPPORTED", "autograd_keys", "check_version", "own_compile_metrics", "version_tuple"
+    *_NAMES, "SUPPORTED", "check_version", "own_compile_metrics", "version_tuple"
 ]
