@@ -2,13 +2,14 @@
 
 One operator, ``accrewrite::bias_dropout_add`` (``bias_dropout_add_op``), that eager code, the
 nn functions and compiled graphs all call, with its backward
-``accrewrite::bias_dropout_add_backward``. It takes the mask's seed as a one-element integer tensor on ``x``'s device. Triton path: the keep
-mask is never stored. Each element's uniform number comes from Philox, ``tl.rand(seed, index)``;
-the kernels read the seed on the device, so a fresh mask per call costs no host sync, and the
-backward regenerates the same numbers from the saved seed. An element is kept when its number is
->= p and then scaled by 1 / (1 - p), as ``torch.nn.functional.dropout`` does. Eager calls draw
-the seed with ``torch.randint`` on the device (``torch.manual_seed`` makes runs repeatable),
-compiled graphs inside the graph at every call.
+``accrewrite::bias_dropout_add_backward``. It takes the mask's seed as a one-element integer
+tensor on ``x``'s device. Triton path: the keep mask is never stored. Each element's uniform
+number comes from Philox, ``tl.rand(seed, index)``; the kernels read the seed on the device, so
+a fresh mask per call costs no host sync, and the backward regenerates the same numbers from the
+saved seed. An element is kept when its number is >= p and then scaled by 1 / (1 - p), as
+``torch.nn.functional.dropout`` does. Eager calls draw the seed with ``torch.randint`` on the
+device (``torch.manual_seed`` makes runs repeatable), compiled graphs inside the graph at every
+call.
 
 Reference path: ``torch.nn.functional.dropout``, which draws from torch's own generator, so the
 two paths drop different elements (the same distribution). ``bias_dropout_add_reference`` also

@@ -14,10 +14,11 @@ plus an fp32 bias to fp32; returning bf16 is what halves the memory traffic).
 
 One operator, ``accrewrite::swin_fmha`` (``swin_fmha_op``), that eager code, the nn module and
 compiled graphs all call; it returns each row's log-sum-exp beside the probabilities, which its
-backward (``accrewrite::swin_fmha_backward``) takes. Backward does not keep the probabilities: it keeps ``attn`` and one fp32 log-sum-exp per row and
-recomputes them in fp32, so gradients are as precise as the fp32 reference's. The gradient of
-the bias, a sum over all B * nW windows, is accumulated in fp32 inside the kernel. Where the
-Triton kernel does not run (``dispatch.use_triton``) the operator computes the same in PyTorch.
+backward (``accrewrite::swin_fmha_backward``) takes. Backward does not keep the probabilities:
+it keeps ``attn`` and one fp32 log-sum-exp per row and recomputes them in fp32, so gradients are
+as precise as the fp32 reference's. The gradient of the bias, a sum over all B * nW windows, is
+accumulated in fp32 inside the kernel. Where the Triton kernel does not run
+(``dispatch.use_triton``) the operator computes the same in PyTorch.
 """
 
 from typing import Optional
