@@ -17,8 +17,8 @@ takes an explicit ``mask``, which the tests use to check the Triton path against
 with the very mask the kernel drew.
 
 An explicit ``seed`` fixes the mask on both paths (each its own mask): the Triton path's Philox
-stream, and on the reference path (inside the operator, which then has a backward of the same
-mask) a ``torch.Generator`` seeded with it.
+stream, and on the reference path a ``torch.Generator`` seeded with it (the same in the operator,
+where compiled graphs run it, with a backward of the same mask).
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ def bias_dropout_add(
     Without it the Triton path draws one and the reference path is torch's dropout.
     """
     _check(x, bias, residual, p)
-    if training and p > 0 and (seed is not None or _kernel_takes(x, bias, residual)):
+    if training and p > 0 and _kernel_takes(x, bias, residual):
         if seed is None:
             seed = torch.randint(2**31 - 1, (), device=x.device)
         elif not isinstance(seed, torch.Tensor):
             seed = torch.tensor(int(seed), device=x.device)
         return bias_dropout_add_op(x, bias, residual, float(p), seed)
-    return bias_dropout_add_reference(x, bias, residual, p, training)
+    mask = _seeded_mask(x, p, seed) if training and seed is not None else None
+    return bias_dropout_add_reference(x, bias, residual, p, training, mask)
 
 
 def bias_dropout_add_reference(x, bias, residual, p, training=True, mask=None) -> torch.Tensor:

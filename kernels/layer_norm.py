@@ -12,8 +12,9 @@ program and keeps the row's mean and 1/std (float32, one value per row) for the 
 backward gives each program a band of rows: it writes their input gradients and accumulates its
 band's weight and bias gradients in float32 registers, which are then summed over the programs
 (the layout of Liger-Kernel's layer norm). Rows wider than ``MAX_FUSED_SIZE`` bytes do not fit
-one program's registers and take the reference (in the operator, with ``F.layer_norm``'s own
-backward), as does float64 (the kernel computes in float32).
+one program's registers and take the reference, as does float64 (the kernel computes in float32):
+eager calls run ``layer_norm_reference``, compiled graphs the operator, which then computes the
+same with ``F.layer_norm``'s own backward.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def layer_norm(
 ) -> torch.Tensor:
     """Normalize ``x`` over its trailing ``normalized_shape`` dims, then scale and shift."""
     normalized_shape = _check_shapes(x, normalized_shape, weight, bias)
+    if not (_fits(x, math.prod(normalized_shape)) and _triton(x, weight, bias)):
+        return layer_norm_reference(x, normalized_shape, weight, bias, eps)
     return layer_norm_op(x, normalized_shape, weight, bias, eps)[0]
 
 

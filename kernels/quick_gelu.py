@@ -4,7 +4,8 @@ One operator, ``accrewrite::quick_gelu`` (``quick_gelu_op``), that eager code, t
 compiled graphs all call. Triton path: one elementwise kernel forward, one backward
 (``accrewrite::quick_gelu_backward``) that recomputes the sigmoid from the saved input instead
 of storing it. Both compute in float32 and store in the input's dtype. Elsewhere (see
-``dispatch.use_triton``) the operator computes the same in PyTorch.
+``dispatch.use_triton``) the operator computes the same in PyTorch, for compiled graphs; eager
+calls there run the reference directly.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(1.702 * x)``, elementwise."""
     if not x.is_floating_point():
         raise TypeError(f"quick_gelu: expected a floating-point tensor, got {x.dtype}")
+    if not _kernel_takes(x):
+        return quick_gelu_reference(x)  # without the operator's dispatch cost
     return quick_gelu_op(x)
 
 

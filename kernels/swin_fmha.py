@@ -18,7 +18,8 @@ backward (``accrewrite::swin_fmha_backward``) takes. Backward does not keep the 
 it keeps ``attn`` and one fp32 log-sum-exp per row and recomputes them in fp32, so gradients are
 as precise as the fp32 reference's. The gradient of the bias, a sum over all B * nW windows, is
 accumulated in fp32 inside the kernel. Where the Triton kernel does not run
-(``dispatch.use_triton``) the operator computes the same in PyTorch.
+(``dispatch.use_triton``) the operator computes the same in PyTorch, for compiled graphs; eager
+calls there run the reference directly.
 """
 
 from typing import Optional
@@ -48,6 +49,8 @@ def swin_fmha(attn, relative_pos_bias, attn_mask=None):
     """``softmax(attn + relative_pos_bias + attn_mask)`` over the last dimension: the Triton
     kernel when ``use_triton`` says so for the inputs, else the same in PyTorch."""
     _check(attn, relative_pos_bias, attn_mask)
+    if not _kernel_takes(attn, relative_pos_bias, attn_mask):
+        return swin_fmha_reference(attn, relative_pos_bias, attn_mask)
     return swin_fmha_op(attn, relative_pos_bias, attn_mask)[0]
 
 

@@ -15,8 +15,8 @@ Both directions move a token between its place in the ``(B, H, W, C)`` image and
 the ``(B * nW, ws, ws, C)`` windows; they are the same index map read in opposite directions,
 so each is the other's backward and one kernel serves all four (two forwards, two backwards):
 one operator, ``accrewrite::window_shuffle`` (``window_shuffle_op``), whose backward is itself
-in the other direction. Where the Triton kernel does not run (``dispatch.use_triton``) it runs
-the reference.
+in the other direction. Where the Triton kernel does not run (``dispatch.use_triton``) eager
+calls run the reference directly, and the operator the same.
 """
 
 import math
@@ -74,6 +74,8 @@ def window_process_reverse_reference(
 def window_process(x: torch.Tensor, shift_size: int, window_size: int) -> torch.Tensor:
     """Cyclic shift by ``shift_size`` then window partition: ``(B, H, W, C)`` ->
     ``(B * nW, ws, ws, C)``. The Triton kernel when ``use_triton(x)``, else the reference."""
+    if not use_triton(x):
+        return window_process_reference(x, shift_size, window_size)
     _check_image(x, window_size)
     B, H, W, C = x.shape
     out = window_shuffle_op(x, [B, H, W, C], shift_size, window_size, True)
@@ -85,6 +87,8 @@ def window_process_reverse(
 ) -> torch.Tensor:
     """Window merge then cyclic shift by ``shift_size``: ``(B * nW, ws, ws, C)`` (or any shape of
     the same size whose last dimension is C) -> ``(B, H, W, C)``."""
+    if not use_triton(windows):
+        return window_process_reverse_reference(windows, height, width, shift_size, window_size)
     _check_windows(windows, height, width, window_size)
     C = windows.shape[-1]
     B = windows.numel() // (height * width * C)
