@@ -270,12 +270,23 @@ def check_new_kernel(folders):
     torch.manual_seed(0)
     eager = namespace["Block"]().to(device)
     backend = Backend(kernels="accrewrite")
+    compiled = torch.compile(eager, backend=backend)
     x = torch.randn(5, 12, device=device, requires_grad=True)
-    out, codes = run_and_get_code(torch.compile(eager, backend=backend), x)
-    torch.testing.assert_close(out, eager(x))
+
+    def step(model):
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        return out, [p.grad for p in model.parameters()]
+
+    (out, grads), codes = run_and_get_code(step, compiled)
+    expected, expected_grads = step(eager)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grads, expected_grads)
     assert [(m.kernel, m.choice) for m in backend.report.matches
             if m.kernel != "matmul"] == [("mish", "triton")]
-    assert "torch.ops.accrewrite.mish.default" in "".join(codes)
+    for op in ("mish", "mish_backward"):
+        assert f"torch.ops.accrewrite.{op}.default" in "".join(codes)
     print("compiled ok")
 
     # by the migration: the rule registry found the rule by itself; the profile has the
@@ -286,7 +297,12 @@ def check_new_kernel(folders):
     profile = profile.replace("[imports]\n", f"[imports]\n{PROFILE_IMPORT}\n") + PROFILE_CONCEPT
     runtime = targets._parse(tomllib.loads(profile), "runtime.toml")
     targets.all_targets()["runtime"] = runtime
-    result = migrate_source(SCRIPT.encode(), "block.py", Options(select=("ACC990",)))
+    from accrewrite.registry import find_rule
+
+    (example,) = find_rule("fused-mish").examples
+    options = Options(select=("ACC990",))
+    assert migrate_source(example.before.encode(), options=options).output.decode() == example.after
+    result = migrate_source(SCRIPT.encode(), "block.py", options)
     migrated = result.output.decode()
     assert "from accrewrite.kernels.mish import mish" in migrated
     assert "return mish(self.fc(x))" in migrated
