@@ -9,7 +9,9 @@ with the two extras that an AMP training step needs without a host sync:
 - ``found_inf``: a float tensor, nonzero when the scaler found an overflow. Then nothing changes
   (parameters, moments, steps). It is decided on the device: there is no ``.item()`` anywhere.
 
-It serves ``FusedAdam``/``FusedAdamW`` and the syncfree optimizers alike.
+It serves ``FusedAdam``/``FusedAdamW`` and the syncfree optimizers alike, as one operator,
+``accrewrite::adam_step`` (``adam_step_op``), that declares what it updates in place: the
+parameters, both moments and the steps.
 
 The arithmetic is done in float32 whatever the parameter dtype (as ``torch.optim.Adam(fused=True)``
 does) and stored back in each tensor's own dtype. Complex parameters are updated as pairs of
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Optional
 
 import torch
 
@@ -61,8 +64,11 @@ def adam_step(
     tensors = _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps)
     if not params:
         return
-    kwargs = dict(
-        lr=lr,
+    lr_is_tensor = isinstance(lr, torch.Tensor)
+    adam_step_op(
+        *tensors,
+        lr=0.0 if lr_is_tensor else float(lr),
+        lr_tensor=lr if lr_is_tensor else None,
         beta1=beta1,
         beta2=beta2,
         eps=eps,
@@ -72,10 +78,42 @@ def adam_step(
         grad_scale=grad_scale,
         found_inf=found_inf,
     )
-    if use_triton(*params):
-        _adam_step_triton(*tensors, **kwargs)
-    else:
-        adam_step_reference(*tensors, **kwargs)
+
+
+@torch.library.custom_op(
+    "accrewrite::adam_step", mutates_args=("params", "exp_avgs", "exp_avg_sqs", "steps")
+)
+def adam_step_op(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    lr: float,
+    lr_tensor: Optional[torch.Tensor],
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled_weight_decay: bool,
+    maximize: bool,
+    grad_scale: Optional[torch.Tensor],
+    found_inf: Optional[torch.Tensor],
+) -> None:
+    """``adam_step`` on real tensors, the learning rate a float or (``lr_tensor``) a tensor."""
+    step = _adam_step_triton if use_triton(*params) else adam_step_reference
+    step(
+        params, grads, exp_avgs, exp_avg_sqs, steps,
+        lr=lr if lr_tensor is None else lr_tensor, beta1=beta1, beta2=beta2, eps=eps,
+        weight_decay=weight_decay, decoupled_weight_decay=decoupled_weight_decay,
+        maximize=maximize, grad_scale=grad_scale, found_inf=found_inf,
+    )
+
+
+@adam_step_op.register_fake
+def _(params, grads, exp_avgs, exp_avg_sqs, steps, lr, lr_tensor, beta1, beta2, eps,
+      weight_decay, decoupled_weight_decay, maximize, grad_scale, found_inf):
+    return None
 
 
 def adam_step_reference(

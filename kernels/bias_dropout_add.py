@@ -1,10 +1,15 @@
 """Fused bias + dropout + residual add: ``residual + dropout(x + bias, p)``.
 
-Triton path: the keep mask is never stored. Each element's uniform number comes from Philox,
-``tl.rand(seed, index)``, with one seed drawn per call from torch's CPU generator (so
-``torch.manual_seed`` makes runs repeatable, and drawing it needs no device sync); the backward
-regenerates the same numbers from the saved seed. An element is kept when its number is >= p and
-then scaled by 1 / (1 - p), as ``torch.nn.functional.dropout`` does.
+One operator, ``accrewrite::bias_dropout_add`` (``bias_dropout_add_op``), that eager code, the
+nn functions and compiled graphs all call, with its backward
+``accrewrite::bias_dropout_add_backward``. It takes the mask's seed as a one-element integer
+tensor on ``x``'s device. Triton path: the keep mask is never stored. Each element's uniform
+number comes from Philox, ``tl.rand(seed, index)``; the kernels read the seed on the device, so
+a fresh mask per call costs no host sync, and the backward regenerates the same numbers from the
+saved seed. An element is kept when its number is >= p and then scaled by 1 / (1 - p), as
+``torch.nn.functional.dropout`` does. Eager calls draw the seed with ``torch.randint`` on the
+device (``torch.manual_seed`` makes runs repeatable), compiled graphs inside the graph at every
+call.
 
 Reference path: ``torch.nn.functional.dropout``, which draws from torch's own generator, so the
 two paths drop different elements (the same distribution). ``bias_dropout_add_reference`` also
@@ -12,15 +17,14 @@ takes an explicit ``mask``, which the tests use to check the Triton path against
 with the very mask the kernel drew.
 
 An explicit ``seed`` fixes the mask on both paths (each its own mask): the Triton path's Philox
-stream, and on the reference path a ``torch.Generator`` seeded with it. Compiled graphs
-(``accrewrite.runtime.compiler``) pass a one-element integer tensor that the graph draws on the
-device at every call and the backward recomputes from: the kernels read it there, so a fresh
-mask per call costs no host sync.
+stream, and on the reference path a ``torch.Generator`` seeded with it (the same in the operator,
+where compiled graphs run it, with a backward of the same mask).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -41,21 +45,20 @@ def bias_dropout_add(
     p: float,
     training: bool = True,
     *,
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``residual + dropout(x + bias, p, training)``; ``bias`` (over the last dim) may be None.
 
     ``seed`` (an int, or a one-element integer tensor on ``x``'s device) fixes the dropout mask.
-    Without it the Triton path draws one from torch's CPU generator and the reference path is
-    torch's dropout.
+    Without it the Triton path draws one and the reference path is torch's dropout.
     """
     _check(x, bias, residual, p)
-    tensors = [t for t in (x, bias, residual) if t is not None]
-    kernel_dtypes = all(t.dtype in KERNEL_DTYPES for t in tensors)
-    if training and p > 0 and kernel_dtypes and use_triton(*tensors):
+    if training and p > 0 and _kernel_takes(x, bias, residual):
         if seed is None:
-            seed = int(torch.randint(0, 2**31 - 1, ()).item())  # a CPU tensor: no device sync
-        return _BiasDropoutAddFunction.apply(x, bias, residual, float(p), seed)
+            seed = torch.randint(2**31 - 1, (), device=x.device)
+        elif not isinstance(seed, torch.Tensor):
+            seed = torch.tensor(int(seed), device=x.device)
+        return bias_dropout_add_op(x, bias, residual, float(p), seed)
     mask = _seeded_mask(x, p, seed) if training and seed is not None else None
     return bias_dropout_add_reference(x, bias, residual, p, training, mask)
 
@@ -95,48 +98,86 @@ def _check(x, bias, residual, p):
         )
 
 
-class _BiasDropoutAddFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, bias, residual, p, seed):
+def _kernel_takes(*tensors) -> bool:
+    tensors = [t for t in tensors if t is not None]
+    return all(t.dtype in KERNEL_DTYPES for t in tensors) and use_triton(*tensors)
+
+
+def _out_dtype(*tensors) -> torch.dtype:
+    return functools.reduce(torch.promote_types, [t.dtype for t in tensors if t is not None])
+
+
+@torch.library.custom_op("accrewrite::bias_dropout_add", mutates_args=())
+def bias_dropout_add_op(
+    x: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    residual: torch.Tensor,
+    p: float,
+    seed: torch.Tensor,
+) -> torch.Tensor:
+    if _kernel_takes(x, bias, residual):
         x = x.contiguous()
-        residual = residual.contiguous()
-        dtypes = [t.dtype for t in (x, bias, residual) if t is not None]
-        out = torch.empty_like(x, dtype=functools.reduce(torch.promote_types, dtypes))
+        out = torch.empty_like(x, dtype=_out_dtype(x, bias, residual))
         n = x.numel()
-        scale = _keep_scale(p)
         if n:
             _forward_kernel[(triton.cdiv(n, _BLOCK),)](
-                x, bias, residual, out, n, x.shape[-1] if x.dim() else 1, p, scale, seed,
-                HAS_BIAS=bias is not None, BLOCK=_BLOCK,
+                x, bias, residual.contiguous(), out, n, x.shape[-1] if x.dim() else 1, p,
+                _keep_scale(p), seed, HAS_BIAS=bias is not None, BLOCK=_BLOCK,
             )
-        ctx.p, ctx.scale, ctx.seed = p, scale, seed
-        ctx.x_dtype = x.dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        ctx.residual_dtype = residual.dtype
         return out
+    return bias_dropout_add_reference(x, bias, residual, p, mask=_seeded_mask(x, p, seed))
 
-    @staticmethod
-    def backward(ctx, dout):
+
+@bias_dropout_add_op.register_fake
+def _(x, bias, residual, p, seed):
+    return torch.empty_like(x, dtype=_out_dtype(x, bias, residual))
+
+
+@torch.library.custom_op("accrewrite::bias_dropout_add_backward", mutates_args=())
+def bias_dropout_add_backward_op(
+    dout: torch.Tensor, p: float, seed: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The gradient of ``x`` (of ``dtype``): ``dout`` where the forward kept an element, scaled,
+    else 0."""
+    if _kernel_takes(dout) and dtype in KERNEL_DTYPES:
         dout = dout.contiguous()
-        dx = torch.empty_like(dout, dtype=ctx.x_dtype)
+        dx = torch.empty_like(dout, dtype=dtype)
         n = dout.numel()
         if n:
             _backward_kernel[(triton.cdiv(n, _BLOCK),)](
-                dout, dx, n, ctx.p, ctx.scale, ctx.seed, BLOCK=_BLOCK,
+                dout, dx, n, p, _keep_scale(p), seed, BLOCK=_BLOCK,
             )
-        dbias = None
-        if ctx.bias_dtype is not None:
-            dbias = dx.reshape(-1, dx.shape[-1]).sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return dx, dbias, dout.to(ctx.residual_dtype), None, None
+        return dx
+    return (dout * _seeded_mask(dout, p, seed) * _keep_scale(p)).to(dtype)
+
+
+@bias_dropout_add_backward_op.register_fake
+def _(dout, p, seed, dtype):
+    return torch.empty_like(dout, dtype=dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    x, bias, residual, ctx.p, seed = inputs
+    ctx.dtypes = x.dtype, None if bias is None else bias.dtype, residual.dtype
+    ctx.save_for_backward(seed)
+
+
+def _grads(ctx, dout):
+    (seed,) = ctx.saved_tensors
+    x_dtype, bias_dtype, residual_dtype = ctx.dtypes
+    dx = bias_dropout_add_backward_op(dout, ctx.p, seed, x_dtype)
+    dbias = None
+    if bias_dtype is not None:
+        dbias = dx.reshape(-1, dx.shape[-1]).sum(0, dtype=torch.float32).to(bias_dtype)
+    # The residual's gradient is the incoming one, passed on here rather than by the op (whose
+    # outputs may not alias its inputs: it would have to copy it).
+    return dx, dbias, dout.to(residual_dtype), None, None
+
+
+bias_dropout_add_op.register_autograd(_grads, setup_context=_setup_context)
 
 
 if triton_available():
-
-    @triton.jit
-    def _seed_value(seed):
-        if seed.dtype.is_ptr():  # a seed tensor, read on the device (see the module docstring)
-            seed = tl.load(seed)
-        return seed
 
     @triton.jit
     def _forward_kernel(X, Bias, Residual, Out, n, n_cols, p, scale, seed,
@@ -146,7 +187,7 @@ if triton_available():
         h = tl.load(X + offs, mask=mask).to(tl.float32)
         if HAS_BIAS:
             h += tl.load(Bias + offs % n_cols, mask=mask).to(tl.float32)
-        keep = tl.rand(_seed_value(seed), offs) >= p
+        keep = tl.rand(tl.load(seed), offs) >= p
         out = tl.load(Residual + offs, mask=mask).to(tl.float32) + tl.where(keep, h * scale, 0.0)
         tl.store(Out + offs, out.to(Out.dtype.element_ty), mask=mask)
 
@@ -155,5 +196,5 @@ if triton_available():
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         dout = tl.load(DOut + offs, mask=mask).to(tl.float32)
-        keep = tl.rand(_seed_value(seed), offs) >= p  # the forward's mask, drawn again
+        keep = tl.rand(tl.load(seed), offs) >= p  # the forward's mask, drawn again
         tl.store(DX + offs, tl.where(keep, dout * scale, 0.0).to(DX.dtype.element_ty), mask=mask)

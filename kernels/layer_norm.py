@@ -5,17 +5,22 @@ signature and semantics, with one deliberate difference in dtypes (as apex's Fus
 statistics are computed in float32 and the output has ``x``'s dtype whatever the weight's dtype,
 so a bfloat16 activation with float32 parameters gives a bfloat16 output.
 
-Triton path: the forward normalizes one row per program and keeps the row's mean and 1/std
-(float32, one value per row) for the backward. The backward gives each program a band of rows:
-it writes their input gradients and accumulates its band's weight and bias gradients in float32
-registers, which are then summed over the programs (the layout of Liger-Kernel's layer norm).
-Rows wider than ``MAX_FUSED_SIZE`` bytes do not fit one program's registers and take the
-reference, as does float64 (the kernel computes in float32).
+One operator, ``accrewrite::layer_norm`` (``layer_norm_op``), that eager code, the nn module and
+compiled graphs all call; it returns the row statistics beside the output, which its backward
+(``accrewrite::layer_norm_backward``) takes. Triton path: the forward normalizes one row per
+program and keeps the row's mean and 1/std (float32, one value per row) for the backward. The
+backward gives each program a band of rows: it writes their input gradients and accumulates its
+band's weight and bias gradients in float32 registers, which are then summed over the programs
+(the layout of Liger-Kernel's layer norm). Rows wider than ``MAX_FUSED_SIZE`` bytes do not fit
+one program's registers and take the reference, as does float64 (the kernel computes in float32):
+eager calls run ``layer_norm_reference``, compiled graphs the operator, which then computes the
+same with ``F.layer_norm``'s own backward.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,12 +44,9 @@ def layer_norm(
 ) -> torch.Tensor:
     """Normalize ``x`` over its trailing ``normalized_shape`` dims, then scale and shift."""
     normalized_shape = _check_shapes(x, normalized_shape, weight, bias)
-    n = math.prod(normalized_shape)
-    params = [t for t in (weight, bias) if t is not None]
-    fits = 0 < n * x.element_size() <= MAX_FUSED_SIZE
-    if fits and all(t.dtype in KERNEL_DTYPES for t in (x, *params)) and use_triton(x, *params):
-        return _LayerNormFunction.apply(x, weight, bias, n, eps)
-    return layer_norm_reference(x, normalized_shape, weight, bias, eps)
+    if not (_fits(x, math.prod(normalized_shape)) and _triton(x, weight, bias)):
+        return layer_norm_reference(x, normalized_shape, weight, bias, eps)
+    return layer_norm_op(x, normalized_shape, weight, bias, eps)[0]
 
 
 def layer_norm_reference(x, normalized_shape, weight=None, bias=None, eps=1e-5) -> torch.Tensor:
@@ -80,54 +82,151 @@ def _check_shapes(x, normalized_shape, weight, bias) -> tuple[int, ...]:
     return shape
 
 
-class _LayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, n, eps):
-        x2d = x.reshape(-1, n)
-        if x2d.stride(-1) != 1:
-            x2d = x2d.contiguous()
-        rows = x2d.shape[0]
-        y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        block, num_warps = _block_settings(n)
-        if rows:
-            _layer_norm_forward_kernel[(rows,)](
-                x2d, y, weight, bias, mean, rstd, x2d.stride(0), n, eps,
-                HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-                BLOCK_N=block, num_warps=num_warps,
-            )
-        ctx.save_for_backward(x2d, weight, mean, rstd)
-        ctx.x_shape = x.shape
-        ctx.bias_like = None if bias is None else (bias.shape, bias.dtype)
-        return y.view(x.shape)
+def _fits(x, n: int) -> bool:
+    return 0 < n * x.element_size() <= MAX_FUSED_SIZE
 
-    @staticmethod
-    def backward(ctx, dy):
-        x2d, weight, mean, rstd = ctx.saved_tensors
-        rows, n = x2d.shape
-        dy2d = dy.reshape(rows, n)
-        if dy2d.stride(-1) != 1:
-            dy2d = dy2d.contiguous()
-        programs = _backward_programs(x2d.device, rows)
-        dx = torch.empty_like(x2d)
-        # float32 partial sums, one row per program, reduced below
-        dw_partial = torch.zeros((programs, n), dtype=torch.float32, device=x2d.device)
-        db_partial = torch.zeros((programs, n), dtype=torch.float32, device=x2d.device)
-        block, num_warps = _block_settings(n, backward=True)
-        if rows:
-            _layer_norm_backward_kernel[(programs,)](
-                x2d, weight, mean, rstd, dy2d, dx, dw_partial, db_partial,
-                x2d.stride(0), dy2d.stride(0), rows, n, triton.cdiv(rows, programs),
-                HAS_WEIGHT=weight is not None, HAS_BIAS=ctx.bias_like is not None,
-                BLOCK_N=block, num_warps=num_warps,
-            )
-        dw = None if weight is None else dw_partial.sum(0).to(weight.dtype).view(weight.shape)
-        db = None
-        if ctx.bias_like is not None:
-            shape, dtype = ctx.bias_like
-            db = db_partial.sum(0).to(dtype).view(shape)
-        return dx.view(ctx.x_shape), dw, db, None, None
+
+def _triton(x, weight, bias) -> bool:
+    params = [t for t in (weight, bias) if t is not None]
+    return all(t.dtype in KERNEL_DTYPES for t in (x, *params)) and use_triton(x, *params)
+
+
+def _wide(dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _stats_shape(x, normalized_shape):
+    return x.shape[: x.dim() - len(normalized_shape)]
+
+
+@torch.library.custom_op("accrewrite::layer_norm", mutates_args=())
+def layer_norm_op(
+    x: torch.Tensor,
+    normalized_shape: list[int],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the output, each row's mean, each row's 1 / std), the statistics in float32 (float64 for
+    float64 input) with the shape of ``x``'s leading dims."""
+    n = math.prod(normalized_shape)
+    stats = _stats_shape(x, normalized_shape)
+    if _fits(x, n) and _triton(x, weight, bias):
+        y, mean, rstd = _forward(x, weight, bias, n, eps)
+        return y, mean.view(stats), rstd.view(stats)
+    wide = _wide(x.dtype)
+    y, mean, rstd = torch.native_layer_norm(
+        x.to(wide), normalized_shape, _to(weight, wide), _to(bias, wide), eps
+    )
+    return y.to(x.dtype), mean.view(stats), rstd.view(stats)
+
+
+@layer_norm_op.register_fake
+def _(x, normalized_shape, weight, bias, eps):
+    stats = _stats_shape(x, normalized_shape)
+    wide = _wide(x.dtype)
+    return torch.empty_like(x), x.new_empty(stats, dtype=wide), x.new_empty(stats, dtype=wide)
+
+
+@torch.library.custom_op("accrewrite::layer_norm_backward", mutates_args=())
+def layer_norm_backward_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: list[int],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> list[torch.Tensor]:
+    """The gradients of ``x`` and of those of ``weight`` and ``bias`` that are given (``bias``
+    is there for its shape and dtype)."""
+    n = math.prod(normalized_shape)
+    if _fits(x, n) and _triton(x, weight, bias):
+        return _present(*_backward(dy, x, weight, bias, mean, rstd, n))
+    wide = _wide(x.dtype)
+    stats = (*mean.shape, *(1 for _ in normalized_shape))
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+        dy.to(wide), x.to(wide), normalized_shape, mean.view(stats), rstd.view(stats),
+        _to(weight, wide), _to(bias, wide), [True, weight is not None, bias is not None],
+    )
+    return _present(dx.to(x.dtype), _like(dw, weight), _like(db, bias))
+
+
+@layer_norm_backward_op.register_fake
+def _(dy, x, normalized_shape, weight, bias, mean, rstd):
+    return [torch.empty_like(t) for t in (x, weight, bias) if t is not None]
+
+
+def _setup_context(ctx, inputs, output):
+    x, ctx.normalized_shape, weight, bias, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, bias, mean, rstd)
+
+
+def _grads(ctx, dy, _dmean, _drstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    grads = iter(layer_norm_backward_op(dy, x, ctx.normalized_shape, weight, bias, mean, rstd))
+    dx = next(grads)
+    return dx, None, *(None if t is None else next(grads) for t in (weight, bias)), None
+
+
+layer_norm_op.register_autograd(_grads, setup_context=_setup_context)
+
+
+def _to(t, dtype):
+    return None if t is None else t.to(dtype)
+
+
+def _like(grad, param):
+    return None if param is None else grad.to(param.dtype)
+
+
+def _present(*grads) -> list[torch.Tensor]:
+    return [g for g in grads if g is not None]
+
+
+def _forward(x, weight, bias, n, eps):
+    x2d = x.reshape(-1, n)
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()
+    rows = x2d.shape[0]
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    block, num_warps = _block_settings(n)
+    if rows:
+        _layer_norm_forward_kernel[(rows,)](
+            x2d, y, weight, bias, mean, rstd, x2d.stride(0), n, eps,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BLOCK_N=block, num_warps=num_warps,
+        )
+    return y.view(x.shape), mean, rstd
+
+
+def _backward(dy, x, weight, bias, mean, rstd, n):
+    x2d = x.reshape(-1, n)
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()
+    rows = x2d.shape[0]
+    dy2d = dy.reshape(rows, n)
+    if dy2d.stride(-1) != 1:
+        dy2d = dy2d.contiguous()
+    programs = _backward_programs(x2d.device, rows)
+    dx = torch.empty_like(x2d)
+    # float32 partial sums, one row per program, reduced below
+    dw_partial = torch.zeros((programs, n), dtype=torch.float32, device=x2d.device)
+    db_partial = torch.zeros((programs, n), dtype=torch.float32, device=x2d.device)
+    block, num_warps = _block_settings(n, backward=True)
+    if rows:
+        _layer_norm_backward_kernel[(programs,)](
+            x2d, weight, mean, rstd, dy2d, dx, dw_partial, db_partial,
+            x2d.stride(0), dy2d.stride(0), rows, n, triton.cdiv(rows, programs),
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BLOCK_N=block, num_warps=num_warps,
+        )
+    dw = None if weight is None else dw_partial.sum(0).to(weight.dtype).view(weight.shape)
+    db = None if bias is None else db_partial.sum(0).to(bias.dtype).view(bias.shape)
+    return dx.view(x.shape), dw, db
 
 
 def _block_settings(n: int, backward: bool = False) -> tuple[int, int]:

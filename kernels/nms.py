@@ -25,8 +25,12 @@ which is what mmcv's ``batched_nms`` gets from offsetting each class's boxes, mi
 precision of those offsets. The selection loop is shared; the Triton path runs the decay of
 each step (IoU, weight, threshold test over all remaining boxes) as a kernel.
 
+Each is one operator, ``accrewrite::nms`` and ``accrewrite::soft_nms`` (``nms_op``,
+``soft_nms_op``), whose output size depends on the data (its fake implementation says so).
 Neither has a gradient (the indices are not differentiable; torchvision's nms has none either).
 """
+
+from typing import Optional
 
 import torch
 
@@ -46,9 +50,7 @@ _SCAN_TILE = 4096  # bitmask words the greedy scan loads at once (registers of o
 def nms(boxes, scores, iou_threshold, offset=0):
     """Greedy NMS: the Triton bitmask kernels when ``use_triton`` says so, else the reference."""
     boxes, scores = check_boxes(boxes, scores, offset)
-    if not use_triton(boxes, scores):
-        return _nms_loop(boxes, scores, iou_threshold, offset)
-    return _nms_triton(boxes, scores, iou_threshold, offset)
+    return nms_op(boxes, scores, float(iou_threshold), offset)
 
 
 def nms_reference(boxes, scores, iou_threshold, offset=0):
@@ -60,14 +62,44 @@ def nms_reference(boxes, scores, iou_threshold, offset=0):
 def soft_nms(boxes, scores, iou_threshold=0.3, sigma=0.5, min_score=1e-3, method="linear",
              offset=0, labels=None):
     """mmcv Soft-NMS -> ``(dets, inds)``; the decay step in Triton when ``use_triton`` says so."""
+    _check_soft_nms(boxes, scores, sigma, method, offset, labels)
+    return soft_nms_op(boxes, scores, float(iou_threshold), float(sigma), float(min_score),
+                       method, offset, labels)
+
+
+@torch.library.custom_op("accrewrite::nms", mutates_args=())
+def nms_op(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float,
+           offset: int) -> torch.Tensor:
+    """``nms`` on checked fp32 ``boxes`` and ``scores``."""
+    greedy = _nms_triton if use_triton(boxes, scores) else _nms_loop
+    return greedy(boxes, scores, iou_threshold, offset)
+
+
+@nms_op.register_fake
+def _(boxes, scores, iou_threshold, offset):
+    return boxes.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
+
+
+@torch.library.custom_op("accrewrite::soft_nms", mutates_args=())
+def soft_nms_op(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float, sigma: float,
+                min_score: float, method: str, offset: int,
+                labels: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``soft_nms`` on checked arguments."""
     decay = _decay_triton if use_triton(boxes, scores) else _decay_reference
     return _soft_nms_loop(boxes, scores, iou_threshold, sigma, min_score, method, offset, labels,
                           decay)
 
 
+@soft_nms_op.register_fake
+def _(boxes, scores, iou_threshold, sigma, min_score, method, offset, labels):
+    kept = torch.library.get_ctx().new_dynamic_size()
+    return boxes.new_empty((kept, 5)), boxes.new_empty(kept, dtype=torch.int64)
+
+
 def soft_nms_reference(boxes, scores, iou_threshold=0.3, sigma=0.5, min_score=1e-3,
                        method="linear", offset=0, labels=None):
     """mmcv Soft-NMS in PyTorch -> ``(dets, inds)``."""
+    _check_soft_nms(boxes, scores, sigma, method, offset, labels)
     return _soft_nms_loop(boxes, scores, iou_threshold, sigma, min_score, method, offset, labels,
                           _decay_reference)
 
@@ -133,17 +165,22 @@ def _nms_triton(boxes, scores, iou_threshold, offset):
     return order[kept.bool()]
 
 
-def _soft_nms_loop(boxes, scores, iou_threshold, sigma, min_score, method, offset, labels,
-                   decay):
+def _check_soft_nms(boxes, scores, sigma, method, offset, labels):
+    """Validate Soft-NMS's arguments."""
     if method not in SOFT_NMS_METHODS:
         raise ValueError(f"method must be one of {', '.join(SOFT_NMS_METHODS)}, got {method!r}")
     if method == "gaussian" and not sigma > 0:
         raise ValueError(f"sigma must be positive for the gaussian method, got {sigma!r}")
-    out_dtype = boxes.dtype
-    boxes, scores = check_boxes(boxes, scores, offset)
+    check_boxes(boxes, scores, offset)
     if labels is not None and labels.shape != scores.shape:
         raise ValueError(f"labels must have shape {tuple(scores.shape)}, got "
                          f"{tuple(labels.shape)}")
+
+
+def _soft_nms_loop(boxes, scores, iou_threshold, sigma, min_score, method, offset, labels,
+                   decay):
+    out_dtype = boxes.dtype
+    boxes, scores = check_boxes(boxes, scores, offset)
     # Working copies that the loop permutes, as mmcv's loop does in place.
     boxes = boxes.clone()
     scores = scores.clone()

@@ -1,7 +1,11 @@
 """QuickGELU, ``x * sigmoid(1.702 * x)`` (the GELU approximation of CLIP and OpenAI's GPT-2 code).
 
-Triton path: one elementwise kernel forward, one backward that recomputes the sigmoid from the
-saved input instead of storing it. Both compute in float32 and store in the input's dtype.
+One operator, ``accrewrite::quick_gelu`` (``quick_gelu_op``), that eager code, the nn module and
+compiled graphs all call. Triton path: one elementwise kernel forward, one backward
+(``accrewrite::quick_gelu_backward``) that recomputes the sigmoid from the saved input instead
+of storing it. Both compute in float32 and store in the input's dtype. Elsewhere (see
+``dispatch.use_triton``) the operator computes the same in PyTorch, for compiled graphs; eager
+calls there run the reference directly.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(1.702 * x)``, elementwise."""
     if not x.is_floating_point():
         raise TypeError(f"quick_gelu: expected a floating-point tensor, got {x.dtype}")
-    if x.dtype in KERNEL_DTYPES and use_triton(x):
-        return _QuickGeluFunction.apply(x)
-    return quick_gelu_reference(x)
+    if not _kernel_takes(x):
+        return quick_gelu_reference(x)  # without the operator's dispatch cost
+    return quick_gelu_op(x)
 
 
 def quick_gelu_reference(x: torch.Tensor) -> torch.Tensor:
@@ -33,27 +37,62 @@ def quick_gelu_reference(x: torch.Tensor) -> torch.Tensor:
     return (wide * torch.sigmoid(ALPHA * wide)).to(x.dtype)
 
 
-class _QuickGeluFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x = x.contiguous()
-        y = torch.empty_like(x)
-        n = x.numel()
-        if n:
-            _quick_gelu_forward_kernel[(triton.cdiv(n, _BLOCK),)](x, y, n, ALPHA, BLOCK=_BLOCK)
-        ctx.save_for_backward(x)
-        return y
+def _kernel_takes(x: torch.Tensor) -> bool:
+    # float64 takes the reference, which keeps its precision
+    return x.dtype in KERNEL_DTYPES and use_triton(x)
 
-    @staticmethod
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        dy = dy.contiguous()
-        dx = torch.empty_like(x)
-        n = x.numel()
-        if n:
-            grid = (triton.cdiv(n, _BLOCK),)
-            _quick_gelu_backward_kernel[grid](x, dy, dx, n, ALPHA, BLOCK=_BLOCK)
-        return dx
+
+@torch.library.custom_op("accrewrite::quick_gelu", mutates_args=())
+def quick_gelu_op(x: torch.Tensor) -> torch.Tensor:
+    if _kernel_takes(x):
+        return _launch(_quick_gelu_forward_kernel, x)
+    return quick_gelu_reference(x)
+
+
+@torch.library.custom_op("accrewrite::quick_gelu_backward", mutates_args=())
+def quick_gelu_backward_op(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if _kernel_takes(x):
+        return _launch(_quick_gelu_backward_kernel, x, dy)
+    wide = torch.promote_types(x.dtype, torch.float32)
+    xw, dyw = x.to(wide), dy.to(wide)
+    s = torch.sigmoid(ALPHA * xw)
+    return (dyw * (s + ALPHA * xw * s * (1 - s))).to(x.dtype)
+
+
+@quick_gelu_op.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@quick_gelu_backward_op.register_fake
+def _(dy, x):
+    return torch.empty_like(x)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _backward(ctx, dy):
+    return quick_gelu_backward_op(dy, *ctx.saved_tensors)
+
+
+quick_gelu_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _launch(kernel, x, dy=None):
+    """The forward kernel on ``x``, or with ``dy`` the backward one: the output (``x``'s
+    dtype)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        grid = (triton.cdiv(n, _BLOCK),)
+        if dy is None:
+            kernel[grid](x, out, n, ALPHA, BLOCK=_BLOCK)
+        else:
+            kernel[grid](x, dy.contiguous(), out, n, ALPHA, BLOCK=_BLOCK)
+    return out
 
 
 if triton_available():

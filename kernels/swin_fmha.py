@@ -12,10 +12,17 @@ here each row is loaded once, summed in fp32, normalised and stored once. Numeri
 softmax in fp32, the probabilities returned in ``attn``'s dtype (eager promotes a bf16 ``attn``
 plus an fp32 bias to fp32; returning bf16 is what halves the memory traffic).
 
-Backward does not keep the probabilities: it keeps ``attn`` and one fp32 log-sum-exp per row and
-recomputes them in fp32, so gradients are as precise as the fp32 reference's. The gradient of
-the bias, a sum over all B * nW windows, is accumulated in fp32 inside the kernel.
+One operator, ``accrewrite::swin_fmha`` (``swin_fmha_op``), that eager code, the nn module and
+compiled graphs all call; it returns each row's log-sum-exp beside the probabilities, which its
+backward (``accrewrite::swin_fmha_backward``) takes. Backward does not keep the probabilities:
+it keeps ``attn`` and one fp32 log-sum-exp per row and recomputes them in fp32, so gradients are
+as precise as the fp32 reference's. The gradient of the bias, a sum over all B * nW windows, is
+accumulated in fp32 inside the kernel. Where the Triton kernel does not run
+(``dispatch.use_triton``) the operator computes the same in PyTorch, for compiled graphs; eager
+calls there run the reference directly.
 """
+
+from typing import Optional
 
 import torch
 
@@ -34,26 +41,17 @@ _TARGET_PROGRAMS = 1024
 def swin_fmha_reference(attn, relative_pos_bias, attn_mask=None):
     """Eager Swin (``WindowAttention.forward``) in fp32 (fp64 for fp64 ``attn``), returned in
     ``attn.dtype``."""
-    windows, heads, n = _check(attn, relative_pos_bias, attn_mask)
-    wide = _compute_dtype(attn.dtype)
-    x = attn.to(wide) + relative_pos_bias.to(wide).view(1, heads, n, n)
-    if attn_mask is not None:
-        nw = attn_mask.numel() // (n * n)
-        x = x.view(-1, nw, heads, n, n) + attn_mask.to(wide).view(1, nw, 1, n, n)
-        x = x.view(windows, heads, n, n)
-    return torch.softmax(x, dim=-1).to(attn.dtype)
+    _check(attn, relative_pos_bias, attn_mask)
+    return torch.softmax(_scores(attn, relative_pos_bias, attn_mask), dim=-1).to(attn.dtype)
 
 
 def swin_fmha(attn, relative_pos_bias, attn_mask=None):
     """``softmax(attn + relative_pos_bias + attn_mask)`` over the last dimension: the Triton
-    kernel when ``use_triton`` says so for the inputs, else the reference."""
-    tensors = [t for t in (attn, relative_pos_bias, attn_mask) if t is not None]
-    if not use_triton(*tensors):
-        return swin_fmha_reference(attn, relative_pos_bias, attn_mask)
+    kernel when ``use_triton`` says so for the inputs, else the same in PyTorch."""
     _check(attn, relative_pos_bias, attn_mask)
-    if attn.numel() == 0:
+    if not _kernel_takes(attn, relative_pos_bias, attn_mask):
         return swin_fmha_reference(attn, relative_pos_bias, attn_mask)
-    return _SwinFmha.apply(attn, relative_pos_bias, attn_mask)
+    return swin_fmha_op(attn, relative_pos_bias, attn_mask)[0]
 
 
 def _compute_dtype(dtype):
@@ -83,31 +81,88 @@ def _check(attn, bias, mask):
     return windows, heads, n
 
 
-class _SwinFmha(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, attn, bias, mask):
-        attn_c, bias_c = attn.contiguous(), bias.contiguous()
-        mask_c = mask.contiguous() if mask is not None else None
-        probs = torch.empty_like(attn_c)
-        lse = torch.empty(attn.shape[:-1], dtype=_compute_dtype(attn.dtype), device=attn.device)
-        _launch(attn_c, bias_c, mask_c, probs, lse)
-        ctx.save_for_backward(attn_c, bias_c, mask_c, lse)
-        ctx.bias_shape = bias.shape
-        return probs
+def _kernel_takes(attn, bias, mask) -> bool:
+    return attn.numel() > 0 and use_triton(*(t for t in (attn, bias, mask) if t is not None))
 
-    @staticmethod
-    def backward(ctx, grad_probs):
-        attn, bias, mask, lse = ctx.saved_tensors
+
+def _scores(attn, bias, mask):
+    """``attn + bias + mask`` in the compute dtype."""
+    windows, heads, n, _ = attn.shape
+    wide = _compute_dtype(attn.dtype)
+    x = attn.to(wide) + bias.to(wide).view(1, heads, n, n)
+    if mask is not None:
+        nw = mask.numel() // (n * n)
+        x = x.view(-1, nw, heads, n, n) + mask.to(wide).view(1, nw, 1, n, n)
+        x = x.view(windows, heads, n, n)
+    return x
+
+
+@torch.library.custom_op("accrewrite::swin_fmha", mutates_args=())
+def swin_fmha_op(
+    attn: torch.Tensor, relative_pos_bias: torch.Tensor, attn_mask: Optional[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the probabilities in ``attn``'s dtype, each row's log-sum-exp in the compute dtype)."""
+    if _kernel_takes(attn, relative_pos_bias, attn_mask):
+        attn = attn.contiguous()
+        mask = attn_mask.contiguous() if attn_mask is not None else None
+        probs = torch.empty_like(attn)
+        lse = attn.new_empty(attn.shape[:-1], dtype=_compute_dtype(attn.dtype))
+        _launch(attn, relative_pos_bias.contiguous(), mask, probs, lse)
+        return probs, lse
+    x = _scores(attn, relative_pos_bias, attn_mask)
+    return torch.softmax(x, dim=-1).to(attn.dtype), torch.logsumexp(x, dim=-1)
+
+
+@swin_fmha_op.register_fake
+def _(attn, relative_pos_bias, attn_mask):
+    return torch.empty_like(attn), attn.new_empty(attn.shape[:-1], dtype=_compute_dtype(attn.dtype))
+
+
+@torch.library.custom_op("accrewrite::swin_fmha_backward", mutates_args=())
+def swin_fmha_backward_op(
+    grad_probs: torch.Tensor,
+    attn: torch.Tensor,
+    relative_pos_bias: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of ``attn`` and of ``relative_pos_bias`` (summed over the windows)."""
+    bias = relative_pos_bias
+    if _kernel_takes(attn, bias, attn_mask):
+        attn = attn.contiguous()
+        mask = attn_mask.contiguous() if attn_mask is not None else None
         grad_attn = torch.empty_like(attn)
-        partial_bias = _launch(attn, bias, mask, grad_attn, lse, grad_probs.contiguous())
-        grad_bias = partial_bias.sum(0).to(bias.dtype).view(ctx.bias_shape)
-        grad_mask = None
-        if ctx.needs_input_grad[2]:
-            heads, n = attn.shape[1], attn.shape[-1]
-            nw = mask.numel() // (n * n)
-            grad_mask = grad_attn.to(lse.dtype).view(-1, nw, heads, n, n).sum((0, 2))
-            grad_mask = grad_mask.to(mask.dtype).view(mask.shape)
-        return grad_attn, grad_bias, grad_mask
+        partial_bias = _launch(attn, bias.contiguous(), mask, grad_attn, lse,
+                               grad_probs.contiguous())
+        return grad_attn, partial_bias.sum(0).to(bias.dtype).view(bias.shape)
+    probs = torch.exp(_scores(attn, bias, attn_mask) - lse.unsqueeze(-1))
+    dp = grad_probs.to(lse.dtype)
+    ds = probs * (dp - (probs * dp).sum(-1, keepdim=True))
+    return ds.to(attn.dtype), ds.sum(0).to(bias.dtype).view(bias.shape)
+
+
+@swin_fmha_backward_op.register_fake
+def _(grad_probs, attn, relative_pos_bias, attn_mask, lse):
+    return torch.empty_like(attn), torch.empty_like(relative_pos_bias)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, output[1])
+
+
+def _grads(ctx, grad_probs, _grad_lse):
+    attn, bias, mask, lse = ctx.saved_tensors
+    grad_attn, grad_bias = swin_fmha_backward_op(grad_probs, attn, bias, mask, lse)
+    grad_mask = None
+    if ctx.needs_input_grad[2]:
+        heads, n = attn.shape[1], attn.shape[-1]
+        nw = mask.numel() // (n * n)
+        grad_mask = grad_attn.to(lse.dtype).view(-1, nw, heads, n, n).sum((0, 2))
+        grad_mask = grad_mask.to(mask.dtype).view(mask.shape)
+    return grad_attn, grad_bias, grad_mask
+
+
+swin_fmha_op.register_autograd(_grads, setup_context=_setup_context)
 
 
 def _launch(attn, bias, mask, out, lse, grad_probs=None):

@@ -13,8 +13,13 @@ Sign convention (Swin's fused kernel and TorchAcc's migration guide): ``shift_si
 
 Both directions move a token between its place in the ``(B, H, W, C)`` image and its place in
 the ``(B * nW, ws, ws, C)`` windows; they are the same index map read in opposite directions,
-so each is the other's backward and one kernel serves all four (two forwards, two backwards).
+so each is the other's backward and one kernel serves all four (two forwards, two backwards):
+one operator, ``accrewrite::window_shuffle`` (``window_shuffle_op``), whose backward is itself
+in the other direction. Where the Triton kernel does not run (``dispatch.use_triton``) eager
+calls run the reference directly, and the operator the same.
 """
+
+import math
 
 import torch
 
@@ -73,7 +78,7 @@ def window_process(x: torch.Tensor, shift_size: int, window_size: int) -> torch.
         return window_process_reference(x, shift_size, window_size)
     _check_image(x, window_size)
     B, H, W, C = x.shape
-    out = _WindowShuffle.apply(x, B, H, W, C, shift_size, window_size, True)
+    out = window_shuffle_op(x, [B, H, W, C], shift_size, window_size, True)
     return out.view(-1, window_size, window_size, C)
 
 
@@ -88,7 +93,7 @@ def window_process_reverse(
     C = windows.shape[-1]
     B = windows.numel() // (height * width * C)
     # Merging with shift s reads the windows at the token that partitioning with -s wrote.
-    out = _WindowShuffle.apply(windows, B, height, width, C, -shift_size, window_size, False)
+    out = window_shuffle_op(windows, [B, height, width, C], -shift_size, window_size, False)
     return out.view(B, height, width, C)
 
 
@@ -118,20 +123,41 @@ def _check_grid(height, width, window_size):
         )
 
 
-class _WindowShuffle(torch.autograd.Function):
-    """Moves tokens between image layout and window layout; backward moves them back."""
+@torch.library.custom_op("accrewrite::window_shuffle", mutates_args=())
+def window_shuffle_op(
+    src: torch.Tensor, image: list[int], shift: int, window_size: int, to_windows: bool
+) -> torch.Tensor:
+    """``src``'s tokens moved from the image layout (``image`` = B, H, W, C) to the windows'
+    (``to_windows``) or back, flat; ``shift`` is the one of partitioning."""
+    if use_triton(src):
+        return _launch(src, *image, shift, window_size, to_windows)
+    B, H, W, C = image
+    if to_windows:
+        out = window_process_reference(src.reshape(B, H, W, C), shift, window_size)
+    else:
+        windows = src.reshape(-1, window_size, window_size, C)
+        out = window_process_reverse_reference(windows, H, W, -shift, window_size)
+    out = out.reshape(-1)
+    # the reference returns its input itself where nothing moves (one unshifted window)
+    return out.clone() if out.data_ptr() == src.data_ptr() else out
 
-    @staticmethod
-    def forward(ctx, src, B, H, W, C, shift, window_size, to_windows):
-        ctx.geometry = (B, H, W, C, shift, window_size)
-        ctx.to_windows = to_windows
-        ctx.src_shape = src.shape
-        return _launch(src, B, H, W, C, shift, window_size, to_windows)
 
-    @staticmethod
-    def backward(ctx, grad):
-        grad_src = _launch(grad, *ctx.geometry, not ctx.to_windows).view(ctx.src_shape)
-        return grad_src, None, None, None, None, None, None, None
+@window_shuffle_op.register_fake
+def _(src, image, shift, window_size, to_windows):
+    return src.new_empty(math.prod(image))
+
+
+def _setup_context(ctx, inputs, output):
+    src, ctx.image, ctx.shift, ctx.window_size, ctx.to_windows = inputs
+    ctx.src_shape = src.shape
+
+
+def _grad(ctx, grad):
+    grad_src = window_shuffle_op(grad, ctx.image, ctx.shift, ctx.window_size, not ctx.to_windows)
+    return grad_src.view(ctx.src_shape), None, None, None, None
+
+
+window_shuffle_op.register_autograd(_grad, setup_context=_setup_context)
 
 
 def _launch(src, B, H, W, C, shift, window_size, to_windows):

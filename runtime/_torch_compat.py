@@ -40,10 +40,6 @@ _NAMES = {
     # inductor's C++ builds (compiler/cpu/cpp_library.py)
     "async_compile": "torch._inductor.async_compile",
     "CppPythonBindingsCodeCache": "torch._inductor.codecache:CppPythonBindingsCodeCache",
-    # the dispatcher, for a custom op's backward that differentiates its kernel (compiler/cuda)
-    "ForceDispatchKeyGuard": "torch._C:_ForceDispatchKeyGuard",
-    "dispatch_include_set": "torch._C:_dispatch_tls_local_include_set",
-    "dispatch_exclude_set": "torch._C:_dispatch_tls_local_exclude_set",
     # optimizers with a fused step (compiler/frontend.py)
     "fused_kernel_devices": "torch.utils._foreach_utils:_get_fused_kernels_supported_devices",
     # the step counts of a bucket of parameters, in one launch (kernels/adam.py)
@@ -88,16 +84,6 @@ def own_compile_metrics():
             del local.metrics_context
         else:
             local.metrics_context = outer
-
-
-def autograd_keys() -> "torch._C.DispatchKeySet":
-    """The dispatch keys of autograd, which the dispatcher excludes inside an op's kernel."""
-    keys = torch._C.DispatchKey
-    return (
-        torch._C.DispatchKeySet(keys.AutogradFunctionality)
-        | torch._C.DispatchKeySet(keys.AutogradOther)
-        | torch._C.DispatchKeySet(keys.AutogradNestedTensor)
-    )
 
 
 def backend_plugins() -> dict:
@@ -161,6 +147,6 @@ def trace_forward(module: torch.nn.Module, is_leaf) -> "torch.fx.Graph":
 
 
 __all__ = [
-    *_NAMES, "SUPPORTED", "autograd_keys", "backend_plugins", "builtin_backend", "check_version",
+    *_NAMES, "SUPPORTED", "backend_plugins", "builtin_backend", "check_version",
     "own_compile_metrics", "trace_forward", "version_tuple",
 ]

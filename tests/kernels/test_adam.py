@@ -217,3 +217,18 @@ def test_builds_for_sm90():
                        dict(flags, PARAM_TY=f"tl.{param}", GRAD_TY=f"tl.{param}",
                             STATE_TY=f"tl.{state}", CHUNK=adam._CHUNK, BLOCK=adam._BLOCK), 4))
     assert build_for_sm90("accrewrite.kernels.adam", builds) == [""] * len(builds)
+
+
+@pytest.mark.parametrize("mode", ["reference", "triton"])
+def test_operator_declares_what_it_updates(monkeypatch, mode):
+    """opcheck's schema test runs the op and fails if it updates an input that its schema does
+    not declare as mutated (or declares one it leaves alone)."""
+    monkeypatch.setenv("ACCREWRITE_KERNELS", mode)
+    params = [torch.randn(5), torch.randn(3, 2)]
+    args = (params, [torch.randn_like(p) for p in params],
+            [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params],
+            [torch.zeros(()) for _ in params])
+    kwargs = dict(lr=1e-2, lr_tensor=None, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1,
+                  decoupled_weight_decay=True, maximize=False, grad_scale=None, found_inf=None)
+    torch.library.opcheck(adam.adam_step_op, args, kwargs,
+                          test_utils=("test_schema", "test_faketensor"))

@@ -13,8 +13,10 @@ import torch
 from accrewrite.kernels.nms import (
     SOFT_NMS_METHODS,
     nms,
+    nms_op,
     nms_reference,
     soft_nms,
+    soft_nms_op,
     soft_nms_reference,
 )
 
@@ -230,3 +232,14 @@ def test_empty_and_bad_input(device):
         soft_nms(boxes, scores, method="hard")
     with pytest.raises(ValueError, match="sigma"):
         soft_nms(boxes, scores, method="gaussian", sigma=0)
+
+
+@pytest.mark.parametrize("mode", ["reference", "triton"])
+def test_operators_registration(monkeypatch, mode):
+    """Schema and fake implementation: the kept count is a size the data decides."""
+    monkeypatch.setenv("ACCREWRITE_KERNELS", mode)
+    boxes, scores = random_boxes(40, "cpu")
+    checks = ("test_schema", "test_faketensor")
+    torch.library.opcheck(nms_op, (boxes, scores, 0.5, 0), test_utils=checks)
+    torch.library.opcheck(soft_nms_op, (boxes, scores, 0.3, 0.5, 1e-3, "gaussian", 1, None),
+                          test_utils=checks)

@@ -11,6 +11,7 @@ from accrewrite.kernels.window_process import (
     window_process_reference,
     window_process_reverse,
     window_process_reverse_reference,
+    window_shuffle_op,
 )
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -94,3 +95,10 @@ def test_reference_env_bypasses_triton(monkeypatch):
     monkeypatch.setattr(module, "_launch", None)  # any use of the kernel would fail
     x = torch.randn(1, 4, 4, 3)
     assert torch.equal(window_process(x, 1, 2), window_process_reference(x, 1, 2))
+
+
+@pytest.mark.parametrize("to_windows", [True, False])
+def test_operator_registration(to_windows):
+    """Schema, fake implementation and autograd (the op in the other direction)."""
+    src = torch.randn(2, 4, 6, 3, requires_grad=True)
+    torch.library.opcheck(window_shuffle_op, (src, [2, 4, 6, 3], -1, 2, to_windows))

@@ -18,8 +18,11 @@ from torch._inductor.utils import run_and_get_code
 import accrewrite.runtime.compiler  # noqa: F401  (registers the "accrewrite" backend)
 from accrewrite.runtime.compiler.backend import Backend, accrewrite
 from accrewrite.runtime.compiler.core.selection import select
-from accrewrite.runtime.compiler.cuda import triton as triton_implementations
-from accrewrite.runtime.compiler.cuda import triton_ops as ops
+from accrewrite.kernels.bias_dropout_add import bias_dropout_add_backward_op, bias_dropout_add_op
+from accrewrite.kernels.layer_norm import layer_norm_backward_op, layer_norm_op
+from accrewrite.kernels.quick_gelu import quick_gelu_backward_op, quick_gelu_op
+from accrewrite.kernels.swin_fmha import swin_fmha_backward_op, swin_fmha_op
+from accrewrite.runtime.compiler.core import triton_kernels as triton_implementations
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compiles")
@@ -438,7 +441,15 @@ def test_backend_rejects_unknown_options():
         accrewrite(None, [], options={"kernels": "fast"})
 
 
-# --- the custom ops themselves ---
+# --- the kernels' operators, as compiled graphs call them ---
+
+
+def layer_norm(x, w, b, eps):
+    return layer_norm_op(x, list(x.shape[-1:]), w, b, eps)[0]
+
+
+def swin_fmha(attn, bias, mask):
+    return swin_fmha_op(attn, bias, mask)[0]
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -446,7 +457,7 @@ def test_layer_norm_op_matches_torch(dtype, tol):
     x = torch.randn(2, 3, 7, dtype=dtype, requires_grad=True)
     w = torch.randn(7, dtype=dtype, requires_grad=True)
     b = torch.randn(7, dtype=dtype, requires_grad=True)
-    out = ops.layer_norm(x, w, b, 1e-5)
+    out = layer_norm(x, w, b, 1e-5)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (x, w, b), grad)
 
@@ -463,8 +474,7 @@ def test_layer_norm_op_matches_torch(dtype, tol):
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_ops_on_the_triton_path_match_torch(kernel):
-    """The ops run the kernels' Triton code and the generic backward differentiates through
-    the kernel's own autograd.Function. On CPU the Triton interpreter runs them, in a fresh
+    """The ops run the kernels' Triton code, forward and backward. On CPU the Triton interpreter runs them, in a fresh
     process: triton fixes the interpreter setting when it is first imported (inductor imports
     it), so it cannot be switched on in a process that has already compiled something."""
     pytest.importorskip("triton")
@@ -509,19 +519,19 @@ def _triton_case(kernel, module, device):
     if kernel == "layer_norm":
 
         def op(x, w, b):
-            return ops.layer_norm(x, w, b, 1e-5)
+            return layer_norm(x, w, b, 1e-5)
 
         def reference(x, w, b):
             return F.layer_norm(x, (33,), w, b, 1e-5)
 
         return (x, randn(33), randn(33)), op, reference
     if kernel == "quick_gelu":
-        return (x,), ops.quick_gelu, lambda x: x * torch.sigmoid(1.702 * x)
+        return (x,), quick_gelu_op, lambda x: x * torch.sigmoid(1.702 * x)
     if kernel == "swin_fmha":
         mask = torch.randn(3, 9, 9, device=device)
 
         def op(attn, bias):
-            return ops.swin_fmha(attn, bias, mask)
+            return swin_fmha(attn, bias, mask)
 
         def reference(attn, bias):  # WindowAttention.forward with a given bias
             scores = (attn + bias.unsqueeze(0)).view(2, 3, 2, 9, 9)
@@ -535,7 +545,7 @@ def _triton_case(kernel, module, device):
     b, r = randn(33), randn(3, 33)
 
     def op(x, b, r):
-        return ops.bias_dropout_add(x, b, r, p, torch.tensor(seed, device=device))
+        return bias_dropout_add_op(x, b, r, p, torch.tensor(seed, device=device))
 
     with torch.no_grad():
         out = op(x, b, r)
@@ -551,8 +561,8 @@ def _must_not_run(*args, **kwargs):
 
 def test_quick_gelu_op_matches_torch():
     x = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
-    torch.testing.assert_close(ops.quick_gelu(x), x * torch.sigmoid(1.702 * x))
-    assert torch.autograd.gradcheck(ops.quick_gelu, (x,))
+    torch.testing.assert_close(quick_gelu_op(x), x * torch.sigmoid(1.702 * x))
+    assert torch.autograd.gradcheck(quick_gelu_op, (x,))
 
 
 def t(*shape, grad=False):
@@ -566,21 +576,23 @@ def seed():
 @pytest.mark.parametrize(
     "op, args",
     [
-        (ops.layer_norm, lambda: (t(3, 6, grad=True), t(6, grad=True), t(6, grad=True), 1e-5)),
-        (ops.layer_norm_backward, lambda: (t(3, 6), t(3, 6), t(6), t(6), 1e-5)),
-        (ops.quick_gelu, lambda: (t(3, 6, grad=True),)),
-        (ops.quick_gelu_backward, lambda: (t(3, 6), t(3, 6))),
-        (ops.bias_dropout_add,
+        (layer_norm_op, lambda: (t(3, 6, grad=True), [6], t(6, grad=True), t(6, grad=True), 1e-5)),
+        (layer_norm_op, lambda: (t(3, 2, 3, grad=True), [2, 3], None, None, 1e-5)),
+        (layer_norm_backward_op,
+         lambda: (t(3, 6), t(3, 6), [6], t(6), t(6), t(3), t(3).abs())),
+        (quick_gelu_op, lambda: (t(3, 6, grad=True),)),
+        (quick_gelu_backward_op, lambda: (t(3, 6), t(3, 6))),
+        (bias_dropout_add_op,
          lambda: (t(3, 6, grad=True), t(6, grad=True), t(3, 6, grad=True), 0.3, seed())),
-        (ops.bias_dropout_add, lambda: (t(3, 6, grad=True), None, t(3, 6), 0.3, seed())),
-        (ops.bias_dropout_add_backward, lambda: (t(3, 6), t(3, 6), t(6), t(3, 6), 0.3, seed())),
-        (ops.swin_fmha, lambda: (t(4, 2, 5, 5, grad=True), t(2, 5, 5, grad=True), t(2, 5, 5))),
-        (ops.swin_fmha, lambda: (t(4, 2, 5, 5, grad=True), t(2, 5, 5, grad=True), None)),
-        (ops.swin_fmha_backward, lambda: (t(4, 2, 5, 5), t(4, 2, 5, 5), t(2, 5, 5), None)),
+        (bias_dropout_add_op, lambda: (t(3, 6, grad=True), None, t(3, 6), 0.3, seed())),
+        (bias_dropout_add_backward_op, lambda: (t(3, 6), 0.3, seed(), torch.float32)),
+        (swin_fmha_op, lambda: (t(4, 2, 5, 5, grad=True), t(2, 5, 5, grad=True), t(2, 5, 5))),
+        (swin_fmha_op, lambda: (t(4, 2, 5, 5, grad=True), t(2, 5, 5, grad=True), None)),
+        (swin_fmha_backward_op, lambda: (t(4, 2, 5, 5), t(4, 2, 5, 5), t(2, 5, 5), None, t(4, 2, 5))),
     ],
     ids=[
-        "layer_norm", "layer_norm_backward", "quick_gelu", "quick_gelu_backward",
-        "bias_dropout_add", "dropout_add", "bias_dropout_add_backward",
+        "layer_norm", "layer_norm_2d_no_affine", "layer_norm_backward", "quick_gelu",
+        "quick_gelu_backward", "bias_dropout_add", "dropout_add", "bias_dropout_add_backward",
         "swin_fmha_masked", "swin_fmha", "swin_fmha_backward",
     ],
 )

@@ -153,7 +153,8 @@ def test_the_cache_key_follows_the_registered_modules(tmp_path, monkeypatch):
 def test_source_files_are_the_core_and_the_registering_modules():
     names = {f.split("/compiler/", 1)[1] for f in registry.source_files() if "/compiler/" in f}
     assert {"core/registry.py", "core/patterns.py", "core/nodes.py", "ops/matmul.py",
-            "cpu/attention.py", "cpu/onednn.py", "cuda/triton.py", "cuda/attention.py"} <= names
+            "cpu/attention.py", "cpu/onednn.py", "cuda/layer_norm.py", "cuda/attention.py",
+            "core/triton_kernels.py"} <= names
     assert "cpu/host_memory.py" not in names  # registers nothing
 
 

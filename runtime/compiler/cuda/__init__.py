@@ -1,8 +1,11 @@
-"""Implementations for CUDA: the Triton kernels of ``accrewrite.kernels`` (``triton.py``, their
-operators in ``triton_ops.py``) and causal attention (``attention.py``).
+"""Implementations for CUDA: one module per Triton kernel of ``accrewrite.kernels``
+(``layer_norm.py``, ``quick_gelu.py``, ``bias_dropout_add.py``, ``swin_fmha.py``) and causal
+attention (``attention.py``).
 
-A new kernel is one new module here: its operator (``core.custom_ops.define``, with a fake
-implementation for inductor) and ``registry.register(Implementation(op, name, ("cuda",),
-dtypes, cost rule, kernel=..., unsupported=...))`` for an op of ``ops/``. The registry imports
-the module, the selector weighs it against the op's other implementations, the compile report
-names it where chosen, and inductor's cache key covers it."""
+A new kernel's compiler side is one new module here, which the registry imports by itself: it
+calls ``register(core.triton_kernels.triton_implementation(op, input, kernel, cost rule))``,
+where ``kernel`` calls the kernel's ``torch.library`` operator (the one eager code calls), for
+an op of ``ops/``; a kernel for an op that the compiler does not know yet registers that ``Op``
+(its patterns) and its default ``inductors_code`` in the same module. The selector weighs it
+against the op's other implementations, the compile report names it where chosen, and
+inductor's cache key covers the module."""
