@@ -1,7 +1,7 @@
 """Fused modules (TorchAcc's migration guide, "Kernel fusion optimizations" and, for DCN/DCNv2,
-"Parallelized kernel optimizations"): the Triton path on CUDA tensors (torchvision's kernel for
-DCN), the PyTorch reference elsewhere. Each name lives in the submodule the guide imports it
-from."""
+"Parallelized kernel optimizations"): the Triton path on CUDA tensors, the PyTorch reference
+elsewhere; DCN/DCNv2 take torchvision's compiled kernel where it loads. Each name lives in the
+submodule the guide imports it from."""
 
 from accrewrite.lazy import lazy_attributes
 

@@ -167,9 +167,12 @@ class DCN(DCNv2):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
                          deformable_groups, bias=bias)
         taps = self.kernel_size[0] * self.kernel_size[1]
+        # dcn_v2 leaves the dilation out of this convolution, so with a dilation above 1 its
+        # offsets no longer match the output (its kernel does not check their size); with it,
+        # they do, from the same parameters.
         self.conv_offset_mask = torch.nn.Conv2d(
             in_channels, 3 * deformable_groups * taps, self.kernel_size, self.stride, self.padding,
-            bias=True,
+            self.dilation, bias=True,
         )
         self.init_offset()
 
