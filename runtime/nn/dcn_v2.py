@@ -21,9 +21,10 @@ Each call runs ``torchvision.ops.deform_conv2d`` where torchvision's compiled op
 process (imported at the first call, not before) and the tensors are CPU or CUDA float32/float64;
 everything else (no torchvision, a torchvision built for another torch, XLA tensors, half
 precision) runs ``deform_conv2d_reference``, plain PyTorch: each tap's sampling point is read by
-bilinear interpolation through ``F.grid_sample``, zero outside the image as torchvision and
-dcn_v2 do, and the taps are reduced by one matrix product. The reference computes half-precision
-inputs in float32, since coordinates in float16 would land on the wrong pixels.
+bilinear interpolation of its four neighbouring pixels (gathered), zero outside the image, and
+the taps are reduced by one matrix product. It computes half-precision inputs in float32, since
+coordinates in float16 would land on the wrong pixels. Both paths give the gradients dcn_v2's
+kernel gives, also for points exactly on a pixel or on the image's edge, where a DCN starts.
 """
 
 import functools
@@ -31,7 +32,6 @@ import importlib.util
 import math
 
 import torch
-import torch.nn.functional as F
 
 __all__ = ["DCN", "DCNv2", "dcn_v2_conv", "deform_conv2d", "deform_conv2d_reference"]
 
@@ -49,7 +49,13 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
         return deform_conv2d_reference(input, offset, weight, bias, stride, padding, dilation, mask)
     stride, padding, dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
                                  _pair(dilation, "dilation"))
-    _shapes(input, offset, weight, bias, stride, padding, dilation, mask)
+    offset_groups, _, _ = _shapes(input, offset, weight, bias, stride, padding, dilation, mask)
+    if offset.requires_grad:
+        y, x = _points(offset.detach(), offset_groups, weight.shape[2:], stride, padding, dilation)
+        height, width = input.shape[2:]
+        off_image = ((y <= -1) | (y >= height) | (x <= -1) | (x >= width)).view(
+            offset.shape[0], -1, 1, *offset.shape[2:]).expand(-1, -1, 2, -1, -1).reshape(offset.shape)
+        offset = _NoSlopeOffImage.apply(offset, off_image)
     return operator(input, offset, weight, bias, stride, padding, dilation, mask)
 
 
@@ -70,24 +76,17 @@ def deform_conv2d_reference(input, offset, weight, bias=None, stride=1, padding=
     taps = kernel_h * kernel_w
     positions = out_h * out_w
 
-    # Where each tap of each output pixel reads before the offsets: (taps, out_h, out_w).
-    arange = functools.partial(torch.arange, device=offset.device, dtype=offset.dtype)
-    tap_y = (arange(kernel_h) * dilation[0]).repeat_interleave(kernel_w).view(taps, 1, 1)
-    tap_x = (arange(kernel_w) * dilation[1]).repeat(kernel_h).view(taps, 1, 1)
-    base_y = tap_y + (arange(out_h) * stride[0] - padding[0]).view(1, out_h, 1)
-    base_x = tap_x + (arange(out_w) * stride[1] - padding[1]).view(1, 1, out_w)
-    pairs = offset.reshape(batch, offset_groups, taps, 2, out_h, out_w)
-    y = base_y + pairs[:, :, :, 0]
-    x = base_x + pairs[:, :, :, 1]
-    # grid_sample's coordinates with align_corners=False: pixel p of a side of n pixels is
-    # (2p + 1) / n - 1, which holds for a side of one pixel too; zero padding reads 0 outside.
-    grid = torch.stack(((2 * x + 1) / width - 1, (2 * y + 1) / height - 1), dim=-1)
-    grid = grid.view(batch * offset_groups, taps * out_h, out_w, 2).to(input.dtype)
-    grouped = input.reshape(batch * offset_groups, channels // offset_groups, height, width)
-    sampled = F.grid_sample(grouped, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    sampled = sampled.view(batch, offset_groups, channels // offset_groups, taps, positions)
+    y, x = _points(offset.to(input.dtype), offset_groups, (kernel_h, kernel_w), stride, padding, dilation)
+    y = y.reshape(batch * offset_groups, 1, taps * positions)
+    x = x.reshape(batch * offset_groups, 1, taps * positions)
+    # A point on or past row/column -1 or the side's length reads nothing, and has no slope
+    # towards the image either (dcn_v2's rule; a padded tap of a DCN starts exactly on -1).
+    weight_of_point = ((y > -1) & (y < height) & (x > -1) & (x < width)).to(input.dtype)
     if mask is not None:
-        sampled = sampled * mask.reshape(batch, offset_groups, 1, taps, positions).to(sampled.dtype)
+        weight_of_point = weight_of_point * mask.reshape(y.shape).to(input.dtype)
+    sampled = _bilinear(input.reshape(batch * offset_groups, channels // offset_groups, height * width),
+                        height, width, y, x, weight_of_point)
+    sampled = sampled.view(batch, offset_groups, channels // offset_groups, taps, positions)
 
     groups = channels // group_channels
     columns = sampled.reshape(batch, groups, group_channels * taps, positions)
@@ -96,6 +95,53 @@ def deform_conv2d_reference(input, offset, weight, bias=None, stride=1, padding=
     if bias is not None:
         output = output + bias.view(1, out_channels, 1, 1)
     return output.to(dtype)
+
+
+def _points(offset, offset_groups, kernel, stride, padding, dilation):
+    """Where each tap reads, ``(y, x)``, each ``(N, offset_groups, kh * kw, H_out, W_out)``:
+    the tap's place in the dilated kernel at the output pixel's stride, moved by its offsets."""
+    batch, _, out_h, out_w = offset.shape
+    taps = kernel[0] * kernel[1]
+    arange = functools.partial(torch.arange, device=offset.device, dtype=offset.dtype)
+    tap_y = (arange(kernel[0]) * dilation[0]).repeat_interleave(kernel[1]).view(taps, 1, 1)
+    tap_x = (arange(kernel[1]) * dilation[1]).repeat(kernel[0]).view(taps, 1, 1)
+    pairs = offset.reshape(batch, offset_groups, taps, 2, out_h, out_w)
+    y = tap_y + (arange(out_h) * stride[0] - padding[0]).view(1, out_h, 1) + pairs[:, :, :, 0]
+    x = tap_x + (arange(out_w) * stride[1] - padding[1]).view(1, 1, out_w) + pairs[:, :, :, 1]
+    return y, x
+
+
+class _NoSlopeOffImage(torch.autograd.Function):
+    """The offsets as they are, whose gradient is dropped at points on or past the image's edge
+    (row or column -1, or the side's length). dcn_v2's kernel gives such a point no slope;
+    torchvision's gives one on -1 exactly, where a padded tap of a DCN starts (zero offsets)."""
+
+    @staticmethod
+    def forward(ctx, offset, off_image):
+        ctx.save_for_backward(off_image)
+        return offset.view_as(offset)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (off_image,) = ctx.saved_tensors
+        return grad.masked_fill(off_image, 0), None
+
+
+def _bilinear(image, height, width, y, x, weight_of_point):
+    """``image`` ``(G, C, height * width)`` read at the points ``(y, x)`` (each ``(G, 1, P)``) ->
+    ``(G, C, P)``: the four neighbouring pixels, weighted by the distances, those off the image
+    0. ``floor`` picks the cell, so a point on a pixel takes its slope from the cell below and to
+    the right, as torchvision's and dcn_v2's kernels do (``grid_sample``'s normalised
+    coordinates would round some points into the cell before)."""
+    y0, x0 = torch.floor(y), torch.floor(x)
+    sampled = 0
+    for row, row_weight in ((y0, y0 + 1 - y), (y0 + 1, y - y0)):
+        for column, column_weight in ((x0, x0 + 1 - x), (x0 + 1, x - x0)):
+            on_image = (row >= 0) & (row < height) & (column >= 0) & (column < width)
+            index = (row.clamp(0, height - 1) * width + column.clamp(0, width - 1)).long()
+            pixels = torch.gather(image, 2, index.expand(-1, image.shape[1], -1))
+            sampled = sampled + pixels * (row_weight * column_weight * on_image * weight_of_point)
+    return sampled
 
 
 def dcn_v2_conv(input, offset, mask, weight, bias, stride, padding, dilation, deformable_groups):
