@@ -40,7 +40,7 @@ class DeformableConv(Rule):
       `DCN` does;
     - on a target without deformable convolution (torch_xla), each of these imports: the
       compiled kernels take CUDA tensors only. `accrewrite.runtime.nn.DCN` is plain PyTorch
-      there (bilinear sampling through `grid_sample`, which XLA compiles).
+      there (bilinear reads of gathered pixels, which XLA compiles).
     """
 
     code = "ACC026"
@@ -201,7 +201,7 @@ class DeformableConv(Rule):
 
 _PLAIN_PYTORCH = (
     "accrewrite.runtime.nn's DCN, DCNv2 and deform_conv2d (pip install 'accrewrite[runtime]') are "
-    "plain PyTorch on this target (bilinear sampling through grid_sample, which XLA compiles)."
+    "plain PyTorch on this target (bilinear reads of gathered pixels, which XLA compiles)."
 )
 
 
