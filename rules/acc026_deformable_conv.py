@@ -233,8 +233,11 @@ def _import_of(node: cst.ImportFrom, aliases) -> cst.ImportFrom:
         comma = alias.comma
         if position < last and comma is cst.MaybeSentinel.DEFAULT:
             comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        elif position == last and comma is not cst.MaybeSentinel.DEFAULT and isinstance(comma.whitespace_after, cst.SimpleWhitespace):
-            comma = cst.MaybeSentinel.DEFAULT
+        elif (position == last and comma is not cst.MaybeSentinel.DEFAULT
+              and isinstance(comma.whitespace_after, cst.SimpleWhitespace)):
+            comma = cst.MaybeSentinel.DEFAULT  # a trailing comma on the line of the name
         listed.append(alias.with_changes(comma=comma))
-    rpar = node.rpar if node.names[-1] in aliases else node.rpar.with_changes(whitespace_before=cst.SimpleWhitespace(""))
+    rpar = node.rpar
+    if node.names[-1] not in aliases:
+        rpar = rpar.with_changes(whitespace_before=cst.SimpleWhitespace(""))
     return node.with_changes(names=listed, rpar=rpar)

@@ -156,7 +156,8 @@ def test_dcn_predicts_offsets_and_a_sigmoid_mask_with_its_own_convolution():
     assert sorted(layer.state_dict()) == ["bias", "conv_offset_mask.bias", "conv_offset_mask.weight", "weight"]
     x = torch.randn(2, 4, 7, 6)
     # Zero-initialised: zero offsets and a mask of sigmoid(0) = 0.5.
-    torch.testing.assert_close(layer(x), 0.5 * F.conv2d(x, layer.weight, None, padding=1, dilation=2) + layer.bias.view(1, -1, 1, 1))
+    plain = F.conv2d(x, layer.weight, None, padding=1, dilation=2)
+    torch.testing.assert_close(layer(x), 0.5 * plain + layer.bias.view(1, -1, 1, 1))
     with torch.no_grad():
         layer.conv_offset_mask.weight.normal_(0, 0.3)
         layer.conv_offset_mask.bias.normal_(0, 0.3)
@@ -224,15 +225,19 @@ torchvision_loads = pytest.mark.skipif(
 
 @torchvision_loads
 @pytest.mark.parametrize("name", CASES)
-def test_torchvision_kernel_matches_the_reference(name):
+def test_torchvision_path_matches_the_reference(name):
     import torchvision
 
     tensors, options = _arguments(CASES[name], dtype=torch.float32)
-    output, gradients = _gradients(torchvision.ops.deform_conv2d, tensors, options)
-    expected, expected_gradients = _gradients(deform_conv2d_reference, tensors, options)
-    torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-4)
-    for key in gradients:
-        torch.testing.assert_close(gradients[key], expected_gradients[key], rtol=1e-4, atol=1e-4, msg=key)
+    on_pixels = {**tensors, "offset": tensors["offset"].round()}
+    # torchvision's own op off pixels; through deform_conv2d (dcn_v2's slopes) on pixels too
+    for function, arguments in ((torchvision.ops.deform_conv2d, tensors), (deform_conv2d, tensors),
+                                (deform_conv2d, on_pixels)):
+        output, gradients = _gradients(function, arguments, options)
+        expected, expected_gradients = _gradients(deform_conv2d_reference, arguments, options)
+        torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-4)
+        for key in gradients:
+            torch.testing.assert_close(gradients[key], expected_gradients[key], rtol=1e-4, atol=1e-4, msg=key)
 
 
 @torchvision_loads
@@ -273,38 +278,38 @@ def test_a_torchvision_built_for_another_torch_falls_back_to_the_plain_path(tmp_
 _XLA_PROBE = """
 import importlib.util, json, sys
 import torch
+import torch_xla.core.xla_model as xm
+
 spec = importlib.util.spec_from_file_location("dcn_v2_under_test", sys.argv[1])
 dcn_v2 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(dcn_v2)
-import torch_xla.core.xla_model as xm
 assert dcn_v2._torchvision_deform_conv2d() is not None, "torchvision's ops did not load"
-cases = json.loads(sys.argv[2])
+
+
+def run(function, tensors, options):
+    leaves = {key: t.detach().requires_grad_() for key, t in tensors.items() if t is not None}
+    y = function(leaves["input"], leaves["offset"], leaves["weight"], leaves.get("bias"),
+                 mask=leaves.get("mask"), **options)
+    weights = torch.linspace(-1, 1, y.numel(), device=y.device).view_as(y)
+    return [t.cpu() for t in (y, *torch.autograd.grad((y * weights).sum(), list(leaves.values())))]
+
+
 report = {}
-device = xm.xla_device()
-for name, (shapes, options) in cases.items():
+for name, (shapes, options, on_pixels) in json.loads(sys.argv[2]).items():
     torch.manual_seed(0)
-    x, offset, weight = (torch.randn(*shapes[key]) for key in ("input", "offset", "weight"))
-    offset = offset * 1.5 if not name.endswith("on-pixels") else (offset * 1.5).round()
-    bias = torch.randn(shapes["bias"]) if shapes["bias"] else None
-    mask = torch.rand(*shapes["mask"]) if shapes["mask"] else None
-    leaves = [t.requires_grad_() for t in (x, offset, weight, bias, mask) if t is not None]
-    differences = {}
-    results = {}
-    for path, function in (("torchvision", dcn_v2.deform_conv2d), ("reference", dcn_v2.deform_conv2d_reference)):
-        y = function(x, offset, weight, bias, mask=mask, **options)
-        grads = torch.autograd.grad((y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum(), leaves)
-        results[path] = (y, grads)
-    on_device = [t.detach().to(device).requires_grad_() for t in leaves]
-    named = dict(zip([k for k, t in (("x", x), ("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)) if t is not None], on_device))
-    y = dcn_v2.deform_conv2d(named["x"], named["offset"], named["weight"], named.get("bias"), mask=named.get("mask"), **options)
-    grads = torch.autograd.grad((y * torch.linspace(-1, 1, y.numel(), device=device).view_as(y)).sum(), on_device)
-    results["xla"] = (y.cpu(), [g.cpu() for g in grads])
-    reference = results["reference"]
-    for path in ("torchvision", "xla"):
-        y, grads = results[path]
-        differences[path] = max([(y - reference[0]).abs().max().item()]
-                                + [(g - r).abs().max().item() for g, r in zip(grads, reference[1])])
-    report[name] = differences
+    tensors = {key: None if shape is None else torch.randn(*shape) for key, shape in shapes.items()}
+    tensors["offset"] = tensors["offset"] * 1.5
+    if on_pixels:
+        tensors["offset"] = tensors["offset"].round()
+    if tensors["mask"] is not None:
+        tensors["mask"] = torch.sigmoid(tensors["mask"])
+    on_xla = {key: None if t is None else t.to(xm.xla_device()) for key, t in tensors.items()}
+    reference = run(dcn_v2.deform_conv2d_reference, tensors, options)
+    report[name] = {
+        path: max((a - b).abs().max().item() for a, b in zip(result, reference))
+        for path, result in (("torchvision", run(dcn_v2.deform_conv2d, tensors, options)),
+                             ("xla", run(dcn_v2.deform_conv2d, on_xla, options)))
+    }
 print(json.dumps(report))
 """
 
@@ -316,7 +321,8 @@ def test_torchvision_under_torch_xla_and_the_plain_path_on_the_xla_device(xla_py
     for name, case in CASES.items():
         tensors, options = _arguments(case, dtype=torch.float32)
         shapes = {key: list(t.shape) if t is not None else None for key, t in tensors.items()}
-        cases[name] = cases[f"{name}-on-pixels"] = (shapes, options)
+        cases[name] = (shapes, options, False)
+        cases[f"{name}-on-pixels"] = (shapes, options, True)
     done = subprocess.run([xla_python, "-c", _XLA_PROBE, str(MODULE_FILE), json.dumps(cases)],
                           capture_output=True, text=True, timeout=300,
                           env={"PJRT_DEVICE": "CPU", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
