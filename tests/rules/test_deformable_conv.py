@@ -108,9 +108,14 @@ def test_comments_in_a_parenthesised_import_stay_with_their_names():
 
 
 def test_guarded_form_keeps_the_original_import_for_runs_without_the_target():
-    result = migrate("import torch\nfrom dcn_v2 import DCN\n", guard="USE_ACCELERATOR")
+    result = migrate("import torch\nfrom dcn_v2 import DCN\n", "torchacc", guard="USE_TORCHACC")
     text = result.output.decode()
-    assert "from accrewrite.runtime.nn import DCN" in text and "from dcn_v2 import DCN" in text
+    assert text.endswith(
+        "if enable_torchacc_compiler():\n"
+        "    from torchacc.runtime.nn.dcn_v2 import DCN\n"
+        "else:\n"
+        "    from dcn_v2 import DCN\n"
+    ), text
     compile(text, "model.py", "exec")
 
 
