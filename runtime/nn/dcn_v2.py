@@ -18,12 +18,12 @@ Parameters and state_dict keys are the package's (``weight``, ``bias``,
 (keyword) leaves the bias out.
 
 Each call runs ``torchvision.ops.deform_conv2d`` where torchvision's compiled ops load in this
-process (imported at the first call, not before) and the tensors are CPU or CUDA float32/float64;
-everything else (no torchvision, a torchvision built for another torch, XLA tensors, half
-precision) runs ``deform_conv2d_reference``, plain PyTorch: each tap's sampling point is read by
-bilinear interpolation of its four neighbouring pixels (gathered), zero outside the image, and
-the taps are reduced by one matrix product. It computes half-precision inputs in float32, since
-coordinates in float16 would land on the wrong pixels. Both paths give the gradients dcn_v2's
+process (imported at the first call, not before) and the tensors are on the CPU or CUDA;
+everything else (no torchvision, a torchvision built for another torch, XLA tensors) runs
+``deform_conv2d_reference``, plain PyTorch: each tap's sampling point is read by bilinear
+interpolation of its four neighbouring pixels (gathered), zero outside the image, and the taps
+are reduced by one matrix product. Both compute half-precision inputs in float32, since
+coordinates in float16 would land on the wrong pixels, and both give the gradients dcn_v2's
 kernel gives, also for points exactly on a pixel or on the image's edge, where a DCN starts.
 """
 
@@ -36,7 +36,8 @@ import torch
 __all__ = ["DCN", "DCNv2", "dcn_v2_conv", "deform_conv2d", "deform_conv2d_reference"]
 
 _TORCHVISION_DEVICES = ("cpu", "cuda")
-_TORCHVISION_DTYPES = (torch.float32, torch.float64)
+# Computed in float32: coordinates in half precision would land on the wrong pixels.
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
@@ -44,19 +45,21 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
     (DCNv1), a mask modulates each sample (DCNv2). Deformable groups are
     ``offset.shape[1] // (2 * kh * kw)`` and weight groups ``input.shape[1] // weight.shape[1]``."""
     operator = _torchvision_deform_conv2d()
-    if (operator is None or input.device.type not in _TORCHVISION_DEVICES
-            or input.dtype not in _TORCHVISION_DTYPES):
+    if operator is None or input.device.type not in _TORCHVISION_DEVICES:
         return deform_conv2d_reference(input, offset, weight, bias, stride, padding, dilation, mask)
     stride, padding, dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
                                  _pair(dilation, "dilation"))
     offset_groups, _, _ = _shapes(input, offset, weight, bias, stride, padding, dilation, mask)
+    dtype = input.dtype
+    if dtype in _HALF:
+        input, offset, weight, bias, mask = _in_float32(input, offset, weight, bias, mask)
     if offset.requires_grad:
         y, x = _points(offset.detach(), offset_groups, weight.shape[2:], stride, padding, dilation)
         height, width = input.shape[2:]
         off_image = ((y <= -1) | (y >= height) | (x <= -1) | (x >= width)).view(
             offset.shape[0], -1, 1, *offset.shape[2:]).expand(-1, -1, 2, -1, -1).reshape(offset.shape)
         offset = _NoSlopeOffImage.apply(offset, off_image)
-    return operator(input, offset, weight, bias, stride, padding, dilation, mask)
+    return operator(input, offset, weight, bias, stride, padding, dilation, mask).to(dtype)
 
 
 def deform_conv2d_reference(input, offset, weight, bias=None, stride=1, padding=0, dilation=1,
@@ -67,10 +70,8 @@ def deform_conv2d_reference(input, offset, weight, bias=None, stride=1, padding=
                                  _pair(dilation, "dilation"))
     offset_groups, out_h, out_w = _shapes(input, offset, weight, bias, stride, padding, dilation, mask)
     dtype = input.dtype
-    if dtype in (torch.float16, torch.bfloat16):
-        input, offset, weight = input.float(), offset.float(), weight.float()
-        bias = None if bias is None else bias.float()
-        mask = None if mask is None else mask.float()
+    if dtype in _HALF:
+        input, offset, weight, bias, mask = _in_float32(input, offset, weight, bias, mask)
     batch, channels, height, width = input.shape
     out_channels, group_channels, kernel_h, kernel_w = weight.shape
     taps = kernel_h * kernel_w
@@ -249,6 +250,10 @@ def _torchvision_deform_conv2d():
     except Exception:  # noqa: BLE001 - any failure to load means the plain path
         return None
     return operator
+
+
+def _in_float32(*tensors):
+    return tuple(None if t is None else t.float() for t in tensors)
 
 
 def _pair(value, name):

@@ -126,14 +126,16 @@ def test_zero_offsets_without_a_mask_are_a_convolution():
     torch.testing.assert_close(output, F.conv2d(tensors["input"], tensors["weight"], None, groups=2, **options))
 
 
-def test_half_precision_computes_in_float32_and_returns_its_dtype():
+@pytest.mark.parametrize("function", [deform_conv2d_reference, deform_conv2d])
+def test_half_precision_computes_in_float32_and_returns_its_dtype(function):
     tensors, options = _arguments(CASES["5x3-strided-dilated"], dtype=torch.float32)
-    expected = _call(deform_conv2d_reference, tensors, options)
     for dtype in (torch.bfloat16, torch.float16):
         low = {k: None if t is None else t.to(dtype) for k, t in tensors.items()}
-        output = _call(deform_conv2d_reference, low, options)
+        output = _call(function, low, options)
         assert output.dtype == dtype
-        torch.testing.assert_close(output.float(), expected, rtol=0.05, atol=0.1)
+        # the rounding of the inputs to half precision is the only difference
+        exact = _call(deform_conv2d_reference, {k: None if t is None else t.float() for k, t in low.items()}, options)
+        torch.testing.assert_close(output, exact.to(dtype))
 
 
 def test_dcnv2_takes_offsets_and_mask():
@@ -283,7 +285,10 @@ import torch_xla.core.xla_model as xm
 spec = importlib.util.spec_from_file_location("dcn_v2_under_test", sys.argv[1])
 dcn_v2 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(dcn_v2)
-assert dcn_v2._torchvision_deform_conv2d() is not None, "torchvision's ops did not load"
+operator = dcn_v2._torchvision_deform_conv2d()
+assert operator is not None, "torchvision's ops did not load"
+calls = []  # the dtypes torchvision's op was given
+dcn_v2._torchvision_deform_conv2d = lambda: lambda *args: calls.append(str(args[0].dtype)) or operator(*args)
 
 
 def run(function, tensors, options):
@@ -310,7 +315,12 @@ for name, (shapes, options, on_pixels) in json.loads(sys.argv[2]).items():
         for path, result in (("torchvision", run(dcn_v2.deform_conv2d, tensors, options)),
                              ("xla", run(dcn_v2.deform_conv2d, on_xla, options)))
     }
-print(json.dumps(report))
+    # bfloat16: torchvision's path too computes in float32; relative to the output's size
+    half = {key: None if t is None else t.bfloat16() for key, t in tensors.items()}
+    output, reference = (run(function, half, options)[0].float()
+                         for function in (dcn_v2.deform_conv2d, dcn_v2.deform_conv2d_reference))
+    report[name]["bfloat16"] = ((output - reference).abs().max() / reference.abs().max()).item()
+print(json.dumps({"differences": report, "torchvision_calls": calls}))
 """
 
 
@@ -327,8 +337,12 @@ def test_torchvision_under_torch_xla_and_the_plain_path_on_the_xla_device(xla_py
                           capture_output=True, text=True, timeout=300,
                           env={"PJRT_DEVICE": "CPU", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    report = printed["differences"]
     assert len(report) == 2 * len(CASES)
+    # per case: float32 and bfloat16 (computed in float32) through torchvision, none for XLA tensors
+    assert printed["torchvision_calls"] == ["torch.float32"] * 2 * len(report)
     for name, differences in report.items():
         assert differences["torchvision"] < 2e-5, (name, differences)
         assert differences["xla"] < 2e-5, (name, differences)
+        assert differences["bfloat16"] < 1e-2, (name, differences)
