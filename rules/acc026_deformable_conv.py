@@ -22,11 +22,13 @@ class DeformableConv(Rule):
     Detection code (CenterNet, FairMOT and their descendants) imports deformable convolution
     from the `dcn_v2` package, a CUDA extension built with the project:
     `from dcn_v2 import DCN`, or from a copy of it, `from .DCNv2.dcn_v2 import DCN` (any
-    package path whose last two parts are `DCNv2*.dcn_v2`). The import of `DCN`, `DCNv2`
-    and (runtime target) `dcn_v2_conv` is re-pointed at the target's, which have the same
-    constructors (`DCN(chi, cho, kernel_size, stride, padding, dilation, deformable_groups)`),
-    forward signatures and state_dict keys, so call sites and checkpoints stay as they are;
-    the copied `DCNv2` folder is no longer needed. `accrewrite.runtime.nn.DCN` runs
+    package path whose last two parts are `DCNv2*.dcn_v2`; a `dcn_v2` module of another
+    folder, such as recommender code's Deep & Cross Network, is left alone). The import of
+    `DCN`, `DCNv2` and (runtime target) `dcn_v2_conv` is re-pointed at the target's, which
+    have the same constructors
+    (`DCN(chi, cho, kernel_size, stride, padding, dilation, deformable_groups)`), forward
+    signatures and state_dict keys, so call sites and checkpoints stay as they are; the copied
+    `DCNv2` folder is no longer needed. `accrewrite.runtime.nn.DCN` runs
     torchvision's compiled `deform_conv2d` where it loads and plain PyTorch elsewhere.
 
     Reported, not rewritten:
