@@ -220,8 +220,8 @@ def test_bad_arguments_say_what_is_wrong():
 torchvision_loads = pytest.mark.skipif(
     dcn_v2._torchvision_deform_conv2d() is None,
     reason="torchvision's compiled ops do not load in this process (not installed, or a build for "
-           "another torch): DCN runs the plain path here, tested above; test_torchvision_under_torch_xla "
-           "holds torchvision to it where torchvision loads",
+           "another torch): DCN runs the plain path here, tested above; the torch_xla interpreter's "
+           "test below holds torchvision to it",
 )
 
 
