@@ -29,8 +29,9 @@ from accrewrite.targets import DEFAULT_TARGET, Target, get_target
 from accrewrite.transform import BatchedTransformer, RuleBug, walked_types
 
 SKIP_FILE = re.compile(rb"#\s*accrewrite:\s*skip-file")
-# A file that never names torch or CUDA cannot concern a training script migration.
-_RELEVANT = re.compile(rb"torch|cuda")
+# A file that never names torch, CUDA or a CUDA extension it imports (dcn_v2, ACC026) cannot
+# concern a training script migration.
+_RELEVANT = re.compile(rb"torch|cuda|dcn_v2")
 
 
 @dataclass(frozen=True)

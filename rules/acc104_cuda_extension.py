@@ -17,8 +17,9 @@ class CudaExtension(Rule):
 
     What to do: express the op in PyTorch (the compiler fuses it), use the target's fused
     replacement where one exists (`accrewrite.runtime.nn`: FusedLayerNorm, QuickGelu,
-    dropout_add_fused_train, WindowProcess, FusedSwinFmha, nms; `accrewrite.kernels` has
-    Triton versions), or register it as a custom op with a PyTorch reference
+    dropout_add_fused_train, WindowProcess, FusedSwinFmha, nms, and DCN/DCNv2 for the dcn_v2
+    package, whose imports ACC026 re-points; `accrewrite.kernels` has Triton versions), or
+    register it as a custom op with a PyTorch reference
     (`torch.library.custom_op` with a CPU/reference implementation). Reported wherever it is.
     """
 

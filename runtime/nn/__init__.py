@@ -1,5 +1,7 @@
-"""Fused modules (TorchAcc's migration guide, "Kernel fusion optimizations"): the Triton path on CUDA tensors, the
-PyTorch reference elsewhere. Each name lives in the submodule the guide imports it from."""
+"""Fused modules (TorchAcc's migration guide, "Kernel fusion optimizations" and, for DCN/DCNv2,
+"Parallelized kernel optimizations"): the Triton path on CUDA tensors, the PyTorch reference
+elsewhere; DCN/DCNv2 take torchvision's compiled kernel where it loads. Each name lives in the
+submodule the guide imports it from."""
 
 from accrewrite.lazy import lazy_attributes
 
@@ -15,6 +17,10 @@ _ATTRIBUTES = {
     "nms_normal": "nms:nms_normal",
     "soft_nms": "nms:soft_nms",
     "batched_soft_nms": "nms:batched_soft_nms",
+    "DCN": "dcn_v2:DCN",
+    "DCNv2": "dcn_v2:DCNv2",
+    "dcn_v2_conv": "dcn_v2:dcn_v2_conv",
+    "deform_conv2d": "dcn_v2:deform_conv2d",
 }
 __all__ = list(_ATTRIBUTES)
 __getattr__ = lazy_attributes(__name__, _ATTRIBUTES)

@@ -37,10 +37,12 @@ def test_torchacc_runtime_names_and_auto_checkpoint():
         from torchacc.runtime import hooks
         from torchacc.runtime.nn.quick_gelu import QuickGelu
         from torchacc.runtime.nn.window_process import WindowProcess
+        from torchacc.runtime.nn.dcn_v2 import DCN, DCNv2
 
         assert torchacc.auto_checkpoint is accrt.auto_checkpoint
         assert hooks is accrt.hooks
         assert QuickGelu is accrt.nn.QuickGelu and WindowProcess is accrt.nn.WindowProcess
+        assert (DCN, DCNv2) == (accrt.nn.DCN, accrt.nn.DCNv2)
 
 
 def test_every_import_the_torchacc_target_writes_resolves():
@@ -54,8 +56,8 @@ def test_every_import_the_torchacc_target_writes_resolves():
 
 def test_names_the_runtime_lacks_are_not_found():
     with torchacc_names():
-        with pytest.raises(ModuleNotFoundError, match="accrewrite.runtime has no 'accrewrite.runtime.nn.dcn_v2'"):
-            import torchacc.runtime.nn.dcn_v2  # noqa: F401
+        with pytest.raises(ModuleNotFoundError, match="accrewrite.runtime has no 'accrewrite.runtime.nn.rms_norm'"):
+            import torchacc.runtime.nn.rms_norm  # noqa: F401
         with pytest.raises(ModuleNotFoundError, match="torchacc.torch_xla.distributed.fsdp"):
             import torchacc.torch_xla.distributed.fsdp  # noqa: F401
     with pytest.raises(KeyError):
