@@ -369,7 +369,7 @@ def test_dropout_on_the_xla_device_draws_what_the_cpu_draws(project, capsys, xla
     code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python",
                             f"torch_xla={xla_python}", "--", "--steps", "4")
     assert code == 0, out + err
-    assert "match: 4 steps" in out and "XLA graph executions" in out
+    assert "match: 4 steps" in out and "graph executions on the xla device" in out
 
 
 HOST_RANDOM_CHECK = """\
@@ -385,7 +385,7 @@ def draws(device, host_random):
     torch.manual_seed(0)
     x = torch.randn(4, 3, 5, 5).to(device)
     layer = torch.nn.Linear(5, 3).to(device)
-    with probe.host_random(torch) if host_random else contextlib.nullcontext():
+    with probe.host_random(torch, "xla") if host_random else contextlib.nullcontext():
         torch.nn.init.normal_(layer.weight, 0.0, 0.02)
         torch.nn.init.kaiming_uniform_(tensor=layer.bias.unsqueeze(0), a=1)
         out = [F.dropout(x, 0.3, training=True), F.dropout2d(x, 0.5), torch.nn.Dropout(0.2)(x),
