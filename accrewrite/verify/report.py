@@ -188,8 +188,8 @@ def check_graphs(side: Side, device: str) -> tuple[str, str | None]:
     counts = [step.get("graphs") or {"compiles": 0, "executions": 0} for step in side.records[min(side.records)]]
     last = counts[-1]
     settled = next((i + 1 for i, c in enumerate(counts) if c["compiles"] == last["compiles"]), len(counts))
-    summary = (f"{side.name}: {last['executions']} graph executions on the {device} device, {last['compiles']} "
-               f"compilations (the last in step {settled} of {len(counts)})")
+    summary = (f"{side.name}: {counted(last['executions'], 'graph execution')} on the {device} device, "
+               f"{counted(last['compiles'], 'compilation')} (the last in step {settled} of {len(counts)})")
     if last["executions"] == 0:
         return summary, f"{side.name} ran no graph on the {device} device: it trained on the CPU"
     half = counts[len(counts) // 2:]
