@@ -13,9 +13,9 @@ import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
 from accrewrite.concepts import CATALOGUE
+from accrewrite.plugins import entry_points
 from accrewrite.rule import Rule
 
 ENTRY_POINT_GROUP = "accrewrite.rules"

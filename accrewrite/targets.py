@@ -22,9 +22,9 @@ import string
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
-from importlib.metadata import entry_points
 
 from accrewrite.concepts import CATALOGUE, Definition, Kind
+from accrewrite.plugins import entry_points
 
 if sys.version_info >= (3, 11):
     import tomllib
