@@ -13,6 +13,7 @@ its value a package that holds ``<name>.toml``.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import functools
@@ -96,7 +97,7 @@ class Target:
     # The package of the target's own modules (``torch_xla``): a file importing from it is
     # written for this target. Empty for a target spelled with torch alone.
     package: str = ""
-    verify: Verification = field(default_factory=lambda: Verification())
+    verify: Verification = field(default_factory=Verification)
 
     def has(self, *concepts: str) -> bool:
         """Whether the target spells each concept or holds each capability."""
@@ -161,13 +162,20 @@ def _unknown_keys(table: dict, known: tuple[str, ...], where: str) -> None:
             raise ProfileError(f"{where}: unknown key {key!r}{_closest(key, known)} (known: {', '.join(known)})")
 
 
+def _table(data: dict, key: str, where: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: {key} is a table ([{key}] or {key} = {{ ... }}), not {value!r}")
+    return value
+
+
 def _parse(data: dict, origin: str) -> Target:
     _unknown_keys(data, _PROFILE_KEYS, origin)
     if not isinstance(data.get("name"), str) or not data["name"]:
         raise ProfileError(f"{origin}: no name = \"...\": the target's name, as --target takes it")
-    imports = dict(data.get("imports", {}))
-    concepts = {name: _concept(name, spec, imports, origin) for name, spec in data.get("concepts", {}).items()}
-    capabilities = _capabilities(data.get("capabilities", {}), origin)
+    imports = _imports(_table(data, "imports", origin), origin)
+    concepts = {name: _concept(name, spec, imports, origin) for name, spec in _table(data, "concepts", origin).items()}
+    capabilities = _capabilities(_table(data, "capabilities", origin), origin)
     _check_complete({*concepts, *capabilities}, origin)
     return Target(
         name=data["name"],
@@ -177,8 +185,20 @@ def _parse(data: dict, origin: str) -> Target:
         concepts=concepts,
         capabilities=capabilities,
         package=_package(imports.values(), origin),
-        verify=_verification(data.get("verify", {}), origin),
+        verify=_verification(_table(data, "verify", origin), origin),
     )
+
+
+def _imports(table: dict, origin: str) -> dict[str, str]:
+    """``[imports]``: each line one import statement (``import a.b as c``, ``from a import b``)."""
+    for key, line in table.items():
+        try:
+            statement = ast.parse(line).body if isinstance(line, str) else None
+        except SyntaxError:
+            statement = None
+        if not statement or len(statement) != 1 or not isinstance(statement[0], (ast.Import, ast.ImportFrom)):
+            raise ProfileError(f"{origin}: [imports] {key} = {line!r} is not one import statement")
+    return dict(table)
 
 
 def _concept(name: str, spec, imports: dict[str, str], origin: str) -> Concept:
@@ -281,7 +301,7 @@ def _verification(table, origin: str) -> Verification:
     environment = table.get("environment", {})
     if not isinstance(environment, dict) or not all(isinstance(v, str) for v in environment.values()):
         raise ProfileError(f"{where}: environment is a table of strings (NAME = \"value\")")
-    executions = table.get("executions", {})
+    executions = _table(table, "executions", where)
     _unknown_keys(executions, _EXECUTION_KEYS, f"{where} executions")
     if executions and set(executions) != set(_EXECUTION_KEYS):
         raise ProfileError(f"{where}: executions names {', '.join(_EXECUTION_KEYS)}, all three")

@@ -93,6 +93,8 @@ def profile(**concepts):
     ({**profile(), "verify": {"device": "xpu", "executions": {"metrics": "m"}}},
      "executions names metrics, compiles, executions, all three"),
     ({"name": "xpu", "concepts": {}}, "xpu.toml: no [concepts.device] (the training device"),
+    ({**profile(), "imports": {"torch": "torch"}}, "[imports] torch = 'torch' is not one import statement"),
+    ({**profile(), "verify": "xpu"}, "xpu.toml: verify is a table ([verify] or verify = { ... }), not 'xpu'"),
 ])
 def test_a_profile_is_checked_against_the_catalogue_when_it_loads(data, message):
     with pytest.raises(targets.ProfileError) as raised:
