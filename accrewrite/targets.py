@@ -173,6 +173,8 @@ def _parse(data: dict, origin: str) -> Target:
     _unknown_keys(data, _PROFILE_KEYS, origin)
     if not isinstance(data.get("name"), str) or not data["name"]:
         raise ProfileError(f"{origin}: no name = \"...\": the target's name, as --target takes it")
+    if not str(data.get("guard_function", "_")).isidentifier():
+        raise ProfileError(f"{origin}: guard_function = {data['guard_function']!r} is not a Python name")
     imports = _imports(_table(data, "imports", origin), origin)
     concepts = {name: _concept(name, spec, imports, origin) for name, spec in _table(data, "concepts", origin).items()}
     capabilities = _capabilities(_table(data, "capabilities", origin), origin)
@@ -341,8 +343,8 @@ def _load(profile, origin: str) -> Target:
 
 
 def _installed_profiles():
-    """(profile file, origin) for each target of the ``accrewrite.targets`` entry points: an
-    entry point names a package that holds ``<entry point's name>.toml``."""
+    """(target name, profile file, origin) for each ``accrewrite.targets`` entry point: it names a
+    package that holds ``<entry point's name>.toml``."""
     for entry_point in entry_points(group=ENTRY_POINT_GROUP):
         where = f"{ENTRY_POINT_GROUP} entry point {entry_point.name!r} = {entry_point.value!r}"
         try:
