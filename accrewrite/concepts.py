@@ -1,5 +1,6 @@
 """The catalogue of concepts: everything a rule may ask a target for, what it means, and how a
-profile (``rules/targets/*.toml``) may spell it. A profile is checked against it when it loads.
+profile (``rules/targets/*.toml``, or an installed package's) may spell it. A profile is checked
+against it when it loads.
 
 Kinds:
 
@@ -58,9 +59,10 @@ EXPRESSION, STATEMENTS, SPELLING, CAPABILITY = Kind
 
 _DEFINITIONS = (
     # The device and placement (ACC002, ACC003, ACC106)
-    Definition("device", EXPRESSION, "the training device, where the script said torch.device('cuda')", required=True),
-    Definition("set_replication", STATEMENTS, "registers the device with the target's replication after it is chosen",
-               ("device",)),
+    Definition("device", EXPRESSION, "the training device, where the script said torch.device('cuda')",
+               required=True),
+    Definition("set_replication", STATEMENTS,
+               "registers the device with the target's replication after it is chosen", ("device",)),
     Definition("accelerator_available", EXPRESSION,
                "what an availability test in front of a device choice becomes (torch.cuda.is_available())"),
     Definition("keep_parameters_on_move", STATEMENTS,
@@ -72,8 +74,9 @@ _DEFINITIONS = (
     Definition("device_save", EXPRESSION, "torch.save of device tensors (brought to the CPU first)", ("obj", "path")),
     Definition("pin_memory", EXPRESSION, "a DataLoader's pin_memory where the script gave none"),
     # Seeding (ACC001)
-    Definition("seed", STATEMENTS, "seeds the target's random number generators; with keep, torch's seed call stays",
-               ("seed",), flags=("keep",)),
+    Definition("seed", STATEMENTS,
+               "seeds the target's random number generators; with keep, torch's seed call stays", ("seed",),
+               flags=("keep",)),
     # Steps and gradients (ACC005, ACC006, ACC008, ACC009)
     Definition("gradient_allreduce", STATEMENTS,
                "averages the gradients of the optimizer's parameters over the workers; a target that spells "
@@ -83,22 +86,22 @@ _DEFINITIONS = (
                needs=("optimizer_step_closure",)),
     Definition("optimizer_step_closure", EXPRESSION,
                "optimizer_step for an optimizer whose step takes a closure (LBFGS)", ("optimizer", "closure")),
-    Definition("broadcast_master_param", STATEMENTS, "copies rank 0's parameters and buffers to every rank, as DDP's "
-               "constructor did", ("model",)),
+    Definition("broadcast_master_param", STATEMENTS,
+               "copies rank 0's parameters and buffers to every rank, as DDP's constructor did", ("model",)),
     Definition("null_context", SPELLING, "a context manager that does nothing (model.no_sync without DDP)"),
     Definition("syncfree_optimizer", SPELLING, "the optimizer class that steps without waiting for the device",
                ("name",)),
-    Definition("step_closure", EXPRESSION, "runs a function with its arguments at the step's end", ("closure", "args",
-               "run_async"), needs=("mark_step",)),
-    Definition("mark_step", STATEMENTS, "ends a step: runs pending step closures and, where execution is lazy, the "
-               "step's graph"),
+    Definition("step_closure", EXPRESSION, "runs a function with its arguments at the step's end",
+               ("closure", "args", "run_async"), needs=("mark_step",)),
+    Definition("mark_step", STATEMENTS,
+               "ends a step: runs pending step closures and, where execution is lazy, the step's graph"),
     Definition("flush_at_exit", STATEMENTS, "runs pending step closures at interpreter exit"),
     # Processes (ACC004, ACC010)
     Definition("dist_backend", EXPRESSION, "init_process_group's backend"),
     Definition("dist_init_method", EXPRESSION, "init_process_group's init method; with keep, a script's own stays",
                flags=("keep",)),
-    Definition("dist_assigned_rank", EXPRESSION, "the rank, where the init method assigns it", needs=(
-        "dist_assigned_world_size",)),
+    Definition("dist_assigned_rank", EXPRESSION, "the rank, where the init method assigns it",
+               needs=("dist_assigned_world_size",)),
     Definition("dist_assigned_world_size", EXPRESSION, "the world size, where the init method assigns it"),
     Definition("spawn", SPELLING, "torch.multiprocessing.spawn's replacement, called with the same function"),
     Definition("device_count", EXPRESSION, "the number of devices the job trains on, one process each"),
@@ -129,8 +132,9 @@ _DEFINITIONS = (
                ("x", "shift", "window_size", "target")),
     Definition("auto_checkpoint", STATEMENTS, "activation checkpointing chosen for a model", ("model",)),
     # migrate --parallel (ACC030, ACC031)
-    Definition("parallel_accelerate", EXPRESSION, "a model sharded or tensor-parallel; {kind} is \"fsdp\", \"tp\" or "
-               "\"fsdp,tp\"", ("model", "kind"), needs=("gradient_sync_switch",)),
+    Definition("parallel_accelerate", EXPRESSION,
+               'a model sharded or tensor-parallel; {kind} is "fsdp", "tp" or "fsdp,tp"', ("model", "kind"),
+               needs=("gradient_sync_switch",)),
     Definition("gradient_sync_switch", STATEMENTS, "DDP's require_backward_grad_sync for a sharded model",
                ("model", "value")),
     Definition("full_state_export", STATEMENTS, "writes a sharded model's unsharded state dict", ("path", "model")),

@@ -87,7 +87,8 @@ def profile(**concepts):
      "xpu.toml: 'step_closure' needs 'mark_step' too"),
     (profile(autocast={"expr": "torch.autocast"}), "'autocast' needs one of 'grad_scaler', 'disabled_grad_scaler'"),
     ({**profile(), "concept": {}}, "xpu.toml: unknown key 'concept'; did you mean 'concepts'?"),
-    ({**profile(), "capabilities": {"lazy_exec": True}}, "'lazy_exec' is no capability; did you mean 'lazy_execution'?"),
+    ({**profile(), "capabilities": {"lazy_exec": True}},
+     "'lazy_exec' is no capability; did you mean 'lazy_execution'?"),
     ({**profile(), "capabilities": {"device": True}}, "'device' is no capability: 'device' has a spelling"),
     ({**profile(), "verify": {"host_random": True}}, "[verify]: host_random and executions are about the device"),
     ({**profile(), "verify": {"device": "xpu", "executions": {"metrics": "m"}}},
@@ -223,7 +224,8 @@ def test_a_package_installed_outside_accrewrite_adds_a_fourth_target_that_migrat
         compile(tree, name, "exec")
         assert "torch.device('xpu', int(os.environ.get('LOCAL_RANK', 0)))" in text, name
         calls = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
-        placing = {"torch.cuda.set_device", "torch.cuda.synchronize", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all"}
+        placing = {"torch.cuda.set_device", "torch.cuda.synchronize", "torch.cuda.manual_seed",
+                   "torch.cuda.manual_seed_all"}
         assert not {call for call in calls if call.endswith(".cuda") or call in placing}, name
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         assert not {module for module in imported if module.startswith(("accrewrite", "torch_xla"))}, name
@@ -232,4 +234,5 @@ def test_a_package_installed_outside_accrewrite_adds_a_fourth_target_that_migrat
     assert "torch.xpu.manual_seed_all(" in migrated["mnist"]
     assert accrewrite("migrate", scripts, "--target", "xpu", "--check")[0] == 0  # nothing left to change
     code, out, err = accrewrite("migrate", scripts, "--target", "xpuu")
-    assert code == 2 and "unknown target 'xpuu'; did you mean 'xpu'? (choose from runtime, torch_xla, torchacc, xpu)" in err
+    assert code == 2
+    assert "unknown target 'xpuu'; did you mean 'xpu'? (choose from runtime, torch_xla, torchacc, xpu)" in err
