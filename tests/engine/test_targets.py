@@ -168,8 +168,7 @@ def package(tmp_path, monkeypatch, name, **profiles):
     return __import__(name)
 
 
-def test_an_installed_target_is_named_as_its_entry_point_and_takes_no_other_targets_name(installed, tmp_path,
-                                                                                          monkeypatch):
+def test_an_installed_target_is_named_as_its_entry_point(installed, tmp_path, monkeypatch):
     xpu = (XPU / "acc_xpu" / "xpu.toml").read_text()
     installed("gpu", package(tmp_path, monkeypatch, "acc_gpu", gpu=xpu))
     with pytest.raises(targets.ProfileError, match="the profile is named 'xpu', its entry point 'gpu'"):
@@ -182,6 +181,19 @@ def test_an_installed_target_takes_no_bundled_targets_name(installed, tmp_path, 
     with pytest.raises(targets.ProfileError, match=r"acc_runtime/runtime.toml \(.*\) and runtime.toml both define "
                                                    "target 'runtime'"):
         targets.all_targets()
+
+
+def test_a_broken_installed_profile_is_an_error_that_names_its_file(installed, tmp_path, monkeypatch, capsys):
+    npu = ('name = "npu"\n[concepts.device]\nexpr = "torch.device(\'npu\')"\n'
+           '[concepts.sychronize]\nexpr = "torch.npu.synchronize()"\n')
+    installed("npu", package(tmp_path, monkeypatch, "acc_npu", npu=npu))
+    assert cli.main(["rules"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    where = tmp_path / "acc_npu" / "npu.toml"
+    assert f"error: {where} (accrewrite.targets entry point 'npu' = 'acc_npu'): [concepts.sychronize]" in err
+    assert "did you mean 'synchronize'?" in err
+
+
 def test_a_rule_that_needs_an_uncatalogued_concept_is_refused(monkeypatch):
     class Shard(Rule):
         code, name, summary, concepts = "XYZ002", "shard", "demo", ("devcie",)
