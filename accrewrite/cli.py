@@ -21,7 +21,7 @@ from rich.table import Table
 from accrewrite import __version__
 from accrewrite.choices import FORMATS, ORIGINAL, positive
 from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS  # the runtime's table; torch-free
-from accrewrite.targets import DEFAULT_TARGET, all_targets, unknown_target
+from accrewrite.targets import DEFAULT_TARGET, ProfileError, all_targets, unknown_target
 
 if TYPE_CHECKING:
     from accrewrite.engine import Options
@@ -62,6 +62,7 @@ def _codes(value: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    targets = "{" + ",".join(all_targets()) + "}"
     parser = argparse.ArgumentParser(
         prog="accrewrite",
         description="Migrate PyTorch CUDA training scripts to TorchAcc, torch_xla or accrewrite.runtime.",
@@ -73,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("paths", nargs="+", metavar="PATH", help="files or directories; - for standard input")
     migrate.add_argument("--stdin-filename", metavar="NAME",
                          help="the name of what `-` reads (for messages and the pyproject.toml it uses)")
-    migrate.add_argument("--target", type=_target, metavar=_TARGETS, help=f"default: {DEFAULT_TARGET}")
+    migrate.add_argument("--target", type=_target, metavar=targets, help=f"default: {DEFAULT_TARGET}")
     modes = migrate.add_mutually_exclusive_group()
     modes.add_argument("--diff", dest="mode", action="store_const", const="diff", help="print a diff (default)")
     modes.add_argument("--in-place", dest="mode", action="store_const", const="in-place", help="rewrite the files")
@@ -115,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
                     "the migrated side fails, 2 when the original cannot run or verify cannot set up.",
     )
     verify.add_argument("script", metavar="SCRIPT")
-    verify.add_argument("--target", type=_target, metavar=_TARGETS, default=DEFAULT_TARGET)
+    verify.add_argument("--target", type=_target, metavar=targets, default=DEFAULT_TARGET)
     verify.add_argument("--steps", type=positive(int), metavar="N",
                         help="stop each side after N optimizer steps (default: run to the script's end)")
     verify.add_argument("--nproc", type=positive(int), default=1, metavar="N", help="processes, under torchrun")
@@ -133,9 +134,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds per side (default 900)")
     verify.add_argument("--keep", action="store_true", help="keep the workspace, records and logs")
     return parser
-
-
-_TARGETS = "{" + ",".join(all_targets()) + "}"
 
 
 def _target(value: str) -> str:
@@ -374,13 +372,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["verify"] and "--" in argv:  # the script's own arguments, never accrewrite's
         split = argv.index("--")
         argv, script_args = argv[:split], argv[split + 1:]
-    parser = _parser()
+    out, err = _Console(), _Console(stderr=True)
+    try:
+        parser = _parser()  # reads the targets' profiles, installed ones included
+    except ProfileError as exc:
+        return _error(err, str(exc))
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         after = "; the script's own arguments go after `--`: accrewrite verify SCRIPT [options] -- ARGS"
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{after if args.command == 'verify' else ''}")
     args.script_args = script_args
-    out, err = _Console(), _Console(stderr=True)
     commands = {"migrate": lambda: _migrate(args, out, err), "rules": lambda: _rules(args, out),
                 "explain": lambda: _explain(args, out, err), "verify": lambda: _verify(args, out, err)}
     try:

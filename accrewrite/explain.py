@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from accrewrite.concepts import CATALOGUE
 from accrewrite.rule import Rule
 
 
@@ -18,11 +19,20 @@ def _code_block(code: str) -> str:
     return f"{fence}python\n{code.rstrip()}\n{fence}"
 
 
+def _needs(rule: type[Rule]) -> str:
+    """The concepts a target must have for the rule to run there, as the catalogue says them."""
+    if not rule.concepts:
+        return ""
+    return "*Runs on a target that has " + "; ".join(
+        f"`{name}`: {CATALOGUE[name].meaning}" for name in rule.concepts) + ".*"
+
+
 def markdown(rule: type[Rule]) -> str:
     parts = [
         f"# {rule.code} {rule.name}",
         rule.summary,
         f"*{kind(rule)}; targets: {', '.join(rule.supported_targets())}*",
+        _needs(rule),
         rule.documentation(),
     ]
     for number, example in enumerate(rule.examples, start=1):

@@ -7,13 +7,15 @@ module (every Rule subclass defined in it is registered) or a single Rule class.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 
+from accrewrite.concepts import CATALOGUE
+from accrewrite.plugins import entry_points
 from accrewrite.rule import Rule
 
 ENTRY_POINT_GROUP = "accrewrite.rules"
@@ -51,6 +53,12 @@ def all_rules() -> dict[str, type[Rule]]:
     by_code: dict[str, type[Rule]] = {}
     by_name: dict[str, type[Rule]] = {}
     for rule in found:
+        for concept in rule.concepts:
+            if concept not in CATALOGUE:
+                close = difflib.get_close_matches(concept, list(CATALOGUE), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise RuntimeError(f"rule {rule.code} ({rule.__module__}) needs concept {concept!r}, which is not in "
+                                   f"the catalogue (accrewrite/concepts.py){hint}")
         for table, key in ((by_code, rule.code), (by_name, rule.name)):
             clash = table.setdefault(key, rule)
             if clash is not rule:

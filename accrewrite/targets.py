@@ -1,20 +1,31 @@
 """Target profiles: how each target spells the concepts that rules ask for.
 
 Rules decide *where* a change goes and *which concept* it needs ("the device", "the seed call");
-a profile in ``rules/targets/<name>.toml`` decides the spelling: a code template and the import
-lines it needs. A concept missing from a profile means the target lacks it.
+a target's profile, one TOML file, decides the spelling: a code template and the import lines it
+needs, the capabilities its device has, and what ``accrewrite verify`` needs of it. A concept
+missing from a profile means the target lacks it. Profiles are checked against the catalogue of
+concepts (``accrewrite.concepts``) when they load.
+
+The bundled profiles are ``rules/targets/<name>.toml``. An installed package adds a target
+through the ``accrewrite.targets`` entry-point group: the entry point's name is the target's,
+its value a package that holds ``<name>.toml``.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import functools
 import os
 import re
+import string
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
+
+from accrewrite.concepts import CATALOGUE, Definition, Kind
+from accrewrite.plugins import entry_points
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,6 +68,24 @@ class Concept:
 
 
 @dataclass(frozen=True)
+class Verification:
+    """What ``accrewrite verify`` needs of a target: the profile's ``[verify]`` table."""
+
+    # The type of the device a side trains on, as torch names it ("xla").
+    device: str = ""
+    # Random numbers for the device are drawn by the CPU generator and moved there, so that
+    # dropout and noise draw what the original's CPU run draws.
+    host_random: bool = False
+    # Set in each side's processes where the user has not set them.
+    environment: dict[str, str] = field(default_factory=dict)
+    # A module whose ``metric_data(name)`` gives (count, ...) as torch_xla's metrics do, and the
+    # metrics that count the graphs a side compiled and executed; empty: not counted.
+    metrics: str = ""
+    compile_metric: str = ""
+    execution_metric: str = ""
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     summary: str
@@ -64,12 +93,15 @@ class Target:
     guard_function: str = "enable_accelerator"
     imports: dict[str, str] = field(default_factory=dict)
     concepts: dict[str, Concept] = field(default_factory=dict)
+    capabilities: frozenset[str] = frozenset()
     # The package of the target's own modules (``torch_xla``): a file importing from it is
-    # written for this target.
+    # written for this target. Empty for a target spelled with torch alone.
     package: str = ""
+    verify: Verification = field(default_factory=Verification)
 
     def has(self, *concepts: str) -> bool:
-        return all(name in self.concepts for name in concepts)
+        """Whether the target spells each concept or holds each capability."""
+        return all(name in self.concepts or name in self.capabilities for name in concepts)
 
     def concept(self, name: str) -> Concept:
         try:
@@ -108,58 +140,238 @@ class Target:
         return dataclasses.replace(self, imports={k: rename(v) for k, v in self.imports.items()}, concepts=concepts)
 
 
+class ProfileError(ValueError):
+    """A target profile that cannot be used; the message names its file and what to change."""
+
+
+ENTRY_POINT_GROUP = "accrewrite.targets"
+_PROFILE_KEYS = ("name", "summary", "guard_function", "imports", "concepts", "capabilities", "verify")
+_SPELLING_KEYS = ("expr", "stmts", "imports", "keep", "rebind")
+_VERIFY_KEYS = ("device", "host_random", "environment", "executions")
+_EXECUTION_KEYS = ("metrics", "compiles", "executions")
+
+
+def _closest(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _unknown_keys(table: dict, known: tuple[str, ...], where: str) -> None:
+    for key in table:
+        if key not in known:
+            raise ProfileError(f"{where}: unknown key {key!r}{_closest(key, known)} (known: {', '.join(known)})")
+
+
+def _table(data: dict, key: str, where: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: {key} is a table ([{key}] or {key} = {{ ... }}), not {value!r}")
+    return value
+
+
 def _parse(data: dict, origin: str) -> Target:
-    imports = dict(data.get("imports", {}))
-    concepts = {}
-    for name, spec in data.get("concepts", {}).items():
-        unknown = set(spec) - {"expr", "stmts", "imports", "keep", "rebind"}
-        if unknown:
-            raise ValueError(f"{origin}: concept {name!r} has unknown keys {sorted(unknown)}")
-        if ("expr" in spec) == ("stmts" in spec):
-            raise ValueError(f"{origin}: concept {name!r} needs exactly one of expr or stmts")
-        for key in spec.get("imports", ()):
-            if key not in imports:
-                raise ValueError(f"{origin}: concept {name!r} imports {key!r}, not in [imports]")
-        concepts[name] = Concept(
-            name=name,
-            expr=spec.get("expr"),
-            stmts=tuple(spec.get("stmts", ())),
-            imports=tuple(spec.get("imports", ())),
-            keep=bool(spec.get("keep", False)),
-            rebind=bool(spec.get("rebind", True)),
-        )
+    _unknown_keys(data, _PROFILE_KEYS, origin)
+    if not isinstance(data.get("name"), str) or not data["name"]:
+        raise ProfileError(f"{origin}: no name = \"...\": the target's name, as --target takes it")
+    if not str(data.get("guard_function", "_")).isidentifier():
+        raise ProfileError(f"{origin}: guard_function = {data['guard_function']!r} is not a Python name")
+    imports = _imports(_table(data, "imports", origin), origin)
+    concepts = {name: _concept(name, spec, imports, origin) for name, spec in _table(data, "concepts", origin).items()}
+    capabilities = _capabilities(_table(data, "capabilities", origin), origin)
+    _check_complete({*concepts, *capabilities}, origin)
     return Target(
         name=data["name"],
         summary=data.get("summary", ""),
         guard_function=data.get("guard_function", Target.guard_function),
         imports=imports,
         concepts=concepts,
+        capabilities=capabilities,
         package=_package(imports.values(), origin),
+        verify=_verification(_table(data, "verify", origin), origin),
+    )
+
+
+def _imports(table: dict, origin: str) -> dict[str, str]:
+    """``[imports]``: each line one import statement (``import a.b as c``, ``from a import b``)."""
+    for key, line in table.items():
+        try:
+            statement = ast.parse(line).body if isinstance(line, str) else None
+        except SyntaxError:
+            statement = None
+        if not statement or len(statement) != 1 or not isinstance(statement[0], (ast.Import, ast.ImportFrom)):
+            raise ProfileError(f"{origin}: [imports] {key} = {line!r} is not one import statement")
+    return dict(table)
+
+
+def _concept(name: str, spec, imports: dict[str, str], origin: str) -> Concept:
+    """One ``[concepts.NAME]`` table, checked against the catalogue."""
+    where = f"{origin}: [concepts.{name}]"
+    definition = CATALOGUE.get(name)
+    if definition is None:
+        raise ProfileError(f"{where}: {name!r} is no concept a rule asks for{_closest(name, CATALOGUE)} "
+                           "(the catalogue is accrewrite/concepts.py)")
+    if definition.kind is Kind.CAPABILITY:
+        raise ProfileError(f"{where}: {name!r} is a capability, which has no spelling: list it under "
+                           f"[capabilities] as {name} = true")
+    if not isinstance(spec, dict):
+        raise ProfileError(f"{where}: a table of {', '.join(_SPELLING_KEYS)}, not {spec!r}")
+    _unknown_keys(spec, _SPELLING_KEYS, where)
+    forms = [key for key in ("expr", "stmts") if key in spec]
+    if len(forms) != 1 or forms[0] not in definition.forms:
+        raise ProfileError(f"{where}: {name!r} is {_article(definition.kind.value)}, spelled with "
+                           f"{' or '.join(definition.forms)} (one of them)")
+    for flag in ("keep", "rebind"):
+        if flag in spec and flag not in definition.flags:
+            raise ProfileError(f"{where}: {flag!r} means nothing for {name!r}")
+    for key in spec.get("imports", ()):
+        if key not in imports:
+            raise ProfileError(f"{where}: imports {key!r}, not in [imports]{_closest(key, imports)}")
+    texts = [spec["expr"]] if "expr" in spec else spec["stmts"]
+    if isinstance(texts, str) or not texts or not all(isinstance(text, str) for text in texts):
+        raise ProfileError(f"{where}: {forms[0]} is {'a string' if forms[0] == 'expr' else 'a list of strings'}")
+    for text in texts:
+        _check_template(text, definition, "eval" if forms[0] == "expr" else "exec", where)
+    return Concept(
+        name=name,
+        expr=spec.get("expr"),
+        stmts=tuple(spec.get("stmts", ())),
+        imports=tuple(spec.get("imports", ())),
+        keep=bool(spec.get("keep", False)),
+        rebind=bool(spec.get("rebind", True)),
+    )
+
+
+def _article(word: str) -> str:
+    return word if word.endswith("s") else f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
+def _check_template(text: str, definition: Definition, mode: str, where: str) -> None:
+    """The placeholders are the rule's, and the text is Python once they are filled."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(text) if field is not None]
+    except ValueError as exc:
+        raise ProfileError(f"{where}: {text!r}: {exc} (a literal brace is written twice)") from None
+    for field_name in fields:
+        if field_name not in definition.placeholders:
+            filled = ", ".join(f"{{{p}}}" for p in definition.placeholders) or "none"
+            raise ProfileError(f"{where}: {text!r} uses {{{field_name}}}, which the rules do not fill "
+                               f"(they fill: {filled})")
+    try:
+        compile(text.format(**{p: "_" for p in definition.placeholders}), where, mode)
+    except SyntaxError as exc:
+        raise ProfileError(f"{where}: {text!r} is not a Python {'expression' if mode == 'eval' else 'statement'} "
+                           f"({exc.msg})") from None
+
+
+def _capabilities(table, origin: str) -> frozenset[str]:
+    where = f"{origin}: [capabilities]"
+    held = set()
+    for name, value in table.items():
+        definition = CATALOGUE.get(name)
+        if definition is None or definition.kind is not Kind.CAPABILITY:
+            capabilities = [n for n, d in CATALOGUE.items() if d.kind is Kind.CAPABILITY]
+            hint = (f": {name!r} has a spelling, in a [concepts.{name}] table" if definition is not None
+                    else _closest(name, capabilities))
+            raise ProfileError(f"{where}: {name!r} is no capability{hint} (capabilities: {', '.join(capabilities)})")
+        if not isinstance(value, bool):
+            raise ProfileError(f"{where}: {name} = true or false, not {value!r}")
+        if value:
+            held.add(name)
+    return frozenset(held)
+
+
+def _check_complete(held: set[str], origin: str) -> None:
+    """Every target has the required concepts, and each concept comes with what the rules that
+    use it read unasked."""
+    for name, definition in CATALOGUE.items():
+        if definition.required and name not in held:
+            raise ProfileError(f"{origin}: no [concepts.{name}] ({definition.meaning}): every target spells it")
+        if name not in held:
+            continue
+        for needed in definition.needs:
+            if needed not in held:
+                raise ProfileError(f"{origin}: {name!r} needs {needed!r} too ({CATALOGUE[needed].meaning}): "
+                                   f"the rules that use {name!r} write it; add it")
+        if definition.needs_one_of and not held & set(definition.needs_one_of):
+            raise ProfileError(f"{origin}: {name!r} needs one of {', '.join(map(repr, definition.needs_one_of))} "
+                               f"too: the rules that use {name!r} write it; add one")
+
+
+def _verification(table, origin: str) -> Verification:
+    where = f"{origin}: [verify]"
+    _unknown_keys(table, _VERIFY_KEYS, where)
+    environment = table.get("environment", {})
+    if not isinstance(environment, dict) or not all(isinstance(v, str) for v in environment.values()):
+        raise ProfileError(f"{where}: environment is a table of strings (NAME = \"value\")")
+    executions = _table(table, "executions", where)
+    _unknown_keys(executions, _EXECUTION_KEYS, f"{where} executions")
+    if executions and set(executions) != set(_EXECUTION_KEYS):
+        raise ProfileError(f"{where}: executions names {', '.join(_EXECUTION_KEYS)}, all three")
+    device = table.get("device", "")
+    if (executions or table.get("host_random")) and not device:
+        raise ProfileError(f"{where}: host_random and executions are about the device: name it (device = \"...\")")
+    return Verification(
+        device=device,
+        host_random=bool(table.get("host_random", False)),
+        environment=dict(environment),
+        metrics=executions.get("metrics", ""),
+        compile_metric=executions.get("compiles", ""),
+        execution_metric=executions.get("executions", ""),
     )
 
 
 def _package(lines, origin: str) -> str:
     """The package that a profile's import lines have in common, leaving out the modules a plain
-    PyTorch script imports already (the standard library's, torch's)."""
+    PyTorch script imports already (the standard library's, torch's); none for a target spelled
+    with those alone."""
     own = [
         module.split(".") for module in (line.split()[1] for line in lines)
         if module.split(".")[0] not in sys.stdlib_module_names and module.split(".")[0] != "torch"
     ]
     common = os.path.commonprefix(own)  # element by element: dotted names' parts
-    if not common:
-        raise ValueError(f"{origin}: the target's own imports have no package in common")
+    if own and not common:
+        raise ProfileError(f"{origin}: the target's own imports have no package in common")
     return ".".join(common)
+
+
+def _load(profile, origin: str) -> Target:
+    try:
+        data = tomllib.loads(profile.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ProfileError(f"{origin}: {exc}") from None
+    return _parse(data, origin)
+
+
+def _installed_profiles():
+    """(target name, profile file, origin) for each ``accrewrite.targets`` entry point: it names a
+    package that holds ``<entry point's name>.toml``."""
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        where = f"{ENTRY_POINT_GROUP} entry point {entry_point.name!r} = {entry_point.value!r}"
+        try:
+            profile = resources.files(entry_point.load()).joinpath(f"{entry_point.name}.toml")
+        except (ImportError, TypeError) as exc:
+            raise ProfileError(f"{where}: cannot load its package ({exc})") from None
+        if not profile.is_file():
+            raise ProfileError(f"{where}: no {entry_point.name}.toml in that package")
+        yield entry_point.name, profile, f"{profile} ({where})"
 
 
 @functools.cache
 def all_targets() -> dict[str, Target]:
-    """Every bundled target profile by name, in a stable order."""
+    """Every target by name: the bundled profiles, then those that installed packages add."""
     folder = resources.files("accrewrite.rules").joinpath("targets")
-    targets = {}
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".toml"):
-            target = _parse(tomllib.loads(entry.read_text(encoding="utf-8")), entry.name)
-            targets[target.name] = target
+    sources = [(None, entry, entry.name) for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+               if entry.name.endswith(".toml")]
+    targets: dict[str, Target] = {}
+    origins: dict[str, str] = {}
+    for claimed, profile, origin in [*sources, *_installed_profiles()]:
+        target = _load(profile, origin)
+        if claimed is not None and target.name != claimed:
+            raise ProfileError(f"{origin}: the profile is named {target.name!r}, its entry point {claimed!r}: "
+                               "give both one name")
+        if target.name in targets:
+            raise ProfileError(f"{origin} and {origins[target.name]} both define target {target.name!r}")
+        targets[target.name], origins[target.name] = target, origin
     return targets
 
 

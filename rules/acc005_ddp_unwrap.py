@@ -57,7 +57,8 @@ class DdpUnwrap(Rule):
     code = "ACC005"
     name = "ddp-unwrap"
     summary = "DistributedDataParallel/DataParallel wrapping removed; model.module, no_sync() follow"
-    concepts = ()
+    # Only a target that reduces gradients where the optimizer steps trains without the wrapper.
+    concepts = ("gradient_allreduce",)
     triggers = frozenset({"DistributedDataParallel", "DataParallel", "module", "no_sync", _SYNC_FLAG})
     examples = (
         Example(

@@ -1,5 +1,5 @@
 """Before ``accrewrite verify`` runs anything: can each side's interpreter import what it needs?
-A missing torch_xla is said at once, not after the original has trained."""
+A missing target package is said at once, not after the original has trained."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 
 from accrewrite.targets import all_targets
 
-_TIMEOUT = 300  # seconds: importing torch_xla cold can take a minute
+_TIMEOUT = 300  # seconds: importing a target's package (torch_xla) cold can take a minute
 _IMPORT = """\
 import importlib, json, sys
 failed = {}
@@ -22,7 +22,9 @@ print(json.dumps(failed))
 
 
 def needs(target: str | None) -> tuple[str, ...]:
-    return ("torch",) if target is None else ("torch", all_targets()[target].package)
+    """torch, and the target's own package where it has one."""
+    package = all_targets()[target].package if target is not None else ""
+    return ("torch", package) if package else ("torch",)
 
 
 def problems(sides: list[tuple[str, str | None, str]]) -> list[str]:

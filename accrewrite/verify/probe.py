@@ -17,20 +17,25 @@ A step's line holds:
   signs (the same on every side), so two runs that apply the same updates agree and any other
   update shows; ``change``: that change's norm, the scale the checksums are compared at;
 * ``time``: when the step ended (seconds since the epoch);
-* ``xla``: under torch_xla, how many graphs it has compiled and executed so far.
+* ``graphs``: where the target counts them (``ACCREWRITE_VERIFY_EXECUTIONS=MODULE:COMPILES:EXECUTIONS``,
+  from its profile's ``[verify.executions]``), how many graphs the process has compiled and
+  executed so far: MODULE's ``metric_data`` of those two metrics, read once the script has
+  imported MODULE's package.
 
 With ``ACCREWRITE_VERIFY_STEPS=N`` the process ends after N steps (``SystemExit(0)`` from the
 optimizer step, so ``finally`` blocks and launchers see an orderly end), with a last line
-``{"stopped": N}``: the rest of the script is not run. With ``ACCREWRITE_VERIFY_HOST_RANDOM=1``
-(verify sets it for torch_xla sides), random numbers for the XLA device are drawn by the CPU
-generator and moved there, so that dropout and noise draw what the original's CPU run draws.
+``{"stopped": N}``: the rest of the script is not run. With ``ACCREWRITE_VERIFY_HOST_RANDOM=TYPE``
+(verify sets it where the target's profile asks, ``[verify] host_random``), random numbers for
+devices of that type are drawn by the CPU generator and moved there, so that dropout and noise
+draw what the original's CPU run draws.
 
 It imports nothing of accrewrite's, so that it runs in any interpreter with torch (the one with
-torch_xla, say), and does nothing in a process that has no torch.
+the target's package, say), and does nothing in a process that has no torch.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -43,6 +48,7 @@ STEPS = "ACCREWRITE_VERIFY_STEPS"
 NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # a seed (not 0): nudge the parameters before their first use
 NUDGE_SIZE = 1e-6  # relative; at least one unit in the last place of the parameter's dtype
 HOST_RANDOM = "ACCREWRITE_VERIFY_HOST_RANDOM"
+EXECUTIONS = "ACCREWRITE_VERIFY_EXECUTIONS"
 EXIT_GRACE = "ACCREWRITE_VERIFY_EXIT_GRACE"  # the runtime's _process_exit.py, by its path
 
 
@@ -140,9 +146,9 @@ class Recorder:
         self.step += 1
         record = {"step": self.step, "loss": sum(losses) / len(losses) if losses else None, "checksum": checksum,
                   "change": squares ** 0.5, "time": time.time()}
-        xla = _xla_counts()
-        if xla is not None:
-            record["xla"] = xla
+        graphs = _graph_counts()
+        if graphs is not None:
+            record["graphs"] = graphs
         self.losses = []
         self._write(record)
         if self.nudged is not None:
@@ -168,16 +174,23 @@ def _parameters(optimizer):
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _xla_counts() -> dict | None:
-    if "torch_xla" not in sys.modules:
+def _graph_counts() -> dict | None:
+    """The graphs compiled and executed so far, where the target counts them and the script has
+    imported its package (importing it here would start its runtime in a process that does
+    not use it)."""
+    spec = os.environ.get(EXECUTIONS)
+    if not spec:
         return None
-    import torch_xla.debug.metrics as metrics
+    module, compiles, executions = spec.split(":")
+    if module.split(".")[0] not in sys.modules:
+        return None
+    metrics = importlib.import_module(module)
 
     def count(name):
         data = metrics.metric_data(name)
         return data[0] if data else 0
 
-    return {"compiles": count("CompileTime"), "executions": count("ExecuteTime")}
+    return {"compiles": count(compiles), "executions": count(executions)}
 
 
 def install(recorder: Recorder) -> None:
@@ -207,10 +220,11 @@ def install(recorder: Recorder) -> None:
     os.register_at_fork(after_in_child=recorder._begin)  # born at the fork, not at its first step
 
 
-def host_random(torch):
-    """A torch function mode in which what draws random numbers for the XLA device draws them on
-    the CPU generator and moves them there; to the XLA graph they are an input, as a batch is.
-    Every other call goes through untouched (a dispatch mode would change XLA's lowering)."""
+def host_random(torch, device_type: str):
+    """A torch function mode in which what draws random numbers for devices of ``device_type``
+    draws them on the CPU generator and moves them there; to a lazy device's graph they are an
+    input, as a batch is. Every other call goes through untouched (a dispatch mode would change
+    XLA's lowering)."""
     from torch.overrides import TorchFunctionMode
 
     F, T = torch.nn.functional, torch.Tensor
@@ -224,8 +238,8 @@ def host_random(torch):
     inits = {init.normal_, init.uniform_, init.trunc_normal_, init.kaiming_uniform_, init.kaiming_normal_,
              init.xavier_uniform_, init.xavier_normal_, init.orthogonal_, init.sparse_}
 
-    def on_xla(value):
-        return value is not None and torch.device(value).type == "xla"
+    def on_device(value):
+        return value is not None and torch.device(value).type == device_type
 
     class HostRandom(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -235,7 +249,7 @@ def host_random(torch):
             if func in inits:
                 return self.initialise(func, *args, **kwargs)
             device = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-            if func not in draws or not on_xla(device):
+            if func not in draws or not on_device(device):
                 return func(*args, **kwargs)
             host = [torch.empty(a.shape, dtype=a.dtype) if i == 0 and func in shaped
                     else a.cpu() if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
@@ -244,7 +258,7 @@ def host_random(torch):
 
         @staticmethod
         def initialise(func, tensor, *args, **kwargs):
-            if not on_xla(tensor.device):
+            if not on_device(tensor.device):
                 return func(tensor, *args, **kwargs)
             host = torch.empty(tensor.shape, dtype=tensor.dtype)
             func(host, *args, **kwargs)
@@ -253,7 +267,7 @@ def host_random(torch):
 
         @staticmethod
         def dropout(func, input, p=0.5, training=True, inplace=False):
-            if not training or p == 0 or not on_xla(input.device):
+            if not training or p == 0 or not on_device(input.device):
                 return func(input, p, training, inplace)
             # The CPU draws the mask it draws for the original: dropout of ones is the mask, scaled.
             noise = func(torch.ones(input.shape, dtype=input.dtype), p, True).to(input.device)
@@ -288,5 +302,5 @@ def start() -> None:
         numpy.random.seed(SEED)
     recorder.torch.manual_seed(SEED)
     install(recorder)
-    if os.environ.get(HOST_RANDOM) == "1":
-        host_random(recorder.torch).__enter__()  # for the life of the process
+    if os.environ.get(HOST_RANDOM):
+        host_random(recorder.torch, os.environ[HOST_RANDOM]).__enter__()  # for the life of the process

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from accrewrite.plural import counted
+from accrewrite.targets import all_targets
 from accrewrite.verify.probe import NUDGE_SIZE
 from accrewrite.verify.sides import Side, read_records
 from accrewrite.verify.verdict import CHAOTIC, FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
@@ -135,8 +136,9 @@ def conclude(out: Console, err: Console, first: Side, second: Side, comparison: 
     out.print(_table(first, second, comparison), soft_wrap=True)
     problems = []
     for side in (first, second):
-        if side.target == "torch_xla":
-            summary, problem = check_xla(side)
+        needs = all_targets()[side.target].verify if side.target is not None else None
+        if needs is not None and needs.metrics:
+            summary, problem = check_graphs(side, needs.device)
             out.print(summary, highlight=False)
             problems += [problem] if problem else []
     noise = _noise(floors, failures, rtol)
@@ -179,17 +181,17 @@ def _number(value) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def check_xla(side: Side) -> tuple[str, str | None]:
-    """What a torch_xla side ran on the XLA device, and why it failed although its numbers may
-    match: no XLA execution (it trained on the CPU), or a compilation in every step of the
-    second half (recompiling per step)."""
-    counts = [step.get("xla") or {"compiles": 0, "executions": 0} for step in side.records[min(side.records)]]
+def check_graphs(side: Side, device: str) -> tuple[str, str | None]:
+    """What a side whose target counts its graphs (``[verify.executions]``) ran on the device,
+    and why it failed although its numbers may match: no graph executed (it trained on the
+    CPU), or a compilation in every step of the second half (recompiling per step)."""
+    counts = [step.get("graphs") or {"compiles": 0, "executions": 0} for step in side.records[min(side.records)]]
     last = counts[-1]
     settled = next((i + 1 for i, c in enumerate(counts) if c["compiles"] == last["compiles"]), len(counts))
-    summary = (f"{side.name}: {last['executions']} XLA graph executions, {last['compiles']} compilations "
-               f"(the last in step {settled} of {len(counts)})")
+    summary = (f"{side.name}: {counted(last['executions'], 'graph execution')} on the {device} device, "
+               f"{counted(last['compiles'], 'compilation')} (the last in step {settled} of {len(counts)})")
     if last["executions"] == 0:
-        return summary, f"{side.name} ran no XLA graph: it trained on the CPU, not on the XLA device"
+        return summary, f"{side.name} ran no graph on the {device} device: it trained on the CPU"
     half = counts[len(counts) // 2:]
     if len(half) >= 3 and all(later["compiles"] > earlier["compiles"] for earlier, later in zip(half, half[1:])):
         return summary, f"{side.name} compiles a new graph every step ({last['compiles']} in {len(counts)} steps)"

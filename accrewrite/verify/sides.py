@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accrewrite.targets import all_targets
 from accrewrite.verify import probe
 
 HOOKS = Path(__file__).with_name("hooks")
@@ -64,9 +65,14 @@ def environment(side: Side, records: Path, steps: int | None, nproc: int) -> dic
            "PYTHONPATH": os.pathsep.join(filter(None, (str(HOOKS), os.environ.get("PYTHONPATH"))))}
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    if side.target == "torch_xla":
-        env.setdefault("PJRT_DEVICE", "CPU")
-        env[probe.HOST_RANDOM] = "1"  # the XLA device draws what the CPU draws: dropout and noise compare
+    if side.target is not None:
+        needs = all_targets()[side.target].verify
+        for name, value in needs.environment.items():
+            env.setdefault(name, value)
+        if needs.host_random:
+            env[probe.HOST_RANDOM] = needs.device
+        if needs.metrics:
+            env[probe.EXECUTIONS] = f"{needs.metrics}:{needs.compile_metric}:{needs.execution_metric}"
     return env
 
 

@@ -44,6 +44,7 @@ def test_a_narrow_terminal_rewraps_paragraphs_not_code(cli, monkeypatch, termina
 def test_piped_it_is_the_markdown_itself_unpadded_and_rules_are_a_line_each(cli):
     out = cli("explain", "ACC006")[1]
     assert out.startswith("# ACC006 ") and "```python" in out
+    assert "*Runs on a target that has `gradient_allreduce`: averages the gradients" in out  # the catalogue's words
     assert not [line for line in out.splitlines() if line != line.rstrip()]
     listed = cli("rules")[1].splitlines()
     assert len(listed) == len(all_rules()) and "…" not in "".join(listed)

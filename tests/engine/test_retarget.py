@@ -98,12 +98,16 @@ def test_the_cli_exits_2_and_migrates_the_other_files(tmp_path, cli):
 
 def test_a_targets_package_comes_from_its_profiles_imports():
     """What the imports share beyond the standard library and torch, which a plain script imports
-    already; a profile whose own imports share nothing says so."""
+    already; a profile whose own imports share nothing says so, and one spelled with torch alone
+    has no package."""
     assert {name: target.package for name, target in all_targets().items()} == {
         "runtime": "accrewrite.runtime", "torch_xla": "torch_xla", "torchacc": "torchacc"}
     profile = {"name": "split", "imports": {"a": "import os", "b": "import torch", "c": "import vendor_a.xm",
-                                            "d": "from vendor_b import pl"}}
+                                            "d": "from vendor_b import pl"},
+               "concepts": {"device": {"expr": "torch.device('xpu')", "imports": ["b"]}}}
     with pytest.raises(ValueError, match="split.toml: the target's own imports have no package in common"):
         targets._parse(profile, "split.toml")
     profile["imports"]["d"] = "from vendor_a.amp import autocast"
     assert targets._parse(profile, "split.toml").package == "vendor_a"
+    profile["imports"] = {"b": "import torch"}
+    assert targets._parse(profile, "split.toml").package == ""

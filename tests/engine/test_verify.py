@@ -8,13 +8,15 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
 
 from accrewrite.cli import main
 from accrewrite.verify import probe
-from accrewrite.verify.sides import Side, read_records
+from accrewrite.verify.report import check_graphs
+from accrewrite.verify.sides import Side, environment, read_records
 from accrewrite.verify.verdict import ROUNDING, compare, tolerance
 
 TRAIN = """\
@@ -236,6 +238,44 @@ def test_a_nan_is_beyond_every_tolerance():
     assert tolerance(None, None) == ROUNDING and tolerance(0.5, 0.02) == 0.02
 
 
+def test_what_a_side_needs_of_its_target_comes_from_the_profiles_verify_table(tmp_path, monkeypatch):
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    xla = environment(Side("torch_xla", "torch_xla"), tmp_path, None, 1)
+    assert xla["PJRT_DEVICE"] == "CPU" and xla[probe.HOST_RANDOM] == "xla"
+    assert xla[probe.EXECUTIONS] == "torch_xla.debug.metrics:CompileTime:ExecuteTime"
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    assert environment(Side("torch_xla", "torch_xla"), tmp_path, None, 1)["PJRT_DEVICE"] == "TPU"  # the user's
+    plain = environment(Side("runtime", "runtime"), tmp_path, None, 1)
+    assert probe.HOST_RANDOM not in plain and probe.EXECUTIONS not in plain
+
+
+def test_the_probe_counts_graphs_through_the_targets_metrics_once_the_script_imports_its_package(monkeypatch):
+    counts = {"Compiled": (3, 0.5), "Executed": (7, 1.5)}
+    metrics = types.ModuleType("vendor.metrics")
+    metrics.metric_data = counts.get
+    monkeypatch.setenv(probe.EXECUTIONS, "vendor.metrics:Compiled:Executed")
+    monkeypatch.setitem(sys.modules, "vendor.metrics", metrics)
+    assert probe._graph_counts() is None  # the script has not imported vendor: nothing is asked of it
+    monkeypatch.setitem(sys.modules, "vendor", types.ModuleType("vendor"))
+    assert probe._graph_counts() == {"compiles": 3, "executions": 7}
+    counts.clear()
+    assert probe._graph_counts() == {"compiles": 0, "executions": 0}
+
+
+def test_a_side_that_ran_no_graph_or_compiles_every_step_fails():
+    def counted(*pairs):
+        return Side("torch_xla", "torch_xla", records={0: [{"step": i + 1, "graphs": {"compiles": c, "executions": e}}
+                                                          for i, (c, e) in enumerate(pairs)]})
+
+    summary, problem = check_graphs(counted((1, 1), (1, 2), (1, 3), (1, 4)), "xla")
+    assert summary == "torch_xla: 4 graph executions on the xla device, 1 compilation (the last in step 1 of 4)"
+    assert problem is None
+    assert check_graphs(counted((0, 0), (0, 0)), "xla")[1] == ("torch_xla ran no graph on the xla device: it trained "
+                                                                "on the CPU")
+    assert check_graphs(counted(*((i, i) for i in range(1, 9))), "xla")[1] == (
+        "torch_xla compiles a new graph every step (8 in 8 steps)")
+
+
 def test_records_are_kept_per_rank_and_process_and_a_rank_held_twice_at_once_is_a_collision(tmp_path):
     def record(step, time):
         return json.dumps({"step": step, "loss": 2.0, "checksum": 0.1, "change": 0.3, "time": time}) + "\n"
@@ -369,7 +409,7 @@ def test_dropout_on_the_xla_device_draws_what_the_cpu_draws(project, capsys, xla
     code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python",
                             f"torch_xla={xla_python}", "--", "--steps", "4")
     assert code == 0, out + err
-    assert "match: 4 steps" in out and "XLA graph executions" in out
+    assert "match: 4 steps" in out and "graph executions on the xla device" in out
 
 
 HOST_RANDOM_CHECK = """\
@@ -385,7 +425,7 @@ def draws(device, host_random):
     torch.manual_seed(0)
     x = torch.randn(4, 3, 5, 5).to(device)
     layer = torch.nn.Linear(5, 3).to(device)
-    with probe.host_random(torch) if host_random else contextlib.nullcontext():
+    with probe.host_random(torch, "xla") if host_random else contextlib.nullcontext():
         torch.nn.init.normal_(layer.weight, 0.0, 0.02)
         torch.nn.init.kaiming_uniform_(tensor=layer.bias.unsqueeze(0), a=1)
         out = [F.dropout(x, 0.3, training=True), F.dropout2d(x, 0.5), torch.nn.Dropout(0.2)(x),

@@ -1,0 +1,1 @@
+"""The xpu target's profile for accrewrite (xpu.toml beside this file)."""
