@@ -130,6 +130,9 @@ _DEFINITIONS = (
                ("x", "shift", "window_size", "target")),
     Definition("window_process_reverse", EXPRESSION, "Swin's window merge and reverse shift, fused",
                ("x", "shift", "window_size", "target")),
+    Definition("dcn", EXPRESSION, "dcn_v2's DCN: a modulated deformable convolution with its own offsets"),
+    Definition("dcnv2", EXPRESSION, "dcn_v2's DCNv2: a deformable convolution given offsets and a mask"),
+    Definition("dcn_v2_conv", EXPRESSION, "dcn_v2's functional modulated deformable convolution"),
     Definition("auto_checkpoint", STATEMENTS, "activation checkpointing chosen for a model", ("model",)),
     # migrate --parallel (ACC030, ACC031)
     Definition("parallel_accelerate", EXPRESSION,
