@@ -5,7 +5,7 @@ from accrewrite.rule import Example, Rule
 from accrewrite.rules.acc002_device_placement import _with_commas
 
 # dcn_v2's names -> the concept that stands for each in a target profile.
-_CONCEPTS = {"DCN": "dcn", "DCNv2": "dcnv2", "dcn_v2_conv": "dcn_v2_conv"}
+_CONCEPT_OF = {"DCN": "dcn", "DCNv2": "dcnv2", "dcn_v2_conv": "dcn_v2_conv"}
 # mmcv's deformable convolutions, and those of mmdetection 1.x (mmdet.ops): compiled ops with
 # constructors and state_dict keys of their own.
 _MMCV = {
@@ -141,7 +141,7 @@ class DeformableConv(Rule):
         """The module the target imports this dcn_v2 name from, where it spells the name's
         concept as that very name (``from M import DCN``); else None."""
         name = alias.name.value if isinstance(alias.name, cst.Name) else None
-        concept = _CONCEPTS.get(name)
+        concept = _CONCEPT_OF.get(name)
         if concept is None or not self.ctx.target.has(concept):
             return None
         spelled = self.ctx.concept(concept)
@@ -152,8 +152,8 @@ class DeformableConv(Rule):
 
     def _report_kept(self, statement, kept) -> None:
         names = [alias.name.value for alias in kept if isinstance(alias.name, cst.Name)]
-        missing = [name for name in names if name in _CONCEPTS]
-        other = [name for name in names if name not in _CONCEPTS]
+        missing = [name for name in names if name in _CONCEPT_OF]
+        other = [name for name in names if name not in _CONCEPT_OF]
         if missing:
             self.ctx.diagnose(
                 statement,
