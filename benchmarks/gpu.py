@@ -84,8 +84,8 @@ RUNTIME_CUDA_TESTS = [
     "tests/runtime/test_compile_kernels.py::test_on_cuda_auto_follows_the_rules_and_matches_eager",
     "tests/runtime/test_compile_kernels.py::test_ops_on_the_triton_path_match_torch",
     "tests/runtime/test_amp.py::test_autocast_defaults_to_fp16_on_cuda",
-    "tests/runtime/test_parallel_loader.py::test_cuda_batches_are_pinned_and_copied_non_blocking",
-    "tests/runtime/test_utils_misc.py::test_cuda_calls_run_on_side_streams_with_same_results",
+    "tests/runtime/test_parallel_loader.py::test_accelerator_batches_are_pinned_and_copied_non_blocking",
+    "tests/runtime/test_utils_misc.py::test_accelerator_calls_run_on_side_streams_with_same_results",
     "tests/runtime/test_xla_model.py::test_xla_device_is_the_local_rank_gpu",
 ]
 # Kernels with goals first (their case modules' docstrings name them), then the rest.
