@@ -44,7 +44,7 @@ _NAMES = {
     "fused_kernel_devices": "torch.utils._foreach_utils:_get_fused_kernels_supported_devices",
     # the step counts of a bucket of parameters, in one launch (kernels/adam.py)
     "foreach_add_": "torch:_foreach_add_",
-    # nested containers' tensors, and ops intercepted as they dispatch (memory.py, utils/misc.py)
+    # nested containers' tensors, and ops intercepted as they dispatch (activation_checkpoint.py, utils/misc.py)
     "tree_leaves": "torch.utils._pytree:tree_leaves",
     "tree_flatten": "torch.utils._pytree:tree_flatten",
     "TorchDispatchMode": "torch.utils._python_dispatch:TorchDispatchMode",
