@@ -9,13 +9,14 @@ and the compiler does not load torch.distributed.
 
 import contextlib
 import importlib
+from types import MappingProxyType
 
 import torch
 
 SUPPORTED = ((2, 13), (2, 14))
 
 # name: "module:attribute" (or "module" for the module itself)
-_NAMES = {
+_NAMES = MappingProxyType({
     # graph capture and lowering (compiler/backend.py, compiler/core)
     "register_backend": "torch._dynamo:register_backend",
     "dynamo_utils": "torch._dynamo.utils",
@@ -55,7 +56,7 @@ _NAMES = {
     "flatten_state_dict": "torch.distributed.checkpoint._nested_dict:flatten_state_dict",
     # the default process group's key-value store, where xm.send/recv find their peer
     "default_store": "torch.distributed.distributed_c10d:_get_default_store",
-}
+})
 
 
 def __getattr__(name):
