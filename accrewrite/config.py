@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from accrewrite.discovery import excluded, real
 from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS  # the runtime's table; torch-free
@@ -24,7 +25,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 _LISTS = ("select", "ignore", "exclude")
-_KEYS = {"target": str, "guard": str, "unsafe-fixes": bool, "parallel": str, **{key: list for key in _LISTS}}
+_KEYS = MappingProxyType({"target": str, "guard": str, "unsafe-fixes": bool, "parallel": str, **{key: list for key in _LISTS}})
 
 
 class ConfigError(ValueError):

@@ -52,7 +52,7 @@ class Options:
         parallel = [rule for rule in all_rules().values() if rule.parallel]
         replaced = set()
         if get_target(self.target).has(*{c for rule in parallel for c in rule.concepts}):
-            replaced = {code for rule in parallel for code in rule.replaces}
+            replaced = {code for rule in parallel for code in rule.supersedes}
         rules = [r for r in chosen.rules if r.code not in replaced and not r.parallel] + parallel
         return Selection(tuple(sorted(rules, key=lambda r: r.code)), chosen.withheld)
 

@@ -20,13 +20,14 @@ on a single node) is torchrun's. Torch is imported only when the job is launched
 import argparse
 import os
 import sys
+from types import MappingProxyType
 
 from accrewrite.choices import positive
 
-_OWN_OPTIONS = {
+_OWN_OPTIONS = MappingProxyType({
     "--allreduce-dtype": "ACCREWRITE_ALLREDUCE_DTYPE",
     "--bucket-mb": "ACCREWRITE_BUCKET_MB",
-}
+})
 
 
 def _own_options_parser():

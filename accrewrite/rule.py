@@ -54,9 +54,9 @@ class Rule:
     # An opt-in rule runs only when selected by its exact code or name.
     opt_in: ClassVar[bool] = False
     # A parallel rule runs with ``migrate --parallel`` (``RuleContext.parallel``), in place of
-    # the rules it ``replaces`` where the target has its concepts.
+    # the rules it ``supersedes`` (their codes) where the target has its concepts.
     parallel: ClassVar[bool] = False
-    replaces: ClassVar[tuple[str, ...]] = ()
+    supersedes: ClassVar[tuple[str, ...]] = ()
     # Concepts the rule needs from a target profile: a target without them does not support
     # the rule, which does not run there (selected by its exact code, the command line says so
     # once per run).

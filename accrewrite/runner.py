@@ -17,6 +17,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from accrewrite.atomic_file import is_temporary, remove_orphans, write_atomically
 from accrewrite.engine import Options, migrate_source
@@ -79,8 +80,8 @@ class _Refused(Exception):
     pass
 
 
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+_KINDS = MappingProxyType({stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"})
 
 
 def _special(path: Path) -> bool:

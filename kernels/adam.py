@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import MappingProxyType
 from typing import Optional
 
 import torch
@@ -189,7 +190,7 @@ def _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps):
 _CHUNK = 16384
 _BLOCK = 1024
 
-_TRITON_DTYPES: dict = {}
+_TRITON_DTYPES: dict = MappingProxyType({})
 
 if triton_available():
     _TRITON_DTYPES = {

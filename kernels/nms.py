@@ -30,6 +30,7 @@ Each is one operator, ``accrewrite::nms`` and ``accrewrite::soft_nms`` (``nms_op
 Neither has a gradient (the indices are not differentiable; torchvision's nms has none either).
 """
 
+from types import MappingProxyType
 from typing import Optional
 
 import torch
@@ -42,7 +43,7 @@ if triton_available():  # without triton only the reference path exists
 
 __all__ = ["nms", "nms_reference", "soft_nms", "soft_nms_reference", "SOFT_NMS_METHODS"]
 
-SOFT_NMS_METHODS = {"naive": 0, "linear": 1, "gaussian": 2}
+SOFT_NMS_METHODS = MappingProxyType({"naive": 0, "linear": 1, "gaussian": 2})
 _WORD = 64  # boxes per suppression-bitmask word (int64)
 _SCAN_TILE = 4096  # bitmask words the greedy scan loads at once (registers of one program)
 

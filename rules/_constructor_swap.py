@@ -17,12 +17,12 @@ from accrewrite.rule import Rule
 
 class ConstructorSwap(Rule):
     # Qualified name of the original constructor -> the concept that replaces it.
-    replaces: ClassVar[dict[str, str]]
+    swaps: ClassVar[dict[str, str]]
     # Whether the replacement takes the original's arguments (QuickGelu() takes none).
     keeps_arguments: ClassVar[bool] = True
 
     def applies(self) -> bool:
-        return bool(self.ctx.facts.called & set(self.replaces))
+        return bool(self.ctx.facts.called & set(self.swaps))
 
     def wanted(self, call: cst.Call) -> bool:
         """Whether this call may be replaced (a subclass narrows it)."""
@@ -31,7 +31,7 @@ class ConstructorSwap(Rule):
     def visit_Module(self, node: cst.Module) -> None:
         """The hook form: statements once, before the file's imports."""
         done = set()
-        for original, concept in self.replaces.items():
+        for original, concept in self.swaps.items():
             if original not in self.ctx.facts.called or not self.ctx.target.has(concept) or concept in done:
                 continue  # a target without the concept reports it at each call
             if self.ctx.concept(concept).expr is not None:
@@ -50,7 +50,7 @@ class ConstructorSwap(Rule):
     def leave_Call(self, original_node, updated_node):
         """The expression form: each call."""
         original = self.ctx.facts.qualname(original_node.func)
-        concept = self.replaces.get(original)
+        concept = self.swaps.get(original)
         if concept is None or self.ctx.concept(concept).expr is None or not self.wanted(original_node):
             return updated_node
         replacement = self.ctx.expr(concept)

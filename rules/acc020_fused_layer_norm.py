@@ -17,7 +17,7 @@ class FusedLayerNorm(ConstructorSwap):
     code = "ACC020"
     name = "fused-layer-norm"
     summary = "nn.LayerNorm -> the target's FusedLayerNorm"
-    replaces = {"torch.nn.LayerNorm": "fused_layer_norm", "torch.nn.modules.normalization.LayerNorm": "fused_layer_norm"}
+    swaps = {"torch.nn.LayerNorm": "fused_layer_norm", "torch.nn.modules.normalization.LayerNorm": "fused_layer_norm"}
     concepts = ("fused_layer_norm",)
     triggers = frozenset({"LayerNorm"})
     examples = (

@@ -16,7 +16,7 @@ class FusedAdam(ConstructorSwap):
     code = "ACC021"
     name = "fused-adam"
     summary = "torch.optim.Adam/AdamW -> the target's FusedAdam/FusedAdamW (without a GradScaler)"
-    replaces = {"torch.optim.Adam": "fused_adam", "torch.optim.AdamW": "fused_adamw"}
+    swaps = {"torch.optim.Adam": "fused_adam", "torch.optim.AdamW": "fused_adamw"}
     concepts = ("fused_adam", "fused_adamw")
     triggers = frozenset({"Adam", "AdamW"})
     examples = (

@@ -17,7 +17,7 @@ class QuickGelu(ConstructorSwap):
     summary = "nn.GELU -> QuickGelu (unsafe: a different function)"
     safe = False
     keeps_arguments = False
-    replaces = {"torch.nn.GELU": "quick_gelu"}
+    swaps = {"torch.nn.GELU": "quick_gelu"}
     concepts = ("quick_gelu",)
     triggers = frozenset({"GELU"})
     examples = (

@@ -38,7 +38,7 @@ class ParallelWrap(Rule):
     summary = "--parallel: DDP -> accrt.accelerate(model, config=...) (FSDP2 / tensor parallel)"
     opt_in = True
     parallel = True
-    replaces = ("ACC005", "ACC006")
+    supersedes = ("ACC005", "ACC006")
     concepts = ("parallel_accelerate",)
     triggers = None  # the optimizer statement that moves names nothing of DDP
     examples = (

@@ -5,11 +5,13 @@ Members load on first use, so ``import accrewrite.runtime.xla_model as xm`` does
 graph compiler or the kernels.
 """
 
+from types import MappingProxyType
+
 from accrewrite.lazy import lazy_attributes
 
 from . import _process_exit  # noqa: F401 - first registered exit handler, so it runs last
 
-_ATTRIBUTES = {
+_ATTRIBUTES = MappingProxyType({
     "xla_model": "xla_model",
     "parallel_loader": "parallel_loader",
     "xla_runtime": "xla_runtime",
@@ -19,12 +21,12 @@ _ATTRIBUTES = {
     "nn": "nn",
     "optim": "optim",
     "hooks": "hooks",
-    "memory": "memory",
+    "activation_checkpoint": "activation_checkpoint",
     "host_memory": "compiler.cpu.host_memory",
     "utils": "utils",
     "compile": "compiler:compile",
     "explain": "compiler:explain",
-    "auto_checkpoint": "memory:auto_checkpoint",
+    "auto_checkpoint": "activation_checkpoint:auto_checkpoint",
     "accelerate": "parallel.accelerate:accelerate",
     "Config": "parallel.config:Config",
     "parallel_config": "parallel.config:parallel_config",
@@ -32,6 +34,6 @@ _ATTRIBUTES = {
     "load_checkpoint": "parallel.checkpoint:load_checkpoint",
     "export_full_state_dict": "parallel.checkpoint:export_full_state_dict",
     "CheckpointMismatchError": "parallel.checkpoint:CheckpointMismatchError",
-}
+})
 __all__ = list(_ATTRIBUTES)
 __getattr__ = lazy_attributes(__name__, _ATTRIBUTES)

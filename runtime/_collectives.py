@@ -18,6 +18,7 @@ machines); gloo on the CPU reduces bf16/fp16 more slowly than float32, so it is 
 """
 
 import os
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,7 @@ COMPRESS_ENV = "ACCREWRITE_ALLREDUCE_DTYPE"
 BUCKET_MB_ENV = "ACCREWRITE_BUCKET_MB"
 DEFAULT_BUCKET_MB = 25.0
 
-_WIRE_DTYPES = {
+_WIRE_DTYPES = MappingProxyType({
     "none": None,
     "": None,
     "bf16": torch.bfloat16,
@@ -34,7 +35,7 @@ _WIRE_DTYPES = {
     "fp16": torch.float16,
     "float16": torch.float16,
     "half": torch.float16,
-}
+})
 
 
 def wire_dtype(compress=None):

@@ -9,13 +9,14 @@ and the compiler does not load torch.distributed.
 
 import contextlib
 import importlib
+from types import MappingProxyType
 
 import torch
 
 SUPPORTED = ((2, 13), (2, 14))
 
 # name: "module:attribute" (or "module" for the module itself)
-_NAMES = {
+_NAMES = MappingProxyType({
     # graph capture and lowering (compiler/backend.py, compiler/core)
     "register_backend": "torch._dynamo:register_backend",
     "dynamo_utils": "torch._dynamo.utils",
@@ -44,7 +45,7 @@ _NAMES = {
     "fused_kernel_devices": "torch.utils._foreach_utils:_get_fused_kernels_supported_devices",
     # the step counts of a bucket of parameters, in one launch (kernels/adam.py)
     "foreach_add_": "torch:_foreach_add_",
-    # nested containers' tensors, and ops intercepted as they dispatch (memory.py, utils/misc.py)
+    # nested containers' tensors, and ops intercepted as they dispatch (activation_checkpoint.py, utils/misc.py)
     "tree_leaves": "torch.utils._pytree:tree_leaves",
     "tree_flatten": "torch.utils._pytree:tree_flatten",
     "TorchDispatchMode": "torch.utils._python_dispatch:TorchDispatchMode",
@@ -55,7 +56,7 @@ _NAMES = {
     "flatten_state_dict": "torch.distributed.checkpoint._nested_dict:flatten_state_dict",
     # the default process group's key-value store, where xm.send/recv find their peer
     "default_store": "torch.distributed.distributed_c10d:_get_default_store",
-}
+})
 
 
 def __getattr__(name):

@@ -31,14 +31,14 @@ __all__ = [
 
 # (namespace, public name, torch's class, fused class). torch's classes are taken from the modules
 # that define them, which are never patched, so disabling restores them whatever ran before.
-_LAYER_NORM = [
+_LAYER_NORM = (
     (torch.nn, "LayerNorm", TorchLayerNorm, FusedLayerNorm),
     (torch.nn.modules, "LayerNorm", TorchLayerNorm, FusedLayerNorm),
-]
-_ADAM = [
+)
+_ADAM = (
     (torch.optim, "Adam", TorchAdam, FusedAdam),
     (torch.optim, "AdamW", TorchAdamW, FusedAdamW),
-]
+)
 
 
 def enable_fused_layer_norm() -> None:

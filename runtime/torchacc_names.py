@@ -24,10 +24,11 @@ import pathlib
 import runpy
 import sys
 import types
+from types import MappingProxyType
 
 RUNTIME = "accrewrite.runtime"
 # TorchAcc 1.x module -> the runtime's. Below ``torchacc.runtime`` a name keeps its tail.
-MODULES = {
+MODULES = MappingProxyType({
     "torchacc.torch_xla.core.xla_model": f"{RUNTIME}.xla_model",
     "torchacc.torch_xla.distributed.parallel_loader": f"{RUNTIME}.parallel_loader",
     "torchacc.torch_xla.distributed.xla_backend": f"{RUNTIME}.distributed.xla_backend",
@@ -35,10 +36,10 @@ MODULES = {
     "torchacc.torch_xla.amp.syncfree": f"{RUNTIME}.amp.syncfree",
     "torchacc.torch_xla.runtime": f"{RUNTIME}.xla_runtime",
     "torchacc.runtime": RUNTIME,
-}
+})
 # Packages that only hold the modules above; ``torchacc`` itself also forwards the runtime's
 # top-level names (``torchacc.auto_checkpoint``).
-PACKAGES = {"torchacc", "torchacc.torch_xla", "torchacc.torch_xla.core", "torchacc.torch_xla.distributed"}
+PACKAGES = frozenset({"torchacc", "torchacc.torch_xla", "torchacc.torch_xla.core", "torchacc.torch_xla.distributed"})
 
 
 def counterpart(name):

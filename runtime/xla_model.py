@@ -20,6 +20,7 @@ import hashlib
 import os
 import resource
 import sys
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
@@ -36,16 +37,16 @@ REDUCE_AND = "and"
 REDUCE_OR = "or"
 REDUCE_MIN = "min"
 REDUCE_MAX = "max"
-_REDUCE_OPS = {
+_REDUCE_OPS = MappingProxyType({
     REDUCE_SUM: dist.ReduceOp.SUM,
     REDUCE_MUL: dist.ReduceOp.PRODUCT,
     REDUCE_AND: dist.ReduceOp.BAND,
     REDUCE_OR: dist.ReduceOp.BOR,
     REDUCE_MIN: dist.ReduceOp.MIN,
     REDUCE_MAX: dist.ReduceOp.MAX,
-}
+})
 # NCCL has no bitwise reductions; on booleans, and/or are min/max on every backend.
-_BOOLEAN_OPS = {REDUCE_AND: dist.ReduceOp.MIN, REDUCE_OR: dist.ReduceOp.MAX}
+_BOOLEAN_OPS = MappingProxyType({REDUCE_AND: dist.ReduceOp.MIN, REDUCE_OR: dist.ReduceOp.MAX})
 
 
 # --- devices and the process world -------------------------------------------------------

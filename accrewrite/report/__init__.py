@@ -7,12 +7,14 @@ machine formats print one document each: ``json``, ``github`` (workflow commands
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from rich.console import Console
 
 from accrewrite.report import github, gitlab, json_document, sarif, text
 from accrewrite.runner import Outcome
 
-MACHINE = {"json": json_document.render, "github": github.render, "gitlab": gitlab.render, "sarif": sarif.render}
+MACHINE = MappingProxyType({"json": json_document.render, "github": github.render, "gitlab": gitlab.render, "sarif": sarif.render})
 
 
 def report(outcomes: list[Outcome], mode: str, target: str, output_format: str, console: Console,

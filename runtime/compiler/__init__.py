@@ -4,7 +4,7 @@ of kernel implementations per op and device (RAF's operator dialects).
 - ``frontend.py``: ``compile(model, ...)``, the entry point, and ``compile_report``.
 - ``backend.py``: the dynamo backend ``"accrewrite"`` (AOTAutograd, our passes, inductor) and
   the compile report.
-- ``explain.py``: ``explain(model, *inputs)``, the graph breaks with file:line and reason.
+- ``graph_breaks.py``: ``explain(model, *inputs)``, the graph breaks with file:line and reason.
 - ``core/``: the registry, the selector and autotuning, the passes that find ops in graphs,
   regional compilation, the activation-memory budget.
 - ``ops/``: the ops, one module each: how they are found and their default implementation.
@@ -12,7 +12,7 @@ of kernel implementations per op and device (RAF's operator dialects).
 - ``cuda/``: implementations for CUDA (the Triton kernels, causal attention).
 """
 
-from accrewrite.runtime.compiler.explain import explain
+from accrewrite.runtime.compiler.graph_breaks import explain
 from accrewrite.runtime.compiler.frontend import compile, compile_report
 
 __all__ = ["compile", "compile_report", "explain"]

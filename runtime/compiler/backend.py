@@ -3,7 +3,7 @@
 Inductor's ``compile_fx`` already runs AOTAutograd (joint forward + backward graph, then the
 min-cut rematerialisation partitioner) and lowers what remains; this backend runs it with the
 kernel-selection passes (``core/patterns.py`` as inductor's joint-graph pre-pass,
-``core/nodes.py`` as its post-grad pass on each forward and backward graph), with the
+``core/selection_pass.py`` as its post-grad pass on each forward and backward graph), with the
 activation-memory budget set for the partitioner, and with each graph's C++ kernels built as
 one library per compile thread (``cpu/cpp_library.py``). Every setting is scoped to the
 compilation: a plain ``torch.compile`` in the same process compiles as it would without it.
@@ -21,8 +21,8 @@ import torch
 
 from accrewrite.runtime import _torch_compat as compat
 from accrewrite.runtime.compiler.core import regional
-from accrewrite.runtime.compiler.core.memory import activation_budget, check_budget
-from accrewrite.runtime.compiler.core.nodes import NodeSelectionPass
+from accrewrite.runtime.compiler.core.memory_budget import activation_budget, check_budget
+from accrewrite.runtime.compiler.core.selection_pass import NodeSelectionPass
 from accrewrite.runtime.compiler.core.patterns import KernelSelectionPass
 from accrewrite.runtime.compiler.core.selection import KernelMatch, check_policy
 from accrewrite.runtime.compiler.cpu import cpp_library

@@ -38,7 +38,7 @@ def compile(
     ``regional.py``); else the whole graph is compiled at once. True requires repeated blocks;
     False compiles the whole graph at once. ``mode`` and ``dynamic`` are ``torch.compile``'s.
     ``memory_budget``: None or a fraction in [0, 1] of the activation memory the compiled
-    training graph may keep (see ``core/memory.py``). ``kernels``: how each op the compiler
+    training graph may keep (see ``core/memory_budget.py``). ``kernels``: how each op the compiler
     knows (``ops/``) gets its implementation (``core/selection.py``): "auto" by the
     implementations' cost rules for the device and shape, "autotune" by timing them on the
     shapes compiled (once per machine and shape), "accrewrite" always by accrewrite's kernels

@@ -9,7 +9,7 @@ applies, in order, the parts that ``config`` asks for (``apply.py``):
 1. tensor parallel (``dist.tp.size > 1``): each wrapped layer's projections split over the
    ``tp`` ranks by DTensor's ``parallelize_module`` (``tensor_parallel.py``);
 2. activation checkpointing (``memory.gc``) of the ``memory.gc_cls`` layers (default: the
-   wrapped ones), through ``accrewrite.runtime.memory``;
+   wrapped ones), through ``accrewrite.runtime.activation_checkpoint``;
 3. ``accrewrite.runtime.compile`` of each wrapped layer (``compute.compile``);
 4. FSDP2 (``fully_shard``) of each wrapped layer, then of the whole model, over ``dp x fsdp``
    (hybrid: sharded over ``fsdp``, replicated over ``dp``), with ``MixedPrecisionPolicy`` for

@@ -4,7 +4,7 @@ order it applies them in (torchtitan's):
 1. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
    by DTensor's ``parallelize_module`` (``tensor_parallel.py``), the model's other parameters
    replicated on it;
-2. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.memory``);
+2. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``);
 3. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
 4. ``apply_fsdp(model, layers, fsdp, compute, mesh)``: FSDP2 over a ``dp x fsdp`` mesh, last,
    so that it shards the DTensors tensor parallel made and its all-gathers wrap what
@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ..blocks import repeated_blocks
-from ..memory import checkpoint_modules
+from ..activation_checkpoint import checkpoint_modules
 from .config import ComputeConfig, Config, FSDPConfig, MemoryConfig, TensorParallelConfig
 from .parallel_dims import ParallelDims
 from .tensor_parallel import derive_plan, parallelize_block, replicate_the_rest

@@ -50,7 +50,7 @@ class DistConfig:
 
 @dataclass
 class MemoryConfig:
-    gc: bool = False  # activation checkpointing (accrewrite.runtime.memory)
+    gc: bool = False  # activation checkpointing (accrewrite.runtime.activation_checkpoint)
     gc_cls: set | None = None  # classes or names to checkpoint; None: the wrapped layers
 
 

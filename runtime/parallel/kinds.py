@@ -6,6 +6,8 @@ Each kind maps to a function of torchrun's ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE
 one machine) that gives ``{dist section: size}``, the sizes left out staying at 1.
 """
 
+from types import MappingProxyType
+
 
 def _shard_over_every_rank(world: int, local: int) -> dict[str, int]:
     return {"fsdp": world}
@@ -20,9 +22,9 @@ def _split_in_a_machine_shard_over_machines(world: int, local: int) -> dict[str,
     return {"tp": local, "fsdp": world // local}
 
 
-KINDS = {
+KINDS = MappingProxyType({
     "fsdp": _shard_over_every_rank,
     "tp": _split_over_every_rank,
     "fsdp,tp": _split_in_a_machine_shard_over_machines,
-}
+})
 PARALLEL_KINDS = tuple(KINDS)

@@ -31,6 +31,7 @@ known layouts' names are then the hint.
 
 import operator
 import warnings
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -44,40 +45,40 @@ OUT_IN, IN_OUT = "out_in", "in_out"  # how a projection's weight is laid out
 
 _ELEMENTWISE_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Mish, nn.LeakyReLU,
                         nn.ELU, nn.Softplus, nn.Hardswish, nn.Dropout, nn.Identity)
-_ELEMENTWISE_FUNCTIONS = {
+_ELEMENTWISE_FUNCTIONS = frozenset({
     F.relu, F.relu6, F.gelu, F.silu, F.mish, F.leaky_relu, F.elu, F.softplus, F.hardswish, F.dropout,
     torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.erf, torch.square, torch.neg, torch.pow,
     torch.clamp, torch.mul, torch.add, torch.sub, torch.div,
     operator.mul, operator.add, operator.sub, operator.truediv, operator.neg, operator.pow,
-}
-_ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "exp", "square", "neg", "pow", "clamp", "mul", "add",
-                        "sub", "div", "float", "half", "bfloat16", "to", "type_as"}
+})
+_ELEMENTWISE_METHODS = frozenset({"relu", "sigmoid", "tanh", "exp", "square", "neg", "pow", "clamp", "mul", "add",
+                        "sub", "div", "float", "half", "bfloat16", "to", "type_as"})
 # Ops that move elements between dimensions: sound on split features when the block views them
 # as heads (each rank holds whole heads), which the divided head counts keep consistent.
-_RESHAPE_FUNCTIONS = {torch.reshape, torch.transpose, torch.permute, torch.split, torch.chunk, torch.flatten,
+_RESHAPE_FUNCTIONS = frozenset({torch.reshape, torch.transpose, torch.permute, torch.split, torch.chunk, torch.flatten,
                       torch.unflatten, torch.unbind, torch.cat, torch.stack, torch.repeat_interleave,
-                      operator.getitem}
-_RESHAPE_METHODS = {"view", "reshape", "transpose", "permute", "contiguous", "split", "chunk", "unflatten",
-                    "flatten", "unbind", "expand", "repeat_interleave", "unsqueeze", "squeeze"}
-_SPLITS = {torch.split, torch.chunk, torch.unbind, "split", "chunk", "unbind"}
+                      operator.getitem})
+_RESHAPE_METHODS = frozenset({"view", "reshape", "transpose", "permute", "contiguous", "split", "chunk", "unflatten",
+                    "flatten", "unbind", "expand", "repeat_interleave", "unsqueeze", "squeeze"})
+_SPLITS = frozenset({torch.split, torch.chunk, torch.unbind, "split", "chunk", "unbind"})
 # Attention: the score and value products; softmax and masking are sound only inside it.
-_PRODUCTS = {torch.matmul, operator.matmul, torch.bmm, "matmul", "bmm"}
-_ATTENTION_ONLY = {F.softmax, torch.softmax, torch.baddbmm, "softmax", "masked_fill", "baddbmm"}
-_SHAPE_METHODS = {"size", "dim", "numel", "type"}
-_TRANSPOSES = {"T", "mT", "H", "mH"}  # attributes that are tensors; the rest (shape, dtype) are not
+_PRODUCTS = frozenset({torch.matmul, operator.matmul, torch.bmm, "matmul", "bmm"})
+_ATTENTION_ONLY = frozenset({F.softmax, torch.softmax, torch.baddbmm, "softmax", "masked_fill", "baddbmm"})
+_SHAPE_METHODS = frozenset({"size", "dim", "numel", "type"})
+_TRANSPOSES = frozenset({"T", "mT", "H", "mH"})  # attributes that are tensors; the rest (shape, dtype) are not
 # Why an op stops a split (after "fc1 reach fc2, but <op> ...").
 _MIXES = "mixes the features a split divides"
 _UNSPLIT = "combines them with a tensor that is not split with them"
 _LEAVES = "gets them, where they would be one rank's slice"
 
-_BY_NAME = {  # the hint for blocks that cannot be traced
+_BY_NAME = MappingProxyType({  # the hint for blocks that cannot be traced
     **dict.fromkeys(("q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v",
                      "wq", "wk", "wv", "gate_proj", "up_proj", "w1", "w3", "fc1", "c_fc", "fc_in"), COLWISE),
     **dict.fromkeys(("c_attn", "qkv", "qkv_proj", "Wqkv"), COLWISE_FUSED),
     **dict.fromkeys(("o_proj", "out_proj", "o", "wo", "down_proj", "w2", "fc2", "c_proj", "fc_out"), ROWWISE),
-}
-ATTENTION_INPUT_NAMES = {"q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v", "wq", "wk", "wv",
-                         "c_attn", "qkv", "qkv_proj", "Wqkv"}
+})
+ATTENTION_INPUT_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v", "wq", "wk", "wv",
+                         "c_attn", "qkv", "qkv_proj", "Wqkv"})
 
 _layouts: dict[type, str | None] = {}
 

@@ -18,7 +18,7 @@ from accrewrite.rule import Rule
 ROOT = Path(__file__).resolve().parents[2]
 XPU = Path(__file__).with_name("xpu_target")  # a package outside accrewrite that adds the target `xpu`
 # How a rule or the engine names a concept: the target's has/concept, the context's expr/statements,
-# the profiles' callees, a rule's `concepts`, and the fused rules' `replaces`.
+# the profiles' callees, a rule's `concepts`, and the fused rules' `swaps`.
 _READS = re.compile(r"\b(?:has|concept|expr|statements|spelled_callees|called_names)\(((?:\s*[\"']\w+[\"']\s*,?)+)")
 
 
@@ -34,7 +34,7 @@ def _named_concepts() -> dict[str, set[str]]:
             assigned = getattr(node.targets[0], "id", "")
             if assigned == "concepts" and isinstance(node.value, ast.Tuple):
                 names |= {v.value for v in node.value.elts if isinstance(v, ast.Constant)}
-            elif assigned in ("replaces", "_CONCEPT_OF") and isinstance(node.value, ast.Dict):  # name -> concept
+            elif assigned in ("swaps", "_CONCEPT_OF") and isinstance(node.value, ast.Dict):  # name -> concept
                 names |= {v.value for v in node.value.values if isinstance(v, ast.Constant)}
         if names:
             found[path.name] = names

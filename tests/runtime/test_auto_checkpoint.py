@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from accrewrite.runtime import auto_checkpoint
-from accrewrite.runtime.memory import FULL, PLAIN, SELECTIVE, _BlockCost, _estimate_peak
+from accrewrite.runtime.activation_checkpoint import FULL, PLAIN, SELECTIVE, _BlockCost, _estimate_peak
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -186,7 +186,7 @@ def test_budget_without_selective_recomputes_fully():
 
 
 def test_unreachable_budget_checkpoints_everything_and_says_so(caplog):
-    with caplog.at_level(logging.WARNING, logger="accrewrite.runtime.memory"):
+    with caplog.at_level(logging.WARNING, logger="accrewrite.runtime.activation_checkpoint"):
         plan = blocks_for(0.01)
     assert plan.checkpointed == 6
     assert "below" in caplog.text

@@ -275,7 +275,7 @@ def test_regions_with_dynamic_shapes():
 
 @pytest.mark.slow
 def test_checkpointed_blocks_share_their_region_and_keep_eager_gradients():
-    from accrewrite.runtime.memory import auto_checkpoint
+    from accrewrite.runtime.activation_checkpoint import auto_checkpoint
 
     torch.manual_seed(0)
     eager = GPT()

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 
 from accrewrite.runtime.compiler.core import registry
-from accrewrite.runtime.compiler.core.nodes import NodeSelectionPass
+from accrewrite.runtime.compiler.core.selection_pass import NodeSelectionPass
 from accrewrite.runtime.compiler.core.patterns import KernelSelectionPass
 from accrewrite.runtime.compiler.core.registry import Cost, Implementation
 from accrewrite.runtime.compiler.core.selection import select
@@ -152,7 +152,7 @@ def test_the_cache_key_follows_the_registered_modules(tmp_path, monkeypatch):
 
 def test_source_files_are_the_core_and_the_registering_modules():
     names = {f.split("/compiler/", 1)[1] for f in registry.source_files() if "/compiler/" in f}
-    assert {"core/registry.py", "core/patterns.py", "core/nodes.py", "ops/matmul.py",
+    assert {"core/registry.py", "core/patterns.py", "core/selection_pass.py", "ops/matmul.py",
             "cpu/attention.py", "cpu/onednn.py", "cuda/layer_norm.py", "cuda/attention.py",
             "core/triton_kernels.py"} <= names
     assert "cpu/host_memory.py" not in names  # registers nothing

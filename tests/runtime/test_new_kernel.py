@@ -155,7 +155,7 @@ class FusedMish(ConstructorSwap):
     code = "ACC990"
     name = "fused-mish"
     summary = "F.mish -> the fused Mish kernel"
-    replaces = {"torch.nn.functional.mish": "mish"}
+    swaps = {"torch.nn.functional.mish": "mish"}
     concepts = ("mish",)
     triggers = frozenset({"mish"})
     examples = (

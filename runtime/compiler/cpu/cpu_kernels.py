@@ -10,6 +10,7 @@ kernel-selection pass keeps inductor's code where they cannot be built or run.
 import functools
 import logging
 import pathlib
+from types import MappingProxyType
 
 from torch import Tensor
 
@@ -18,7 +19,7 @@ from accrewrite.runtime.compiler.cpu import cpp_library
 log = logging.getLogger(__name__)
 
 # each C function of cpu_kernels.cpp with its argument types (pointers take tensors)
-FUNCTIONS = {
+FUNCTIONS = MappingProxyType({
     "accrewrite_attention_forward":
         ["const float*"] * 3 + ["float*"] * 2 + ["const int64_t*"] + ["int64_t"] * 4
         + ["float", "int64_t", "int64_t"],
@@ -30,7 +31,7 @@ FUNCTIONS = {
     "accrewrite_cross_entropy_backward":
         ["const float*", "const float*", "const int64_t*", "const float*"] + ["float*"] * 3
         + ["int64_t"] * 5,
-}
+})
 
 
 @functools.cache

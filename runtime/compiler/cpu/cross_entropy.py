@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from accrewrite.runtime.compiler.core.custom_ops import define
-from accrewrite.runtime.compiler.core.graph_nodes import call
+from accrewrite.runtime.compiler.core.graph_insert import call
 from accrewrite.runtime.compiler.core.registry import Cost, Implementation, never, register
 from accrewrite.runtime.compiler.cpu import cpu_kernels
 

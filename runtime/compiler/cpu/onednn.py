@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from accrewrite.runtime.compiler.core.custom_ops import define
-from accrewrite.runtime.compiler.core.graph_nodes import call
+from accrewrite.runtime.compiler.core.graph_insert import call
 from accrewrite.runtime.compiler.core.registry import Cost, Implementation, never, register
 
 _aten = torch.ops.aten

@@ -6,6 +6,7 @@ dynamo's explain on the example inputs and reports each break at the user's line
 """
 
 import dataclasses
+from types import MappingProxyType
 
 from accrewrite.runtime import _torch_compat as compat
 
@@ -58,7 +59,7 @@ def explain(model, *example_inputs, **example_kwargs) -> Explanation:
 
 
 # Dynamo's terse reasons, in words (its other reasons start with a readable sentence).
-_PLAIN = {"generic_jump": "Python control flow depends on a tensor's value"}
+_PLAIN = MappingProxyType({"generic_jump": "Python control flow depends on a tensor's value"})
 
 
 def _first_line(reason: str) -> str:

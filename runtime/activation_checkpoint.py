@@ -128,13 +128,13 @@ def _set_mode(block: nn.Module, mode: str) -> None:
 # -- the selective policy ---------------------------------------------------------------------
 
 _aten = torch.ops.aten
-_ATTENTION = {
+_ATTENTION = frozenset({
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     _aten._scaled_dot_product_efficient_attention.default,
     _aten._scaled_dot_product_cudnn_attention.default,
-}
-_MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+})
+_MATMULS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default})
 
 
 def _keeps(op, args) -> bool:
