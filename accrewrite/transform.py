@@ -109,6 +109,14 @@ class BatchedTransformer(cst.CSTTransformer):
             self._run(rule, lambda original, current: method(original) or current, node, node)
         return True
 
+    # libcst calls these for every field of every node walked, to look up ``visit_<Node>_<field>``
+    # methods by name; rules have none (their methods are dispatched from the tables above).
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
     def _original_branch(self, node: cst.CSTNode) -> bool:
         """``if not enabled(): ...`` and the ``else`` of ``if enabled(): ...``."""
         if isinstance(node, cst.If):
