@@ -52,7 +52,7 @@ def _string_defaults(module: cst.Module) -> dict[str, str]:
     while stack:
         node = stack.pop()
         stack.extend(children(node))
-        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"):
+        if not (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument"):
             continue
         default = call_arg(node, 99, "default")
         value = string_value(default.value) if default is not None else None

@@ -12,9 +12,10 @@ import libcst as cst
 
 def dotted(node: cst.CSTNode) -> str | None:
     """``a.b.c`` for a Name/Attribute chain, else None."""
-    if isinstance(node, cst.Name):
+    node_type = type(node)
+    if node_type is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute):
+    if node_type is cst.Attribute:
         base = dotted(node.value)
         return f"{base}.{node.attr.value}" if base else None
     return None

@@ -624,33 +624,34 @@ class ScopeValues:
         return self._kind(node)
 
     def _kind(self, node: cst.CSTNode) -> Kind:
-        if isinstance(node, (cst.Integer,)):
+        node_type = type(node)  # libcst's node types are concrete: ``is``, not isinstance against its ABCs
+        if node_type is cst.Integer:
             return Kind.INT
-        if isinstance(node, cst.Float):
+        if node_type is cst.Float:
             return Kind.FLOAT
-        if isinstance(node, cst.Imaginary):
+        if node_type is cst.Imaginary:
             return Kind.PYTHON
-        if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+        if node_type in (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString):
             return Kind.STR
-        if isinstance(node, cst.Name):
+        if node_type is cst.Name:
             if node.value in ("True", "False"):
                 return Kind.BOOL
             if node.value == "None":
                 return Kind.NONE
             return self._dotted_kind(node)
-        if isinstance(node, cst.Attribute):
+        if node_type is cst.Attribute:
             return self._attribute_kind(node)
-        if isinstance(node, cst.Subscript):
+        if node_type is cst.Subscript:
             return self._subscript_kind(node)
-        if isinstance(node, cst.Call):
+        if node_type is cst.Call:
             return self._call_kind(node)
-        if isinstance(node, cst.BinaryOperation):
+        if node_type is cst.BinaryOperation:
             return self._binary_kind(node)
-        if isinstance(node, cst.UnaryOperation):
+        if node_type is cst.UnaryOperation:
             if isinstance(node.operator, cst.Not):
                 return Kind.BOOL
             return self._eval(node.expression)
-        if isinstance(node, cst.Comparison):
+        if node_type is cst.Comparison:
             if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
                 return Kind.BOOL
             sides = [self._eval(node.left), *(self._eval(c.comparator) for c in node.comparisons)]
@@ -659,26 +660,26 @@ class ScopeValues:
             if Kind.CPU in sides and all(side in NUMBERS or side is Kind.CPU for side in sides):
                 return Kind.CPU
             return Kind.BOOL if all(side in HOST for side in sides) else Kind.UNKNOWN
-        if isinstance(node, cst.BooleanOperation):
+        if node_type is cst.BooleanOperation:
             sides = {self._eval(node.left), self._eval(node.right)}
             if sides & TENSORS:
                 return Kind.TENSOR
             return join(sides) if sides <= HOST else Kind.UNKNOWN
-        if isinstance(node, cst.IfExp):
+        if node_type is cst.IfExp:
             return join([self._eval(node.body), self._eval(node.orelse)])
-        if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+        if node_type in (cst.List, cst.Tuple, cst.Set):
             return self._container_kind(self._eval(e.value) for e in node.elements)
-        if isinstance(node, cst.Dict):
+        if node_type is cst.Dict:
             return self._container_kind(self._eval(e.value) for e in node.elements if isinstance(e, cst.DictElement))
-        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+        if node_type in (cst.ListComp, cst.SetComp, cst.GeneratorExp):
             return self._container_kind([self._comprehension(node.for_in, node.elt)])
-        if isinstance(node, cst.DictComp):
+        if node_type is cst.DictComp:
             return self._container_kind([self._comprehension(node.for_in, node.value)])
-        if isinstance(node, cst.NamedExpr):
+        if node_type is cst.NamedExpr:
             return self._eval(node.value)
-        if isinstance(node, cst.StarredElement):
+        if node_type is cst.StarredElement:
             return self._eval(node.value)
-        if isinstance(node, cst.Lambda):
+        if node_type is cst.Lambda:
             return Kind.PYTHON
         return Kind.UNKNOWN
 
