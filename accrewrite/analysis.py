@@ -10,6 +10,7 @@ resolve from a table.
 from __future__ import annotations
 
 import builtins
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -52,7 +53,7 @@ def _string_defaults(module: cst.Module) -> dict[str, str]:
     while stack:
         node = stack.pop()
         stack.extend(children(node))
-        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"):
+        if not (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument"):
             continue
         default = call_arg(node, 99, "default")
         value = string_value(default.value) if default is not None else None
@@ -466,6 +467,8 @@ class _Analyzer(_Walker):
     ) -> None:
         self.facts = Facts(hot=None if triggers is None else set())
         self._triggers = triggers
+        # Whether a string's text holds one of the words (one search, not a test per word).
+        self._in_text = re.compile("|".join(map(re.escape, sorted(triggers)))).search if triggers else None
         self._trigger_types = node_types(*trigger_nodes)
         self._walked = walked
         # Per open node: whether its subtree so far holds a node of a walked type.
@@ -530,11 +533,11 @@ class _Analyzer(_Walker):
             self._mark_hot()
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        if self._triggers is not None and any(word in node.value for word in self._triggers):
+        if self._in_text is not None and self._in_text(node.value):
             self._mark_hot()
 
     def visit_FormattedStringText(self, node: cst.FormattedStringText) -> None:
-        if self._triggers is not None and any(word in node.value for word in self._triggers):
+        if self._in_text is not None and self._in_text(node.value):
             self._mark_hot()  # f"cuda:{rank}"
 
     # Imports ---------------------------------------------------------------------------------

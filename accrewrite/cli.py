@@ -13,22 +13,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.markup import escape
-from rich.table import Table
-
 from accrewrite import __version__
 from accrewrite.choices import FORMATS, ORIGINAL, positive
 from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS  # the runtime's table; torch-free
 from accrewrite.targets import DEFAULT_TARGET, ProfileError, all_targets, unknown_target
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from accrewrite.engine import Options
     from accrewrite.runner import Job
 
-# Each command imports what it runs (libcst and the rules) when it runs, so that `--version` and
-# `--help` answer at once.
+# Each command imports what it runs (libcst, the rules, rich's console) when it runs, so that
+# `--version` and `--help` answer at once.
 
 EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 EXIT_INTERRUPTED = 130  # as a shell reports SIGINT
@@ -39,16 +36,24 @@ PROGRESS_MIN_FILES = 20
 DEFAULT_TIMEOUT = 150.0
 
 
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        # The reader went away (`| head`). rich would exit 1, the --check code: the run's work
-        # is done, so its exit code stands and the rest of the output goes nowhere.
-        self.quiet = True
-        _to_devnull(self.file)
+def _consoles() -> tuple[Console, Console]:
+    """Standard output's and standard error's consoles."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # The reader went away (`| head`). rich would exit 1, the --check code: the run's work
+            # is done, so its exit code stands and the rest of the output goes nowhere.
+            self.quiet = True
+            _to_devnull(self.file)
+
+    return _Console(), _Console(stderr=True)
 
 
 def _error(err: Console, message: str) -> int:
     """Print an error (its text is never markup: ``[tool.accrewrite]`` stays) and give exit 2."""
+    from rich.markup import escape
+
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return EXIT_ERROR
 
@@ -205,6 +210,8 @@ def _checked_options(args, config) -> Options:
 
 
 def _migrate(args, out: Console, err: Console) -> int:
+    from rich.markup import escape
+
     from accrewrite.config import ConfigError, Configs
     from accrewrite.discovery import discover
     from accrewrite.errors import FileError
@@ -250,6 +257,8 @@ def _migrate(args, out: Console, err: Console) -> int:
     jobs = list(zip(_jobs([path for path, _ in work], args.paths, args.output_dir), (o for _, o in work)))
     workers = min(args.jobs if args.jobs > 0 else usable_cpus(), usable_cpus(), max(1, len(jobs)))
     if err.is_terminal and len(jobs) >= PROGRESS_MIN_FILES:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         # Refreshed from this thread: the workers are forked, and a refresh thread must not be.
         with Progress(
             TextColumn("migrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -324,6 +333,8 @@ def _rules(args, out: Console) -> int:
         for row in rows:
             print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4])
         return EXIT_OK
+    from rich.table import Table
+
     table = Table()
     for column in ("code", "name", "fix", "targets", "summary"):
         table.add_column(column)
@@ -372,16 +383,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["verify"] and "--" in argv:  # the script's own arguments, never accrewrite's
         split = argv.index("--")
         argv, script_args = argv[:split], argv[split + 1:]
-    out, err = _Console(), _Console(stderr=True)
     try:
         parser = _parser()  # reads the targets' profiles, installed ones included
     except ProfileError as exc:
-        return _error(err, str(exc))
+        return _error(_consoles()[1], str(exc))
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         after = "; the script's own arguments go after `--`: accrewrite verify SCRIPT [options] -- ARGS"
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{after if args.command == 'verify' else ''}")
     args.script_args = script_args
+    out, err = _consoles()
     commands = {"migrate": lambda: _migrate(args, out, err), "rules": lambda: _rules(args, out),
                 "explain": lambda: _explain(args, out, err), "verify": lambda: _verify(args, out, err)}
     try:

@@ -22,7 +22,8 @@ from accrewrite.analysis import Facts, analyze
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
 from accrewrite.imports import add_imports
-from accrewrite.positions import starts
+from accrewrite.nodes import remembering_children
+from accrewrite.positions import code_bytes, starts
 from accrewrite.registry import Selection, all_rules, select, selected_exactly
 from accrewrite.rule import Finding, Rule, RuleContext, excerpt
 from accrewrite.targets import DEFAULT_TARGET, Target, get_target
@@ -108,10 +109,9 @@ def _parse(source: bytes) -> cst.Module:
         )) from None
 
 
-def _round_trips(module: cst.Module, source: bytes) -> None:
-    """libcst must print the file back byte for byte, or a rewrite would change more than its
-    rules did."""
-    printed = module.bytes
+def _round_trips(printed: bytes, source: bytes) -> None:
+    """libcst must print the file back byte for byte (``printed``: the parsed file printed), or a
+    rewrite would change more than its rules did."""
     if printed == source:
         return
     before, after = source.splitlines(), printed.splitlines()
@@ -249,6 +249,11 @@ def _runs_on(rule: type[Rule], target: Target) -> bool:
 
 def _migrate(original: bytes, options: Options, selection: Selection) -> tuple[bytes, RuleContext] | None:
     """The migrated bytes and the rules' findings, or None when no rule applies."""
+    with remembering_children():
+        return _migrate_tree(original, options, selection)
+
+
+def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tuple[bytes, RuleContext] | None:
     source, restore = normalize.for_libcst(original)
     module = _parse(source)
     text = _decode(source)
@@ -275,8 +280,11 @@ def _migrate(original: bytes, options: Options, selection: Selection) -> tuple[b
         migrated = guard.finish(migrated, facts, import_lines)
     elif import_lines:
         migrated = add_imports(migrated, facts, import_lines)
-    output = migrated.bytes
+    output = code_bytes(migrated)
     if output != source:
-        _round_trips(module, source)
-    ctx.resolve_lines()
+        # The findings' lines come from a print of the parsed file: printed whole, it also
+        # shows whether libcst prints the file back as it read it.
+        _round_trips(ctx.resolve_lines(printed=True).encode(module.encoding), source)
+    else:
+        ctx.resolve_lines()
     return restore(output), ctx

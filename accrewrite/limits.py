@@ -59,15 +59,25 @@ def check(source: bytes, path: str) -> None:
 
 def _depth(tree: ast.AST) -> tuple[int, int]:
     """The deepest nesting of ``tree`` and the line where it is (without recursion: that is
-    what is being measured)."""
+    what is being measured). Children are pushed in ``ast.iter_child_nodes`` order, read from
+    each class's fields directly (the walk visits every node of the file)."""
     deepest, where = 0, 0
     stack = [(tree, 1, 0)]
+    pop, push, node_type = stack.pop, stack.append, ast.AST
     while stack:
-        node, depth, line = stack.pop()
+        node, depth, line = pop()
         line = getattr(node, "lineno", line)
         if depth > deepest:
             deepest, where = depth, line
-        stack.extend((child, depth + 1, line) for child in ast.iter_child_nodes(node))
+        depth += 1
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, node_type):
+                push((value, depth, line))
+            elif isinstance(value, list):
+                for item in value:
+                    if isinstance(item, node_type):
+                        push((item, depth, line))
     return deepest, where
 
 

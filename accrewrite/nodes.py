@@ -4,15 +4,18 @@ values, call arguments, and a fast read-only listing of a node's children."""
 from __future__ import annotations
 
 import dataclasses
+import operator
+from contextlib import contextmanager
 
 import libcst as cst
 
 
 def dotted(node: cst.CSTNode) -> str | None:
     """``a.b.c`` for a Name/Attribute chain, else None."""
-    if isinstance(node, cst.Name):
+    node_type = type(node)
+    if node_type is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute):
+    if node_type is cst.Attribute:
         base = dotted(node.value)
         return f"{base}.{node.attr.value}" if base else None
     return None
@@ -63,7 +66,7 @@ _SKIPPED_FIELDS = frozenset(
         "lpar", "rpar", "comma", "semicolon", "equal", "colon", "dot", "star", "operator",
     }
 )
-_child_fields_cache: dict[type, tuple[str, ...]] = {}
+_child_getters: dict[type, object] = {}
 
 
 def node_types(*bases: type) -> frozenset[type]:
@@ -84,31 +87,66 @@ NODE_TYPES = node_types(cst.CSTNode)
 STATEMENT_TYPES = node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
 
 
-def _child_fields(node_type: type) -> tuple[str, ...]:
-    names = _child_fields_cache.get(node_type)
-    if names is None:
-        names = tuple(
-            f.name for f in dataclasses.fields(node_type)
-            if f.name not in _SKIPPED_FIELDS and not f.name.startswith("whitespace")
-        )
-        _child_fields_cache[node_type] = names
-    return names
+def _child_getter(node_type: type):
+    """A function giving the values of ``node_type``'s fields that may hold child nodes, as a tuple."""
+    names = tuple(
+        f.name for f in dataclasses.fields(node_type)
+        if f.name not in _SKIPPED_FIELDS and not f.name.startswith("whitespace")
+    )
+    if not names:
+        getter = _no_fields
+    elif len(names) == 1:
+        single = operator.attrgetter(names[0])
+        getter = lambda node: (single(node),)  # noqa: E731 - attrgetter of one name gives no tuple
+    else:
+        getter = operator.attrgetter(*names)
+    _child_getters[node_type] = getter
+    return getter
+
+
+def _no_fields(node):
+    return ()
 
 
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """``node``'s child nodes in source order, without its whitespace, parentheses and
-    punctuation: what read-only walks descend into, read from the dataclass fields."""
+    punctuation: what read-only walks descend into, read from the dataclass fields. The list
+    is shared (inside ``remembering_children``): read it, never change it."""
+    memo = _memo
+    if memo is not None:
+        found = memo.get(node)
+        if found is not None:
+            return found
     found = []
-    for field_name in _child_fields(type(node)):
-        value = getattr(node, field_name)
+    kind = type(node)
+    for value in (_child_getters.get(kind) or _child_getter(kind))(node):
         kind = type(value)
         if kind in NODE_TYPES:
             found.append(value)
         elif kind is tuple or kind is list:
-            for item in value:
-                if type(item) in NODE_TYPES:
-                    found.append(item)
+            found.extend([item for item in value if type(item) in NODE_TYPES])
+    if memo is not None:
+        memo[node] = found
     return found
+
+
+# Each node's children while a file is migrated (``remembering_children``).
+_memo: dict[cst.CSTNode, list[cst.CSTNode]] | None = None
+
+
+@contextmanager
+def remembering_children():
+    """Within it, ``children`` keeps what it finds: the analysis, the data-flow analysis and the
+    rules walk the same nodes of a file several times. Trees are immutable, so what was found
+    stays true; it is all dropped on leaving."""
+    global _memo
+    outer = _memo
+    if outer is None:
+        _memo = {}
+    try:
+        yield
+    finally:
+        _memo = outer
 
 
 def walk(node: cst.CSTNode, enter) -> None:

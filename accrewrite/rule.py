@@ -20,7 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accrewrite import snippets
 from accrewrite.analysis import Facts
-from accrewrite.positions import starts
+from accrewrite.positions import code, starts, starts_and_code
 from accrewrite.targets import Concept, Target, all_targets
 
 
@@ -111,7 +111,7 @@ def _end(module: cst.Module, finding: Finding) -> tuple[int, int]:
     """Where a finding's node ends (line 1-based, column 0-based, exclusive), from its code: a
     statement's code starts after its leading comment lines, and its body is indented from
     the statement's own column."""
-    rows = module.code_for_node(finding.node).split("\n")[len(getattr(finding.node, "leading_lines", ())):]
+    rows = code(module, finding.node).split("\n")[len(getattr(finding.node, "leading_lines", ())):]
     rows = "\n".join(rows).rstrip().split("\n")
     if len(rows) == 1:
         return finding.line, finding.col + len(rows[0])
@@ -204,7 +204,7 @@ class RuleContext:
 
     def code(self, node: cst.CSTNode) -> str:
         """Source code of ``node`` (as the module would print it)."""
-        return self.module.code_for_node(node)
+        return code(self.module, node)
 
     def concept(self, name: str) -> Concept:
         """The target's spelling of a concept; raises ConceptMissing where the target lacks it."""
@@ -306,10 +306,12 @@ class RuleContext:
             self._positions = wrapper.resolve(PositionProvider)
         return self._positions[node]
 
-    def resolve_lines(self) -> None:
-        """Give every finding its line and column; drop diagnostics suppressed by noqa."""
+    def resolve_lines(self, printed: bool = False) -> str:
+        """Give every finding its line and column; drop diagnostics suppressed by noqa. With
+        ``printed``, the module's code, from the same print of it (else "")."""
         findings = (*self.fixes, *self.diagnostics, *self.withheld)
-        found = starts(self.module, (finding.node for finding in findings))
+        nodes = (finding.node for finding in findings)
+        found, text = starts_and_code(self.module, nodes) if printed else (starts(self.module, nodes), "")
         for finding in findings:
             finding.line, finding.col = found[finding.node]
         self.diagnostics = [d for d in self.diagnostics if not self.suppressed(d.code, d.node)]
@@ -317,3 +319,4 @@ class RuleContext:
             diagnostic.end_line, diagnostic.end_col = _end(self.module, diagnostic)
         self.fixes.sort(key=lambda f: (f.line, f.col))
         self.diagnostics.sort(key=lambda d: (d.line, d.col))
+        return text

@@ -172,9 +172,21 @@ def run(jobs: list[tuple[Job, Options]], mode: str, workers: int = 1, progress=N
     if mode in ("in-place", "output-dir"):
         for directory in {(job.output or job.path).parent for job, _ in jobs}:
             remove_orphans(directory)
-    tasks = [(job, options, mode) for job, options in jobs]
-    results = map_isolated(_process_star, tasks, workers, timeout, progress)
+    # Largest files first: with several workers, a large file started last would leave the
+    # others idle while it runs.
+    order = sorted(range(len(jobs)), key=lambda index: -_size(jobs[index][0].path)) if workers > 1 else range(len(jobs))
+    tasks = [(jobs[index][0], jobs[index][1], mode) for index in order]
+    results: list = [None] * len(jobs)
+    for index, result in zip(order, map_isolated(_process_star, tasks, workers, timeout, progress)):
+        results[index] = result
     return [
         Outcome(str(job.path), error=FileError(result.reason)) if isinstance(result, Lost) else result
         for (job, _), result in zip(jobs, results)
     ]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # reading it will say why
+        return 0

@@ -101,13 +101,21 @@ class BatchedTransformer(cst.CSTTransformer):
                 return False
             ctx.open_statements.append(node)
             self._own_fixes.append(0)
-        if isinstance(node, cst.FunctionDef):
+        if type(node) is cst.FunctionDef:
             ctx.scopes.append(node)
         if node in self._loops:
             ctx.loops.append(self._loops[node])
         for rule, method in self._visitors.get(type(node).__name__, ()):
             self._run(rule, lambda original, current: method(original) or current, node, node)
         return True
+
+    # libcst calls these for every field of every node walked, to look up ``visit_<Node>_<field>``
+    # methods by name; rules have none (their methods are dispatched from the tables above).
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
 
     def _original_branch(self, node: cst.CSTNode) -> bool:
         """``if not enabled(): ...`` and the ``else`` of ``if enabled(): ...``."""
@@ -128,18 +136,18 @@ class BatchedTransformer(cst.CSTTransformer):
         if ctx.open_statements and ctx.open_statements[-1] is original_node:
             return self._leave_statement(original_node, updated_node)
         result = self._run_all(original_node, updated_node)
-        if isinstance(original_node, cst.FunctionDef):
+        if type(original_node) is cst.FunctionDef:
             ctx.scopes.pop()
-        if isinstance(result, (cst.IndentedBlock, cst.Module)) and self.guard is not None:
+        if type(result) in (cst.IndentedBlock, cst.Module) and self.guard is not None:
             result = result.with_changes(body=self.guard.merge(list(result.body)))
-        if isinstance(result, cst.IndentedBlock) and not result.body:
+        if type(result) is cst.IndentedBlock and not result.body:
             result = result.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
         return result
 
     def _leave_statement(self, original_node, updated_node):
         ctx = self.ctx
         result = self._run_all(original_node, updated_node)
-        if isinstance(original_node, cst.FunctionDef):
+        if type(original_node) is cst.FunctionDef:
             ctx.scopes.pop()
         if original_node in self._loops:
             ctx.loops.pop()

@@ -279,7 +279,7 @@ class ScopeValues:
     def walk(self) -> None:
         """Walk the scope's statements (once, when its values are first asked for)."""
         body = self.scope.body if self.scope is not None else self.file.module
-        self._local = _bound_names(body)
+        self._local = self.file.bound_names(body)
         env = self._bind_params(self.scope) if self.scope is not None else _Env()
         self._block(body.body, env)
         self._final = True
@@ -624,33 +624,34 @@ class ScopeValues:
         return self._kind(node)
 
     def _kind(self, node: cst.CSTNode) -> Kind:
-        if isinstance(node, (cst.Integer,)):
+        node_type = type(node)  # libcst's node types are concrete: ``is``, not isinstance against its ABCs
+        if node_type is cst.Integer:
             return Kind.INT
-        if isinstance(node, cst.Float):
+        if node_type is cst.Float:
             return Kind.FLOAT
-        if isinstance(node, cst.Imaginary):
+        if node_type is cst.Imaginary:
             return Kind.PYTHON
-        if isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+        if node_type in (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString):
             return Kind.STR
-        if isinstance(node, cst.Name):
+        if node_type is cst.Name:
             if node.value in ("True", "False"):
                 return Kind.BOOL
             if node.value == "None":
                 return Kind.NONE
             return self._dotted_kind(node)
-        if isinstance(node, cst.Attribute):
+        if node_type is cst.Attribute:
             return self._attribute_kind(node)
-        if isinstance(node, cst.Subscript):
+        if node_type is cst.Subscript:
             return self._subscript_kind(node)
-        if isinstance(node, cst.Call):
+        if node_type is cst.Call:
             return self._call_kind(node)
-        if isinstance(node, cst.BinaryOperation):
+        if node_type is cst.BinaryOperation:
             return self._binary_kind(node)
-        if isinstance(node, cst.UnaryOperation):
+        if node_type is cst.UnaryOperation:
             if isinstance(node.operator, cst.Not):
                 return Kind.BOOL
             return self._eval(node.expression)
-        if isinstance(node, cst.Comparison):
+        if node_type is cst.Comparison:
             if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in node.comparisons):
                 return Kind.BOOL
             sides = [self._eval(node.left), *(self._eval(c.comparator) for c in node.comparisons)]
@@ -659,26 +660,26 @@ class ScopeValues:
             if Kind.CPU in sides and all(side in NUMBERS or side is Kind.CPU for side in sides):
                 return Kind.CPU
             return Kind.BOOL if all(side in HOST for side in sides) else Kind.UNKNOWN
-        if isinstance(node, cst.BooleanOperation):
+        if node_type is cst.BooleanOperation:
             sides = {self._eval(node.left), self._eval(node.right)}
             if sides & TENSORS:
                 return Kind.TENSOR
             return join(sides) if sides <= HOST else Kind.UNKNOWN
-        if isinstance(node, cst.IfExp):
+        if node_type is cst.IfExp:
             return join([self._eval(node.body), self._eval(node.orelse)])
-        if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+        if node_type in (cst.List, cst.Tuple, cst.Set):
             return self._container_kind(self._eval(e.value) for e in node.elements)
-        if isinstance(node, cst.Dict):
+        if node_type is cst.Dict:
             return self._container_kind(self._eval(e.value) for e in node.elements if isinstance(e, cst.DictElement))
-        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+        if node_type in (cst.ListComp, cst.SetComp, cst.GeneratorExp):
             return self._container_kind([self._comprehension(node.for_in, node.elt)])
-        if isinstance(node, cst.DictComp):
+        if node_type is cst.DictComp:
             return self._container_kind([self._comprehension(node.for_in, node.value)])
-        if isinstance(node, cst.NamedExpr):
+        if node_type is cst.NamedExpr:
             return self._eval(node.value)
-        if isinstance(node, cst.StarredElement):
+        if node_type is cst.StarredElement:
             return self._eval(node.value)
-        if isinstance(node, cst.Lambda):
+        if node_type is cst.Lambda:
             return Kind.PYTHON
         return Kind.UNKNOWN
 
@@ -1134,10 +1135,13 @@ class ScopeValues:
 _COMPREHENSIONS = node_types(cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
 
+_BLOCK_TYPES = node_types(cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStatement, cst.Else, cst.Finally,
+                          cst.ExceptHandler)
+
+
 def _is_block(node: cst.CSTNode) -> bool:
     """A statement or block nested in a compound statement (not part of its header)."""
-    return isinstance(node, (cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStatement, cst.Else, cst.Finally,
-                             cst.ExceptHandler, cst.FunctionDef, cst.ClassDef))
+    return type(node) in _BLOCK_TYPES
 
 
 def _wraps_iterable(node: cst.CSTNode) -> bool:
@@ -1158,35 +1162,41 @@ def _target_names(target: cst.CSTNode) -> set[str]:
     return set()
 
 
-def _bound_names(body: cst.CSTNode) -> set[str]:
+_DEFINITIONS = (cst.FunctionDef, cst.ClassDef)
+_OWN_SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_TARGETED = (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)
+
+
+def _bound_names(body: cst.CSTNode) -> frozenset[str]:
     """The names a function (or module) body binds, which are local to it throughout."""
     found: set[str] = set()
     declared: set[str] = set()
     stack = list(children(body))
     while stack:
         node = stack.pop()
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        kind = type(node)
+        if kind in _DEFINITIONS:
             found.add(node.name.value)
             continue
-        if isinstance(node, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+        if kind in _OWN_SCOPES:
             continue
-        if isinstance(node, cst.AssignTarget):
+        if kind in _TARGETED:
             found |= _target_names(node.target)
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor)):
-            found |= _target_names(node.target)
-        elif isinstance(node, cst.AsName):
+        elif kind is cst.AsName:
             found |= _target_names(node.name)
-        elif isinstance(node, cst.NamedExpr):
-            found |= _target_names(node.target)
-        elif isinstance(node, cst.ImportAlias):
+        elif kind is cst.ImportAlias:
             local = node.asname.name if node.asname is not None else node.name
             name = dotted(local)
             if name:
                 found.add(name.split(".")[0])
-        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+        elif kind is cst.Global or kind is cst.Nonlocal:
             declared |= {name.name.value for name in node.names}
         stack.extend(children(node))
-    return found - declared
+    return frozenset(found - declared)
+
+
+_EXPRESSIONS = node_types(cst.BaseExpression)
+_NESTED_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 def _binary_of(operator: cst.BaseAugOp) -> cst.BaseBinaryOp:
@@ -1219,11 +1229,22 @@ class FileValues:
         self._nested: dict[tuple[cst.FunctionDef, str], cst.FunctionDef] = {}
         # How many scope walks are under way (``of`` re-walks provisional scopes at none).
         self._walking = 0
+        # Per body, what ``_bound_names`` gives; per function, what ``_joined`` gives (a
+        # provisional scope's walk runs again, and both ask).
+        self._bound: dict[cst.CSTNode, frozenset[str]] = {}
+        self._joined_names: dict[cst.FunctionDef, frozenset[str]] = {}
         self._index(module, owner=None, parent=None)
+
+    def bound_names(self, body: cst.CSTNode) -> frozenset[str]:
+        found = self._bound.get(body)
+        if found is None:
+            found = self._bound[body] = _bound_names(body)
+        return found
 
     def _index(self, node: cst.CSTNode, owner, parent) -> None:
         for child in children(node):
-            if isinstance(child, cst.FunctionDef):
+            kind = type(child)
+            if kind is cst.FunctionDef:
                 params = [p.name.value for p in (*child.params.posonly_params, *child.params.params)]
                 self.functions[child] = _Function(owner, parent, params)
                 if owner is not None and parent is None:
@@ -1233,13 +1254,13 @@ class FileValues:
                 elif owner is None:
                     self._nested.setdefault((parent, child.name.value), child)
                 self._index(child, owner=None, parent=child)
-            elif isinstance(child, cst.ClassDef):
+            elif kind is cst.ClassDef:
                 if owner is None and parent is None:
                     self.defined.setdefault(child.name.value, child)
                     self.classes[child.name.value] = child
                 self._methods.setdefault(child, {})
                 self._index(child, owner=child, parent=None)
-            elif isinstance(child, (cst.BaseExpression,)):
+            elif kind in _EXPRESSIONS:
                 continue
             else:
                 self._index(child, owner, parent)
@@ -1405,20 +1426,25 @@ class FileValues:
         first = (*params.posonly_params, *params.params)[:1]
         return bool(first) and first[0] is param and any(scope in spawn.workers for spawn in self.facts.spawns())
 
-    def _joined(self, scope: cst.FunctionDef) -> set[str]:
+    def _joined(self, scope: cst.FunctionDef) -> frozenset[str]:
         """The names that ``scope`` concatenates or stacks (``torch.cat((idx, idx_next), dim=1)``):
         tensors, whatever its callers pass."""
+        known = self._joined_names.get(scope)
+        if known is not None:
+            return known
         found: set[str] = set()
         stack = list(children(scope.body))
         while stack:
             node = stack.pop()
-            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            kind = type(node)
+            if kind in _NESTED_SCOPES:
                 continue
             stack.extend(children(node))
-            if isinstance(node, cst.Call) and self.facts.qualname(node.func) in _JOINING and node.args:
+            if kind is cst.Call and node.args and self.facts.qualname(node.func) in _JOINING:
                 parts = node.args[0].value
                 if isinstance(parts, (cst.Tuple, cst.List)):
                     found.update(e.value.value for e in parts.elements if isinstance(e.value, cst.Name))
+        found = self._joined_names[scope] = frozenset(found)
         return found
 
     def _passed(self, scope: cst.FunctionDef, param: cst.Param) -> list[Kind]:
@@ -1452,10 +1478,11 @@ class FileValues:
 
     def _find_calls(self, node: cst.CSTNode, scope) -> None:
         for child in children(node):
-            if isinstance(child, cst.FunctionDef):
+            kind = type(child)
+            if kind is cst.FunctionDef:
                 self._find_calls(child, child)
                 continue
-            if isinstance(child, cst.Call):
+            if kind is cst.Call:
                 self._note_call(child, scope)
             self._find_calls(child, scope)
 
@@ -1547,9 +1574,10 @@ class FileValues:
         stack: list[cst.CSTNode] = [self.module]
         while stack:
             node = stack.pop()
-            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
+            kind = type(node)
+            if kind is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument":
                 self._note_option(node)
-            elif isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+            elif kind is cst.Assign and type(node.value) is cst.Call:
                 func = node.value.func
                 if isinstance(func, cst.Attribute) and func.attr.value in ("parse_args", "parse_known_args"):
                     for target in node.targets:

@@ -1,0 +1,115 @@
+"""The mechanisms that keep a migration fast give what the plain way gives: the fast print is
+libcst's print, the remembered children are the children, the depth walk measures what
+``ast.iter_child_nodes`` walks, and several workers give each file its own outcome in order."""
+
+import ast
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from accrewrite import limits, nodes, positions
+from accrewrite.engine import Options
+from accrewrite.runner import Job, run
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = sorted(ROOT.glob("tests/rules/fixtures/*.in.py")) + sorted(ROOT.glob("examples/*/train.py"))
+ODD = (
+    "# -*- coding: utf-8 -*-\n"
+    "@decorator(a)\nclass A(B, metaclass=M):\n    x: int = 1\n    def f(self, /, a, *b, c=2, **d) -> int:\n"
+    "        return [i async for i in a] if (a := b) else {k: v for k, v in d.items()}\n"
+    "\nwith open(p) as f, open(q) as g: pass\n"
+    "try:\n    pass\nexcept* ValueError as e:\n    raise\nfinally:\n    del x[1:2, ::3]\n"
+    "match p:\n    case [1, *rest] | {'k': _} if rest:\n        pass\n"
+    "lambda *, k=f'{x!r:>{w}}': k\n"
+    "s = 'a' 'b'\rt = -~x ** y @ z  # a comment\r\n"
+)
+
+
+def _sources():
+    return [path.read_text() for path in SOURCES] + [ODD]
+
+
+def test_the_fast_print_is_libcsts_print():
+    for source in _sources():
+        module = cst.parse_module(source)
+        assert positions.code(module) == module.code == source
+        assert positions.code_bytes(module) == module.bytes
+        for statement in module.body:
+            assert positions.code(module, statement) == module.code_for_node(statement)
+
+
+def test_starts_from_a_whole_print_are_the_starts_and_the_print_is_the_module():
+    for source in _sources():
+        module = cst.parse_module(source)
+        wanted = []
+        nodes.walk(module, lambda node: wanted.append(node) if isinstance(node, (cst.Name, cst.Call)) else None)
+        found, code = positions.starts_and_code(module, wanted)
+        assert found == positions.starts(module, wanted)
+        assert code == module.code
+        assert positions.starts_and_code(module, []) == ({}, module.code)
+
+
+def _plain_children(node):
+    """What ``children`` gave before it read fields through one getter and remembered them."""
+    found = []
+    for field in node.__dataclass_fields__:
+        if field in nodes._SKIPPED_FIELDS or field.startswith("whitespace"):
+            continue
+        value = getattr(node, field)
+        if type(value) in nodes.NODE_TYPES:
+            found.append(value)
+        elif type(value) in (tuple, list):
+            found += [item for item in value if type(item) in nodes.NODE_TYPES]
+    return found
+
+
+def test_children_are_each_nodes_fields_and_are_remembered_only_while_asked():
+    module = cst.parse_module(ODD)
+    every = []
+    nodes.walk(module, every.append)
+    assert len(every) > 100
+    for node in every:
+        assert nodes.children(node) == _plain_children(node)
+        assert nodes.children(node) is not nodes.children(node)  # nothing kept outside
+    with nodes.remembering_children():
+        first = [nodes.children(node) for node in every]
+        with nodes.remembering_children():  # an inner use shares the outer's memory
+            assert all(nodes.children(node) is kept for node, kept in zip(every, first))
+        assert all(nodes.children(node) is kept for node, kept in zip(every, first))
+    assert nodes._memo is None
+    assert all(nodes.children(node) is not kept for node, kept in zip(every, first))
+
+
+def _reference_depth(tree):
+    deepest, where = 0, 0
+    stack = [(tree, 1, 0)]
+    while stack:
+        node, depth, line = stack.pop()
+        line = getattr(node, "lineno", line)
+        if depth > deepest:
+            deepest, where = depth, line
+        stack.extend((child, depth + 1, line) for child in ast.iter_child_nodes(node))
+    return deepest, where
+
+
+@pytest.mark.parametrize("extra", ["", "x = a" + ".b" * 1200 + "\n", "y = " + "-" * 600 + "1\n",
+                                   "z = " + " + ".join(["q"] * 900) + "\n"])
+def test_the_depth_walk_measures_what_the_ast_nests(extra):
+    for source in _sources():
+        tree = ast.parse(source + extra)
+        assert limits._depth(tree) == _reference_depth(tree)
+
+
+def test_several_workers_give_each_file_its_outcome_in_the_order_given(tmp_path):
+    # Sizes out of order: the workers take the largest first, the outcomes still follow the jobs.
+    jobs = []
+    for index, lines in enumerate([1, 40, 3, 200, 2, 90]):
+        path = tmp_path / f"s{index}.py"
+        path.write_text("import torch\n" + "x = torch.ones(2).cuda()\n" * lines)
+        jobs.append((Job(path), Options()))
+    jobs.append((Job(tmp_path / "missing.py"), Options()))
+    one, two = run(jobs, "diff", workers=1), run(jobs, "diff", workers=2)
+    assert [o.path for o in two] == [str(job.path) for job, _ in jobs]
+    assert [(o.path, o.diff, o.error, len(o.fixes)) for o in one] == [(o.path, o.diff, o.error, len(o.fixes)) for o in two]
+    assert two[3].diff.count("\n+x = ") == 200 and two[-1].error is not None
