@@ -6,6 +6,8 @@ back after the migration.
   last form feed is dropped, which leaves the same indentation.
 - Newlines that are lone carriage returns: libcst drops the last one, so they are read as line
   feeds and written back as they were.
+- Lines of spaces or tabs at the end of the file: libcst drops the empty lines before them, so
+  they are set aside and put back after the migrated text.
 - A line that holds only a backslash continuation: Python joins it to the next line, whose
   indentation is then the backslash line's; libcst rejects ``\\`` before ``else:``. It becomes an
   empty line, and the next line takes the backslash line's indentation.
@@ -30,6 +32,10 @@ _MAYBE = re.compile(rb"^[ \t]*\f|^[ \t\f]*\\\r?$", re.MULTILINE)
 def for_libcst(source: bytes):
     """``(text libcst reads as Python reads source, restore)``; ``restore(output)`` puts the
     original lines back into the migrated text."""
+    tail = _blank_tail(source)
+    if tail:
+        readable, restore = for_libcst(source[:-len(tail)])
+        return readable, lambda output: restore(output) + tail
     if b"\r" in source and b"\n" not in source:  # classic Mac newlines: libcst drops the last one
         readable, restore = for_libcst(source.replace(b"\r", b"\n"))
         return readable, lambda output: restore(output).replace(b"\n", b"\r")
@@ -63,6 +69,16 @@ def for_libcst(source: bytes):
     if normalized == source:
         return source, _unchanged
     return normalized, lambda output: _restore(original, lines, output)
+
+
+def _blank_tail(source: bytes) -> bytes:
+    """The lines after the last line of code when one of them holds spaces or tabs, else b""."""
+    code = source.rstrip(b" \t\f\r\n")
+    end = source.find(b"\n", len(code))
+    if end == -1 or code.endswith(b"\\"):
+        return b""
+    tail = source[end + 1:]
+    return tail if tail.strip(b"\r\n") else b""
 
 
 def _unchanged(output: bytes) -> bytes:

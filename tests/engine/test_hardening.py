@@ -277,6 +277,16 @@ def test_lone_carriage_returns_stay_to_the_last_line():
     assert migrate_source(result.output, "mac.py").output == result.output
 
 
+@pytest.mark.parametrize("tail", [b"\n \n", b"\n\n\t", b"  \n\n \n\n", b"\r\n \r\n"])
+def test_blank_lines_of_spaces_at_the_end_are_kept(tail):
+    # libcst drops the empty lines before a last line of spaces, which the round-trip check refuses
+    source = b"import torch\nmodel = torch.nn.Linear(2, 2).cuda()\n" + tail
+    result = migrate_source(source, "tail.py")
+    assert result.error is None and result.changed
+    assert result.output.endswith(tail) and b"cuda()" not in result.output
+    assert migrate_source(result.output, "tail.py").output == result.output
+
+
 def test_a_file_python_rejects_is_a_syntax_error_not_a_rewrite():
     source = b"import torch\ny = " + b"(" * 250 + b"1" + b")" * 250 + b"\nz = torch.zeros(1).cuda()\n"
     result = migrate_source(source, "parens.py")
