@@ -52,6 +52,9 @@ class ProcessGroup(Rule):
       spawn of torch's would host a second one: the address is in use). A spawn it cannot
       take (`join=False`, `daemon=True`) is left, and reported;
     - `torchacc`: unchanged, with the script's own init method, rank and world size.
+
+    Left as it is and reported (ACC004): `init_process_group(*args/**kwargs)`, whose backend
+    cannot be told, and a spawn the target's launcher cannot take.
     """
 
     code = "ACC004"
@@ -191,9 +194,8 @@ class ProcessGroup(Rule):
         if any(arg.star for arg in original_node.args):
             self.ctx.diagnose(
                 original_node,
-                "init_process_group(*args/**kwargs): its backend cannot be told",
+                "init_process_group(*args/**kwargs): its backend cannot be told; left as it is",
                 "Pass the target's backend by hand (see `accrewrite explain ACC004`).",
-                code="ACC105",
             )
             return updated_node
         ctx = self.ctx
@@ -283,7 +285,6 @@ class ProcessGroup(Rule):
                 f"{launcher} starts one process per device and waits for them (no join=False, no daemons). "
                 "Processes started otherwise cannot join the target's process group (its init method hosts one "
                 "rendezvous for the processes it launched): launch them with it.",
-                code="ACC105",
             )
             return updated_node
         args = []

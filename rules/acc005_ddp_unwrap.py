@@ -52,6 +52,9 @@ class DdpUnwrap(Rule):
     DataParallel ran in one process: it is only removed.
 
     The DDP import is left in place (unused imports are harmless and may be used elsewhere).
+
+    Left as it is and reported (ACC005): a wrapper whose module cannot be told
+    (`DDP(*args)`); unwrap it by hand.
     """
 
     code = "ACC005"
@@ -170,8 +173,7 @@ class DdpUnwrap(Rule):
             return updated_node
         module = call_arg(updated_node, 0, "module")
         if module is None or any(arg.star for arg in original_node.args):
-            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told", "Unwrap it by hand.",
-                              code="ACC105")
+            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told; left as it is", "Unwrap it by hand.")
             return updated_node
         self.ctx.fix(original_node, "unwrapped: the target all-reduces gradients at the step (ACC006), not in DDP")
         return module.value.with_changes(lpar=[], rpar=[]) if isinstance(module.value, cst.Name) else module.value

@@ -38,6 +38,9 @@ class GradientAllReduce(Rule):
     Scheduler steps, `zero_grad` and EMA updates keep their places. A file that shards its
     model (FSDP, `fully_shard`, DTensor's `parallelize_module`) or all-reduces the gradients
     itself is left as it is: its gradients are reduced already, or are shards.
+
+    Reported (ACC006): a library's loss scaler that runs backward and the step inside (timm's
+    `NativeScaler`), where no reduction can go.
     """
 
     code = "ACC006"
@@ -189,7 +192,6 @@ class GradientAllReduce(Rule):
                 "It runs backward and the optimizer step inside; with DistributedDataParallel removed "
                 "(ACC005) the ranks' gradients are not reduced. Step with a GradScaler in this script "
                 "instead (then ACC006 reduces before it).",
-                code="ACC105",
             )
 
     def _plain_step(self, statement) -> str | None:

@@ -39,6 +39,10 @@ class Amp(Rule):
     device (bfloat16 has float32's range, so no loss scaling is needed), and a GradScaler
     becomes PyTorch's scaler *disabled*, so `scaler.scale(loss).backward()`,
     `scaler.unscale_`, `scaler.step` and `scaler.update` still run, as plain calls.
+
+    Left as it is and reported (ACC007): `autocast(*args)`/`GradScaler(**kwargs)`, a call whose
+    target name is already bound to something else in the file, and autocast/GradScaler passed
+    around uncalled where the target has no CUDA-style one.
     """
 
     code = "ACC007"
@@ -181,7 +185,6 @@ class Amp(Rule):
             f"{excerpt(self.ctx.code(call.func))}() left as it is: the name `{name}` is taken",
             f"The target's own is called {name}, which this file already binds to {bound}; import the "
             "target's under another name and call it here.",
-            code="ACC105",
         )
         return True
 
@@ -218,7 +221,6 @@ class Amp(Rule):
                     original_node,
                     f"{_local(alias)} is passed around uncalled; this target has no CUDA-style {name}",
                     "The import stays (it runs, without mixed precision); change the calls it reaches by hand.",
-                    code="ACC105",
                 )
             else:
                 dropped.append(name)
@@ -275,7 +277,6 @@ class Amp(Rule):
                     original_node,
                     f"{callee} is passed around uncalled; this target has no CUDA-style {name}",
                     "Change the calls it reaches by hand (see `accrewrite explain ACC007`).",
-                    code="ACC105",
                 )
             return updated_node
         self.ctx.fix(original_node, f"{callee} -> the target's {name}")
@@ -294,7 +295,6 @@ class Amp(Rule):
                     f"{local}() left as it is: the target's own is called {local} too",
                     f"{local}() is {callee}, which this file also calls for other devices: it stays CUDA AMP "
                     "(inactive off CUDA). Call the target's by hand here, imported under another name.",
-                    code="ACC105",
                 )
             return updated_node
         if callee in _CUDA_AUTOCAST:
@@ -340,7 +340,7 @@ class Amp(Rule):
         ctx = self.ctx
         if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
             ctx.diagnose(original_node, "autocast(*args/**kwargs) left as it is",
-                         "Migrate this call to the target's autocast by hand.", code="ACC105")
+                         "Migrate this call to the target's autocast by hand.")
             return updated_node
         named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device_type"]
         if repointed and not ctx.target.has("autocast_device"):
@@ -376,7 +376,7 @@ class Amp(Rule):
         ctx = self.ctx
         if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
             ctx.diagnose(original_node, "GradScaler(*args/**kwargs) left as it is",
-                         "Migrate this call to the target's GradScaler by hand.", code="ACC105")
+                         "Migrate this call to the target's GradScaler by hand.")
             return updated_node
         if not ctx.target.has("grad_scaler") and ctx.target.has("disabled_grad_scaler"):
             ctx.diagnose(

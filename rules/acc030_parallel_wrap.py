@@ -31,6 +31,8 @@ class ParallelWrap(Rule):
     `torch.nn.utils.clip_grad_norm_` keeps working: every parameter is a DTensor on one mesh.
     Saving the model's state is ACC031's. Targets without `accelerate` (the XLA ones) get a
     diagnostic naming their own sharding API instead, and nothing changes.
+
+    Left as it is and reported (ACC030): a wrapper whose module cannot be told (`DDP(*args)`).
     """
 
     code = "ACC030"
@@ -208,8 +210,8 @@ class ParallelWrap(Rule):
             return updated_node
         module = call_arg(updated_node, 0, "module")
         if module is None or any(arg.star for arg in original_node.args):
-            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told",
-                              "Call accrt.accelerate(model, config=...) by hand.", code="ACC105")
+            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told; left as it is",
+                              "Call accrt.accelerate(model, config=...) by hand.")
             return updated_node
         for name, built in self.ctx.facts.optimizers.items():
             if not holds(self.ctx.scope or self.ctx.module, built):
