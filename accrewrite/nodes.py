@@ -113,7 +113,7 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 def walk(node: cst.CSTNode, enter) -> None:
     """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
-    rebuilding visit (see ``accrewrite.analysis._Walker``); ``enter`` returning False skips a
+    rebuilding visit (see ``accrewrite.analysis.Walker``); ``enter`` returning False skips a
     node's children."""
     stack = [node]
     while stack:

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import string_value
 from accrewrite.rule import Example, Rule
-from accrewrite.rules.acc002_device_placement import _with_commas
+from accrewrite.toolbox import with_commas
 
 _INIT = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
 _BACKEND_FOR_DEVICE = {"torch.distributed.get_default_backend_for_device",
@@ -256,7 +256,7 @@ class ProcessGroup(Rule):
         if not changes:
             return updated_node
         ctx.fix(original_node, "init_process_group on the target: " + "; ".join(changes))
-        return updated_node.with_changes(args=_with_commas(args))
+        return updated_node.with_changes(args=with_commas(args))
 
 
     # Spawning ------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ class ProcessGroup(Rule):
             )
         ctx.fix(original_node, "torch.multiprocessing.spawn -> the target's launcher" +
                 (" (one process per device)" if owns else " (each process told its device)"))
-        return updated_node.with_changes(func=ctx.expr("spawn"), args=_with_commas(args))
+        return updated_node.with_changes(func=ctx.expr("spawn"), args=with_commas(args))
 
 
 def _is_docstring(statement: cst.CSTNode) -> bool:

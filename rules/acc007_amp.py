@@ -1,9 +1,9 @@
 import libcst as cst
 
-from accrewrite.analysis import _Walker
+from accrewrite.analysis import Walker
 from accrewrite.nodes import call_arg, children, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.rules.acc002_device_placement import _with_commas
+from accrewrite.toolbox import with_commas
 
 # Autocast callables that are CUDA-only, and their positional parameters.
 _CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
@@ -334,7 +334,7 @@ class Amp(Rule):
         if len(named) == len(original_node.args) and all(a.keyword for a in updated_node.args):
             return updated_node
         self.ctx.fix(original_node, f"{what}: the target's picks its device; arguments by keyword")
-        return updated_node.with_changes(args=_with_commas([a for _, a in named]))
+        return updated_node.with_changes(args=with_commas([a for _, a in named]))
 
     def _autocast(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
@@ -370,7 +370,7 @@ class Amp(Rule):
             message += f" in {ctx.code(dtype)}"
         args += [a for _, a in named]
         ctx.fix(original_node, message)
-        return updated_node.with_changes(func=callee, args=_with_commas(args))
+        return updated_node.with_changes(func=callee, args=with_commas(args))
 
     def _scaler(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
@@ -395,7 +395,7 @@ class Amp(Rule):
             return updated_node
         callee = self._callee("grad_scaler")
         ctx.fix(original_node, "GradScaler -> the target's GradScaler on its device")
-        return updated_node.with_changes(func=callee, args=_with_commas([a for _, a in named]))
+        return updated_node.with_changes(func=callee, args=with_commas([a for _, a in named]))
 
 
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
@@ -423,7 +423,7 @@ def _local(alias: cst.ImportAlias) -> str | None:
     return alias.asname.name.value if alias.asname is not None else _name(alias)
 
 
-class _Calls(_Walker):
+class _Calls(Walker):
     """The calls of some bare names in a module."""
 
     def __init__(self, names: set[str]) -> None:

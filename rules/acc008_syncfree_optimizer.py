@@ -3,7 +3,7 @@ import libcst as cst
 from accrewrite.analysis import SCALER_NAMES
 from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.rules.acc002_device_placement import _with_commas
+from accrewrite.toolbox import with_commas
 
 _SYNCFREE = {
     "torch.optim.Adam": "Adam",
@@ -168,7 +168,7 @@ class SyncfreeOptimizer(Rule):
         self.ctx.fix(original_node, message)
         return updated_node.with_changes(
             func=self.ctx.expr("syncfree_optimizer", name=kind),
-            args=_with_commas(args) if dropped else updated_node.args,
+            args=with_commas(args) if dropped else updated_node.args,
         )
 
     def _check_scaler_step(self, call: cst.Call) -> None:

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, holds, names_in
 from accrewrite.rule import Example, Rule
-from accrewrite.rules.acc005_ddp_unwrap import DdpUnwrap
+from accrewrite.toolbox import wrapped_models, wraps_model
 
 _SYNC_FLAG = "require_backward_grad_sync"
 _BUILD_AFTER = ("FSDP2 and tensor parallelism replace the model's parameters with DTensors: an optimizer "
@@ -119,8 +119,14 @@ class ParallelWrap(Rule):
         return self.ctx.parallel or "fsdp"
 
     # The wrapped names and the wrapper calls, found as ACC005 finds them.
-    applies = DdpUnwrap.applies
-    _wraps = DdpUnwrap._wraps
+    def applies(self) -> bool:
+        if "DataParallel" not in self.ctx.source_text:  # a cheap gate; names resolve below
+            return False
+        self._wrapped = wrapped_models(self.ctx.facts, self.ctx.module)
+        return True
+
+    def _wraps(self, node: cst.CSTNode) -> bool:
+        return wraps_model(self.ctx.facts, node)
 
     # Optimizers built before the wrap --------------------------------------------------------
 

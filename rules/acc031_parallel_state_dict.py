@@ -4,7 +4,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
-from accrewrite.rules.acc005_ddp_unwrap import _Wrapped
+from accrewrite.toolbox import wrapped_models
 
 # An `if` that runs on one rank only.
 _ONE_RANK = re.compile(r"rank|master|main_process|is_main")
@@ -73,9 +73,7 @@ class ParallelStateDict(Rule):
         self._handled: set[cst.CSTNode] = set()  # state_dict calls inside a torch.save
 
     def applies(self) -> bool:
-        finder = _Wrapped(self.ctx.facts)
-        finder.walk(self.ctx.module)
-        self._models = self.ctx.facts.models | finder.names
+        self._models = self.ctx.facts.models | wrapped_models(self.ctx.facts, self.ctx.module)
         return bool(self._models)
 
     def _saved_model(self, node: cst.CSTNode) -> str | None:
