@@ -150,6 +150,14 @@ class ProcessGroup(Rule):
             xmp.spawn(demo, args=(world_size,), nprocs=world_size)
             """,
         ),
+        Example(  # left as it is, and reported
+            before="""
+            import torch.distributed as dist
+
+            dist.init_process_group(*args)
+            """,
+            diagnostics=("ACC004:3",),
+        ),
     )
 
     def __init__(self, ctx) -> None:

@@ -121,6 +121,14 @@ class DdpUnwrap(Rule):
             torch.save(model.state_dict(), "model.pt")
             """,
         ),
+        Example(  # left as it is, and reported
+            before="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(*args)
+            """,
+            diagnostics=("ACC005:3",),
+        ),
     )
 
     def __init__(self, ctx) -> None:

@@ -246,22 +246,16 @@ def _call_statement(statement) -> cst.Call | None:
     return call if isinstance(call.func, cst.Attribute) else None
 
 
-class _Finder(cst.CSTVisitor):
-    def __init__(self, methods):
-        super().__init__()
-        self.methods = methods
-        self.found = False
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        if node.attr.value in self.methods:
-            self.found = True
-        return not self.found
-
-
 def _mentions(statement, methods) -> bool:
-    finder = _Finder(methods)
-    statement.visit(finder)
-    return finder.found
+    found = False
+
+    def enter(node: cst.CSTNode) -> bool:
+        nonlocal found
+        found = found or (isinstance(node, cst.Attribute) and node.attr.value in methods)
+        return not found
+
+    walk(statement, enter)
+    return found
 
 
 class _FirstMention:

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import Walker
-from accrewrite.nodes import call_arg, children, dotted, string_value, walk
+from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import with_commas
 
@@ -107,6 +107,15 @@ class Amp(Rule):
             with torch.autocast('xla', dtype=torch.bfloat16):
                 loss = model(x)
             """,
+        ),
+        Example(  # left as it is, and reported
+            before="""
+            import torch
+
+            with torch.cuda.amp.autocast(*amp_args):
+                loss = model(x)
+            """,
+            diagnostics=("ACC007:3",),
         ),
     )
 
@@ -440,19 +449,20 @@ def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:
         return set()
     callees: set[cst.CSTNode] = set()
     used: list[cst.Name] = []
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
+
+    def enter(node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.Import, cst.ImportFrom)):
-            continue
+            return False
         if isinstance(node, cst.Call):
             callees.add(node.func)
         elif isinstance(node, cst.Name) and node.value in names:
             used.append(node)
         elif isinstance(node, cst.Attribute):
-            stack.append(node.value)  # ``x.autocast`` is another name
-            continue
-        stack.extend(children(node))
+            walk(node.value, enter)  # ``x.autocast`` is another name
+            return False
+        return True
+
+    walk(module, enter)
     return {name.value for name in used if name not in callees}
 
 

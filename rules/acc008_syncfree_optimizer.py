@@ -102,6 +102,17 @@ class SyncfreeOptimizer(Rule):
             optimizer = syncfree.Adam(model.parameters(), lr=1e-3)
             """,
         ),
+        Example(  # left as it is, and reported
+            target="torch_xla",
+            before="""
+            import torch
+
+            optimizer = torch.optim.AdamW(*params)
+            scaler = torch.cuda.amp.GradScaler()
+            scaler.step(optimizer)
+            """,
+            diagnostics=("ACC008:3",),
+        ),
     )
 
     def __init__(self, ctx) -> None:

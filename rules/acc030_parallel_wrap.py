@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted, holds, names_in
+from accrewrite.nodes import call_arg, dotted, holds, names_in, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import wrapped_models, wraps_model
 
@@ -162,15 +162,15 @@ class ParallelWrap(Rule):
     def _wrapped_in(self, statement: cst.CSTNode) -> list[str]:
         """The models that ``statement`` (or a statement nested in it) wraps in DDP."""
         found = []
-        wraps = self._wraps
 
-        class Wraps(cst.CSTVisitor):
-            def visit_Assign(self, node: cst.Assign) -> None:
-                module = call_arg(node.value, 0, "module") if wraps(node.value) else None
+        def enter(node: cst.CSTNode) -> bool:
+            if isinstance(node, cst.Assign) and self._wraps(node.value):
+                module = call_arg(node.value, 0, "module")
                 if module is not None:
                     found.append(dotted(module.value))
+            return True
 
-        statement.visit(Wraps())
+        walk(statement, enter)
         return found
 
     def leave_SimpleStatementLine(self, original_node, updated_node):

@@ -2,7 +2,7 @@ import re
 
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted
+from accrewrite.nodes import call_arg, dotted, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import wrapped_models
 
@@ -145,9 +145,10 @@ class ParallelStateDict(Rule):
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
     found = []
 
-    class Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
+    def enter(child: cst.CSTNode) -> bool:
+        if isinstance(child, cst.Call):
+            found.append(child)
+        return True
 
-    node.visit(Calls())
+    walk(node, enter)
     return found
