@@ -162,7 +162,8 @@ class DdpUnwrap(Rule):
             return updated_node
         module = call_arg(updated_node, 0, "module")
         if module is None or any(arg.star for arg in original_node.args):
-            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told; left as it is", "Unwrap it by hand.")
+            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told; left as it is",
+                              "Unwrap it by hand.")
             return updated_node
         self.ctx.fix(original_node, "unwrapped: the target all-reduces gradients at the step (ACC006), not in DDP")
         return module.value.with_changes(lpar=[], rpar=[]) if isinstance(module.value, cst.Name) else module.value
