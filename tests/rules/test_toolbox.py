@@ -15,7 +15,7 @@ RULE_MODULE = re.compile(r"(^|\.)acc\d{3}_\w+$")
 
 
 def _imports(path: Path):
-    """(module, names) of each import in ``path``, relative imports made absolute."""
+    """(line, module, names) of each import in ``path``, relative imports made absolute."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
