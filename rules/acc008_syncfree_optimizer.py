@@ -41,8 +41,8 @@ class SyncfreeOptimizer(Rule):
     dropped. Other optimizers stay (the guide: "for all other types, continue to use the native
     PyTorch optimizers").
 
-    Reported instead (ACC008, left as it is): an optimizer built from `*args`/`**kwargs` (which may hold a
-    switch syncfree does not take), `amsgrad=True`, and an optimizer passed to
+    Left as it is and reported (ACC008): an optimizer built from `*args`/`**kwargs` (which may
+    hold a switch syncfree does not take), `amsgrad=True`, and an optimizer passed to
     `scaler.step` that this file does not build from torch.optim (a factory such as nanoGPT's
     `model.configure_optimizers`): change it by hand where it is built.
     """

@@ -15,8 +15,9 @@ class UnsafeFix(Rule):
     `model.configure_optimizers(...)`, `create_optimizer(...)`, `build_optimizer(cfg)`), or a
     class chosen at run time (`getattr(torch.optim, name)`). What to do: build
     `FusedAdam`/`FusedAdamW` where the optimizer is built (or call `hooks.enable_fused_adam()`
-    first), or build it in the script from `torch.optim`. With a GradScaler, ACC008 reports the same optimizer at
-    `scaler.step(optimizer)` (the syncfree replacement), so it is not reported twice.
+    first), or build it in the script from `torch.optim`. With a GradScaler, ACC008 reports the
+    same optimizer at `scaler.step(optimizer)` (the syncfree replacement), so it is not
+    reported twice.
 
     Every other rule reports the fixes it could not apply safely under its own code (ACC007's
     `autocast(*args)` left as it is is an ACC007 finding), so --select and --ignore act on them
