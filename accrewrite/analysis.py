@@ -434,7 +434,7 @@ def _walk_methods(walker: type, kind: type) -> tuple:
     return found
 
 
-class _Walker:
+class Walker:
     """A read-only walk with ``visit_<Node>``/``leave_<Node>`` dispatch.
 
     libcst's own visitor walk rebuilds every node as it goes (its ``visit`` is shared with
@@ -461,7 +461,7 @@ class _Walker:
         pass
 
 
-class _Analyzer(_Walker):
+class _Analyzer(Walker):
     def __init__(
         self, triggers: frozenset[str] | None, trigger_nodes: tuple[type, ...], walked: frozenset[str] | None
     ) -> None:

@@ -13,20 +13,7 @@ import libcst as cst
 from accrewrite import snippets
 from accrewrite.analysis import Facts
 from accrewrite.nodes import dotted
-
-
-def binding(statement: cst.SimpleStatementLine) -> tuple[str, str]:
-    """(local name, qualified name) that a one-name import line binds."""
-    node = statement.body[0]
-    alias = node.names[0]
-    if isinstance(node, cst.Import):
-        full = dotted(alias.name)
-        if alias.asname is not None:
-            return alias.asname.name.value, full
-        root = full.split(".")[0]
-        return root, root
-    local = alias.asname.name.value if alias.asname is not None else alias.name.value
-    return local, f"{dotted(node.module)}.{alias.name.value}"
+from accrewrite.targets import import_bindings
 
 
 def _is_import(statement: cst.CSTNode) -> bool:
@@ -48,17 +35,17 @@ def missing(module: cst.Module, facts: Facts, lines: list[str]) -> list[cst.Simp
     """The import lines (one name each) whose name the file does not already bind to that
     module, parsed."""
     config = module.config_for_parsing
-    statements = [snippets.statement(line, config) for line in lines]
-    return [statement for statement in statements if not _present(facts, statement)]
+    statements = [(line, snippets.statement(line, config)) for line in lines]
+    return [statement for line, statement in statements if not _present(facts, line, statement)]
 
 
-def _present(facts: Facts, statement: cst.SimpleStatementLine) -> bool:
+def _present(facts: Facts, line: str, statement: cst.SimpleStatementLine) -> bool:
     node = statement.body[0]
     if isinstance(node, cst.Import) and node.names[0].asname is None:
         # ``import a.b.c`` loads a.b.c (its side effects matter: a backend registers itself),
         # which ``import a`` does not.
         return dotted(node.names[0].name) in facts.imported_modules
-    local, qualified = binding(statement)
+    ((local, qualified),) = import_bindings(line)
     return facts.imports.get(local) == qualified
 
 

@@ -151,7 +151,7 @@ def remembering_children():
 
 def walk(node: cst.CSTNode, enter) -> None:
     """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
-    rebuilding visit (see ``accrewrite.analysis._Walker``); ``enter`` returning False skips a
+    rebuilding visit (see ``accrewrite.analysis.Walker``); ``enter`` returning False skips a
     node's children."""
     stack = [node]
     while stack:

@@ -234,11 +234,12 @@ class RuleContext:
         rule = self._rule
         self._pending_fixes.append(Finding(rule.code, rule.name, message, node))
 
-    def diagnose(self, node: cst.CSTNode, message: str, help: str = "", code: str | None = None) -> None:
+    def diagnose(self, node: cst.CSTNode, message: str, help: str = "") -> None:
         """Report something that needs a human at ``node`` (an original node): ``message`` is
-        one fact (about 90 characters at most), ``help`` why it matters and what to do."""
+        one fact (about 90 characters at most), ``help`` why it matters and what to do. The
+        finding carries the current rule's code, so --select/--ignore/noqa act on what it shows."""
         rule = self._rule
-        self.diagnostics.append(Finding(code or rule.code, rule.name, message, node, help=help))
+        self.diagnostics.append(Finding(rule.code, rule.name, message, node, help=help))
 
     def refuse(self, node: cst.CSTNode, message: str, help: str = "") -> None:
         """Report that the file cannot be migrated to this target (``message`` says what stops

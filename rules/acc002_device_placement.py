@@ -5,6 +5,7 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
 from accrewrite.nodes import call_arg, dotted, names_in, holds, string_value, walk
 from accrewrite.rule import Example, Rule
+from accrewrite.toolbox import with_commas
 from accrewrite.values import Kind
 
 # Keywords that name where tensors go; a CUDA value there moves to the target device.
@@ -476,7 +477,7 @@ class DevicePlacement(Rule):
         args = [cst.Arg(self._device()), *kept]
         self.ctx.fix(original_node, ".cuda() -> .to(the target device)")
         return updated_node.with_changes(
-            func=updated_node.func.with_changes(attr=cst.Name("to")), args=_with_commas(args)
+            func=updated_node.func.with_changes(attr=cst.Name("to")), args=with_commas(args)
         )
 
     def _to_cuda(self, original_node, updated_node):
@@ -517,7 +518,7 @@ class DevicePlacement(Rule):
         if len(args) == len(updated_node.args):
             return updated_node
         self.ctx.fix(original_node, "dropped device_ids/output_device: they pin the wrapper to CUDA")
-        return updated_node.with_changes(args=_with_commas(args))
+        return updated_node.with_changes(args=with_commas(args))
 
 
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
@@ -544,16 +545,3 @@ def _configurator(module: cst.Module) -> cst.CSTNode | None:
                 return line
     return None
 
-
-def _with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
-    """Arguments with a comma after each but the last (the last keeps none)."""
-    fixed = []
-    for position, arg in enumerate(args):
-        last = position == len(args) - 1
-        if last:
-            fixed.append(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
-        elif arg.comma is cst.MaybeSentinel.DEFAULT:
-            fixed.append(arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
-        else:
-            fixed.append(arg)
-    return fixed

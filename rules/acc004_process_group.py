@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import string_value
 from accrewrite.rule import Example, Rule
-from accrewrite.rules.acc002_device_placement import _with_commas
+from accrewrite.toolbox import with_commas
 
 _INIT = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
 _BACKEND_FOR_DEVICE = {"torch.distributed.get_default_backend_for_device",
@@ -52,6 +52,9 @@ class ProcessGroup(Rule):
       spawn of torch's would host a second one: the address is in use). A spawn it cannot
       take (`join=False`, `daemon=True`) is left, and reported;
     - `torchacc`: unchanged, with the script's own init method, rank and world size.
+
+    Left as it is and reported (ACC004): `init_process_group(*args/**kwargs)`, whose backend
+    cannot be told, and a spawn the target's launcher cannot take.
     """
 
     code = "ACC004"
@@ -147,6 +150,14 @@ class ProcessGroup(Rule):
             xmp.spawn(demo, args=(world_size,), nprocs=world_size)
             """,
         ),
+        Example(  # left as it is, and reported
+            before="""
+            import torch.distributed as dist
+
+            dist.init_process_group(*args)
+            """,
+            diagnostics=("ACC004:3",),
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -191,9 +202,8 @@ class ProcessGroup(Rule):
         if any(arg.star for arg in original_node.args):
             self.ctx.diagnose(
                 original_node,
-                "init_process_group(*args/**kwargs): its backend cannot be told",
+                "init_process_group(*args/**kwargs): its backend cannot be told; left as it is",
                 "Pass the target's backend by hand (see `accrewrite explain ACC004`).",
-                code="ACC105",
             )
             return updated_node
         ctx = self.ctx
@@ -254,7 +264,7 @@ class ProcessGroup(Rule):
         if not changes:
             return updated_node
         ctx.fix(original_node, "init_process_group on the target: " + "; ".join(changes))
-        return updated_node.with_changes(args=_with_commas(args))
+        return updated_node.with_changes(args=with_commas(args))
 
 
     # Spawning ------------------------------------------------------------------------------
@@ -283,7 +293,6 @@ class ProcessGroup(Rule):
                 f"{launcher} starts one process per device and waits for them (no join=False, no daemons). "
                 "Processes started otherwise cannot join the target's process group (its init method hosts one "
                 "rendezvous for the processes it launched): launch them with it.",
-                code="ACC105",
             )
             return updated_node
         args = []
@@ -305,7 +314,7 @@ class ProcessGroup(Rule):
             )
         ctx.fix(original_node, "torch.multiprocessing.spawn -> the target's launcher" +
                 (" (one process per device)" if owns else " (each process told its device)"))
-        return updated_node.with_changes(func=ctx.expr("spawn"), args=_with_commas(args))
+        return updated_node.with_changes(func=ctx.expr("spawn"), args=with_commas(args))
 
 
 def _is_docstring(statement: cst.CSTNode) -> bool:

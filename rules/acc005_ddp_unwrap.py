@@ -1,28 +1,11 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, _Walker
 from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
+from accrewrite.toolbox import wrapped_models, wraps_model
 
 # Attributes of a DDP-wrapped model that only DDP has.
 _SYNC_FLAG = "require_backward_grad_sync"
-
-
-class _Wrapped(_Walker):
-    """Names assigned a DDP/DataParallel wrapper anywhere in the file (`model = DDP(model)`,
-    `self.model = DDP(...)`, `model = DDP(model) if ddp else model`)."""
-
-    def __init__(self, facts) -> None:
-        self.facts = facts
-        self.names: set[str] = set()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) != 1:
-            return
-        target = dotted(node.targets[0].target)
-        values = [node.value.body, node.value.orelse] if isinstance(node.value, cst.IfExp) else [node.value]
-        if target and any(isinstance(v, cst.Call) and self.facts.qualname(v.func) in WRAPPER_NAMES for v in values):
-            self.names.add(target)
 
 
 class DdpUnwrap(Rule):
@@ -52,6 +35,9 @@ class DdpUnwrap(Rule):
     DataParallel ran in one process: it is only removed.
 
     The DDP import is left in place (unused imports are harmless and may be used elsewhere).
+
+    Left as it is and reported (ACC005): a wrapper whose module cannot be told
+    (`DDP(*args)`); unwrap it by hand.
     """
 
     code = "ACC005"
@@ -135,6 +121,14 @@ class DdpUnwrap(Rule):
             torch.save(model.state_dict(), "model.pt")
             """,
         ),
+        Example(  # left as it is, and reported
+            before="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(*args)
+            """,
+            diagnostics=("ACC005:3",),
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -147,13 +141,11 @@ class DdpUnwrap(Rule):
     def applies(self) -> bool:
         if "DataParallel" not in self.ctx.source_text:  # a cheap gate; names resolve below
             return False
-        finder = _Wrapped(self.ctx.facts)
-        finder.walk(self.ctx.module)
-        self._wrapped = finder.names
+        self._wrapped = wrapped_models(self.ctx.facts, self.ctx.module)
         return True
 
     def _wraps(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in WRAPPER_NAMES
+        return wraps_model(self.ctx.facts, node)
 
     def _no_sync(self, node: cst.CSTNode) -> bool:
         return (
@@ -170,8 +162,8 @@ class DdpUnwrap(Rule):
             return updated_node
         module = call_arg(updated_node, 0, "module")
         if module is None or any(arg.star for arg in original_node.args):
-            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told", "Unwrap it by hand.",
-                              code="ACC105")
+            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told; left as it is",
+                              "Unwrap it by hand.")
             return updated_node
         self.ctx.fix(original_node, "unwrapped: the target all-reduces gradients at the step (ACC006), not in DDP")
         return module.value.with_changes(lpar=[], rpar=[]) if isinstance(module.value, cst.Name) else module.value

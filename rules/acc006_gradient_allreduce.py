@@ -38,6 +38,9 @@ class GradientAllReduce(Rule):
     Scheduler steps, `zero_grad` and EMA updates keep their places. A file that shards its
     model (FSDP, `fully_shard`, DTensor's `parallelize_module`) or all-reduces the gradients
     itself is left as it is: its gradients are reduced already, or are shards.
+
+    Reported (ACC006): a library's loss scaler that runs backward and the step inside (timm's
+    `NativeScaler`), where no reduction can go.
     """
 
     code = "ACC006"
@@ -189,7 +192,6 @@ class GradientAllReduce(Rule):
                 "It runs backward and the optimizer step inside; with DistributedDataParallel removed "
                 "(ACC005) the ranks' gradients are not reduced. Step with a GradScaler in this script "
                 "instead (then ACC006 reduces before it).",
-                code="ACC105",
             )
 
     def _plain_step(self, statement) -> str | None:
@@ -244,22 +246,16 @@ def _call_statement(statement) -> cst.Call | None:
     return call if isinstance(call.func, cst.Attribute) else None
 
 
-class _Finder(cst.CSTVisitor):
-    def __init__(self, methods):
-        super().__init__()
-        self.methods = methods
-        self.found = False
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        if node.attr.value in self.methods:
-            self.found = True
-        return not self.found
-
-
 def _mentions(statement, methods) -> bool:
-    finder = _Finder(methods)
-    statement.visit(finder)
-    return finder.found
+    found = False
+
+    def enter(node: cst.CSTNode) -> bool:
+        nonlocal found
+        found = found or (isinstance(node, cst.Attribute) and node.attr.value in methods)
+        return not found
+
+    walk(statement, enter)
+    return found
 
 
 class _FirstMention:

@@ -1,9 +1,9 @@
 import libcst as cst
 
-from accrewrite.analysis import _Walker
-from accrewrite.nodes import call_arg, children, dotted, string_value, walk
+from accrewrite.analysis import Walker
+from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.rules.acc002_device_placement import _with_commas
+from accrewrite.toolbox import with_commas
 
 # Autocast callables that are CUDA-only, and their positional parameters.
 _CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
@@ -39,6 +39,10 @@ class Amp(Rule):
     device (bfloat16 has float32's range, so no loss scaling is needed), and a GradScaler
     becomes PyTorch's scaler *disabled*, so `scaler.scale(loss).backward()`,
     `scaler.unscale_`, `scaler.step` and `scaler.update` still run, as plain calls.
+
+    Left as it is and reported (ACC007): `autocast(*args)`/`GradScaler(**kwargs)`, a call whose
+    target name is already bound to something else in the file, and autocast/GradScaler passed
+    around uncalled where the target has no CUDA-style one.
     """
 
     code = "ACC007"
@@ -103,6 +107,15 @@ class Amp(Rule):
             with torch.autocast('xla', dtype=torch.bfloat16):
                 loss = model(x)
             """,
+        ),
+        Example(  # left as it is, and reported
+            before="""
+            import torch
+
+            with torch.cuda.amp.autocast(*amp_args):
+                loss = model(x)
+            """,
+            diagnostics=("ACC007:3",),
         ),
     )
 
@@ -181,7 +194,6 @@ class Amp(Rule):
             f"{excerpt(self.ctx.code(call.func))}() left as it is: the name `{name}` is taken",
             f"The target's own is called {name}, which this file already binds to {bound}; import the "
             "target's under another name and call it here.",
-            code="ACC105",
         )
         return True
 
@@ -218,7 +230,6 @@ class Amp(Rule):
                     original_node,
                     f"{_local(alias)} is passed around uncalled; this target has no CUDA-style {name}",
                     "The import stays (it runs, without mixed precision); change the calls it reaches by hand.",
-                    code="ACC105",
                 )
             else:
                 dropped.append(name)
@@ -275,7 +286,6 @@ class Amp(Rule):
                     original_node,
                     f"{callee} is passed around uncalled; this target has no CUDA-style {name}",
                     "Change the calls it reaches by hand (see `accrewrite explain ACC007`).",
-                    code="ACC105",
                 )
             return updated_node
         self.ctx.fix(original_node, f"{callee} -> the target's {name}")
@@ -294,7 +304,6 @@ class Amp(Rule):
                     f"{local}() left as it is: the target's own is called {local} too",
                     f"{local}() is {callee}, which this file also calls for other devices: it stays CUDA AMP "
                     "(inactive off CUDA). Call the target's by hand here, imported under another name.",
-                    code="ACC105",
                 )
             return updated_node
         if callee in _CUDA_AUTOCAST:
@@ -334,13 +343,13 @@ class Amp(Rule):
         if len(named) == len(original_node.args) and all(a.keyword for a in updated_node.args):
             return updated_node
         self.ctx.fix(original_node, f"{what}: the target's picks its device; arguments by keyword")
-        return updated_node.with_changes(args=_with_commas([a for _, a in named]))
+        return updated_node.with_changes(args=with_commas([a for _, a in named]))
 
     def _autocast(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
         if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
             ctx.diagnose(original_node, "autocast(*args/**kwargs) left as it is",
-                         "Migrate this call to the target's autocast by hand.", code="ACC105")
+                         "Migrate this call to the target's autocast by hand.")
             return updated_node
         named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device_type"]
         if repointed and not ctx.target.has("autocast_device"):
@@ -370,13 +379,13 @@ class Amp(Rule):
             message += f" in {ctx.code(dtype)}"
         args += [a for _, a in named]
         ctx.fix(original_node, message)
-        return updated_node.with_changes(func=callee, args=_with_commas(args))
+        return updated_node.with_changes(func=callee, args=with_commas(args))
 
     def _scaler(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
         if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
             ctx.diagnose(original_node, "GradScaler(*args/**kwargs) left as it is",
-                         "Migrate this call to the target's GradScaler by hand.", code="ACC105")
+                         "Migrate this call to the target's GradScaler by hand.")
             return updated_node
         if not ctx.target.has("grad_scaler") and ctx.target.has("disabled_grad_scaler"):
             ctx.diagnose(
@@ -395,7 +404,7 @@ class Amp(Rule):
             return updated_node
         callee = self._callee("grad_scaler")
         ctx.fix(original_node, "GradScaler -> the target's GradScaler on its device")
-        return updated_node.with_changes(func=callee, args=_with_commas([a for _, a in named]))
+        return updated_node.with_changes(func=callee, args=with_commas([a for _, a in named]))
 
 
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
@@ -423,7 +432,7 @@ def _local(alias: cst.ImportAlias) -> str | None:
     return alias.asname.name.value if alias.asname is not None else _name(alias)
 
 
-class _Calls(_Walker):
+class _Calls(Walker):
     """The calls of some bare names in a module."""
 
     def __init__(self, names: set[str]) -> None:
@@ -440,19 +449,20 @@ def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:
         return set()
     callees: set[cst.CSTNode] = set()
     used: list[cst.Name] = []
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
+
+    def enter(node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.Import, cst.ImportFrom)):
-            continue
+            return False
         if isinstance(node, cst.Call):
             callees.add(node.func)
         elif isinstance(node, cst.Name) and node.value in names:
             used.append(node)
         elif isinstance(node, cst.Attribute):
-            stack.append(node.value)  # ``x.autocast`` is another name
-            continue
-        stack.extend(children(node))
+            walk(node.value, enter)  # ``x.autocast`` is another name
+            return False
+        return True
+
+    walk(module, enter)
     return {name.value for name in used if name not in callees}
 
 

@@ -3,7 +3,7 @@ import libcst as cst
 from accrewrite.analysis import SCALER_NAMES
 from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.rules.acc002_device_placement import _with_commas
+from accrewrite.toolbox import with_commas
 
 _SYNCFREE = {
     "torch.optim.Adam": "Adam",
@@ -41,8 +41,8 @@ class SyncfreeOptimizer(Rule):
     dropped. Other optimizers stay (the guide: "for all other types, continue to use the native
     PyTorch optimizers").
 
-    Reported instead (ACC105): an optimizer built from `*args`/`**kwargs` (which may hold a
-    switch syncfree does not take), `amsgrad=True`, and an optimizer passed to
+    Left as it is and reported (ACC008): an optimizer built from `*args`/`**kwargs` (which may
+    hold a switch syncfree does not take), `amsgrad=True`, and an optimizer passed to
     `scaler.step` that this file does not build from torch.optim (a factory such as nanoGPT's
     `model.configure_optimizers`): change it by hand where it is built.
     """
@@ -102,6 +102,17 @@ class SyncfreeOptimizer(Rule):
             optimizer = syncfree.Adam(model.parameters(), lr=1e-3)
             """,
         ),
+        Example(  # left as it is, and reported
+            target="torch_xla",
+            before="""
+            import torch
+
+            optimizer = torch.optim.AdamW(*params)
+            scaler = torch.cuda.amp.GradScaler()
+            scaler.step(optimizer)
+            """,
+            diagnostics=("ACC008:3",),
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -132,7 +143,6 @@ class SyncfreeOptimizer(Rule):
                 f"{excerpt(code)}(...) is built from *args/**kwargs; left as it is",
                 f"Whether syncfree.{kind} takes them cannot be checked (it has no foreach/fused/capturable); "
                 f"with a GradScaler use syncfree.{kind} here by hand to avoid a host sync per step.",
-                code="ACC105",
             )
             return updated_node
         unknown = [
@@ -148,7 +158,6 @@ class SyncfreeOptimizer(Rule):
                 "does not take it",
                 f"syncfree.{kind} does not take {', '.join(unknown)}; without it, use syncfree.{kind} here by "
                 "hand to avoid a host sync per step.",
-                code="ACC105",
             )
             return updated_node
         amsgrad = call_arg(original_node, 5, "amsgrad") if kind != "SGD" else None
@@ -157,7 +166,6 @@ class SyncfreeOptimizer(Rule):
                 original_node,
                 f"{excerpt(code)}(amsgrad=...) left as it is",
                 f"syncfree.{kind} does not support amsgrad on every target; drop amsgrad to use it.",
-                code="ACC105",
             )
             return updated_node
         args = [
@@ -171,11 +179,11 @@ class SyncfreeOptimizer(Rule):
         self.ctx.fix(original_node, message)
         return updated_node.with_changes(
             func=self.ctx.expr("syncfree_optimizer", name=kind),
-            args=_with_commas(args) if dropped else updated_node.args,
+            args=with_commas(args) if dropped else updated_node.args,
         )
 
     def _check_scaler_step(self, call: cst.Call) -> None:
-        """ACC105 for ``scaler.step(opt)`` where ``opt`` is not built from torch.optim here."""
+        """Report ``scaler.step(opt)`` where ``opt`` is not built from torch.optim here."""
         owner = dotted(call.func.value) or ""
         scalers = {name.split(".")[-1] for name in self.ctx.facts.scalers}
         if owner.split(".")[-1] not in scalers and "scaler" not in owner.lower():
@@ -194,5 +202,4 @@ class SyncfreeOptimizer(Rule):
             "It comes from a factory or another module: if it is torch.optim Adam/AdamW/SGD, build "
             "syncfree.Adam/AdamW/SGD there instead, so that the scaler's overflow check does not sync "
             "the host every step.",
-            code="ACC105",
         )

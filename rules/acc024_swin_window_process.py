@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted
+from accrewrite.nodes import call_arg, dotted, walk
 from accrewrite.rule import Example, Rule
 
 # Swin's names for the feature map's dimensions, which WindowProcess takes.
@@ -147,14 +147,15 @@ def _assignment(statement):
 def _assigned_names(function: cst.FunctionDef) -> set[str]:
     names = {param.name.value for param in function.params.params}
 
-    class Targets(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+    def enter(node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.AssignTarget):
             target = node.target
             elements = target.elements if isinstance(target, cst.Tuple) else [target]
             for element in elements:
                 value = getattr(element, "value", element)
                 if isinstance(value, cst.Name):
                     names.add(value.value)
+        return True
 
-    function.visit(Targets())
+    walk(function, enter)
     return names

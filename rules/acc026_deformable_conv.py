@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
-from accrewrite.rules.acc002_device_placement import _with_commas
+from accrewrite.toolbox import with_commas
 
 # dcn_v2's names -> the concept that stands for each in a target profile.
 _CONCEPT_OF = {"DCN": "dcn", "DCNv2": "dcnv2", "dcn_v2_conv": "dcn_v2_conv"}
@@ -229,7 +229,7 @@ def _import_of(node: cst.ImportFrom, aliases) -> cst.ImportFrom:
     comments after it, and the comments before ``)`` stay with the last name; without them,
     commas go between names only."""
     if node.lpar is None:
-        return node.with_changes(names=_with_commas(aliases))
+        return node.with_changes(names=with_commas(aliases))
     listed, last = [], len(aliases) - 1
     for position, alias in enumerate(aliases):
         comma = alias.comma

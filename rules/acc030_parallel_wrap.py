@@ -1,8 +1,8 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted, holds, names_in
+from accrewrite.nodes import call_arg, dotted, holds, names_in, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.rules.acc005_ddp_unwrap import DdpUnwrap
+from accrewrite.toolbox import wrapped_models, wraps_model
 
 _SYNC_FLAG = "require_backward_grad_sync"
 _BUILD_AFTER = ("FSDP2 and tensor parallelism replace the model's parameters with DTensors: an optimizer "
@@ -31,6 +31,8 @@ class ParallelWrap(Rule):
     `torch.nn.utils.clip_grad_norm_` keeps working: every parameter is a DTensor on one mesh.
     Saving the model's state is ACC031's. Targets without `accelerate` (the XLA ones) get a
     diagnostic naming their own sharding API instead, and nothing changes.
+
+    Left as it is and reported (ACC030): a wrapper whose module cannot be told (`DDP(*args)`).
     """
 
     code = "ACC030"
@@ -117,8 +119,14 @@ class ParallelWrap(Rule):
         return self.ctx.parallel or "fsdp"
 
     # The wrapped names and the wrapper calls, found as ACC005 finds them.
-    applies = DdpUnwrap.applies
-    _wraps = DdpUnwrap._wraps
+    def applies(self) -> bool:
+        if "DataParallel" not in self.ctx.source_text:  # a cheap gate; names resolve below
+            return False
+        self._wrapped = wrapped_models(self.ctx.facts, self.ctx.module)
+        return True
+
+    def _wraps(self, node: cst.CSTNode) -> bool:
+        return wraps_model(self.ctx.facts, node)
 
     # Optimizers built before the wrap --------------------------------------------------------
 
@@ -154,15 +162,15 @@ class ParallelWrap(Rule):
     def _wrapped_in(self, statement: cst.CSTNode) -> list[str]:
         """The models that ``statement`` (or a statement nested in it) wraps in DDP."""
         found = []
-        wraps = self._wraps
 
-        class Wraps(cst.CSTVisitor):
-            def visit_Assign(self, node: cst.Assign) -> None:
-                module = call_arg(node.value, 0, "module") if wraps(node.value) else None
+        def enter(node: cst.CSTNode) -> bool:
+            if isinstance(node, cst.Assign) and self._wraps(node.value):
+                module = call_arg(node.value, 0, "module")
                 if module is not None:
                     found.append(dotted(module.value))
+            return True
 
-        statement.visit(Wraps())
+        walk(statement, enter)
         return found
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
@@ -208,8 +216,8 @@ class ParallelWrap(Rule):
             return updated_node
         module = call_arg(updated_node, 0, "module")
         if module is None or any(arg.star for arg in original_node.args):
-            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told",
-                              "Call accrt.accelerate(model, config=...) by hand.", code="ACC105")
+            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told; left as it is",
+                              "Call accrt.accelerate(model, config=...) by hand.")
             return updated_node
         for name, built in self.ctx.facts.optimizers.items():
             if not holds(self.ctx.scope or self.ctx.module, built):

@@ -2,9 +2,9 @@ import re
 
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted
+from accrewrite.nodes import call_arg, dotted, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.rules.acc005_ddp_unwrap import _Wrapped
+from accrewrite.toolbox import wrapped_models
 
 # An `if` that runs on one rank only.
 _ONE_RANK = re.compile(r"rank|master|main_process|is_main")
@@ -73,9 +73,7 @@ class ParallelStateDict(Rule):
         self._handled: set[cst.CSTNode] = set()  # state_dict calls inside a torch.save
 
     def applies(self) -> bool:
-        finder = _Wrapped(self.ctx.facts)
-        finder.walk(self.ctx.module)
-        self._models = self.ctx.facts.models | finder.names
+        self._models = self.ctx.facts.models | wrapped_models(self.ctx.facts, self.ctx.module)
         return bool(self._models)
 
     def _saved_model(self, node: cst.CSTNode) -> str | None:
@@ -147,9 +145,10 @@ class ParallelStateDict(Rule):
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
     found = []
 
-    class Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
+    def enter(child: cst.CSTNode) -> bool:
+        if isinstance(child, cst.Call):
+            found.append(child)
+        return True
 
-    node.visit(Calls())
+    walk(node, enter)
     return found

@@ -8,25 +8,25 @@ _OPTIMIZER_NAMES = ("optimizer", "optim", "opt")
 
 
 class UnsafeFix(Rule):
-    """Report a migration step that could not be applied safely, and why.
+    """Report an optimizer the migration cannot see being built, where a fused Adam was due.
 
-    Other rules report here (`ctx.diagnose(node, message, code="ACC105")`) when the code they
-    would rewrite is out of their sight or ambiguous, and leave it unchanged rather than guess:
-    what follows must then be done by hand, as the message says.
+    Its one finding: in a script without a GradScaler, where ACC021 would have given the
+    target's fused Adam/AdamW, an optimizer returned by a factory (minGPT's
+    `model.configure_optimizers(...)`, `create_optimizer(...)`, `build_optimizer(cfg)`), or a
+    class chosen at run time (`getattr(torch.optim, name)`). What to do: build
+    `FusedAdam`/`FusedAdamW` where the optimizer is built (or call `hooks.enable_fused_adam()`
+    first), or build it in the script from `torch.optim`. With a GradScaler, ACC008 reports the
+    same optimizer at `scaler.step(optimizer)` (the syncfree replacement), so it is not
+    reported twice.
 
-    This rule itself reports optimizers that the migration cannot see being built, in a script
-    without a GradScaler, where ACC021 would have given the target's fused Adam/AdamW: one
-    returned by a factory (minGPT's `model.configure_optimizers(...)`,
-    `create_optimizer(...)`, `build_optimizer(cfg)`), or a class chosen at run time
-    (`getattr(torch.optim, name)`). What to do: build `FusedAdam`/`FusedAdamW` where the
-    optimizer is built (or call `hooks.enable_fused_adam()` first), or build it in the script
-    from `torch.optim`. With a GradScaler, ACC008 reports the same optimizer at
-    `scaler.step(optimizer)` (the syncfree replacement), so it is not reported twice.
+    Every other rule reports the fixes it could not apply safely under its own code (ACC007's
+    `autocast(*args)` left as it is is an ACC007 finding), so --select and --ignore act on them
+    with the rest of that rule.
     """
 
     code = "ACC105"
     name = "unsafe-fix"
-    summary = "a fix that could not be applied safely (optimizer built by an unseen factory, ...)"
+    summary = "an optimizer built out of sight (an unseen factory, a class chosen at run time): no fused Adam"
     triggers = frozenset(_OPTIMIZER_NAMES)
     examples = (
         Example(

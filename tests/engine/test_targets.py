@@ -248,3 +248,12 @@ def test_a_package_installed_outside_accrewrite_adds_a_fourth_target_that_migrat
     code, out, err = accrewrite("migrate", scripts, "--target", "xpuu")
     assert code == 2
     assert "unknown target 'xpuu'; did you mean 'xpu'? (choose from runtime, torch_xla, torchacc, xpu)" in err
+
+
+def test_an_import_line_binds_its_names_as_the_analysis_records_them():
+    assert targets.import_bindings("import torch_xla.core.xla_model") == (("torch_xla", "torch_xla"),)
+    assert targets.import_bindings("import torch_xla.core.xla_model as xm") == (("xm", "torch_xla.core.xla_model"),)
+    assert targets.import_bindings("from torch_xla.amp import syncfree, autocast as ac") == (
+        ("syncfree", "torch_xla.amp.syncfree"), ("ac", "torch_xla.amp.autocast"),
+    )
+    assert targets.import_bindings("from torch_xla.amp import *") == ()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from accrewrite.engine import Options, migrate_source
+from accrewrite.registry import all_rules
 from accrewrite.targets import all_targets
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -34,6 +35,9 @@ def test_fixture(source, target):
     if os.environ.get("ACCREWRITE_REGENERATE"):
         golden.write_bytes(result.output)
     assert result.output.decode() == golden.read_text()
+    # Each finding carries the code of the rule that gave it, so --select/--ignore act on it.
+    names = {code: rule.name for code, rule in all_rules().items()}
+    assert all(names[f.code] == f.name for f in (*result.fixes, *result.diagnostics, *result.withheld))
     compile(result.output, str(golden), "exec")
     # Fidelity: every comment survives; idempotency: a second run changes nothing.
     kept = comments(result.output)

@@ -23,7 +23,7 @@ def test_example(rule, number, example):
     result = migrate_source(example.before.encode(), f"{rule.code}-example-{number}.py", options)
     assert result.error is None
     assert result.output.decode() == example.after
-    assert all(fix.code == rule.code for fix in result.fixes)
+    assert all(finding.code == rule.code for finding in (*result.fixes, *result.diagnostics))
     # A fix rule's example shows a fix; a diagnostic rule's shows the findings it reports.
     assert result.fixes or example.diagnostics
     if example.diagnostics:

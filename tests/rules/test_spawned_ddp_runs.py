@@ -70,7 +70,7 @@ def test_a_spawn_the_launcher_cannot_take_is_left_and_reported():
     result = _migrated(source, "torch_xla")
     assert b"mp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=False)" in result.output
     assert b"global_runtime_device_count()\n    print(" not in result.output  # nothing recounted
-    assert any(d.code == "ACC105" and "cannot become torch_xla.launch" in d.message for d in result.diagnostics)
+    assert any(d.code == "ACC004" and "cannot become torch_xla.launch" in d.message for d in result.diagnostics)
 
 
 def test_a_launched_function_of_another_file_is_said_to_get_the_launching_count():

@@ -20,7 +20,7 @@ import pytest
 
 from accrewrite.rules.acc008_syncfree_optimizer import _ACCEPTED as SYNCFREE_ARGUMENTS
 from accrewrite.runtime.torchacc_names import counterpart
-from accrewrite.targets import _import_bindings, all_targets
+from accrewrite.targets import all_targets, import_bindings
 
 CHECKED_ALIASES = ("xm", "pl", "syncfree")
 # the torch_xla modules the runtime mirrors (docs/torch_xla_conformance.md)
@@ -58,7 +58,7 @@ def emitted_calls():
         aliases = {
             alias: module
             for line in target.imports.values()
-            for alias, module in _import_bindings(line).items()
+            for alias, module in import_bindings(line)
             if alias in CHECKED_ALIASES
         }
         for concept in target.concepts.values():

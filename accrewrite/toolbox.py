@@ -1,0 +1,53 @@
+"""What several rules share: argument lists rebuilt after a rewrite, and the recognition of a
+model wrapped in DistributedDataParallel/DataParallel.
+
+Rules import from here and from the engine's public names, never from one another, so that a
+rule's module holds that rule alone and a rule added through the entry point finds the same
+tools.
+"""
+
+import libcst as cst
+
+from accrewrite.analysis import WRAPPER_NAMES, Facts, Walker
+from accrewrite.nodes import dotted
+
+
+def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
+    """Arguments with a comma after each but the last (the last keeps none)."""
+    fixed = []
+    for position, arg in enumerate(args):
+        last = position == len(args) - 1
+        if last:
+            fixed.append(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+        elif arg.comma is cst.MaybeSentinel.DEFAULT:
+            fixed.append(arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
+        else:
+            fixed.append(arg)
+    return fixed
+
+
+def wraps_model(facts: Facts, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is a DistributedDataParallel/DataParallel call, however imported."""
+    return isinstance(node, cst.Call) and facts.qualname(node.func) in WRAPPER_NAMES
+
+
+def wrapped_models(facts: Facts, module: cst.Module) -> set[str]:
+    """Names assigned a DDP/DataParallel wrapper anywhere in the file (`model = DDP(model)`,
+    `self.model = DDP(...)`, `model = DDP(model) if ddp else model`)."""
+    finder = _Wrapped(facts)
+    finder.walk(module)
+    return finder.names
+
+
+class _Wrapped(Walker):
+    def __init__(self, facts: Facts) -> None:
+        self.facts = facts
+        self.names: set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) != 1:
+            return
+        target = dotted(node.targets[0].target)
+        values = [node.value.body, node.value.orelse] if isinstance(node.value, cst.IfExp) else [node.value]
+        if target and any(wraps_model(self.facts, value) for value in values):
+            self.names.add(target)
