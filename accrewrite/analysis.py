@@ -26,7 +26,7 @@ HOST_READ_CALLS = "<calls returning a host read>"
 _BUILTINS = frozenset(dir(builtins))
 
 OPTIMIZER_MODULES = ("torch.optim.",)
-SCALER_NAMES = {
+SCALER_NAMES = frozenset({
     "torch.cuda.amp.GradScaler",
     "torch.cuda.amp.grad_scaler.GradScaler",
     "torch.amp.GradScaler",
@@ -34,16 +34,16 @@ SCALER_NAMES = {
     "torch.GradScaler",
     # The targets' scalers: a migrated file still trains with loss scaling.
     *spelled_callees("grad_scaler"),
-}
-LOADER_NAMES = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+})
+LOADER_NAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # torch.multiprocessing.spawn, and the targets' spellings of it (a migrated file still spawns).
-SPAWN_NAMES = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", *spelled_callees("spawn")}
-WRAPPER_NAMES = {
+SPAWN_NAMES = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", *spelled_callees("spawn")})
+WRAPPER_NAMES = frozenset({
     "torch.nn.parallel.DistributedDataParallel",
     "torch.nn.parallel.distributed.DistributedDataParallel",
     "torch.nn.DataParallel",
     "torch.nn.parallel.DataParallel",
-}
+})
 
 
 def _string_defaults(module: cst.Module) -> dict[str, str]:
@@ -88,8 +88,8 @@ _DEVICE_CALLS = spelled_callees("device")
 # torch.cuda/accelerator calls that only ask (``pin_memory=torch.cuda.is_available()``): they place nothing.
 _QUERIES = frozenset({"is_available", "device_count", "is_bf16_supported", "get_device_name", "get_device_capability"})
 
-_COLLECTIVES = {"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
-                "torch.distributed.all_reduce_coalesced"}
+_COLLECTIVES = frozenset({"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
+                "torch.distributed.all_reduce_coalesced"})
 
 
 def placed_model(line: cst.CSTNode, models: set[str]) -> str | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import libcst as cst
 
@@ -53,31 +54,31 @@ NUMBERS = frozenset({Kind.INT, Kind.FLOAT, Kind.BOOL})
 HOST = frozenset({*NUMBERS, Kind.STR, Kind.NONE, Kind.PYTHON})
 
 # Tensor attributes known on the host without waiting for the device.
-META_ATTRS = {
+META_ATTRS = MappingProxyType({
     "shape": Kind.PYTHON, "dtype": Kind.PYTHON, "device": Kind.PYTHON, "layout": Kind.PYTHON,
     "names": Kind.PYTHON, "ndim": Kind.INT, "requires_grad": Kind.BOOL, "is_cuda": Kind.BOOL,
     "is_leaf": Kind.BOOL, "grad_fn": Kind.PYTHON, "is_sparse": Kind.BOOL,
-}
-META_METHODS = {
+})
+META_METHODS = MappingProxyType({
     "size": Kind.PYTHON, "dim": Kind.INT, "numel": Kind.INT, "nelement": Kind.INT,
     "element_size": Kind.INT, "get_device": Kind.INT, "stride": Kind.PYTHON,
     "is_contiguous": Kind.BOOL, "is_floating_point": Kind.BOOL, "data_ptr": Kind.INT,
-}
+})
 # Methods that copy a tensor's value to the host (the caller waits for the device).
-SYNC_METHODS = {"item": Kind.FLOAT, "tolist": Kind.PYTHON, "numpy": Kind.PYTHON, "cpu": Kind.TENSOR}
+SYNC_METHODS = MappingProxyType({"item": Kind.FLOAT, "tolist": Kind.PYTHON, "numpy": Kind.PYTHON, "cpu": Kind.TENSOR})
 # Builtins that read a tensor's value when given one, and what they give.
-SYNC_BUILTINS = {
+SYNC_BUILTINS = MappingProxyType({
     "float": Kind.FLOAT, "int": Kind.INT, "bool": Kind.BOOL, "str": Kind.STR, "repr": Kind.STR,
     "format": Kind.STR, "round": Kind.FLOAT,
-}
-_BUILTIN_KINDS = {
+})
+_BUILTIN_KINDS = MappingProxyType({
     "len": Kind.INT, "id": Kind.INT, "hash": Kind.INT, "ord": Kind.INT, "isinstance": Kind.BOOL,
     "issubclass": Kind.BOOL, "hasattr": Kind.BOOL, "callable": Kind.BOOL, "any": Kind.BOOL, "all": Kind.BOOL,
     # A set compares its members by identity and hash, not by their values.
     "set": Kind.PYTHON, "frozenset": Kind.PYTHON,
     "print": Kind.NONE, "open": Kind.PYTHON, "type": Kind.PYTHON, "range": Kind.PYTHON, "chr": Kind.STR,
     "input": Kind.STR, "vars": Kind.PYTHON, "dir": Kind.PYTHON, "locals": Kind.PYTHON, "globals": Kind.PYTHON,
-}
+})
 # Builtins whose result holds what their argument holds.
 _PASS_THROUGH = frozenset({"list", "tuple", "sorted", "reversed", "iter", "abs", "dict"})
 # Builtins and wrappers whose elements are their first argument's elements (tqdm(loader), ...).
@@ -89,7 +90,7 @@ _HOST_TORCH = (
     "torch.jit.", "torch.onnx.", "torch.profiler.", "torch.amp.", "torch.autograd.profiler",
     "torch.__future__.",
 )
-_HOST_TORCH_FUNCTIONS = {
+_HOST_TORCH_FUNCTIONS = MappingProxyType({
     "torch.load": Kind.UNKNOWN, "torch.device": Kind.PYTHON, "torch.is_tensor": Kind.BOOL,
     "torch.is_floating_point": Kind.BOOL, "torch.is_grad_enabled": Kind.BOOL, "torch.get_num_threads": Kind.INT,
     "torch.initial_seed": Kind.INT, "torch.seed": Kind.INT, "torch.manual_seed": Kind.PYTHON,
@@ -107,15 +108,15 @@ _HOST_TORCH_FUNCTIONS = {
     "torch.cuda.max_memory_allocated": Kind.INT, "torch.cuda.memory_reserved": Kind.INT,
     "torch.cuda.max_memory_reserved": Kind.INT, "torch.accelerator.is_available": Kind.BOOL,
     "torch.accelerator.device_count": Kind.INT, "torch.accelerator.current_device_index": Kind.INT,
-}
+})
 # Host modules: their functions give host values.
 _HOST_MODULES = ("math.", "time.", "os.", "random.", "numpy.", "datetime.", "json.", "pickle.", "sys.",
                  "re.", "socket.", "platform.", "subprocess.", "shutil.", "glob.", "pathlib.", "logging.",
                  "statistics.", "itertools.count", "string.", "argparse.", "yaml.", "inspect.")
-_TENSOR_ANNOTATIONS = {"torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.BoolTensor"}
-_MODEL_ANNOTATIONS = {"torch.nn.Module", "torch.nn.modules.module.Module"}
-_LOADER_ANNOTATIONS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-_PLAIN_ANNOTATIONS = {"int": Kind.INT, "float": Kind.FLOAT, "bool": Kind.BOOL, "str": Kind.STR}
+_TENSOR_ANNOTATIONS = frozenset({"torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.BoolTensor"})
+_MODEL_ANNOTATIONS = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
+_LOADER_ANNOTATIONS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+_PLAIN_ANNOTATIONS = MappingProxyType({"int": Kind.INT, "float": Kind.FLOAT, "bool": Kind.BOOL, "str": Kind.STR})
 # Methods of a model that give tensors; the others (``estimate_mfu``, ``parameters``) do not.
 _MODEL_FORWARD = frozenset({"forward", "__call__"})
 _MODEL_SELF = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double",
@@ -130,7 +131,7 @@ _FACTORIES = frozenset({
 # Methods that put their argument into a container.
 _ADDS = frozenset({"append", "extend", "insert", "add", "appendleft"})
 _STRING_METHODS = frozenset({"format", "join", "strip", "lower", "upper", "replace", "rjust", "ljust", "center"})
-_ARGPARSE_TYPES = {"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL}
+_ARGPARSE_TYPES = MappingProxyType({"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL})
 
 
 # torch functions whose first argument is a sequence of tensors.

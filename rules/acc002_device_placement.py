@@ -12,8 +12,8 @@ from accrewrite.values import Kind
 _DEVICE_KEYWORDS = ("device", "map_location")
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
-_AVAILABLE = {"torch.cuda.is_available", "torch.accelerator.is_available"}
-_SET_DEVICE = {"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.accelerator.set_device_idx"}
+_AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
+_SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.accelerator.set_device_idx"})
 # torch functions that make a tensor on the CPU unless given a device.
 _FACTORIES = frozenset(f"torch.{name}" for name in (
     "randn", "rand", "randint", "zeros", "ones", "full", "empty", "arange", "tensor", "eye", "linspace",

@@ -4,12 +4,12 @@ from accrewrite.nodes import string_value
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import with_commas
 
-_INIT = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
-_BACKEND_FOR_DEVICE = {"torch.distributed.get_default_backend_for_device",
-                       "torch.distributed.distributed_c10d.get_default_backend_for_device"}
+_INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
+_BACKEND_FOR_DEVICE = frozenset({"torch.distributed.get_default_backend_for_device",
+                       "torch.distributed.distributed_c10d.get_default_backend_for_device"})
 # init_process_group's parameters in order, for positional arguments.
 _PARAMETERS = ("backend", "init_method", "timeout", "world_size", "rank", "store", "group_name", "pg_options", "device_id")
-_SPAWN = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"}
+_SPAWN = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn"})
 # torch.multiprocessing.spawn's parameters in order.
 _SPAWN_PARAMETERS = ("fn", "args", "nprocs", "join", "daemon", "start_method")
 

@@ -1,3 +1,5 @@
+from types import MappingProxyType
+
 import libcst as cst
 
 from accrewrite.analysis import Walker
@@ -6,17 +8,17 @@ from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import with_commas
 
 # Autocast callables that are CUDA-only, and their positional parameters.
-_CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
+_CUDA_AUTOCAST = frozenset({"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"})
 _CUDA_AUTOCAST_PARAMETERS = ("enabled", "dtype", "cache_enabled")
 # Device-generic autocast callables: CUDA when their device type says so.
-_AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"}
+_AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"})
 _AUTOCAST_PARAMETERS = ("device_type", "dtype", "enabled", "cache_enabled")
-_CUDA_SCALER = {"torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler"}
-_SCALER = {"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"}
+_CUDA_SCALER = frozenset({"torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler"})
+_SCALER = frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.GradScaler"})
 _SCALER_PARAMETERS = ("device", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
 # Modules whose autocast/GradScaler are CUDA's: imports from them are re-pointed.
-_CUDA_AMP_MODULES = {"torch.cuda.amp"}
-_CONCEPT_OF = {"autocast": "autocast", "GradScaler": "grad_scaler"}
+_CUDA_AMP_MODULES = frozenset({"torch.cuda.amp"})
+_CONCEPT_OF = MappingProxyType({"autocast": "autocast", "GradScaler": "grad_scaler"})
 
 
 class Amp(Rule):

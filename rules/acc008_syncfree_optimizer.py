@@ -1,3 +1,5 @@
+from types import MappingProxyType
+
 import libcst as cst
 
 from accrewrite.analysis import SCALER_NAMES
@@ -5,22 +7,22 @@ from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import with_commas
 
-_SYNCFREE = {
+_SYNCFREE = MappingProxyType({
     "torch.optim.Adam": "Adam",
     "torch.optim.adam.Adam": "Adam",
     "torch.optim.AdamW": "AdamW",
     "torch.optim.adamw.AdamW": "AdamW",
     "torch.optim.SGD": "SGD",
     "torch.optim.sgd.SGD": "SGD",
-}
+})
 # torch.optim implementation switches that the syncfree optimizers do not take.
 _IMPLEMENTATION_KEYWORDS = ("foreach", "fused", "capturable", "differentiable")
 # What every target's syncfree optimizers take (the rest of torch.optim's arguments: reported).
-_ACCEPTED = {
+_ACCEPTED = MappingProxyType({
     "Adam": ("params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
     "AdamW": ("params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
     "SGD": ("params", "lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
-}
+})
 
 
 class SyncfreeOptimizer(Rule):

@@ -3,16 +3,16 @@ import libcst as cst
 from accrewrite.nodes import dotted, holds, names_in, walk
 from accrewrite.rule import Example, Rule, excerpt
 
-_SYNCHRONIZE = {"torch.cuda.synchronize"}
-_MEMORY = {
+_SYNCHRONIZE = frozenset({"torch.cuda.synchronize"})
+_MEMORY = frozenset({
     f"torch.cuda.{name}"
     for name in (
         "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
         "reset_peak_memory_stats", "memory_stats", "memory_summary",
     )
-}
-_QUERIES = {"torch.cuda.is_available", "torch.cuda.device_count"}
-_DEVICE_COUNTS = {"torch.cuda.device_count", "torch.accelerator.device_count"}
+})
+_QUERIES = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
+_DEVICE_COUNTS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
 _CUDNN = "torch.backends.cudnn."
 
 

@@ -1,3 +1,5 @@
+from types import MappingProxyType
+
 import libcst as cst
 
 from accrewrite.nodes import dotted
@@ -5,14 +7,14 @@ from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import with_commas
 
 # dcn_v2's names -> the concept that stands for each in a target profile.
-_CONCEPT_OF = {"DCN": "dcn", "DCNv2": "dcnv2", "dcn_v2_conv": "dcn_v2_conv"}
+_CONCEPT_OF = MappingProxyType({"DCN": "dcn", "DCNv2": "dcnv2", "dcn_v2_conv": "dcn_v2_conv"})
 # mmcv's deformable convolutions, and those of mmdetection 1.x (mmdet.ops): compiled ops with
 # constructors and state_dict keys of their own.
-_MMCV = {
+_MMCV = frozenset({
     "DeformConv2d", "DeformConv2dPack", "ModulatedDeformConv2d", "ModulatedDeformConv2dPack",
     "deform_conv2d", "modulated_deform_conv2d", "DeformConv", "DeformConvPack",
     "ModulatedDeformConv", "ModulatedDeformConvPack", "deform_conv", "modulated_deform_conv",
-}
+})
 _MMCV_PACKAGES = ("mmcv.ops", "mmdet.ops")
 
 

@@ -7,7 +7,7 @@ from accrewrite.toolbox import wrapped_models, wraps_model
 _SYNC_FLAG = "require_backward_grad_sync"
 _BUILD_AFTER = ("FSDP2 and tensor parallelism replace the model's parameters with DTensors: an optimizer "
                 "built before accrt.accelerate updates the old ones and trains nothing. Build it after.")
-_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+_SAMPLERS = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
 
 
 class ParallelWrap(Rule):

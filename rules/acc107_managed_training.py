@@ -1,3 +1,5 @@
+from types import MappingProxyType
+
 import libcst as cst
 
 from accrewrite.analysis import managed_by
@@ -11,7 +13,7 @@ _LIGHTNING = (
     "Lightning's Trainer places the model and reduces gradients itself: choose the device in the "
     "Trainer (`accelerator=...`).",
 )
-_MANAGED = {
+_MANAGED = MappingProxyType({
     "accelerate": (
         "Hugging Face Accelerate trains this script; left as it is",
         "Accelerate places the model, wraps the loaders and reduces gradients itself: run it on the "
@@ -24,15 +26,15 @@ _MANAGED = {
         "Training over RPC (parameter servers, distributed autograd) moves its gradients itself, and "
         "the XLA targets have no RPC.",
     ),
-}
+})
 # CUDA-only training libraries: the rest of the file migrates, these need a human.
-_CUDA_ONLY = {
+_CUDA_ONLY = MappingProxyType({
     "apex": (
         "NVIDIA apex runs on CUDA only",
         "apex (amp, DistributedDataParallel, fused optimizers) has no other device: replace it with "
         "torch.amp and torch's DistributedDataParallel, then migrate.",
     ),
-}
+})
 
 
 class ManagedTraining(Rule):
