@@ -31,6 +31,14 @@ def wraps_model(facts: Facts, node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Call) and facts.qualname(node.func) in WRAPPER_NAMES
 
 
+def wrapped_models_of(ctx) -> set[str] | None:
+    """``wrapped_models`` of the rule context's file, or None where the file never names
+    DataParallel (a cheap gate before any name is resolved)."""
+    if "DataParallel" not in ctx.source_text:
+        return None
+    return wrapped_models(ctx.facts, ctx.module)
+
+
 def wrapped_models(facts: Facts, module: cst.Module) -> set[str]:
     """Names assigned a DDP/DataParallel wrapper anywhere in the file (`model = DDP(model)`,
     `self.model = DDP(...)`, `model = DDP(model) if ddp else model`)."""

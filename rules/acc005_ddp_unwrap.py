@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import wrapped_models, wraps_model
+from accrewrite.toolbox import wrapped_models_of, wraps_model
 
 # Attributes of a DDP-wrapped model that only DDP has.
 _SYNC_FLAG = "require_backward_grad_sync"
@@ -139,13 +139,9 @@ class DdpUnwrap(Rule):
         self._warned = False
 
     def applies(self) -> bool:
-        if "DataParallel" not in self.ctx.source_text:  # a cheap gate; names resolve below
-            return False
-        self._wrapped = wrapped_models(self.ctx.facts, self.ctx.module)
-        return True
-
-    def _wraps(self, node: cst.CSTNode) -> bool:
-        return wraps_model(self.ctx.facts, node)
+        wrapped = wrapped_models_of(self.ctx)
+        self._wrapped = wrapped or set()
+        return wrapped is not None
 
     def _no_sync(self, node: cst.CSTNode) -> bool:
         return (
@@ -158,7 +154,7 @@ class DdpUnwrap(Rule):
     # Expressions -----------------------------------------------------------------------------
 
     def leave_Call(self, original_node, updated_node):
-        if not self._wraps(original_node):
+        if not wraps_model(self.ctx.facts, original_node):
             return updated_node
         module = call_arg(updated_node, 0, "module")
         if module is None or any(arg.star for arg in original_node.args):
@@ -254,7 +250,7 @@ class DdpUnwrap(Rule):
     def _wrapped_module(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
         """The module a wrapper call wraps (``DDP(model)``, ``DDP(m) if ddp else m``)."""
         for candidate in [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]:
-            if self._wraps(candidate):
+            if wraps_model(self.ctx.facts, candidate):
                 module = call_arg(candidate, 0, "module")
                 return module.value if module is not None else None
         return None

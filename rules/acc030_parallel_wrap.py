@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, holds, names_in, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import wrapped_models, wraps_model
+from accrewrite.toolbox import wrapped_models_of, wraps_model
 
 _SYNC_FLAG = "require_backward_grad_sync"
 _BUILD_AFTER = ("FSDP2 and tensor parallelism replace the model's parameters with DTensors: an optimizer "
@@ -118,15 +118,10 @@ class ParallelWrap(Rule):
     def _kind(self) -> str:
         return self.ctx.parallel or "fsdp"
 
-    # The wrapped names and the wrapper calls, found as ACC005 finds them.
     def applies(self) -> bool:
-        if "DataParallel" not in self.ctx.source_text:  # a cheap gate; names resolve below
-            return False
-        self._wrapped = wrapped_models(self.ctx.facts, self.ctx.module)
-        return True
-
-    def _wraps(self, node: cst.CSTNode) -> bool:
-        return wraps_model(self.ctx.facts, node)
+        wrapped = wrapped_models_of(self.ctx)
+        self._wrapped = wrapped or set()
+        return wrapped is not None
 
     # Optimizers built before the wrap --------------------------------------------------------
 
@@ -164,7 +159,7 @@ class ParallelWrap(Rule):
         found = []
 
         def enter(node: cst.CSTNode) -> bool:
-            if isinstance(node, cst.Assign) and self._wraps(node.value):
+            if isinstance(node, cst.Assign) and wraps_model(self.ctx.facts, node.value):
                 module = call_arg(node.value, 0, "module")
                 if module is not None:
                     found.append(dotted(module.value))
@@ -201,7 +196,7 @@ class ParallelWrap(Rule):
                 "model.accelerate_mesh.",
             )
         # On visit: the target's own rules (ACC005) may replace the call before it is left.
-        if self._wraps(node) and not self.ctx.target.has(*self.concepts):
+        if wraps_model(self.ctx.facts, node) and not self.ctx.target.has(*self.concepts):
             self.ctx.diagnose(
                 node,
                 "--parallel: this target has no accelerate(); the DDP wrap is left as it is",
@@ -212,7 +207,7 @@ class ParallelWrap(Rule):
             )
 
     def leave_Call(self, original_node, updated_node):
-        if not self._wraps(original_node) or not self.ctx.target.has(*self.concepts):
+        if not wraps_model(self.ctx.facts, original_node) or not self.ctx.target.has(*self.concepts):
             return updated_node
         module = call_arg(updated_node, 0, "module")
         if module is None or any(arg.star for arg in original_node.args):

@@ -47,12 +47,9 @@ def deform_conv2d(input, offset, weight, bias=None, stride=1, padding=0, dilatio
     operator = _torchvision_deform_conv2d()
     if operator is None or input.device.type not in _TORCHVISION_DEVICES:
         return deform_conv2d_reference(input, offset, weight, bias, stride, padding, dilation, mask)
-    stride, padding, dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
-                                 _pair(dilation, "dilation"))
-    offset_groups, _, _ = _shapes(input, offset, weight, bias, stride, padding, dilation, mask)
     dtype = input.dtype
-    if dtype in _HALF:
-        input, offset, weight, bias, mask = _in_float32(input, offset, weight, bias, mask)
+    input, offset, weight, bias, mask, (stride, padding, dilation), (offset_groups, _, _) = _arguments(
+        input, offset, weight, bias, stride, padding, dilation, mask)
     if offset.requires_grad:
         y, x = _points(offset.detach(), offset_groups, weight.shape[2:], stride, padding, dilation)
         height, width = input.shape[2:]
@@ -66,12 +63,9 @@ def deform_conv2d_reference(input, offset, weight, bias=None, stride=1, padding=
                             mask=None):
     """``deform_conv2d`` in plain PyTorch: the oracle the tests hold torchvision to, and the path
     for devices torchvision has no kernel for (XLA)."""
-    stride, padding, dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
-                                 _pair(dilation, "dilation"))
-    offset_groups, out_h, out_w = _shapes(input, offset, weight, bias, stride, padding, dilation, mask)
     dtype = input.dtype
-    if dtype in _HALF:
-        input, offset, weight, bias, mask = _in_float32(input, offset, weight, bias, mask)
+    input, offset, weight, bias, mask, (stride, padding, dilation), (offset_groups, out_h, out_w) = (
+        _arguments(input, offset, weight, bias, stride, padding, dilation, mask))
     batch, channels, height, width = input.shape
     out_channels, group_channels, kernel_h, kernel_w = weight.shape
     taps = kernel_h * kernel_w
@@ -252,8 +246,16 @@ def _torchvision_deform_conv2d():
     return operator
 
 
-def _in_float32(*tensors):
-    return tuple(None if t is None else t.float() for t in tensors)
+def _arguments(input, offset, weight, bias, stride, padding, dilation, mask):
+    """The arguments checked against each other, half precision computed in float32: the five
+    tensors, then (stride, padding, dilation) as pairs and (offset groups, out_h, out_w)."""
+    stride, padding, dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
+                                 _pair(dilation, "dilation"))
+    shapes = _shapes(input, offset, weight, bias, stride, padding, dilation, mask)
+    tensors = (input, offset, weight, bias, mask)
+    if input.dtype in _HALF:
+        tensors = tuple(None if t is None else t.float() for t in tensors)
+    return (*tensors, (stride, padding, dilation), shapes)
 
 
 def _pair(value, name):
