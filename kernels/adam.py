@@ -65,6 +65,13 @@ def adam_step(
     tensors = _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps)
     if not params:
         return
+    tensors = _local_shards(tensors)
+    if tensors is None:  # DTensors laid out unlike their parameters: DTensor's own dispatch
+        adam_step_reference(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1,
+                            beta2=beta2, eps=eps, weight_decay=weight_decay,
+                            decoupled_weight_decay=decoupled_weight_decay, maximize=maximize,
+                            grad_scale=grad_scale, found_inf=found_inf)
+        return
     lr_is_tensor = isinstance(lr, torch.Tensor)
     adam_step_op(
         *tensors,
@@ -79,6 +86,23 @@ def adam_step(
         grad_scale=grad_scale,
         found_inf=found_inf,
     )
+
+
+def _local_shards(tensors):
+    """The lists with DTensors (FSDP2, tensor parallel) as their local shards, which the op
+    updates in place: the step is elementwise, so each rank updates its own shard where a
+    parameter's gradient and moments are laid out as it is. None where they are not."""
+    params, grads, exp_avgs, exp_avg_sqs, steps = tensors
+    dtensor = compat.dtensor_class()
+    if dtensor is None or not any(isinstance(p, dtensor) for p in params):
+        return tensors
+    layout = [(p.device_mesh, p.placements) if isinstance(p, dtensor) else None for p in params]
+    for parts in (grads, exp_avgs, exp_avg_sqs):
+        if [(t.device_mesh, t.placements) if isinstance(t, dtensor) else None for t in parts] != layout:
+            return None
+    local = [[compat.local_shard(t) if isinstance(t, dtensor) else t for t in parts]
+             for parts in (params, grads, exp_avgs, exp_avg_sqs)]
+    return (*local, steps)
 
 
 @torch.library.custom_op(

@@ -104,6 +104,19 @@ def builtin_backend(name: str, store, rank: int, size: int, timeout):
     return group(store, rank, size, options)
 
 
+def dtensor_class():
+    """``DTensor``, or None where torch is built without torch.distributed."""
+    if not importlib.import_module("torch.distributed").is_available():
+        return None
+    return importlib.import_module("torch.distributed.tensor").DTensor
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor itself (``to_local()`` gives a view through autograd), so that an
+    in-place update of it updates the DTensor."""
+    return tensor._local_tensor
+
+
 def version_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a torch version string such as "2.13.0+cpu"."""
     major, minor = version.split("+")[0].split(".")[:2]
@@ -148,6 +161,6 @@ def trace_forward(module: torch.nn.Module, is_leaf) -> "torch.fx.Graph":
 
 
 __all__ = [
-    *_NAMES, "SUPPORTED", "backend_plugins", "builtin_backend", "check_version",
-    "own_compile_metrics", "trace_forward", "version_tuple",
+    *_NAMES, "SUPPORTED", "backend_plugins", "builtin_backend", "check_version", "dtensor_class",
+    "local_shard", "own_compile_metrics", "trace_forward", "version_tuple",
 ]

@@ -34,8 +34,9 @@ def _named_concepts() -> dict[str, set[str]]:
             assigned = getattr(node.targets[0], "id", "")
             if assigned == "concepts" and isinstance(node.value, ast.Tuple):
                 names |= {v.value for v in node.value.elts if isinstance(v, ast.Constant)}
-            elif assigned in ("swaps", "_CONCEPT_OF") and isinstance(node.value, ast.Dict):  # name -> concept
-                names |= {v.value for v in node.value.values if isinstance(v, ast.Constant)}
+            elif assigned in ("swaps", "_CONCEPT_OF"):  # name -> concept, a dict or a read-only one
+                table = node.value.args[0] if isinstance(node.value, ast.Call) else node.value
+                names |= {v.value for v in table.values if isinstance(v, ast.Constant)}
         if names:
             found[path.name] = names
     return found

@@ -291,8 +291,12 @@ def check_new_kernel(folders):
     print("compiled ok")
 
     # by the migration: the rule registry found the rule by itself; the profile has the
-    # kernel's spelling (the lines a new kernel adds to rules/targets/runtime.toml)
+    # kernel's spelling (the lines a new kernel adds to rules/targets/runtime.toml) and the
+    # catalogue its concept (the line it adds to accrewrite/concepts.py)
+    from accrewrite.concepts import CATALOGUE, SPELLING, Definition
     from accrewrite.engine import Options, migrate_source
+
+    CATALOGUE["mish"] = Definition("mish", SPELLING, "torch.nn.functional.mish, fused")
 
     profile = resources.files("accrewrite.rules").joinpath("targets/runtime.toml").read_text()
     profile = profile.replace("[imports]\n", f"[imports]\n{PROFILE_IMPORT}\n") + PROFILE_CONCEPT
