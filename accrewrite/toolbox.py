@@ -9,7 +9,7 @@ tools.
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, Facts, Walker
-from accrewrite.nodes import dotted
+from accrewrite.nodes import call_arg, dotted
 
 
 def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
@@ -29,6 +29,16 @@ def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
 def wraps_model(facts: Facts, node: cst.CSTNode) -> bool:
     """Whether ``node`` is a DistributedDataParallel/DataParallel call, however imported."""
     return isinstance(node, cst.Call) and facts.qualname(node.func) in WRAPPER_NAMES
+
+
+def wrapped_module(ctx, original: cst.Call, updated: cst.Call, by_hand: str) -> cst.Arg | None:
+    """The argument holding the module a DDP/DataParallel call wraps, or None, after a finding
+    that says what to do ``by_hand``, where star arguments or its absence hide it."""
+    module = call_arg(updated, 0, "module")
+    if module is None or any(arg.star for arg in original.args):
+        ctx.diagnose(original, "the module this wrapper wraps cannot be told; left as it is", by_hand)
+        return None
+    return module
 
 
 def wrapped_models_of(ctx) -> set[str] | None:

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import wrapped_models_of, wraps_model
+from accrewrite.toolbox import wrapped_models_of, wrapped_module, wraps_model
 
 # Attributes of a DDP-wrapped model that only DDP has.
 _SYNC_FLAG = "require_backward_grad_sync"
@@ -156,10 +156,8 @@ class DdpUnwrap(Rule):
     def leave_Call(self, original_node, updated_node):
         if not wraps_model(self.ctx.facts, original_node):
             return updated_node
-        module = call_arg(updated_node, 0, "module")
-        if module is None or any(arg.star for arg in original_node.args):
-            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told; left as it is",
-                              "Unwrap it by hand.")
+        module = wrapped_module(self.ctx, original_node, updated_node, "Unwrap it by hand.")
+        if module is None:
             return updated_node
         self.ctx.fix(original_node, "unwrapped: the target all-reduces gradients at the step (ACC006), not in DDP")
         return module.value.with_changes(lpar=[], rpar=[]) if isinstance(module.value, cst.Name) else module.value

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, holds, names_in, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import wrapped_models_of, wraps_model
+from accrewrite.toolbox import wrapped_models_of, wrapped_module, wraps_model
 
 _SYNC_FLAG = "require_backward_grad_sync"
 _BUILD_AFTER = ("FSDP2 and tensor parallelism replace the model's parameters with DTensors: an optimizer "
@@ -209,10 +209,8 @@ class ParallelWrap(Rule):
     def leave_Call(self, original_node, updated_node):
         if not wraps_model(self.ctx.facts, original_node) or not self.ctx.target.has(*self.concepts):
             return updated_node
-        module = call_arg(updated_node, 0, "module")
-        if module is None or any(arg.star for arg in original_node.args):
-            self.ctx.diagnose(original_node, "the module this wrapper wraps cannot be told; left as it is",
-                              "Call accrt.accelerate(model, config=...) by hand.")
+        module = wrapped_module(self.ctx, original_node, updated_node, "Call accrt.accelerate(model, config=...) by hand.")
+        if module is None:
             return updated_node
         for name, built in self.ctx.facts.optimizers.items():
             if not holds(self.ctx.scope or self.ctx.module, built):
