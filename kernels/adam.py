@@ -47,45 +47,26 @@ def adam_step(
     steps: list[torch.Tensor],
     *,
     lr: float | torch.Tensor,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    decoupled_weight_decay: bool,
-    maximize: bool = False,
-    grad_scale: torch.Tensor | None = None,
-    found_inf: torch.Tensor | None = None,
+    **options,
 ) -> None:
     """Apply one Adam (``decoupled_weight_decay=False``) or AdamW step in place.
 
     All lists are parallel, one entry per parameter; ``steps`` holds each parameter's float32
     scalar step count (``state["step"]``), incremented here unless ``found_inf`` is nonzero.
-    ``lr`` may be a float or a scalar tensor.
+    ``lr`` may be a float or a scalar tensor. ``options``, as ``adam_step_op`` takes them:
+    ``beta1``, ``beta2``, ``eps``, ``weight_decay``, ``decoupled_weight_decay`` and, optional,
+    ``maximize``, ``grad_scale``, ``found_inf``.
     """
     tensors = _check_lists(params, grads, exp_avgs, exp_avg_sqs, steps)
     if not params:
         return
     tensors = _local_shards(tensors)
     if tensors is None:  # DTensors laid out unlike their parameters: DTensor's own dispatch
-        adam_step_reference(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1,
-                            beta2=beta2, eps=eps, weight_decay=weight_decay,
-                            decoupled_weight_decay=decoupled_weight_decay, maximize=maximize,
-                            grad_scale=grad_scale, found_inf=found_inf)
+        adam_step_reference(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, **options)
         return
     lr_is_tensor = isinstance(lr, torch.Tensor)
-    adam_step_op(
-        *tensors,
-        lr=0.0 if lr_is_tensor else float(lr),
-        lr_tensor=lr if lr_is_tensor else None,
-        beta1=beta1,
-        beta2=beta2,
-        eps=eps,
-        weight_decay=weight_decay,
-        decoupled_weight_decay=decoupled_weight_decay,
-        maximize=maximize,
-        grad_scale=grad_scale,
-        found_inf=found_inf,
-    )
+    adam_step_op(*tensors, lr=0.0 if lr_is_tensor else float(lr), lr_tensor=lr if lr_is_tensor else None,
+                 **{"maximize": False, "grad_scale": None, "found_inf": None, **options})
 
 
 def _local_shards(tensors):
