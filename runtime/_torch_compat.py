@@ -8,6 +8,7 @@ and the compiler does not load torch.distributed.
 """
 
 import contextlib
+import functools
 import importlib
 from types import MappingProxyType
 
@@ -104,6 +105,7 @@ def builtin_backend(name: str, store, rank: int, size: int, timeout):
     return group(store, rank, size, options)
 
 
+@functools.cache  # read once: the optimizer asks at every step
 def dtensor_class():
     """``DTensor``, or None where torch is built without torch.distributed."""
     if not importlib.import_module("torch.distributed").is_available():

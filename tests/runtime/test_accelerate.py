@@ -23,23 +23,10 @@ from accrewrite.runtime.parallel.parallel_dims import ParallelDims
 from accrewrite.runtime.parallel.tensor_parallel import derive_plan, parallelize_block
 
 from _ranks import run_ranks
+from _tp_layouts import Conv1D
 
 VOCAB, WIDTH, HEADS, CONTEXT, BLOCKS = 32, 16, 4, 8, 2
 STEPS, GLOBAL_BATCH = 20, 8
-
-
-class Conv1D(nn.Module):
-    """GPT-2's projection (Hugging Face ``Conv1D``): a linear layer whose weight is in x out."""
-
-    def __init__(self, nf, nx):
-        super().__init__()
-        self.nf = nf
-        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.2)
-        self.bias = nn.Parameter(torch.randn(nf) * 0.1)
-
-    def forward(self, x):
-        size_out = x.size()[:-1] + (self.nf,)
-        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(size_out)
 
 
 class Attention(nn.Module):
