@@ -14,6 +14,7 @@ forking a threaded process).
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import os
 import signal
@@ -137,6 +138,10 @@ def usable_cpus() -> int:
 def _serve(connection, function, parent: int) -> None:
     _die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # A task builds a syntax tree of many thousand objects; Python's cycle collector would walk
+    # them (and the modules imported before the fork) again and again while it runs. Out of the
+    # collector's sight, the imports stay; with it paused, a task's own cycles wait for the next.
+    gc.freeze()
     while True:
         try:
             task = connection.recv()
@@ -144,7 +149,12 @@ def _serve(connection, function, parent: int) -> None:
             return
         if task is _STOP:
             return
-        connection.send(function(task))
+        gc.disable()
+        try:
+            result = function(task)
+        finally:
+            gc.enable()
+        connection.send(result)
 
 
 def _die_with(parent: int) -> None:

@@ -9,7 +9,8 @@ import libcst as cst
 import pytest
 
 from accrewrite import limits, nodes, positions
-from accrewrite.engine import Options
+from accrewrite.engine import Options, migrate_source
+from accrewrite.rule import RuleContext
 from accrewrite.runner import Job, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,3 +114,13 @@ def test_several_workers_give_each_file_its_outcome_in_the_order_given(tmp_path)
     assert [o.path for o in two] == [str(job.path) for job, _ in jobs]
     assert [(o.path, o.diff, o.error, len(o.fixes)) for o in one] == [(o.path, o.diff, o.error, len(o.fixes)) for o in two]
     assert two[3].diff.count("\n+x = ") == 200 and two[-1].error is not None
+
+
+def test_a_code_that_no_noqa_names_is_not_suppressed_without_placing_any_node(monkeypatch):
+    # Placing nodes prints the whole file with positions: only a code some "# noqa:" names pays it.
+    placed = []
+    monkeypatch.setattr(RuleContext, "position", lambda self, node: placed.append(node))
+    source = b"import os  # noqa: E402, F401\nimport torch\nmodel = model.cuda()\n"
+    assert migrate_source(source).fixes and not placed
+    migrate_source(source.replace(b"E402", b"ACC002"))
+    assert placed  # a noqa that names ACC002 is looked up where it stands

@@ -1,6 +1,8 @@
 """The worker processes: each exits when asked, also while later workers hold copies of its
 pipe, and --jobs never starts more workers than there are CPUs or files."""
 
+import gc
+
 import accrewrite.runner
 from accrewrite import workers
 from accrewrite.cli import main
@@ -19,6 +21,15 @@ def test_every_worker_exits_by_itself_when_the_run_ends():
     for worker in started:
         worker.close()
     assert [worker.process.exitcode for worker in started] == [0, 0, 0]  # not killed (-9)
+
+
+def collector_state(task):
+    return gc.isenabled(), gc.get_freeze_count() > 0
+
+
+def test_a_task_runs_with_the_cycle_collector_paused_and_the_imports_frozen_out_of_it():
+    assert workers.map_isolated(collector_state, [1, 2], 1, timeout=None) == [(False, True), (False, True)]
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # the caller's process is as it was
 
 
 def test_map_isolated_keeps_the_order_of_its_tasks():
