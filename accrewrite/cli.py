@@ -379,6 +379,9 @@ def _verify(args, out: Console, err: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--version"]:  # answered without reading the targets' profiles: tools probe it often
+        print(f"accrewrite {__version__}")
+        return EXIT_OK
     script_args: list[str] = []
     if argv[:1] == ["verify"] and "--" in argv:  # the script's own arguments, never accrewrite's
         split = argv.index("--")

@@ -5,13 +5,18 @@ asked for."""
 from __future__ import annotations
 
 import functools
-from importlib import metadata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoints
 
 
 @functools.cache
-def _installed() -> metadata.EntryPoints:
+def _installed() -> EntryPoints:
+    from importlib import metadata  # tens of milliseconds to import: only a run that reads entry points pays
+
     return metadata.entry_points()
 
 
-def entry_points(group: str) -> metadata.EntryPoints:
+def entry_points(group: str) -> EntryPoints:
     return _installed().select(group=group)

@@ -285,11 +285,12 @@ def test_argument_errors_name_the_fix(tmp_path, cli, capsys):
     assert "--parallel fsdp|tp|fsdp,tp" in capsys.readouterr().out
 
 
-def test_version_imports_neither_libcst_nor_the_rules():
+def test_version_imports_neither_libcst_nor_the_rules_and_reads_no_installed_packages():
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "accrewrite.cli", "--version"],
                           capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("accrewrite ")
     assert " libcst" not in done.stderr and "accrewrite.rules.acc" not in done.stderr
+    assert " importlib.metadata" not in done.stderr  # the entry points of every installed package
 
 
 def test_the_codemod_reads_the_runtimes_parallel_kinds_without_torch():
