@@ -149,15 +149,16 @@ def _syntax(code: bytes, path: str) -> ast.Module:
     return compile(code, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
 
 
-def _no_name_left_unbound(source: bytes, output: bytes, path: str, options: Options, selection: Selection,
-                          fixes: list[Finding]) -> None:
+def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, path: str, options: Options,
+                          selection: Selection, fixes: list[Finding]) -> None:
     """The net (``accrewrite.unbound``): an output that reads a name unbound where the input
-    bound it is refused, naming the rule whose fixes do it: the one whose removal (the
-    migration run again without it, only when the net trips) leaves the name bound."""
+    (``tree``: its syntax tree) bound it is refused, naming the rule whose fixes do it: the one
+    whose removal (the migration run again without it, only when the net trips) leaves the name
+    bound."""
     after = unbound.reads(_syntax(output, path))
     if not after:
         return
-    before = unbound.reads(_syntax(source, path))
+    before = unbound.reads(tree)
     new = unbound.excess(before, after)
     if not new:
         return
@@ -219,14 +220,15 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         _decode(source)
         if SKIP_FILE.search(source) or not _RELEVANT.search(source):
             return result
-        limits.check(source, path)
+        tree = limits.check(source, path)
         selection = options.selection()
         migrated = limits.deep_stack(_migrate, source, options, selection)
         if migrated is not None:
             output, ctx = migrated
             if output != source:
                 if _verify(source, output, path):
-                    limits.deep_stack(_no_name_left_unbound, source, output, path, options, selection, ctx.fixes)
+                    limits.deep_stack(_no_name_left_unbound, source, tree, output, path, options, selection,
+                                      ctx.fixes)
             result.output = output
             result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
     except MigrationError as exc:

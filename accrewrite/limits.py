@@ -30,8 +30,9 @@ _STACK_BYTES = 512 << 20  # reserved, not touched: the pages that a deep tree us
 _RECURSION_LIMIT = 200_000
 
 
-def check(source: bytes, path: str) -> None:
-    """Raise MigrationError when Python rejects ``source`` or it is past a limit."""
+def check(source: bytes, path: str) -> ast.Module:
+    """``source``'s syntax tree, as Python reads it; MigrationError when Python rejects it or it
+    is past a limit."""
     if len(source) > MAX_BYTES:
         raise MigrationError(FileError(
             f"file too large ({len(source):,} bytes; the limit is {MAX_BYTES:,}): "
@@ -55,6 +56,7 @@ def check(source: bytes, path: str) -> None:
             f"nested too deeply ({depth:,} levels; the limit is {MAX_DEPTH:,}): "
             "split the expression, e.g. a long sum into partial sums", line,
         ))
+    return tree
 
 
 def _depth(tree: ast.AST) -> tuple[int, int]:

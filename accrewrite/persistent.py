@@ -19,6 +19,7 @@ _MASK = (1 << _BITS) - 1
 _SHIFTS = (0, _BITS, 2 * _BITS)
 _LEAF = len(_SHIFTS)
 _ABSENT = object()
+_EMPTY = (None,) * (_MASK + 1)
 
 Bucket = dict | None
 Combine = Callable[[list[Bucket], Bucket], dict]
@@ -81,12 +82,15 @@ def _merge(nodes: list, base, anchored: bool, level: int, combine: Combine):
         return first
     if level == _LEAF:
         return combine(nodes, base) or None
-    slots = tuple(
-        _merge([node[index] if node is not None else None for node in nodes],
-               base[index] if base is not None else None, anchored, level + 1, combine)
-        for index in range(_MASK + 1)
-    )
-    return slots if any(slots) else None
+    # Slot by slot: a slot every map shares (and ``base`` too) is kept without a call.
+    slots = []
+    for column, below in zip(zip(*[node or _EMPTY for node in nodes]), base or _EMPTY):
+        head = column[0]
+        if all(part is head for part in column) and (not anchored or head is below):
+            slots.append(head)
+        else:
+            slots.append(_merge(column, below, anchored, level + 1, combine))
+    return tuple(slots) if any(slots) else None
 
 
 def _equal(first, second, level: int) -> bool:

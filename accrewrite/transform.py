@@ -55,6 +55,21 @@ def walked_types(rules: tuple[type[Rule], ...]) -> frozenset[str] | None:
     return frozenset(names)
 
 
+@functools.lru_cache(maxsize=64)
+def _methods(rules: tuple[type[Rule], ...]) -> tuple[dict, dict]:
+    """By node type name, the (index in ``rules``, method name) of the rules' ``visit_`` and
+    ``leave_`` methods, in the rules' order. Cached: every file of a run has the same rules."""
+    visitors: dict[str, list] = defaultdict(list)
+    leavers: dict[str, list] = defaultdict(list)
+    for index, rule in enumerate(rules):
+        for attribute in dir(rule):
+            if attribute.startswith("visit_"):
+                visitors[attribute[6:]].append((index, attribute))
+            elif attribute.startswith("leave_"):
+                leavers[attribute[6:]].append((index, attribute))
+    return dict(visitors), dict(leavers)
+
+
 class RuleBug(RuntimeError):
     """A rule changed code without recording a fix: it could not be reported or guarded."""
 
@@ -73,14 +88,11 @@ class BatchedTransformer(cst.CSTTransformer):
         # Nodes whose subtree is not walked (on_leave still comes for them).
         self._skipped: set[cst.CSTNode] = set()
         self._original_elses: set[cst.CSTNode] = set()
-        self._visitors: dict[str, list] = defaultdict(list)
-        self._leavers: dict[str, list] = defaultdict(list)
-        for rule in rules:
-            for attribute in dir(type(rule)):
-                if attribute.startswith("visit_"):
-                    self._visitors[attribute[6:]].append((rule, getattr(rule, attribute)))
-                elif attribute.startswith("leave_"):
-                    self._leavers[attribute[6:]].append((rule, getattr(rule, attribute)))
+        visitors, leavers = _methods(tuple(type(rule) for rule in rules))
+        self._visitors = {name: [(rules[i], getattr(rules[i], method)) for i, method in found]
+                          for name, found in visitors.items()}
+        self._leavers = {name: [(rules[i], getattr(rules[i], method)) for i, method in found]
+                         for name, found in leavers.items()}
         self._tokens = frozenset(
             kind for kind in _TOKEN_TYPES if kind.__name__ not in self._visitors and kind.__name__ not in self._leavers
         )
