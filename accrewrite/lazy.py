@@ -5,14 +5,16 @@ that only needs ``xla_model`` should not pay for the kernels or the compiler.
 """
 
 import importlib
+from types import MappingProxyType
 
 
 def lazy_attributes(package: str, attributes: dict[str, str]):
-    """Return a module-level ``__getattr__`` for ``package``.
+    """Return ``package``'s ``__all__`` and its module-level ``__getattr__``.
 
     ``attributes`` maps a public name to ``"submodule"`` (the name is that submodule) or
     ``"submodule:attr"`` (the name is an attribute of it).
     """
+    attributes = MappingProxyType(dict(attributes))
 
     def __getattr__(name):
         try:
@@ -23,4 +25,4 @@ def lazy_attributes(package: str, attributes: dict[str, str]):
         module = importlib.import_module(f"{package}.{module_name}")
         return getattr(module, attr) if attr else module
 
-    return __getattr__
+    return list(attributes), __getattr__

@@ -40,14 +40,8 @@ if triton_available():
 
 
 def adam_step(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    steps: list[torch.Tensor],
-    *,
-    lr: float | torch.Tensor,
-    **options,
+    params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor], *, lr: float | torch.Tensor, **options,
 ) -> None:
     """Apply one Adam (``decoupled_weight_decay=False``) or AdamW step in place.
 

@@ -451,23 +451,18 @@ class DevicePlacement(Rule):
     def _inputs_on_device(self, original_node, updated_node):
         """``ddp_model(torch.randn(20, 10))``: DistributedDataParallel moved a CPU input to its
         device; unwrapped (ACC005), the input is made on the device."""
-        args = list(updated_node.args)
-        changed = False
+        values = {}
         for index, arg in enumerate(original_node.args):
             value = arg.value
             if isinstance(value, cst.Call) and self.ctx.facts.qualname(value.func) in _FACTORIES \
                     and call_arg(value, 99, "device") is None:
-                made = args[index].value
+                made = updated_node.args[index].value
                 device = cst.Arg(keyword=cst.Name("device"), value=self._device(), equal=_EQUAL)
                 made_args = list(made.args)
                 if made_args:
                     made_args[-1] = made_args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-                args[index] = args[index].with_changes(value=made.with_changes(args=[*made_args, device]))
-                changed = True
-        if not changed:
-            return updated_node
-        self.ctx.fix(original_node, "the model's input is made on the target device")
-        return updated_node.with_changes(args=args)
+                values[index] = made.with_changes(args=[*made_args, device])
+        return self._with_values(original_node, updated_node, values, "the model's input is made on the target device")
 
     def _cuda_method(self, original_node, updated_node):
         kept = [
@@ -484,15 +479,11 @@ class DevicePlacement(Rule):
         first = call_arg(original_node, 0, "device")
         if first is None or not (self.ctx.facts.is_cuda_device(first.value) or self._ordinal(first.value)):
             return updated_node
-        index = original_node.args.index(first)
-        args = list(updated_node.args)
-        args[index] = args[index].with_changes(value=self._device())
-        self.ctx.fix(original_node, ".to('cuda') -> .to(the target device)")
-        return updated_node.with_changes(args=args)
+        values = {original_node.args.index(first): self._device()}
+        return self._with_values(original_node, updated_node, values, ".to('cuda') -> .to(the target device)")
 
     def _device_keywords(self, original_node, updated_node):
-        args = list(updated_node.args)
-        changed = False
+        values = {}
         devices = {device.name for device in self.ctx.facts.devices}
         for index, arg in enumerate(original_node.args):
             if arg.keyword is None or arg.keyword.value not in _DEVICE_KEYWORDS:
@@ -500,14 +491,20 @@ class DevicePlacement(Rule):
             cuda = self.ctx.facts.is_cuda_device(arg.value)
             if arg.keyword.value == "map_location" and self.ctx.target.has("load_location"):
                 if cuda or dotted(arg.value) in devices:
-                    args[index] = args[index].with_changes(value=self.ctx.expr("load_location"))
-                    changed = True
+                    values[index] = self.ctx.expr("load_location")
             elif cuda:
-                args[index] = args[index].with_changes(value=self._device())
-                changed = True
-        if not changed:
+                values[index] = self._device()
+        return self._with_values(original_node, updated_node, values, "device='cuda' -> the target device")
+
+    def _with_values(self, original_node, updated_node, values: dict[int, cst.BaseExpression], message: str):
+        """``updated_node`` with the arguments at ``values``' positions given those values, and
+        ``message`` reported; as it is where there are none."""
+        if not values:
             return updated_node
-        self.ctx.fix(original_node, "device='cuda' -> the target device")
+        args = list(updated_node.args)
+        for index, value in values.items():
+            args[index] = args[index].with_changes(value=value)
+        self.ctx.fix(original_node, message)
         return updated_node.with_changes(args=args)
 
     def _drop_cuda_keywords(self, original_node, updated_node):

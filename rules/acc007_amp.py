@@ -347,11 +347,18 @@ class Amp(Rule):
         self.ctx.fix(original_node, f"{what}: the target's picks its device; arguments by keyword")
         return updated_node.with_changes(args=with_commas([a for _, a in named]))
 
+    def _by_hand(self, call: cst.Call, parameters, what: str) -> bool:
+        """Whether ``call``'s arguments cannot all be named (``*args``/``**kwargs``, or more
+        than ``parameters``): then it is reported, to be migrated by hand."""
+        if not any(arg.star for arg in call.args) and len(call.args) <= len(parameters):
+            return False
+        self.ctx.diagnose(call, f"{what}(*args/**kwargs) left as it is",
+                          f"Migrate this call to the target's {what} by hand.")
+        return True
+
     def _autocast(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
-        if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
-            ctx.diagnose(original_node, "autocast(*args/**kwargs) left as it is",
-                         "Migrate this call to the target's autocast by hand.")
+        if self._by_hand(original_node, parameters, "autocast"):
             return updated_node
         named = [(n, a) for n, a in self._named(original_node, updated_node, parameters) if n != "device_type"]
         if repointed and not ctx.target.has("autocast_device"):
@@ -385,9 +392,7 @@ class Amp(Rule):
 
     def _scaler(self, original_node, updated_node, parameters, repointed):
         ctx = self.ctx
-        if any(arg.star for arg in original_node.args) or len(original_node.args) > len(parameters):
-            ctx.diagnose(original_node, "GradScaler(*args/**kwargs) left as it is",
-                         "Migrate this call to the target's GradScaler by hand.")
+        if self._by_hand(original_node, parameters, "GradScaler"):
             return updated_node
         if not ctx.target.has("grad_scaler") and ctx.target.has("disabled_grad_scaler"):
             ctx.diagnose(

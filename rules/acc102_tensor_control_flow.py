@@ -1,7 +1,17 @@
+from types import MappingProxyType
+
 import libcst as cst
 
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._training_code import LoopDiagnostic
+
+# The nodes whose test is checked, and how a report names each.
+_TESTED = MappingProxyType({
+    cst.If: "`if`",
+    cst.While: "`while`",
+    cst.IfExp: "conditional expression on",
+    cst.Assert: "`assert`",
+})
 
 
 class TensorControlFlow(LoopDiagnostic, Rule):
@@ -26,7 +36,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
     summary = "Python control flow (if/while/ternary/assert) on a tensor value inside the loop"
     # Found by their statements (if, while, conditional expressions, assert), not by words.
     triggers = frozenset()
-    trigger_nodes = (cst.If, cst.While, cst.IfExp, cst.Assert)
+    trigger_nodes = tuple(_TESTED)
     examples = (
         Example(
             before="""
@@ -77,36 +87,26 @@ class TensorControlFlow(LoopDiagnostic, Rule):
     def applies(self) -> bool:
         return bool(self.ctx.facts.loops or self.ctx.facts.step_functions)
 
-    def _check(self, node: cst.CSTNode, test: cst.BaseExpression, what: str) -> None:
+    def _leave_test(self, original_node, updated_node):
+        """Report the test of an ``if``, ``while``, conditional expression or ``assert`` in the
+        loop where it is on a tensor's value."""
         if not self.in_loop:
-            return
+            return updated_node
+        test = original_node.test
         tensors = self.tensors()
         if tensors.tested_as_tensor(test):
             how = "a tensor's truth value"
         elif tensors.reads_value(test):
             how = "a value read from a tensor"
         else:
-            return
+            return updated_node
         self.report(
             test,
-            f"{what} `{excerpt(self.ctx.code(test))}` tests {how}",
+            f"{_TESTED[type(original_node)]} `{excerpt(self.ctx.code(test))}` tests {how}",
             "The host waits for the device (an XLA sync mid-step) and torch.compile breaks the graph "
             "here, with one graph per branch. Select with torch.where(cond, a, b) or a mask instead, "
             "or check it every N steps or in a step closure.",
         )
-
-    def leave_If(self, original_node, updated_node):
-        self._check(original_node, original_node.test, "`if`")
         return updated_node
 
-    def leave_While(self, original_node, updated_node):
-        self._check(original_node, original_node.test, "`while`")
-        return updated_node
-
-    def leave_IfExp(self, original_node, updated_node):
-        self._check(original_node, original_node.test, "conditional expression on")
-        return updated_node
-
-    def leave_Assert(self, original_node, updated_node):
-        self._check(original_node, original_node.test, "`assert`")
-        return updated_node
+    leave_If = leave_While = leave_IfExp = leave_Assert = _leave_test

@@ -5,13 +5,11 @@ Members load on first use, so ``import accrewrite.runtime.xla_model as xm`` does
 graph compiler or the kernels.
 """
 
-from types import MappingProxyType
-
 from accrewrite.lazy import lazy_attributes
 
 from . import _process_exit  # noqa: F401 - first registered exit handler, so it runs last
 
-_ATTRIBUTES = MappingProxyType({
+__all__, __getattr__ = lazy_attributes(__name__, {
     "xla_model": "xla_model",
     "parallel_loader": "parallel_loader",
     "xla_runtime": "xla_runtime",
@@ -35,5 +33,3 @@ _ATTRIBUTES = MappingProxyType({
     "export_full_state_dict": "parallel.checkpoint:export_full_state_dict",
     "CheckpointMismatchError": "parallel.checkpoint:CheckpointMismatchError",
 })
-__all__ = list(_ATTRIBUTES)
-__getattr__ = lazy_attributes(__name__, _ATTRIBUTES)

@@ -22,6 +22,7 @@ import contextlib
 import shutil
 import signal
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -62,17 +63,16 @@ def _stoppable():
             signal.signal(signum, handler)
 
 
+@dataclass(frozen=True)
 class Run:
-    """One verify: its workspace, its options, and the sides it has run."""
+    """One verify: its workspace and options, and how it runs a side."""
 
-    def __init__(self, workspace: Workspace, args: list[str], steps: int | None, nproc: int, timeout: float,
-                 progress: report.Progress):
-        self.workspace = workspace
-        self.args = args
-        self.steps = steps
-        self.nproc = nproc
-        self.timeout = timeout
-        self.progress = progress
+    workspace: Workspace
+    args: list[str]
+    steps: int | None
+    nproc: int
+    timeout: float
+    progress: report.Progress
 
     def run(self, side: Side) -> Side:
         root = self.workspace.root

@@ -3,11 +3,9 @@
 elsewhere; DCN/DCNv2 take torchvision's compiled kernel where it loads. Each name lives in the
 submodule the guide imports it from."""
 
-from types import MappingProxyType
-
 from accrewrite.lazy import lazy_attributes
 
-_ATTRIBUTES = MappingProxyType({
+__all__, __getattr__ = lazy_attributes(__name__, {
     "FusedLayerNorm": "layer_norm:FusedLayerNorm",
     "QuickGelu": "quick_gelu:QuickGelu",
     "dropout_add_fused_train": "dropout_add:dropout_add_fused_train",
@@ -24,5 +22,3 @@ _ATTRIBUTES = MappingProxyType({
     "dcn_v2_conv": "dcn_v2:dcn_v2_conv",
     "deform_conv2d": "dcn_v2:deform_conv2d",
 })
-__all__ = list(_ATTRIBUTES)
-__getattr__ = lazy_attributes(__name__, _ATTRIBUTES)
