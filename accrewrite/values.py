@@ -113,15 +113,24 @@ _HOST_TORCH_FUNCTIONS = MappingProxyType({
 _HOST_MODULES = ("math.", "time.", "os.", "random.", "numpy.", "datetime.", "json.", "pickle.", "sys.",
                  "re.", "socket.", "platform.", "subprocess.", "shutil.", "glob.", "pathlib.", "logging.",
                  "statistics.", "itertools.count", "string.", "argparse.", "yaml.", "inspect.")
-_TENSOR_ANNOTATIONS = frozenset({"torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.BoolTensor"})
 _MODEL_ANNOTATIONS = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
-_LOADER_ANNOTATIONS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+# What a value annotated with a torch class holds.
+_ANNOTATION_KINDS = MappingProxyType({
+    **dict.fromkeys(("torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.BoolTensor"), Kind.TENSOR),
+    **dict.fromkeys(_MODEL_ANNOTATIONS, Kind.MODEL),
+    **dict.fromkeys(("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"), Kind.LOADER),
+})
 _PLAIN_ANNOTATIONS = MappingProxyType({"int": Kind.INT, "float": Kind.FLOAT, "bool": Kind.BOOL, "str": Kind.STR})
-# Methods of a model that give tensors; the others (``estimate_mfu``, ``parameters``) do not.
-_MODEL_FORWARD = frozenset({"forward", "__call__"})
+# A model's members that give the model itself, and those that give its tensors.
 _MODEL_SELF = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double",
                          "requires_grad_", "module", "_orig_mod"})
 _MODEL_TENSORS = frozenset({"parameters", "buffers", "weight", "bias"})
+_MODEL_ATTRIBUTES = MappingProxyType({**dict.fromkeys(_MODEL_SELF, Kind.MODEL), **dict.fromkeys(_MODEL_TENSORS, Kind.TENSOR)})
+# What a model's methods give; another (``estimate_mfu``) gives what the file's class returns.
+_MODEL_METHODS = MappingProxyType({
+    **_MODEL_ATTRIBUTES, "forward": Kind.TENSOR, "__call__": Kind.TENSOR, "named_parameters": Kind.TENSOR,
+    "state_dict": Kind.HOLDER,
+})
 _NAMED_ITEMS = frozenset({"items", "named_parameters", "named_buffers", "named_modules", "named_children"})
 # torch functions that make a tensor (on the host, unless given a device).
 _FACTORIES = frozenset({
@@ -744,11 +753,8 @@ class ScopeValues:
         attr = node.attr.value
         if base in TENSORS or base is Kind.CPU:
             return META_ATTRS.get(attr, base if base is Kind.CPU else Kind.TENSOR)
-        if base is Kind.MODEL:
-            if attr in _MODEL_SELF:
-                return Kind.MODEL
-            if attr in _MODEL_TENSORS:
-                return Kind.TENSOR
+        if base is Kind.MODEL and attr in _MODEL_ATTRIBUTES:
+            return _MODEL_ATTRIBUTES[attr]
         if base in HOST:
             return Kind.PYTHON
         return Kind.UNKNOWN
@@ -926,15 +932,7 @@ class ScopeValues:
                 return Kind.NONE
             return Kind.TENSOR
         if receiver is Kind.MODEL:
-            if method in _MODEL_FORWARD:
-                return Kind.TENSOR
-            if method in _MODEL_SELF:
-                return Kind.MODEL
-            if method in _MODEL_TENSORS or method in ("named_parameters",):
-                return Kind.TENSOR
-            if method == "state_dict":
-                return Kind.HOLDER
-            return self._own_method_kind(node, func)
+            return _MODEL_METHODS.get(method) or self._own_method_kind(node, func)
         if receiver is Kind.LOADER:
             return Kind.LOADER if method in ("__iter__",) else Kind.UNKNOWN
         if receiver is Kind.STR:
@@ -1580,14 +1578,7 @@ class FileValues:
         name = dotted(annotation)
         if name in _PLAIN_ANNOTATIONS:
             return _PLAIN_ANNOTATIONS[name]
-        qualified = self.facts.qualname(annotation) or ""
-        if qualified in _TENSOR_ANNOTATIONS:
-            return Kind.TENSOR
-        if qualified in _MODEL_ANNOTATIONS:
-            return Kind.MODEL
-        if qualified in _LOADER_ANNOTATIONS:
-            return Kind.LOADER
-        return Kind.UNKNOWN
+        return _ANNOTATION_KINDS.get(self.facts.qualname(annotation) or "", Kind.UNKNOWN)
 
     def option_kind(self, node: cst.Attribute) -> Kind | None:
         """``args.lr`` where ``args`` holds parsed command-line options: the option's type."""
