@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, names_in, node_types, string_value, walk
+from accrewrite.nodes import (
+    NODE_TYPES, STATEMENT_TYPES, call_arg, children, descendants, dotted, node_types, string_value, walk,
+)
 from accrewrite.targets import spelled_callees, written_for
 from accrewrite.values import FileValues, Kind, ScopeValues, returned_read
 
@@ -49,10 +51,7 @@ WRAPPER_NAMES = frozenset({
 def _string_defaults(module: cst.Module) -> dict[str, str]:
     """``parser.add_argument("--device", default="cuda")`` -> {"device": "cuda"}."""
     found = {}
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
-        stack.extend(children(node))
+    for node in descendants(module):
         if not (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument"):
             continue
         default = call_arg(node, 99, "default")
@@ -61,7 +60,7 @@ def _string_defaults(module: cst.Module) -> dict[str, str]:
         dest = call_arg(node, 99, "dest")
         names = [string_value(dest.value)] if dest is not None else [f for f in flags if f and f.startswith("--")] or flags
         if value is not None and names and names[0]:
-            found[names[0].lstrip("-").replace("-", "_")] = value
+            found[names[0].lstrip("-").replace("-", "_")] = value  # later ones come first: the first one wins
     return found
 
 
@@ -616,7 +615,7 @@ class _Analyzer(Walker):
         if function is None or node.value is None:
             return
         params = {param.name.value for param in (*function.params.posonly_params, *function.params.params)}
-        read = returned_read(node.value, params)
+        read = returned_read(node, params)
         if read:
             name = function.name.value
             self.facts.returned_reads[name] = self.facts.returned_reads.get(name, frozenset()) | read
@@ -706,9 +705,7 @@ class _Analyzer(Walker):
         callee = self.facts.qualname(func)
         if callee:
             self.facts.called.add(callee)
-        if callee in _COLLECTIVES and any(
-            name.endswith(".grad") or "grad" in name.split(".")[-1] for arg in node.args[:1] for name in names_in(arg.value)
-        ):
+        if callee in _COLLECTIVES and node.args and _names_gradient(node.args[0].value):
             self.facts.reduces_gradients = True  # dist.all_reduce(p.grad), dist.all_reduce(grads)
         if callee == "torch.manual_seed":
             seed = call_arg(node, 0, "seed")
@@ -839,19 +836,18 @@ def analyze(
     return analyzer.facts
 
 
-_BLOCKS = node_types(cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally,
-                     cst.MatchCase)
+def _names_gradient(value: cst.BaseExpression) -> bool:
+    """Whether an expression names a gradient: ``p.grad``, ``grads``, ``flat_grads[i]``."""
+    return any(type(node) is cst.Name and "grad" in node.value for node in (value, *descendants(value)))
+
+
+_NOT_BLOCKS = NODE_TYPES - node_types(cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler,
+                                      cst.ExceptStarHandler, cst.Finally, cst.MatchCase)
+_IMPORTS = frozenset({cst.Import, cst.ImportFrom})
 
 
 def _import_statements(module: cst.Module):
     """Every ``import`` and ``from ... import`` of ``module``, in source order, in any block (the
     walk enters statements and blocks only, not expressions)."""
-    stack = list(reversed(module.body))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            yield node
-        elif isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-            stack.extend(reversed(node.body))
-        else:
-            stack.extend(reversed([child for child in children(node) if type(child) in _BLOCKS]))
+    later_first = [node for node in descendants(module, _NOT_BLOCKS) if type(node) in _IMPORTS]
+    return reversed(later_first)

@@ -1,5 +1,5 @@
 """Small helpers over libcst nodes that the analysis and the rules share: dotted names, string
-values, call arguments, and a fast read-only listing of a node's children."""
+values, call arguments, and a fast read-only listing of a node's children with the walks over it."""
 
 from __future__ import annotations
 
@@ -19,23 +19,6 @@ def dotted(node: cst.CSTNode) -> str | None:
         base = dotted(node.value)
         return f"{base}.{node.attr.value}" if base else None
     return None
-
-
-def names_in(node: cst.CSTNode) -> set[str]:
-    """Every dotted name (``a``, ``a.b``) mentioned in an expression."""
-    found: set[str] = set()
-
-    class Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> None:
-            full = dotted(attribute)
-            if full:
-                found.add(full)
-
-    node.visit(Names())
-    return found
 
 
 def string_value(node: cst.CSTNode) -> str | None:
@@ -159,6 +142,18 @@ def walk(node: cst.CSTNode, enter) -> None:
         if enter(current) is False:
             continue
         stack.extend(reversed(children(current)))
+
+
+def descendants(node: cst.CSTNode, prune: frozenset[type] = frozenset()):
+    """The nodes under ``node``, for a plain ``for`` loop (which may stop early): each before the
+    nodes under it, later siblings first (unlike ``walk``: reversing every list of children
+    doubles the cost of a walk). A node whose type is in ``prune`` comes, the nodes under it do not."""
+    stack = list(children(node))
+    while stack:
+        current = stack.pop()
+        yield current
+        if type(current) not in prune:
+            stack.extend(children(current))
 
 
 def holds(tree: cst.CSTNode, wanted) -> bool:

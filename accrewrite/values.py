@@ -26,7 +26,7 @@ from types import MappingProxyType
 
 import libcst as cst
 
-from accrewrite.nodes import children, dotted, node_types
+from accrewrite.nodes import children, descendants, dotted, node_types, walk
 from accrewrite.persistent import PersistentMap, merge
 from accrewrite.targets import spelled_callees
 
@@ -113,15 +113,24 @@ _HOST_TORCH_FUNCTIONS = MappingProxyType({
 _HOST_MODULES = ("math.", "time.", "os.", "random.", "numpy.", "datetime.", "json.", "pickle.", "sys.",
                  "re.", "socket.", "platform.", "subprocess.", "shutil.", "glob.", "pathlib.", "logging.",
                  "statistics.", "itertools.count", "string.", "argparse.", "yaml.", "inspect.")
-_TENSOR_ANNOTATIONS = frozenset({"torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.BoolTensor"})
 _MODEL_ANNOTATIONS = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
-_LOADER_ANNOTATIONS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+# What a value annotated with a torch class holds.
+_ANNOTATION_KINDS = MappingProxyType({
+    **dict.fromkeys(("torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.BoolTensor"), Kind.TENSOR),
+    **dict.fromkeys(_MODEL_ANNOTATIONS, Kind.MODEL),
+    **dict.fromkeys(("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"), Kind.LOADER),
+})
 _PLAIN_ANNOTATIONS = MappingProxyType({"int": Kind.INT, "float": Kind.FLOAT, "bool": Kind.BOOL, "str": Kind.STR})
-# Methods of a model that give tensors; the others (``estimate_mfu``, ``parameters``) do not.
-_MODEL_FORWARD = frozenset({"forward", "__call__"})
+# A model's members that give the model itself, and those that give its tensors.
 _MODEL_SELF = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double",
                          "requires_grad_", "module", "_orig_mod"})
 _MODEL_TENSORS = frozenset({"parameters", "buffers", "weight", "bias"})
+_MODEL_ATTRIBUTES = MappingProxyType({**dict.fromkeys(_MODEL_SELF, Kind.MODEL), **dict.fromkeys(_MODEL_TENSORS, Kind.TENSOR)})
+# What a model's methods give; another (``estimate_mfu``) gives what the file's class returns.
+_MODEL_METHODS = MappingProxyType({
+    **_MODEL_ATTRIBUTES, "forward": Kind.TENSOR, "__call__": Kind.TENSOR, "named_parameters": Kind.TENSOR,
+    "state_dict": Kind.HOLDER,
+})
 _NAMED_ITEMS = frozenset({"items", "named_parameters", "named_buffers", "named_modules", "named_children"})
 # torch functions that make a tensor (on the host, unless given a device).
 _FACTORIES = frozenset({
@@ -280,7 +289,7 @@ class ScopeValues:
     def walk(self) -> None:
         """Walk the scope's statements (once, when its values are first asked for)."""
         body = self.scope.body if self.scope is not None else self.file.module
-        self._local = self.file.bound_names(body)
+        self._local = self.file.local_names(body)
         env = self._bind_params(self.scope) if self.scope is not None else _Env()
         self._block(body.body, env)
         self._final = True
@@ -294,7 +303,7 @@ class ScopeValues:
         while for_in is not None:
             values._env = env
             env = values._bind_loop(for_in.target, for_in.iter, env)
-            values._local |= _target_names(for_in.target)
+            values._local |= target_names(for_in.target)
             for_in = for_in.inner_for_in
         values._env = env
         values._final = True
@@ -359,13 +368,13 @@ class ScopeValues:
         """Keep the environment ``statement`` starts with (a loop's last, settled pass wins),
         and note which statement each of its expressions belongs to."""
         if statement not in self._before:
-            stack = [child for child in children(statement) if not _is_block(child)]
-            while stack:
-                child = stack.pop()
+            for child in descendants(statement, _BLOCK_TYPES):
+                kind = type(child)
+                if kind in _BLOCK_TYPES:
+                    continue  # a block nested in the statement: its statements are recorded on their own
                 self._statement_of.setdefault(child, statement)
-                if type(child) in _COMPREHENSIONS:
+                if kind in _COMPREHENSIONS:
                     self._note_comprehension(child)
-                stack.extend(c for c in children(child) if not _is_block(c))
         self._before[statement] = env
 
     def _note_comprehension(self, comprehension) -> None:
@@ -373,12 +382,16 @@ class ScopeValues:
         loops (not its first iterable, which the enclosing scope evaluates). A comprehension
         nested in another is noted after it and keeps its own nodes."""
         first = comprehension.for_in.iter
-        stack = list(children(comprehension))
-        while stack:
-            node = stack.pop()
-            if node is not first:
-                self._comprehension_of[node] = comprehension
-                stack.extend(children(node))
+        noted = self._comprehension_of
+
+        def enter(node):
+            if node is first:
+                return False
+            noted[node] = comprehension
+            return True
+
+        for child in children(comprehension):
+            walk(child, enter)
 
     def _statement(self, node: cst.CSTNode, env: _Env) -> _Env:
         if isinstance(node, cst.SimpleStatementLine):
@@ -740,11 +753,8 @@ class ScopeValues:
         attr = node.attr.value
         if base in TENSORS or base is Kind.CPU:
             return META_ATTRS.get(attr, base if base is Kind.CPU else Kind.TENSOR)
-        if base is Kind.MODEL:
-            if attr in _MODEL_SELF:
-                return Kind.MODEL
-            if attr in _MODEL_TENSORS:
-                return Kind.TENSOR
+        if base is Kind.MODEL and attr in _MODEL_ATTRIBUTES:
+            return _MODEL_ATTRIBUTES[attr]
         if base in HOST:
             return Kind.PYTHON
         return Kind.UNKNOWN
@@ -922,15 +932,7 @@ class ScopeValues:
                 return Kind.NONE
             return Kind.TENSOR
         if receiver is Kind.MODEL:
-            if method in _MODEL_FORWARD:
-                return Kind.TENSOR
-            if method in _MODEL_SELF:
-                return Kind.MODEL
-            if method in _MODEL_TENSORS or method in ("named_parameters",):
-                return Kind.TENSOR
-            if method == "state_dict":
-                return Kind.HOLDER
-            return self._own_method_kind(node, func)
+            return _MODEL_METHODS.get(method) or self._own_method_kind(node, func)
         if receiver is Kind.LOADER:
             return Kind.LOADER if method in ("__iter__",) else Kind.UNKNOWN
         if receiver is Kind.STR:
@@ -1122,27 +1124,20 @@ class ScopeValues:
 
     def reads_value(self, node: cst.CSTNode) -> bool:
         """Whether evaluating ``node`` reads some tensor's value on the host."""
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            if isinstance(current, (cst.Lambda, cst.FunctionDef)):
-                continue
-            if self.sync(current) is not None:
-                return True
-            stack.extend(children(current))
-        return False
+        if type(node) in _DEFINED_CODE:
+            return False
+        return self.sync(node) is not None or any(
+            type(child) not in _DEFINED_CODE and self.sync(child) is not None
+            for child in descendants(node, _DEFINED_CODE)
+        )
 
 
 _COMPREHENSIONS = node_types(cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
-
-
+# A function or lambda: defining it runs none of its code (a class's body runs).
+_DEFINED_CODE = frozenset({cst.Lambda, cst.FunctionDef})
+# A statement or block nested in a compound statement (not part of its header).
 _BLOCK_TYPES = node_types(cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStatement, cst.Else, cst.Finally,
                           cst.ExceptHandler)
-
-
-def _is_block(node: cst.CSTNode) -> bool:
-    """A statement or block nested in a compound statement (not part of its header)."""
-    return type(node) in _BLOCK_TYPES
 
 
 def _wraps_iterable(node: cst.CSTNode) -> bool:
@@ -1152,39 +1147,84 @@ def _wraps_iterable(node: cst.CSTNode) -> bool:
     return (dotted(node.func) or "").split(".")[-1].lower() in _ITERATE_THROUGH
 
 
-def _target_names(target: cst.CSTNode) -> set[str]:
+# Names ----------------------------------------------------------------------------------------
+
+
+def read_names(node: cst.CSTNode) -> set[str]:
+    """The names an expression reads: ``a`` and ``c`` of ``a.b(k=c)`` (not attribute names or keywords)."""
+    return _reads(node, chains=False)
+
+
+def read_chains(node: cst.CSTNode) -> set[str]:
+    """The names and dotted chains an expression reads: ``a``, ``a.b`` and ``c`` of ``a.b(k=c)``."""
+    return _reads(node, chains=True)
+
+
+def _reads(node: cst.CSTNode, chains: bool) -> set[str]:
+    found: set[str] = set()
+
+    def enter(child):
+        kind = type(child)
+        if kind is cst.Name:
+            found.add(child.value)
+        elif kind is cst.Attribute or kind is cst.Arg:
+            if chains and kind is cst.Attribute:
+                chain = dotted(child)
+                if chain:
+                    found.add(chain)
+            walk(child.value, enter)  # not the attribute's name, nor the argument's keyword
+            return False
+        return True
+
+    walk(node, enter)
+    return found
+
+
+def target_names(target: cst.CSTNode) -> set[str]:
     """The plain names an assignment target binds (``a``, ``a, (b, *c)``; not ``a.b`` or ``a[i]``)."""
     if isinstance(target, cst.Name):
         return {target.value}
     if isinstance(target, (cst.Tuple, cst.List)):
-        return set().union(*(_target_names(e.value) for e in target.elements)) if target.elements else set()
+        return set().union(*(target_names(e.value) for e in target.elements)) if target.elements else set()
     if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
+        return target_names(target.value)
     return set()
+
+
+def bound_names(node: cst.CSTNode) -> set[str]:
+    """The names an expression binds for itself: comprehension targets and lambda parameters."""
+    found: set[str] = set()
+
+    def enter(child):
+        if isinstance(child, cst.CompFor):
+            found.update(target_names(child.target))
+        elif isinstance(child, cst.Lambda):
+            found.update(p.name.value for p in child.params.params)
+        return True
+
+    walk(node, enter)
+    return found
 
 
 _DEFINITIONS = (cst.FunctionDef, cst.ClassDef)
 _OWN_SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 _TARGETED = (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)
+# Nested scopes bind their own names (a definition binds its name here).
+_UNENTERED = frozenset({*_DEFINITIONS, *_OWN_SCOPES})
 
 
-def _bound_names(body: cst.CSTNode) -> frozenset[str]:
+def _local_names(body: cst.CSTNode) -> frozenset[str]:
     """The names a function (or module) body binds, which are local to it throughout."""
     found: set[str] = set()
     declared: set[str] = set()
-    stack = list(children(body))
-    while stack:
-        node = stack.pop()
+    for node in descendants(body, _UNENTERED):
         kind = type(node)
         if kind in _DEFINITIONS:
             found.add(node.name.value)
-            continue
-        if kind in _OWN_SCOPES:
-            continue
-        if kind in _TARGETED:
-            found |= _target_names(node.target)
+        elif kind in _TARGETED:
+            found |= target_names(node.target)
         elif kind is cst.AsName:
-            found |= _target_names(node.name)
+            found |= target_names(node.name)
         elif kind is cst.ImportAlias:
             local = node.asname.name if node.asname is not None else node.name
             name = dotted(local)
@@ -1192,12 +1232,11 @@ def _bound_names(body: cst.CSTNode) -> frozenset[str]:
                 found.add(name.split(".")[0])
         elif kind is cst.Global or kind is cst.Nonlocal:
             declared |= {name.name.value for name in node.names}
-        stack.extend(children(node))
     return frozenset(found - declared)
 
 
 _EXPRESSIONS = node_types(cst.BaseExpression)
-_NESTED_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_NESTED_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
 def _binary_of(operator: cst.BaseAugOp) -> cst.BaseBinaryOp:
@@ -1230,16 +1269,16 @@ class FileValues:
         self._nested: dict[tuple[cst.FunctionDef, str], cst.FunctionDef] = {}
         # How many scope walks are under way (``of`` re-walks provisional scopes at none).
         self._walking = 0
-        # Per body, what ``_bound_names`` gives; per function, what ``_joined`` gives (a
+        # Per body, what ``_local_names`` gives; per function, what ``_joined`` gives (a
         # provisional scope's walk runs again, and both ask).
-        self._bound: dict[cst.CSTNode, frozenset[str]] = {}
+        self._locals: dict[cst.CSTNode, frozenset[str]] = {}
         self._joined_names: dict[cst.FunctionDef, frozenset[str]] = {}
         self._index(module, owner=None, parent=None)
 
-    def bound_names(self, body: cst.CSTNode) -> frozenset[str]:
-        found = self._bound.get(body)
+    def local_names(self, body: cst.CSTNode) -> frozenset[str]:
+        found = self._locals.get(body)
         if found is None:
-            found = self._bound[body] = _bound_names(body)
+            found = self._locals[body] = _local_names(body)
         return found
 
     def _index(self, node: cst.CSTNode, owner, parent) -> None:
@@ -1434,14 +1473,8 @@ class FileValues:
         if known is not None:
             return known
         found: set[str] = set()
-        stack = list(children(scope.body))
-        while stack:
-            node = stack.pop()
-            kind = type(node)
-            if kind in _NESTED_SCOPES:
-                continue
-            stack.extend(children(node))
-            if kind is cst.Call and node.args and self.facts.qualname(node.func) in _JOINING:
+        for node in descendants(scope.body, _NESTED_SCOPES):
+            if type(node) is cst.Call and node.args and self.facts.qualname(node.func) in _JOINING:
                 parts = node.args[0].value
                 if isinstance(parts, (cst.Tuple, cst.List)):
                     found.update(e.value.value for e in parts.elements if isinstance(e.value, cst.Name))
@@ -1545,14 +1578,7 @@ class FileValues:
         name = dotted(annotation)
         if name in _PLAIN_ANNOTATIONS:
             return _PLAIN_ANNOTATIONS[name]
-        qualified = self.facts.qualname(annotation) or ""
-        if qualified in _TENSOR_ANNOTATIONS:
-            return Kind.TENSOR
-        if qualified in _MODEL_ANNOTATIONS:
-            return Kind.MODEL
-        if qualified in _LOADER_ANNOTATIONS:
-            return Kind.LOADER
-        return Kind.UNKNOWN
+        return _ANNOTATION_KINDS.get(self.facts.qualname(annotation) or "", Kind.UNKNOWN)
 
     def option_kind(self, node: cst.Attribute) -> Kind | None:
         """``args.lr`` where ``args`` holds parsed command-line options: the option's type."""
@@ -1572,9 +1598,7 @@ class FileValues:
         if self._options is not None:
             return self._options
         self._options = {}
-        stack: list[cst.CSTNode] = [self.module]
-        while stack:
-            node = stack.pop()
+        for node in descendants(self.module):  # later options come first: the first of a name wins
             kind = type(node)
             if kind is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument":
                 self._note_option(node)
@@ -1587,7 +1611,6 @@ class FileValues:
                             first = first.elements[0].value
                         if isinstance(first, cst.Name):
                             self._namespaces.add(first.value)
-            stack.extend(children(node))
         return self._options
 
     def _note_option(self, call: cst.Call) -> None:
@@ -1643,14 +1666,11 @@ def _element(kind: Kind) -> Kind:
     return Kind.PYTHON if kind in HOST else Kind.UNKNOWN
 
 
-def returned_read(value: cst.BaseExpression, params: set[str]) -> frozenset[str]:
-    """The ``params`` whose value a returned expression reads on the host: ``t`` of
+def returned_read(statement: cst.Return, params: set[str]) -> frozenset[str]:
+    """The ``params`` whose value a return statement reads on the host: ``t`` of
     ``return t.float().item()`` or ``return float(t[0])``."""
     found = set()
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        stack.extend(children(node))
+    for node in descendants(statement):
         if not isinstance(node, cst.Call):
             continue
         func = node.func
@@ -1670,11 +1690,7 @@ def returned_read(value: cst.BaseExpression, params: set[str]) -> frozenset[str]
 def _returns_and_yields(function: cst.FunctionDef) -> tuple[list, list]:
     """The values of ``function``'s own return and yield statements (None for a bare return)."""
     returned, yielded = [], []
-    stack = [function.body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
+    for node in descendants(function.body, _NESTED_SCOPES):
         if isinstance(node, cst.Return):
             returned.append(node.value)
         elif isinstance(node, cst.Yield):
@@ -1682,5 +1698,4 @@ def _returns_and_yields(function: cst.FunctionDef) -> tuple[list, list]:
             if isinstance(value, cst.From):
                 value = value.item
             yielded.append(value if value is not None else cst.Name("None"))
-        stack.extend(children(node))
     return returned, yielded

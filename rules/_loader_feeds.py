@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import dotted, names_in, walk
+from accrewrite.nodes import dotted, walk
 from accrewrite.rules._generation import calls_a_model
 from accrewrite.targets import spelled_callees
-from accrewrite.values import Kind
+from accrewrite.values import Kind, target_names
 
 _DEVICE_LOADERS = spelled_callees("device_loader")
 # What a parameter may be given besides a loader assignment of this file: anything (another
@@ -236,7 +236,7 @@ class Planner:
             elif isinstance(node, cst.Assign) and len(node.targets) == 1:
                 bind_batch(batch, node.targets[0].target, node.value)
             elif isinstance(node, (cst.For, cst.CompFor)) and root(iterated(node.iter)) in batch:
-                batch.update(names_in(node.target))  # {k: v.to(device) for k, v in batch.items()}
+                batch.update(target_names(node.target))  # {k: v.to(device) for k, v in batch.items()}
             elif isinstance(node, cst.Call) and self.is_move(node, batch):
                 moved = True
             return True
@@ -421,7 +421,7 @@ def _fits(use: Use, order: int, at_binding: bool) -> bool:
 
 def batch_names(loop: cst.For) -> set[str]:
     """The names a loop's target binds: its batch (and counter)."""
-    return names_in(loop.target)
+    return target_names(loop.target)
 
 
 def bind_batch(batch: set[str], target: cst.BaseExpression, value: cst.BaseExpression) -> None:

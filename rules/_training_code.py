@@ -102,40 +102,6 @@ def root_name(node: cst.CSTNode) -> str | None:
     return node.value if isinstance(node, cst.Name) else None
 
 
-def free_names(node: cst.CSTNode) -> set[str]:
-    """Names an expression reads (not attribute names or keywords)."""
-    found: set[str] = set()
-
-    def enter(child):
-        if isinstance(child, cst.Name):
-            found.add(child.value)
-        elif isinstance(child, cst.Attribute):
-            walk(child.value, enter)
-            return False
-        elif isinstance(child, cst.Arg):
-            walk(child.value, enter)
-            return False
-        return True
-
-    walk(node, enter)
-    return found
-
-
-def bound_names(node: cst.CSTNode) -> set[str]:
-    """Names bound inside an expression (comprehension targets, lambda parameters)."""
-    found: set[str] = set()
-
-    def enter(child):
-        if isinstance(child, cst.CompFor):
-            found.update(free_names(child.target))
-        elif isinstance(child, cst.Lambda):
-            found.update(p.name.value for p in child.params.params)
-        return True
-
-    walk(node, enter)
-    return found
-
-
 def contains(node: cst.CSTNode, kind: type) -> bool:
     found = False
 

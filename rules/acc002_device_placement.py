@@ -3,10 +3,10 @@ import re
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
-from accrewrite.nodes import call_arg, dotted, names_in, holds, string_value, walk
+from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import with_commas
-from accrewrite.values import Kind
+from accrewrite.values import Kind, read_chains
 
 # Keywords that name where tensors go; a CUDA value there moves to the target device.
 _DEVICE_KEYWORDS = ("device", "map_location")
@@ -316,7 +316,7 @@ class DevicePlacement(Rule):
             return True
 
         walk(self.ctx.module, enter)
-        flags = set().union(*(names_in(test) for test in tests)) if tests else set()
+        flags = set().union(*(read_chains(test) for test in tests)) if tests else set()
         gates = set().union(*(_calls_in(test) for test in tests)) if tests else set()
 
         def flag(node):

@@ -1,9 +1,10 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted, names_in
+from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._generation import grown_sequence
 from accrewrite.rules._loader_feeds import Plan, Planner, iterated, root
+from accrewrite.values import target_names
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 
@@ -349,7 +350,7 @@ class _StripMoves(cst.CSTTransformer):
             for_in = node.for_in
             while for_in is not None:
                 if root(iterated(for_in.iter)) in self.batch:
-                    self.batch.update(names_in(for_in.target))
+                    self.batch.update(target_names(for_in.target))
                 for_in = for_in.inner_for_in
         return super().on_visit(node)
 

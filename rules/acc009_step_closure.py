@@ -7,10 +7,8 @@ from accrewrite.rule import Example, Rule
 from accrewrite.rules._training_code import (
     BUILTIN_NAMES,
     LoopDiagnostic,
-    bound_names,
     contains,
     LOGGING_WORDS,
-    free_names,
     is_logging_call,
     is_step_closure_call,
     loop_helpers,
@@ -18,6 +16,7 @@ from accrewrite.rules._training_code import (
     records_only,
     root_name,
 )
+from accrewrite.values import bound_names, read_names
 
 
 
@@ -411,13 +410,13 @@ class StepClosure(LoopDiagnostic, Rule):
     def _eager(self, node: cst.CSTNode, tensors, bound: set[str]) -> bool:
         """Whether ``node`` can be evaluated where the call was: it reads no tensor value and
         no name bound inside the call."""
-        return not tensors.reads_value(node) and not (free_names(node) & bound) and not contains(node, cst.Lambda)
+        return not tensors.reads_value(node) and not (read_names(node) & bound) and not contains(node, cst.Lambda)
 
     def _passed(self, node: cst.CSTNode, bound: set[str]) -> bool:
         """Whether ``node`` reads a variable (rather than only literals, imports and builtins)."""
         imports = self.ctx.facts.imports
         return any(
-            name not in imports and name not in BUILTIN_NAMES and name not in bound for name in free_names(node)
+            name not in imports and name not in BUILTIN_NAMES and name not in bound for name in read_names(node)
         )
 
 
@@ -440,7 +439,7 @@ class _Extract(cst.CSTTransformer):
         self._call = call  # never a value itself: the closure would only return it
         self._method: set[cst.CSTNode] = set()
         self._parts: set[cst.CSTNode] = set()
-        self._taken = free_names(call) | bound
+        self._taken = read_names(call) | bound
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if node in self._kept:

@@ -1,7 +1,8 @@
 import libcst as cst
 
-from accrewrite.nodes import dotted, holds, names_in, walk
+from accrewrite.nodes import dotted, holds, walk
 from accrewrite.rule import Example, Rule, excerpt
+from accrewrite.values import read_chains
 
 _SYNCHRONIZE = frozenset({"torch.cuda.synchronize"})
 _MEMORY = frozenset({
@@ -199,7 +200,7 @@ class CudaApi(Rule):
             nonlocal found
             if isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node is not self.ctx.scope:
                 return False
-            if isinstance(node, cst.Comparison) and (names & names_in(node) or holds(node, call)):
+            if isinstance(node, cst.Comparison) and (names & read_chains(node) or holds(node, call)):
                 found = True
             return not found
 

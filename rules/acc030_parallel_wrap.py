@@ -1,8 +1,9 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted, holds, names_in, walk
+from accrewrite.nodes import call_arg, dotted, holds, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import wrapped_models_of, wrapped_module, wraps_model
+from accrewrite.values import read_chains
 
 _SYNC_FLAG = "require_backward_grad_sync"
 _BUILD_AFTER = ("FSDP2 and tensor parallelism replace the model's parameters with DTensors: an optimizer "
@@ -142,11 +143,11 @@ class ParallelWrap(Rule):
             name = dotted(assign.targets[0].target) if assign is not None else None
             if name not in self.ctx.facts.optimizers:
                 continue
-            models = names_in(assign.value) & (self.ctx.facts.models | self._wrapped)
+            models = read_chains(assign.value) & (self.ctx.facts.models | self._wrapped)
             for j in range(i + 1, len(statements)):
                 if not models & set(self._wrapped_in(statements[j])):
                     continue
-                if any(name in names_in(between) for between in statements[i + 1:j]):
+                if any(name in read_chains(between) for between in statements[i + 1:j]):
                     # used before the wrap: moving it would break that use
                     self.ctx.diagnose(statement, f"`{name}` is used before the model is wrapped; left in place",
                                       _BUILD_AFTER)

@@ -1,10 +1,10 @@
 import libcst as cst
 
 from accrewrite.analysis import HOST_READ_CALLS
-from accrewrite.values import METRIC_READS
+from accrewrite.values import METRIC_READS, read_names
 from accrewrite.nodes import dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.rules._training_code import LOGGING_WORDS, LoopDiagnostic, free_names, is_logging_call
+from accrewrite.rules._training_code import LOGGING_WORDS, LoopDiagnostic, is_logging_call
 
 
 class HostSync(LoopDiagnostic, Rule):
@@ -304,7 +304,7 @@ class HostSync(LoopDiagnostic, Rule):
             if node is statement or isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node is not scope:
                 return False
             if isinstance(node, cst.SimpleStatementLine):
-                if name in free_names(node):
+                if name in read_names(node):
                     only = (
                         len(node.body) == 1 and isinstance(node.body[0], cst.Expr)
                         and isinstance(node.body[0].value, cst.Call) and is_logging_call(facts, node.body[0].value)
@@ -357,5 +357,5 @@ def _message(code: str, how: str) -> str:
 
 def _header_names(part) -> set[str]:
     if isinstance(part, (list, tuple)):  # with-items
-        return set().union(*(free_names(item.item) for item in part)) if part else set()
-    return free_names(part)
+        return set().union(*(read_names(item.item) for item in part)) if part else set()
+    return read_names(part)

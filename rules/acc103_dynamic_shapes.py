@@ -5,7 +5,8 @@ import libcst as cst
 from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import grown_sequence
-from accrewrite.rules._training_code import LoopDiagnostic, free_names
+from accrewrite.rules._training_code import LoopDiagnostic
+from accrewrite.values import read_names
 
 # Hugging Face collators that pad each batch to its longest sample unless told otherwise.
 _PADDING_COLLATORS = frozenset(
@@ -230,7 +231,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
         if not bounds or node in self._moved or self.in_closure:
             return
         counters = self._step_counters()
-        offset = next((bound for bound in bounds if free_names(bound) & counters), None)
+        offset = next((bound for bound in bounds if read_names(bound) & counters), None)
         values = self.tensors()
         # A helper's parameter is often of a kind the analysis cannot follow (a dataset's tensor).
         if offset is None or not (values.is_tensor(node.value) or not self.ctx.loops and not values.is_host(node.value)):
@@ -288,4 +289,4 @@ def _loops_in(body: cst.CSTNode) -> list[cst.For | cst.While]:
 
 
 def _targets(loop: cst.For | cst.While) -> set[str]:
-    return free_names(loop.target) if isinstance(loop, cst.For) else set()
+    return read_names(loop.target) if isinstance(loop, cst.For) else set()

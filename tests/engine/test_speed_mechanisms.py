@@ -82,6 +82,21 @@ def test_children_are_each_nodes_fields_and_are_remembered_only_while_asked():
     assert all(nodes.children(node) is not kept for node, kept in zip(every, first))
 
 
+def test_descendants_are_the_nodes_walk_enters_each_before_those_under_it_and_stop_at_a_pruned_type():
+    module = cst.parse_module(ODD)
+    every = []
+    nodes.walk(module, every.append)
+    found = list(nodes.descendants(module))
+    assert sorted(map(id, found)) == sorted(map(id, every[1:]))
+    reached = {id(child) for child in nodes.children(module)}
+    for node in found:  # each node comes after the node it is under
+        assert id(node) in reached
+        reached.update(id(child) for child in nodes.children(node))
+    function = next(node for node in every if type(node) is cst.FunctionDef)
+    pruned = list(nodes.descendants(module, frozenset({cst.FunctionDef})))
+    assert function in pruned and not any(nodes.holds(function, node) for node in pruned if node is not function)
+
+
 def _reference_depth(tree):
     deepest, where = 0, 0
     stack = [(tree, 1, 0)]

@@ -8,7 +8,7 @@ import libcst as cst
 import pytest
 
 from accrewrite.analysis import analyze
-from accrewrite.values import Kind
+from accrewrite.values import Kind, bound_names, read_chains, read_names, target_names
 
 
 def kinds(code: str, *expressions: str) -> list[Kind]:
@@ -417,3 +417,16 @@ def test_a_helper_returning_its_argument_read_on_the_host_syncs_where_called():
     calls = [line.body[0].value for line in loop.body.body[1:]]
     values = facts.values(None)
     assert [values.sync(call) for call in calls] == ["to_python_float() returns it read on the host", None, None]
+
+
+def test_the_names_an_expression_reads_binds_and_assigns():
+    def expression(code):
+        return cst.parse_expression(code)
+
+    call = expression("opt.step(model.module.parameters(), lr=lr, fn=lambda g: g * scale)")
+    assert read_names(call) == {"opt", "model", "lr", "g", "scale"}
+    assert read_chains(call) == {"opt", "opt.step", "model", "model.module", "model.module.parameters", "lr", "g",
+                                 "scale"}
+    assert read_chains(expression("f().grad + x[0].grad")) == {"f", "x"}
+    assert target_names(expression("(a, [b, *c]), d.e, f[0]")) == {"a", "b", "c"}
+    assert bound_names(expression("[x + y for x, (y, *z) in pairs if (lambda u, v=1: u)(x)]")) == {"x", "y", "z", "u", "v"}
