@@ -305,6 +305,8 @@ class RuleContext:
                 match = _NOQA.search(comment.value)
                 if match:
                     self._noqa.setdefault(self.position(comment).start.line, set()).update(_codes(match))
+        if not self._noqa:
+            return False  # the codes were named in strings only: no node needs placing
         where = self.position(node)
         return any(code in self._noqa.get(line, ()) for line in range(where.start.line, where.end.line + 1))
 
