@@ -270,7 +270,7 @@ def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tu
     if not rules:
         return None
     guard = Guard(options.guard, target.guard_function) if options.guard else None
-    migrated = module.visit(BatchedTransformer(ctx, rules, selection.withheld, guard))
+    migrated = BatchedTransformer(ctx, rules, selection.withheld, guard).rewrite(module)
     if ctx.insertions:
         raise RuleBug("a rule inserted next to a statement the walk had already left")
     if ctx.refusals:
@@ -282,7 +282,7 @@ def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tu
         migrated = guard.finish(migrated, facts, import_lines)
     elif import_lines:
         migrated = add_imports(migrated, facts, import_lines)
-    output = code_bytes(migrated)
+    output = source if migrated is module else code_bytes(migrated)
     if output != source:
         # The findings' lines come from a print of the parsed file: printed whole, it also
         # shows whether libcst prints the file back as it read it.

@@ -70,12 +70,36 @@ NODE_TYPES = node_types(cst.CSTNode)
 STATEMENT_TYPES = node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
 
 
-def _child_getter(node_type: type):
-    """A function giving the values of ``node_type``'s fields that may hold child nodes, as a tuple."""
-    names = tuple(
-        f.name for f in dataclasses.fields(node_type)
-        if f.name not in _SKIPPED_FIELDS and not f.name.startswith("whitespace")
-    )
+class _FieldOrder(cst.CSTVisitor):
+    """The fields that libcst visits, in the order it visits them: source order, which a
+    class's dataclass fields do not keep (``FunctionDef`` lists its decorators after its body)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        pass
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if attribute not in self.fields:
+            self.fields.append(attribute)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
+def _child_getter(node: cst.CSTNode):
+    """A function giving the values of ``node``'s class's fields that may hold child nodes, in
+    source order, as a tuple. The order is read once per class, from libcst visiting ``node``;
+    the fields it left out there come last (a format spec, visited only where there is one)."""
+    order = _FieldOrder()
+    node._visit_and_replace_children(order)
+    fields = order.fields + [f.name for f in dataclasses.fields(node) if f.name not in order.fields]
+    names = tuple(name for name in fields if name not in _SKIPPED_FIELDS and not name.startswith("whitespace"))
     if not names:
         getter = _no_fields
     elif len(names) == 1:
@@ -83,7 +107,7 @@ def _child_getter(node_type: type):
         getter = lambda node: (single(node),)  # noqa: E731 - attrgetter of one name gives no tuple
     else:
         getter = operator.attrgetter(*names)
-    _child_getters[node_type] = getter
+    _child_getters[type(node)] = getter
     return getter
 
 
@@ -93,7 +117,7 @@ def _no_fields(node):
 
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """``node``'s child nodes in source order, without its whitespace, parentheses and
-    punctuation: what read-only walks descend into, read from the dataclass fields. The list
+    punctuation: what read-only walks and the rules' walk descend into, read from the fields. The list
     is shared (inside ``remembering_children``): read it, never change it."""
     memo = _memo
     if memo is not None:
@@ -102,7 +126,7 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
             return found
     found = []
     kind = type(node)
-    for value in (_child_getters.get(kind) or _child_getter(kind))(node):
+    for value in (_child_getters.get(kind) or _child_getter(node))(node):
         kind = type(value)
         if kind in NODE_TYPES:
             found.append(value)

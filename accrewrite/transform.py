@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import libcst as cst
 
-from accrewrite.nodes import STATEMENT_TYPES, node_types
+from accrewrite.nodes import STATEMENT_TYPES, children, node_types
 from accrewrite.guard import Guard, flatten
 from accrewrite.rule import Rule, RuleContext
 from accrewrite.targets import ConceptMissing
@@ -98,6 +98,30 @@ class BatchedTransformer(cst.CSTTransformer):
         )
 
     # Walking ---------------------------------------------------------------------------------
+
+    def rewrite(self, module: cst.Module) -> cst.Module:
+        """``module`` with the rules' changes. It is libcst's visit, except that a node none of
+        whose children changed is kept rather than rebuilt: most of a file is left as it is,
+        and a file the rules leave alone comes back as the very same object."""
+        if self._tokens != _TOKEN_TYPES:
+            return module.visit(self)  # a rule visits whitespace or punctuation, which ``children`` skips
+        return self._rewrite(module)
+
+    def _rewrite(self, node: cst.CSTNode):
+        updated = node
+        if self.on_visit(node):
+            changed = None
+            tokens = self._tokens
+            for child in children(node):
+                if type(child) in tokens:
+                    continue
+                result = self._rewrite(child)
+                if result is not child:
+                    changed = changed or {}
+                    changed[child] = result
+            if changed:
+                updated = node._visit_and_replace_children(_Replacing(changed))
+        return self.on_leave(node, updated)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         ctx = self.ctx
@@ -227,6 +251,27 @@ class BatchedTransformer(cst.CSTTransformer):
         if self._own_fixes and changed is not current:
             self._own_fixes[-1] += fixes
         return changed
+
+
+class _Replacing(cst.CSTTransformer):
+    """Rebuilds one node with some of its children replaced: libcst's own rebuilding (removals,
+    flattening, the checks on what may be removed), entering no child."""
+
+    def __init__(self, replacements: dict[cst.CSTNode, object]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
+        return self.replacements.get(original_node, updated_node)
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
 
 
 def _blank_lines_moved(statement, inserted):

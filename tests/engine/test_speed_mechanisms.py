@@ -52,7 +52,7 @@ def test_starts_from_a_whole_print_are_the_starts_and_the_print_is_the_module():
 
 
 def _plain_children(node):
-    """What ``children`` gave before it read fields through one getter and remembered them."""
+    """The child nodes in ``node``'s fields, in the order the class declares its fields."""
     found = []
     for field in node.__dataclass_fields__:
         if field in nodes._SKIPPED_FIELDS or field.startswith("whitespace"):
@@ -65,14 +65,24 @@ def _plain_children(node):
     return found
 
 
-def test_children_are_each_nodes_fields_and_are_remembered_only_while_asked():
+def test_children_are_each_nodes_fields_in_source_order_and_are_remembered_only_while_asked():
+    nodes._child_getters.clear()  # the order is read from the first of a kind: one without a format spec
+    nodes.walk(cst.parse_module("f'{a}'\n"), lambda node: None)
     module = cst.parse_module(ODD)
+    position = cst.metadata.MetadataWrapper(module, unsafe_skip_copy=True).resolve(cst.metadata.PositionProvider)
     every = []
     nodes.walk(module, every.append)
     assert len(every) > 100
+    reordered = 0
     for node in every:
-        assert nodes.children(node) == _plain_children(node)
+        found, declared = nodes.children(node), _plain_children(node)
+        assert sorted(map(id, found)) == sorted(map(id, declared))
+        spans = [(position[child].start.line, position[child].start.column,
+                  position[child].end.line, position[child].end.column) for child in found]
+        assert spans == sorted(spans)
+        reordered += found != declared
         assert nodes.children(node) is not nodes.children(node)  # nothing kept outside
+    assert reordered  # a decorator's call comes before the body it decorates, unlike in the fields
     with nodes.remembering_children():
         first = [nodes.children(node) for node in every]
         with nodes.remembering_children():  # an inner use shares the outer's memory
