@@ -171,6 +171,8 @@ class Facts:
     loaders: set[str] = field(default_factory=set)
     loader_bindings: list[Binding] = field(default_factory=list)
     optimizer_bindings: list[Binding] = field(default_factory=list)
+    # Every plain ``name = value`` of the file (anywhere): name -> the values, in order.
+    assignments: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     # Every ``name = call(...)`` of the file: target -> the callee's qualified name.
     assigned_calls: dict[str, str] = field(default_factory=dict)
     # Qualified names of everything the file calls.
@@ -226,15 +228,20 @@ class Facts:
         """What each expression of ``scope`` (a function, or None for module level) holds: the
         file's one data-flow analysis (``accrewrite.values``), computed for a scope when a rule
         first asks."""
+        return self.file_values.of(scope)
+
+    @property
+    def file_values(self) -> FileValues:
+        """The data-flow analysis's per-file part: what it reads from the syntax alone (the
+        functions, their calls, the options), no scope's values computed for it."""
         if self._values is None:
             self._values = FileValues(self.module, self)
-        return self._values.of(scope)
+        return self._values
 
     def passed(self, function: cst.FunctionDef) -> list[tuple[cst.FunctionDef | None, cst.Call, dict]]:
         """What each call of ``function`` in this file passes: (calling scope, the call,
         parameter name -> argument expression)."""
-        self.values(None)
-        return self._values.passed(function)
+        return self.file_values.passed(function)
 
     def spawns(self) -> list[Spawn]:
         """The file's ``torch.multiprocessing.spawn`` calls (or a target's spelling of one)."""
@@ -406,7 +413,7 @@ class Facts:
             # ("cpu", "mps"): the option chooses the device, which the target's now is. (Not
             # ``x.device``, a tensor's.)
             default = self.option_defaults().get(node.attr.value)
-            if default is None or self.values(None).file.option_kind(node) is None:
+            if default is None or self.file_values.option_kind(node) is None:
                 return False
             return default == "cuda" or default.startswith("cuda:") or (
                 node.attr.value == "device" and default.partition(":")[0] in _DEVICE_TYPES)
@@ -650,6 +657,9 @@ class _Analyzer(Walker):
     # Assignments -----------------------------------------------------------------------------
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if type(target.target) is cst.Name:
+                self.facts.assignments.setdefault(target.target.value, []).append(node.value)
         if len(node.targets) != 1:
             return
         target = dotted(node.targets[0].target)

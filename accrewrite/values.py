@@ -82,7 +82,7 @@ _BUILTIN_KINDS = MappingProxyType({
 # Builtins whose result holds what their argument holds.
 _PASS_THROUGH = frozenset({"list", "tuple", "sorted", "reversed", "iter", "abs", "dict"})
 # Builtins and wrappers whose elements are their first argument's elements (tqdm(loader), ...).
-_ITERATE_THROUGH = frozenset({"iter", "list", "tuple", "sorted", "reversed", "tqdm", "trange", "islice", "cycle"})
+ITERATE_THROUGH = frozenset({"iter", "list", "tuple", "sorted", "reversed", "tqdm", "trange", "islice", "cycle"})
 # torch namespaces whose functions return Python values or objects, not tensors.
 _HOST_TORCH = (
     "torch.cuda.", "torch.distributed.", "torch.backends.", "torch.utils.", "torch.optim.",
@@ -983,7 +983,7 @@ class ScopeValues:
             args = [arg.value for arg in node.args if arg.keyword is None]
             if callee == "range" or last == "trange":
                 return Kind.INT
-            if callee in ("enumerate", "zip") or last.lower() in _ITERATE_THROUGH:
+            if callee in ("enumerate", "zip") or last.lower() in ITERATE_THROUGH:
                 if not args:
                     return Kind.UNKNOWN
                 kinds = [self._element_of(arg) for arg in args]
@@ -1144,7 +1144,7 @@ def _wraps_iterable(node: cst.CSTNode) -> bool:
     """``tqdm(it, ...)``, ``iter(it)``, ``list(it)``: iterating it gives ``it``'s elements."""
     if not isinstance(node, cst.Call) or not node.args or node.args[0].keyword is not None:
         return False
-    return (dotted(node.func) or "").split(".")[-1].lower() in _ITERATE_THROUGH
+    return (dotted(node.func) or "").split(".")[-1].lower() in ITERATE_THROUGH
 
 
 # Names ----------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import libcst as cst
 from accrewrite.nodes import dotted, walk
 from accrewrite.rules._generation import calls_a_model
 from accrewrite.targets import spelled_callees
-from accrewrite.values import Kind, target_names
+from accrewrite.values import ITERATE_THROUGH, Kind, target_names
 
 _DEVICE_LOADERS = spelled_callees("device_loader")
 # What a parameter may be given besides a loader assignment of this file: anything (another
@@ -135,7 +135,7 @@ class Planner:
         # (calling function, name) -> (function of this file, its parameter, the call) for each
         # call that passes the name on.
         self._passing: dict[tuple, list[tuple]] = {}
-        for function in facts.values(None).file.functions:
+        for function in facts.file_values.functions:
             for caller, call, arguments in facts.passed(function):
                 for param, argument in arguments.items():
                     name = dotted(argument)
@@ -194,12 +194,25 @@ class Planner:
         ``enumerate``/``tqdm`` and through a name assigned one of them (``pbar = tqdm(loader)``)."""
         if loop not in self._source_of:
             source = iterated(loop.iter)
-            if isinstance(source, cst.Name):
+            if isinstance(source, cst.Name) and self._may_stand_for_another(source.value):
                 behind = iterated(self.facts.values(scope).assigned_value(source))
                 if behind is not source and dotted(behind) is not None:
                     source = behind
             self._source_of[loop] = dotted(source)
         return self._source_of[loop]
+
+    def _may_stand_for_another(self, name: str) -> bool:
+        """Whether an assignment of ``name`` in the file gives it another iterable's batches: a
+        name, an attribute, or a call that iterates its first argument (``tqdm(loader)``).
+        Where none does, a loop over ``name`` reads ``name``, without the function's values."""
+        for value in self.facts.assignments.get(name, ()):
+            if type(value) in (cst.Name, cst.Attribute):
+                return True
+            if type(value) is cst.Call:
+                callee = (dotted(value.func) or "").split(".")[-1].lower()
+                if callee in _PASSING or callee in ITERATE_THROUGH:
+                    return True
+        return False
 
     def fed(self, loop: cst.For, scope) -> bool:
         """Whether the loop's batches reach the device (see the module's doc)."""
@@ -305,7 +318,7 @@ class Planner:
             binding = self._binding_at(caller, name, self._call_order(caller, call)) if name else None
             if binding is not None:
                 found.add(binding)
-            elif name is not None and caller is not None and name in self.facts.values(None).file.functions[caller].params:
+            elif name is not None and caller is not None and name in self.facts.file_values.functions[caller].params:
                 found |= self._sources(caller, name, seen | {(function, param)})
             else:
                 found.add(_UNKNOWN)
@@ -361,7 +374,7 @@ class Planner:
         call; where anything else may come in, the loop is wrapped itself, and the loaders that
         reach it are not rebound after all (they would be wrapped twice)."""
         fed_params = set()
-        for function, info in self.facts.values(None).file.functions.items():
+        for function, info in self.facts.file_values.functions.items():
             for loop in self._loops_in.get(function, ()):
                 param = self._source(loop, function)
                 if param in info.params and self._loader_loop(loop, function) is not None and self.fed(loop, function):

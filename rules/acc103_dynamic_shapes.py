@@ -232,9 +232,11 @@ class DynamicShapes(LoopDiagnostic, Rule):
             return
         counters = self._step_counters()
         offset = next((bound for bound in bounds if read_names(bound) & counters), None)
+        if offset is None:
+            return
         values = self.tensors()
         # A helper's parameter is often of a kind the analysis cannot follow (a dataset's tensor).
-        if offset is None or not (values.is_tensor(node.value) or not self.ctx.loops and not values.is_host(node.value)):
+        if not (values.is_tensor(node.value) or not self.ctx.loops and not values.is_host(node.value)):
             return
         code, value = (" ".join(self.ctx.code(n).split()) for n in (node, node.value))
         self.report(
