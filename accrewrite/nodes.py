@@ -121,9 +121,9 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     is shared (inside ``remembering_children``): read it, never change it."""
     memo = _memo
     if memo is not None:
-        found = memo.get(node)
-        if found is not None:
-            return found
+        kept = memo.get(id(node))
+        if kept is not None:
+            return kept[1]
     found = []
     kind = type(node)
     for value in (_child_getters.get(kind) or _child_getter(node))(node):
@@ -133,12 +133,14 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
         elif kind is tuple or kind is list:
             found.extend([item for item in value if type(item) in NODE_TYPES])
     if memo is not None:
-        memo[node] = found
+        memo[id(node)] = (node, found)
     return found
 
 
-# Each node's children while a file is migrated (``remembering_children``).
-_memo: dict[cst.CSTNode, list[cst.CSTNode]] | None = None
+# Each node's children while a file is migrated (``remembering_children``), by the node's id: a
+# node hashes by a Python method of libcst's, an int in C. The node is kept beside its children,
+# so that its id is not given to another node meanwhile.
+_memo: dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] | None = None
 
 
 @contextmanager

@@ -150,6 +150,12 @@ class LoopDiagnostic:
     has turned the statement into a step closure, they are dropped with it.
     """
 
+    def could_report(self) -> bool:
+        """Whether ``report`` can say anything in this file: it has a training loop or step
+        function, and moves something to a device."""
+        facts = self.ctx.facts
+        return facts.places_on_device and bool(facts.loops or facts.step_functions)
+
     def _closure_state(self) -> dict:
         state = getattr(self, "_loop_diagnostic_state", None)
         if state is None:

@@ -260,6 +260,9 @@ class HostSync(LoopDiagnostic, Rule):
         ),
     )
 
+    def applies(self) -> bool:
+        return self.could_report()
+
     def check_call(self, node: cst.Call) -> None:
         if not self.in_loop:
             return

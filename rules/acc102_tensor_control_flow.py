@@ -85,7 +85,7 @@ class TensorControlFlow(LoopDiagnostic, Rule):
     )
 
     def applies(self) -> bool:
-        return bool(self.ctx.facts.loops or self.ctx.facts.step_functions)
+        return self.could_report()
 
     def _leave_test(self, original_node, updated_node):
         """Report the test of an ``if``, ``while``, conditional expression or ``assert`` in the

@@ -1,4 +1,5 @@
 import functools
+import re
 
 import libcst as cst
 
@@ -13,6 +14,8 @@ _PADDING_COLLATORS = frozenset(
     {"DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForTokenClassification",
      "DataCollatorForLanguageModeling", "DataCollatorForWholeWordMask", "DataCollatorForMultipleChoice"}
 )
+# What a padding finding's call has in its text: a collator, ``pad_sequence``, ``padding=``.
+_PADDING_WORDS = re.compile("DataCollator|pad")
 # Ops whose output size depends on the data.
 _DATA_SIZED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"})
 _PADDED = (
@@ -152,6 +155,11 @@ class DynamicShapes(LoopDiagnostic, Rule):
             diagnostics=("ACC103:6",),
         ),
     )
+
+    def applies(self) -> bool:
+        # Generation loops (on lazy targets) and padding are reported outside the training loop too.
+        return self.could_report() or self.ctx.target.has("lazy_execution") or (
+            self.ctx.facts.places_on_device and _PADDING_WORDS.search(self.ctx.source_text) is not None)
 
     def visit_For(self, node: cst.For) -> None:
         self._generation(node)
