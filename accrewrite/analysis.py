@@ -230,6 +230,12 @@ class Facts:
         first asks."""
         return self.file_values.of(scope)
 
+    def forget_values(self) -> None:
+        """Drop the data-flow analysis (computed again if asked): its parts refer to each other."""
+        if self._values is not None:
+            self._values.forget()
+            self._values = None
+
     @property
     def file_values(self) -> FileValues:
         """The data-flow analysis's per-file part: what it reads from the syntax alone (the

@@ -263,6 +263,15 @@ def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tu
     _written_for_this_target(module, facts, options.target)
     target = get_target(options.target).clear_of(facts.imports)
     ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel)
+    try:
+        return _run_rules(ctx, options, selection, original, source, restore)
+    finally:
+        ctx.end()
+
+
+def _run_rules(ctx: RuleContext, options: Options, selection: Selection, original: bytes, source: bytes,
+               restore) -> tuple[bytes, RuleContext] | None:
+    module, facts, target = ctx.module, ctx.facts, ctx.target
     runnable = [cls for cls in selection.rules if _runs_on(cls, target)]
     rules = [rule for rule in (cls(ctx) for cls in runnable) if rule.applies()]
     if facts.framework is not None:

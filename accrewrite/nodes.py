@@ -23,8 +23,14 @@ def dotted(node: cst.CSTNode) -> str | None:
 
 def string_value(node: cst.CSTNode) -> str | None:
     """The value of a plain (non-f, non-bytes) string literal, else None."""
-    if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
-        return node.evaluated_value
+    if type(node) is cst.SimpleString:
+        prefix = node.prefix.lower()
+        if "b" in prefix:
+            return None
+        raw = node.raw_value
+        # Without escapes or carriage returns (which Python's reading turns into newlines), the
+        # text is the value: libcst's evaluated_value would run ast.literal_eval.
+        return raw if "r" in prefix and "\r" not in raw or not ("\\" in raw or "\r" in raw) else node.evaluated_value
     if isinstance(node, cst.ConcatenatedString):
         value = node.evaluated_value
         return value if isinstance(value, str) else None

@@ -256,6 +256,13 @@ class RuleContext:
 
     # What the batched transformer calls ----------------------------------------------------
 
+    def end(self) -> None:
+        """The file is done: let go of what refers back to this context and its facts (the last
+        rule run, the data-flow analysis), so that the file's syntax tree is freed now, not
+        when Python's cycle collector has walked it."""
+        self._rule = None
+        self.facts.forget_values()
+
     def begin(self, rule: Rule) -> None:
         self._rule = rule
         self._pending_fixes = []

@@ -40,8 +40,14 @@ Read = tuple[str, str, int]  # pyflakes message kind, name, line
 
 def reads(tree: ast.Module) -> list[Read]:
     """Each read of an unbound name."""
-    found = checker.Checker(tree, withDoctest=False).messages
-    return [(type(m).__name__, m.message_args[0], m.lineno) for m in found if isinstance(m, _KINDS)]
+    flakes = checker.Checker(tree, withDoctest=False)
+    found = [(type(m).__name__, m.message_args[0], m.lineno) for m in flakes.messages if isinstance(m, _KINDS)]
+    # The checker and its scopes refer to each other and hold the syntax tree: cleared, they are
+    # freed now, rather than by the cycle collector walking them all later.
+    getattr(flakes, "_nodeHandlers", {}).clear()
+    for scope in flakes.deadScopes:
+        scope.clear()
+    return found
 
 
 def excess(before: list[Read], after: list[Read]) -> list[tuple[str, str]]:

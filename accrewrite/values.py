@@ -1162,8 +1162,9 @@ def read_chains(node: cst.CSTNode) -> set[str]:
 
 def _reads(node: cst.CSTNode, chains: bool) -> set[str]:
     found: set[str] = set()
-
-    def enter(child):
+    pending = [node]
+    while pending:
+        child = pending.pop()
         kind = type(child)
         if kind is cst.Name:
             found.add(child.value)
@@ -1172,11 +1173,9 @@ def _reads(node: cst.CSTNode, chains: bool) -> set[str]:
                 chain = dotted(child)
                 if chain:
                     found.add(chain)
-            walk(child.value, enter)  # not the attribute's name, nor the argument's keyword
-            return False
-        return True
-
-    walk(node, enter)
+            pending.append(child.value)  # not the attribute's name, nor the argument's keyword
+        else:
+            pending.extend(children(child))
     return found
 
 
@@ -1274,6 +1273,10 @@ class FileValues:
         self._locals: dict[cst.CSTNode, frozenset[str]] = {}
         self._joined_names: dict[cst.FunctionDef, frozenset[str]] = {}
         self._index(module, owner=None, parent=None)
+
+    def forget(self) -> None:
+        """Drop the scopes' values, which refer back to this analysis."""
+        self._scopes.clear()
 
     def local_names(self, body: cst.CSTNode) -> frozenset[str]:
         found = self._locals.get(body)

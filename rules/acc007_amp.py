@@ -3,7 +3,7 @@ from types import MappingProxyType
 import libcst as cst
 
 from accrewrite.analysis import Walker
-from accrewrite.nodes import call_arg, dotted, string_value, walk
+from accrewrite.nodes import call_arg, children, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import with_commas
 
@@ -456,20 +456,19 @@ def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:
         return set()
     callees: set[cst.CSTNode] = set()
     used: list[cst.Name] = []
-
-    def enter(node: cst.CSTNode) -> bool:
+    pending: list[cst.CSTNode] = [module]
+    while pending:
+        node = pending.pop()
         if isinstance(node, (cst.Import, cst.ImportFrom)):
-            return False
+            continue
         if isinstance(node, cst.Call):
             callees.add(node.func)
         elif isinstance(node, cst.Name) and node.value in names:
             used.append(node)
         elif isinstance(node, cst.Attribute):
-            walk(node.value, enter)  # ``x.autocast`` is another name
-            return False
-        return True
-
-    walk(module, enter)
+            pending.append(node.value)  # ``x.autocast`` is another name
+            continue
+        pending.extend(children(node))
     return {name.value for name in used if name not in callees}
 
 

@@ -3,6 +3,7 @@ libcst's print, the remembered children are the children, the depth walk measure
 ``ast.iter_child_nodes`` walks, and several workers give each file its own outcome in order."""
 
 import ast
+import gc
 from pathlib import Path
 
 import libcst as cst
@@ -105,6 +106,37 @@ def test_descendants_are_the_nodes_walk_enters_each_before_those_under_it_and_st
     function = next(node for node in every if type(node) is cst.FunctionDef)
     pruned = list(nodes.descendants(module, frozenset({cst.FunctionDef})))
     assert function in pruned and not any(nodes.holds(function, node) for node in pruned if node is not function)
+
+
+@pytest.mark.parametrize("literal", [
+    "'cuda'", '"cuda:0"', "u'x'", "U'x'", r"r'a\nb'", r"R'a\'b'", r"'a\nb'", r"'\x41'", "'''a\r\nb'''",
+    "r'''a\r\nb'''", '"""a\nb"""', "''", r"'\N{DIGIT ONE}'", "b'x'", "rb'x'", "'a' 'b'", "'a' u'b'",
+])
+def test_a_strings_value_is_what_python_reads(literal):
+    node = cst.parse_module(f"x = {literal}\n").body[0].body[0].value
+    # Python reads a carriage return and line feed inside a literal as a line feed.
+    expected = ast.literal_eval(literal.replace("\r\n", "\n"))
+    assert nodes.string_value(node) == (expected if isinstance(expected, str) else None)
+
+
+def test_a_files_trees_and_analysis_are_freed_without_the_cycle_collector():
+    """Workers pause the cycle collector while a file migrates: what a migration leaves in
+    reference cycles waits for the collector to walk it, syntax trees included."""
+    sources = [path.read_bytes() for path in SOURCES]
+    gc.collect()
+    gc.disable()
+    try:
+        for options in (Options(), Options(target="torchacc", guard="ACC_ON")):
+            for source in sources:
+                migrate_source(source, "train.py", options)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o) for o in gc.garbage if type(o).__module__.startswith(("libcst", "accrewrite", "pyflakes", "ast"))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left, sorted({kind.__qualname__ for kind in left})
 
 
 def _reference_depth(tree):
