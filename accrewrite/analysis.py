@@ -10,6 +10,7 @@ resolve from a table.
 from __future__ import annotations
 
 import builtins
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -215,9 +216,10 @@ class Facts:
     # Module-level functions that return a parameter's value read on the host (apex's
     # ``def to_python_float(t): return t.float().item()``): name -> those parameters.
     returned_reads: dict[str, frozenset[str]] = field(default_factory=dict)
-    # Nodes whose subtree holds no node of the types the rule walk acts on (``analyze``'s
-    # ``walked``): the walk need not enter them.
-    inert: set[cst.CSTNode] = field(default_factory=set)
+    # The ids of the nodes whose subtree holds no node of the types the rule walk acts on
+    # (``analyze``'s ``walked``): the walk need not enter them. (Ids: a node hashes by a Python
+    # method of libcst's, and this is asked of nearly every node; the tree outlives the set.)
+    inert: set[int] = field(default_factory=set)
     module: cst.Module | None = None
     _values: FileValues | None = None
     _option_defaults: dict[str, str] | None = None
@@ -473,6 +475,12 @@ class Walker:
         pass
 
 
+@functools.lru_cache(maxsize=64)
+def _text_search(words: frozenset[str]):
+    """A search for any of ``words`` (built once per run: every file has the same rules)."""
+    return re.compile("|".join(map(re.escape, sorted(words)))).search
+
+
 class _Analyzer(Walker):
     def __init__(
         self, triggers: frozenset[str] | None, trigger_nodes: tuple[type, ...], walked: frozenset[str] | None
@@ -480,7 +488,7 @@ class _Analyzer(Walker):
         self.facts = Facts(hot=None if triggers is None else set())
         self._triggers = triggers
         # Whether a string's text holds one of the words (one search, not a test per word).
-        self._in_text = re.compile("|".join(map(re.escape, sorted(triggers)))).search if triggers else None
+        self._in_text = _text_search(triggers) if triggers else None
         self._trigger_types = node_types(*trigger_nodes)
         self._walked = walked
         # Per open node: whether its subtree so far holds a node of a walked type.
@@ -527,7 +535,7 @@ class _Analyzer(Walker):
         if self._walked is not None:
             live = self._live.pop() or type(original_node).__name__ in self._walked
             if not live:
-                self.facts.inert.add(original_node)
+                self.facts.inert.add(id(original_node))
             elif self._live:
                 self._live[-1] = True
         if self._statements and self._statements[-1] is original_node:
@@ -837,7 +845,7 @@ def analyze(
     """Run the analysis pass over ``module``. With ``triggers`` (words: names, attribute names,
     text in string literals), ``facts.hot`` holds the statements that mention one of them or
     contain a node of ``trigger_nodes``, and those enclosing such a statement. With ``walked``
-    (names of node types), ``facts.inert`` holds the nodes whose subtree has none of those types
+    (names of node types), ``facts.inert`` holds the ids of the nodes whose subtree has none of those types
     (whitespace and punctuation fields aside, which the analysis does not walk)."""
     analyzer = _Analyzer(triggers, trigger_nodes, walked)
     analyzer.facts.module = module

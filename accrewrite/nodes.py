@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import typing
 from contextlib import contextmanager
 
 import libcst as cst
@@ -31,7 +32,7 @@ def string_value(node: cst.CSTNode) -> str | None:
         # Without escapes or carriage returns (which Python's reading turns into newlines), the
         # text is the value: libcst's evaluated_value would run ast.literal_eval.
         return raw if "r" in prefix and "\r" not in raw or not ("\\" in raw or "\r" in raw) else node.evaluated_value
-    if isinstance(node, cst.ConcatenatedString):
+    if type(node) is cst.ConcatenatedString:
         value = node.evaluated_value
         return value if isinstance(value, str) else None
     return None
@@ -56,6 +57,7 @@ _SKIPPED_FIELDS = frozenset(
     }
 )
 _child_getters: dict[type, object] = {}
+_TEXT = frozenset({str, bool, typing.Optional[str]})
 
 
 def node_types(*bases: type) -> frozenset[type]:
@@ -101,10 +103,14 @@ class _FieldOrder(cst.CSTVisitor):
 def _child_getter(node: cst.CSTNode):
     """A function giving the values of ``node``'s class's fields that may hold child nodes, in
     source order, as a tuple. The order is read once per class, from libcst visiting ``node``;
-    the fields it left out there come last (a format spec, visited only where there is one)."""
+    the fields it left out there come last (a format spec, visited only where there is one),
+    but for those of text (a name's value, a string's quotes)."""
     order = _FieldOrder()
     node._visit_and_replace_children(order)
-    fields = order.fields + [f.name for f in dataclasses.fields(node) if f.name not in order.fields]
+    fields = order.fields + [
+        f.name for f in dataclasses.fields(node)
+        if f.name not in order.fields and f.type not in _TEXT and typing.get_origin(f.type) is not typing.Literal
+    ]
     names = tuple(name for name in fields if name not in _SKIPPED_FIELDS and not name.startswith("whitespace"))
     if not names:
         getter = _no_fields

@@ -125,7 +125,7 @@ class BatchedTransformer(cst.CSTTransformer):
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         ctx = self.ctx
-        if type(node) in self._tokens or node in ctx.facts.inert:
+        if type(node) in self._tokens or id(node) in ctx.facts.inert:
             return False
         if self.guard is not None and self._original_branch(node):
             self._skipped.add(node)  # an earlier guarded migration's original path stays as it is
@@ -164,7 +164,7 @@ class BatchedTransformer(cst.CSTTransformer):
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         ctx = self.ctx
-        if type(original_node) in self._tokens or original_node in ctx.facts.inert:
+        if type(original_node) in self._tokens or id(original_node) in ctx.facts.inert:
             return updated_node
         if original_node in self._skipped:
             self._skipped.discard(original_node)

@@ -447,7 +447,8 @@ class ScopeValues:
 
     def _small(self, small: cst.BaseSmallStatement, env: _Env) -> _Env:
         self._env = env
-        if isinstance(small, cst.Assign):
+        small_type = type(small)
+        if small_type is cst.Assign:
             for target in small.targets:
                 if isinstance(target.target, cst.Name):
                     value = small.value
@@ -460,16 +461,16 @@ class ScopeValues:
             kind = self._eval(small.value)
             for target in small.targets:
                 env = self._assign(target.target, kind, _neutral(small.value), small.value, env)
-        elif isinstance(small, cst.AnnAssign):
+        elif small_type is cst.AnnAssign:
             annotated = self.file.annotation_kind(small.annotation.annotation)
             if small.value is not None and annotated is Kind.UNKNOWN:
                 env = self._assign(small.target, self._eval(small.value), _neutral(small.value), small.value, env)
             else:
                 env = self._assign(small.target, annotated, False, None, env)
-        elif isinstance(small, cst.AugAssign):
+        elif small_type is cst.AugAssign:
             augmented = cst.BinaryOperation(left=small.target, operator=_binary_of(small.operator), right=small.value)
             env = self._assign(small.target, self._eval(augmented), False, None, env)
-        elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        elif small_type is cst.Expr and type(small.value) is cst.Call:
             call = small.value
             if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
                 receiver = call.func.value
@@ -486,7 +487,7 @@ class ScopeValues:
                 name = dotted(call.func.value)
                 if name and self._eval(call.func.value) in HOST | {Kind.UNKNOWN}:
                     env = self._bind(env, name, Kind.HOLDER)
-        elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+        elif (small_type is cst.Import or small_type is cst.ImportFrom) and type(small.names) is not cst.ImportStar:
             for alias in small.names:
                 name = dotted(alias.asname.name if alias.asname is not None else alias.name)
                 if name:
@@ -1694,9 +1695,10 @@ def _returns_and_yields(function: cst.FunctionDef) -> tuple[list, list]:
     """The values of ``function``'s own return and yield statements (None for a bare return)."""
     returned, yielded = [], []
     for node in descendants(function.body, _NESTED_SCOPES):
-        if isinstance(node, cst.Return):
+        kind = type(node)
+        if kind is cst.Return:
             returned.append(node.value)
-        elif isinstance(node, cst.Yield):
+        elif kind is cst.Yield:
             value = node.value
             if isinstance(value, cst.From):
                 value = value.item

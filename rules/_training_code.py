@@ -78,10 +78,10 @@ def records_only(facts, call: cst.Call) -> bool:
 
 def is_step_closure_call(node: cst.CSTNode) -> bool:
     """``xm.add_step_closure(...)`` in any spelling."""
-    if not isinstance(node, cst.Call):
+    if type(node) is not cst.Call:
         return False
     func = node.func
-    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
+    name = func.attr.value if type(func) is cst.Attribute else func.value if type(func) is cst.Name else None
     return name in STEP_CLOSURE_NAMES
 
 
