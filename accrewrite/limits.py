@@ -13,12 +13,14 @@ deep expressions.
 
 Within the limits, libcst's recursive parser, visitors and code generator run on a thread with a
 large stack and a raised recursion limit (a 1,000-long attribute chain or a 2,000-term sum needs
-both), restored when it returns.
+both), restored after each call; the thread is kept while calls keep coming.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import queue
 import sys
 import threading
 
@@ -84,27 +86,62 @@ def _depth(tree: ast.AST) -> tuple[int, int]:
 
 
 def deep_stack(function, *args):
-    """``function(*args)`` on a thread whose stack and recursion limit fit MAX_DEPTH."""
+    """``function(*args)`` on a thread whose stack and recursion limit fit MAX_DEPTH. The thread
+    is kept while calls keep coming (it ends after ``_IDLE_SECONDS`` without one): libcst's
+    native parser sets itself up anew on each thread it runs on, half a millisecond a file."""
+    global _inbox
+    if threading.current_thread().name == _THREAD_NAME:
+        return function(*args)  # already there (a call made from one): waiting for itself would hang
     outcome: list = []
-
-    def target():
-        try:
-            outcome.append((True, function(*args)))
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
-            outcome.append((False, exc))
-
-    previous_limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(previous_limit, _RECURSION_LIMIT))
-    previous_stack = threading.stack_size(_STACK_BYTES)
-    try:
-        thread = threading.Thread(target=target, name="accrewrite-deep-stack")
-        thread.start()
-        threading.stack_size(previous_stack)
-        thread.join()
-    finally:
-        threading.stack_size(previous_stack)
-        sys.setrecursionlimit(previous_limit)
+    done = threading.Event()
+    with _lock:
+        if _inbox is None:
+            _inbox = queue.SimpleQueue()
+            previous_stack = threading.stack_size(_STACK_BYTES)
+            try:
+                threading.Thread(target=_serve, args=(_inbox,), name=_THREAD_NAME, daemon=True).start()
+            finally:
+                threading.stack_size(previous_stack)
+        _inbox.put((function, args, outcome, done))
+    done.wait()
     ok, value = outcome[0]
     if not ok:
         raise value
     return value
+
+
+_IDLE_SECONDS = 2.0
+_THREAD_NAME = "accrewrite-deep-stack"
+_lock = threading.Lock()
+_inbox: queue.SimpleQueue | None = None  # the deep-stack thread's calls, while it runs
+
+
+def _forget_the_thread() -> None:
+    """In a forked child the thread does not exist: the next call starts one."""
+    global _inbox, _lock
+    _inbox, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_the_thread)
+
+
+def _serve(inbox: queue.SimpleQueue) -> None:
+    global _inbox
+    while True:
+        try:
+            function, args, outcome, done = inbox.get(timeout=_IDLE_SECONDS)
+        except queue.Empty:
+            with _lock:
+                if inbox.empty():  # no call came in meanwhile
+                    _inbox = None
+                    return
+            continue
+        previous_limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(previous_limit, _RECURSION_LIMIT))
+        try:
+            outcome.append((True, function(*args)))
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+            outcome.append((False, exc))
+        finally:
+            sys.setrecursionlimit(previous_limit)
+            done.set()

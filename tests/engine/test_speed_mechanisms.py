@@ -4,6 +4,11 @@ libcst's print, the remembered children are the children, the depth walk measure
 
 import ast
 import gc
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 import libcst as cst
@@ -137,6 +142,46 @@ def test_a_files_trees_and_analysis_are_freed_without_the_cycle_collector():
         gc.garbage.clear()
         gc.enable()
     assert not left, sorted({kind.__qualname__ for kind in left})
+
+
+def _deep_threads():
+    return [thread for thread in threading.enumerate() if thread.name == "accrewrite-deep-stack"]
+
+
+def test_deep_calls_share_one_thread_which_ends_when_idle_and_raise_where_called(monkeypatch):
+    monkeypatch.setattr(limits, "_IDLE_SECONDS", 0.2)
+    time.sleep(2.5)  # a thread of earlier tests, waiting the usual idle time, has ended
+    idents = {limits.deep_stack(threading.get_ident) for _ in range(20)}
+    assert len(idents) == 1 and threading.get_ident() not in idents
+    assert limits.deep_stack(sys.getrecursionlimit) >= limits._RECURSION_LIMIT > sys.getrecursionlimit()
+    with pytest.raises(ZeroDivisionError):
+        limits.deep_stack(lambda: 1 / 0)
+    assert limits.deep_stack(threading.get_ident) in idents  # an error does not end it
+    assert limits.deep_stack(limits.deep_stack, lambda: 5) == 5  # a call from the thread runs there
+    deadline = time.monotonic() + 5
+    while _deep_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _deep_threads()
+    assert limits.deep_stack(lambda: 7) == 7  # a new one starts
+
+
+def test_a_child_forked_while_the_deep_thread_runs_starts_its_own():
+    limits.deep_stack(lambda: None)
+    assert _deep_threads()
+    child = os.fork()
+    if child == 0:  # the thread is not copied into the child: a call must not wait for it
+        os._exit(0 if limits.deep_stack(lambda: 41) + 1 == 42 else 1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the child waited for a thread it does not have")
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def _reference_depth(tree):
