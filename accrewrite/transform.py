@@ -8,7 +8,9 @@ as an unsafe fix, not suppressed by ``# noqa``), and a target that lacks a conce
 rule's change into a "not available on this target" diagnostic (an optional concept that a rule
 asks for mid-way; a rule whose required concepts the target lacks is not run at all).
 
-The walk also keeps the context rules read (enclosing function, statement and training loop),
+The walk is libcst's visit, but for one thing: a node is rebuilt only where something under it
+changed (libcst rebuilds every node it enters), so a file the rules leave alone is not printed
+again. The walk also keeps the context rules read (enclosing function, statement and training loop),
 applies insertions when their statement is left, and in guarded mode turns every changed
 statement into TorchAcc's migration guide's ``if enabled(): new else: original`` form.
 """
