@@ -15,11 +15,16 @@ the best of ``--repeat`` rounds (the machine may be shared: the best run is the 
 disturbed one). CPU seconds stand beside the wall time (the floor's process, and each run's
 process with its workers): on a loaded machine they are the steadier figure for ``--jobs 1``;
 the speed-up of ``--jobs 2`` is in wall time only.
+
+The steadiest figure comes last: in one process (a fresh one per tree, each round), each file
+parsed and printed (the floor) and then migrated by ``migrate_source``, in turn, CPU seconds
+summed apart; the round with the least ratio is shown.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import shutil
@@ -79,6 +84,35 @@ def migrate(farm: Path, directory: str, jobs: int) -> tuple[float, float]:
 _NONE = (float("inf"), float("inf"))
 
 
+def interleaved(paths: list[Path]) -> tuple[float, float]:
+    """CPU seconds of the floor and of ``migrate_source``, file by file in turn in this process
+    (the cycle collector paused per file, as in a worker): a drift of the machine's speed hits
+    both alike."""
+    from accrewrite.engine import Options, migrate_source
+
+    options = Options()
+    floor_cpu = ours_cpu = 0.0
+    gc.freeze()
+    for path in paths:
+        source = path.read_bytes()
+        gc.disable()
+        start = time.process_time()
+        cst.parse_module(source).code
+        middle = time.process_time()
+        migrate_source(source, str(path), options)
+        floor_cpu, ours_cpu = floor_cpu + middle - start, ours_cpu + time.process_time() - middle
+        gc.enable()
+    return floor_cpu, ours_cpu
+
+
+def interleaved_in(farm: Path, directory: str) -> tuple[float, float]:
+    """``interleaved`` of ``directory``'s files in a fresh process that imports ``farm``."""
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), directory, "--interleaved"], cwd=directory,
+                          env={**os.environ, "PYTHONPATH": str(farm)}, capture_output=True, text=True, check=True)
+    floor_cpu, ours_cpu = map(float, done.stdout.split())
+    return floor_cpu, ours_cpu
+
+
 def _least(first: tuple[float, float], second: tuple[float, float]) -> tuple[float, float]:
     """The least wall time and the least CPU time (maybe of different rounds)."""
     return min(first[0], second[0]), min(first[1], second[1])
@@ -98,6 +132,9 @@ def measure(directory: str, repeat: int, trees: dict[str, Path]) -> dict:
             for jobs in _JOBS:
                 for name, farm in farms.items():
                     best[name, jobs] = _least(best.get((name, jobs), _NONE), migrate(farm, directory, jobs))
+            for name, farm in farms.items():
+                pairs = (best.get((name, "interleaved"), (1.0, float("inf"))), interleaved_in(farm, directory))
+                best[name, "interleaved"] = min(pairs, key=lambda pair: pair[1] / pair[0])  # the lesser ratio
     best["files"] = len(paths)
     best["lines"] = sum(path.read_bytes().count(b"\n") for path in paths)
     return best
@@ -117,6 +154,13 @@ def print_table(best: dict, names: list[str]) -> None:
             print(line)
     for name in names:
         print(f"{name:<5} --jobs 2 speed-up over --jobs 1  {best[name, 1][0] / best[name, 2][0]:.2f}x")
+    for name in names:
+        floor_cpu, used = best[name, "interleaved"]
+        line = f"{name:<5} in one process, file by file: floor cpu {floor_cpu:.3f} s  ours cpu {used:.3f} s  /floor {used / floor_cpu:.2f}x"
+        if name != "ours":
+            mine = best["ours", "interleaved"]
+            line += f"  ours/{name} {(mine[1] / mine[0]) / (used / floor_cpu):.2f}x"
+        print(line)
 
 
 def main() -> None:
@@ -124,7 +168,11 @@ def main() -> None:
     parser.add_argument("directory", nargs="?", help="a tree of training scripts (default: the bundled corpus)")
     parser.add_argument("--base", metavar="CHECKOUT", help="another source tree of accrewrite, measured in turn")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--interleaved", action="store_true", help=argparse.SUPPRESS)  # one measurement, for a farm
     args = parser.parse_args()
+    if args.interleaved:
+        print(*interleaved(discover([args.directory]).files))
+        return
     trees = {"ours": _ROOT, **({"base": Path(args.base).resolve()} if args.base else {})}
     with tempfile.TemporaryDirectory() as corpus:
         if args.directory is None:
