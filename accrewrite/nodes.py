@@ -31,7 +31,9 @@ def string_value(node: cst.CSTNode) -> str | None:
         raw = node.raw_value
         # Without escapes or carriage returns (which Python's reading turns into newlines), the
         # text is the value: libcst's evaluated_value would run ast.literal_eval.
-        return raw if "r" in prefix and "\r" not in raw or not ("\\" in raw or "\r" in raw) else node.evaluated_value
+        if "\r" in raw or "\\" in raw and "r" not in prefix:
+            return node.evaluated_value
+        return raw
     if type(node) is cst.ConcatenatedString:
         value = node.evaluated_value
         return value if isinstance(value, str) else None

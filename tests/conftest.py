@@ -3,9 +3,35 @@
 import importlib.util
 import os
 import sys
+import types
 
 import pytest
 
+
+
+@pytest.fixture
+def rule_pack(monkeypatch):
+    """``rule_pack(name, *rules)`` registers ``rules`` as a third-party pack does (an entry point
+    naming a module that defines them), for the test."""
+    from accrewrite import registry
+
+    def register(name, *rules):
+        module = types.ModuleType(name)
+        for rule in rules:
+            setattr(module, rule.__name__, rule)
+            monkeypatch.setattr(rule, "__module__", name)
+        monkeypatch.setitem(sys.modules, name, module)
+
+        class EntryPoint:
+            def load(self):
+                return module
+
+        monkeypatch.setattr(registry, "entry_points",
+                            lambda group: [EntryPoint()] if group == registry.ENTRY_POINT_GROUP else [])
+        registry.all_rules.cache_clear()
+
+    yield register
+    registry.all_rules.cache_clear()
 
 
 def pytest_collection_modifyitems(items):

@@ -2,14 +2,12 @@
 rules leave alone is not printed again, and a rule that visits punctuation (which the walk does
 not enter) still gets every visit."""
 
-import sys
-import types
 from pathlib import Path
 
 import libcst as cst
 import pytest
 
-from accrewrite import engine, registry
+from accrewrite import engine
 from accrewrite.engine import Options, migrate_source
 from accrewrite.rule import Rule
 from accrewrite.transform import BatchedTransformer
@@ -59,24 +57,8 @@ class TightCommas(Rule):
         return updated_node.with_changes(whitespace_after=cst.SimpleWhitespace(""))
 
 
-@pytest.fixture
-def comma_pack(monkeypatch):
-    module = types.ModuleType("acc_comma_pack")
-    module.TightCommas = TightCommas
-    TightCommas.__module__ = module.__name__
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-
-    class EntryPoint:
-        def load(self):
-            return module
-
-    monkeypatch.setattr(registry, "entry_points", lambda group: [EntryPoint()] if group == registry.ENTRY_POINT_GROUP else [])
-    registry.all_rules.cache_clear()
-    yield
-    registry.all_rules.cache_clear()
-
-
-def test_a_rule_visiting_punctuation_gets_every_comma(comma_pack):
+def test_a_rule_visiting_punctuation_gets_every_comma(rule_pack):
+    rule_pack("acc_comma_pack", TightCommas)
     source = b"import torch\n\nx = torch.zeros(2, 3)\ndef f(a, b):\n    return [a, b]\n"
     result = migrate_source(source, "train.py", Options(select=("XYZ950",)))
     assert result.error is None

@@ -2,13 +2,9 @@
 refused, naming the line and the rule, and nothing is written. A rule broken on purpose (a
 third-party pack's) makes the shape; the built-in rules are expected never to."""
 
-import sys
-import types
-
 import libcst as cst
 import pytest
 
-from accrewrite import registry
 from accrewrite.engine import Options, migrate_source
 from accrewrite.rule import Rule
 from accrewrite.unbound import REFUSAL
@@ -48,22 +44,9 @@ class DropDeviceChoice(Rule):
 
 
 @pytest.fixture
-def broken_rule(monkeypatch):
+def broken_rule(rule_pack):
     """The rules registered as a third-party pack is (an entry point naming its module)."""
-    module = types.ModuleType("acc_broken_pack")
-    for rule in (LoaderOnDeviceAnywhere, DropDeviceChoice):
-        setattr(module, rule.__name__, rule)
-        rule.__module__ = module.__name__
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-
-    class EntryPoint:
-        def load(self):
-            return module
-
-    monkeypatch.setattr(registry, "entry_points", lambda group: [EntryPoint()] if group == registry.ENTRY_POINT_GROUP else [])
-    registry.all_rules.cache_clear()
-    yield
-    registry.all_rules.cache_clear()
+    rule_pack("acc_broken_pack", LoaderOnDeviceAnywhere, DropDeviceChoice)
 
 
 # A tutorial's shape: a look at one batch at module level, above the line that picks the device.
