@@ -145,12 +145,11 @@ def test_a_files_trees_and_analysis_are_freed_without_the_cycle_collector():
 
 
 def _deep_threads():
-    return [thread for thread in threading.enumerate() if thread.name == "accrewrite-deep-stack"]
+    return [thread for thread in threading.enumerate() if thread.name == limits._THREAD_NAME]
 
 
 def test_deep_calls_share_one_thread_which_ends_when_idle_and_raise_where_called(monkeypatch):
     monkeypatch.setattr(limits, "_IDLE_SECONDS", 0.2)
-    time.sleep(2.5)  # a thread of earlier tests, waiting the usual idle time, has ended
     idents = {limits.deep_stack(threading.get_ident) for _ in range(20)}
     assert len(idents) == 1 and threading.get_ident() not in idents
     assert limits.deep_stack(sys.getrecursionlimit) >= limits._RECURSION_LIMIT > sys.getrecursionlimit()
