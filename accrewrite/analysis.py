@@ -49,19 +49,17 @@ WRAPPER_NAMES = frozenset({
 })
 
 
-def _string_defaults(module: cst.Module) -> dict[str, str]:
+def _string_defaults(option_calls: list[cst.Call]) -> dict[str, str]:
     """``parser.add_argument("--device", default="cuda")`` -> {"device": "cuda"}."""
     found = {}
-    for node in descendants(module):
-        if not (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument"):
-            continue
+    for node in reversed(option_calls):  # later ones come first: the first one wins
         default = call_arg(node, 99, "default")
         value = string_value(default.value) if default is not None else None
         flags = [string_value(arg.value) for arg in node.args if arg.keyword is None]
         dest = call_arg(node, 99, "dest")
         names = [string_value(dest.value)] if dest is not None else [f for f in flags if f and f.startswith("--")] or flags
         if value is not None and names and names[0]:
-            found[names[0].lstrip("-").replace("-", "_")] = value  # later ones come first: the first one wins
+            found[names[0].lstrip("-").replace("-", "_")] = value
     return found
 
 
@@ -389,7 +387,7 @@ class Facts:
         """The string defaults of the file's command-line options (``parser.add_argument``), by
         destination."""
         if self._option_defaults is None:
-            self._option_defaults = _string_defaults(self.module) if self.module is not None else {}
+            self._option_defaults = _string_defaults(self.file_values.option_calls()) if self.module is not None else {}
         return self._option_defaults
 
     def is_cuda_device(self, node: cst.CSTNode) -> bool:

@@ -1263,6 +1263,11 @@ class FileValues:
         self._attributes: dict[cst.ClassDef, dict[str, list]] = {}
         self._attribute_kinds: dict[tuple, Kind] = {}
         self._calls: dict[cst.CSTNode, list[tuple[cst.Call, cst.FunctionDef | None, int]]] | None = None
+        # Every call of the file with the function it is in, and the assignments of parsed
+        # command-line options (``args = parser.parse_args()``): one walk, computed when first asked.
+        self._every_call: list[tuple[cst.Call, cst.FunctionDef | None]] | None = None
+        self._parsing: list[cst.Assign] = []
+        self._option_calls: list[cst.Call] | None = None
         self._options: dict[str, Kind] | None = None
         self._namespaces: set[str] = set()
         # Functions defined inside functions, by (enclosing function, name).
@@ -1511,8 +1516,17 @@ class FileValues:
         parameters the call does not pass: 1 for ``self``)."""
         if self._calls is None:
             self._calls = {}
-            self._find_calls(self.module, None)
+            for call, scope in self._calls_in_file():
+                self._note_call(call, scope)
         return self._calls.get(function, [])
+
+    def _calls_in_file(self) -> list[tuple[cst.Call, cst.FunctionDef | None]]:
+        """Every call of the file in source order, with the function it is in (None outside
+        any): the one walk that the calls of functions and the command-line options read."""
+        if self._every_call is None:
+            self._every_call = []
+            self._find_calls(self.module, None)
+        return self._every_call
 
     def _find_calls(self, node: cst.CSTNode, scope) -> None:
         for child in children(node):
@@ -1521,8 +1535,21 @@ class FileValues:
                 self._find_calls(child, child)
                 continue
             if kind is cst.Call:
-                self._note_call(child, scope)
+                self._every_call.append((child, scope))
+            elif kind is cst.Assign and type(child.value) is cst.Call:
+                func = child.value.func
+                if type(func) is cst.Attribute and func.attr.value in ("parse_args", "parse_known_args"):
+                    self._parsing.append(child)
             self._find_calls(child, scope)
+
+    def option_calls(self) -> list[cst.Call]:
+        """The file's ``parser.add_argument(...)`` calls, in source order."""
+        if self._option_calls is None:
+            self._option_calls = [
+                call for call, _ in self._calls_in_file()
+                if type(call.func) is cst.Attribute and call.func.attr.value == "add_argument"
+            ]
+        return self._option_calls
 
     def _note_call(self, call: cst.Call, scope) -> None:
         func = call.func
@@ -1602,19 +1629,15 @@ class FileValues:
         if self._options is not None:
             return self._options
         self._options = {}
-        for node in descendants(self.module):  # later options come first: the first of a name wins
-            kind = type(node)
-            if kind is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "add_argument":
-                self._note_option(node)
-            elif kind is cst.Assign and type(node.value) is cst.Call:
-                func = node.value.func
-                if isinstance(func, cst.Attribute) and func.attr.value in ("parse_args", "parse_known_args"):
-                    for target in node.targets:
-                        first = target.target
-                        if isinstance(first, cst.Tuple) and first.elements:
-                            first = first.elements[0].value
-                        if isinstance(first, cst.Name):
-                            self._namespaces.add(first.value)
+        for call in reversed(self.option_calls()):  # later options come first: the first of a name wins
+            self._note_option(call)
+        for assign in self._parsing:
+            for target in assign.targets:
+                first = target.target
+                if isinstance(first, cst.Tuple) and first.elements:
+                    first = first.elements[0].value
+                if isinstance(first, cst.Name):
+                    self._namespaces.add(first.value)
         return self._options
 
     def _note_option(self, call: cst.Call) -> None:
