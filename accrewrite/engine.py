@@ -23,7 +23,7 @@ from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
 from accrewrite.imports import add_imports
 from accrewrite.nodes import remembering_children
-from accrewrite.positions import code_bytes, starts
+from accrewrite.positions import code_reusing, starts
 from accrewrite.registry import Selection, all_rules, select, selected_exactly
 from accrewrite.rule import Finding, Rule, RuleContext, excerpt
 from accrewrite.targets import DEFAULT_TARGET, Target, get_target
@@ -291,11 +291,14 @@ def _run_rules(ctx: RuleContext, options: Options, selection: Selection, origina
         migrated = guard.finish(migrated, facts, import_lines)
     elif import_lines:
         migrated = add_imports(migrated, facts, import_lines)
-    output = source if migrated is module else code_bytes(migrated)
-    if output != source:
-        # The findings' lines come from a print of the parsed file: printed whole, it also
-        # shows whether libcst prints the file back as it read it.
-        _round_trips(ctx.resolve_lines(printed=True).encode(module.encoding), source)
-    else:
+    if migrated is module:
         ctx.resolve_lines()
+        return restore(source), ctx
+    # The findings' lines come from a print of the parsed file: printed whole, it also shows
+    # whether libcst prints the file back as it read it, and gives the statements that the
+    # rewrite kept their print.
+    printed = ctx.resolve_lines(printed=True)
+    output = code_reusing(migrated, printed)
+    if output != source:
+        _round_trips(printed.text.encode(module.encoding), source)
     return restore(output), ctx

@@ -41,13 +41,74 @@ class _Printer(CodegenState):
 def code(module: cst.Module, node: cst.CSTNode | None = None) -> str:
     """``module.code_for_node(node)`` (``module.code`` without ``node``), printed faster."""
     state = _Printer(default_indent=module.default_indent, default_newline=module.default_newline)
-    (module if node is None else node)._codegen(state)
-    return "".join(state.tokens)
+    if node is not None:
+        node._codegen(state)
+        return "".join(state.tokens)
+    _print_module(module, state)
+    return _module_text(module, state.tokens)
 
 
 def code_bytes(module: cst.Module) -> bytes:
     """``module.bytes``, printed faster."""
     return code(module).encode(module.encoding)
+
+
+def _print_module(module: cst.Module, state: CodegenState) -> list[int]:
+    """``Module._codegen_impl`` but for its last line (``_module_text``): the token where each
+    statement of the body starts, and then where the footer does."""
+    bounds = []
+    for line in module.header:
+        line._codegen(state)
+    for statement in module.body:
+        bounds.append(len(state.tokens))
+        statement._codegen(state)
+    bounds.append(len(state.tokens))
+    for line in module.footer:
+        line._codegen(state)
+    return bounds
+
+
+def _module_text(module: cst.Module, tokens: list[str]) -> str:
+    """The text of a module printed as ``tokens``: every printed line ends in a newline, the
+    file's last maybe not."""
+    if module.has_trailing_newline:
+        return "".join(tokens) if tokens else module.default_newline
+    return "".join(tokens[:-1])
+
+
+@dataclass
+class Printed:
+    """A module's whole print, kept so that a rewrite of it need not print again the top-level
+    statements it kept."""
+
+    module: cst.Module
+    tokens: list[str]
+    bounds: list[int]  # see ``_print_module``
+    text: str
+
+
+def code_reusing(module: cst.Module, printed: Printed) -> bytes:
+    """``code_bytes(module)`` for a rewrite of ``printed.module``: a top-level statement that the
+    rewrite kept (the same node) prints as it did there."""
+    original = printed.module
+    if (len(module.header) != len(original.header) or len(module.footer) != len(original.footer)
+            or any(a is not b for a, b in zip((*module.header, *module.footer), (*original.header, *original.footer)))
+            or (module.has_trailing_newline, module.default_indent, module.default_newline, module.encoding)
+            != (original.has_trailing_newline, original.default_indent, original.default_newline, original.encoding)):
+        return code_bytes(module)
+    kept = {id(statement): index for index, statement in enumerate(original.body)}
+    bounds, old = printed.bounds, printed.tokens
+    state = _Printer(default_indent=module.default_indent, default_newline=module.default_newline)
+    tokens = state.tokens
+    tokens += old[:bounds[0]]
+    for statement in module.body:
+        index = kept.get(id(statement))
+        if index is None:
+            statement._codegen(state)
+        else:
+            tokens += old[bounds[index]:bounds[index + 1]]
+    tokens += old[bounds[-1]:]
+    return _module_text(module, tokens).encode(module.encoding)
 
 
 class _AllFound(Exception):
@@ -56,15 +117,17 @@ class _AllFound(Exception):
 
 @dataclass
 class _StartFinder(_Printer):
+    # The ids of the wanted nodes (a node hashes by a Python method of libcst's).
     wanted: set = field(default_factory=set)
-    # Each wanted node found so far: the number of tokens printed before it.
+    # Each wanted node found so far, by id: the number of tokens printed before it.
     found: dict = field(default_factory=dict)
     # Whether to print the whole module (its text is wanted too) rather than stop at the last node.
     whole: bool = False
 
     def record_syntactic_position(self, node, *, start_node=None, end_node=None):
-        if node in self.wanted and node not in self.found:
-            self.found[node] = len(self.tokens)
+        key = id(node)
+        if key in self.wanted and key not in self.found:
+            self.found[key] = len(self.tokens)
             if len(self.found) == len(self.wanted) and not self.whole:
                 raise _AllFound
         return _NOTHING
@@ -75,18 +138,20 @@ def starts(module: cst.Module, nodes) -> dict[cst.CSTNode, tuple[int, int]]:
     return _starts(module, nodes, whole=False)[0]
 
 
-def starts_and_code(module: cst.Module, nodes) -> tuple[dict[cst.CSTNode, tuple[int, int]], str]:
-    """``starts(module, nodes)`` and ``module.code``, from one print of the module."""
+def starts_and_code(module: cst.Module, nodes) -> tuple[dict[cst.CSTNode, tuple[int, int]], Printed]:
+    """``starts(module, nodes)`` and the module's whole print (``Printed.text``: ``module.code``)."""
     return _starts(module, nodes, whole=True)
 
 
-def _starts(module: cst.Module, nodes, whole: bool) -> tuple[dict[cst.CSTNode, tuple[int, int]], str]:
+def _starts(module: cst.Module, nodes, whole: bool) -> tuple[dict[cst.CSTNode, tuple[int, int]], Printed | None]:
     state = _StartFinder(default_indent=module.default_indent, default_newline=module.default_newline)
-    state.wanted = set(nodes)
+    by_id = {id(node): node for node in nodes}
+    state.wanted = set(by_id)
     state.whole = whole
+    bounds = []
     if state.wanted or whole:
         try:
-            module._codegen(state)
+            bounds = _print_module(module, state)
         except _AllFound:
             pass
     line, column, printed = 1, 0, 0
@@ -102,4 +167,7 @@ def _starts(module: cst.Module, nodes, whole: bool) -> tuple[dict[cst.CSTNode, t
         else:
             column += len(text)
         at[index] = (line, column)
-    return {node: at[index] for node, index in state.found.items()}, "".join(state.tokens) if whole else ""
+    found = {by_id[key]: at[index] for key, index in state.found.items()}
+    if not whole:
+        return found, None
+    return found, Printed(module, state.tokens, bounds, _module_text(module, state.tokens))

@@ -20,7 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accrewrite import snippets
 from accrewrite.analysis import Facts
-from accrewrite.positions import code, starts, starts_and_code
+from accrewrite.positions import Printed, code, starts, starts_and_code
 from accrewrite.targets import Concept, Target, all_targets
 
 
@@ -325,12 +325,12 @@ class RuleContext:
             self._positions = wrapper.resolve(PositionProvider)
         return self._positions[node]
 
-    def resolve_lines(self, printed: bool = False) -> str:
+    def resolve_lines(self, printed: bool = False) -> Printed | None:
         """Give every finding its line and column; drop diagnostics suppressed by noqa. With
-        ``printed``, the module's code, from the same print of it (else "")."""
+        ``printed``, the module's whole print, from the same printing (else None)."""
         findings = (*self.fixes, *self.diagnostics, *self.withheld)
         nodes = (finding.node for finding in findings)
-        found, text = starts_and_code(self.module, nodes) if printed else (starts(self.module, nodes), "")
+        found, whole = starts_and_code(self.module, nodes) if printed else (starts(self.module, nodes), None)
         for finding in findings:
             finding.line, finding.col = found[finding.node]
         self.diagnostics = [d for d in self.diagnostics if not self.suppressed(d.code, d.node)]
@@ -338,4 +338,4 @@ class RuleContext:
             diagnostic.end_line, diagnostic.end_col = _end(self.module, diagnostic)
         self.fixes.sort(key=lambda f: (f.line, f.col))
         self.diagnostics.sort(key=lambda d: (d.line, d.col))
-        return text
+        return whole

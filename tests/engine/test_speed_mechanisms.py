@@ -51,10 +51,42 @@ def test_starts_from_a_whole_print_are_the_starts_and_the_print_is_the_module():
         module = cst.parse_module(source)
         wanted = []
         nodes.walk(module, lambda node: wanted.append(node) if isinstance(node, (cst.Name, cst.Call)) else None)
-        found, code = positions.starts_and_code(module, wanted)
+        found, printed = positions.starts_and_code(module, wanted)
         assert found == positions.starts(module, wanted)
-        assert code == module.code
-        assert positions.starts_and_code(module, []) == ({}, module.code)
+        assert printed.text == module.code
+        found, printed = positions.starts_and_code(module, [])
+        assert found == {} and printed.text == module.code
+
+
+_ENDINGS = ["", "\n", "x = 1", "x = 1\n", "# header\n\nx = 1\ny = 2  # no newline", "x = 1\n\n# footer\n", "if a:\n    b\n"]
+
+
+def _rewrites(module):
+    """Rewrites of ``module`` that keep some of its top-level statements: one dropped, one
+    replaced, one added at each end, the body reversed, the header or footer changed."""
+    body, new = list(module.body), cst.parse_statement("added = 0\n")
+    yield module.with_changes(body=[new, *body, new])
+    yield module.with_changes(body=body[::-1])
+    for index in range(len(body)):
+        yield module.with_changes(body=body[:index] + body[index + 1:])
+        yield module.with_changes(body=body[:index] + [new] + body[index + 1:])
+    yield module.with_changes(header=[cst.EmptyLine(comment=cst.Comment("# new"))], body=[*body, new])
+    yield module.with_changes(footer=[], body=[new, *body])
+
+
+def test_a_rewrite_prints_as_libcst_prints_it_with_the_kept_statements_printed_once():
+    for source in _sources() + _ENDINGS + [ending.replace("\n", "\r\n") for ending in _ENDINGS]:
+        module = cst.parse_module(source)
+        _, printed = positions.starts_and_code(module, [])
+        for rewrite in _rewrites(module):
+            assert positions.code_reusing(rewrite, printed) == rewrite.bytes
+    module = cst.parse_module(ODD)
+    _, printed = positions.starts_and_code(module, [])
+    rewrite = module.with_changes(body=module.body[1:])
+    expected = rewrite.bytes
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cst.CSTNode, "_codegen", lambda node, state: pytest.fail("printed again"))
+        assert positions.code_reusing(rewrite, printed) == expected
 
 
 def _plain_children(node):
