@@ -10,6 +10,9 @@ own position providers use.
 Printing itself goes through that hook too: libcst's plain state enters a generator-based context
 manager around every node (``record_syntactic_position``, which records nothing), a good part of
 a print's time; ``_Printer`` enters one reusable object that does nothing, and prints the same text.
+
+A changed file is printed twice, as parsed (the findings' lines, the round-trip check) and as
+rewritten; ``code_reusing`` prints again only the top-level statements that the rewrite made.
 """
 
 from __future__ import annotations
