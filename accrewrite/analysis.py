@@ -479,7 +479,7 @@ def _text_search(words: frozenset[str]):
     return re.compile("|".join(map(re.escape, sorted(words)))).search
 
 
-class _Analyzer(Walker):
+class _Analyzer:
     def __init__(
         self, triggers: frozenset[str] | None, trigger_nodes: tuple[type, ...], walked: frozenset[str] | None
     ) -> None:
@@ -488,9 +488,7 @@ class _Analyzer(Walker):
         # Whether a string's text holds one of the words (one search, not a test per word).
         self._in_text = _text_search(triggers) if triggers else None
         self._trigger_types = node_types(*trigger_nodes)
-        self._walked = walked
-        # Per open node: whether its subtree so far holds a node of a walked type.
-        self._live: list[bool] = []
+        self._walked_types = None if walked is None else frozenset(k for k in NODE_TYPES if k.__name__ in walked)
         self._statements: list[cst.CSTNode] = []
         self._order = 0
         self._functions: list[cst.FunctionDef] = []
@@ -515,32 +513,38 @@ class _Analyzer(Walker):
 
     # Hot statements ------------------------------------------------------------------------
 
-    def on_visit(self, node: cst.CSTNode) -> None:
+    def walk(self, node: cst.CSTNode) -> bool:
+        """``Walker.walk`` with the analysis's own steps written in (it enters every node of the
+        file): whether ``node``'s subtree holds a node of a walked type."""
         kind = type(node)
-        if kind in STATEMENT_TYPES:
+        statement = kind in STATEMENT_TYPES
+        if statement:
             self._statements.append(node)
             self._order += 1
-            self.facts.order[node] = self._order
+            order = self.facts.order
+            order[node] = self._order
             if kind is cst.SimpleStatementLine:
                 for small in node.body:
-                    self.facts.order[small] = self._order
+                    order[small] = self._order
         if kind in self._trigger_types:
             self._mark_hot()
-        if self._walked is not None:
-            self._live.append(False)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        if self._walked is not None:
-            live = self._live.pop() or type(original_node).__name__ in self._walked
-            if not live:
-                self.facts.inert.add(id(original_node))
-            elif self._live:
-                self._live[-1] = True
-        if self._statements and self._statements[-1] is original_node:
+        visit, leave = _walk_methods(_Analyzer, kind)
+        if visit is not None:
+            visit(self, node)
+        live = self._walked_types is None or kind in self._walked_types
+        for child in children(node):
+            if self.walk(child):
+                live = True
+        if leave is not None:
+            leave(self, node)
+        if not live:
+            self.facts.inert.add(id(node))
+        if statement:
             self._statements.pop()
             hot = self.facts.hot
-            if hot is not None and original_node in hot and self._statements:
+            if hot is not None and node in hot and self._statements:
                 hot.add(self._statements[-1])
+        return live
 
     def _mark_hot(self) -> None:
         if self.facts.hot is not None and self._statements:
