@@ -113,10 +113,10 @@ class BatchedTransformer(cst.CSTTransformer):
         updated = node
         if self.on_visit(node):
             changed = None
-            tokens = self._tokens
+            tokens, inert = self._tokens, self.ctx.facts.inert
             for child in children(node):
-                if type(child) in tokens:
-                    continue
+                if type(child) in tokens or id(child) in inert:
+                    continue  # on_visit and on_leave would leave it as it is
                 result = self._rewrite(child)
                 if result is not child:
                     changed = changed or {}
