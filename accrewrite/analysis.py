@@ -869,11 +869,17 @@ def _names_gradient(value: cst.BaseExpression) -> bool:
 
 _NOT_BLOCKS = NODE_TYPES - node_types(cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler,
                                       cst.ExceptStarHandler, cst.Finally, cst.MatchCase)
+_SMALL_STATEMENTS = node_types(cst.BaseSmallStatement)
 _IMPORTS = frozenset({cst.Import, cst.ImportFrom})
 
 
+def small_statements(module: cst.Module) -> list[cst.BaseSmallStatement]:
+    """Every small statement (an assignment, an import, an expression...) of ``module``, in any
+    block, in source order: the walk enters statements and blocks only, not expressions."""
+    later_first = [node for node in descendants(module, _NOT_BLOCKS) if type(node) in _SMALL_STATEMENTS]
+    return later_first[::-1]
+
+
 def _import_statements(module: cst.Module):
-    """Every ``import`` and ``from ... import`` of ``module``, in source order, in any block (the
-    walk enters statements and blocks only, not expressions)."""
-    later_first = [node for node in descendants(module, _NOT_BLOCKS) if type(node) in _IMPORTS]
-    return reversed(later_first)
+    """Every ``import`` and ``from ... import`` of ``module``, in source order, in any block."""
+    return [node for node in small_statements(module) if type(node) in _IMPORTS]

@@ -8,7 +8,7 @@ tools.
 
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, Facts, Walker
+from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
 from accrewrite.nodes import call_arg, dotted
 
 
@@ -52,20 +52,12 @@ def wrapped_models_of(ctx) -> set[str] | None:
 def wrapped_models(facts: Facts, module: cst.Module) -> set[str]:
     """Names assigned a DDP/DataParallel wrapper anywhere in the file (`model = DDP(model)`,
     `self.model = DDP(...)`, `model = DDP(model) if ddp else model`)."""
-    finder = _Wrapped(facts)
-    finder.walk(module)
-    return finder.names
-
-
-class _Wrapped(Walker):
-    def __init__(self, facts: Facts) -> None:
-        self.facts = facts
-        self.names: set[str] = set()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) != 1:
-            return
+    names = set()
+    for node in small_statements(module):
+        if type(node) is not cst.Assign or len(node.targets) != 1:
+            continue
         target = dotted(node.targets[0].target)
         values = [node.value.body, node.value.orelse] if isinstance(node.value, cst.IfExp) else [node.value]
-        if target and any(wraps_model(self.facts, value) for value in values):
-            self.names.add(target)
+        if target and any(wraps_model(facts, value) for value in values):
+            names.add(target)
+    return names

@@ -73,8 +73,12 @@ def test_wrapped_models_follow_the_imports():
         "model = DDP(model) if ddp else model\n"
         "self.net = torch.nn.DataParallel(net)\n"
         "other = DDPish(model)\n"
+        "if ddp:\n    first = DDP(first); second = DDP(second, device_ids=[0])\n"
+        "class Trainer:\n    def __init__(self):\n        try:\n            self.body = DDP(body)\n"
+        "        except Exception:\n            pass\n"
+        "run(lambda: DDP(model))\n"
     )
     facts = analyze(module)
-    assert wrapped_models(facts, module) == {"model", "self.net"}
+    assert wrapped_models(facts, module) == {"model", "self.net", "first", "second", "self.body"}
     assert wraps_model(facts, module.body[3].body[0].value)
     assert not wraps_model(facts, module.body[4].body[0].value)
