@@ -122,19 +122,21 @@ def _round_trips(printed: bytes, source: bytes) -> None:
     ))
 
 
-def _verify(original: bytes, output: bytes, path: str) -> bool:
+def _verify(original: bytes, output: bytes, path: str) -> ast.Module | None:
     """The rewrite must compile wherever the original did: anything else is a rule's bug, and
     the file is left as it was. (CPython's compiler may give up on nesting its parser took:
-    RecursionError, MemoryError.) Whether the rewrite compiles."""
+    RecursionError, MemoryError.) The rewrite's syntax tree, parsed once for the compiler and the
+    net; None when neither side compiles."""
     failures = (SyntaxError, RecursionError, MemoryError)
     try:
-        compile(output, path, "exec", dont_inherit=True)
-        return True
+        tree = _syntax(output, path)
+        compile(tree, path, "exec", dont_inherit=True)
+        return tree
     except failures as exc:
         try:
             compile(original, path, "exec", dont_inherit=True)
         except failures:
-            return False
+            return None
         raise MigrationError(
             FileError(
                 f"internal error: the migration produced code that does not compile "
@@ -149,13 +151,22 @@ def _syntax(code: bytes, path: str) -> ast.Module:
     return compile(code, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
 
 
-def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, path: str, options: Options,
-                          selection: Selection, fixes: list[Finding]) -> None:
+def _checked(source: bytes, tree: ast.Module, output: bytes, path: str, options: Options,
+             selection: Selection, fixes: list[Finding]) -> None:
+    """The rewrite compiles where the source did (``_verify``), and reads no name unbound that
+    the source bound (``_no_name_left_unbound``); ``tree`` is the source's syntax tree."""
+    output_tree = _verify(source, output, path)
+    if output_tree is not None:
+        _no_name_left_unbound(source, tree, output, output_tree, path, options, selection, fixes)
+
+
+def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output_tree: ast.Module, path: str,
+                          options: Options, selection: Selection, fixes: list[Finding]) -> None:
     """The net (``accrewrite.unbound``): an output that reads a name unbound where the input
     (``tree``: its syntax tree) bound it is refused, naming the rule whose fixes do it: the one
     whose removal (the migration run again without it, only when the net trips) leaves the name
     bound."""
-    after = unbound.reads(_syntax(output, path))
+    after = unbound.reads(output_tree)
     if not after:
         return
     before = unbound.reads(tree)
@@ -226,9 +237,7 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         if migrated is not None:
             output, ctx = migrated
             if output != source:
-                if _verify(source, output, path):
-                    limits.deep_stack(_no_name_left_unbound, source, tree, output, path, options, selection,
-                                      ctx.fixes)
+                limits.deep_stack(_checked, source, tree, output, path, options, selection, ctx.fixes)
             result.output = output
             result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
     except MigrationError as exc:
