@@ -149,6 +149,35 @@ class Spawn:
     counted: tuple[tuple[int, str], ...]
 
 
+@dataclass(frozen=True)
+class Triggers:
+    """What makes a statement worth walking, rule by rule (``Rule.triggers`` and
+    ``Rule.trigger_nodes``). A mask has bit ``i`` for the ``i``-th rule."""
+
+    words: dict[str, int]  # a word (name, attribute name, text in a string) -> the rules it concerns
+    types: dict[type, int]  # a node type -> the rules it concerns
+    always: int  # the rules without triggers: every statement concerns them
+    bits: dict[type, int]  # each rule (its class) -> its bit
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def of(rules: tuple[type, ...]) -> "Triggers":
+        """The triggers of ``rules`` (cached: every file of a run has the same rules)."""
+        words: dict[str, int] = {}
+        types: dict[type, int] = {}
+        always = 0
+        for index, rule in enumerate(rules):
+            bit = 1 << index
+            if rule.triggers is None:
+                always |= bit
+                continue
+            for word in rule.triggers:
+                words[word] = words.get(word, 0) | bit
+            for kind in node_types(*rule.trigger_nodes):
+                types[kind] = types.get(kind, 0) | bit
+        return Triggers(words, types, always, {rule: 1 << index for index, rule in enumerate(rules)})
+
+
 @dataclass
 class Facts:
     """What one analysis pass learns about a file."""
@@ -209,8 +238,10 @@ class Facts:
     next_calls: list[tuple[str, cst.FunctionDef | None, tuple[cst.CSTNode, ...]]] = field(default_factory=list)
     # The class each method is defined in.
     method_class: dict[cst.FunctionDef, cst.ClassDef] = field(default_factory=dict)
-    # Statements that mention a trigger word of the selected rules (None: every statement).
-    hot: set[cst.CSTNode] | None = None
+    # The rules each statement concerns (a mask of ``triggers``): those whose trigger words it
+    # mentions, and of the statements in it. None: every statement concerns every rule.
+    hot: dict[cst.CSTNode, int] | None = None
+    triggers: Triggers | None = None
     # Module-level functions that return a parameter's value read on the host (apex's
     # ``def to_python_float(t): return t.float().item()``): name -> those parameters.
     returned_reads: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -223,6 +254,12 @@ class Facts:
     _option_defaults: dict[str, str] | None = None
     _spawns: list[Spawn] | None = None
     _launched: set[cst.FunctionDef] | None = None
+
+    def concerned(self, statement: cst.CSTNode) -> int:
+        """The rules that ``statement`` concerns, as a mask of ``triggers`` (-1: every rule)."""
+        if self.hot is None:
+            return -1
+        return self.hot.get(statement, 0) | self.triggers.always
 
     def values(self, scope: cst.FunctionDef | None) -> ScopeValues:
         """What each expression of ``scope`` (a function, or None for module level) holds: the
@@ -480,14 +517,15 @@ def _text_search(words: frozenset[str]):
 
 
 class _Analyzer:
-    def __init__(
-        self, triggers: frozenset[str] | None, trigger_nodes: tuple[type, ...], walked: frozenset[str] | None
-    ) -> None:
-        self.facts = Facts(hot=None if triggers is None else set())
-        self._triggers = triggers
+    def __init__(self, triggers: Triggers | None, walked: frozenset[str] | None) -> None:
+        self.facts = Facts(hot=None if triggers is None else {}, triggers=triggers)
+        self._words = dict(triggers.words) if triggers is not None else {}
         # Whether a string's text holds one of the words (one search, not a test per word).
-        self._in_text = _text_search(triggers) if triggers else None
-        self._trigger_types = node_types(*trigger_nodes)
+        self._in_text = _text_search(frozenset(self._words)) if self._words else None
+        self._every = (1 << len(triggers.bits)) - 1 if triggers is not None else -1
+        self._trigger_types = triggers.types if triggers is not None else {}
+        # The rules that each open statement concerns so far, innermost last.
+        self._masks: list[int] = []
         self._walked_types = None if walked is None else frozenset(k for k in NODE_TYPES if k.__name__ in walked)
         self._statements: list[cst.CSTNode] = []
         self._order = 0
@@ -499,12 +537,14 @@ class _Analyzer:
         self._step_functions: dict[str, tuple[bool, bool]] = {}
         self._function_calls: dict[cst.FunctionDef | None, tuple[bool, bool]] = {}
         self._loop_callees: list[tuple[TrainingLoop, str]] = []
+        # Each loop with the statements it is in (itself last).
+        self._loop_statements: dict[cst.CSTNode, tuple[cst.CSTNode, ...]] = {}
         # Lists indexed for a device (``.to(ids[0])``): CUDA indices where they are device_ids.
         self._indexed_moves: set[str | None] = set()
         # Calls of plain names, with their enclosing statements, while a rule asks for
         # HOST_READ_CALLS (whether the name returns a host read is known at the module's end).
         self._name_calls: list[tuple[str, tuple[cst.CSTNode, ...]]] | None = (
-            [] if triggers is not None and HOST_READ_CALLS in triggers else None
+            [] if HOST_READ_CALLS in self._words else None
         )
 
     @property
@@ -520,6 +560,7 @@ class _Analyzer:
         statement = kind in STATEMENT_TYPES
         if statement:
             self._statements.append(node)
+            self._masks.append(0)
             self._order += 1
             order = self.facts.order
             order[node] = self._order
@@ -527,7 +568,7 @@ class _Analyzer:
                 for small in node.body:
                     order[small] = self._order
         if kind in self._trigger_types:
-            self._mark_hot()
+            self._mark_hot(self._trigger_types[kind])
         visit, leave = _walk_methods(_Analyzer, kind)
         if visit is not None:
             visit(self, node)
@@ -541,26 +582,38 @@ class _Analyzer:
             self.facts.inert.add(id(node))
         if statement:
             self._statements.pop()
-            hot = self.facts.hot
-            if hot is not None and node in hot and self._statements:
-                hot.add(self._statements[-1])
+            mask = self._masks.pop()
+            if mask and self.facts.hot is not None:
+                self.facts.hot[node] = mask
+                if self._masks:
+                    self._masks[-1] |= mask  # a statement concerns the rules of those in it
         return live
 
-    def _mark_hot(self) -> None:
-        if self.facts.hot is not None and self._statements:
-            self.facts.hot.add(self._statements[-1])
+    def _mark_hot(self, mask: int) -> None:
+        if self._masks:
+            self._masks[-1] |= mask
+
+    def _concern(self, statements, mask: int) -> None:
+        """Add ``mask`` to the rules that ``statements`` concern, after the walk."""
+        hot = self.facts.hot
+        if hot is not None:
+            for statement in statements:
+                hot[statement] = hot.get(statement, 0) | mask
 
     def visit_Name(self, node: cst.Name) -> None:
-        if self._triggers is not None and node.value in self._triggers:
-            self._mark_hot()
+        mask = self._words.get(node.value)
+        if mask:
+            self._mark_hot(mask)
 
+    # Text in a string may hold any of the words: it concerns every rule (one search, not a test
+    # per word).
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if self._in_text is not None and self._in_text(node.value):
-            self._mark_hot()
+            self._mark_hot(self._every)
 
     def visit_FormattedStringText(self, node: cst.FormattedStringText) -> None:
         if self._in_text is not None and self._in_text(node.value):
-            self._mark_hot()  # f"cuda:{rank}"
+            self._mark_hot(self._every)  # f"cuda:{rank}"
 
     # Imports ---------------------------------------------------------------------------------
 
@@ -598,8 +651,8 @@ class _Analyzer:
             self._note_target(f"{module}.{name}", node)
             local = alias.asname.name.value if alias.asname is not None else name
             self.facts.imports[local] = f"{module}.{name}"
-            if self._triggers is not None and name in self._triggers and local != name:
-                self._triggers = self._triggers | {local}  # the alias stands for the trigger word
+            if name in self._words and local != name:
+                self._words[local] = self._words.get(local, 0) | self._words[name]  # the alias stands for the word
 
     # Blocks ----------------------------------------------------------------------------------
 
@@ -645,6 +698,7 @@ class _Analyzer:
 
     def _enter_loop(self, node) -> None:
         self._loops.append(TrainingLoop(node=node, scope=self._scope))
+        self._loop_statements[node] = tuple(self._statements)
         if type(node) is cst.For:
             self.facts.for_loops.append((node, self._scope))
 
@@ -655,8 +709,7 @@ class _Analyzer:
             if loop.calls_step:
                 for outer in self._loops:
                     outer.encloses_step_loop = True
-            if self.facts.hot is not None:
-                self.facts.hot.add(loop.node)  # every rule may look at a training loop
+            self._mark_hot(self._every)  # every rule may look at a training loop (the innermost statement)
 
     def visit_For(self, node: cst.For) -> None:
         self._enter_loop(node)
@@ -824,7 +877,7 @@ class _Analyzer:
             self.facts.places_on_device = True
         for name, statements in self._name_calls or ():
             if name in self.facts.returned_reads:
-                self.facts.hot.update(statements)
+                self._concern(statements, self._words[HOST_READ_CALLS])
         known = {loop.node for loop in self.facts.loops}
         # Functions that hold a step loop of their own (``train()`` looping over its loader).
         looping = {loop.scope for loop in self.facts.loops if loop.calls_step}
@@ -835,21 +888,17 @@ class _Analyzer:
                 loop.calls_step |= step
                 loop.encloses_step_loop |= function in looping  # an epoch loop around train()
                 self.facts.loops.append(loop)
+                self._concern(self._loop_statements[loop.node], self._every)
                 known.add(loop.node)
 
 
-def analyze(
-    module: cst.Module,
-    triggers: frozenset[str] | None = None,
-    trigger_nodes: tuple[type, ...] = (),
-    walked: frozenset[str] | None = None,
-) -> Facts:
-    """Run the analysis pass over ``module``. With ``triggers`` (words: names, attribute names,
-    text in string literals), ``facts.hot`` holds the statements that mention one of them or
-    contain a node of ``trigger_nodes``, and those enclosing such a statement. With ``walked``
+def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozenset[str] | None = None) -> Facts:
+    """Run the analysis pass over ``module``. With ``triggers``, ``facts.hot`` holds the rules
+    each statement concerns: those of the words it mentions (names, attribute names, text in
+    string literals) and of its node types, and those of the statements in it. With ``walked``
     (names of node types), ``facts.inert`` holds the ids of the nodes whose subtree has none of those types
     (whitespace and punctuation fields aside, which the analysis does not walk)."""
-    analyzer = _Analyzer(triggers, trigger_nodes, walked)
+    analyzer = _Analyzer(triggers, walked)
     analyzer.facts.module = module
     # The imports first, in order: a function above them (or a file that imports at its end)
     # calls what they import, and the second run finds the imports the first added at the top.

@@ -18,7 +18,7 @@ from io import BytesIO
 import libcst as cst
 
 from accrewrite import limits, normalize, unbound
-from accrewrite.analysis import Facts, analyze
+from accrewrite.analysis import Facts, Triggers, analyze
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
 from accrewrite.imports import add_imports
@@ -211,19 +211,6 @@ def _written_for_this_target(module: cst.Module, facts: Facts, target: str) -> N
     ))
 
 
-def _triggers(selection: Selection) -> tuple[frozenset[str] | None, tuple[type, ...]]:
-    """The words and node types that make a statement worth walking for the selected rules
-    (None words: every statement is)."""
-    words: set[str] = set()
-    nodes: set[type] = set()
-    for rule in selection.rules:
-        if rule.triggers is None:
-            return None, ()
-        words |= rule.triggers
-        nodes.update(rule.trigger_nodes)
-    return frozenset(words), tuple(nodes)
-
-
 def migrate_source(source: bytes, path: str = "<string>", options: Options = Options()) -> FileResult:
     """Migrate one file's bytes. Never raises for bad input: errors land in ``result.error``."""
     result = FileResult(path=path, source=source, output=source)
@@ -268,7 +255,7 @@ def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tu
     source, restore = normalize.for_libcst(original)
     module = _parse(source)
     text = _decode(source)
-    facts = analyze(module, *_triggers(selection), walked_types(tuple(selection.rules)))
+    facts = analyze(module, Triggers.of(tuple(selection.rules)), walked_types(tuple(selection.rules)))
     _written_for_this_target(module, facts, options.target)
     target = get_target(options.target).clear_of(facts.imports)
     ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel)

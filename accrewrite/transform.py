@@ -91,10 +91,15 @@ class BatchedTransformer(cst.CSTTransformer):
         self._skipped: set[cst.CSTNode] = set()
         self._original_elses: set[cst.CSTNode] = set()
         visitors, leavers = _methods(tuple(type(rule) for rule in rules))
-        self._visitors = {name: [(rules[i], getattr(rules[i], method)) for i, method in found]
+        triggers = ctx.facts.triggers
+        bits = [triggers.bits[type(rule)] if triggers is not None else -1 for rule in rules]
+        self._visitors = {name: [(rules[i], getattr(rules[i], method), bits[i]) for i, method in found]
                           for name, found in visitors.items()}
-        self._leavers = {name: [(rules[i], getattr(rules[i], method)) for i, method in found]
+        self._leavers = {name: [(rules[i], getattr(rules[i], method), bits[i]) for i, method in found]
                          for name, found in leavers.items()}
+        # The rules each open statement concerns (``Facts.concerned``), innermost last: a rule
+        # is called only inside statements that mention its trigger words.
+        self._concerned: list[int] = []
         self._tokens = frozenset(
             kind for kind in _TOKEN_TYPES if kind.__name__ not in self._visitors and kind.__name__ not in self._leavers
         )
@@ -133,18 +138,21 @@ class BatchedTransformer(cst.CSTTransformer):
             self._skipped.add(node)  # an earlier guarded migration's original path stays as it is
             return False
         if type(node) in STATEMENT_TYPES:
-            hot = ctx.facts.hot
-            if hot is not None and node not in hot:
+            concerned = ctx.facts.concerned(node)
+            if not concerned:
                 self._skipped.add(node)  # mentions no rule's trigger word: nothing can change
                 return False
             ctx.open_statements.append(node)
             self._own_fixes.append(0)
+            self._concerned.append(concerned)
         if type(node) is cst.FunctionDef:
             ctx.scopes.append(node)
         if node in self._loops:
             ctx.loops.append(self._loops[node])
-        for rule, method in self._visitors.get(type(node).__name__, ()):
-            self._run(rule, lambda original, current: method(original) or current, node, node)
+        concerned = self._concerned[-1] if self._concerned else -1
+        for rule, method, bit in self._visitors.get(type(node).__name__, ()):
+            if bit & concerned:
+                self._run(rule, lambda original, current: method(original) or current, node, node)
         return True
 
     # libcst calls these for every field of every node walked, to look up ``visit_<Node>_<field>``
@@ -190,6 +198,7 @@ class BatchedTransformer(cst.CSTTransformer):
         if original_node in self._loops:
             ctx.loops.pop()
         ctx.open_statements.pop()
+        self._concerned.pop()
         return self._with_insertions(original_node, result, self._own_fixes.pop())
 
     def _with_insertions(self, original_node, result, own_fixes: int):
@@ -220,7 +229,10 @@ class BatchedTransformer(cst.CSTTransformer):
 
     def _run_all(self, original_node, updated_node):
         result = updated_node
-        for rule, method in self._leavers.get(type(original_node).__name__, ()):
+        concerned = self._concerned[-1] if self._concerned else -1
+        for rule, method, bit in self._leavers.get(type(original_node).__name__, ()):
+            if not bit & concerned:
+                continue
             result = self._run(rule, method, original_node, result)
             if type(result) is not type(original_node):
                 # Removed, flattened or replaced by another kind of node: later rules' leave_

@@ -154,6 +154,13 @@ _NUMBER_MODULES = ("math.", "statistics.")
 
 # torch.cuda.synchronize() and the targets' spellings of it (xm.wait_device_ops()).
 _WAITS = frozenset({"torch.cuda.synchronize", *spelled_callees("synchronize")})
+# The words of the host reads that ``ScopeValues.sync`` finds (a rule's trigger words), and the
+# nodes that read a tensor's value without a word of their own (its truth value, an f-string).
+SYNC_WORDS = frozenset({
+    *SYNC_METHODS, *SYNC_BUILTINS, "max", "min", "tensor", "as_tensor", *METRIC_READS,
+    *(module.rstrip(".") for module in _NUMBER_MODULES), *(name.rsplit(".", 1)[-1] for name in _WAITS),
+})
+SYNC_NODES = (cst.FormattedStringExpression, cst.IfExp, cst.UnaryOperation, cst.BooleanOperation)
 
 
 def join(kinds) -> Kind:

@@ -51,7 +51,7 @@ class Amp(Rule):
     name = "amp"
     summary = "CUDA autocast / GradScaler (torch.cuda.amp.*, torch.amp.*('cuda')) -> the target's AMP"
     concepts = ("autocast",)
-    triggers = frozenset({"autocast", "GradScaler"})
+    triggers = frozenset({"autocast", "GradScaler", "amp"})  # "amp": its import, dropped with its uses
     examples = (
         Example(
             before="""

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.analysis import HOST_READ_CALLS
-from accrewrite.values import METRIC_READS, read_names
+from accrewrite.values import SYNC_NODES, SYNC_WORDS, read_names
 from accrewrite.nodes import dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._training_code import LOGGING_WORDS, LoopDiagnostic, is_logging_call
@@ -40,9 +40,8 @@ class HostSync(LoopDiagnostic, Rule):
     name = "host-sync"
     summary = "host sync in the loop (.item(), .cpu(), .numpy(), .tolist(), printing a tensor): breaks the graph"
     # "%" finds `"%f" % t` (a word of string literals); f-strings are found by their expressions.
-    triggers = frozenset({"item", "tolist", "numpy", "cpu", "float", "int", "bool", "format", "str", "%", "max", "min",
-                          "math", "statistics", "tensor", "as_tensor", HOST_READ_CALLS, *METRIC_READS, *LOGGING_WORDS})
-    trigger_nodes = (cst.FormattedStringExpression,)
+    triggers = frozenset({*SYNC_WORDS, "%", HOST_READ_CALLS, *LOGGING_WORDS})
+    trigger_nodes = SYNC_NODES
     examples = (
         Example(
             before="""

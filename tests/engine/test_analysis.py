@@ -2,7 +2,7 @@
 
 import libcst as cst
 
-from accrewrite.analysis import analyze
+from accrewrite.analysis import Triggers, analyze
 from accrewrite.nodes import walk
 
 
@@ -117,11 +117,42 @@ def test_direct_training_loop_and_methods():
     assert "self.model" in facts.models and "self.optimizer" in facts.optimizers
 
 
-def test_hot_statements_follow_trigger_words():
-    module = cst.parse_module("import torch\nx = 1\ndef f():\n    y = 2\n    return y.cuda()\n")
-    facts = analyze(module, frozenset({"cuda"}))
-    hot = {module.code_for_node(node).strip().splitlines()[0] for node in facts.hot}
-    assert hot == {"def f():", "return y.cuda()"}
+class _Cuda:
+    triggers, trigger_nodes = frozenset({"cuda"}), ()
+
+
+class _Slices:
+    triggers, trigger_nodes = frozenset(), (cst.Slice,)
+
+
+class _Everything:
+    triggers, trigger_nodes = None, ()
+
+
+def test_each_statement_concerns_the_rules_whose_trigger_words_it_or_a_statement_in_it_mentions():
+    module = cst.parse_module(
+        "import torch\nx = 1\ndef f():\n    y = 2\n    z = y[1:]\n    return y.cuda()\n"
+        "from torch import cuda as c\nc.synchronize()\n"
+    )
+    facts = analyze(module, Triggers.of((_Cuda, _Slices)))
+    concerned = {module.code_for_node(node).strip().splitlines()[0]: facts.concerned(node) for node in facts.hot}
+    # bit 0: _Cuda (the alias ``c`` stands for its word), bit 1: _Slices (a node type, not a word)
+    assert concerned == {"def f():": 0b11, "z = y[1:]": 0b10, "return y.cuda()": 0b01,
+                         "from torch import cuda as c": 0b01, "c.synchronize()": 0b01}
+    assert facts.concerned(module.body[1]) == 0  # x = 1: walked for no rule
+    everything = analyze(module, Triggers.of((_Cuda, _Everything)))
+    assert everything.concerned(module.body[1]) == 0b10 and everything.concerned(module.body[2]) == 0b11
+    assert analyze(module).concerned(module.body[1]) == -1  # no triggers: every rule everywhere
+
+
+def test_a_training_loop_concerns_every_rule_also_when_its_step_is_in_a_function_it_calls():
+    module = cst.parse_module(
+        "def train(model, opt):\n    model(1).backward()\n    opt.step()\n"
+        "for epoch in range(3):\n    train(model, opt)\n"
+    )
+    facts = analyze(module, Triggers.of((_Cuda, _Slices)))
+    assert [loop.node for loop in facts.loops] == [module.body[1]]
+    assert facts.concerned(module.body[1]) == 0b11
 
 
 def test_inert_subtrees_hold_no_walked_node_type():

@@ -16,7 +16,7 @@ import pytest
 
 from accrewrite import limits, nodes, positions
 from accrewrite.engine import Options, migrate_source
-from accrewrite.rule import RuleContext
+from accrewrite.rule import Rule, RuleContext
 from accrewrite.runner import Job, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,3 +257,35 @@ def test_a_code_that_no_noqa_names_is_not_suppressed_without_placing_any_node(mo
     assert migrate_source(source).fixes and not placed
     migrate_source(source.replace(b"E402", b"ACC002"))
     assert placed  # a noqa that names ACC002 is looked up where it stands
+
+
+class _SeesCuda(Rule):
+    code, name, summary = "XYZ910", "sees-cuda", "records the calls it is given"
+    triggers = frozenset({"cuda"})
+    seen: list = []
+
+    def leave_Call(self, original_node, updated_node):
+        self.seen.append(self.ctx.code(original_node))
+        return updated_node
+
+
+class _SeesSave(_SeesCuda):
+    code, name = "XYZ911", "sees-save"
+    triggers = frozenset({"save"})
+    seen: list = []
+
+
+def test_a_rule_is_called_only_in_statements_that_mention_its_trigger_words(rule_pack):
+    rule_pack("acc_seeing_pack", _SeesCuda, _SeesSave)
+    source = (
+        b"import torch\n"
+        b"x = torch.ones(2).cuda()\n"
+        b"torch.save(x, 'x.pt')\n"
+        b"def f():\n    y = g(1)\n    return torch.save(y, p)\n"
+        b"print(len(x))\n"  # neither word: walked for neither rule
+    )
+    result = migrate_source(source, "seen.py", Options(select=("XYZ910", "XYZ911")))
+    assert result.error is None
+    assert _SeesCuda.seen == ["torch.ones(2)", "torch.ones(2).cuda()"]
+    # not in the statement that mentions only cuda, which the other rule walks
+    assert _SeesSave.seen == ["torch.save(x, 'x.pt')", "torch.save(y, p)"]
