@@ -62,11 +62,11 @@ class Rule:
     # once per run).
     concepts: ClassVar[tuple[str, ...]] = ()
     examples: ClassVar[tuple[Example, ...]] = ()
-    # Words (names, attribute names, text in string literals) of which every node the rule
-    # may change or report mentions at least one: statements without any are not walked.
-    # None walks everything.
+    # Words (names, attribute names, text in string literals) of which every statement the rule
+    # changes, reports on or looks at mentions one: the rule is called only in those statements
+    # (and in those that hold one), whatever the other rules' words. None: in every statement.
     triggers: ClassVar[frozenset[str] | None] = None
-    # Node types that make a statement worth walking whatever its words (an ``if`` for a rule
+    # Node types that make a statement concern the rule whatever its words (an ``if`` for a rule
     # about control flow).
     trigger_nodes: ClassVar[tuple[type[cst.CSTNode], ...]] = ()
 
