@@ -537,8 +537,11 @@ class _Analyzer:
         self._step_functions: dict[str, tuple[bool, bool]] = {}
         self._function_calls: dict[cst.FunctionDef | None, tuple[bool, bool]] = {}
         self._loop_callees: list[tuple[TrainingLoop, str]] = []
-        # Each loop with the statements it is in (itself last).
+        # Each loop with the statements it is in (itself last), and where its own statements
+        # start and end in ``_concerning`` (the statements that concern some rule, as left).
         self._loop_statements: dict[cst.CSTNode, tuple[cst.CSTNode, ...]] = {}
+        self._loop_spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self._concerning: list[cst.CSTNode] = []
         # Lists indexed for a device (``.to(ids[0])``): CUDA indices where they are device_ids.
         self._indexed_moves: set[str | None] = set()
         # Calls of plain names, with their enclosing statements, while a rule asks for
@@ -585,6 +588,7 @@ class _Analyzer:
             mask = self._masks.pop()
             if mask and self.facts.hot is not None:
                 self.facts.hot[node] = mask
+                self._concerning.append(node)
                 if self._masks:
                     self._masks[-1] |= mask  # a statement concerns the rules of those in it
         return live
@@ -599,6 +603,12 @@ class _Analyzer:
         if hot is not None:
             for statement in statements:
                 hot[statement] = hot.get(statement, 0) | mask
+
+    def _concern_all_in(self, loop: cst.CSTNode) -> None:
+        """A training loop's statements that concern some rule concern every rule: the rules
+        that keep the loop's steps (where it ends, where it returns) look at all of them."""
+        start, end = self._loop_spans[loop]
+        self._concern(self._concerning[start:end], self._every)
 
     def visit_Name(self, node: cst.Name) -> None:
         mask = self._words.get(node.value)
@@ -699,12 +709,15 @@ class _Analyzer:
     def _enter_loop(self, node) -> None:
         self._loops.append(TrainingLoop(node=node, scope=self._scope))
         self._loop_statements[node] = tuple(self._statements)
+        self._loop_spans[node] = (len(self._concerning), len(self._concerning))
         if type(node) is cst.For:
             self.facts.for_loops.append((node, self._scope))
 
     def _leave_loop(self) -> None:
         loop = self._loops.pop()
+        self._loop_spans[loop.node] = (self._loop_spans[loop.node][0], len(self._concerning))
         if loop.calls_backward or loop.calls_step:
+            self._concern_all_in(loop.node)
             self.facts.loops.append(loop)
             if loop.calls_step:
                 for outer in self._loops:
@@ -889,6 +902,7 @@ class _Analyzer:
                 loop.encloses_step_loop |= function in looping  # an epoch loop around train()
                 self.facts.loops.append(loop)
                 self._concern(self._loop_statements[loop.node], self._every)
+                self._concern_all_in(loop.node)
                 known.add(loop.node)
 
 
