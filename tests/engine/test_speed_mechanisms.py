@@ -277,6 +277,7 @@ class _SeesSave(_SeesCuda):
 
 def test_a_rule_is_called_only_in_statements_that_mention_its_trigger_words(rule_pack):
     rule_pack("acc_seeing_pack", _SeesCuda, _SeesSave)
+    _SeesCuda.seen, _SeesSave.seen = [], []  # a class's own list: an earlier run's calls are not this run's
     source = (
         b"import torch\n"
         b"x = torch.ones(2).cuda()\n"
