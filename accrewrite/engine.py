@@ -17,7 +17,7 @@ from io import BytesIO
 
 import libcst as cst
 
-from accrewrite import limits, normalize, unbound
+from accrewrite import limits, normalize, parsing, unbound
 from accrewrite.analysis import Facts, Triggers, analyze
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
@@ -101,7 +101,7 @@ def _decode(source: bytes) -> str:
 
 def _parse(source: bytes) -> cst.Module:
     try:
-        return cst.parse_module(source)
+        return parsing.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise MigrationError(FileError(
             f"libcst cannot parse this line, though Python can ({exc.message.splitlines()[0]}); "

@@ -1,5 +1,5 @@
-"""The mechanisms that keep a migration fast give what the plain way gives: the fast print is
-libcst's print, the remembered children are the children, the depth walk measures what
+"""The mechanisms that keep a migration fast give what the plain way gives: the unchecked parse
+is libcst's parse, the fast print is libcst's print, the remembered children are the children, the depth walk measures what
 ``ast.iter_child_nodes`` walks, and several workers give each file its own outcome in order."""
 
 import ast
@@ -14,7 +14,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from accrewrite import limits, nodes, positions
+from accrewrite import limits, nodes, parsing, positions
 from accrewrite.engine import Options, migrate_source
 from accrewrite.rule import Rule, RuleContext
 from accrewrite.runner import Job, run
@@ -35,6 +35,39 @@ ODD = (
 
 def _sources():
     return [path.read_text() for path in SOURCES] + [ODD]
+
+
+def test_the_unchecked_parse_is_libcsts_parse():
+    for source in _sources():
+        module = parsing.parse_module(source.encode())
+        assert module.deep_equals(cst.parse_module(source)) and module.code == source
+
+
+def test_the_unchecked_parse_checks_no_node_it_builds_but_those_other_threads_build(monkeypatch):
+    libcsts_check = cst.CSTNode.__post_init__
+    parse = cst.parse_module
+    built = {}
+
+    def build(where):
+        try:
+            cst.Name("")  # an empty name: libcst's check refuses it
+            built[where] = "unchecked"
+        except cst.CSTValidationError:
+            built[where] = "checked"
+
+    def parsing_while_another_thread_builds(source):
+        build("parsing thread")
+        other = threading.Thread(target=build, args=("other thread",))
+        other.start()
+        other.join()
+        return parse(source)
+
+    monkeypatch.setattr(cst, "parse_module", parsing_while_another_thread_builds)
+    assert parsing.parse_module(b"x = 1\n").code == "x = 1\n"
+    assert built == {"parsing thread": "unchecked", "other thread": "checked"}
+    assert cst.CSTNode.__post_init__ is libcsts_check
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("")
 
 
 def test_the_fast_print_is_libcsts_print():
