@@ -61,18 +61,33 @@ def check(source: bytes, path: str) -> ast.Module:
     return tree
 
 
-def _depth(tree: ast.AST) -> tuple[int, int]:
-    """The deepest nesting of ``tree`` and the line where it is (without recursion: that is
-    what is being measured). Children are pushed in ``ast.iter_child_nodes`` order, read from
-    each class's fields directly (the walk visits every node of the file)."""
+# A node on one line nests at most about one level per byte of its text ("-", ".b", "f(*"), and
+# a few leaves that spell none (``Load``, an operator): twice that and these leaves bound it.
+_LEVELS_PER_BYTE, _LEAF_LEVELS = 2, 4
+
+
+def _depth(tree: ast.AST, depth: int = 1, line: int = 0, bounded: bool = True) -> tuple[int, int]:
+    """The deepest nesting of ``tree`` and the line where it is, when it is past MAX_DEPTH; else
+    a nesting within the limit. A subtree on one line, too short to reach past the limit, is not
+    entered: most statements of a file are. (Without recursion: that is what is being measured.
+    Children are pushed in ``ast.iter_child_nodes`` order, read from each class's fields.)"""
     deepest, where = 0, 0
-    stack = [(tree, 1, 0)]
+    stack = [(tree, depth, line)]
     pop, push, node_type = stack.pop, stack.append, ast.AST
     while stack:
         node, depth, line = pop()
         line = getattr(node, "lineno", line)
         if depth > deepest:
             deepest, where = depth, line
+        if bounded:
+            if getattr(node, "end_lineno", None) == line and (
+                    depth + _LEVELS_PER_BYTE * (node.end_col_offset - node.col_offset) + _LEAF_LEVELS <= MAX_DEPTH):
+                continue
+            if type(node) is ast.JoinedStr:  # before 3.12 the places inside an f-string are approximate
+                inner, inner_line = _depth(node, depth, line, bounded=False)
+                if inner > deepest:
+                    deepest, where = inner, inner_line
+                continue
         depth += 1
         for name in node._fields:
             value = getattr(node, name, None)

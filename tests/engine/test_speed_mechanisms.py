@@ -1,6 +1,7 @@
 """The mechanisms that keep a migration fast give what the plain way gives: the unchecked parse
-is libcst's parse, the fast print is libcst's print, the remembered children are the children, the depth walk measures what
-``ast.iter_child_nodes`` walks, and several workers give each file its own outcome in order."""
+is libcst's parse, the fast print is libcst's print, the remembered children are the children,
+the depth walk measures what ``ast.iter_child_nodes`` walks (past the limit, where it matters),
+and several workers give each file its own outcome in order."""
 
 import ast
 import gc
@@ -260,12 +261,32 @@ def _reference_depth(tree):
     return deepest, where
 
 
-@pytest.mark.parametrize("extra", ["", "x = a" + ".b" * 1200 + "\n", "y = " + "-" * 600 + "1\n",
-                                   "z = " + " + ".join(["q"] * 900) + "\n"])
-def test_the_depth_walk_measures_what_the_ast_nests(extra):
+@pytest.mark.parametrize("extra", [
+    "", "x = a" + ".b" * 1200 + "\n", "x = a" + ".b" * 2100 + "\n", "y = " + "-" * 2100 + "1\n",
+    "z = (" + " +\n".join(["q"] * 2100) + ")\n", "w = f'{" + "-" * 2100 + "1}'\n",
+])
+def test_the_depth_walk_measures_what_the_ast_nests_past_the_limit(extra):
     for source in _sources():
         tree = ast.parse(source + extra)
-        assert limits._depth(tree) == _reference_depth(tree)
+        found, wanted = limits._depth(tree), _reference_depth(tree)
+        assert found == wanted if wanted[0] > limits.MAX_DEPTH else found[0] <= limits.MAX_DEPTH
+
+
+NESTING = ["-" * 150 + "x", "not " * 150 + "x", "x" + ".b" * 150, "f" + "()" * 150, "x" + "[0]" * 150,
+           "[*" * 150 + "x" + "]" * 150, "lambda:" * 150 + "x", "x if y else " * 150 + "x", "x**" * 150 + "x",
+           "f(a=" * 150 + "x" + ")" * 150, "{**" * 150 + "x" + "}" * 150, "f(*" * 150 + "x" + ")" * 150,
+           "[x for x in " * 150 + "y" + "]" * 150, "{x:" * 150 + "y" + "}" * 150, "f'{x!r:>{w}}'"]
+
+
+@pytest.mark.parametrize("expression", NESTING)
+def test_a_node_on_one_line_nests_within_the_bound_the_depth_walk_skips_by(expression):
+    def nesting(node):
+        return 1 + max((nesting(child) for child in ast.iter_child_nodes(node)), default=0)
+
+    for node in ast.walk(ast.parse(f"y = {expression}\n")):
+        if getattr(node, "end_lineno", None) == getattr(node, "lineno", 0):
+            span = node.end_col_offset - node.col_offset
+            assert nesting(node) <= limits._LEVELS_PER_BYTE * span + limits._LEAF_LEVELS
 
 
 def test_several_workers_give_each_file_its_outcome_in_the_order_given(tmp_path):
