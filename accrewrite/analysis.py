@@ -250,6 +250,8 @@ class Facts:
     # method of libcst's, and this is asked of nearly every node; the tree outlives the set.)
     inert: set[int] = field(default_factory=set)
     module: cst.Module | None = None
+    # The file's text, where the engine gives it: a word it lacks is named nowhere in the file.
+    text: str | None = None
     _values: FileValues | None = None
     _option_defaults: dict[str, str] | None = None
     _spawns: list[Spawn] | None = None
@@ -906,14 +908,16 @@ class _Analyzer:
                 known.add(loop.node)
 
 
-def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozenset[str] | None = None) -> Facts:
+def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozenset[str] | None = None,
+            text: str | None = None) -> Facts:
     """Run the analysis pass over ``module``. With ``triggers``, ``facts.hot`` holds the rules
     each statement concerns: those of the words it mentions (names, attribute names, text in
     string literals) and of its node types, and those of the statements in it. With ``walked``
     (names of node types), ``facts.inert`` holds the ids of the nodes whose subtree has none of those types
-    (whitespace and punctuation fields aside, which the analysis does not walk)."""
+    (whitespace and punctuation fields aside, which the analysis does not walk). ``text``, the
+    file's, spares a search of the tree for a word it lacks."""
     analyzer = _Analyzer(triggers, walked)
-    analyzer.facts.module = module
+    analyzer.facts.module, analyzer.facts.text = module, text
     # The imports first, in order: a function above them (or a file that imports at its end)
     # calls what they import, and the second run finds the imports the first added at the top.
     for statement in _import_statements(module):

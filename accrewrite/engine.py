@@ -255,7 +255,7 @@ def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tu
     source, restore = normalize.for_libcst(original)
     module = _parse(source)
     text = _decode(source)
-    facts = analyze(module, Triggers.of(tuple(selection.rules)), walked_types(tuple(selection.rules)))
+    facts = analyze(module, Triggers.of(tuple(selection.rules)), walked_types(tuple(selection.rules)), text)
     _written_for_this_target(module, facts, options.target)
     target = get_target(options.target).clear_of(facts.imports)
     ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel)

@@ -1552,7 +1552,8 @@ class FileValues:
     def option_calls(self) -> list[cst.Call]:
         """The file's ``parser.add_argument(...)`` calls, in source order."""
         if self._option_calls is None:
-            self._option_calls = [
+            text = self.facts.text
+            self._option_calls = [] if text is not None and "add_argument" not in text else [
                 call for call, _ in self._calls_in_file()
                 if type(call.func) is cst.Attribute and call.func.attr.value == "add_argument"
             ]

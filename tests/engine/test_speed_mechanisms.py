@@ -15,7 +15,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from accrewrite import limits, nodes, parsing, positions
+from accrewrite import limits, nodes, parsing, positions, values
+from accrewrite.analysis import analyze
 from accrewrite.engine import Options, migrate_source
 from accrewrite.rule import Rule, RuleContext
 from accrewrite.runner import Job, run
@@ -287,6 +288,18 @@ def test_a_node_on_one_line_nests_within_the_bound_the_depth_walk_skips_by(expre
         if getattr(node, "end_lineno", None) == getattr(node, "lineno", 0):
             span = node.end_col_offset - node.col_offset
             assert nesting(node) <= limits._LEVELS_PER_BYTE * span + limits._LEAF_LEVELS
+
+
+@pytest.mark.parametrize("options", ["", "parser.add_argument('--device', default='cuda')\n"])
+def test_a_file_is_searched_for_its_options_only_where_its_text_spells_add_argument(monkeypatch, options):
+    source = options + "args = parser.parse_args()\ndevice = args.device\nx.to(device)\n"
+    searched = []
+    find_calls = values.FileValues._find_calls
+    monkeypatch.setattr(values.FileValues, "_find_calls", lambda self, *a: searched.append(1) or find_calls(self, *a))
+    facts = analyze(cst.parse_module(source), text=source)
+    assert bool(searched) == bool(options)
+    assert facts.option_defaults() == ({"device": "cuda"} if options else {})
+    assert [binding.name for binding in facts.devices] == (["device"] if options else [])
 
 
 def test_several_workers_give_each_file_its_outcome_in_the_order_given(tmp_path):
