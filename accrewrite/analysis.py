@@ -513,6 +513,12 @@ class Walker:
 
 
 @functools.lru_cache(maxsize=64)
+def _types_named(names: frozenset[str]) -> frozenset[type]:
+    """The node types of ``names`` (cached: every file of a run walks the same types)."""
+    return frozenset(kind for kind in NODE_TYPES if kind.__name__ in names)
+
+
+@functools.lru_cache(maxsize=64)
 def _text_search(words: frozenset[str]):
     """A search for any of ``words`` (built once per run: every file has the same rules)."""
     return re.compile("|".join(map(re.escape, sorted(words)))).search
@@ -528,7 +534,7 @@ class _Analyzer:
         self._trigger_types = triggers.types if triggers is not None else {}
         # The rules that each open statement concerns so far, innermost last.
         self._masks: list[int] = []
-        self._walked_types = None if walked is None else frozenset(k for k in NODE_TYPES if k.__name__ in walked)
+        self._walked_types = None if walked is None else _types_named(walked)
         self._statements: list[cst.CSTNode] = []
         self._order = 0
         self._functions: list[cst.FunctionDef] = []

@@ -72,6 +72,12 @@ def _methods(rules: tuple[type[Rule], ...]) -> tuple[dict, dict]:
     return dict(visitors), dict(leavers)
 
 
+@functools.lru_cache(maxsize=64)
+def _unvisited_tokens(visited: frozenset[str]) -> frozenset[type]:
+    """The token types that no rule visits or leaves, of those the walk may pass over."""
+    return frozenset(kind for kind in _TOKEN_TYPES if kind.__name__ not in visited)
+
+
 class RuleBug(RuntimeError):
     """A rule changed code without recording a fix: it could not be reported or guarded."""
 
@@ -100,9 +106,7 @@ class BatchedTransformer(cst.CSTTransformer):
         # The rules each open statement concerns (``Facts.concerned``), innermost last: a rule
         # is called only inside statements that mention its trigger words.
         self._concerned: list[int] = []
-        self._tokens = frozenset(
-            kind for kind in _TOKEN_TYPES if kind.__name__ not in self._visitors and kind.__name__ not in self._leavers
-        )
+        self._tokens = _unvisited_tokens(frozenset(visitors) | frozenset(leavers))
 
     # Walking ---------------------------------------------------------------------------------
 
