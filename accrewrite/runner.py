@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from accrewrite import parsing
 from accrewrite.atomic_file import is_temporary, remove_orphans, write_atomically
 from accrewrite.engine import Options, migrate_source
 from accrewrite.errors import FileError
@@ -161,6 +162,7 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
 
 
 def _process_star(arguments) -> Outcome:
+    parsing.keep()  # a worker only migrates
     return process(*arguments)
 
 

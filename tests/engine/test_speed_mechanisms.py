@@ -5,6 +5,7 @@ and several workers give each file its own outcome in order."""
 
 import ast
 import gc
+import multiprocessing
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ from accrewrite import limits, nodes, parsing, positions, values
 from accrewrite.analysis import analyze
 from accrewrite.engine import Options, migrate_source
 from accrewrite.rule import Rule, RuleContext
-from accrewrite.runner import Job, run
+from accrewrite.runner import Job, _process_star, run
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(ROOT.glob("tests/rules/fixtures/*.in.py")) + sorted(ROOT.glob("examples/*/train.py"))
@@ -70,6 +71,38 @@ def test_the_unchecked_parse_checks_no_node_it_builds_but_those_other_threads_bu
     assert cst.CSTNode.__post_init__ is libcsts_check
     with pytest.raises(cst.CSTValidationError):
         cst.Name("")
+
+
+def test_a_libcst_whose_nodes_check_themselves_elsewhere_parses_as_it_does(monkeypatch):
+    class Node:  # no ``__post_init__`` of its own
+        pass
+
+    monkeypatch.setattr(parsing, "cst", type(cst)("libcst", ""))
+    parsing.cst.CSTNode, parsing.cst.parse_module = Node, lambda source: ("parsed", source)
+    assert parsing.parse_module(b"x = 1\n") == ("parsed", b"x = 1\n")
+    assert "__post_init__" not in Node.__dict__
+
+
+def _worker_after_a_file(path, answers):
+    _process_star((Job(path), Options(), "diff"))
+    try:
+        cst.Name("")
+        checked = False
+    except cst.CSTValidationError:
+        checked = True
+    answers.put((cst.CSTNode.__dict__["__post_init__"] is parsing._post_init, checked))
+
+
+def test_a_worker_keeps_the_stand_in_which_checks_the_nodes_it_does_not_parse(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("import torch\nx = torch.zeros(1).cuda()\n")
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    worker = context.Process(target=_worker_after_a_file, args=(path, answers))
+    worker.start()
+    assert answers.get(timeout=60) == (True, True)
+    worker.join()
+    assert cst.CSTNode.__dict__["__post_init__"] is not parsing._post_init  # not in this process
 
 
 def test_the_fast_print_is_libcsts_print():
