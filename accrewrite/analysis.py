@@ -13,6 +13,7 @@ import builtins
 import functools
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import libcst as cst
 
@@ -158,6 +159,9 @@ class Triggers:
     types: dict[type, int]  # a node type -> the rules it concerns
     always: int  # the rules without triggers: every statement concerns them
     bits: dict[type, int]  # each rule (its class) -> its bit
+    # Whether a string's text holds one of the words (one search, not a test per word); None
+    # without words.
+    search: Callable[[str], object] | None
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
@@ -175,7 +179,8 @@ class Triggers:
                 words[word] = words.get(word, 0) | bit
             for kind in node_types(*rule.trigger_nodes):
                 types[kind] = types.get(kind, 0) | bit
-        return Triggers(words, types, always, {rule: 1 << index for index, rule in enumerate(rules)})
+        search = re.compile("|".join(map(re.escape, sorted(words)))).search if words else None
+        return Triggers(words, types, always, {rule: 1 << index for index, rule in enumerate(rules)}, search)
 
 
 @dataclass
@@ -518,18 +523,11 @@ def _types_named(names: frozenset[str]) -> frozenset[type]:
     return frozenset(kind for kind in NODE_TYPES if kind.__name__ in names)
 
 
-@functools.lru_cache(maxsize=64)
-def _text_search(words: frozenset[str]):
-    """A search for any of ``words`` (built once per run: every file has the same rules)."""
-    return re.compile("|".join(map(re.escape, sorted(words)))).search
-
-
 class _Analyzer:
     def __init__(self, triggers: Triggers | None, walked: frozenset[str] | None) -> None:
         self.facts = Facts(hot=None if triggers is None else {}, triggers=triggers)
         self._words = dict(triggers.words) if triggers is not None else {}
-        # Whether a string's text holds one of the words (one search, not a test per word).
-        self._in_text = _text_search(frozenset(self._words)) if self._words else None
+        self._in_text = triggers.search if triggers is not None else None
         self._every = (1 << len(triggers.bits)) - 1 if triggers is not None else -1
         self._trigger_types = triggers.types if triggers is not None else {}
         # The rules that each open statement concerns so far, innermost last.
