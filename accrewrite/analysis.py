@@ -255,6 +255,11 @@ class Facts:
     # method of libcst's, and this is asked of nearly every node; the tree outlives the set.)
     inert: set[int] = field(default_factory=set)
     module: cst.Module | None = None
+    # Every call of the file in source order, with the function it is in (None outside any), and
+    # the assignments of parsed command-line options (``args = parser.parse_args()``), for the
+    # data-flow analysis; None until the walk has ended.
+    calls: list[tuple[cst.Call, cst.FunctionDef | None]] | None = None
+    option_parses: list[cst.Assign] = field(default_factory=list)
     # The file's text, where the engine gives it: a word it lacks is named nowhere in the file.
     text: str | None = None
     _values: FileValues | None = None
@@ -530,6 +535,8 @@ class _Analyzer:
         self._in_text = triggers.search if triggers is not None else None
         self._every = (1 << len(triggers.bits)) - 1 if triggers is not None else -1
         self._trigger_types = triggers.types if triggers is not None else {}
+        # What the walk does at each node type (``_steps_at``), looked up once a type.
+        self._steps: dict[type, tuple] = {}
         # The rules that each open statement concerns so far, innermost last.
         self._masks: list[int] = []
         self._walked_types = None if walked is None else _types_named(walked)
@@ -555,6 +562,7 @@ class _Analyzer:
         self._name_calls: list[tuple[str, tuple[cst.CSTNode, ...]]] | None = (
             [] if HOST_READ_CALLS in self._words else None
         )
+        self._calls: list[tuple[cst.Call, cst.FunctionDef | None]] = []
 
     @property
     def _scope(self) -> cst.FunctionDef | None:
@@ -562,11 +570,19 @@ class _Analyzer:
 
     # Hot statements ------------------------------------------------------------------------
 
+    def _steps_at(self, kind: type) -> tuple:
+        """At a node of ``kind``: whether it is a statement, the rules its type concerns, the
+        analysis's visit and leave functions, and whether the rules' walk acts on it."""
+        visit, leave = _walk_methods(_Analyzer, kind)
+        live = self._walked_types is None or kind in self._walked_types
+        found = self._steps[kind] = (kind in STATEMENT_TYPES, self._trigger_types.get(kind, 0), visit, leave, live)
+        return found
+
     def walk(self, node: cst.CSTNode) -> bool:
         """``Walker.walk`` with the analysis's own steps written in (it enters every node of the
         file): whether ``node``'s subtree holds a node of a walked type."""
         kind = type(node)
-        statement = kind in STATEMENT_TYPES
+        statement, concerns, visit, leave, live = self._steps.get(kind) or self._steps_at(kind)
         if statement:
             self._statements.append(node)
             self._masks.append(0)
@@ -576,12 +592,10 @@ class _Analyzer:
             if kind is cst.SimpleStatementLine:
                 for small in node.body:
                     order[small] = self._order
-        if kind in self._trigger_types:
-            self._mark_hot(self._trigger_types[kind])
-        visit, leave = _walk_methods(_Analyzer, kind)
+        if concerns:
+            self._mark_hot(concerns)
         if visit is not None:
             visit(self, node)
-        live = self._walked_types is None or kind in self._walked_types
         for child in children(node):
             if self.walk(child):
                 live = True
@@ -748,6 +762,9 @@ class _Analyzer:
         for target in node.targets:
             if type(target.target) is cst.Name:
                 self.facts.assignments.setdefault(target.target.value, []).append(node.value)
+        if type(node.value) is cst.Call and type(node.value.func) is cst.Attribute \
+                and node.value.func.attr.value in ("parse_args", "parse_known_args"):
+            self.facts.option_parses.append(node)
         if len(node.targets) != 1:
             return
         target = dotted(node.targets[0].target)
@@ -799,6 +816,7 @@ class _Analyzer:
     # Calls -----------------------------------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
+        self._calls.append((node, self._scope))
         func = node.func
         callee = self.facts.qualname(func)
         if callee:
@@ -930,6 +948,7 @@ def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozen
         else:
             analyzer.visit_ImportFrom(statement)
     analyzer.walk(module)
+    analyzer.facts.calls = analyzer._calls
     return analyzer.facts
 
 

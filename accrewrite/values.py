@@ -1271,7 +1271,7 @@ class FileValues:
         self._attribute_kinds: dict[tuple, Kind] = {}
         self._calls: dict[cst.CSTNode, list[tuple[cst.Call, cst.FunctionDef | None, int]]] | None = None
         # Every call of the file with the function it is in, and the assignments of parsed
-        # command-line options (``args = parser.parse_args()``): one walk, computed when first asked.
+        # command-line options (``args = parser.parse_args()``): as ``Facts.calls`` has them.
         self._every_call: list[tuple[cst.Call, cst.FunctionDef | None]] | None = None
         self._parsing: list[cst.Assign] = []
         self._option_calls: list[cst.Call] | None = None
@@ -1529,10 +1529,14 @@ class FileValues:
 
     def _calls_in_file(self) -> list[tuple[cst.Call, cst.FunctionDef | None]]:
         """Every call of the file in source order, with the function it is in (None outside
-        any): the one walk that the calls of functions and the command-line options read."""
+        any): what the analysis walk recorded; asked before that walk has ended (a device read
+        from a command-line option's default), a walk of their own finds them."""
         if self._every_call is None:
-            self._every_call = []
-            self._find_calls(self.module, None)
+            if self.facts.calls is not None:
+                self._every_call, self._parsing = self.facts.calls, self.facts.option_parses
+            else:
+                self._every_call = []
+                self._find_calls(self.module, None)
         return self._every_call
 
     def _find_calls(self, node: cst.CSTNode, scope) -> None:

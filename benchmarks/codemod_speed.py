@@ -10,7 +10,8 @@ The floor is what any libcst codemod must pay: ``libcst.parse_module`` + ``.code
 files, in one process. "ours" is ``accrewrite migrate DIR --diff`` with ``--jobs 1`` and
 ``--jobs 2``, each run a fresh process importing this checkout; with ``--base CHECKOUT`` (a
 source tree, e.g. ``git archive REV | tar -x -C CHECKOUT``) the same runs import that tree, in
-turn with ours round by round, so that a drift of the machine's speed hits both. Each figure is
+turn with ours round by round, so that a drift of the machine's speed hits both (each tree runs
+once untimed before, which caches its bytecode as an install does). Each figure is
 the best of ``--repeat`` rounds (the machine may be shared: the best run is the least
 disturbed one). CPU seconds stand beside the wall time (the floor's process, and each run's
 process with its workers): on a loaded machine they are the steadier figure for ``--jobs 1``;
@@ -67,13 +68,28 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _env(farm: Path) -> dict[str, str]:
+    """A run's environment: importing ``farm``, with bytecode cached as an installed package's
+    is (a tree whose modules compiled on every run would pay that in each)."""
+    env = {**os.environ, "PYTHONPATH": str(farm)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def warm_up(farm: Path, paths: list[Path], scratch: Path) -> None:
+    """One untimed run of ``farm`` on a file, which caches its modules' bytecode."""
+    scratch.mkdir()
+    shutil.copyfile(paths[0], scratch / "warm_up.py")
+    migrate(farm, str(scratch), 1)
+
+
 def migrate(farm: Path, directory: str, jobs: int) -> tuple[float, float]:
     """Wall and CPU seconds of ``accrewrite migrate --diff`` in a fresh process that imports
     accrewrite from ``farm`` (run from the corpus, so that no other checkout is on the path
     first); its CPU seconds count its workers'."""
     start, cpu = time.perf_counter(), _children_cpu()
     done = subprocess.run([sys.executable, "-m", "accrewrite", "migrate", ".", "--diff", "--jobs", str(jobs)],
-                          cwd=directory, env={**os.environ, "PYTHONPATH": str(farm)}, stdout=subprocess.DEVNULL,
+                          cwd=directory, env=_env(farm), stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     elapsed, cpu = time.perf_counter() - start, _children_cpu() - cpu
     if done.returncode not in (0, 1):
@@ -108,7 +124,7 @@ def interleaved(paths: list[Path]) -> tuple[float, float]:
 def interleaved_in(farm: Path, directory: str) -> tuple[float, float]:
     """``interleaved`` of ``directory``'s files in a fresh process that imports ``farm``."""
     done = subprocess.run([sys.executable, os.path.abspath(__file__), directory, "--interleaved"], cwd=directory,
-                          env={**os.environ, "PYTHONPATH": str(farm)}, capture_output=True, text=True, check=True)
+                          env=_env(farm), capture_output=True, text=True, check=True)
     floor_cpu, ours_cpu = map(float, done.stdout.split())
     return floor_cpu, ours_cpu
 
@@ -127,6 +143,7 @@ def measure(directory: str, repeat: int, trees: dict[str, Path]) -> dict:
         for name, tree in trees.items():
             (Path(scratch) / name).mkdir()
             farms[name] = package_farm(tree, Path(scratch) / name)
+            warm_up(farms[name], paths, Path(scratch) / f"{name}-warm-up")
         for _ in range(repeat):
             best["floor"] = _least(best["floor"], floor(paths))
             for jobs in _JOBS:

@@ -21,13 +21,21 @@ SHOWN_REPEATS = 5
 _DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("+", "green"), ("-", "red"))
 
 
-def coloured_diff(diff: str) -> Text:
-    """A unified diff, coloured line by line (never cropped to the terminal's width)."""
+def print_diff(diff: str, console: Console) -> None:
+    """A unified diff, coloured line by line where the console has colours (never cropped to the
+    terminal's width); elsewhere (a pipe, a file, a CI log) written as it is: rich's rendering,
+    for nothing to colour, would cost more than the rest of the report."""
+    if console.color_system is None:
+        try:
+            console.file.write(diff)
+        except BrokenPipeError:
+            console.on_broken_pipe()
+        return
     text = Text()
     for line in diff.splitlines(keepends=True):
         style = next((style for prefix, style in _DIFF_STYLES if line.startswith(prefix)), "")
         text.append(line, style=style)
-    return text
+    console.print(text, soft_wrap=True, end="")
 
 
 def _also(later: list[Finding]) -> str:
@@ -75,7 +83,7 @@ def render(outcomes: list[Outcome], mode: str, target: str, console: Console, fu
            show_fixes: bool = False) -> None:
     for outcome in outcomes:
         if outcome.diff and mode == "diff":
-            console.print(coloured_diff(outcome.diff), soft_wrap=True, end="")
+            print_diff(outcome.diff, console)
         elif outcome.changed and mode == "check":
             console.print(f"Would migrate: [bold]{escape(outcome.path)}[/] ({counted(len(outcome.fixes), 'fix', 'fixes')})",
                           soft_wrap=True)

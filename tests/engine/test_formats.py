@@ -1,16 +1,18 @@
 """Output formats: SARIF against its schema, GitHub workflow commands, GitLab Code Quality, the
 concise and full text formats, --statistics and --show-fixes."""
 
+import io
 import json
 import re
 
 from engine_scripts import HOST_SYNCS, TRAIN
+from rich.console import Console
 from schemas import SARIF, validate
 from workflow_commands import parse
 
 from accrewrite.errors import FileError
 from accrewrite.registry import find_rule
-from accrewrite.report import github
+from accrewrite.report import github, text
 from accrewrite.rule import Finding
 from accrewrite.runner import Outcome
 
@@ -138,3 +140,23 @@ def test_show_fixes_lists_the_fixes_per_file_and_rule(tmp_path, cli):
     assert f"Would apply 3 fixes in 1 file:\n- {path}:\n    1 × ACC001 (rng-seed)\n    2 × ACC002 (device-placement)\n" in out
     code, out, _ = cli("migrate", "--in-place", "--show-fixes", path)
     assert code == 0 and "Applied 3 fixes in 1 file:" in out
+
+
+LONG_DIFF = (
+    "--- a/train.py\n+++ b/train.py\n@@ -1,2 +1,2 @@\n"
+    f"-x = [{', '.join(['0'] * 60)}]  # [not markup]\n+y = 1\n \\ No newline at end of file\n"
+)
+
+
+def test_a_diff_to_a_pipe_is_written_as_it_is():
+    out = io.StringIO()
+    text.print_diff(LONG_DIFF, Console(file=out, width=40))
+    assert out.getvalue() == LONG_DIFF
+
+
+def test_a_diff_to_a_terminal_is_coloured_and_not_wrapped():
+    out = io.StringIO()
+    text.print_diff(LONG_DIFF, Console(file=out, width=40, force_terminal=True, color_system="standard"))
+    coloured = out.getvalue()
+    assert "\x1b[32m+y = 1" in coloured and "\x1b[31m-x = [0, 0" in coloured
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == LONG_DIFF

@@ -335,6 +335,33 @@ def test_a_file_is_searched_for_its_options_only_where_its_text_spells_add_argum
     assert [binding.name for binding in facts.devices] == (["device"] if options else [])
 
 
+CALLS = (
+    "import argparse\n@register(f(1))\ndef train(a=default(), *, b=g()) -> h():\n"
+    "    def inner(x=k()):\n        return [m(i) for i in n()] + (lambda: o())()\n"
+    "    class Local:\n        size = p()\n        def method(self):\n            return self.q(r())\n"
+    "    args, rest = parser.parse_known_args()\n    return inner(s(t(u())))\n"
+    "opt = argparse.ArgumentParser().parse_args()\nfor batch in loader():\n    train(batch)\n"
+)
+
+
+@pytest.mark.parametrize("source", [CALLS, *_sources()], ids=lambda source: str(len(source)))
+def test_the_calls_that_the_analysis_records_are_those_a_walk_of_their_own_finds(source):
+    module = cst.parse_module(source)
+    facts = analyze(module)
+    walked = values.FileValues(module, facts)
+    walked._every_call = []
+    walked._find_calls(module, None)
+    assert [(id(call), scope) for call, scope in facts.calls] == [(id(call), scope) for call, scope in walked._every_call]
+    assert facts.option_parses == walked._parsing
+
+
+def test_the_data_flow_analysis_reads_the_recorded_calls_once_the_walk_has_ended(monkeypatch):
+    monkeypatch.setattr(values.FileValues, "_find_calls", None)  # a walk of their own would fail
+    facts = analyze(cst.parse_module(CALLS))
+    train = next(scope for _, scope in facts.calls if scope is not None)
+    assert [call.func.value for call, _, _ in facts.file_values.calls_of(train)] == ["train"]
+
+
 def test_several_workers_give_each_file_its_outcome_in_the_order_given(tmp_path):
     # Sizes out of order: the workers take the largest first, the outcomes still follow the jobs.
     jobs = []
