@@ -172,6 +172,27 @@ def remembering_children():
         _memo = outer
 
 
+class Replacing(cst.CSTTransformer):
+    """Rebuilds one node with some of its children replaced: libcst's own rebuilding (removals,
+    flattening, the checks on what may be removed), entering no child."""
+
+    def __init__(self, replacements: dict[cst.CSTNode, object]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
+        return self.replacements.get(original_node, updated_node)
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
 def walk(node: cst.CSTNode, enter) -> None:
     """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
     rebuilding visit (see ``accrewrite.analysis.Walker``); ``enter`` returning False skips a

@@ -12,7 +12,8 @@ manager around every node (``record_syntactic_position``, which records nothing)
 a print's time; ``_Printer`` enters one reusable object that does nothing, and prints the same text.
 
 A changed file is printed twice, as parsed (the findings' lines, the round-trip check) and as
-rewritten; ``code_reusing`` prints again only the top-level statements that the rewrite made.
+rewritten; ``code_reusing`` prints again only the statements that the rewrite made, at any depth:
+a statement it kept takes its tokens from the first print.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
+
+from accrewrite.nodes import STATEMENT_TYPES, Replacing, children, node_types
 
 
 class _Nothing:
@@ -81,37 +84,78 @@ def _module_text(module: cst.Module, tokens: list[str]) -> str:
 
 @dataclass
 class Printed:
-    """A module's whole print, kept so that a rewrite of it need not print again the top-level
-    statements it kept."""
+    """A module's whole print, kept so that a rewrite of it need not print again the statements
+    it kept."""
 
     module: cst.Module
     tokens: list[str]
     bounds: list[int]  # see ``_print_module``
     text: str
+    # Each statement's print, by the statement's id: its first and past-last token, and the
+    # indentation it was printed at.
+    spans: dict[int, tuple[int, int, tuple[str, ...]]]
 
 
 def code_reusing(module: cst.Module, printed: Printed) -> bytes:
-    """``code_bytes(module)`` for a rewrite of ``printed.module``: a top-level statement that the
-    rewrite kept (the same node) prints as it did there."""
+    """``code_bytes(module)`` for a rewrite of ``printed.module``: a statement that the rewrite
+    kept (the same node) prints as it did there, where its indentation is the same."""
     original = printed.module
     if (len(module.header) != len(original.header) or len(module.footer) != len(original.footer)
             or any(a is not b for a, b in zip((*module.header, *module.footer), (*original.header, *original.footer)))
             or (module.has_trailing_newline, module.default_indent, module.default_newline, module.encoding)
             != (original.has_trailing_newline, original.default_indent, original.default_newline, original.encoding)):
         return code_bytes(module)
-    kept = {id(statement): index for index, statement in enumerate(original.body)}
     bounds, old = printed.bounds, printed.tokens
     state = _Printer(default_indent=module.default_indent, default_newline=module.default_newline)
     tokens = state.tokens
     tokens += old[:bounds[0]]
     for statement in module.body:
-        index = kept.get(id(statement))
-        if index is None:
-            statement._codegen(state)
-        else:
-            tokens += old[bounds[index]:bounds[index + 1]]
+        _reprinted(statement, printed)._codegen(state)
     tokens += old[bounds[-1]:]
     return _module_text(module, tokens).encode(module.encoding)
+
+
+# The nodes that hold blocks of statements, or are such a block.
+_HOLDERS = node_types(cst.BaseCompoundStatement, cst.IndentedBlock, cst.Else, cst.Finally, cst.ExceptHandler,
+                      cst.ExceptStarHandler, cst.MatchCase)
+
+
+def _reprinted(statement: cst.CSTNode, printed: Printed) -> cst.CSTNode:
+    """``statement`` to print: the whole print's tokens where it was kept, else the statement
+    with the statements kept inside it so (the nodes around them rebuilt)."""
+    span = printed.spans.get(id(statement))
+    if span is not None:
+        return _Kept(statement, printed.tokens, *span)
+    if type(statement) not in _HOLDERS:
+        return statement
+    replaced = {}
+    blocks = type(statement) is cst.IndentedBlock
+    for child in children(statement):
+        if blocks or type(child) in _HOLDERS:  # a block's statements; an elif's ``If`` is no block's
+            new = _reprinted(child, printed)
+            if new is not child:
+                replaced[child] = new
+    return statement._visit_and_replace_children(Replacing(replaced)) if replaced else statement
+
+
+@dataclass(frozen=True)
+class _Kept(cst.CSTNode):
+    """A statement that a rewrite kept, standing in for it in the print of the rewrite."""
+
+    node: cst.CSTNode
+    tokens: list[str]  # the whole print's
+    start: int
+    end: int
+    indent: tuple[str, ...]
+
+    def _visit_and_replace_children(self, visitor) -> "_Kept":
+        return self
+
+    def _codegen_impl(self, state: CodegenState) -> None:
+        if tuple(state.indent_tokens) == self.indent:
+            state.tokens += self.tokens[self.start:self.end]
+        else:  # moved into another block
+            self.node._codegen(state)
 
 
 class _AllFound(Exception):
@@ -136,6 +180,30 @@ class _StartFinder(_Printer):
         return _NOTHING
 
 
+@dataclass
+class _WholePrinter(_StartFinder):
+    """A whole print that notes each statement's print (``Printed.spans``)."""
+
+    spans: dict = field(default_factory=dict)
+    # The start and indentation of each statement being printed, innermost last.
+    _open: list = field(default_factory=list)
+    # The ids of the ``If`` statements printed as ``elif`` (their print stands only there).
+    _elifs: set = field(default_factory=set)
+
+    def before_codegen(self, node) -> None:
+        kind = type(node)
+        if kind in STATEMENT_TYPES:
+            if kind is cst.If and type(node.orelse) is cst.If:
+                self._elifs.add(id(node.orelse))
+            self._open.append((len(self.tokens), tuple(self.indent_tokens)))
+
+    def after_codegen(self, node) -> None:
+        if type(node) in STATEMENT_TYPES:
+            start, indent = self._open.pop()
+            if id(node) not in self._elifs:
+                self.spans[id(node)] = (start, len(self.tokens), indent)
+
+
 def starts(module: cst.Module, nodes) -> dict[cst.CSTNode, tuple[int, int]]:
     """(line, column) where each of ``nodes`` starts: line 1-based, column 0-based."""
     return _starts(module, nodes, whole=False)[0]
@@ -147,7 +215,8 @@ def starts_and_code(module: cst.Module, nodes) -> tuple[dict[cst.CSTNode, tuple[
 
 
 def _starts(module: cst.Module, nodes, whole: bool) -> tuple[dict[cst.CSTNode, tuple[int, int]], Printed | None]:
-    state = _StartFinder(default_indent=module.default_indent, default_newline=module.default_newline)
+    state = (_WholePrinter if whole else _StartFinder)(default_indent=module.default_indent,
+                                                       default_newline=module.default_newline)
     by_id = {id(node): node for node in nodes}
     state.wanted = set(by_id)
     state.whole = whole
@@ -173,4 +242,4 @@ def _starts(module: cst.Module, nodes, whole: bool) -> tuple[dict[cst.CSTNode, t
     found = {by_id[key]: at[index] for key, index in state.found.items()}
     if not whole:
         return found, None
-    return found, Printed(module, state.tokens, bounds, _module_text(module, state.tokens))
+    return found, Printed(module, state.tokens, bounds, _module_text(module, state.tokens), state.spans)

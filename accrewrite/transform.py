@@ -22,7 +22,7 @@ from collections import defaultdict
 
 import libcst as cst
 
-from accrewrite.nodes import STATEMENT_TYPES, children, node_types
+from accrewrite.nodes import STATEMENT_TYPES, Replacing, children, node_types
 from accrewrite.guard import Guard, flatten
 from accrewrite.rule import Rule, RuleContext
 from accrewrite.targets import ConceptMissing
@@ -131,7 +131,7 @@ class BatchedTransformer(cst.CSTTransformer):
                     changed = changed or {}
                     changed[child] = result
             if changed:
-                updated = node._visit_and_replace_children(_Replacing(changed))
+                updated = node._visit_and_replace_children(Replacing(changed))
         return self.on_leave(node, updated)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -269,27 +269,6 @@ class BatchedTransformer(cst.CSTTransformer):
         if self._own_fixes and changed is not current:
             self._own_fixes[-1] += fixes
         return changed
-
-
-class _Replacing(cst.CSTTransformer):
-    """Rebuilds one node with some of its children replaced: libcst's own rebuilding (removals,
-    flattening, the checks on what may be removed), entering no child."""
-
-    def __init__(self, replacements: dict[cst.CSTNode, object]) -> None:
-        super().__init__()
-        self.replacements = replacements
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        return False
-
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        return self.replacements.get(original_node, updated_node)
-
-    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        pass
-
-    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        pass
 
 
 def _blank_lines_moved(statement, inserted):

@@ -151,10 +151,86 @@ def test_a_rewrite_prints_as_libcst_prints_it_with_the_kept_statements_printed_o
     module = cst.parse_module(ODD)
     _, printed = positions.starts_and_code(module, [])
     rewrite = module.with_changes(body=module.body[1:])
-    expected = rewrite.bytes
+    assert _printed_nodes(rewrite, printed) == set()
+
+
+def _printed_nodes(rewrite, printed):
+    """The nodes that ``code_reusing`` prints (rather than takes from ``printed``); the print is
+    libcst's."""
+    done, codegen, expected = set(), cst.CSTNode._codegen, rewrite.bytes
+
+    def recording(node, state, **kwargs):
+        if type(node) is not positions._Kept:
+            done.add(node)
+        codegen(node, state, **kwargs)
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cst.CSTNode, "_codegen", lambda node, state: pytest.fail("printed again"))
+        patch.setattr(cst.CSTNode, "_codegen", recording)
         assert positions.code_reusing(rewrite, printed) == expected
+    return done
+
+
+NESTED = (
+    "class A:\n    def f(self):\n        if a:\n            x = 1\n        elif b:  # b\n            y = 2\n"
+    "        else:\n            z = 3\n        for i in r:\n            s += i\n        else:\n            pass\n"
+    "        try:\n            t()\n        except E as e:\n            u()\n        finally:\n            v()\n"
+    "        return s\n\n\n# footer\n"
+)
+
+
+def _nested_change(wrap):
+    """A rewrite inside the blocks: ``y = 2`` becomes ``y = 3`` and ``u()`` goes, a new line comes
+    before ``return``; with ``wrap`` the ``for`` loop moves into a new ``with`` block, and the
+    ``elif`` takes the place of its ``if`` (printed as ``if`` there)."""
+
+    def change(original, updated):
+        code = cst.Module([]).code_for_node(original).strip()
+        if type(original) is cst.Integer and code == "2":
+            return updated.with_changes(value="3")
+        if type(original) is cst.SimpleStatementLine and code == "u()":
+            return cst.RemoveFromParent()
+        if type(original) is cst.SimpleStatementLine and code == "return s":
+            return cst.FlattenSentinel([cst.parse_statement("s = -s\n"), updated])
+        if type(original) is cst.For and wrap:
+            return cst.With(items=[cst.WithItem(cst.Name("c"))], body=cst.IndentedBlock([original]))
+        if type(original) is cst.If and type(original.orelse) is cst.If and wrap:
+            return updated.orelse
+        return updated
+
+    return change
+
+
+def _rewritten(node, change):
+    """``node`` with ``change(original, updated)`` applied to each node under it, rebuilding only
+    what changes, as the rules' walk does."""
+    replaced = {}
+    for child in nodes.children(node):
+        new = _rewritten(child, change)
+        if new is not child:
+            replaced[child] = new
+    return change(node, node._visit_and_replace_children(nodes.Replacing(replaced)) if replaced else node)
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_a_rewrite_inside_blocks_prints_as_libcst_prints_it_taking_the_kept_statements_from_the_first_print(wrap):
+    with nodes.remembering_children():
+        module = cst.parse_module(NESTED)
+        _, printed = positions.starts_and_code(module, [])
+        rewrite = _rewritten(module, _nested_change(wrap))
+        done = _printed_nodes(rewrite, printed)
+        kept = [node for node in _statements(module) if node in _statements(rewrite)]
+    assert "t()" in [module.code_for_node(node).strip() for node in kept]
+    assert ("    if b:  # b\n" in rewrite.code) == wrap
+    loop = next(node for node in kept if isinstance(node, cst.For))
+    moved = _statements(loop) if wrap else []  # another indentation: printed anew
+    assert not done & set(kept) - set(moved)
+    assert set(moved) <= done
+
+
+def _statements(tree):
+    found = []
+    nodes.walk(tree, lambda node: found.append(node) if type(node) in nodes.STATEMENT_TYPES else None)
+    return found
 
 
 def _plain_children(node):
