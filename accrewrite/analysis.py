@@ -21,7 +21,7 @@ from accrewrite.nodes import (
     NODE_TYPES, STATEMENT_TYPES, call_arg, children, descendants, dotted, node_types, string_value, walk,
 )
 from accrewrite.targets import spelled_callees, written_for
-from accrewrite.values import FileValues, Kind, ScopeValues, returned_read
+from accrewrite.values import Definitions, FileValues, Kind, ScopeValues, returned_read, target_names
 
 # A trigger word that stands for the calls of the file's functions that return an argument read
 # on the host (``to_python_float(t)``, see ``Facts.returned_reads``): the statements holding
@@ -260,6 +260,10 @@ class Facts:
     # data-flow analysis; None until the walk has ended.
     calls: list[tuple[cst.Call, cst.FunctionDef | None]] | None = None
     option_parses: list[cst.Assign] = field(default_factory=list)
+    # The file's functions and classes, and the names each function's body (and the module)
+    # binds, which are local to it throughout.
+    definitions: Definitions = field(default_factory=Definitions)
+    local_names: dict[cst.CSTNode, frozenset[str]] = field(default_factory=dict)
     # The file's text, where the engine gives it: a word it lacks is named nowhere in the file.
     text: str | None = None
     _values: FileValues | None = None
@@ -563,6 +567,10 @@ class _Analyzer:
             [] if HOST_READ_CALLS in self._words else None
         )
         self._calls: list[tuple[cst.Call, cst.FunctionDef | None]] = []
+        # The names bound, and declared global or nonlocal, in the body being walked (a
+        # function's, or the module), innermost last; None inside a nested scope (a class, a
+        # lambda, a comprehension, a function's header), whose names are its own.
+        self._binders: list[tuple[set[str], set[str], cst.CSTNode] | None] = []
 
     @property
     def _scope(self) -> cst.FunctionDef | None:
@@ -692,29 +700,105 @@ class _Analyzer:
 
     def visit_Module(self, node: cst.Module) -> None:
         self._record_siblings(node.body)
+        self._open_body(node)
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._record_siblings(node.body)
+        self._open_body(node)
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self._close_body(original_node)
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self._open_body(node)
+
+    def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite) -> None:
+        self._close_body(original_node)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._define(node)
         self._containers.append(node)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self._containers.pop()
+        self._binders.pop()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if self._containers and isinstance(self._containers[-1], cst.ClassDef):
             self.facts.method_class[node] = self._containers[-1]
+        self._define(node)
         self._containers.append(node)
         self._functions.append(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._containers.pop()
+        self._binders.pop()
         self._functions.pop()
         backward, step = self._function_calls.pop(original_node, (False, False))
         if backward or step:
             self._step_functions[original_node.name.value] = (backward, step, original_node)
             self.facts.step_functions.add(original_node)
+
+    # Definitions and local names ----------------------------------------------------------------
+
+    def _define(self, node: cst.FunctionDef | cst.ClassDef) -> None:
+        """Note a function or class, which binds its name where it is; what it holds binds
+        names of its own (its body's, see ``_open_body``)."""
+        self.facts.definitions.note(node, self._containers[-1] if self._containers else None)
+        self._bind({node.name.value})
+        self._binders.append(None)
+
+    def _open_body(self, node: cst.CSTNode) -> None:
+        if type(node) is cst.Module or self._functions and self._containers[-1] is self._functions[-1] \
+                and self._functions[-1].body is node:
+            self._binders.append((set(), set(), node))
+
+    def _close_body(self, node: cst.CSTNode) -> None:
+        binder = self._binders[-1] if self._binders else None
+        if binder is not None and binder[2] is node:
+            found, declared, _ = self._binders.pop()
+            self.facts.local_names[node] = frozenset(found - declared)
+
+    def _bind(self, names: set[str]) -> None:
+        binder = self._binders[-1] if self._binders else None
+        if binder is not None:
+            binder[0].update(names)
+
+    def _nested_scope(self, node: cst.CSTNode) -> None:
+        self._binders.append(None)
+
+    def _nested_scope_left(self, original_node: cst.CSTNode) -> None:
+        self._binders.pop()
+
+    visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _nested_scope
+    leave_Lambda = leave_ListComp = leave_SetComp = leave_DictComp = leave_GeneratorExp = _nested_scope_left
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(target_names(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(target_names(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(target_names(node.target))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(target_names(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._bind(target_names(node.name))
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        name = dotted(node.asname.name if node.asname is not None else node.name)
+        if name:
+            self._bind({name.split(".")[0]})
+
+    def visit_Global(self, node: cst.Global) -> None:
+        binder = self._binders[-1] if self._binders else None
+        if binder is not None:
+            binder[1].update(name.name.value for name in node.names)
+
+    visit_Nonlocal = visit_Global
 
     def visit_Return(self, node: cst.Return) -> None:
         function = self._functions[-1] if len(self._containers) == 1 and self._functions else None
@@ -745,6 +829,7 @@ class _Analyzer:
             self._mark_hot(self._every)  # every rule may look at a training loop (the innermost statement)
 
     def visit_For(self, node: cst.For) -> None:
+        self._bind(target_names(node.target))
         self._enter_loop(node)
 
     def leave_For(self, original_node: cst.For) -> None:
@@ -910,6 +995,7 @@ class _Analyzer:
         return owner is not None and owner.split(".")[-1] in ("optimizer", "optim", "opt")
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        self._close_body(original_node)
         if self._indexed_moves & self.facts.device_id_lists:
             self.facts.places_on_device = True
         for name, statements in self._name_calls or ():

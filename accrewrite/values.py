@@ -210,6 +210,40 @@ class _Function:
     params: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Definitions:
+    """The file's functions and classes, noted as the analysis walk meets them (``note``)."""
+
+    functions: dict[cst.FunctionDef, _Function] = field(default_factory=dict)
+    # Module-level classes, and functions and classes, by name.
+    classes: dict[str, cst.ClassDef] = field(default_factory=dict)
+    defined: dict[str, cst.CSTNode] = field(default_factory=dict)
+    methods: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = field(default_factory=dict)
+    # Functions defined inside functions, by (enclosing function, name).
+    nested: dict[tuple[cst.FunctionDef, str], cst.FunctionDef] = field(default_factory=dict)
+
+    def note(self, node: cst.FunctionDef | cst.ClassDef, container: cst.FunctionDef | cst.ClassDef | None) -> None:
+        """``node``, defined directly in ``container`` (its body, or a block of it), or at module
+        level (None)."""
+        owner = container if type(container) is cst.ClassDef else None
+        parent = container if type(container) is cst.FunctionDef else None
+        name = node.name.value
+        if type(node) is cst.FunctionDef:
+            params = [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
+            self.functions[node] = _Function(owner, parent, params)
+            if owner is not None:
+                self.methods.setdefault(owner, {})[name] = node
+            elif parent is None:
+                self.defined.setdefault(name, node)
+            else:
+                self.nested.setdefault((parent, name), node)
+        else:
+            if container is None:
+                self.defined.setdefault(name, node)
+                self.classes[name] = node
+            self.methods.setdefault(node, {})
+
+
 # A binding's kind and whether it is a literal initialiser (``total = 0``), which gives way to
 # the kind of the name's other bindings where they meet.
 _Bound = tuple[Kind, bool]
@@ -1213,36 +1247,6 @@ def bound_names(node: cst.CSTNode) -> set[str]:
     return found
 
 
-_DEFINITIONS = (cst.FunctionDef, cst.ClassDef)
-_OWN_SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-_TARGETED = (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)
-# Nested scopes bind their own names (a definition binds its name here).
-_UNENTERED = frozenset({*_DEFINITIONS, *_OWN_SCOPES})
-
-
-def _local_names(body: cst.CSTNode) -> frozenset[str]:
-    """The names a function (or module) body binds, which are local to it throughout."""
-    found: set[str] = set()
-    declared: set[str] = set()
-    for node in descendants(body, _UNENTERED):
-        kind = type(node)
-        if kind in _DEFINITIONS:
-            found.add(node.name.value)
-        elif kind in _TARGETED:
-            found |= target_names(node.target)
-        elif kind is cst.AsName:
-            found |= target_names(node.name)
-        elif kind is cst.ImportAlias:
-            local = node.asname.name if node.asname is not None else node.name
-            name = dotted(local)
-            if name:
-                found.add(name.split(".")[0])
-        elif kind is cst.Global or kind is cst.Nonlocal:
-            declared |= {name.name.value for name in node.names}
-    return frozenset(found - declared)
-
-
-_EXPRESSIONS = node_types(cst.BaseExpression)
 _NESTED_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
@@ -1258,11 +1262,10 @@ class FileValues:
     def __init__(self, module: cst.Module, facts) -> None:
         self.module = module
         self.facts = facts
-        self.functions: dict[cst.FunctionDef, _Function] = {}
-        self.classes: dict[str, cst.ClassDef] = {}
-        # Module-level functions and classes by name.
-        self.defined: dict[str, cst.CSTNode] = {}
-        self._methods: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = {}
+        # The analysis walk's (filled as it goes, where a question during the walk makes this).
+        definitions = facts.definitions
+        self.functions, self.classes, self.defined = definitions.functions, definitions.classes, definitions.defined
+        self._methods, self._nested = definitions.methods, definitions.nested
         self._scopes: dict[cst.FunctionDef | None, ScopeValues] = {}
         self._returning: set = set()
         self._returns: dict[cst.FunctionDef, Kind] = {}
@@ -1277,49 +1280,18 @@ class FileValues:
         self._option_calls: list[cst.Call] | None = None
         self._options: dict[str, Kind] | None = None
         self._namespaces: set[str] = set()
-        # Functions defined inside functions, by (enclosing function, name).
-        self._nested: dict[tuple[cst.FunctionDef, str], cst.FunctionDef] = {}
         # How many scope walks are under way (``of`` re-walks provisional scopes at none).
         self._walking = 0
-        # Per body, what ``_local_names`` gives; per function, what ``_joined`` gives (a
-        # provisional scope's walk runs again, and both ask).
-        self._locals: dict[cst.CSTNode, frozenset[str]] = {}
+        # Per function, what ``_joined`` gives (a provisional scope's walk runs again, and asks).
         self._joined_names: dict[cst.FunctionDef, frozenset[str]] = {}
-        self._index(module, owner=None, parent=None)
 
     def forget(self) -> None:
         """Drop the scopes' values, which refer back to this analysis."""
         self._scopes.clear()
 
     def local_names(self, body: cst.CSTNode) -> frozenset[str]:
-        found = self._locals.get(body)
-        if found is None:
-            found = self._locals[body] = _local_names(body)
-        return found
-
-    def _index(self, node: cst.CSTNode, owner, parent) -> None:
-        for child in children(node):
-            kind = type(child)
-            if kind is cst.FunctionDef:
-                params = [p.name.value for p in (*child.params.posonly_params, *child.params.params)]
-                self.functions[child] = _Function(owner, parent, params)
-                if owner is not None and parent is None:
-                    self._methods.setdefault(owner, {})[child.name.value] = child
-                elif owner is None and parent is None:
-                    self.defined.setdefault(child.name.value, child)
-                elif owner is None:
-                    self._nested.setdefault((parent, child.name.value), child)
-                self._index(child, owner=None, parent=child)
-            elif kind is cst.ClassDef:
-                if owner is None and parent is None:
-                    self.defined.setdefault(child.name.value, child)
-                    self.classes[child.name.value] = child
-                self._methods.setdefault(child, {})
-                self._index(child, owner=child, parent=None)
-            elif kind in _EXPRESSIONS:
-                continue
-            else:
-                self._index(child, owner, parent)
+        """The names a function's body (or the module) binds, which are local to it throughout."""
+        return self.facts.local_names[body]
 
     # Scopes ------------------------------------------------------------------------------------
 
@@ -1676,7 +1648,7 @@ class FileValues:
         elif "default" in keywords and option_type is None and "nargs" not in keywords:
             default = keywords["default"]
             if isinstance(default, (cst.Integer, cst.Float, cst.SimpleString)) or dotted(default) in ("True", "False"):
-                kind = self.of(None).kind(default) if not isinstance(default, cst.SimpleString) else Kind.STR
+                kind = _literal_kind(default)
         elif option_type is None and "nargs" not in keywords and action is None:
             kind = Kind.STR
         if "nargs" in keywords:

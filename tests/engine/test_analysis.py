@@ -176,3 +176,84 @@ def test_a_rule_visiting_punctuation_turns_inert_subtrees_off():
 
     assert walked_types((RngSeed,)) is not None
     assert walked_types((RngSeed, CommaRule)) is None
+
+
+SCOPES = '''\
+import os.path, numpy as np
+from torch import nn as tnn
+total = 0
+(head, *rest), last = pair
+if (found := search()):
+    with open(p) as handle:
+        pass
+
+
+@register(d := 1)
+def train(model, *args, lr=(default := 2), **kwargs):
+    global total
+    step: int = 0
+    step += 1
+    for batch, target in loader:
+        loss = model(batch)
+    try:
+        pass
+    except ValueError as error:
+        pass
+    squares = [k for k in range(3) if (inner := k)]
+    scale = lambda v: (w := v)
+
+    def helper():
+        nonlocal step
+        step = 2
+        return helper
+
+    class Local:
+        attribute = 1
+
+        def method(self):
+            local = 3
+    return total
+
+
+class Trainer(tnn.Module):
+    size = 1
+
+    def fit(self): pass
+
+    class Inner:
+        def deep(self):
+            pass
+
+
+def outer():
+    def middle():
+        def inner():
+            pass
+'''
+
+
+def test_the_walk_notes_each_bodys_local_names_and_the_files_functions_and_classes():
+    module = cst.parse_module(SCOPES)
+    facts = analyze(module)
+    functions = {function.name.value: function for function in facts.definitions.functions}
+    local = {name: facts.local_names[function.body] for name, function in functions.items()}
+    assert facts.local_names[module] == {
+        "os", "np", "tnn", "total", "head", "rest", "last", "found", "handle", "train", "Trainer", "outer",
+    }
+    assert local["train"] == {"step", "batch", "target", "loss", "error", "squares", "scale", "helper", "Local"}
+    assert local["helper"] == set() and local["method"] == {"local"} and local["fit"] == set()
+    assert local["outer"] == {"middle"} and local["middle"] == {"inner"}
+    definitions = facts.definitions
+    assert list(definitions.defined) == ["train", "Trainer", "outer"]
+    assert definitions.classes == {"Trainer": definitions.defined["Trainer"]}
+    trainer = definitions.defined["Trainer"]
+    inner = next(node for node in definitions.methods if node.name.value == "Inner")
+    assert list(definitions.methods[trainer]) == ["fit"] and list(definitions.methods[inner]) == ["deep"]
+    assert definitions.nested == {
+        (functions["train"], "helper"): functions["helper"], (functions["outer"], "middle"): functions["middle"],
+        (functions["middle"], "inner"): functions["inner"],
+    }
+    train = definitions.functions[functions["train"]]
+    assert (train.owner, train.parent, train.params) == (None, None, ["model"])  # the positional ones
+    method = definitions.functions[functions["method"]]
+    assert (method.owner.name.value, method.parent, method.params) == ("Local", None, ["self"])
