@@ -1028,11 +1028,13 @@ def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozen
     analyzer.facts.module, analyzer.facts.text = module, text
     # The imports first, in order: a function above them (or a file that imports at its end)
     # calls what they import, and the second run finds the imports the first added at the top.
-    for statement in _import_statements(module):
-        if isinstance(statement, cst.Import):
-            analyzer.visit_Import(statement)
-        else:
-            analyzer.visit_ImportFrom(statement)
+    # (Where they all open the file, the walk meets them first anyway.)
+    if not _imports_lead(module, text):
+        for statement in _import_statements(module):
+            if isinstance(statement, cst.Import):
+                analyzer.visit_Import(statement)
+            else:
+                analyzer.visit_ImportFrom(statement)
     analyzer.walk(module)
     analyzer.facts.calls = analyzer._calls
     return analyzer.facts
@@ -1054,6 +1056,25 @@ def small_statements(module: cst.Module) -> list[cst.BaseSmallStatement]:
     block, in source order: the walk enters statements and blocks only, not expressions."""
     later_first = [node for node in descendants(module, _NOT_BLOCKS) if type(node) in _SMALL_STATEMENTS]
     return later_first[::-1]
+
+
+_IMPORT_WORD = re.compile(r"\bimport\b")
+
+
+def _imports_lead(module: cst.Module, text: str | None) -> bool:
+    """Whether every import of the file is on the lines that open it (a docstring aside): as many
+    as the text spells the word ``import`` (a comment or string that spells it counts against)."""
+    if text is None:
+        return False
+    leading = 0
+    for index, statement in enumerate(module.body):
+        smalls = statement.body if type(statement) is cst.SimpleStatementLine else ()
+        if smalls and all(type(small) in _IMPORTS for small in smalls):
+            leading += len(smalls)
+        elif not (index == 0 and len(smalls) == 1 and type(smalls[0]) is cst.Expr
+                  and type(smalls[0].value) in (cst.SimpleString, cst.ConcatenatedString)):
+            break
+    return leading == len(_IMPORT_WORD.findall(text))
 
 
 def _import_statements(module: cst.Module):

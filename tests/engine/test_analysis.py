@@ -1,7 +1,9 @@
 """The analysis pass: names resolve through imports, training-script facts are found."""
 
 import libcst as cst
+import pytest
 
+from accrewrite import analysis
 from accrewrite.analysis import Triggers, analyze
 from accrewrite.nodes import walk
 
@@ -71,6 +73,24 @@ for epoch in range(3):
 for batch in eval_loader:
     print(batch)
 '''
+
+
+LATE_IMPORT = "def build():\n    return torch.cuda.amp.GradScaler()\nimport torch\n"
+
+
+@pytest.mark.parametrize("source, first", [
+    ('"""A script."""\nimport torch\nfrom torch import nn as tnn\n' + LATE_IMPORT.replace("import torch\n", ""), False),
+    (LATE_IMPORT, True),
+    ("x = 1; import torch\n" + LATE_IMPORT.replace("import torch\n", ""), True),
+    ("import torch  # import what the script needs\n" + LATE_IMPORT.replace("import torch\n", ""), True),
+    ("torch.manual_seed(0)\nimport torch\n", True),  # an expression, not a docstring, above it
+])
+def test_the_imports_are_noted_first_unless_every_one_opens_the_file(monkeypatch, source, first):
+    noted = []
+    monkeypatch.setattr(analysis, "_import_statements", lambda module: noted.append(1) or [])
+    facts = analyze(cst.parse_module(source), text=source)
+    assert bool(noted) == first
+    assert facts.imports["torch"] == "torch"
 
 
 def test_training_facts():
