@@ -78,7 +78,7 @@ def _put(node, code: int, level: int, key: str, value):
 
 def _merge(nodes: list, base, anchored: bool, level: int, combine: Combine):
     first = nodes[0]
-    if all(node is first for node in nodes) and (not anchored or first is base):
+    if _shared(nodes, first) and (not anchored or first is base):
         return first
     if level == _LEAF:
         return combine(nodes, base) or None
@@ -86,11 +86,19 @@ def _merge(nodes: list, base, anchored: bool, level: int, combine: Combine):
     slots = []
     for column, below in zip(zip(*[node or _EMPTY for node in nodes]), base or _EMPTY):
         head = column[0]
-        if all(part is head for part in column) and (not anchored or head is below):
+        if _shared(column, head) and (not anchored or head is below):
             slots.append(head)
         else:
             slots.append(_merge(column, below, anchored, level + 1, combine))
     return tuple(slots) if any(slots) else None
+
+
+def _shared(parts, head) -> bool:
+    """Whether every one of ``parts`` is ``head``. (Merges join two maps but for a few: a plain
+    test for those, the most common call of a merge.)"""
+    if len(parts) == 2:
+        return parts[1] is head
+    return all(part is head for part in parts)
 
 
 def _equal(first, second, level: int) -> bool:
