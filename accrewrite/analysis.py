@@ -749,8 +749,8 @@ class _Analyzer:
         self._binders.append(None)
 
     def _open_body(self, node: cst.CSTNode) -> None:
-        if type(node) is cst.Module or self._functions and self._containers[-1] is self._functions[-1] \
-                and self._functions[-1].body is node:
+        function = self._containers[-1] if self._containers else None
+        if type(node) is cst.Module or type(function) is cst.FunctionDef and function.body is node:
             self._binders.append((set(), set(), node))
 
     def _close_body(self, node: cst.CSTNode) -> None:
@@ -793,7 +793,7 @@ class _Analyzer:
         if name:
             self._bind({name.split(".")[0]})
 
-    def visit_Global(self, node: cst.Global) -> None:
+    def visit_Global(self, node: cst.Global | cst.Nonlocal) -> None:
         binder = self._binders[-1] if self._binders else None
         if binder is not None:
             binder[1].update(name.name.value for name in node.names)

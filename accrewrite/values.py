@@ -215,7 +215,7 @@ class Definitions:
     """The file's functions and classes, noted as the analysis walk meets them (``note``)."""
 
     functions: dict[cst.FunctionDef, _Function] = field(default_factory=dict)
-    # Module-level classes, and functions and classes, by name.
+    # Module-level classes by name; module-level functions and classes by name.
     classes: dict[str, cst.ClassDef] = field(default_factory=dict)
     defined: dict[str, cst.CSTNode] = field(default_factory=dict)
     methods: dict[cst.ClassDef, dict[str, cst.FunctionDef]] = field(default_factory=dict)
@@ -1262,7 +1262,7 @@ class FileValues:
     def __init__(self, module: cst.Module, facts) -> None:
         self.module = module
         self.facts = facts
-        # The analysis walk's (filled as it goes, where a question during the walk makes this).
+        # As the analysis walk notes them (still noting, where a question it asks makes this).
         definitions = facts.definitions
         self.functions, self.classes, self.defined = definitions.functions, definitions.classes, definitions.defined
         self._methods, self._nested = definitions.methods, definitions.nested
