@@ -754,13 +754,13 @@ class _Analyzer:
             self._binders.append((set(), set(), node))
 
     def _close_body(self, node: cst.CSTNode) -> None:
-        binder = self._binders[-1] if self._binders else None
+        binder = self._binders[-1]
         if binder is not None and binder[2] is node:
             found, declared, _ = self._binders.pop()
             self.facts.local_names[node] = frozenset(found - declared)
 
     def _bind(self, names: set[str]) -> None:
-        binder = self._binders[-1] if self._binders else None
+        binder = self._binders[-1]  # the module's at the bottom
         if binder is not None:
             binder[0].update(names)
 
@@ -794,7 +794,7 @@ class _Analyzer:
             self._bind({name.split(".")[0]})
 
     def visit_Global(self, node: cst.Global | cst.Nonlocal) -> None:
-        binder = self._binders[-1] if self._binders else None
+        binder = self._binders[-1]
         if binder is not None:
             binder[1].update(name.name.value for name in node.names)
 
