@@ -603,5 +603,8 @@ def _host_memory_info():
             used = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:  # no procfs
         used = peak
+    # The kernel counts the two apart and syncs them lazily: the peak may lag the current use
+    # by a few pages.
+    peak = max(peak, used)
     limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"bytes_used": used, "bytes_limit": limit, "peak_bytes_used": peak}
