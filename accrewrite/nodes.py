@@ -133,14 +133,17 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """``node``'s child nodes in source order, without its whitespace, parentheses and
     punctuation: what read-only walks and the rules' walk descend into, read from the fields. The list
     is shared (inside ``remembering_children``): read it, never change it."""
+    kind = type(node)
+    getter = _child_getters.get(kind) or _child_getter(node)
+    if getter is _no_fields:  # a leaf (a name, a number): nothing to remember
+        return []
     memo = _memo
     if memo is not None:
         kept = memo.get(id(node))
         if kept is not None:
             return kept[1]
     found = []
-    kind = type(node)
-    for value in (_child_getters.get(kind) or _child_getter(node))(node):
+    for value in getter(node):
         kind = type(value)
         if kind in NODE_TYPES:
             found.append(value)

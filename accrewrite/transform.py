@@ -90,11 +90,12 @@ class BatchedTransformer(cst.CSTTransformer):
         self.ctx = ctx
         self.withheld_rules = withheld
         self.guard = guard
-        self._loops = {loop.node: loop for loop in ctx.facts.loops}
+        # (This and ``_skipped`` by the nodes' ids: a node hashes by a Python method of libcst's.)
+        self._loops = {id(loop.node): loop for loop in ctx.facts.loops}
         # Fixes made on each open statement itself (not on statements nested in it).
         self._own_fixes: list[int] = []
         # Nodes whose subtree is not walked (on_leave still comes for them).
-        self._skipped: set[cst.CSTNode] = set()
+        self._skipped: set[int] = set()
         self._original_elses: set[cst.CSTNode] = set()
         visitors, leavers = _methods(tuple(type(rule) for rule in rules))
         triggers = ctx.facts.triggers
@@ -139,20 +140,21 @@ class BatchedTransformer(cst.CSTTransformer):
         if type(node) in self._tokens or id(node) in ctx.facts.inert:
             return False
         if self.guard is not None and self._original_branch(node):
-            self._skipped.add(node)  # an earlier guarded migration's original path stays as it is
+            self._skipped.add(id(node))  # an earlier guarded migration's original path stays as it is
             return False
         if type(node) in STATEMENT_TYPES:
             concerned = ctx.facts.concerned(node)
             if not concerned:
-                self._skipped.add(node)  # mentions no rule's trigger word: nothing can change
+                self._skipped.add(id(node))  # mentions no rule's trigger word: nothing can change
                 return False
             ctx.open_statements.append(node)
             self._own_fixes.append(0)
             self._concerned.append(concerned)
         if type(node) is cst.FunctionDef:
             ctx.scopes.append(node)
-        if node in self._loops:
-            ctx.loops.append(self._loops[node])
+        loop = self._loops.get(id(node))
+        if loop is not None:
+            ctx.loops.append(loop)
         concerned = self._concerned[-1] if self._concerned else -1
         for rule, method, bit in self._visitors.get(type(node).__name__, ()):
             if bit & concerned:
@@ -180,8 +182,8 @@ class BatchedTransformer(cst.CSTTransformer):
         ctx = self.ctx
         if type(original_node) in self._tokens or id(original_node) in ctx.facts.inert:
             return updated_node
-        if original_node in self._skipped:
-            self._skipped.discard(original_node)
+        if id(original_node) in self._skipped:
+            self._skipped.discard(id(original_node))
             return self._with_insertions(original_node, updated_node, own_fixes=0)
         if ctx.open_statements and ctx.open_statements[-1] is original_node:
             return self._leave_statement(original_node, updated_node)
@@ -199,7 +201,7 @@ class BatchedTransformer(cst.CSTTransformer):
         result = self._run_all(original_node, updated_node)
         if type(original_node) is cst.FunctionDef:
             ctx.scopes.pop()
-        if original_node in self._loops:
+        if id(original_node) in self._loops:
             ctx.loops.pop()
         ctx.open_statements.pop()
         self._concerned.pop()

@@ -308,8 +308,10 @@ class ScopeValues:
         # The environment the expression being evaluated sees.
         self._env = _Env()
         # Each statement's environment before it runs (small statements and compound headers).
-        self._before: dict[cst.CSTNode, _Env] = {}
-        self._statement_of: dict[cst.CSTNode, cst.CSTNode] = {}
+        # (Both by the nodes' ids: a node hashes by a Python method of libcst's, an id in C; the
+        # syntax tree outlives them.)
+        self._before: dict[int, _Env] = {}
+        self._statement_of: dict[int, cst.CSTNode] = {}
         # The comprehension whose names each node of one sees (``_note_comprehension``).
         self._comprehension_of: dict[cst.CSTNode, cst.CSTNode] = {}
         # Every kind each name is bound to anywhere in the scope (what nested scopes see).
@@ -408,15 +410,17 @@ class ScopeValues:
     def _record(self, statement: cst.CSTNode, env: _Env) -> None:
         """Keep the environment ``statement`` starts with (a loop's last, settled pass wins),
         and note which statement each of its expressions belongs to."""
-        if statement not in self._before:
+        key = id(statement)
+        if key not in self._before:
+            statement_of = self._statement_of
             for child in descendants(statement, _BLOCK_TYPES):
                 kind = type(child)
                 if kind in _BLOCK_TYPES:
                     continue  # a block nested in the statement: its statements are recorded on their own
-                self._statement_of.setdefault(child, statement)
+                statement_of.setdefault(id(child), statement)
                 if kind in _COMPREHENSIONS:
                     self._note_comprehension(child)
-        self._before[statement] = env
+        self._before[key] = env
 
     def _note_comprehension(self, comprehension) -> None:
         """Note the nodes that see a comprehension's own names: its element, conditions and inner
@@ -659,7 +663,7 @@ class ScopeValues:
         found = self._memo.get(node)
         if found is None:
             walking = self._env
-            self._env = self._before.get(self._statement_of.get(node, node), walking)
+            self._env = self._before.get(id(self._statement_of.get(id(node), node)), walking)
             comprehension = self._comprehension_of.get(node)
             try:
                 # (a node of a comprehension sees the comprehension's names: ``v`` of ``[v.cpu() for v in out]``)
@@ -1054,7 +1058,7 @@ class ScopeValues:
     def statement_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         """The small statement (or compound statement's header) of this scope that holds the
         expression ``node``."""
-        return self._statement_of.get(node)
+        return self._statement_of.get(id(node))
 
     def binds(self, name: str) -> bool:
         """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""

@@ -2,7 +2,7 @@ from functools import cached_property
 
 import libcst as cst
 
-from accrewrite.nodes import dotted, walk
+from accrewrite.nodes import children, dotted, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._training_code import (
     BUILTIN_NAMES,
@@ -505,8 +505,9 @@ def _origins(original: cst.CSTNode, updated: cst.CSTNode) -> dict[cst.CSTNode, c
         if type(before) is not type(after):
             continue
         origins[after] = before
-        if len(before.children) == len(after.children):
-            pairs.extend(zip(before.children, after.children))
+        inside, made = children(before), children(after)
+        if len(inside) == len(made):
+            pairs.extend(zip(inside, made))
     return origins
 
 
