@@ -100,7 +100,9 @@ class BatchedTransformer(cst.CSTTransformer):
         visitors, leavers = _methods(tuple(type(rule) for rule in rules))
         triggers = ctx.facts.triggers
         bits = [triggers.bits[type(rule)] if triggers is not None else -1 for rule in rules]
-        self._visitors = {name: [(rules[i], getattr(rules[i], method), bits[i]) for i, method in found]
+        # A visit method takes the node alone and returns nothing: wrapped once, here, to be run
+        # as a leave method is.
+        self._visitors = {name: [(rules[i], _as_leave(getattr(rules[i], method)), bits[i]) for i, method in found]
                           for name, found in visitors.items()}
         self._leavers = {name: [(rules[i], getattr(rules[i], method), bits[i]) for i, method in found]
                          for name, found in leavers.items()}
@@ -108,6 +110,8 @@ class BatchedTransformer(cst.CSTTransformer):
         # is called only inside statements that mention its trigger words.
         self._concerned: list[int] = []
         self._tokens = _unvisited_tokens(frozenset(visitors) | frozenset(leavers))
+        # By node type: whether it is a statement, and the rules' visit and leave methods for it.
+        self._steps: dict[type, tuple[bool, list, list]] = {}
 
     # Walking ---------------------------------------------------------------------------------
 
@@ -120,8 +124,10 @@ class BatchedTransformer(cst.CSTTransformer):
         return self._rewrite(module)
 
     def _rewrite(self, node: cst.CSTNode):
+        """``node`` rewritten: a node that neither is a token nor inert (its parent's loop, or
+        ``rewrite``, has checked)."""
         updated = node
-        if self.on_visit(node):
+        if self._enter(node):
             changed = None
             tokens, inert = self._tokens, self.ctx.facts.inert
             for child in children(node):
@@ -133,16 +139,26 @@ class BatchedTransformer(cst.CSTTransformer):
                     changed[child] = result
             if changed:
                 updated = node._visit_and_replace_children(Replacing(changed))
-        return self.on_leave(node, updated)
+        return self._leave(node, updated)
+
+    def _steps_at(self, kind: type) -> tuple[bool, list, list]:
+        name = kind.__name__
+        found = self._steps[kind] = (kind in STATEMENT_TYPES, self._visitors.get(name, ()), self._leavers.get(name, ()))
+        return found
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        ctx = self.ctx
-        if type(node) in self._tokens or id(node) in ctx.facts.inert:
+        if type(node) in self._tokens or id(node) in self.ctx.facts.inert:
             return False
+        return self._enter(node)
+
+    def _enter(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
         if self.guard is not None and self._original_branch(node):
             self._skipped.add(id(node))  # an earlier guarded migration's original path stays as it is
             return False
-        if type(node) in STATEMENT_TYPES:
+        kind = type(node)
+        statement, visitors, _ = self._steps.get(kind) or self._steps_at(kind)
+        if statement:
             concerned = ctx.facts.concerned(node)
             if not concerned:
                 self._skipped.add(id(node))  # mentions no rule's trigger word: nothing can change
@@ -150,15 +166,16 @@ class BatchedTransformer(cst.CSTTransformer):
             ctx.open_statements.append(node)
             self._own_fixes.append(0)
             self._concerned.append(concerned)
-        if type(node) is cst.FunctionDef:
-            ctx.scopes.append(node)
-        loop = self._loops.get(id(node))
-        if loop is not None:
-            ctx.loops.append(loop)
-        concerned = self._concerned[-1] if self._concerned else -1
-        for rule, method, bit in self._visitors.get(type(node).__name__, ()):
-            if bit & concerned:
-                self._run(rule, lambda original, current: method(original) or current, node, node)
+            if kind is cst.FunctionDef:
+                ctx.scopes.append(node)
+            loop = self._loops.get(id(node))
+            if loop is not None:
+                ctx.loops.append(loop)
+        if visitors:
+            concerned = self._concerned[-1] if self._concerned else -1
+            for rule, method, bit in visitors:
+                if bit & concerned:
+                    self._run(rule, method, node, node)
         return True
 
     # libcst calls these for every field of every node walked, to look up ``visit_<Node>_<field>``
@@ -179,9 +196,12 @@ class BatchedTransformer(cst.CSTTransformer):
         return node in self._original_elses
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
-        ctx = self.ctx
-        if type(original_node) in self._tokens or id(original_node) in ctx.facts.inert:
+        if type(original_node) in self._tokens or id(original_node) in self.ctx.facts.inert:
             return updated_node
+        return self._leave(original_node, updated_node)
+
+    def _leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
+        ctx = self.ctx
         if id(original_node) in self._skipped:
             self._skipped.discard(id(original_node))
             return self._with_insertions(original_node, updated_node, own_fixes=0)
@@ -190,7 +210,7 @@ class BatchedTransformer(cst.CSTTransformer):
         result = self._run_all(original_node, updated_node)
         if type(original_node) is cst.FunctionDef:
             ctx.scopes.pop()
-        if type(result) in (cst.IndentedBlock, cst.Module) and self.guard is not None:
+        if self.guard is not None and type(result) in (cst.IndentedBlock, cst.Module):
             result = result.with_changes(body=self.guard.merge(list(result.body)))
         if type(result) is cst.IndentedBlock and not result.body:
             result = result.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
@@ -235,8 +255,12 @@ class BatchedTransformer(cst.CSTTransformer):
 
     def _run_all(self, original_node, updated_node):
         result = updated_node
+        kind = type(original_node)
+        leavers = (self._steps.get(kind) or self._steps_at(kind))[2]
+        if not leavers:
+            return result
         concerned = self._concerned[-1] if self._concerned else -1
-        for rule, method, bit in self._leavers.get(type(original_node).__name__, ()):
+        for rule, method, bit in leavers:
             if not bit & concerned:
                 continue
             result = self._run(rule, method, original_node, result)
@@ -271,6 +295,10 @@ class BatchedTransformer(cst.CSTTransformer):
         if self._own_fixes and changed is not current:
             self._own_fixes[-1] += fixes
         return changed
+
+
+def _as_leave(visit):
+    return lambda original, current: visit(original) or current
 
 
 def _blank_lines_moved(statement, inserted):

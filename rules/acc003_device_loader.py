@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted
+from accrewrite.nodes import call_arg, descendants, dotted
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._generation import grown_sequence
 from accrewrite.rules._loader_feeds import Plan, Planner, iterated, root
@@ -295,7 +295,7 @@ class DeviceLoader(Rule):
         if isinstance(statement, cst.Expr) and self._is_move(statement.value, batch):
             self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
             return cst.RemoveFromParent()
-        if not isinstance(statement, cst.Assign) or len(statement.targets) != 1:
+        if not isinstance(statement, cst.Assign) or len(statement.targets) != 1 or not _calls_a_move(statement.value):
             return updated_node
         stripped = _StripMoves(self, batch).visit_expr(statement.value)
         if stripped.deep_equals(statement.value):
@@ -312,10 +312,10 @@ class DeviceLoader(Rule):
         if root(node.func.value) not in batch:
             return False
         method = node.func.attr.value
+        if method not in _MOVES:
+            return False
         if method == "cuda":
             return True
-        if method != "to":
-            return False
         where = call_arg(node, 0, "device")
         if where is None:
             return False
@@ -331,6 +331,17 @@ class DeviceLoader(Rule):
             # ACC002 has already turned ``.to(gpu_id)`` into the target's device
             or self.ctx.code(where.value) == self.ctx.concept("device").render_expr()
         )
+
+
+_MOVES = frozenset({"to", "cuda"})
+
+
+def _calls_a_move(value: cst.BaseExpression) -> bool:
+    """Whether ``value`` calls a ``.to()`` or ``.cuda()`` method, which a move is (``_is_move``)."""
+    return any(
+        type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _MOVES
+        for node in (value, *descendants(value))
+    )
 
 
 class _StripMoves(cst.CSTTransformer):
