@@ -448,10 +448,13 @@ class Facts:
         ``"cuda:{}".format(r)``, ``torch.device("cuda", r)``, ``"cuda" if torch.cuda.is_available()
         else "cpu"``. (An integer ordinal is a CUDA device too, but only where it is passed as one:
         see ACC002.)"""
+        kind = type(node)
+        if kind is cst.Name or kind is cst.Integer:
+            return False  # the cases below, read in one test where most nodes asked about go
         text = string_value(node)
         if text is not None:
             return text == "cuda" or text.startswith("cuda:")
-        if isinstance(node, cst.FormattedString):
+        if kind is cst.FormattedString:
             first = node.parts[0] if node.parts else None
             if isinstance(first, cst.FormattedStringExpression) and len(node.parts) > 1:
                 # f"{acc}:{rank}": an index put after a device
@@ -459,15 +462,15 @@ class Facts:
                 return (isinstance(after, cst.FormattedStringText) and after.value.startswith(":")
                         and dotted(first.expression) in {binding.name for binding in self.devices})
             return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
-        if isinstance(node, cst.Call) and self.qualname(node.func) == "torch.device":
+        if kind is cst.Call and self.qualname(node.func) == "torch.device":
             first = call_arg(node, 0, "type")
             return first is not None and self.is_cuda_device(first.value)
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
+        if kind is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "format":
             template = string_value(node.func.value)  # "cuda:{}".format(args.gpu)
             return template is not None and template.startswith("cuda")
-        if isinstance(node, cst.Call) and self.qualname(node.func) == "torch.accelerator.current_accelerator":
+        if kind is cst.Call and self.qualname(node.func) == "torch.accelerator.current_accelerator":
             return True
-        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+        if kind is cst.Attribute and type(node.value) is cst.Name:
             # args.device, default "cuda"; or named device with a default of another device
             # ("cpu", "mps"): the option chooses the device, which the target's now is. (Not
             # ``x.device``, a tensor's.)
@@ -476,7 +479,7 @@ class Facts:
                 return False
             return default == "cuda" or default.startswith("cuda:") or (
                 node.attr.value == "device" and default.partition(":")[0] in _DEVICE_TYPES)
-        if isinstance(node, cst.IfExp):
+        if kind is cst.IfExp:
             # ``"cuda" if torch.cuda.is_available() else "cpu"`` chooses a device;
             # nanoGPT's ``"cuda" if "cuda" in device else "cpu"`` names a device's type.
             # (``"mps" if ... else "cuda" if ... else "cpu"`` chooses one too.)

@@ -185,15 +185,17 @@ def join(kinds) -> Kind:
 
 def _neutral(value: cst.BaseExpression) -> bool:
     """A literal initialiser, which takes the kind of the name's other bindings."""
-    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+    # (libcst's node types are concrete: ``is``, not isinstance against its ABCs.)
+    if type(value) is cst.UnaryOperation and type(value.operator) is cst.Minus:
         value = value.expression
-    if isinstance(value, (cst.Integer, cst.Float)):
+    kind = type(value)
+    if kind is cst.Integer or kind is cst.Float:
         return True
-    if isinstance(value, cst.Name) and value.value == "None":
-        return True
-    if isinstance(value, (cst.List, cst.Dict, cst.Tuple)) and not value.elements:
-        return True
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+    if kind is cst.Name:
+        return value.value == "None"
+    if kind is cst.List or kind is cst.Dict or kind is cst.Tuple:
+        return not value.elements
+    if kind is cst.Call and type(value.func) is cst.Name:
         if value.func.value in ("list", "dict") and not value.args:
             return True
         if value.func.value == "float" and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString):
@@ -1542,13 +1544,14 @@ class FileValues:
     def _note_call(self, call: cst.Call, scope) -> None:
         func = call.func
         target, shift = None, 0
-        if isinstance(func, cst.Name):
+        kind = type(func)  # (libcst's node types are concrete: ``is``, not isinstance against its ABCs)
+        if kind is cst.Name:
             defined = self._visible(scope, func.value)
-            if isinstance(defined, cst.FunctionDef):
+            if type(defined) is cst.FunctionDef:
                 target = defined
-            elif isinstance(defined, cst.ClassDef):
+            elif type(defined) is cst.ClassDef:
                 target, shift = self.method(defined, "__init__"), 1
-        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        elif kind is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
             owner = self.owner_of(scope)
             if owner is not None:
                 target, shift = self.method(owner, func.attr.value), 1

@@ -242,15 +242,16 @@ class Planner:
 
         def enter(node):
             nonlocal moved
-            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            kind = type(node)  # (libcst's node types are concrete: ``is``, not isinstance against its ABCs)
+            if kind is cst.FunctionDef or kind is cst.ClassDef or kind is cst.Lambda:
                 return False
-            if isinstance(node, cst.SimpleStatementLine):
+            if kind is cst.SimpleStatementLine:
                 self.plan.batch_at[node] = frozenset(batch)
-            elif isinstance(node, cst.Assign) and len(node.targets) == 1:
+            elif kind is cst.Assign and len(node.targets) == 1:
                 bind_batch(batch, node.targets[0].target, node.value)
-            elif isinstance(node, (cst.For, cst.CompFor)) and root(iterated(node.iter)) in batch:
+            elif (kind is cst.For or kind is cst.CompFor) and root(iterated(node.iter)) in batch:
                 batch.update(target_names(node.target))  # {k: v.to(device) for k, v in batch.items()}
-            elif isinstance(node, cst.Call) and self.is_move(node, batch):
+            elif kind is cst.Call and self.is_move(node, batch):
                 moved = True
             return True
 

@@ -237,13 +237,14 @@ class GradientAllReduce(Rule):
 
 def _call_statement(statement) -> cst.Call | None:
     """The call when ``statement`` is a lone ``x.method(...)`` expression statement."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+    # (libcst's node types are concrete: ``is``, not isinstance against its ABCs.)
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
         return None
     expression = statement.body[0]
-    if not isinstance(expression, cst.Expr) or not isinstance(expression.value, cst.Call):
+    if type(expression) is not cst.Expr or type(expression.value) is not cst.Call:
         return None
     call = expression.value
-    return call if isinstance(call.func, cst.Attribute) else None
+    return call if type(call.func) is cst.Attribute else None
 
 
 def _mentions(statement, methods) -> bool:
