@@ -1,6 +1,7 @@
 """Codemod speed against its floor and against a base, measured side by side in one run.
 
     python benchmarks/codemod_speed.py [DIR] [--base CHECKOUT] [--repeat 3]
+    python benchmarks/codemod_speed.py [DIR] [--base CHECKOUT] --instructions [STEP]
 
 Without DIR it measures the bundled corpus: the plain example scripts (``examples/*/train.py``)
 and the golden fixture inputs (``tests/rules/fixtures/*.in.py``), each copied 12 times into a
@@ -20,6 +21,13 @@ the speed-up of ``--jobs 2`` is in wall time only.
 The steadiest figure comes last: in one process (a fresh one per tree, each round), each file
 parsed and printed (the floor) and then migrated by ``migrate_source``, in turn, CPU seconds
 summed apart; the round with the least ratio is shown.
+
+Timed rounds drift with the machine by 5 to 10%. ``--instructions`` counts instead: the CPU
+instructions (valgrind's cachegrind, no cache simulation) of migrating every STEP-th file
+(default 5) with ``migrate_source`` in one process, and of the floor on the same files, each less
+a run that imports, reads the files and migrates one small file without the loop. The count
+repeats within about 0.05%, so a change of a percent shows; it weighs every instruction alike,
+so it tells the direction and size of a change, while the timed figures stay the measure.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -129,6 +138,65 @@ def interleaved_in(farm: Path, directory: str) -> tuple[float, float]:
     return floor_cpu, ours_cpu
 
 
+_COUNTED = ("none", "floor", "migrate")  # what a counted run does after its common start
+
+
+def counted_run(directory: str, step: int, what: str) -> None:
+    """The body of a counted run (``--instructions``): the same start for each ``what``, then
+    nothing, the floor or the migrations of every ``step``-th file."""
+    from accrewrite.engine import Options, migrate_source
+
+    sources = [(str(path), path.read_bytes()) for path in discover([directory]).files[::step]]
+    options = Options()
+    migrate_source(b"import torch\nx = torch.zeros(1).cuda()\n", "warm_up.py", options)  # the lazy imports
+    gc.freeze()
+    if what == "none":
+        return
+    for path, source in sources:
+        gc.disable()
+        if what == "floor":
+            cst.parse_module(source).code
+        else:
+            migrate_source(source, path, options)
+        gc.enable()
+
+
+def instructions(farm: Path, directory: str, step: int, what: str) -> int:
+    """The instructions a counted run of ``what`` executes, importing ``farm``."""
+    done = subprocess.run(
+        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+         sys.executable, os.path.abspath(__file__), directory, "--count-run", what, str(step)],
+        cwd=directory, env=_env(farm), capture_output=True, text=True)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"the counted run ({farm}, {what}) failed: {done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def count(directory: str, step: int, trees: dict[str, Path]) -> None:
+    """Print the instructions of the floor and of each tree's migrations, and their ratios."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions counts with valgrind: install it (apt install valgrind), or time the runs")
+    files = len(discover([directory]).files[::step])
+    with tempfile.TemporaryDirectory() as scratch:
+        counts = {}
+        for name, tree in trees.items():
+            (Path(scratch) / name).mkdir()
+            farm = package_farm(tree, Path(scratch) / name)
+            warm_up(farm, discover([directory]).files, Path(scratch) / f"{name}-warm-up")
+            start = instructions(farm, directory, step, "none")
+            counted = _COUNTED[1:] if name == "ours" else ("migrate",)  # one floor: libcst's, whichever tree
+            counts[name] = {what: instructions(farm, directory, step, what) - start for what in counted}
+    floor_count = counts["ours"]["floor"]
+    print(f"every {step}th file: {files} files; instructions (millions)")
+    print(f"floor (parse + codegen)   {floor_count / 1e6:10.0f}")
+    for name, counted in counts.items():
+        line = f"{name:<5} migrate_source       {counted['migrate'] / 1e6:10.0f}  /floor {counted['migrate'] / floor_count:.3f}x"
+        if name != "ours":
+            line += f"  ours/{name} {counts['ours']['migrate'] / counted['migrate']:.3f}x"
+        print(line)
+
+
 def _least(first: tuple[float, float], second: tuple[float, float]) -> tuple[float, float]:
     """The least wall time and the least CPU time (maybe of different rounds)."""
     return min(first[0], second[0]), min(first[1], second[1])
@@ -185,17 +253,26 @@ def main() -> None:
     parser.add_argument("directory", nargs="?", help="a tree of training scripts (default: the bundled corpus)")
     parser.add_argument("--base", metavar="CHECKOUT", help="another source tree of accrewrite, measured in turn")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--instructions", type=int, nargs="?", const=5, metavar="STEP",
+                        help="count instructions (valgrind) of every STEP-th file (default 5) instead of timing")
     parser.add_argument("--interleaved", action="store_true", help=argparse.SUPPRESS)  # one measurement, for a farm
+    parser.add_argument("--count-run", nargs=2, metavar=("WHAT", "STEP"), help=argparse.SUPPRESS)  # under valgrind
     args = parser.parse_args()
     if args.interleaved:
         print(*interleaved(discover([args.directory]).files))
+        return
+    if args.count_run:
+        counted_run(args.directory, int(args.count_run[1]), args.count_run[0])
         return
     trees = {"ours": _ROOT, **({"base": Path(args.base).resolve()} if args.base else {})}
     with tempfile.TemporaryDirectory() as corpus:
         if args.directory is None:
             bundled_corpus(Path(corpus))
         directory = os.path.abspath(args.directory or corpus)
-        print_table(measure(directory, args.repeat, trees), list(trees))
+        if args.instructions:
+            count(directory, args.instructions, trees)
+        else:
+            print_table(measure(directory, args.repeat, trees), list(trees))
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ LATE_IMPORT = "def build():\n    return torch.cuda.amp.GradScaler()\nimport torc
     (LATE_IMPORT, True),
     ("x = 1; import torch\n" + LATE_IMPORT.replace("import torch\n", ""), True),
     ("import torch  # import what the script needs\n" + LATE_IMPORT.replace("import torch\n", ""), True),
+    ("import torch  # the imports, as importlib reads them\n" + LATE_IMPORT.replace("import torch\n", ""), False),
     ("torch.manual_seed(0)\nimport torch\n", True),  # an expression, not a docstring, above it
 ])
 def test_the_imports_are_noted_first_unless_every_one_opens_the_file(monkeypatch, source, first):
