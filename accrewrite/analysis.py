@@ -450,7 +450,7 @@ class Facts:
         see ACC002.)"""
         kind = type(node)
         if kind is cst.Name or kind is cst.Integer:
-            return False  # the cases below, read in one test where most nodes asked about go
+            return False  # none of the cases below, and what most callers ask about
         text = string_value(node)
         if text is not None:
             return text == "cuda" or text.startswith("cuda:")

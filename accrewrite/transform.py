@@ -124,7 +124,7 @@ class BatchedTransformer(cst.CSTTransformer):
         return self._rewrite(module)
 
     def _rewrite(self, node: cst.CSTNode):
-        """``node`` rewritten: a node that neither is a token nor inert (its parent's loop, or
+        """``node`` rewritten: a node that is neither a token nor inert (its parent's loop, or
         ``rewrite``, has checked)."""
         updated = node
         if self._enter(node):

@@ -185,7 +185,6 @@ def join(kinds) -> Kind:
 
 def _neutral(value: cst.BaseExpression) -> bool:
     """A literal initialiser, which takes the kind of the name's other bindings."""
-    # (libcst's node types are concrete: ``is``, not isinstance against its ABCs.)
     if type(value) is cst.UnaryOperation and type(value.operator) is cst.Minus:
         value = value.expression
     kind = type(value)
@@ -1544,7 +1543,7 @@ class FileValues:
     def _note_call(self, call: cst.Call, scope) -> None:
         func = call.func
         target, shift = None, 0
-        kind = type(func)  # (libcst's node types are concrete: ``is``, not isinstance against its ABCs)
+        kind = type(func)
         if kind is cst.Name:
             defined = self._visible(scope, func.value)
             if type(defined) is cst.FunctionDef:

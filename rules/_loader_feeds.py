@@ -242,7 +242,7 @@ class Planner:
 
         def enter(node):
             nonlocal moved
-            kind = type(node)  # (libcst's node types are concrete: ``is``, not isinstance against its ABCs)
+            kind = type(node)
             if kind is cst.FunctionDef or kind is cst.ClassDef or kind is cst.Lambda:
                 return False
             if kind is cst.SimpleStatementLine:

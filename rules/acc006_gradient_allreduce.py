@@ -237,7 +237,6 @@ class GradientAllReduce(Rule):
 
 def _call_statement(statement) -> cst.Call | None:
     """The call when ``statement`` is a lone ``x.method(...)`` expression statement."""
-    # (libcst's node types are concrete: ``is``, not isinstance against its ABCs.)
     if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
         return None
     expression = statement.body[0]
