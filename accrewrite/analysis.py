@@ -21,7 +21,7 @@ from accrewrite.nodes import (
     NODE_TYPES, STATEMENT_TYPES, call_arg, children, descendants, dotted, node_types, string_value, walk,
 )
 from accrewrite.targets import spelled_callees, written_for
-from accrewrite.values import Definitions, FileValues, Kind, ScopeValues, returned_read, target_names
+from accrewrite.values import Definitions, FileValues, Kind, ScopeValues, parses_options, returned_read, target_names
 
 # A trigger word that stands for the calls of the file's functions that return an argument read
 # on the host (``to_python_float(t)``, see ``Facts.returned_reads``): the statements holding
@@ -850,8 +850,7 @@ class _Analyzer:
         for target in node.targets:
             if type(target.target) is cst.Name:
                 self.facts.assignments.setdefault(target.target.value, []).append(node.value)
-        if type(node.value) is cst.Call and type(node.value.func) is cst.Attribute \
-                and node.value.func.attr.value in ("parse_args", "parse_known_args"):
+        if parses_options(node):
             self.facts.option_parses.append(node)
         if len(node.targets) != 1:
             return

@@ -1252,6 +1252,13 @@ def bound_names(node: cst.CSTNode) -> set[str]:
     return found
 
 
+def parses_options(assign: cst.Assign) -> bool:
+    """Whether ``assign`` binds parsed command-line options (``args = parser.parse_args()``)."""
+    value = assign.value
+    return type(value) is cst.Call and type(value.func) is cst.Attribute \
+        and value.func.attr.value in ("parse_args", "parse_known_args")
+
+
 _NESTED_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
@@ -1524,10 +1531,8 @@ class FileValues:
                 continue
             if kind is cst.Call:
                 self._every_call.append((child, scope))
-            elif kind is cst.Assign and type(child.value) is cst.Call:
-                func = child.value.func
-                if type(func) is cst.Attribute and func.attr.value in ("parse_args", "parse_known_args"):
-                    self._parsing.append(child)
+            elif kind is cst.Assign and parses_options(child):
+                self._parsing.append(child)
             self._find_calls(child, scope)
 
     def option_calls(self) -> list[cst.Call]:
