@@ -17,7 +17,7 @@ from io import BytesIO
 
 import libcst as cst
 
-from accrewrite import limits, normalize, parsing, unbound
+from accrewrite import limits, normalize, parsing, reduction, unbound
 from accrewrite.analysis import Facts, Triggers, analyze
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
@@ -43,6 +43,8 @@ class Options:
     unsafe_fixes: bool = False
     guard: str | None = None
     parallel: str | None = None  # --parallel: "fsdp", "tp" or "fsdp,tp"
+    # Why DistributedDataParallel stays (the project's pass: the module that steps does not reduce).
+    keep_ddp: str | None = None
 
     def selection(self) -> Selection:
         chosen = select(list(self.select), list(self.ignore), self.unsafe_fixes)
@@ -158,6 +160,8 @@ def _checked(source: bytes, tree: ast.Module, output: bytes, path: str, options:
     output_tree = _verify(source, output, path)
     if output_tree is not None:
         _no_name_left_unbound(source, tree, output, output_tree, path, options, selection, fixes)
+        reduction.no_step_left_unreduced(source, tree, output_tree, selection, fixes,
+                                         lambda rest: _migrate(source, options, rest))
 
 
 def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output_tree: ast.Module, path: str,
@@ -258,7 +262,9 @@ def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tu
     facts = analyze(module, Triggers.of(tuple(selection.rules)), walked_types(tuple(selection.rules)), text)
     _written_for_this_target(module, facts, options.target)
     target = get_target(options.target).clear_of(facts.imports)
-    ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel)
+    running = frozenset(rule.code for rule in selection.rules if _runs_on(rule, target))
+    ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel,
+                      keep_ddp=options.keep_ddp, running=running)
     try:
         return _run_rules(ctx, options, selection, original, source, restore)
     finally:
