@@ -76,6 +76,8 @@ class FileResult:
     diagnostics: list[Finding] = field(default_factory=list)
     withheld: list[Finding] = field(default_factory=list)
     error: FileError | None = None
+    # A rule left the file as it is (``RuleContext.refuse``): its diagnostics say why.
+    refused: bool = False
 
     @property
     def changed(self) -> bool:
@@ -231,6 +233,7 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
                 limits.deep_stack(_checked, source, tree, output, path, options, selection, ctx.fixes)
             result.output = output
             result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
+            result.refused = bool(ctx.refusals)
     except MigrationError as exc:
         result.error = exc.error
     except Exception as bug:  # noqa: BLE001 - a rule's bug must not stop the other files
