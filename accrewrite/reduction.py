@@ -29,7 +29,8 @@ from accrewrite.targets import spelled_callees
 from accrewrite.unbound import REFUSAL
 
 _DDP = frozenset({"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"})
-_REDUCING_CONCEPTS = ("gradient_allreduce", "optimizer_step", "optimizer_step_closure")
+_STEPPING_CONCEPTS = ("optimizer_step", "optimizer_step_closure")
+_REDUCING_CONCEPTS = ("gradient_allreduce", *_STEPPING_CONCEPTS)
 # The parallel wrap (``migrate --parallel``): FSDP2 and tensor parallelism reduce the gradients
 # of every step themselves.
 _PARALLEL_CONCEPTS = ("parallel_accelerate",)
@@ -59,10 +60,12 @@ class Reading:
         parallel = frozenset().union(*(spelled_callees(concept) for concept in _PARALLEL_CONCEPTS))
         self.parallel = any(self._qualname(call.func) in parallel for call, _ in self._calls)
         self._reduce_through_helpers()
+        steppers = frozenset().union(*(spelled_callees(concept) for concept in _STEPPING_CONCEPTS))
         for call, _ in self._calls:
-            if self._qualname(call.func) in _DDP:
+            qualname = self._qualname(call.func)
+            if qualname in _DDP:
                 self.wraps += 1
-            elif id(call) not in self._reducing and _steps(call):
+            elif qualname in steppers or _steps(call):
                 self.steps.append(call)
 
     def _read(self, tree: ast.Module) -> None:
@@ -106,8 +109,8 @@ class Reading:
             changed = len(self._reducing) != before
 
     def unreduced_steps(self) -> list[ast.Call]:
-        """The steps that no reduction in their function comes before (none where a parallel
-        wrap reduces them all)."""
+        """The steps that neither reduce themselves (the target's optimizer step) nor come after a
+        reduction in their function (none where a parallel wrap reduces them all)."""
         if self.parallel:
             return []
         reduced_from: dict[int, tuple[int, int]] = {}
@@ -116,8 +119,8 @@ class Reading:
                 at = (call.lineno, call.col_offset)
                 reduced_from[id(function)] = min(reduced_from.get(id(function), at), at)
         scope = {id(call): function for call, function in self._calls}
-        return [step for step in self.steps
-                if reduced_from.get(id(scope[id(step)]), (step.lineno, step.col_offset)) >= (step.lineno, step.col_offset)]
+        return [step for step in self.steps if id(step) not in self._reducing
+                and reduced_from.get(id(scope[id(step)]), (step.lineno, step.col_offset)) >= (step.lineno, step.col_offset)]
 
 
 def _input_line(step: ast.Call, output: Reading, source: Reading) -> int:

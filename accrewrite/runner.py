@@ -140,8 +140,16 @@ def migrate_text(display: str, source: bytes, options: Options, mode: str) -> tu
 
 
 def process(job: Job, options: Options, mode: str) -> Outcome:
-    """Migrate one file; the migrated bytes of a changed file come back with it, for the
-    project's decision to read and the parent to write once it is made."""
+    """Migrate one file on its own and do what ``mode`` says with the result (``run`` makes
+    the project's decision in between)."""
+    outcome = _migrated_job(job, options, mode)
+    _write(job, outcome, mode)
+    return outcome
+
+
+def _migrated_job(job: Job, options: Options, mode: str) -> Outcome:
+    """Migrate one file, writing nothing: the migrated bytes of a changed file come back with
+    it, for the project's decision to read and the parent to write once it is made."""
     display = str(job.path)
     try:
         source = _read(job.path, mode)
@@ -179,7 +187,7 @@ def _write(job: Job, outcome: Outcome, mode: str) -> None:
 
 def _process_star(arguments) -> Outcome:
     parsing.keep()  # a worker only migrates
-    return process(*arguments)
+    return _migrated_job(*arguments)
 
 
 def run(jobs: list[tuple[Job, Options]], mode: str, workers: int = 1, progress=None,

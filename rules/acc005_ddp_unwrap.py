@@ -169,7 +169,7 @@ class DdpUnwrap(Rule):
         wrapped = wrapped_models_of(self.ctx)
         self._kept = ddp_kept(self.ctx)
         # Where DDP stays, nothing of it goes: the wrapped names keep their ``.module``,
-        # ``no_sync`` and sync flag.
+        # ``no_sync`` and sync flag, and no broadcast is added.
         self._wrapped = wrapped or set() if self._kept is None else set()
         return wrapped is not None
 
@@ -257,7 +257,7 @@ class DdpUnwrap(Rule):
         return cst.FlattenSentinel(body)
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
-        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Assign):
+        if self._kept is not None or len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Assign):
             return updated_node
         assign = original_node.body[0]
         if len(assign.targets) != 1:
