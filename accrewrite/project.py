@@ -65,9 +65,6 @@ class Decisions:
     left: dict[int, Left] = field(default_factory=dict)
     keep_ddp: dict[int, str] = field(default_factory=dict)
 
-    def __bool__(self) -> bool:
-        return bool(self.left or self.keep_ddp)
-
 
 def member(path: Path, source: bytes, result) -> Member:
     """What the project reads of a file's migration (``result``, an ``engine.FileResult``)."""

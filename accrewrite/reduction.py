@@ -21,6 +21,7 @@ that one).
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable
 
 from accrewrite.errors import FileError, MigrationError
@@ -55,17 +56,14 @@ class Reading:
         self._calls: list[tuple[ast.Call, ast.AST | None]] = []
         self._functions: dict[str, list[ast.AST]] = {}
         self._read(tree)
-        reductions = frozenset().union(*(spelled_callees(concept) for concept in _REDUCING_CONCEPTS))
-        self._reducing = {id(call) for call, _ in self._calls if self._qualname(call.func) in reductions}
-        parallel = frozenset().union(*(spelled_callees(concept) for concept in _PARALLEL_CONCEPTS))
-        self.parallel = any(self._qualname(call.func) in parallel for call, _ in self._calls)
+        called = [(call, self._qualname(call.func)) for call, _ in self._calls]
+        self._reducing = {id(call) for call, callee in called if callee in _spelled(_REDUCING_CONCEPTS)}
+        self.parallel = any(callee in _spelled(_PARALLEL_CONCEPTS) for _, callee in called)
         self._reduce_through_helpers()
-        steppers = frozenset().union(*(spelled_callees(concept) for concept in _STEPPING_CONCEPTS))
-        for call, _ in self._calls:
-            qualname = self._qualname(call.func)
-            if qualname in _DDP:
+        for call, callee in called:
+            if callee in _DDP:
                 self.wraps += 1
-            elif qualname in steppers or _steps(call):
+            elif callee in _spelled(_STEPPING_CONCEPTS) or _steps(call):
                 self.steps.append(call)
 
     def _read(self, tree: ast.Module) -> None:
@@ -123,6 +121,12 @@ class Reading:
                 and reduced_from.get(id(scope[id(step)]), (step.lineno, step.col_offset)) >= (step.lineno, step.col_offset)]
 
 
+@functools.cache
+def _spelled(concepts: tuple[str, ...]) -> frozenset[str]:
+    """What the targets' spellings of ``concepts`` call, by qualified name."""
+    return frozenset().union(*(spelled_callees(concept) for concept in concepts))
+
+
 def _input_line(step: ast.Call, output: Reading, source: Reading) -> int:
     """The line of the input's step that ``step`` of the output is: the same optimizer's step,
     as many of them before it."""
@@ -168,8 +172,8 @@ def no_step_left_unreduced(source: bytes, tree: ast.Module, output_tree: ast.Mod
     the net trips) no step is left so."""
     if b"DistributedDataParallel" not in source:
         return
-    wraps = Reading(tree).wraps
-    output = Reading(output_tree)
+    original, output = Reading(tree), Reading(output_tree)
+    wraps = original.wraps
     unreduced = output.unreduced_steps() if output.wraps < wraps else []
     if not unreduced:
         return
@@ -185,7 +189,7 @@ def no_step_left_unreduced(source: bytes, tree: ast.Module, output_tree: ast.Mod
     fixing = [by_code[code] for code in dict.fromkeys(fix.code for fix in fixes)]
     culprit = next((f"{rule.code} {rule.name}" for rule in fixing if clears(rule)),
                    f"rules {', '.join(rule.code for rule in fixing)} together")
-    line = _input_line(unreduced[0], output, Reading(tree))
+    line = _input_line(unreduced[0], output, original)
     raise MigrationError(FileError(
         f"{REFUSAL} the optimizer step at line {line} with no gradient all-reduce before it, DistributedDataParallel "
         f"removed ({culprit}); the file was left unchanged; please report it with the file", line,
