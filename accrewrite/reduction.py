@@ -52,38 +52,35 @@ class Reading:
         self.imports: dict[str, str] = {}
         self.wraps = 0
         self.steps: list[ast.Call] = []
-        # Each call, with the function it is in (None at module level), in source order.
-        self._calls: list[tuple[ast.Call, ast.AST | None]] = []
-        self._functions: dict[str, list[ast.AST]] = {}
-        self._read(tree)
-        called = [(call, self._qualname(call.func)) for call, _ in self._calls]
-        self._reducing = {id(call) for call, callee in called if callee in _spelled(_REDUCING_CONCEPTS)}
+        calls: list[ast.Call] = []
+        self._functions: list[ast.AST] = []
+        for node in ast.walk(tree):  # breadth first: the calls are put in source order below
+            kind = type(node)
+            if kind is ast.Call:
+                calls.append(node)
+            elif kind in _FUNCTIONS:
+                self._functions.append(node)
+            elif kind is ast.Import or kind is ast.ImportFrom:
+                self._note_import(node)
+        calls.sort(key=_position)
+        called = [(call, self._qualname(call.func)) for call in calls]
+        self._reducing = [call for call, callee in called if callee in _spelled(_REDUCING_CONCEPTS)]
         self.parallel = any(callee in _spelled(_PARALLEL_CONCEPTS) for _, callee in called)
-        self._reduce_through_helpers()
+        self._reduce_through_helpers(calls)
         for call, callee in called:
             if callee in _DDP:
                 self.wraps += 1
             elif callee in _spelled(_STEPPING_CONCEPTS) or _steps(call):
                 self.steps.append(call)
 
-    def _read(self, tree: ast.Module) -> None:
-        pending: list[tuple[ast.AST, ast.AST | None]] = [(tree, None)]
-        while pending:
-            node, function = pending.pop()
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    root = alias.name.split(".")[0]
-                    self.imports[alias.asname or root] = alias.name if alias.asname else root
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                for alias in node.names:
-                    self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-            elif isinstance(node, ast.Call):
-                self._calls.append((node, function))
-            if isinstance(node, _FUNCTIONS):
-                if not isinstance(node, ast.Lambda):
-                    self._functions.setdefault(node.name, []).append(node)
-                function = node
-            pending.extend((child, function) for child in reversed(list(ast.iter_child_nodes(node))))
+    def _note_import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if type(node) is ast.Import:
+            for alias in node.names:
+                root = alias.name.split(".")[0]
+                self.imports[alias.asname or root] = alias.name if alias.asname else root
+        elif not node.level and node.module:
+            for alias in node.names:
+                self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
 
     def _qualname(self, node: ast.AST) -> str | None:
         name = _dotted(node)
@@ -95,30 +92,40 @@ class Reading:
             return None
         return f"{base}.{rest}" if rest else base
 
-    def _reduce_through_helpers(self) -> None:
+    def _function_of(self, node: ast.AST) -> ast.AST | None:
+        """The innermost function (or lambda) that holds ``node``; None at module level."""
+        at = _position(node)
+        holding = [f for f in self._functions if _position(f) < at <= (f.end_lineno, f.end_col_offset)]
+        return max(holding, key=_position, default=None)
+
+    def _reduce_through_helpers(self, calls: list[ast.Call]) -> None:
         """A call of a function of the file that reduces (a helper, however deep) reduces."""
-        changed = True
-        while changed:
-            reducing_functions = {id(function) for call, function in self._calls if id(call) in self._reducing}
-            helpers = {name for name, defined in self._functions.items() if any(id(f) in reducing_functions for f in defined)}
-            before = len(self._reducing)
-            self._reducing |= {id(call) for call, _ in self._calls
-                               if isinstance(call.func, ast.Name) and call.func.id in helpers}
-            changed = len(self._reducing) != before
+        named = [call for call in calls if type(call.func) is ast.Name]
+        helpers: set[str] = set()
+        while True:
+            reducing = {getattr(self._function_of(call), "name", None) for call in self._reducing} - {None}
+            if reducing <= helpers:
+                return
+            helpers |= reducing
+            known = {id(call) for call in self._reducing}
+            self._reducing += [call for call in named if call.func.id in helpers and id(call) not in known]
 
     def unreduced_steps(self) -> list[ast.Call]:
         """The steps that neither reduce themselves (the target's optimizer step) nor come after a
         reduction in their function (none where a parallel wrap reduces them all)."""
         if self.parallel:
             return []
-        reduced_from: dict[int, tuple[int, int]] = {}
-        for call, function in self._calls:
-            if id(call) in self._reducing:
-                at = (call.lineno, call.col_offset)
-                reduced_from[id(function)] = min(reduced_from.get(id(function), at), at)
-        scope = {id(call): function for call, function in self._calls}
-        return [step for step in self.steps if id(step) not in self._reducing
-                and reduced_from.get(id(scope[id(step)]), (step.lineno, step.col_offset)) >= (step.lineno, step.col_offset)]
+        first_reduction: dict[int, tuple[int, int]] = {}
+        for call in self._reducing:
+            function = id(self._function_of(call))
+            first_reduction[function] = min(first_reduction.get(function, _position(call)), _position(call))
+        reducing = {id(call) for call in self._reducing}
+        return [step for step in self.steps if id(step) not in reducing
+                and first_reduction.get(id(self._function_of(step)), _position(step)) >= _position(step)]
+
+
+def _position(node: ast.AST) -> tuple[int, int]:
+    return node.lineno, node.col_offset
 
 
 @functools.cache
@@ -172,10 +179,13 @@ def no_step_left_unreduced(source: bytes, tree: ast.Module, output_tree: ast.Mod
     the net trips) no step is left so."""
     if b"DistributedDataParallel" not in source:
         return
-    original, output = Reading(tree), Reading(output_tree)
-    wraps = original.wraps
-    unreduced = output.unreduced_steps() if output.wraps < wraps else []
+    output = Reading(output_tree)
+    unreduced = output.unreduced_steps()
     if not unreduced:
+        return
+    original = Reading(tree)
+    wraps = original.wraps
+    if output.wraps >= wraps:
         return
 
     def clears(rule) -> bool:

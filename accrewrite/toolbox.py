@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
-from accrewrite.nodes import call_arg, children, dotted, walk
+from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, walk
 from accrewrite.reduction import named_like_optimizer
 from accrewrite.rule import excerpt
 from accrewrite.targets import called_names, spelled_callees
@@ -276,17 +276,30 @@ def steps_an_optimizer(facts: Facts, call: cst.Call) -> bool:
 
 def _unreduced_step(facts: Facts, module: cst.Module, reducing: bool) -> cst.Call | None:
     """The first optimizer step of the file that the reduction's rule (where ``reducing``: it
-    runs) leaves without the target's all-reduce: as that rule does it, the first step of each
-    block through a GradScaler (or plainly after reading the gradients) gets the reduction, and
-    a training loop's lone ``optimizer.step()`` becomes the target's optimizer step."""
+    runs) leaves without the target's all-reduce."""
+    steps = [call for call, _ in facts.calls if steps_an_optimizer(facts, call)]
+    if not steps or not reducing or not (facts.loops or facts.step_functions):
+        return steps[0] if steps else None
+    reduced = _reduced_steps(facts, module)
+    return next((step for step in steps if id(step) not in reduced), None)
+
+
+def _reduced_steps(facts: Facts, module: cst.Module) -> set[int]:
+    """The ids of the step calls that the reduction's rule gives the target's all-reduce, walking
+    the statements it walks (those that mention its trigger words), as it does: the first step
+    of each block through a GradScaler (or plainly after reading the gradients) gets the
+    reduction, and a training loop's lone ``optimizer.step()`` becomes the target's optimizer
+    step."""
+    bit = next((bit for rule, bit in facts.triggers.bits.items() if rule.code == REDUCING_RULE), -1) \
+        if facts.triggers is not None else -1
     loops = {id(loop.node) for loop in facts.loops}
-    runs = reducing and bool(facts.loops or facts.step_functions)
     reduced: set[int] = set()
-    steps: list[cst.Call] = []
     pending = [(module, False)]
     while pending:
         node, in_training = pending.pop()
         kind = type(node)
+        if kind in STATEMENT_TYPES and not facts.concerned(node) & bit:
+            continue
         in_training = in_training or id(node) in loops or kind is cst.FunctionDef and node in facts.step_functions
         if kind is cst.Module or kind is cst.IndentedBlock:
             planned = block_reduction(facts, node.body, in_training)
@@ -298,7 +311,6 @@ def _unreduced_step(facts: Facts, module: cst.Module, reducing: bool) -> cst.Cal
                 if (call is not None and type(call.func) is cst.Attribute and steps_through_target(call)
                         and stepped_optimizer(facts, call, in_training) is not None):
                     reduced.add(id(call))
-        elif kind is cst.Call and steps_an_optimizer(facts, node):
-            steps.append(node)
-        pending.extend((child, in_training) for child in reversed(children(node)))
-    return next((step for step in steps if not runs or id(step) not in reduced), None)
+            continue
+        pending.extend((child, in_training) for child in children(node) if not isinstance(child, cst.BaseExpression))
+    return reduced

@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from accrewrite import project
 from accrewrite.engine import Options, migrate_source
+from accrewrite.project import Decisions, decide, member, needs_deciding
 
 WORKSPACE_PREFIX = "accrewrite-verify-"
 # Not copied: version control and caches. (Unlike migrate's discovery, `build` or `env` folders
@@ -166,8 +166,9 @@ class Workspace:
                     shutil.copy2(source, made / file)  # a real file: Python resolves a script's links
                     if options and self._sources[source].parent.is_relative_to(self.script.parent):
                         migrated[self._sources[source]] = made / file  # its migration is written below
-        for path, output in _migrated(list(migrated), options, self.script.parent, errors).items():
-            migrated[path].write_bytes(output)
+        if migrated:
+            for path, output in _migrated(list(migrated), options, self.script.parent, errors).items():
+                migrated[path].write_bytes(output)
         project = self.trees[0]
         cwd = home / project.name / self.cwd.relative_to(project.source)
         cwd.mkdir(parents=True, exist_ok=True)
@@ -182,8 +183,8 @@ def _migrated(paths: list[Path], options: Options, root: Path, errors: list[str]
     kept as it is, its error in ``errors``."""
     sources = {path: path.read_bytes() for path in paths}
     results = [migrate_source(sources[path], str(path), options) for path in paths]
-    members = [project.member(path, sources[path], result) for path, result in zip(paths, results)]
-    decisions = project.decide(members, [root]) if project.needs_deciding(members) else project.Decisions()
+    members = [member(path, sources[path], result) for path, result in zip(paths, results)]
+    decisions = decide(members, [root]) if needs_deciding(members) else Decisions()
     for index, why in decisions.keep_ddp.items():
         results[index] = migrate_source(sources[paths[index]], str(paths[index]), replace(options, keep_ddp=why))
     outputs = {}
