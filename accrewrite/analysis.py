@@ -91,7 +91,8 @@ _COLLECTIVES = frozenset({"torch.distributed.all_reduce", "torch.distributed.red
                 "torch.distributed.all_reduce_coalesced"})
 # What keeps parameters' gradients gradients: a view of them (``p.grad.view(-1)``), a flat
 # buffer of them (``torch.cat(grads)``, DDP's own ``_flatten_dense_tensors``).
-_GRADIENT_VIEWS = frozenset({"view", "reshape", "flatten", "contiguous", "detach", "clone", "float", "to", "div_", "mul_"})
+_GRADIENT_VIEWS = frozenset({"view", "reshape", "flatten", "contiguous", "detach", "clone", "float", "to", "div_",
+                             "mul_"})
 _GRADIENT_BUFFERS = frozenset({"torch.cat", "torch.stack", "torch.flatten", "torch._utils._flatten_dense_tensors"})
 # The base class of an autograd Function: an all-reduce in its ``backward`` reduces the gradient
 # of the Function's input (a gather with gradients), not the parameters'.

@@ -164,7 +164,8 @@ def _write(job: Job, outcome: Outcome, mode: str) -> None:
     """Write a file's migration where ``mode`` says: in place where it changed, a copy of it
     (or of the file, unchanged) under --output-dir."""
     member, outcome.member = outcome.member, None
-    if outcome.error is not None or mode not in ("in-place", "output-dir") or mode == "in-place" and not outcome.changed:
+    writes = outcome.changed if mode == "in-place" else mode == "output-dir"
+    if outcome.error is not None or not writes:
         return
     try:
         output = member.output if outcome.changed else _read(job.path, mode)

@@ -1,7 +1,9 @@
 import libcst as cst
 
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import GRADIENT_READERS, SHARDING, block_reduction, ddp_kept, stepped_optimizer, steps_through_target
+from accrewrite.toolbox import (
+    GRADIENT_READERS, SHARDING, block_reduction, ddp_kept, stepped_optimizer, steps_through_target,
+)
 
 
 class GradientAllReduce(Rule):

@@ -49,7 +49,8 @@ def test_given_alone_the_module_is_left_for_the_script_beside_it_that_imports_it
 def test_every_mode_agrees_and_nothing_is_written(hogwild, tmp_path, cli, mode):
     before = {path.name: path.read_bytes() for path in hogwild.glob("*.py")}
     out_dir = tmp_path / "out"
-    code, out, _ = cli("migrate", hogwild, "--target", "torch_xla", mode, *([out_dir] if mode == "--output-dir" else []))
+    written = [out_dir] if mode == "--output-dir" else []
+    code, out, _ = cli("migrate", hogwild, "--target", "torch_xla", mode, *written)
     assert code == 0 and "Would migrate" not in out and LEFT in " ".join(out.split())
     assert {path.name: path.read_bytes() for path in hogwild.glob("*.py")} == before
     if mode == "--output-dir":  # the copies are the files as they are
@@ -78,7 +79,8 @@ def test_what_a_refused_script_drives_further_down_is_left_too_naming_its_import
     (hogwild / "helpers" / "data.py").write_text(
         "import torch\n\n\ndef on_device(x, device):\n    return x.cuda() if device.type == 'cuda' else x\n")
     train = (hogwild / "train.py").read_text()
-    (hogwild / "train.py").write_text(train.replace("import torch\n", "import torch\n\nfrom helpers.data import on_device\n", 1))
+    imported = train.replace("import torch\n", "import torch\nfrom helpers.data import on_device\n", 1)
+    (hogwild / "train.py").write_text(imported)
     code, out, _ = cli("migrate", hogwild, "--target", "torch_xla")
     text = " ".join(out.split())
     assert f"{hogwild / 'helpers' / 'data.py'}:1:1: ACC108 left as it is: ../train.py, which imports it" in text
@@ -93,10 +95,12 @@ def test_imports_resolve_as_python_would_from_the_importer(tmp_path):
     (tmp_path / "main.py").write_text("import top\nfrom pkg.sub import leaf\nimport pkg.far as far\nimport os, torch\n")
     (tmp_path / "pkg" / "entry.py").write_text("from . import near\nfrom .sub.leaf import thing\nimport top\n")
     graph = project._Graph([tmp_path])
-    relative = {path.relative_to(tmp_path.resolve()).as_posix() for path in graph.imports(tmp_path / "main.py")}
-    assert relative == {"top.py", "pkg/sub/__init__.py", "pkg/sub/leaf.py", "pkg/far.py"}
-    relative = {path.relative_to(tmp_path.resolve()).as_posix() for path in graph.imports(tmp_path / "pkg" / "entry.py")}
-    assert relative == {"pkg/near.py", "pkg/sub/leaf.py", "top.py"}
+
+    def imported(name):
+        return {path.relative_to(tmp_path.resolve()).as_posix() for path in graph.imports(tmp_path / name)}
+
+    assert imported("main.py") == {"top.py", "pkg/sub/__init__.py", "pkg/sub/leaf.py", "pkg/far.py"}
+    assert imported("pkg/entry.py") == {"pkg/near.py", "pkg/sub/leaf.py", "top.py"}
 
 
 def test_no_decision_is_made_where_no_file_is_refused_or_drops_ddp_alone(tmp_path, cli, monkeypatch):

@@ -1,7 +1,7 @@
 """A project laid out as MAE, DeiT and DETR are (a module of its own: test modules import it by
 name): util/misc.py sets up the process group and holds the loss scaler that steps the
-optimizer, engine.py the epoch, main.py the entry point, which wraps the model in
-DistributedDataParallel and writes each rank's parameters at its end."""
+optimizer, engine.py the epoch (rank 0 prints its losses), main.py the entry point, which wraps
+the model in DistributedDataParallel and writes each rank's parameters at its end."""
 
 MISC = '''\
 import os
@@ -42,6 +42,8 @@ def train_one_epoch(model, data_loader, optimizer, device, loss_scaler):
         loss = torch.nn.functional.mse_loss(model(samples), targets)
         loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters())
         optimizer.zero_grad()
+        if torch.distributed.get_rank() == 0:
+            print(f"loss {loss.item():.6f}")
 '''
 
 MAIN = '''\
