@@ -157,8 +157,9 @@ def _syntax(code: bytes, path: str) -> ast.Module:
 
 def _checked(source: bytes, tree: ast.Module, output: bytes, path: str, options: Options,
              selection: Selection, fixes: list[Finding]) -> None:
-    """The rewrite compiles where the source did (``_verify``), and reads no name unbound that
-    the source bound (``_no_name_left_unbound``); ``tree`` is the source's syntax tree."""
+    """The rewrite compiles where the source did (``_verify``), reads no name unbound that the
+    source bound (``_no_name_left_unbound``), and drops no DDP wrap with a step left unreduced
+    (``reduction``); ``tree`` is the source's syntax tree."""
     output_tree = _verify(source, output, path)
     if output_tree is not None:
         _no_name_left_unbound(source, tree, output, output_tree, path, options, selection, fixes)
