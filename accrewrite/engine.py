@@ -78,6 +78,9 @@ class FileResult:
     error: FileError | None = None
     # A rule left the file as it is (``RuleContext.refuse``): its diagnostics say why.
     refused: bool = False
+    # The output drops a DistributedDataParallel wrap and steps no optimizer itself: the
+    # gradients are to be reduced where another module steps (``accrewrite.project``).
+    drops_ddp_alone: bool = False
 
     @property
     def changed(self) -> bool:
@@ -156,15 +159,17 @@ def _syntax(code: bytes, path: str) -> ast.Module:
 
 
 def _checked(source: bytes, tree: ast.Module, output: bytes, path: str, options: Options,
-             selection: Selection, fixes: list[Finding]) -> None:
+             selection: Selection, fixes: list[Finding]) -> bool:
     """The rewrite compiles where the source did (``_verify``), reads no name unbound that the
     source bound (``_no_name_left_unbound``), and drops no DDP wrap with a step left unreduced
-    (``reduction``); ``tree`` is the source's syntax tree."""
+    (``reduction``); ``tree`` is the source's syntax tree. Whether it drops a DDP wrap and
+    steps no optimizer itself (``FileResult.drops_ddp_alone``)."""
     output_tree = _verify(source, output, path)
-    if output_tree is not None:
-        _no_name_left_unbound(source, tree, output, output_tree, path, options, selection, fixes)
-        reduction.no_step_left_unreduced(source, tree, output_tree, selection, fixes,
-                                         lambda rest: _migrate(source, options, rest))
+    if output_tree is None:
+        return False
+    _no_name_left_unbound(source, tree, output, output_tree, path, options, selection, fixes)
+    return reduction.no_step_left_unreduced(source, tree, output_tree, selection, fixes,
+                                            lambda rest: _migrate(source, options, rest))
 
 
 def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output_tree: ast.Module, path: str,
@@ -231,7 +236,8 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         if migrated is not None:
             output, ctx = migrated
             if output != source:
-                limits.deep_stack(_checked, source, tree, output, path, options, selection, ctx.fixes)
+                checked = limits.deep_stack(_checked, source, tree, output, path, options, selection, ctx.fixes)
+                result.drops_ddp_alone = checked
             result.output = output
             result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
             result.refused = bool(ctx.refusals)

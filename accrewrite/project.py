@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accrewrite.reduction import Reading, drops_ddp_alone
+from accrewrite.reduction import Reading
 from accrewrite.rule import Finding
 
 # Errors that reading a file's imports may meet; such a file imports nothing that is known.
@@ -66,19 +66,11 @@ class Decisions:
     keep_ddp: dict[int, str] = field(default_factory=dict)
 
 
-def member(path: Path, source: bytes, result) -> Member:
+def member(path: Path, result) -> Member:
     """What the project reads of a file's migration (``result``, an ``engine.FileResult``)."""
     changed = result.changed
     return Member(path, changed, result.output if changed else None,
-                  result.diagnostics[0] if result.refused else None,
-                  changed and b"DistributedDataParallel" in source and _drops_ddp_alone(source, result.output))
-
-
-def _drops_ddp_alone(source: bytes, output: bytes) -> bool:
-    try:
-        return drops_ddp_alone(ast.parse(source), ast.parse(output))
-    except _UNREADABLE:  # not Python's own (the engine compiled neither), or nested past its parser
-        return True
+                  result.diagnostics[0] if result.refused else None, changed and result.drops_ddp_alone)
 
 
 def needs_deciding(members: list[Member]) -> bool:

@@ -164,29 +164,24 @@ def _steps(call: ast.Call) -> bool:
     return name is not None and named_like_optimizer(name)
 
 
-def drops_ddp_alone(before: ast.Module, after: ast.Module) -> bool:
-    """Whether the output drops a DDP wrap of the input and steps no optimizer itself: its
-    gradients are to be reduced where another module steps."""
-    output = Reading(after)
-    return Reading(before).wraps > output.wraps and not output.steps
-
-
 def no_step_left_unreduced(source: bytes, tree: ast.Module, output_tree: ast.Module, selection, fixes: list,
-                           migrate_without: Callable) -> None:
+                           migrate_without: Callable) -> bool:
     """The net: refuse an output that drops a DDP wrap of the input (``tree``) and leaves an
     optimizer step with no reduction before it, naming the step's line and the rule whose fixes
     do it: the one without which (``migrate_without(rules)``, the migration run again, only when
-    the net trips) no step is left so."""
+    the net trips) no step is left so. Whether the output drops a wrap and steps no optimizer
+    itself: its gradients are to be reduced where another module steps (the project's pass,
+    ``accrewrite.project``, reads that one)."""
     if b"DistributedDataParallel" not in source:
-        return
+        return False
     output = Reading(output_tree)
     unreduced = output.unreduced_steps()
-    if not unreduced:
-        return
+    if output.steps and not unreduced:
+        return False
     original = Reading(tree)
     wraps = original.wraps
-    if output.wraps >= wraps:
-        return
+    if output.wraps >= wraps or not output.steps:
+        return output.wraps < wraps
 
     def clears(rule) -> bool:
         again = migrate_without(Selection(tuple(r for r in selection.rules if r is not rule), selection.withheld))

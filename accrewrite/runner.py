@@ -135,7 +135,7 @@ def migrate_text(display: str, source: bytes, options: Options, mode: str) -> tu
         outcome.lines = {d.line: text[d.line - 1] for d in result.diagnostics if 0 < d.line <= len(text)}
     if result.changed and mode in ("diff", "check"):
         outcome.diff = _diff(display, source, result.output)
-    outcome.member = project.member(Path(display), source, result)
+    outcome.member = project.member(Path(display), result)
     return outcome, result.output
 
 

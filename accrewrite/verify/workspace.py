@@ -183,7 +183,7 @@ def _migrated(paths: list[Path], options: Options, root: Path, errors: list[str]
     kept as it is, its error in ``errors``."""
     sources = {path: path.read_bytes() for path in paths}
     results = [migrate_source(sources[path], str(path), options) for path in paths]
-    members = [member(path, sources[path], result) for path, result in zip(paths, results)]
+    members = [member(path, result) for path, result in zip(paths, results)]
     decisions = decide(members, [root]) if needs_deciding(members) else Decisions()
     for index, why in decisions.keep_ddp.items():
         results[index] = migrate_source(sources[paths[index]], str(paths[index]), replace(options, keep_ddp=why))
