@@ -10,10 +10,12 @@ _MEMORY_READS = frozenset(
     f"torch.cuda.{name}"
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats")
 )
-_MEMORY_FAILS = frozenset({"torch.cuda.reset_peak_memory_stats", "torch.cuda.memory_summary"})
+_MEMORY_FAILS = frozenset({"torch.cuda.reset_peak_memory_stats", "torch.cuda.memory_summary", "torch.cuda.mem_get_info"})
 _MEMORY = _MEMORY_READS | _MEMORY_FAILS
+_NAME = "torch.cuda.get_device_name"
 # The calls a target's device layer may have under the same names (`device_call`).
-_DEVICE_CALLS = _MEMORY | {"torch.cuda.empty_cache", "torch.cuda.mem_get_info", "torch.cuda.get_device_name"}
+_DEVICE_CALLS = _MEMORY | {"torch.cuda.empty_cache", _NAME}
+_FAILS = "It fails where CUDA is absent (a TPU host, PJRT's CPU): remove it, or guard it with torch.cuda.is_available()."
 _QUERIES = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
 _DEVICE_COUNTS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
 _CUDNN = "torch.backends.cudnn."
@@ -36,8 +38,9 @@ class CudaApi(Rule):
     - On a target whose device is not a CUDA device (torchacc, torch_xla), these are reported,
       not changed, because they no longer describe the training device:
       `torch.cuda.memory_allocated()`/`max_memory_allocated()`/`memory_reserved()`... (0
-      where CUDA is not initialised; `reset_peak_memory_stats()` and `memory_summary()` fail
-      without CUDA; the device's memory is `xm.get_memory_info(device)`),
+      where CUDA is not initialised; `reset_peak_memory_stats()`, `memory_summary()` and
+      `mem_get_info()` fail without CUDA; the device's memory is `xm.get_memory_info(device)`),
+      `torch.cuda.get_device_name()` (fails without CUDA),
       `torch.cuda.is_available()`/`device_count()` outside the device selection that
       ACC002 rewrites (False/0 on TPU or CPU hosts, where the code they gate takes its CPU path),
       and `torch.backends.cudnn.*` settings (no effect: the target does not run cuDNN).
@@ -190,14 +193,14 @@ class CudaApi(Rule):
             return updated_node
         if callee in _MEMORY:
             memory = self.ctx.concept("memory_info").render_expr(device="device")
-            runs = ("It fails where CUDA is absent (a TPU host, PJRT's CPU): remove it, or guard it with "
-                    "torch.cuda.is_available()." if callee in _MEMORY_FAILS else
-                    "It reads 0 where CUDA is not initialised; left as it is so the script runs.")
+            runs = _FAILS if callee in _MEMORY_FAILS else "It reads 0 where CUDA is not initialised; left as it is."
             self.ctx.diagnose(
                 original_node,
-                f"{callee}() measures CUDA's allocator, not this target's device",
+                f"{callee}() measures CUDA's memory, not this target's device",
                 f"{runs} For device memory use {memory}.",
             )
+        elif callee == _NAME:
+            self.ctx.diagnose(original_node, f"{callee}() names a CUDA device, not this target's", _FAILS)
         elif callee in _QUERIES and not self._selecting:
             self.ctx.diagnose(
                 original_node,
