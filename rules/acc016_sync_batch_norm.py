@@ -1,13 +1,15 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg
+from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule, excerpt
+from accrewrite.targets import import_bindings
 
 _CLASS = frozenset({
     "torch.nn.SyncBatchNorm", "torch.nn.modules.SyncBatchNorm", "torch.nn.modules.batchnorm.SyncBatchNorm",
 })
+_CLASS_NAME = "SyncBatchNorm"
 _CONVERT = "convert_sync_batchnorm"
-# Where the class is only named: a type test, an import.
+# Where the class is only named: a type test (and an import).
 _TYPE_TESTS = frozenset({"isinstance", "issubclass"})
 # Expressions that stay one operand where a removed call leaves them (``convert(m).cuda()``).
 _PRIMARY = (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
@@ -42,7 +44,7 @@ class SyncBatchNorm(Rule):
     code = "ACC016"
     name = "sync-batch-norm"
     summary = "nn.SyncBatchNorm -> the target's synchronized batch norm; where it has none, convert_sync_batchnorm removed"
-    triggers = frozenset({"SyncBatchNorm"})
+    triggers = frozenset({_CLASS_NAME})
     examples = (
         Example(
             before="""
@@ -64,9 +66,10 @@ class SyncBatchNorm(Rule):
         Example(
             before="""
             from torch import nn
+            from torch.nn import BatchNorm2d, SyncBatchNorm
 
             def backbone(sync_bn):
-                norm_layer = nn.SyncBatchNorm if sync_bn else nn.BatchNorm2d
+                norm_layer = SyncBatchNorm if sync_bn else BatchNorm2d
                 return ResNet(norm_layer=norm_layer)
 
             def has_batchnorms(model):
@@ -74,10 +77,11 @@ class SyncBatchNorm(Rule):
             """,
             after="""
             from torch import nn
-            import accrewrite.runtime as accrt
+            from accrewrite.runtime.nn import SyncBatchNorm
+            from torch.nn import BatchNorm2d
 
             def backbone(sync_bn):
-                norm_layer = accrt.nn.SyncBatchNorm if sync_bn else nn.BatchNorm2d
+                norm_layer = SyncBatchNorm if sync_bn else BatchNorm2d
                 return ResNet(norm_layer=norm_layer)
 
             def has_batchnorms(model):
@@ -119,86 +123,74 @@ class SyncBatchNorm(Rule):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        # Depth inside type tests and imports, where the class is named, not used.
+        # Depth inside type tests, where the class is named, not used.
         self._naming = 0
-        # The ids of nodes that are not a use of the class as a value: names after a dot, the
-        # class whose conversion is called, the class called.
-        self._after_dot: set[int] = set()
-        self._converted: set[int] = set()
+        # The ids of the class's uses that are not a value: called, or its conversion called.
         self._called: set[int] = set()
+        self._converted: set[int] = set()
+
+    def applies(self) -> bool:
+        # a training loop's statements concern every rule: a file that never names the class is
+        # not walked at all (any use of it, through any import, spells the class's name somewhere)
+        return _CLASS_NAME in self.ctx.source_text
 
     def _is_class(self, node: cst.CSTNode) -> bool:
         return self.ctx.facts.qualname(node) in _CLASS
 
-    def visit_Import(self, node) -> None:
-        self._naming += 1
-
-    def leave_Import(self, original_node, updated_node):
-        self._naming -= 1
-        return updated_node
-
-    def visit_ImportFrom(self, node) -> None:
-        self._naming += 1
-
-    def leave_ImportFrom(self, original_node, updated_node):
-        self._naming -= 1
-        return updated_node
-
-    def visit_Attribute(self, node) -> None:
-        self._after_dot.add(id(node.attr))
-        if node.attr.value == _CONVERT:
-            self._converted.add(id(node.value))
-
     def visit_Call(self, node) -> None:
         self._naming += _tests_type(node)
         self._called.add(id(node.func))
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == _CONVERT:
+            self._converted.add(id(node.func.value))
 
     def leave_Call(self, original_node, updated_node):
         self._naming -= _tests_type(original_node)
-        if self.ctx.target.has("sync_batch_norm") or self._converted_module(original_node) is None:
-            return updated_node
-        return self._remove_conversion(original_node, updated_node)
+        if self.ctx.target.has("sync_batch_norm"):
+            return updated_node  # the class's uses: leave_Attribute, and its import by name
+        if self._converted_module(original_node) is not None:
+            return self._remove_conversion(original_node, updated_node)
+        if isinstance(original_node.func, cst.Name) and self._is_class(original_node.func):
+            self._refuse(original_node.func)  # imported by name and built
+        return updated_node
 
     def leave_Attribute(self, original_node, updated_node):
-        return self._use(original_node, updated_node)
-
-    def leave_Name(self, original_node, updated_node):
-        if id(original_node) in self._after_dot:
-            return updated_node
-        return self._use(original_node, updated_node)
-
-    def _use(self, original_node, updated_node):
-        """A use of the class: the target's class in its place, or a finding."""
+        """A use of the class through its module (``nn.SyncBatchNorm``): the target's class in
+        its place, or a finding."""
         if self._naming or not self._is_class(original_node):
             return updated_node
         ctx = self.ctx
-        name = ctx.code(original_node)
         if ctx.target.has("sync_batch_norm"):
             replacement = ctx.expr("sync_batch_norm")
-            ctx.fix(original_node, f"{name} -> {ctx.code(replacement)}: synchronized on every device the target runs on")
+            ctx.fix(original_node, f"{ctx.code(original_node)} -> {ctx.code(replacement)}: synchronized on the "
+                                   "target's device")
             return replacement
-        if id(original_node) in self._converted:
-            return updated_node  # the conversion goes (leave_Call)
         if id(original_node) in self._called:
-            ctx.refuse(
-                original_node,
-                f"`{name}(...)` builds a SyncBatchNorm, which fails on this target's device; file left as it is",
-                "torch's SyncBatchNorm raises on an XLA device once a process group is initialized, and this "
-                "target has no synchronized batch norm. Build the BatchNorm of the layer's input dimensions "
-                "instead (BatchNorm2d for images: statistics per replica) or a GroupNorm, and migrate again; "
-                "with `# noqa: ACC016` the file migrates as it is, for a script that never initializes a "
-                "process group.",
-            )
-        else:
-            ctx.diagnose(
-                original_node,
-                f"`{name}` is passed as a value: a layer built from it fails on this target's device",
-                "torch's SyncBatchNorm raises on an XLA device once a process group is initialized, and this "
-                "target has no synchronized batch norm; left as it is. Where layers are built from it "
-                "(`norm_layer=nn.SyncBatchNorm`), pass the BatchNorm of their input dimensions or a GroupNorm "
-                "(statistics per replica); a type test needs nothing.",
-            )
+            self._refuse(original_node)
+        elif id(original_node) not in self._converted:  # a conversion goes (leave_Call)
+            self._diagnose_value(original_node, f"`{ctx.code(original_node)}` is passed as a value")
         return updated_node
+
+    def _refuse(self, node: cst.CSTNode) -> None:
+        self.ctx.refuse(
+            node,
+            f"`{self.ctx.code(node)}(...)` builds a SyncBatchNorm, which fails on this target's device; file left "
+            "as it is",
+            "torch's SyncBatchNorm raises on an XLA device once a process group is initialized, and this "
+            "target has no synchronized batch norm. Build the BatchNorm of the layer's input dimensions "
+            "instead (BatchNorm2d for images: statistics per replica) or a GroupNorm, and migrate again; "
+            "with `# noqa: ACC016` the file migrates as it is, for a script that never initializes a "
+            "process group.",
+        )
+
+    def _diagnose_value(self, node: cst.CSTNode, what: str) -> None:
+        self.ctx.diagnose(
+            node,
+            f"{what}: a layer built from it fails on this target's device",
+            "torch's SyncBatchNorm raises on an XLA device once a process group is initialized, and this "
+            "target has no synchronized batch norm; left as it is. Where layers are built from it "
+            "(`norm_layer=nn.SyncBatchNorm`), pass the BatchNorm of their input dimensions or a GroupNorm "
+            "(statistics per replica); a type test needs nothing.",
+        )
 
     def _remove_conversion(self, call: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         """The converted module in place of the conversion."""
@@ -218,11 +210,48 @@ class SyncBatchNorm(Rule):
         return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
-        """A statement that the removed conversion leaves doing nothing: ``model = model``, or
-        ``model`` alone where the conversion's result was not kept."""
-        if self.ctx.target.has("sync_batch_norm") or len(original_node.body) != 1:
+        if len(original_node.body) != 1:
             return updated_node
         small = original_node.body[0]
+        if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            return self._import_by_name(original_node, updated_node, small)
+        if self.ctx.target.has("sync_batch_norm"):
+            return updated_node
+        return self._left_by_the_removal(original_node, updated_node, small)
+
+    def _import_by_name(self, original_node, updated_node, node: cst.ImportFrom):
+        """``from torch.nn import SyncBatchNorm``: every use of the name is the target's class,
+        imported from where the target spells it; or, without one, a finding."""
+        imports = self.ctx.facts.imports
+        moved = [alias for alias in node.names if imports.get(_local_name(alias)) in _CLASS]
+        if not moved:
+            return updated_node
+        spelled = self._spelled_name()
+        if spelled is None:
+            self._diagnose_value(original_node, f"`{_local_name(moved[0])}` is imported from torch by name")
+            return updated_node
+        module, _, name = spelled.rpartition(".")
+        ours = [alias.with_changes(name=cst.Name(name), asname=alias.asname or _as(alias, name)) for alias in moved]
+        statements = [updated_node.with_changes(body=[cst.ImportFrom(module=cst.parse_expression(module),
+                                                                    names=_with_commas(ours))])]
+        kept = [alias for alias in node.names if alias not in moved]
+        if kept:
+            statements.append(cst.SimpleStatementLine([node.with_changes(names=_with_commas(kept))]))
+        self.ctx.fix(original_node, f"{', '.join(map(_local_name, moved))}: the target's synchronized batch norm")
+        return cst.FlattenSentinel(statements) if kept else statements[0]
+
+    def _spelled_name(self) -> str | None:
+        """The qualified name of the target's class (its spelling, through its imports)."""
+        if not self.ctx.target.has("sync_batch_norm"):
+            return None
+        spelled = self.ctx.concept("sync_batch_norm")
+        bound = dict(binding for key in spelled.imports for binding in import_bindings(self.ctx.target.import_line(key)))
+        root, _, rest = spelled.expr.partition(".")
+        return f"{bound[root]}.{rest}".rstrip(".") if root in bound else None
+
+    def _left_by_the_removal(self, original_node, updated_node, small):
+        """A statement that the removed conversion leaves doing nothing: ``model = model``, or
+        ``model`` alone where the conversion's result was not kept."""
         module = self._converted_module(small.value) if isinstance(small, (cst.Expr, cst.Assign)) else None
         if module is None:
             return updated_node
@@ -246,6 +275,22 @@ class SyncBatchNorm(Rule):
 
 def _tests_type(call: cst.Call) -> bool:
     return isinstance(call.func, cst.Name) and call.func.value in _TYPE_TESTS
+
+
+def _local_name(alias: cst.ImportAlias) -> str:
+    return alias.asname.name.value if alias.asname is not None else dotted(alias.name)
+
+
+def _as(alias: cst.ImportAlias, name: str) -> cst.AsName | None:
+    """``as SyncBatchNorm`` where the target's class has another name."""
+    local = dotted(alias.name)
+    return None if local == name else cst.AsName(name=cst.Name(local))
+
+
+def _with_commas(aliases: list[cst.ImportAlias]) -> list[cst.ImportAlias]:
+    last = len(aliases) - 1
+    return [alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) if i == last else
+            alias.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for i, alias in enumerate(aliases)]
 
 
 def _commented(statement: cst.SimpleStatementLine) -> bool:

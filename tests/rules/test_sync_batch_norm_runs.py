@@ -4,15 +4,15 @@ target on this CPU with two gloo processes, which must train as one process give
 batches together, and the torch_xla target on PJRT's CPU device (one device: the conversion is
 removed there, and one replica's statistics are the whole batch's)."""
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from accrewrite.engine import Options, migrate_source
+
+from test_spawned_ddp_runs import _run
 
 SOURCE = (Path(__file__).parent / "fixtures" / "sync_batch_norm.in.py").read_bytes()
 # The ranks share one pipe, and a line's text and its newline may reach it apart: the numbers
@@ -28,13 +28,7 @@ def _migrated(target: str) -> bytes:
 
 def _trained(launcher: list[str], script: bytes, tmp_path: Path, *args: str, **env: str) -> list[tuple[str, str, str]]:
     """The ``rank R: loss L state S`` lines of ``launcher train.py args``, by rank."""
-    (tmp_path / "train.py").write_bytes(script)
-    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    environment.update(OMP_NUM_THREADS="1", **env)
-    done = subprocess.run([*launcher, "train.py", *args], cwd=tmp_path, env=environment, capture_output=True,
-                          text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return sorted(_TRAINED.findall(done.stdout))
+    return sorted(_TRAINED.findall(_run(launcher, script, tmp_path, *args, **env)))
 
 
 def _accrun(processes: int) -> list[str]:
