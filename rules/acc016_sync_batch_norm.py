@@ -9,8 +9,9 @@ _CLASS = frozenset({
 })
 _CLASS_NAME = "SyncBatchNorm"
 _CONVERT = "convert_sync_batchnorm"
-# Where the class is only named: a type test (and an import).
+# Where the class is only named, not used.
 _TYPE_TESTS = frozenset({"isinstance", "issubclass"})
+_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 # Expressions that stay one operand where a removed call leaves them (``convert(m).cuda()``).
 _PRIMARY = (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
 
@@ -27,18 +28,20 @@ class SyncBatchNorm(Rule):
 
     - Where the target has a synchronized batch norm (`runtime`: `accrt.nn.SyncBatchNorm`,
       torch's own kernels on CUDA and an all-gather of each process's statistics elsewhere),
-      the class is replaced wherever the file uses it: its conversion
+      the class is replaced wherever the file uses it through its module: its conversion
       (`accrt.nn.SyncBatchNorm.convert_sync_batchnorm(model)`), its calls and the class
       passed as a value (`norm_layer=nn.SyncBatchNorm`). A type test (`isinstance(m,
-      nn.SyncBatchNorm)`) keeps torch's class, of which the target's is a subclass.
+      nn.SyncBatchNorm)`) keeps torch's class, of which the target's is a subclass. A class
+      imported by name (`from torch.nn import SyncBatchNorm`) is imported from the target's
+      module instead, so that every use of the name is the target's class.
     - Where it has none (torch_xla and TorchAcc: torch_xla's `SyncBatchNorm` is not a drop-in:
       its running variance is biased, it has no `affine`, `track_running_stats`,
       `momentum=None` nor `process_group`, its state_dict lacks `num_batches_tracked`, and its
       running statistics keep their autograd history from step to step), the conversion is
       removed and reported: each replica's BatchNorm normalizes its own batch, so with small
       per-device batches the statistics are noisier than over the global batch. A file that
-      builds a SyncBatchNorm directly is left as it is and reported: it would fail there. The
-      class passed as a value is reported.
+      builds a SyncBatchNorm is left as it is and reported: it would fail there. The class
+      passed as a value, or imported by name, is reported.
     """
 
     code = "ACC016"
@@ -140,7 +143,7 @@ class SyncBatchNorm(Rule):
     def visit_Call(self, node) -> None:
         self._naming += _tests_type(node)
         self._called.add(id(node.func))
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value == _CONVERT:
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == _CONVERT and call_arg(node, 0, "module"):
             self._converted.add(id(node.func.value))
 
     def leave_Call(self, original_node, updated_node):
@@ -230,15 +233,26 @@ class SyncBatchNorm(Rule):
         if spelled is None:
             self._diagnose_value(original_node, f"`{_local_name(moved[0])}` is imported from torch by name")
             return updated_node
-        module, _, name = spelled.rpartition(".")
-        ours = [alias.with_changes(name=cst.Name(name), asname=alias.asname or _as(alias, name)) for alias in moved]
-        statements = [updated_node.with_changes(body=[cst.ImportFrom(module=cst.parse_expression(module),
-                                                                    names=_with_commas(ours))])]
-        kept = [alias for alias in node.names if alias not in moved]
-        if kept:
-            statements.append(cst.SimpleStatementLine([node.with_changes(names=_with_commas(kept))]))
         self.ctx.fix(original_node, f"{', '.join(map(_local_name, moved))}: the target's synchronized batch norm")
-        return cst.FlattenSentinel(statements) if kept else statements[0]
+        module, _, name = spelled.rpartition(".")
+        last = len(moved) - 1
+        names = [alias.with_changes(name=cst.Name(name), asname=alias.asname or _as(alias, name),
+                                    comma=cst.MaybeSentinel.DEFAULT if i == last else _COMMA) for i, alias in enumerate(moved)]
+        ours = cst.ImportFrom(module=cst.parse_expression(module), names=names)
+        # a comment on a moved name goes to the line that imports it now
+        comment = next((c for c in map(_comment_of, moved) if c is not None), None)
+        end = updated_node.trailing_whitespace
+        ours_end = cst.TrailingWhitespace(cst.SimpleWhitespace("  "), comment) if comment else cst.TrailingWhitespace()
+        kept = [alias for alias in node.names if alias not in moved]
+        if not kept:
+            return updated_node.with_changes(body=[ours], trailing_whitespace=end if end.comment or not comment else ours_end)
+        # the last name kept ends the list as the original's last name did (its comment aside)
+        closing = node.names[-1].comma
+        kept[-1] = kept[-1].with_changes(comma=closing if node.names[-1] in kept else _without_comment(closing))
+        return cst.FlattenSentinel([
+            cst.SimpleStatementLine([ours], leading_lines=updated_node.leading_lines, trailing_whitespace=ours_end),
+            updated_node.with_changes(body=[node.with_changes(names=kept)], leading_lines=()),
+        ])
 
     def _spelled_name(self) -> str | None:
         """The qualified name of the target's class (its spelling, through its imports)."""
@@ -247,7 +261,9 @@ class SyncBatchNorm(Rule):
         spelled = self.ctx.concept("sync_batch_norm")
         bound = dict(binding for key in spelled.imports for binding in import_bindings(self.ctx.target.import_line(key)))
         root, _, rest = spelled.expr.partition(".")
-        return f"{bound[root]}.{rest}".rstrip(".") if root in bound else None
+        if root not in bound:
+            return None
+        return f"{bound[root]}.{rest}" if rest else bound[root]
 
     def _left_by_the_removal(self, original_node, updated_node, small):
         """A statement that the removed conversion leaves doing nothing: ``model = model``, or
@@ -287,10 +303,17 @@ def _as(alias: cst.ImportAlias, name: str) -> cst.AsName | None:
     return None if local == name else cst.AsName(name=cst.Name(local))
 
 
-def _with_commas(aliases: list[cst.ImportAlias]) -> list[cst.ImportAlias]:
-    last = len(aliases) - 1
-    return [alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) if i == last else
-            alias.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for i, alias in enumerate(aliases)]
+def _comment_of(alias: cst.ImportAlias) -> cst.Comment | None:
+    """The comment after a name of a parenthesized import (``SyncBatchNorm,  # ...``)."""
+    after = getattr(alias.comma, "whitespace_after", None)
+    return after.first_line.comment if isinstance(after, cst.ParenthesizedWhitespace) else None
+
+
+def _without_comment(comma):
+    after = getattr(comma, "whitespace_after", None)
+    if not isinstance(after, cst.ParenthesizedWhitespace) or after.first_line.comment is None:
+        return comma
+    return comma.with_changes(whitespace_after=after.with_changes(first_line=cst.TrailingWhitespace()))
 
 
 def _commented(statement: cst.SimpleStatementLine) -> bool:
