@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from .. import _torch_compat as compat
 
-__all__ = ["SyncBatchNorm", "sync_batch_norm"]
+__all__ = ["SyncBatchNorm"]
 
 # The device types torch's SyncBatchNorm runs on, besides the out-of-tree one.
 _TORCH_DEVICE_TYPES = ("cuda", "hpu", "xpu")
@@ -53,7 +53,7 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         group = self.process_group or dist.group.WORLD
         if dist.get_world_size(group) == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, True, factor, self.eps)
-        return sync_batch_norm(input, self.weight, self.bias, running_mean, running_var, factor, self.eps, group)
+        return _sync_batch_norm(input, self.weight, self.bias, running_mean, running_var, factor, self.eps, group)
 
     def _average_factor(self) -> float:
         """Counts a training batch and gives the running statistics' update factor, as torch's
@@ -94,7 +94,7 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def sync_batch_norm(input, weight, bias, running_mean, running_var, momentum: float, eps: float, group):
+def _sync_batch_norm(input, weight, bias, running_mean, running_var, momentum: float, eps: float, group):
     """Batch normalization of ``input`` (``(N, C, ...)``) with the statistics of the batches of
     every process in ``group``; updates ``running_mean``/``running_var`` (when given) by
     ``momentum``. Every process of the group calls it, in the forward and in the backward."""
