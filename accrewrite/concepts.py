@@ -108,7 +108,7 @@ _DEFINITIONS = (
     Definition("synchronize", EXPRESSION, "waits for the device (torch.cuda.synchronize())"),
     Definition("device_call", SPELLING,
                "torch.cuda.{name}, the same call for the device the target trains on: memory statistics, "
-               "the allocator's cache, the device's name", ("name",)),
+               "the allocator's cache, the device's name, timing events", ("name",)),
     Definition("device_type", EXPRESSION,
                "the type of a device that is not CUDA: torch.cuda's queries do not describe it",
                needs=("memory_info",)),

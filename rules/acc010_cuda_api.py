@@ -12,9 +12,10 @@ _MEMORY_READS = frozenset(
 )
 _MEMORY_FAILS = frozenset({"torch.cuda.reset_peak_memory_stats", "torch.cuda.memory_summary", "torch.cuda.mem_get_info"})
 _MEMORY = _MEMORY_READS | _MEMORY_FAILS
-_NAME = "torch.cuda.get_device_name"
+# CUDA's device, named or timed: they fail without CUDA.
+_CUDA_ONLY = frozenset({"torch.cuda.get_device_name", "torch.cuda.Event"})
 # The calls a target's device layer may have under the same names (`device_call`).
-_DEVICE_CALLS = _MEMORY | {"torch.cuda.empty_cache", _NAME}
+_DEVICE_CALLS = _MEMORY | _CUDA_ONLY | {"torch.cuda.empty_cache"}
 _FAILS = "It fails where CUDA is absent (a TPU host, PJRT's CPU): remove it, or guard it with torch.cuda.is_available()."
 _QUERIES = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
 _DEVICE_COUNTS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
@@ -30,17 +31,18 @@ class CudaApi(Rule):
     - CUDA's memory statistics and device calls (`torch.cuda.memory_allocated()`,
       `max_memory_allocated()`, `memory_reserved()`, `max_memory_reserved()`, `memory_stats()`,
       `reset_peak_memory_stats()`, `memory_summary()`, `empty_cache()`, `mem_get_info()`,
-      `get_device_name()`) become the same call of the target's device layer where it has one
-      (`runtime`: `accrt.accelerator.max_memory_allocated()`, ...): CUDA's own numbers on
-      CUDA, the process's resident memory on the CPU, where torch.cuda's read 0 (the
-      statistics), raise (`reset_peak_memory_stats`, `memory_summary`, `mem_get_info`,
-      `get_device_name`) or do nothing.
+      `get_device_name()`, and `torch.cuda.Event(enable_timing=True)` for timing) become the
+      same call of the target's device layer where it has one (`runtime`:
+      `accrt.accelerator.max_memory_allocated()`, ...): CUDA's own on CUDA; on the CPU, the
+      process's resident memory and events that take the host's time, where torch.cuda's read
+      0 (the statistics), raise (`reset_peak_memory_stats`, `memory_summary`, `mem_get_info`,
+      `get_device_name`, `Event`) or do nothing.
     - On a target whose device is not a CUDA device (torchacc, torch_xla), these are reported,
       not changed, because they no longer describe the training device:
       `torch.cuda.memory_allocated()`/`max_memory_allocated()`/`memory_reserved()`... (0
       where CUDA is not initialised; `reset_peak_memory_stats()`, `memory_summary()` and
       `mem_get_info()` fail without CUDA; the device's memory is `xm.get_memory_info(device)`),
-      `torch.cuda.get_device_name()` (fails without CUDA),
+      `torch.cuda.get_device_name()` and `torch.cuda.Event()` (they fail without CUDA),
       `torch.cuda.is_available()`/`device_count()` outside the device selection that
       ACC002 rewrites (False/0 on TPU or CPU hosts, where the code they gate takes its CPU path),
       and `torch.backends.cudnn.*` settings (no effect: the target does not run cuDNN).
@@ -199,8 +201,8 @@ class CudaApi(Rule):
                 f"{callee}() measures CUDA's memory, not this target's device",
                 f"{runs} For device memory use {memory}.",
             )
-        elif callee == _NAME:
-            self.ctx.diagnose(original_node, f"{callee}() names a CUDA device, not this target's", _FAILS)
+        elif callee in _CUDA_ONLY:
+            self.ctx.diagnose(original_node, f"{callee}() needs a CUDA device, which this target's device is not", _FAILS)
         elif callee in _QUERIES and not self._selecting:
             self.ctx.diagnose(
                 original_node,

@@ -9,8 +9,8 @@ states, synchronisation, memory statistics, and whether Triton can run there.
 
 torch.cuda's memory calls (``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
 ``max_memory_reserved``, ``reset_peak_memory_stats``, ``memory_stats``, ``memory_summary``,
-``empty_cache``, ``mem_get_info``) and ``get_device_name`` are here under their names, for the
-device: a migrated script calls them where it called torch.cuda's, which fail or read 0 off
+``empty_cache``, ``mem_get_info``), ``get_device_name`` and ``Event`` are here under their names,
+for the device: a migrated script calls them where it called torch.cuda's, which fail or read 0 off
 CUDA. On an accelerator they are torch's (``torch.accelerator``'s, or the device module's), so
 CUDA's numbers are unchanged; on the CPU, where no allocator keeps statistics, they describe
 the process's resident memory (below).
@@ -20,6 +20,7 @@ import os
 import platform
 import resource
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -264,6 +265,43 @@ def get_device_name(device=None) -> str:
     if _on_host(device):
         return platform.processor() or platform.machine()
     return _module().get_device_name(device)
+
+
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    """torch.cuda.Event for the device: the accelerator's own event (``torch.cuda.Event`` on
+    CUDA); on the host, one that takes the time when it is recorded, the host's work being done
+    by then."""
+    if device_type() == "cpu":
+        return HostEvent()
+    event = getattr(_module(), "Event", None)
+    if event is None:
+        return torch.Event(device_type(), enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+    return event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+
+class HostEvent:
+    """An event of the host's work: ``record`` takes the time; ``elapsed_time`` is in
+    milliseconds, as CUDA's events give it; there is nothing to wait for."""
+
+    def __init__(self):
+        self._recorded = None
+
+    def record(self, stream=None) -> None:
+        self._recorded = time.perf_counter_ns()
+
+    def elapsed_time(self, end_event: "HostEvent") -> float:
+        if self._recorded is None or end_event._recorded is None:
+            raise RuntimeError("both events must be recorded before their elapsed time is asked for")
+        return (end_event._recorded - self._recorded) / 1e6
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
 
 
 def supports_triton(device) -> bool:

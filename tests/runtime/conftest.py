@@ -52,6 +52,10 @@ def fake_accelerator(monkeypatch):
             self.calls.append(("get_device_name", device))
             return "a fake GPU"
 
+        def Event(self, **flags):
+            self.calls.append(("Event", flags))
+            return "an event"
+
     def install(kind, count=2):
         recorder = Recorder()
         real_module = torch.get_device_module
