@@ -235,9 +235,9 @@ class SyncBatchNorm(Rule):
             return updated_node
         self.ctx.fix(original_node, f"{', '.join(map(_local_name, moved))}: the target's synchronized batch norm")
         module, _, name = spelled.rpartition(".")
-        last = len(moved) - 1
-        names = [alias.with_changes(name=cst.Name(name), asname=alias.asname or _as(alias, name),
-                                    comma=cst.MaybeSentinel.DEFAULT if i == last else _COMMA) for i, alias in enumerate(moved)]
+        names = [alias.with_changes(name=cst.Name(name), asname=alias.asname or _as(alias, name), comma=_COMMA)
+                 for alias in moved]
+        names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         ours = cst.ImportFrom(module=cst.parse_expression(module), names=names)
         # a comment on a moved name goes to the line that imports it now
         comment = next((c for c in map(_comment_of, moved) if c is not None), None)
@@ -245,7 +245,7 @@ class SyncBatchNorm(Rule):
         ours_end = cst.TrailingWhitespace(cst.SimpleWhitespace("  "), comment) if comment else cst.TrailingWhitespace()
         kept = [alias for alias in node.names if alias not in moved]
         if not kept:
-            return updated_node.with_changes(body=[ours], trailing_whitespace=end if end.comment or not comment else ours_end)
+            return updated_node.with_changes(body=[ours], trailing_whitespace=ours_end if comment and not end.comment else end)
         # the last name kept ends the list as the original's last name did (its comment aside)
         closing = node.names[-1].comma
         kept[-1] = kept[-1].with_changes(comma=closing if node.names[-1] in kept else _without_comment(closing))
@@ -259,7 +259,8 @@ class SyncBatchNorm(Rule):
         if not self.ctx.target.has("sync_batch_norm"):
             return None
         spelled = self.ctx.concept("sync_batch_norm")
-        bound = dict(binding for key in spelled.imports for binding in import_bindings(self.ctx.target.import_line(key)))
+        lines = (self.ctx.target.import_line(key) for key in spelled.imports)
+        bound = dict(binding for line in lines for binding in import_bindings(line))
         root, _, rest = spelled.expr.partition(".")
         if root not in bound:
             return None

@@ -31,7 +31,8 @@ def test_runtime_form_runs_to_its_end_on_the_cpu(tmp_path):
     migrated.write_bytes(result.output)
     done = _run(migrated)
     assert done.returncode == 0, done.stderr[-3000:]
-    peaks = [float(peak) for peak in re.findall(r"^epoch \d took [\d.]+ ms peak ([\d.]+) MiB reserved [\d.]+ MiB$", done.stdout, re.M)]
+    epochs = re.findall(r"^epoch \d took [\d.]+ ms peak ([\d.]+) MiB reserved [\d.]+ MiB$", done.stdout, re.M)
+    peaks = [float(peak) for peak in epochs]
     assert len(peaks) == 2 and all(peak > 10 for peak in peaks)  # a Python process with torch holds more
     allocated, peak = map(int, re.search(r"^allocated (\d+) peak (\d+)$", done.stdout, re.M).groups())
     assert 0 < allocated <= peak

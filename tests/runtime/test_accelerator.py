@@ -138,7 +138,8 @@ def test_torch_cuda_s_memory_calls_are_the_accelerators_own(fake_accelerator):
         (accelerator.memory_allocated, (device,), 5), (accelerator.max_memory_allocated, (1,), 7),
         (accelerator.memory_reserved, (None,), 13), (accelerator.max_memory_reserved, ("cuda:1",), 17),
         (accelerator.memory_stats, (device,), {"num_ooms": 0}), (accelerator.reset_peak_memory_stats, (device,), None),
-        (accelerator.mem_get_info, (device,), (3, 11)), (accelerator.memory_summary, (device, True), "the allocator's table"),
+        (accelerator.mem_get_info, (device,), (3, 11)),
+        (accelerator.memory_summary, (device, True), "the allocator's table"),
         (accelerator.get_device_name, (device,), "a fake GPU"), (accelerator.empty_cache, (), None),
         (accelerator.Event, (True,), "an event"),
     ]
@@ -158,7 +159,8 @@ def test_on_cuda_torch_cuda_s_numbers_are_unchanged():
     held = torch.ones(2**20, device="cuda")
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         assert getattr(accelerator, name)() == getattr(torch.cuda, name)() > 0, name
-    assert accelerator.memory_stats()["allocated_bytes.all.current"] == torch.cuda.memory_stats()["allocated_bytes.all.current"]
+    current = "allocated_bytes.all.current"
+    assert accelerator.memory_stats()[current] == torch.cuda.memory_stats()[current]
     assert accelerator.get_device_name() == torch.cuda.get_device_name()
     accelerator.reset_peak_memory_stats()
     assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
@@ -173,7 +175,8 @@ def test_on_the_cpu_torch_cuda_s_memory_calls_describe_the_process(fake_accelera
     assert accelerator.memory_reserved() >= accelerator.memory_allocated()  # both the resident set
     assert accelerator.max_memory_allocated() >= accelerator.memory_allocated()
     stats = accelerator.memory_stats(0)  # a CUDA ordinal: the host, where there is no accelerator
-    assert set(stats) == {f"{kind}_bytes.all.{moment}" for kind in ("allocated", "reserved") for moment in ("current", "peak")}
+    kinds, moments = ("allocated", "reserved"), ("current", "peak")
+    assert set(stats) == {f"{kind}_bytes.all.{moment}" for kind in kinds for moment in moments}
     assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"] >= 64 * 2**20
     assert "resident set" in accelerator.memory_summary() and accelerator.get_device_name()
     free, total = accelerator.mem_get_info()
