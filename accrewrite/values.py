@@ -113,6 +113,13 @@ _HOST_TORCH_FUNCTIONS = MappingProxyType({
 _HOST_MODULES = ("math.", "time.", "os.", "random.", "numpy.", "datetime.", "json.", "pickle.", "sys.",
                  "re.", "socket.", "platform.", "subprocess.", "shutil.", "glob.", "pathlib.", "logging.",
                  "statistics.", "itertools.count", "string.", "argparse.", "yaml.", "inspect.")
+# Libraries whose functions take host arrays: a tensor given to them must be on the host (numpy
+# converts it with ``.numpy()``, PIL and OpenCV take numpy arrays), as must one saved as an image.
+_HOST_ARRAY_CALLS = ("numpy.", "PIL.", "cv2.", "scipy.", "sklearn.", "skimage.", "matplotlib.",
+                     "torchvision.utils.save_image", "torchvision.transforms.functional.to_pil_image")
+# Tensor methods that give what is known without the tensor's values, a number read from it or
+# a copy elsewhere: what they give is no longer the tensor (``.to(dtype)`` alone converts it).
+_NOT_ITS_VALUES = frozenset({*META_METHODS, "item", "tolist", "cpu", "cuda", "to"})
 _MODEL_ANNOTATIONS = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 # What a value annotated with a torch class holds.
 _ANNOTATION_KINDS = MappingProxyType({
@@ -1179,6 +1186,99 @@ class ScopeValues:
         )
 
 
+    def tensor_read(self, node: cst.CSTNode, names) -> str | None:
+        """The first of ``names`` whose tensor values evaluating ``node`` reads, else None: not
+        through what is known of a tensor without them (``x.size(0)``, ``x.shape``, ``len(x)``),
+        a number read from it (``x.item()``) or a copy elsewhere (``x.to(device)``, ``x.cpu()``);
+        a name that holds a Python value here (a loop counter) reads none."""
+        pending = [node]
+        while pending:
+            child = pending.pop()
+            kind = type(child)
+            if kind is cst.Name:
+                if child.value in names and self.kind(child) not in HOST:
+                    return child.value
+            elif kind is cst.Attribute:
+                if child.attr.value not in META_ATTRS:
+                    pending.append(child.value)
+            elif kind is cst.Arg:
+                pending.append(child.value)  # not its keyword
+            elif kind is cst.Call and self._not_its_values(child):
+                continue
+            elif kind not in _DEFINED_CODE:
+                pending.extend(reversed(children(child)))
+        return None
+
+    def _not_its_values(self, call: cst.Call) -> bool:
+        func = call.func
+        if type(func) is cst.Name:
+            return func.value == "len" and "len" not in self.facts.imports
+        return type(func) is cst.Attribute and func.attr.value in _NOT_ITS_VALUES and not (
+            func.attr.value == "to" and self._casts_only(call))
+
+    def host_use(self, node: cst.CSTNode, names) -> tuple[str, str] | None:
+        """How ``node`` itself (not its children) works on the tensor values of one of ``names``
+        where they must be on the host: (the name, what it does), else None. It reads them with
+        ``.numpy()`` or passes them to numpy, PIL or an image writer; it indexes, fills or
+        computes with a tensor made on the host (``out[rows, labels] = 1`` after ``out =
+        torch.zeros(n, d)``, ``torch.cat([x, c])``). Indexing such a tensor itself
+        (``labels[torch.randperm(n)]``) works where it is."""
+        kind = type(node)
+        if kind is cst.Call:
+            return self._host_call(node, names)
+        if kind is cst.Subscript:
+            if self._made_on_host(node.value, names):
+                name = self._first_read(node.slice, names)
+                return (name, "indexes a tensor made on the host with it") if name else None
+        elif kind is cst.BinaryOperation:
+            return self._computed_with_host(names, node.left, node.right)
+        elif kind is cst.Comparison:
+            return self._computed_with_host(names, node.left, *(c.comparator for c in node.comparisons))
+        elif kind is cst.AugAssign:
+            return self._computed_with_host(names, node.target, node.value)
+        elif kind is cst.Assign:
+            filled = any(type(t.target) is cst.Subscript and self._made_on_host(t.target.value, names)
+                         for t in node.targets)
+            name = self.tensor_read(node.value, names) if filled else None
+            return (name, "puts it into a tensor made on the host") if name else None
+        return None
+
+    def _host_call(self, call: cst.Call, names) -> tuple[str, str] | None:
+        func = call.func
+        arguments = [arg.value for arg in call.args]
+        if type(func) is cst.Attribute:
+            if func.attr.value == "numpy":
+                name = self.tensor_read(func.value, names)
+                return (name, "reads it with .numpy()") if name else None
+            if self.facts.qualname(func) is None:  # a tensor's method: the tensor is an operand
+                return self._computed_with_host(names, func.value, *arguments)
+        callee = self.facts.qualname(func) or ""
+        if callee.startswith(_HOST_ARRAY_CALLS):
+            name = self._first_read(arguments, names)
+            return (name, f"passes it to {callee}()") if name else None
+        if callee.startswith("torch."):
+            operands = []  # torch.cat([x, c]): each tensor of a list
+            for argument in arguments:
+                operands += [e.value for e in argument.elements] if type(argument) in (cst.List, cst.Tuple) else [argument]
+            return self._computed_with_host(names, *operands)
+        return None
+
+    def _computed_with_host(self, names, *operands: cst.CSTNode) -> tuple[str, str] | None:
+        """(the name, what it does) where one operand reads the values of one of ``names`` and
+        another is a tensor made on the host."""
+        name = self._first_read(operands, names)
+        if name is None or not any(self._made_on_host(operand, names) for operand in operands):
+            return None
+        return name, "computes with it and a tensor made on the host"
+
+    def _first_read(self, nodes, names) -> str | None:
+        return next(filter(None, (self.tensor_read(node, names) for node in nodes)), None)
+
+    def _made_on_host(self, node: cst.CSTNode, names) -> bool:
+        """A tensor made on the host (``torch.zeros(n, d)``), not from ``names``' values."""
+        return self.kind(node) is Kind.CPU and self.tensor_read(node, names) is None
+
+
 _COMPREHENSIONS = node_types(cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 # A function or lambda: defining it runs none of its code (a class's body runs).
 _DEFINED_CODE = frozenset({cst.Lambda, cst.FunctionDef})
@@ -1431,12 +1531,7 @@ class FileValues:
     def arguments(self, call: cst.Call, name: str) -> dict[str, cst.BaseExpression]:
         """Parameter name -> argument of a call of the file's function ``name``."""
         info = self.functions.get(self.defined.get(name))
-        if info is None:
-            return {}
-        positional = [a.value for a in call.args if a.keyword is None and not a.star]
-        found = dict(zip(info.params, positional))
-        found.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
-        return found
+        return _passing(info, call, 0) if info is not None else {}
 
     def param_kind(self, scope: cst.FunctionDef, param: cst.Param) -> Kind:
         """A parameter's kind: its annotation's, else what the file's callers pass, else its
@@ -1494,13 +1589,14 @@ class FileValues:
         info = self.functions.get(function)
         if info is None:
             return []
-        found = []
-        for call, caller, shift in self.calls_of(function):
-            positional = [a.value for a in call.args if a.keyword is None and not a.star]
-            arguments = dict(zip(info.params[shift:], positional))
-            arguments.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
-            found.append((caller, call, arguments))
-        return found
+        return [(caller, call, _passing(info, call, shift)) for call, caller, shift in self.calls_of(function)]
+
+    def callee(self, call: cst.Call, scope) -> tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None:
+        """The function of this file that ``call`` (in ``scope``) runs, and parameter name ->
+        argument; None for a call of anything else."""
+        function, shift = self._target(call, scope)
+        info = self.functions.get(function)
+        return (function, _passing(info, call, shift)) if info is not None else None
 
     def calls_of(self, function: cst.FunctionDef) -> list[tuple[cst.Call, cst.FunctionDef | None, int]]:
         """The calls of ``function`` in this file: (call, calling scope, how many leading
@@ -1546,6 +1642,13 @@ class FileValues:
         return self._option_calls
 
     def _note_call(self, call: cst.Call, scope) -> None:
+        target, shift = self._target(call, scope)
+        if target is not None:
+            self._calls.setdefault(target, []).append((call, scope, shift))
+
+    def _target(self, call: cst.Call, scope) -> tuple[cst.FunctionDef | None, int]:
+        """The function of this file that ``call`` runs (None if none), and how many leading
+        parameters the call does not pass (1 for ``self``)."""
         func = call.func
         target, shift = None, 0
         kind = type(func)
@@ -1559,8 +1662,7 @@ class FileValues:
             owner = self.owner_of(scope)
             if owner is not None:
                 target, shift = self.method(owner, func.attr.value), 1
-        if target is not None:
-            self._calls.setdefault(target, []).append((call, scope, shift))
+        return target, shift
 
     def _visible(self, scope, name: str) -> cst.CSTNode | None:
         """The function or class ``name`` calls from ``scope``: one defined in it or in a
@@ -1665,6 +1767,15 @@ class FileValues:
         if "nargs" in keywords:
             kind = Kind.PYTHON
         self._options[name] = kind
+
+
+def _passing(info: _Function, call: cst.Call, shift: int) -> dict[str, cst.BaseExpression]:
+    """Parameter name -> argument of ``call`` of a function whose first ``shift`` parameters
+    the call does not pass."""
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    arguments = dict(zip(info.params[shift:], positional))
+    arguments.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
+    return arguments
 
 
 def _literal_kind(node: cst.BaseExpression) -> Kind:

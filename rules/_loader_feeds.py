@@ -5,7 +5,9 @@ A loop over a loader *feeds the device* when its batches reach it: it moves a ba
 helper) that is placed on a device: in a file that places something on a device (DataParallel
 moved its inputs itself), or given by a caller that may have placed it. A loop that only looks
 at a batch (its shape, a plot) keeps the loader: its batches stay on the host, as the original's
-did. A file that trains models of its own and places nothing trains on the host: ``on_host``.
+did; so does one that works on a batch element on the host before it moves it
+(``rules/_host_uses.py``): ``left``. A file that trains models of its own and places nothing
+trains on the host: ``on_host``.
 
 Each loader assignment is either *rebound* to the target's device loader (``loader =
 pl.MpDeviceLoader(loader, device)``, where that stands in for the loader) at one point, or left
@@ -29,6 +31,7 @@ import libcst as cst
 
 from accrewrite.nodes import dotted, walk
 from accrewrite.rules._generation import calls_a_model
+from accrewrite.rules._host_uses import HostUse, HostUses
 from accrewrite.targets import spelled_callees
 from accrewrite.values import ITERATE_THROUGH, Kind, target_names
 
@@ -94,6 +97,9 @@ class Plan:
     on_host: cst.CSTNode | None = None
     # Each statement line of a loader loop: the names that hold batch values where it starts.
     batch_at: dict[cst.CSTNode, frozenset[str]] = field(default_factory=dict)
+    # Loops (and ``iter()`` calls) that would be fed but use a batch element on the host before
+    # they move it: node -> (that use, the loader left as it is).
+    left: dict[cst.CSTNode, tuple[HostUse, str]] = field(default_factory=dict)
 
 
 class Planner:
@@ -110,6 +116,9 @@ class Planner:
             self._loops_in.setdefault(scope, []).append(loop)
         self._training = {loop.node for loop in facts.loops}
         self._fed: dict[cst.For, bool] = {}
+        self._host_uses = HostUses(facts)
+        # (scope, iterator) -> the first host-side use of what ``next(iterator)`` gives.
+        self._drawn_on_host: dict[tuple, HostUse | None] = {}
         self._source_of: dict[cst.For, str | None] = {}
         # Indexes: loops and loader assignments are looked up, not each matched against all the
         # others. (scope, name) -> the scope's loops that read the name, and the scope's loader
@@ -222,6 +231,11 @@ class Planner:
             runs = loop in self._training or calls_a_model(loop.body, values) or _hands_a_model(loop.body, values)
             found = self._moves_a_batch(loop) or runs and (
                 self.facts.places_on_device or self._model_from_caller(loop, scope))
+            if found:
+                used = self._host_uses.in_loop(loop, scope)
+                if used is not None:
+                    self.plan.left[loop] = (used, self._source(loop, scope))
+                    found = False
             self._fed[loop] = found
         return found
 
@@ -266,7 +280,15 @@ class Planner:
         small = statement.body[0]
         if not isinstance(small, cst.Assign) or small.value is not call or len(small.targets) != 1:
             return False
-        return (dotted(small.targets[0].target), scope) in self._next_in_steps
+        iterator = dotted(small.targets[0].target)
+        if (iterator, scope) not in self._next_in_steps:
+            return False
+        if (scope, iterator) not in self._drawn_on_host:
+            self._drawn_on_host[scope, iterator] = self._host_uses.after_next(scope, iterator)
+        used = self._drawn_on_host[scope, iterator]
+        if used is not None:
+            self.plan.left[call] = (used, dotted(call.args[0].value))
+        return used is None
 
     # Where a loader flows ------------------------------------------------------------------
 

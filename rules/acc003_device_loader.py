@@ -1,7 +1,8 @@
 import libcst as cst
 
 from accrewrite.nodes import call_arg, descendants, dotted
-from accrewrite.rule import Example, Rule
+from accrewrite.positions import starts
+from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import grown_sequence
 from accrewrite.rules._loader_feeds import Plan, Planner, iterated, root
 from accrewrite.values import target_names
@@ -163,6 +164,8 @@ class DeviceLoader(Rule):
         self._planned: Plan | None = None
         # Fed loops being walked, innermost last.
         self._open: list[cst.For] = []
+        # The host-side uses reported (a loader's iterator made twice is left once).
+        self._reported: set[cst.CSTNode] = set()
 
     def applies(self) -> bool:
         return bool(self.ctx.facts.loaders or self.ctx.facts.loops or self.ctx.target.has("lazy_execution"))
@@ -215,8 +218,27 @@ class DeviceLoader(Rule):
         if node in plan.fed:
             self._open.append(node)
             return
+        self._report_host_use(node)
         self._refuse_on_host(node)
         self._mark_steps(node)
+
+    def _report_host_use(self, node) -> None:
+        """A loop (or ``iter()`` call) left unwrapped because a batch element is used on the host
+        before it is moved."""
+        left = self._plan.left.get(node)
+        if left is None or left[0].at in self._reported:
+            return
+        used, loader = left
+        self._reported.add(used.at)
+        line = starts(self.ctx.module, [used.use])[used.use][0]
+        self.ctx.diagnose(
+            used.at, f"`{used.name}` is used on the host (line {line}) before it is moved; `{loader}` left unwrapped",
+            f"`{excerpt(self.ctx.code(used.use))}` {used.how}. The target's device loader would deliver every "
+            f"element of the batch on the device, where this fails (torch_xla: \"mutating a non-functional "
+            f"tensor with a functional tensor\") or mixes devices, so the loop keeps reading `{loader}` and "
+            "moving each batch itself. To read it from the device loader, do this work after the move, on the "
+            "device (`torch.zeros(n, d, device=device)`) or in the dataset, then migrate again.",
+        )
 
     def _mark_steps(self, node) -> None:
         """A step loop that no device loader feeds ends each step itself: the device loader
@@ -249,6 +271,8 @@ class DeviceLoader(Rule):
         the loader."""
         wrap = self._plan.wraps.get(original_node)
         if wrap is None:
+            if self._plan.left:
+                self._report_host_use(original_node)
             return updated_node
         loader, device = wrap
         wrapped = self.ctx.expr("device_loader", loader=loader, device=self._device(device))
