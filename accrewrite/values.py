@@ -114,9 +114,9 @@ _HOST_MODULES = ("math.", "time.", "os.", "random.", "numpy.", "datetime.", "jso
                  "re.", "socket.", "platform.", "subprocess.", "shutil.", "glob.", "pathlib.", "logging.",
                  "statistics.", "itertools.count", "string.", "argparse.", "yaml.", "inspect.")
 # Libraries whose functions take host arrays: a tensor given to them must be on the host (numpy
-# converts it with ``.numpy()``, PIL and OpenCV take numpy arrays), as must one saved as an image.
-_HOST_ARRAY_CALLS = ("numpy.", "PIL.", "cv2.", "scipy.", "sklearn.", "skimage.", "matplotlib.",
-                     "torchvision.utils.save_image", "torchvision.transforms.functional.to_pil_image")
+# converts it with ``.numpy()``, PIL and OpenCV take numpy arrays). torchvision's image writers
+# copy a tensor to the host themselves.
+_HOST_ARRAY_CALLS = ("numpy.", "PIL.", "cv2.", "scipy.", "sklearn.", "skimage.", "matplotlib.")
 # Tensor methods that give what is known without the tensor's values, a number read from it or
 # a copy elsewhere: what they give is no longer the tensor (``.to(dtype)`` alone converts it).
 _NOT_ITS_VALUES = frozenset({*META_METHODS, "item", "tolist", "cpu", "cuda", "to"})
@@ -1208,6 +1208,34 @@ class ScopeValues:
             elif kind not in _DEFINED_CODE:
                 pending.extend(reversed(children(child)))
         return None
+
+    def carries(self, node: cst.CSTNode, names) -> bool:
+        """Whether ``node`` gives one of ``names``' tensors or one computed from it where it is:
+        read from it (``x[i]``, ``x.float()``, ``batch["x"]``), arithmetic with it, a torch
+        function of it, a display holding one; not a number or shape read from it, a copy
+        elsewhere, nor what another function makes of it (a model's output, a library's result)."""
+        kind = type(node)
+        if kind is cst.Name:
+            return node.value in names and self.kind(node) not in HOST
+        if kind is cst.Attribute:
+            return node.attr.value not in META_ATTRS and self.carries(node.value, names)
+        if kind is cst.Subscript:
+            return self.carries(node.value, names)
+        if kind is cst.BinaryOperation:
+            return self.carries(node.left, names) or self.carries(node.right, names)
+        if kind is cst.UnaryOperation:
+            return self.carries(node.expression, names)
+        if kind is cst.IfExp:
+            return self.carries(node.body, names) or self.carries(node.orelse, names)
+        if kind in (cst.Tuple, cst.List):
+            return any(self.carries(element.value, names) for element in node.elements)
+        if kind is cst.Call:
+            func = node.func
+            if type(func) is cst.Attribute and self.facts.qualname(func) is None:
+                return not self._not_its_values(node) and self.carries(func.value, names)
+            return (self.facts.qualname(func) or "").startswith("torch.") and any(
+                self.carries(arg.value, names) for arg in node.args)
+        return False
 
     def _not_its_values(self, call: cst.Call) -> bool:
         func = call.func

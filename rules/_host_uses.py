@@ -21,15 +21,15 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accrewrite.nodes import children, dotted, node_types, walk
-from accrewrite.values import HOST, target_names
+from accrewrite.values import read_names, target_names
 
 # How deep calls of the file's functions are followed (a helper that calls a helper).
 _DEPTH = 3
-_SMALL_STATEMENTS = node_types(cst.BaseSmallStatement)
-_DEFINITIONS = frozenset({cst.FunctionDef, cst.ClassDef})
-# What holds statements: a compound statement's header expressions are read where it starts.
-_BLOCKS = node_types(cst.BaseCompoundStatement, cst.BaseSuite, cst.SimpleStatementLine, cst.Else,
-                     cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler, cst.MatchCase)
+_DEFINED = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
+_SMALL = node_types(cst.BaseSmallStatement)
+# The parts of a compound statement that hold statements (the rest is its header).
+_BLOCKS = node_types(cst.BaseSuite, cst.Else, cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler,
+                     cst.MatchCase, cst.If)
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,96 +55,139 @@ class HostUses:
 
     def in_loop(self, loop: cst.For, scope) -> HostUse | None:
         """In ``loop``'s body, of the names its target binds."""
-        return self._first(loop.body, scope, target_names(loop.target), None, 0)
+        return _Follow(self, scope, None, 0).first(loop.body, target_names(loop.target))
 
     def after_next(self, scope, iterator: str) -> HostUse | None:
         """In ``scope`` (a function, None for module level), of the values ``next(iterator)`` gives."""
         body = scope.body if scope is not None else self.facts.module
-        return self._first(body, scope, set(), iterator, 0)
+        return _Follow(self, scope, iterator, 0).first(body, set())
 
-    def _first(self, body: cst.CSTNode, scope, batch: set[str], drawn: str | None, depth: int) -> HostUse | None:
-        """The first host-side use in ``body`` of ``batch``'s names and of the names assigned
-        ``next(drawn)``, followed through assignments in source order until they are moved."""
-        values = self.facts.values(scope)
-        batch = set(batch)
-        found = None
+    def in_function(self, function: cst.FunctionDef, param: str, depth: int) -> HostUse | None:
+        """In ``function``, of what it is given as ``param``."""
+        key = (function, param)
+        if key not in self._in_functions:
+            self._in_functions[key] = None  # while it is followed (a recursive function)
+            self._in_functions[key] = _Follow(self, function, None, depth).first(function.body, {param})
+        return self._in_functions[key]
 
-        def enter(node):
-            nonlocal found
-            kind = type(node)
-            if found is not None or kind in _DEFINITIONS:
-                return False
-            if kind in _SMALL_STATEMENTS:
-                if batch:
-                    found = self._in_code(node, values, scope, batch, depth)
-                if kind is cst.Assign:
-                    for target in node.targets:
-                        self._bind(batch, target.target, node.value, values, drawn)
-                return False
-            if kind in _BLOCKS:
-                if kind is not cst.SimpleStatementLine and batch:
-                    headers = [child for child in children(node) if type(child) not in _BLOCKS]
-                    found = next(filter(None, (self._in_code(h, values, scope, batch, depth) for h in headers)), None)
-                    if kind is cst.For and found is None and values.tensor_read(node.iter, batch):
-                        batch.update(target_names(node.target))  # for x in batch: each of its tensors
-                return True
-            return False
 
-        walk(body, enter)
-        return found
+class _Follow:
+    """One walk of a body: its statements in order, with the names that hold batch values, until
+    the first host-side use of one. After a branch, the names of either path (a value that may
+    be the batch's is followed), but for those a path moves: the code after it expects them on
+    the device (``if not prefetching: x = x.to(device)``, the loader moving them otherwise)."""
 
-    def _bind(self, batch: set[str], target: cst.BaseExpression, value: cst.BaseExpression, values, drawn) -> None:
+    def __init__(self, uses: HostUses, scope, drawn: str | None, depth: int):
+        self.uses = uses
+        self.scope = scope
+        self.values = uses.facts.values(scope)
+        self.drawn = drawn  # the iterator whose ``next()`` gives batches, if any
+        self.depth = depth
+        self.found: HostUse | None = None
+        # The names whose latest binding, on some path, moves a batch value (or reads a number from it).
+        self.moved: set[str] = set()
+
+    def first(self, body: cst.CSTNode, batch: set[str]) -> HostUse | None:
+        self.block(body, set(batch))
+        return self.found
+
+    def block(self, node: cst.CSTNode | None, batch: set[str]) -> set[str]:
+        """The batch's names after a block (a suite, ``else``, a handler, an ``elif``, the module)."""
+        if node is None:
+            return batch
+        if type(node) is cst.If:
+            return self.statement(node, batch)
+        body = node.body
+        if type(body) not in (list, tuple):
+            return self.block(body, batch)  # else, finally, a handler: their suite
+        for statement in body:
+            if self.found is not None:
+                break
+            batch = self.statement(statement, batch)
+        return batch
+
+    def statement(self, node: cst.CSTNode, batch: set[str]) -> set[str]:
+        kind = type(node)
+        if kind in _DEFINED:
+            return batch
+        if kind is cst.SimpleStatementLine or kind in _SMALL:
+            for small in node.body if kind is cst.SimpleStatementLine else (node,):
+                self.check(small, batch)
+                if type(small) is cst.Assign:
+                    for target in small.targets:
+                        self.bind(batch, target.target, small.value)
+            return batch
+        for header in children(node):
+            if type(header) not in _BLOCKS:
+                self.check(header, batch)
+        if kind is cst.If:
+            return self.merge(self.block(node.body, set(batch)), self.block(node.orelse, set(batch)))
+        if kind is cst.For or kind is cst.While:
+            inner = set(batch)
+            if kind is cst.For and self.values.carries(node.iter, batch):
+                inner |= target_names(node.target)  # for image in images: each of its tensors
+            return self.merge(batch, self.block(node.body, inner), self.block(node.orelse, set(batch)))
+        if kind is cst.Try or kind is cst.TryStar:
+            body = self.block(node.body, set(batch))
+            ends = [self.block(node.orelse, set(body)), *(self.block(h, self.merge(batch, body)) for h in node.handlers)]
+            return self.block(node.finalbody, self.merge(*ends))
+        # with, match: each block from the same start
+        return self.merge(batch, *(self.block(child, set(batch)) for child in children(node) if type(child) in _BLOCKS))
+
+    def merge(self, *ends: set[str]) -> set[str]:
+        """Where paths meet: the batch's names on either, but for those a path moved."""
+        return set().union(*ends) - self.moved
+
+    def bind(self, batch: set[str], target: cst.BaseExpression, value: cst.BaseExpression) -> None:
         """Update the batch's names after ``target = value``: ``next(drawn)`` gives batch
-        values, and so does an expression that reads one (``label_trg = label_org[perm]``),
-        but for a Python value read from it (``n = x.size(0)``); a move (``x = x.to(device)``)
-        or anything else does not."""
+        values, and so does an expression that carries one where it is (``label_trg =
+        label_org[perm]``, ``x = x.float() / 255``); a move (``x = x.to(device)``), a size read
+        from it or anything else does not."""
         if type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List) and \
                 len(target.elements) == len(value.elements):
             for part, part_value in zip(target.elements, value.elements):
-                self._bind(batch, part.value, part_value.value, values, drawn)
+                self.bind(batch, part.value, part_value.value)
             return
         names = target_names(target)
-        draws = type(value) is cst.Call and dotted(value.func) == "next" and len(value.args) == 1 \
-            and drawn is not None and dotted(value.args[0].value) == drawn
-        if draws or batch and values.tensor_read(value, batch) and values.kind(value) not in HOST:
+        draws = self.drawn is not None and type(value) is cst.Call and dotted(value.func) == "next" \
+            and len(value.args) == 1 and dotted(value.args[0].value) == self.drawn
+        if draws or batch and self.values.carries(value, batch):
             batch.update(names)
+            self.moved.difference_update(names)
         else:
+            if names & batch and read_names(value) & batch:
+                self.moved.update(names)  # x = x.to(device), n = x.sum().item()
             batch.difference_update(names)
 
-    def _in_code(self, node: cst.CSTNode, values, scope, batch: set[str], depth: int) -> HostUse | None:
-        """The first host-side use of the batch's names in ``node`` (a statement or an expression)."""
-        found = None
+    def check(self, node: cst.CSTNode, batch: set[str]) -> None:
+        """Note the first host-side use of the batch's names in ``node`` (a small statement or a
+        compound statement's header)."""
+        if not batch or self.found is not None:
+            return
+        values = self.values
 
         def enter(child):
-            nonlocal found
-            if found is not None or type(child) in _DEFINITIONS or type(child) is cst.Lambda:
+            if self.found is not None or type(child) in _DEFINED:
                 return False
             used = values.host_use(child, batch)
             if used is not None:
-                found = HostUse(used[0], child, child, used[1])
-            elif type(child) is cst.Call and depth < _DEPTH:
-                found = self._through_call(child, values, scope, batch, depth)
-            return found is None
+                self.found = HostUse(used[0], child, child, used[1])
+            elif type(child) is cst.Call and self.depth < _DEPTH:
+                self.found = self.through_call(child, batch)
+            return self.found is None
 
         walk(node, enter)
-        return found
 
-    def _through_call(self, call: cst.Call, values, scope, batch: set[str], depth: int) -> HostUse | None:
+    def through_call(self, call: cst.Call, batch: set[str]) -> HostUse | None:
         """A batch value passed to a function of the file that uses it on the host before it
         moves it (``self.label2onehot(label_org, self.c_dim)``)."""
-        callee = values.file.callee(call, scope)
+        callee = self.values.file.callee(call, self.scope)
         if callee is None:
             return None
         function, arguments = callee
         for param, argument in arguments.items():
-            name = values.tensor_read(argument, batch)
-            if name is None:
-                continue
-            key = (function, param)
-            if key not in self._in_functions:
-                self._in_functions[key] = None  # while it is followed (a recursive function)
-                self._in_functions[key] = self._first(function.body, function, {param}, None, depth + 1)
-            inner = self._in_functions[key]
+            name = self.values.tensor_read(argument, batch)
+            inner = self.uses.in_function(function, param, self.depth + 1) if name is not None else None
             if inner is not None:
                 return HostUse(name, call, inner.use, inner.how)
         return None

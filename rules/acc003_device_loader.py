@@ -164,8 +164,6 @@ class DeviceLoader(Rule):
         self._planned: Plan | None = None
         # Fed loops being walked, innermost last.
         self._open: list[cst.For] = []
-        # The host-side uses reported (a loader's iterator made twice is left once).
-        self._reported: set[cst.CSTNode] = set()
 
     def applies(self) -> bool:
         return bool(self.ctx.facts.loaders or self.ctx.facts.loops or self.ctx.target.has("lazy_execution"))
@@ -177,7 +175,27 @@ class DeviceLoader(Rule):
         if self._planned is None:
             rebind = self.ctx.concept("device_loader").rebind
             self._planned = Planner(self.ctx.facts, self._is_move, rebind).build()
+            self._report_host_uses(self._planned)
         return self._planned
+
+    def _report_host_uses(self, plan: Plan) -> None:
+        """The loops (and ``iter()`` calls) left unwrapped because a batch element is used on the
+        host before it is moved: one finding per use and loader (an iterator made again where
+        it runs out reads the same loader)."""
+        left = dict.fromkeys((used.at, used, loader) for used, loader in plan.left.values())
+        if not left:
+            return
+        lines = starts(self.ctx.module, [used.use for _, used, _ in left])
+        for at, used, loader in {(at, loader): (at, used, loader) for at, used, loader in left}.values():
+            self.ctx.diagnose(
+                at, f"`{used.name}` is used on the host (line {lines[used.use][0]}) before it is moved; "
+                f"`{loader}` left unwrapped",
+                f"`{excerpt(self.ctx.code(used.use), 60)}` {used.how}. The target's device loader would deliver "
+                "every element of the batch on the device, where this fails (torch_xla: \"mutating a "
+                "non-functional tensor with a functional tensor\") or mixes devices, so the loop keeps reading "
+                f"`{loader}` and moving each batch itself. To read it from the device loader, do this work after "
+                "the move, on the device (`torch.zeros(n, d, device=device)`) or in the dataset, then migrate again.",
+            )
 
     def _device(self, device: str | None) -> str:
         return device or self.ctx.code(self.ctx.expr("device"))
@@ -218,27 +236,8 @@ class DeviceLoader(Rule):
         if node in plan.fed:
             self._open.append(node)
             return
-        self._report_host_use(node)
         self._refuse_on_host(node)
         self._mark_steps(node)
-
-    def _report_host_use(self, node) -> None:
-        """A loop (or ``iter()`` call) left unwrapped because a batch element is used on the host
-        before it is moved."""
-        left = self._plan.left.get(node)
-        if left is None or left[0].at in self._reported:
-            return
-        used, loader = left
-        self._reported.add(used.at)
-        line = starts(self.ctx.module, [used.use])[used.use][0]
-        self.ctx.diagnose(
-            used.at, f"`{used.name}` is used on the host (line {line}) before it is moved; `{loader}` left unwrapped",
-            f"`{excerpt(self.ctx.code(used.use))}` {used.how}. The target's device loader would deliver every "
-            f"element of the batch on the device, where this fails (torch_xla: \"mutating a non-functional "
-            f"tensor with a functional tensor\") or mixes devices, so the loop keeps reading `{loader}` and "
-            "moving each batch itself. To read it from the device loader, do this work after the move, on the "
-            "device (`torch.zeros(n, d, device=device)`) or in the dataset, then migrate again.",
-        )
 
     def _mark_steps(self, node) -> None:
         """A step loop that no device loader feeds ends each step itself: the device loader
@@ -271,8 +270,6 @@ class DeviceLoader(Rule):
         the loader."""
         wrap = self._plan.wraps.get(original_node)
         if wrap is None:
-            if self._plan.left:
-                self._report_host_use(original_node)
             return updated_node
         loader, device = wrap
         wrapped = self.ctx.expr("device_loader", loader=loader, device=self._device(device))
