@@ -27,6 +27,7 @@ from accrewrite.values import read_names, target_names
 _DEPTH = 3
 _DEFINED = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 _SMALL = node_types(cst.BaseSmallStatement)
+_COMPREHENSIONS = frozenset({cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp})
 # The parts of a compound statement that hold statements (the rest is its header).
 _BLOCKS = node_types(cst.BaseSuite, cst.Else, cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler,
                      cst.MatchCase, cst.If)
@@ -165,18 +166,36 @@ class _Follow:
         if not batch or self.found is not None:
             return
         values = self.values
+        names = set(batch)
+        # A comprehension's names that take the batch's tensors (``v`` of ``{k: v.numpy() for k,
+        # v in batch.items()}``) -> the batch's name they come from.
+        taken: dict[str, str] = {}
 
         def enter(child):
-            if self.found is not None or type(child) in _DEFINED:
+            kind = type(child)
+            if self.found is not None or kind in _DEFINED:
                 return False
-            used = values.host_use(child, batch)
+            if kind in _COMPREHENSIONS:
+                self.take(child, names, taken)
+            used = values.host_use(child, names)
             if used is not None:
-                self.found = HostUse(used[0], child, child, used[1])
-            elif type(child) is cst.Call and self.depth < _DEPTH:
-                self.found = self.through_call(child, batch)
+                self.found = HostUse(taken.get(used[0], used[0]), child, child, used[1])
+            elif kind is cst.Call and self.depth < _DEPTH:
+                self.found = self.through_call(child, names)
             return self.found is None
 
         walk(node, enter)
+
+    def take(self, comprehension, names: set[str], taken: dict[str, str]) -> None:
+        """Add the names ``comprehension`` binds to the batch's tensors."""
+        for_in = comprehension.for_in
+        while for_in is not None:
+            read = self.values.tensor_read(for_in.iter, names)
+            if read is not None and self.values.carries(for_in.iter, names):
+                bound = target_names(for_in.target)
+                taken.update(dict.fromkeys(bound, taken.get(read, read)))
+                names |= bound
+            for_in = for_in.inner_for_in
 
     def through_call(self, call: cst.Call, batch: set[str]) -> HostUse | None:
         """A batch value passed to a function of the file that uses it on the host before it

@@ -21,6 +21,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 RUNNABLE = {
     "tutorial_module_level": True,
     "gan_created_tensors": True,
+    "gan_onehot_labels": True,
+    "gan_label_shuffle": True,
     "no_device": True,
     "device_option_cpu": True,
     "device_param_rank": False,
