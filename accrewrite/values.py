@@ -1185,7 +1185,6 @@ class ScopeValues:
             for child in descendants(node, _DEFINED_CODE)
         )
 
-
     def tensor_read(self, node: cst.CSTNode, names) -> str | None:
         """The first of ``names`` whose tensor values evaluating ``node`` reads, else None: not
         through what is known of a tensor without them (``x.size(0)``, ``x.shape``, ``len(x)``),
@@ -1247,7 +1246,7 @@ class ScopeValues:
     def host_use(self, node: cst.CSTNode, names) -> tuple[str, str] | None:
         """How ``node`` itself (not its children) works on the tensor values of one of ``names``
         where they must be on the host: (the name, what it does), else None. It reads them with
-        ``.numpy()`` or passes them to numpy, PIL or an image writer; it indexes, fills or
+        ``.numpy()`` or passes them to numpy, PIL or OpenCV; it indexes, fills or
         computes with a tensor made on the host (``out[rows, labels] = 1`` after ``out =
         torch.zeros(n, d)``, ``torch.cat([x, c])``). Indexing such a tensor itself
         (``labels[torch.randperm(n)]``) works where it is."""

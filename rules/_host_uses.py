@@ -6,17 +6,18 @@ first used on the host, and only then moved, worked on the host tensor in the or
 labels filled into a tensor made with ``torch.zeros`` (StarGAN's ``label2onehot``), ``.numpy()``,
 a numpy or PIL call, or a function of the file that does one of these. Given the element on the
 device, that code fails (torch_xla: "mutating a non-functional tensor with a functional tensor")
-or mixes devices. Each element is followed through the loop in source order (the loop target's
-names, the values a ``next(it)`` gives, what is read from them: ``batch["x"]``,
-``labels[perm]``) until it is moved; a use after its move is on the device either way. What
-counts as a host-side use is the data-flow analysis's (``ScopeValues.host_use``).
+or mixes devices. Each element (the loop target's names, the values a ``next(it)`` gives, what
+is read from them: ``batch["x"]``, ``labels[perm]``) is followed through the loop's statements
+in order until it is moved; a use after its move is on the device either way. What counts as a
+host-side use, and what carries an element, is the data-flow analysis's
+(``ScopeValues.host_use``, ``ScopeValues.carries``).
 
 No class here derives from ``Rule``: the registry registers every Rule subclass of a module.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 
@@ -117,6 +118,8 @@ class _Follow:
                 if type(small) is cst.Assign:
                     for target in small.targets:
                         self.bind(batch, target.target, small.value)
+                elif type(small) is cst.AnnAssign and small.value is not None:
+                    self.bind(batch, small.target, small.value)
             return batch
         for header in children(node):
             if type(header) not in _BLOCKS:
@@ -178,10 +181,11 @@ class _Follow:
             if kind in _COMPREHENSIONS:
                 self.take(child, names, taken)
             used = values.host_use(child, names)
-            if used is not None:
-                self.found = HostUse(taken.get(used[0], used[0]), child, child, used[1])
-            elif kind is cst.Call and self.depth < _DEPTH:
-                self.found = self.through_call(child, names)
+            found = HostUse(used[0], child, child, used[1]) if used is not None else None
+            if found is None and kind is cst.Call and self.depth < _DEPTH:
+                found = self.through_call(child, names)
+            if found is not None:
+                self.found = replace(found, name=taken.get(found.name, found.name))
             return self.found is None
 
         walk(node, enter)

@@ -23,6 +23,16 @@ class DeviceLoader(Rule):
     that places something on a device (DataParallel moved its inputs itself). A loop that only
     looks at a batch (`for x, y in loader: print(x.shape); break`, a plot) keeps the loader,
     and a tensor the loop makes itself (`z = torch.randn(n, d).to(device)`) keeps its move.
+    So does a loop that works on a batch element on the host before it moves it, which it
+    could not do on the device: fills a tensor made on the host with it (StarGAN's one-hot
+    labels, `out[np.arange(n), labels.long()] = 1` after `out = torch.zeros(n, d)`), computes
+    with one, reads it with `.numpy()` or a numpy, PIL or OpenCV call, or passes it to a
+    function of the file that does one of these. Each element (the loop target's names,
+    what `next(it)` gives, what is read from them: `batch["x"]`, `labels[perm]`) is followed
+    through the loop until it is moved; its size, shape or `len()`, indexing it with a
+    permutation made on the host, and any use after its move work on the device. Such a
+    loop keeps its loader and its moves, and the finding names the use: move that work after
+    the move, onto the device or into the dataset, and migrate again.
     A file that trains models of its own and places nothing on a device trains on the host:
     it is left as it is, and its first training loop says so (batches on the device beside a
     model on the host would fail, as would the target's collectives on host tensors).
@@ -145,6 +155,38 @@ class DeviceLoader(Rule):
             """,
         ),
         Example(
+            target="torch_xla",
+            before="""
+            import numpy as np
+            import torch
+
+            def train(model, loader, optimizer, device):
+                for images, labels in loader:
+                    onehot = torch.zeros(labels.size(0), 10)
+                    onehot[np.arange(labels.size(0)), labels] = 1
+                    images, onehot = images.to(device), onehot.to(device)
+                    loss = (model(images) - onehot).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+            """,
+            after="""
+            import numpy as np
+            import torch
+            import torch_xla
+
+            def train(model, loader, optimizer, device):
+                for images, labels in loader:
+                    onehot = torch.zeros(labels.size(0), 10)
+                    onehot[np.arange(labels.size(0)), labels] = 1
+                    images, onehot = images.to(device), onehot.to(device)
+                    loss = (model(images) - onehot).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+                    torch_xla.sync()
+            """,
+            diagnostics=("ACC003:7",),
+        ),
+        Example(
             before="""
             import torch
 
@@ -182,11 +224,11 @@ class DeviceLoader(Rule):
         """The loops (and ``iter()`` calls) left unwrapped because a batch element is used on the
         host before it is moved: one finding per use and loader (an iterator made again where
         it runs out reads the same loader)."""
-        left = dict.fromkeys((used.at, used, loader) for used, loader in plan.left.values())
+        left = {(used.at, loader): used for used, loader in plan.left.values()}
         if not left:
             return
-        lines = starts(self.ctx.module, [used.use for _, used, _ in left])
-        for at, used, loader in {(at, loader): (at, used, loader) for at, used, loader in left}.values():
+        lines = starts(self.ctx.module, [used.use for used in left.values()])
+        for (at, loader), used in left.items():
             self.ctx.diagnose(
                 at, f"`{used.name}` is used on the host (line {lines[used.use][0]}) before it is moved; "
                 f"`{loader}` left unwrapped",

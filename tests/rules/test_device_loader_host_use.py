@@ -93,24 +93,17 @@ def test_uses_that_work_where_the_batch_is_keep_the_wrap(body):
     assert wrapped(output) and not diagnostics and "labels.to(device)" not in output
 
 
-def test_a_use_after_the_move_is_on_the_device_either_way():
+@pytest.mark.parametrize("moves", [
+    # a use after the move is on the device either way
+    "    x, labels = x.to(device), labels.to(device)\n",
+    # a move on one path: timm's prefetching loader moves batches itself, otherwise the loop does
+    "    if not prefetching:\n        x, labels = x.to(device), labels.to(device)\n",
+])
+def test_a_use_after_a_move_keeps_the_wrap(moves):
     body = (
-        "for x, labels in loader:\n"
-        "    x, labels = x.to(device), labels.to(device)\n"
+        "for x, labels in loader:\n" + moves +
         "    onehot = torch.zeros(labels.size(0), 3)\n"
         "    onehot[torch.arange(labels.size(0)), labels] = 1\n" + STEP
-    )
-    output, diagnostics = migrated(body)
-    assert wrapped(output) and not diagnostics
-
-
-def test_a_move_on_one_path_settles_the_element():
-    # timm: the prefetching loader moves batches itself; otherwise the loop does
-    body = (
-        "for x, labels in loader:\n"
-        "    if not prefetching:\n"
-        "        x, labels = x.to(device), labels.to(device)\n"
-        "    first = labels.numpy()\n" + STEP
     )
     output, diagnostics = migrated(body)
     assert wrapped(output) and not diagnostics
