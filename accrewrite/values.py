@@ -1243,6 +1243,9 @@ class ScopeValues:
         return type(func) is cst.Attribute and func.attr.value in _NOT_ITS_VALUES and not (
             func.attr.value == "to" and self._casts_only(call))
 
+    # The nodes ``host_use`` answers for; it gives None for any other.
+    HOST_USE_NODES = frozenset({cst.Call, cst.Subscript, cst.BinaryOperation, cst.Comparison, cst.AugAssign, cst.Assign})
+
     def host_use(self, node: cst.CSTNode, names) -> tuple[str, str] | None:
         """How ``node`` itself (not its children) works on the tensor values of one of ``names``
         where they must be on the host: (the name, what it does), else None. It reads them with

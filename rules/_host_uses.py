@@ -180,7 +180,7 @@ class _Follow:
                 return False
             if kind in _COMPREHENSIONS:
                 self.take(child, names, taken)
-            used = values.host_use(child, names)
+            used = values.host_use(child, names) if kind in values.HOST_USE_NODES else None
             found = HostUse(used[0], child, child, used[1]) if used is not None else None
             if found is None and kind is cst.Call and self.depth < _DEPTH:
                 found = self.through_call(child, names)
