@@ -120,6 +120,8 @@ _HOST_ARRAY_CALLS = ("numpy.", "PIL.", "cv2.", "scipy.", "sklearn.", "skimage.",
 # Tensor methods that give what is known without the tensor's values, a number read from it or
 # a copy elsewhere: what they give is no longer the tensor (``.to(dtype)`` alone converts it).
 _NOT_ITS_VALUES = frozenset({*META_METHODS, "item", "tolist", "cpu", "cuda", "to"})
+# The nodes ``ScopeValues.host_use`` answers for; it gives None for any other.
+HOST_USE_NODES = frozenset({cst.Call, cst.Subscript, cst.BinaryOperation, cst.Comparison, cst.AugAssign, cst.Assign})
 _MODEL_ANNOTATIONS = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 # What a value annotated with a torch class holds.
 _ANNOTATION_KINDS = MappingProxyType({
@@ -1243,9 +1245,6 @@ class ScopeValues:
         return type(func) is cst.Attribute and func.attr.value in _NOT_ITS_VALUES and not (
             func.attr.value == "to" and self._casts_only(call))
 
-    # The nodes ``host_use`` answers for; it gives None for any other.
-    HOST_USE_NODES = frozenset({cst.Call, cst.Subscript, cst.BinaryOperation, cst.Comparison, cst.AugAssign, cst.Assign})
-
     def host_use(self, node: cst.CSTNode, names) -> tuple[str, str] | None:
         """How ``node`` itself (not its children) works on the tensor values of one of ``names``
         where they must be on the host: (the name, what it does), else None. It reads them with
@@ -1289,7 +1288,8 @@ class ScopeValues:
         if callee.startswith("torch."):
             operands = []  # torch.cat([x, c]): each tensor of a list
             for argument in arguments:
-                operands += [e.value for e in argument.elements] if type(argument) in (cst.List, cst.Tuple) else [argument]
+                listed = type(argument) in (cst.List, cst.Tuple)
+                operands += [element.value for element in argument.elements] if listed else [argument]
             return self._computed_with_host(names, *operands)
         return None
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import libcst as cst
 
 from accrewrite.nodes import children, dotted, node_types, walk
-from accrewrite.values import read_names, target_names
+from accrewrite.values import HOST_USE_NODES, read_names, target_names
 
 # How deep calls of the file's functions are followed (a helper that calls a helper).
 _DEPTH = 3
@@ -133,7 +133,8 @@ class _Follow:
             return self.merge(batch, self.block(node.body, inner), self.block(node.orelse, set(batch)))
         if kind is cst.Try or kind is cst.TryStar:
             body = self.block(node.body, set(batch))
-            ends = [self.block(node.orelse, set(body)), *(self.block(h, self.merge(batch, body)) for h in node.handlers)]
+            ends = [self.block(node.orelse, set(body))]
+            ends += [self.block(handler, self.merge(batch, body)) for handler in node.handlers]
             return self.block(node.finalbody, self.merge(*ends))
         # with, match: each block from the same start
         return self.merge(batch, *(self.block(child, set(batch)) for child in children(node) if type(child) in _BLOCKS))
@@ -180,7 +181,7 @@ class _Follow:
                 return False
             if kind in _COMPREHENSIONS:
                 self.take(child, names, taken)
-            used = values.host_use(child, names) if kind in values.HOST_USE_NODES else None
+            used = values.host_use(child, names) if kind in HOST_USE_NODES else None
             found = HostUse(used[0], child, child, used[1]) if used is not None else None
             if found is None and kind is cst.Call and self.depth < _DEPTH:
                 found = self.through_call(child, names)

@@ -74,7 +74,8 @@ def test_each_loop_is_decided_on_its_own():
     "    x = torch.cat([x, torch.zeros(x.size(0), 1)], dim=1)[:, :4]\n",
 ])
 def test_a_host_side_use_before_the_move_keeps_the_loader(body):
-    output, [diagnostic] = migrated("for x, labels in loader:\n" + body + "    x, labels = x.to(device), labels.to(device)\n" + STEP)
+    loop = "for x, labels in loader:\n" + body + "    x, labels = x.to(device), labels.to(device)\n" + STEP
+    output, [diagnostic] = migrated(loop)
     assert not wrapped(output) and "x, labels = x.to(device), labels.to(device)" in output
     assert diagnostic.message.endswith("before it is moved; `loader` left unwrapped")
 
@@ -147,7 +148,8 @@ def test_the_files_functions_are_followed_through_the_calls_they_make():
         "def countdown(labels, n):\n"  # recursive: followed once
         "    return labels if n == 0 else countdown(labels, n - 1)\n\n\n"
     )
-    body = "for x, labels in loader:\n    c = one_hot(countdown(labels, 2), 3)\n    x, c = x.to(device), c.to(device)\n" + STEP
+    body = "for x, labels in loader:\n    c = one_hot(countdown(labels, 2), 3)\n    x, c = x.to(device), c.to(device)\n"
+    body += STEP
     output, [diagnostic] = migrated(body, header=helpers)
     assert not wrapped(output)
     assert (diagnostic.line, diagnostic.message) == (
