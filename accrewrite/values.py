@@ -1305,8 +1305,16 @@ class ScopeValues:
         return next(filter(None, (self.tensor_read(node, names) for node in nodes)), None)
 
     def _made_on_host(self, node: cst.CSTNode, names) -> bool:
-        """A tensor made on the host (``torch.zeros(n, d)``), not from ``names``' values."""
-        return self.kind(node) is Kind.CPU and self.tensor_read(node, names) is None
+        """A tensor or numpy array made on the host (``torch.zeros(n, d)``, ``np.zeros((n, d))``),
+        not from ``names``' values."""
+        made = self.kind(node) is Kind.CPU or (self._made_by(node) or "").startswith("numpy.")
+        return made and self.tensor_read(node, names) is None
+
+    def _made_by(self, node: cst.CSTNode) -> str | None:
+        """What made ``node``: the callee of a call, or of the call a name is assigned in the file."""
+        if type(node) is cst.Call:
+            return self.facts.qualname(node.func)
+        return self.facts.assigned_calls.get(dotted(node) or "")
 
 
 _COMPREHENSIONS = node_types(cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)

@@ -169,27 +169,40 @@ class _Follow:
         compound statement's header)."""
         if not batch or self.found is not None:
             return
-        values = self.values
-        names = set(batch)
         # A comprehension's names that take the batch's tensors (``v`` of ``{k: v.numpy() for k,
         # v in batch.items()}``) -> the batch's name they come from.
         taken: dict[str, str] = {}
+        found = self.innermost(node, set(batch), taken)
+        if found is not None:
+            self.found = replace(found, name=taken.get(found.name, found.name))
+
+    def innermost(self, node: cst.CSTNode, names: set[str], taken: dict[str, str]) -> HostUse | None:
+        """The first host-side use in ``node``, the innermost of those inside one another
+        (``y.numpy()`` in ``counts += np.bincount(y.numpy())``): it says best what to change."""
+        found = None
 
         def enter(child):
+            nonlocal found
             kind = type(child)
-            if self.found is not None or kind in _DEFINED:
+            if found is not None or kind in _DEFINED:
                 return False
             if kind in _COMPREHENSIONS:
                 self.take(child, names, taken)
-            used = values.host_use(child, names) if kind in HOST_USE_NODES else None
-            found = HostUse(used[0], child, child, used[1]) if used is not None else None
-            if found is None and kind is cst.Call and self.depth < _DEPTH:
-                found = self.through_call(child, names)
+            found = self.use_at(child, names)
             if found is not None:
-                self.found = replace(found, name=taken.get(found.name, found.name))
-            return self.found is None
+                found = next(filter(None, (self.innermost(c, names, taken) for c in children(child))), found)
+            return found is None
 
         walk(node, enter)
+        return found
+
+    def use_at(self, node: cst.CSTNode, names: set[str]) -> HostUse | None:
+        """``node``'s own host-side use of the names, or that of the file's function it calls."""
+        kind = type(node)
+        used = self.values.host_use(node, names) if kind in HOST_USE_NODES else None
+        if used is not None:
+            return HostUse(used[0], node, node, used[1])
+        return self.through_call(node, names) if kind is cst.Call and self.depth < _DEPTH else None
 
     def take(self, comprehension, names: set[str], taken: dict[str, str]) -> None:
         """Add the names ``comprehension`` binds to the batch's tensors."""

@@ -233,10 +233,10 @@ class DeviceLoader(Rule):
                 at, f"`{used.name}` is used on the host (line {lines[used.use][0]}) before it is moved; "
                 f"`{loader}` left unwrapped",
                 f"`{excerpt(self.ctx.code(used.use), 60)}` {used.how}. The target's device loader would deliver "
-                "every element of the batch on the device, where this fails (torch_xla: \"mutating a "
-                "non-functional tensor with a functional tensor\") or mixes devices, so the loop keeps reading "
-                f"`{loader}` and moving each batch itself. To read it from the device loader, do this work after "
-                "the move, on the device (`torch.zeros(n, d, device=device)`) or in the dataset, then migrate again.",
+                "every element of the batch on the device, where this host-side work fails, so the loop keeps "
+                f"reading `{loader}` and moving each batch itself. To read it from the device loader, do this work "
+                "after the move, on the device (`torch.zeros(n, d, device=device)`) or in the dataset, then "
+                "migrate again.",
             )
 
     def _device(self, device: str | None) -> str:
