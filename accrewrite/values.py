@@ -1249,8 +1249,8 @@ class ScopeValues:
         """How ``node`` itself (not its children) works on the tensor values of one of ``names``
         where they must be on the host: (the name, what it does), else None. It reads them with
         ``.numpy()`` or passes them to numpy, PIL or OpenCV; it indexes, fills or
-        computes with a tensor made on the host (``out[rows, labels] = 1`` after ``out =
-        torch.zeros(n, d)``, ``torch.cat([x, c])``). Indexing such a tensor itself
+        computes with a tensor or numpy array made on the host (``out[rows, labels] = 1``
+        after ``out = torch.zeros(n, d)``, ``torch.cat([x, c])``). Indexing such a tensor itself
         (``labels[torch.randperm(n)]``) works where it is."""
         kind = type(node)
         if kind is cst.Call:
