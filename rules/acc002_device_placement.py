@@ -399,8 +399,7 @@ class DevicePlacement(Rule):
 
     def _device(self) -> cst.BaseExpression:
         """The device variable bound here (``Facts.device_at``), else the target's device."""
-        facts = self.ctx.facts
-        name = facts.device_at(self.ctx.scope, facts.order.get(self.ctx.statement, 0))
+        name = self.ctx.facts.device_at(self.ctx.scope, self.ctx.statement)
         return cst.parse_expression(name) if name else self.ctx.expr("device")
 
     def leave_Call(self, original_node, updated_node):
