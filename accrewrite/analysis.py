@@ -401,11 +401,9 @@ class Facts:
         that its callers do not pass a CUDA ordinal (an int); a ``self.`` attribute another
         method of the class assigns; one of module level assigned so before every call that runs
         ``scope``. None: the target's device is to be spelled out."""
-        if any(device.scope is scope for device in self.devices):
-            values = self.values(scope)
-            for device in self.devices:
-                if device.scope is scope and values.binding_at(device.name, statement) is device.statement:
-                    return device.name
+        for name in self._devices_chosen(scope):
+            if self._chosen_at(scope, name, statement):
+                return name
         if scope is None:
             return None
         for param in scope.params.params:
@@ -430,14 +428,27 @@ class Facts:
         module = self.values(None)
         calls = self._values.calls_of(function)
         if not calls:
-            return module.binding_at(device.name, self._module_statement(function)) is device.statement
+            return self._chosen_at(None, device.name, self._module_statement(function))
         for call, caller, _ in calls:
             if caller is None:
-                if module.binding_at(device.name, module.statement_of(call)) is not device.statement:
+                if not self._chosen_at(None, device.name, module.statement_of(call)):
                     return False
             elif caller in seen or not self._runs_after(caller, device, seen | {function}):
                 return False
         return True
+
+    def _devices_chosen(self, scope: cst.FunctionDef | None) -> dict[str, set[cst.CSTNode]]:
+        """Each device variable of ``scope``, with the statements that assign it a device."""
+        chosen: dict[str, set[cst.CSTNode]] = {}
+        for device in self.devices:
+            if device.scope is scope:
+                chosen.setdefault(device.name, set()).add(device.statement)
+        return chosen
+
+    def _chosen_at(self, scope: cst.FunctionDef | None, name: str, statement: cst.CSTNode | None) -> bool:
+        """Whether every path to ``statement`` of ``scope`` assigned ``name`` a device last."""
+        found = self.values(scope).bindings_at(name, statement)
+        return bool(found) and found <= self._devices_chosen(scope).get(name, set())
 
     def _module_statement(self, function: cst.FunctionDef) -> cst.CSTNode:
         """The module-level statement that defines ``function``: itself, its class's, or the

@@ -246,11 +246,10 @@ class Definitions:
 
 
 # A binding's kind; whether it is a literal initialiser (``total = 0``), which gives way to the
-# kind of the name's other bindings where they meet; and the statement that bound it on every
-# path to here (``_SEVERAL`` where paths bind it in different statements, None where one may
-# bind it nowhere).
+# kind of the name's other bindings where they meet; and where every path to here bound it last:
+# a statement, a frozenset of them where paths bind it in different statements, None where one
+# may bind it nowhere.
 _Bound = tuple[Kind, bool, object]
-_SEVERAL = object()
 # The names bound where a statement starts: name -> _Bound.
 _Env = PersistentMap
 
@@ -292,8 +291,8 @@ def _meet_buckets(buckets: list[dict | None], live: list[bool]) -> dict[str, _Bo
 
 
 def _origin(name: str, buckets: list[dict | None], live: list[bool]):
-    """The statement that binds ``name`` on every path that goes on from the buckets' maps (the
-    ``live`` ones)."""
+    """Where every path that goes on from the buckets' maps (the ``live`` ones) bound ``name``
+    last."""
     found = None
     for index, bucket in enumerate(buckets):
         if not live[index]:
@@ -301,11 +300,16 @@ def _origin(name: str, buckets: list[dict | None], live: list[bool]):
         bound = bucket.get(name) if bucket is not None else None
         if bound is None or bound[2] is None:
             return None
-        if found is None:
-            found = bound[2]
-        elif found is not bound[2]:
-            found = _SEVERAL
+        origin = bound[2]
+        if found is None or found is origin:
+            found = origin
+        else:
+            found = _statements(found) | _statements(origin)
     return found
+
+
+def _statements(origin) -> frozenset:
+    return origin if type(origin) is frozenset else frozenset((origin,))
 
 
 def _merge_branches(before: _Env, *ends: _Env) -> _Env:
@@ -1145,17 +1149,17 @@ class ScopeValues:
         expression ``node``."""
         return self._statement_of.get(id(node))
 
-    def binding_at(self, name: str, statement: cst.CSTNode) -> cst.CSTNode | None:
-        """The statement whose binding of ``name`` every path to ``statement`` (a statement line,
-        small statement or compound header of this scope) comes through last: None where a path
-        binds it nowhere, or paths bind it in different statements."""
-        origin = _origin_in(self._before.get(id(statement)), name)
-        return None if origin is _SEVERAL else origin
+    def bindings_at(self, name: str, statement: cst.CSTNode) -> frozenset[cst.CSTNode]:
+        """The statements whose binding of ``name`` the paths to ``statement`` (a statement line,
+        small statement or compound header of this scope) come through last: none where a path
+        binds it nowhere (statement lines and compound headers: the ``.statement`` of the
+        analysis's ``Binding``)."""
+        return _bindings_in(self._before.get(id(statement)), name)
 
-    def bound_after(self, name: str, statement: cst.CSTNode) -> bool:
-        """Whether every path that goes on past the compound ``statement`` has bound ``name``."""
+    def bindings_after(self, name: str, statement: cst.CSTNode) -> frozenset[cst.CSTNode]:
+        """The same where the paths that go on past the compound ``statement`` meet again."""
         after = self._after.get(id(statement))
-        return type(after) is not _Ended and _origin_in(after, name) is not None
+        return frozenset() if type(after) is _Ended else _bindings_in(after, name)
 
     def binds(self, name: str) -> bool:
         """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""
@@ -1283,9 +1287,9 @@ _BLOCK_TYPES = node_types(cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStateme
                           cst.ExceptHandler)
 
 
-def _origin_in(env: _Env | None, name: str):
+def _bindings_in(env: _Env | None, name: str) -> frozenset[cst.CSTNode]:
     bound = env.get(name) if env is not None else None
-    return bound[2] if bound is not None else None
+    return frozenset() if bound is None or bound[2] is None else _statements(bound[2])
 
 
 def _breaks(loop: cst.For | cst.While) -> bool:
