@@ -4,10 +4,13 @@ loader, or something unknown.
 One data-flow analysis per function (and one for module level), owned by the engine and read by
 every rule through ``Facts.values(scope)``. It is a forward pass over a function's bindings
 (assignments, loop targets, ``with ... as``), repeated until the kinds settle, so a name
-assigned after its first use in a loop is known there too. It is flow-insensitive: a name has
-one kind in a function, the join of what it is bound to, where a literal initialiser
+assigned after its first use in a loop is known there too. Its kinds are flow-insensitive: a
+name has one kind in a function, the join of what it is bound to, where a literal initialiser
 (``total = 0``, ``best = 1e9``, ``out = {}``, ``scaler = None``) takes the kind of the other
-bindings (``total += loss`` makes ``total`` a tensor).
+bindings (``total += loss`` makes ``total`` a tensor). Where a name is bound follows the paths:
+the statements that every path to a statement bound it in last (``bindings_at``), none where a
+path binds it nowhere (only one arm of an ``if``, a loop's body, a ``try`` body whose handler
+goes on, after a ``del``); ``return``, ``raise``, ``break`` and ``continue`` end their path.
 
 Kinds come from what PyTorch code is made of, never from names alone where something better is
 known: a batch from a loader, a model's output, ``torch.*`` results and tensor methods are

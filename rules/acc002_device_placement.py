@@ -29,13 +29,17 @@ class DevicePlacement(Rule):
 
     - a variable assigned a CUDA device (`torch.device("cuda")`, `torch.device(f"cuda:{r}")`,
       `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`) is assigned the target
-      device, followed by the replication call;
+      device, followed by the replication call; chosen in a branch, the replication goes where
+      the run has the device: once after an `if` whose every arm chooses the target's device,
+      in the branch where another arm chooses the CPU, and where a run may skip the only
+      choice (`if args.resume: loc = ...`), naming the target's device itself before it;
     - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
       (the target picks the device per process);
     - a device string built from a device and an index (`torch.device(f"{acc}:{rank}")` with
       `acc = torch.accelerator.current_accelerator()`) is the target device;
-    - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable
-      visible in that function, else the target's device call; `non_blocking` is kept;
+    - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable that
+      every path to the call has chosen (not one bound only in a resume branch, a `try` body
+      or a loop), else the target's device call; `non_blocking` is kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
       `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`), and so is an
       element of the list a wrapper takes as `device_ids=` (`model.to(device_ids[0])` in
