@@ -35,8 +35,6 @@ Read = tuple[str, str, int]
 
 _BUILTINS = frozenset(dir(builtins))
 _NOWHERE = -1  # no path reaches here: every name counts as bound, and ``&`` with it is a no-op
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 # Fields of expression nodes that hold no expression to walk.
 _NOT_WALKED = frozenset({"ctx", "op", "ops", "type_comment", "kind", "conversion", "is_async"})
 _fields: dict[type, tuple[str, ...]] = {}
@@ -48,9 +46,8 @@ _CHANGING = frozenset({ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom, ast.L
 def unbound_on_a_path(tree: ast.Module, steady: frozenset[str] = frozenset()) -> list[Read]:
     """Each read of a name on a path where its scope has not bound it, in the order walked;
     ``steady``: the functions whose call without arguments a test may repeat."""
-    module = _Scope("<module>", "module", None)
-    module.steady = steady
-    module.run_module(tree)
+    module = _Scope("<module>", "module", steady)
+    module.block(tree.body, 0)
     found: list[Read] = []
     for scope in module.scopes():
         found += scope.findings(module)
@@ -62,16 +59,17 @@ class _Scope:
     names bound at its head settle); the functions, lambdas and classes in it are scopes of
     their own, walked where the walk meets them."""
 
-    def __init__(self, path: str, kind: str, parent: _Scope | None):
+    def __init__(self, path: str, kind: str, steady: frozenset[str]):
         self.path = path
         self.kind = kind  # "module", "class" or "function"
-        self.parent = parent
-        self.steady: frozenset[str] = parent.steady if parent is not None else frozenset()
+        self.steady = steady
         self.bits: dict[str, int] = {}  # each name the scope binds -> its bit
         # Reads on a path that binds nothing of the name yet: node id -> (name, line). Names the
         # scope never binds (globals, builtins) are dropped at the end.
         self.reads: dict[int, tuple[str, int]] = {}
-        self.declared: set[str] = set()  # global and nonlocal names: not the scope's own
+        # The names declared global, and nonlocal: not the scope's own.
+        self.globals: set[str] = set()
+        self.nonlocals: set[str] = set()
         self.loops: list[list[int]] = []  # per loop walked: [where its breaks go, where its continues go]
         self.killed = 0  # names ``del`` unbinds (and handlers' ``as`` names), for an enclosing ``try``
         self.recording = True
@@ -87,9 +85,6 @@ class _Scope:
 
     # Scopes -------------------------------------------------------------------------------------
 
-    def run_module(self, tree: ast.Module) -> None:
-        self.block(tree.body, 0)
-
     def scopes(self):
         yield self
         for scope in self.nested:
@@ -98,20 +93,21 @@ class _Scope:
     def findings(self, module: _Scope) -> list[Read]:
         if self.opaque:
             return []
-        own = set(self.bits) - self.declared
+        own = set(self.bits) - self.globals - self.nonlocals
         for scope in self.nested:
             own -= scope.nonlocal_names()
         if self.kind != "function":
             own -= _BUILTINS
         if self.kind == "module":
-            own -= {name for scope in self.scopes() if scope.kind == "function" for name in scope.declared}
+            own -= {name for scope in self.scopes() for name in scope.globals}
         elif self.kind == "class":
             own -= set(module.bits)
         return [(self.path, name, line) for name, line in self.reads.values() if name in own]
 
     def nonlocal_names(self) -> set[str]:
-        """The names this scope (or one in it) declares nonlocal: bound by calls it cannot see."""
-        found = set(self.declared) if self.kind == "function" else set()
+        """The names this scope (or one in it) declares nonlocal: the calls that bind them are
+        not followed."""
+        found = set(self.nonlocals)
         for scope in self.nested:
             found |= scope.nonlocal_names()
         return found
@@ -121,7 +117,7 @@ class _Scope:
         if id(node) in self._walked:
             return None
         self._walked.add(id(node))
-        scope = _Scope(name if self.kind == "module" else f"{self.path}.{name}", kind, self)
+        scope = _Scope(name if self.kind == "module" else f"{self.path}.{name}", kind, self.steady)
         self.nested.append(scope)
         return scope
 
@@ -229,7 +225,7 @@ class _Scope:
         return state
 
     def _generic_statement(self, node: ast.stmt, state: int) -> int:
-        return self.expr(node, state)  # Expr, Assert, Pass, Global's names aside: expressions in order
+        return self.expr(node, state)  # Expr, Assert, Pass: their expressions in order
 
     def _assign(self, node: ast.Assign, state: int) -> int:
         state = self.expr(node.value, state)
@@ -272,7 +268,7 @@ class _Scope:
         return state
 
     def _declare(self, node: ast.Global | ast.Nonlocal, state: int) -> int:
-        self.declared.update(node.names)
+        (self.globals if type(node) is ast.Global else self.nonlocals).update(node.names)
         return state
 
     def _ends(self, node: ast.Return | ast.Raise, state: int) -> int:

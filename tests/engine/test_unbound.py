@@ -215,7 +215,8 @@ def test_a_read_on_a_path_that_skips_the_binding_is_refused(broken_rule, line, p
     result = migrate_source(source, "evaluate.py", BROKEN)
     assert result.error is not None and result.output == source
     assert result.error.reason.startswith(
-        f"{REFUSAL} 'device' unbound at line {line}{path}, where it writes {WRAPPED} (XYZ900 loader-on-device-anywhere); ")
+        f"{REFUSAL} 'device' unbound at line {line}{path}, where it writes {WRAPPED} "
+        "(XYZ900 loader-on-device-anywhere); ")
     assert result.error.line == line
 
 
@@ -274,5 +275,6 @@ def test_the_guards_repeated_test_takes_the_branch_it_took_before():
     source = b'import torch\n\ndevice = torch.device("cuda")\nmodel = torch.nn.Linear(2, 2).to(device)\n'
     result = migrate_source(source, "guarded.py", Options(target="torchacc", guard="TORCHACC_COMPILER_OPT"))
     assert result.error is None
-    assert "if enable_torchacc_compiler():\n    import torchacc.torch_xla.core.xla_model as xm" in result.output.decode()
-    assert "if enable_torchacc_compiler():\n    device = xm.xla_device()" in result.output.decode()
+    output = result.output.decode()
+    assert "if enable_torchacc_compiler():\n    import torchacc.torch_xla.core.xla_model as xm" in output
+    assert "if enable_torchacc_compiler():\n    device = xm.xla_device()" in output

@@ -84,6 +84,7 @@ if __name__ == "__main__":
     output = migrate_source(source, "t.py", Options(select=("ACC002",))).output.decode()
     assert "    model.to(device)\n" in output
     assert "    device = xm.xla_device()\n    xm.set_replication(device, [device])\n    train(model)" in output
-    chosen = source.replace(b'    device = torch.device("cuda")', b'    if args.gpu:\n        device = torch.device("cuda")')
+    chosen = source.replace(b'    device = torch.device("cuda")',
+                            b'    if args.gpu:\n        device = torch.device("cuda")')
     output = migrate_source(chosen, "t.py", Options(select=("ACC002",))).output.decode()
     assert "    model.to(xm.xla_device())\n" in output
