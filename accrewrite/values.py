@@ -269,7 +269,7 @@ _ENDS_PATH = frozenset({cst.Return, cst.Raise, cst.Break, cst.Continue})
 
 
 def _ended(env: _Env) -> _Env:
-    return env if type(env) is _Ended else _Ended(env._root)
+    return env if type(env) is _Ended else _Ended.of(env)
 
 
 def _merge(*envs: _Env) -> _Env:
@@ -475,10 +475,10 @@ class ScopeValues:
 
     def _smalls(self, line, smalls, env: _Env) -> _Env:
         self._record(line, env)
+        self._binder = line
         ended = False
         for small in smalls:
             self._record(small, env)
-            self._binder = line
             env = self._small(small, env)
             ended = ended or type(small) in _ENDS_PATH
         return _ended(env) if ended else env
@@ -520,7 +520,7 @@ class ScopeValues:
         self._record(node, env)
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             return env  # calls of the file's functions and classes are answered by what they return
-        after = self._after[id(node)] = self._compound(node, env)
+        self._after[id(node)] = after = self._compound(node, env)
         return after
 
     def _compound(self, node: cst.CSTNode, env: _Env) -> _Env:
