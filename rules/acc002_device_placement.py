@@ -225,7 +225,7 @@ class DevicePlacement(Rule):
         branches = self._branches_around()
         if not branches:
             return cst.FlattenSentinel([new_line, *self.ctx.statements("set_replication", device=name)])
-        return cst.FlattenSentinel([new_line, *self._replicate_around(original_node, branches, name)])
+        return cst.FlattenSentinel([new_line, *self._replicate_around(branches, name)])
 
     def _branches_around(self) -> list[cst.CSTNode]:
         """The statements of the current function (or module level) around the current one that a
@@ -240,7 +240,7 @@ class DevicePlacement(Rule):
             and not (index and getattr(around[index - 1], "orelse", None) is statement)
         ]
 
-    def _replicate_around(self, line: cst.CSTNode, branches: list[cst.CSTNode], name: str) -> list:
+    def _replicate_around(self, branches: list[cst.CSTNode], name: str) -> list:
         """The replication of a device chosen in a branch goes where the run has that device:
         right after the choice where the other paths choose another device (``else: device =
         "cpu"``); once, after the innermost statement around it whose every path chooses the
