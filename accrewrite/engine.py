@@ -168,10 +168,10 @@ def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output
     without it, only when the net trips) leaves the name bound."""
     # The guard's ``if enabled():`` blocks test one environment variable, the same each time.
     steady = frozenset({get_target(options.target).guard_function}) if options.guard else frozenset()
-    after = unbound.reads(output_tree, steady=steady)
+    after = unbound.reads(output_tree, steady)
     if not after:
         return
-    before = unbound.reads(tree, like=after, steady=steady)
+    before = unbound.reads(tree, steady, flow=unbound.on_a_path(after))
     new = unbound.excess(before, after)
     if not new:
         return
@@ -182,7 +182,7 @@ def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output
         rest = Selection(tuple(r for r in selection.rules if r is not rule), selection.withheld)
         again = _migrate(source, options, rest)
         rewritten = source if again is None else again[0]
-        return (kind, name) not in unbound.excess(before, unbound.reads(_syntax(rewritten, path), steady=steady))
+        return (kind, name) not in unbound.excess(before, unbound.reads(_syntax(rewritten, path), steady))
 
     by_code = {rule.code: rule for rule in selection.rules}
     fixing = [by_code[code] for code in dict.fromkeys(fix.code for fix in fixes)]

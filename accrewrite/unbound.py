@@ -45,16 +45,18 @@ Read = tuple[str, str, int]  # kind (pyflakes' message, or ON_A_PATH and the sco
 ON_A_PATH = "unbound on a path in "
 
 
-def reads(tree: ast.Module, like: list[Read] | None = None, steady: frozenset[str] = frozenset()) -> list[Read]:
-    """Each read of an unbound name, by both checks; with ``like``, only by those that found
-    some in it (the other's reads cannot be new). ``steady``: the functions whose call a test
-    may repeat with the same answer (the guard's)."""
-    flow = like is None or any(kind.startswith(ON_A_PATH) for kind, _, _ in like)
-    flakes = like is None or not all(kind.startswith(ON_A_PATH) for kind, _, _ in like)
-    found = _flakes(tree) if flakes else []
+def reads(tree: ast.Module, steady: frozenset[str] = frozenset(), flow: bool = True) -> list[Read]:
+    """Each read of an unbound name, by pyflakes and (``flow``) by definite assignment.
+    ``steady``: the functions whose call a test may repeat with the same answer (the guard's)."""
+    found = _flakes(tree)
     if flow:
         found += [(ON_A_PATH + scope, name, line) for scope, name, line in definite.unbound_on_a_path(tree, steady)]
     return found
+
+
+def on_a_path(found: list[Read]) -> bool:
+    """Whether definite assignment found some of ``found``."""
+    return any(kind.startswith(ON_A_PATH) for kind, _, _ in found)
 
 
 def _flakes(tree: ast.Module) -> list[Read]:
@@ -70,9 +72,15 @@ def _flakes(tree: ast.Module) -> list[Read]:
 
 def excess(before: list[Read], after: list[Read]) -> list[tuple[str, str]]:
     """The (kind, name) pairs that ``after`` reads unbound and ``before`` never does, in the
-    order of their first read."""
+    order of their first read. A name that pyflakes finds ``before`` reading unbound is the
+    input's in every scope: a fragment's ``xm``, read on one path of the output where a guarded
+    import binds it on the other."""
     known = {(kind, name) for kind, name, _ in before}
-    return list(dict.fromkeys((kind, name) for kind, name, _ in after if (kind, name) not in known))
+    unbound = {name for kind, name, _ in before if not kind.startswith(ON_A_PATH)}
+    return list(dict.fromkeys(
+        (kind, name) for kind, name, _ in after
+        if (kind, name) not in known and not (kind.startswith(ON_A_PATH) and name in unbound)
+    ))
 
 
 def locate(key: tuple[str, str], after: list[Read], source: str, output: str) -> tuple[int, str | None]:

@@ -278,3 +278,11 @@ def test_the_guards_repeated_test_takes_the_branch_it_took_before():
     output = result.output.decode()
     assert "if enable_torchacc_compiler():\n    import torchacc.torch_xla.core.xla_model as xm" in output
     assert "if enable_torchacc_compiler():\n    device = xm.xla_device()" in output
+
+
+def test_a_name_the_input_never_binds_is_the_inputs_on_every_path_of_the_output():
+    """A fragment reads ``xm`` it never imports; guarded, the output imports it where the guard
+    is on, and the original line reads it where it is off: unbound there as in the input."""
+    source = b"import torch\n\nmodel = model.cuda()\nxm.mark_step()\n"
+    result = migrate_source(source, "fragment.py", Options(target="torchacc", guard="TORCHACC_COMPILER_OPT"))
+    assert result.error is None and b"    import torchacc.torch_xla.core.xla_model as xm" in result.output
