@@ -171,7 +171,7 @@ def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output
     after = unbound.reads(output_tree, steady)
     if not after:
         return
-    before = unbound.reads(tree, steady, flow=unbound.on_a_path(after))
+    before = unbound.reads_to_compare(tree, after, steady)
     new = unbound.excess(before, after)
     if not new:
         return

@@ -17,7 +17,9 @@ rule writes, and a file that already fails on the name: an input that reads ``mo
   on a path that skips every binding of it, which pyflakes does not follow (any binding in a
   scope counts for it, whatever the path): a device bound only in a resume branch, only in a
   loop's body or a ``try`` body, or only below the read. Compared per scope, so that a script's
-  own read of a rank-0-only ``writer`` does not hide a new read of ``loc`` in that function.
+  own read of a rank-0-only ``writer`` does not hide a new read of ``loc`` in that function; a
+  name pyflakes finds the input reading unbound is the input's in any scope. Each check reads
+  the input only where the output has findings of its kind that may be new.
 
 What neither does: a function reading a module-level name that is bound after the call that runs
 it (functions are read at the end of the module); names of a file with a star import (pyflakes
@@ -45,18 +47,24 @@ Read = tuple[str, str, int]  # kind (pyflakes' message, or ON_A_PATH and the sco
 ON_A_PATH = "unbound on a path in "
 
 
-def reads(tree: ast.Module, steady: frozenset[str] = frozenset(), flow: bool = True) -> list[Read]:
-    """Each read of an unbound name, by pyflakes and (``flow``) by definite assignment.
-    ``steady``: the functions whose call a test may repeat with the same answer (the guard's)."""
-    found = _flakes(tree)
-    if flow:
-        found += [(ON_A_PATH + scope, name, line) for scope, name, line in definite.unbound_on_a_path(tree, steady)]
-    return found
+def reads(tree: ast.Module, steady: frozenset[str] = frozenset()) -> list[Read]:
+    """Each read of an unbound name, by pyflakes and by definite assignment. ``steady``: the
+    functions whose call a test may repeat with the same answer (the guard's)."""
+    return _flakes(tree) + _on_a_path(tree, steady)
 
 
-def on_a_path(found: list[Read]) -> bool:
-    """Whether definite assignment found some of ``found``."""
-    return any(kind.startswith(ON_A_PATH) for kind, _, _ in found)
+def reads_to_compare(tree: ast.Module, after: list[Read], steady: frozenset[str] = frozenset()) -> list[Read]:
+    """The input's reads that ``after``'s (the output's) are compared with: definite
+    assignment's where ``after`` has some, and pyflakes' where some of ``after`` are new
+    without them (pyflakes' own, or a read on a path that a name the input reads unbound may
+    cover)."""
+    flow = any(kind.startswith(ON_A_PATH) for kind, _, _ in after)
+    before = _on_a_path(tree, steady) if flow else []
+    return _flakes(tree) + before if excess(before, after) else before
+
+
+def _on_a_path(tree: ast.Module, steady: frozenset[str]) -> list[Read]:
+    return [(ON_A_PATH + scope, name, line) for scope, name, line in definite.unbound_on_a_path(tree, steady)]
 
 
 def _flakes(tree: ast.Module) -> list[Read]:
