@@ -4,10 +4,13 @@ loader, or something unknown.
 One data-flow analysis per function (and one for module level), owned by the engine and read by
 every rule through ``Facts.values(scope)``. It is a forward pass over a function's bindings
 (assignments, loop targets, ``with ... as``), repeated until the kinds settle, so a name
-assigned after its first use in a loop is known there too. It is flow-insensitive: a name has
-one kind in a function, the join of what it is bound to, where a literal initialiser
+assigned after its first use in a loop is known there too. Its kinds are flow-insensitive: a
+name has one kind in a function, the join of what it is bound to, where a literal initialiser
 (``total = 0``, ``best = 1e9``, ``out = {}``, ``scaler = None``) takes the kind of the other
-bindings (``total += loss`` makes ``total`` a tensor).
+bindings (``total += loss`` makes ``total`` a tensor). Where a name is bound follows the paths:
+the statements that every path to a statement bound it in last (``bindings_at``), none where a
+path binds it nowhere (only one arm of an ``if``, a loop's body, a ``try`` body whose handler
+goes on, after a ``del``); ``return``, ``raise``, ``break`` and ``continue`` end their path.
 
 Kinds come from what PyTorch code is made of, never from names alone where something better is
 known: a batch from a loader, a model's output, ``torch.*`` results and tensor methods are
@@ -254,49 +257,99 @@ class Definitions:
             self.methods.setdefault(node, {})
 
 
-# A binding's kind and whether it is a literal initialiser (``total = 0``), which gives way to
-# the kind of the name's other bindings where they meet.
-_Bound = tuple[Kind, bool]
+# A binding's kind; whether it is a literal initialiser (``total = 0``), which gives way to the
+# kind of the name's other bindings where they meet; and where every path to here bound it last:
+# a statement, a frozenset of them where paths bind it in different statements, None where one
+# may bind it nowhere.
+_Bound = tuple[Kind, bool, object]
 # The names bound where a statement starts: name -> _Bound.
 _Env = PersistentMap
+
+
+class _Ended(PersistentMap):
+    """The names bound where a path ends (``return``, ``raise``, ``break``, ``continue``): their
+    kinds still meet the other paths', but no path goes on from here to bind them."""
+
+    __slots__ = ()
+
+
+# The statements that end the path they are on (a call, ``sys.exit()`` too, is not known to).
+_ENDS_PATH = frozenset({cst.Return, cst.Raise, cst.Break, cst.Continue})
+
+
+def _ended(env: _Env) -> _Env:
+    return env if type(env) is _Ended else _Ended.of(env)
 
 
 def _merge(*envs: _Env) -> _Env:
     """Where a loop's paths meet at its head: a name bound on one path only keeps that binding
     (Python has no block scope), and an initialiser from before the loop gives way to what the
     body binds (``total = 0`` before ``total += loss``)."""
-    return merge(envs, _meet_buckets)
+    live = [type(env) is not _Ended for env in envs]
+    merged = merge(envs, lambda buckets, _: _meet_buckets(buckets, live))
+    return merged if any(live) else _ended(merged)
 
 
-def _meet_buckets(buckets: list[dict | None], _before=None) -> dict[str, _Bound]:
+def _meet_buckets(buckets: list[dict | None], live: list[bool]) -> dict[str, _Bound]:
     merged: dict[str, _Bound] = {}
     for bucket in buckets:
         for name, bound in (bucket or {}).items():
             merged[name] = _meet(merged[name], bound) if name in merged else bound
+    for name, bound in merged.items():
+        origin = _origin(name, buckets, live)
+        if origin is not bound[2]:
+            merged[name] = (bound[0], bound[1], origin)
     return merged
+
+
+def _origin(name: str, buckets: list[dict | None], live: list[bool]):
+    """Where every path that goes on from the buckets' maps (the ``live`` ones) bound ``name``
+    last."""
+    found = None
+    for index, bucket in enumerate(buckets):
+        if not live[index]:
+            continue
+        bound = bucket.get(name) if bucket is not None else None
+        if bound is None or bound[2] is None:
+            return None
+        origin = bound[2]
+        if found is None or found is origin:
+            found = origin
+        else:
+            found = _statements(found) | _statements(origin)
+    return found
+
+
+def _statements(origin) -> frozenset:
+    return origin if type(origin) is frozenset else frozenset((origin,))
 
 
 def _merge_branches(before: _Env, *ends: _Env) -> _Env:
     """After an ``if``/``try``: like ``_merge``, but a literal that a branch assigns itself is
     one of the values, not an initialiser (``value = t if ... else 0.5`` written as a block)."""
+    live = [type(env) is not _Ended for env in ends]
+
     def fresh(buckets: list[dict | None], before_bucket: dict | None) -> dict[str, _Bound]:
         known = before_bucket or {}
         return _meet_buckets([
-            {name: (bound[0], False) if bound[1] and bound is not known.get(name) else bound
+            {name: (bound[0], False, bound[2]) if bound[1] and bound is not known.get(name) else bound
              for name, bound in (bucket or {}).items()}
             for bucket in buckets
-        ])
+        ], live)
 
-    return merge(ends, fresh, before)
+    merged = merge(ends, fresh, before)
+    return merged if any(live) else _ended(merged)
 
 
 def _meet(first: _Bound, second: _Bound) -> _Bound:
+    """The kind of a name bound as ``first`` on one path and ``second`` on another (where it is
+    bound is ``_origin``'s)."""
     if first == second:
         return first
-    (kind, neutral), (other, other_neutral) = first, second
+    (kind, neutral, origin), (other, other_neutral, _) = first, second
     if neutral != other_neutral:
         return first if other_neutral else second
-    return join([kind, other]), neutral
+    return join([kind, other]), neutral, origin
 
 
 class ScopeValues:
@@ -321,11 +374,13 @@ class ScopeValues:
         # (Both by the nodes' ids: a node hashes by a Python method of libcst's, an id in C; the
         # syntax tree outlives them.)
         self._before: dict[int, _Env] = {}
+        # Each compound statement's environment after it (where its paths meet again).
+        self._after: dict[int, _Env] = {}
         self._statement_of: dict[int, cst.CSTNode] = {}
         # The comprehension whose names each node of one sees (``_note_comprehension``).
         self._comprehension_of: dict[cst.CSTNode, cst.CSTNode] = {}
         # Every kind each name is bound to anywhere in the scope (what nested scopes see).
-        self._summary: dict[str, list[_Bound]] = {}
+        self._summary: dict[str, list[tuple[Kind, bool]]] = {}
         # The dotted names bound under each name (``args.lr`` under ``args``), which a binding of
         # the name forgets.
         self._attributes: dict[str, set[str]] = {}
@@ -338,6 +393,9 @@ class ScopeValues:
         self.provisional = False
         # Plain ``name = value`` assignments, in order (for loops over such a name).
         self._assignments: dict[str, list[cst.BaseExpression]] = {}
+        # The statement whose bindings are being walked (a statement line, a compound header,
+        # an except clause; the function for its parameters).
+        self._binder: cst.CSTNode | None = scope if scope is not None else file.module
 
     def walk(self) -> None:
         """Walk the scope's statements (once, when its values are first asked for)."""
@@ -372,6 +430,16 @@ class ScopeValues:
     # The walk ------------------------------------------------------------------------------------
 
     def _bind(self, env: _Env, name: str, kind: Kind | None, neutral: bool = False) -> _Env:
+        """``env`` with ``name`` bound to a value of ``kind`` by the statement being walked."""
+        return self._put(env, name, kind, neutral, self._binder)
+
+    def _refine(self, env: _Env, name: str, kind: Kind) -> _Env:
+        """``env`` knowing more of what ``name`` holds (``loss.backward()``: a tensor), bound
+        where it was."""
+        bound = env.get(name)
+        return self._put(env, name, kind, False, bound[2] if bound is not None else None)
+
+    def _put(self, env: _Env, name: str, kind: Kind | None, neutral: bool, origin) -> _Env:
         if kind is None:
             return env
         self._summary.setdefault(name, []).append((kind, neutral))
@@ -379,7 +447,7 @@ class ScopeValues:
         while dot:
             self._attributes.setdefault(prefix, set()).add(name)
             prefix, dot, _ = prefix.rpartition(".")
-        return env.set(name, (kind, neutral))
+        return env.set(name, (kind, neutral, origin))
 
     def _bind_params(self, scope: cst.FunctionDef) -> _Env:
         env = _Env()
@@ -397,9 +465,11 @@ class ScopeValues:
         return env
 
     def _block(self, statements, env: _Env) -> _Env:
+        ended = False
         for statement in statements:
             env = self._statement(statement, env)
-        return env
+            ended = ended or type(env) is _Ended
+        return _ended(env) if ended else env  # (what follows a return is walked, and reached by no path)
 
     def _body(self, suite, env: _Env) -> _Env:
         if suite is None:
@@ -408,14 +478,19 @@ class ScopeValues:
             if isinstance(suite, cst.SimpleStatementSuite):
                 return self._smalls(suite, suite.body, env)
             return self._block(suite.body, env)
+        if type(suite) is cst.If:
+            return self._statement(suite, env)  # elif: its test, body and what else it has
         return self._body(suite.body, env)  # Else, Finally, ExceptHandler: their own suite
 
     def _smalls(self, line, smalls, env: _Env) -> _Env:
         self._record(line, env)
+        self._binder = line
+        ended = False
         for small in smalls:
             self._record(small, env)
             env = self._small(small, env)
-        return env
+            ended = ended or type(small) in _ENDS_PATH
+        return _ended(env) if ended else env
 
     def _record(self, statement: cst.CSTNode, env: _Env) -> None:
         """Keep the environment ``statement`` starts with (a loop's last, settled pass wins),
@@ -454,6 +529,10 @@ class ScopeValues:
         self._record(node, env)
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             return env  # calls of the file's functions and classes are answered by what they return
+        self._after[id(node)] = after = self._compound(node, env)
+        return after
+
+    def _compound(self, node: cst.CSTNode, env: _Env) -> _Env:
         if isinstance(node, cst.If):
             return _merge_branches(env, self._body(node.body, env), self._body(node.orelse, env))
         if isinstance(node, (cst.For, cst.While)):
@@ -463,6 +542,7 @@ class ScopeValues:
             self._env = env
             for item in node.items:
                 if item.asname is not None:
+                    self._binder = node
                     inner = self._assign(item.asname.name, self._entered(item.item), False, None, inner)
             return self._body(node.body, inner)
         if isinstance(node, cst.Try):
@@ -471,6 +551,7 @@ class ScopeValues:
             for handler in node.handlers:
                 start = _merge(env, body)
                 if handler.name is not None:
+                    self._binder = handler
                     start = self._bind(start, dotted(handler.name.name) or "", Kind.PYTHON)
                 self._record(handler, start)
                 ends.append(self._body(handler.body, start))
@@ -492,13 +573,18 @@ class ScopeValues:
             start = head
             if isinstance(node, cst.For):
                 self._env = head
+                self._binder = node
                 start = self._bind_loop(node.target, node.iter, head)
             end = self._body(node.body, start)
             settled = _merge(env, end)
             if settled == head:
                 break
             head = settled
-        return self._body(node.orelse, head) if node.orelse is not None else head
+        if node.orelse is None:
+            return head
+        after = self._body(node.orelse, head)
+        # (a ``break`` leaves without the ``else`` clause)
+        return _merge_branches(head, after, head) if _breaks(node) else after
 
     def _small(self, small: cst.BaseSmallStatement, env: _Env) -> _Env:
         self._env = env
@@ -535,13 +621,18 @@ class ScopeValues:
                     receiver = call.args[0].value
                 name = dotted(receiver)
                 if name:
-                    env = self._bind(env, name, Kind.TENSOR)
+                    env = self._refine(env, name, Kind.TENSOR)
             elif isinstance(call.func, cst.Attribute) and call.func.attr.value in _ADDS and self._any_tensor_argument(call):
                 # ``res.append(correct_k.mul_(100.0 / batch_size))``: the list holds a tensor, like
                 # ``out[k] = t``
                 name = dotted(call.func.value)
                 if name and self._eval(call.func.value) in HOST | {Kind.UNKNOWN}:
-                    env = self._bind(env, name, Kind.HOLDER)
+                    env = self._refine(env, name, Kind.HOLDER)
+        elif small_type is cst.Del:
+            for name in target_names(small.target):
+                bound = env.get(name)
+                if bound is not None:
+                    env = env.set(name, (bound[0], bound[1], None))  # what it held, bound on no path now
         elif (small_type is cst.Import or small_type is cst.ImportFrom) and type(small.names) is not cst.ImportStar:
             for alias in small.names:
                 name = dotted(alias.asname.name if alias.asname is not None else alias.name)
@@ -571,7 +662,7 @@ class ScopeValues:
             # (``losses[k] = loss.item()``) leaves it a tensor.
             name = dotted(target.value)
             if name and kind in TENSORS:
-                env = self._bind(env, name, Kind.TENSOR if env.get(name, (None,))[0] in (Kind.TENSOR, Kind.MASK) else Kind.HOLDER)
+                env = self._refine(env, name, Kind.TENSOR if env.get(name, (None,))[0] in (Kind.TENSOR, Kind.MASK) else Kind.HOLDER)
             return env
         name = dotted(target)
         if name is None:
@@ -1070,6 +1161,18 @@ class ScopeValues:
         expression ``node``."""
         return self._statement_of.get(id(node))
 
+    def bindings_at(self, name: str, statement: cst.CSTNode) -> frozenset[cst.CSTNode]:
+        """The statements whose binding of ``name`` the paths to ``statement`` (a statement line,
+        small statement or compound header of this scope) come through last: none where a path
+        binds it nowhere (statement lines and compound headers: the ``.statement`` of the
+        analysis's ``Binding``)."""
+        return _bindings_in(self._before.get(id(statement)), name)
+
+    def bindings_after(self, name: str, statement: cst.CSTNode) -> frozenset[cst.CSTNode]:
+        """The same where the paths that go on past the compound ``statement`` meet again."""
+        after = self._after.get(id(statement))
+        return frozenset() if type(after) is _Ended else _bindings_in(after, name)
+
     def binds(self, name: str) -> bool:
         """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""
         return name in self._local or self.scope is not None and name in self.file.functions[self.scope].params
@@ -1323,6 +1426,20 @@ _DEFINED_CODE = frozenset({cst.Lambda, cst.FunctionDef})
 # A statement or block nested in a compound statement (not part of its header).
 _BLOCK_TYPES = node_types(cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStatement, cst.Else, cst.Finally,
                           cst.ExceptHandler)
+
+
+def _bindings_in(env: _Env | None, name: str) -> frozenset[cst.CSTNode]:
+    bound = env.get(name) if env is not None else None
+    return frozenset() if bound is None or bound[2] is None else _statements(bound[2])
+
+
+def _breaks(loop: cst.For | cst.While) -> bool:
+    """Whether a ``break`` of ``loop`` itself (not of a loop in it) leaves it."""
+    return any(type(node) is cst.Break for node in descendants(loop.body, _OWN_BREAKS))
+
+
+# What a ``break`` inside belongs to instead of the loop around it.
+_OWN_BREAKS = frozenset({cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
 def _wraps_iterable(node: cst.CSTNode) -> bool:

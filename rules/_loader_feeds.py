@@ -376,15 +376,15 @@ class Planner:
 
     def _anchor(self, binding, uses: list[Use]) -> tuple[cst.CSTNode, str | None] | None:
         """Where the binding is rebound, and the device variable it names: after the device when
-        that is chosen later in the same function, else right after the loader where a device is
+        that is chosen later in the same block, else right after the loader where a device is
         bound there; None where no device variable is, or no point comes before every use it
         must feed and after every use that keeps the loader."""
         facts = self.facts
         device = next((d for d in facts.devices if d.scope is binding.scope and d.order > binding.order), None)
         candidates = []
-        if device is not None:
+        if device is not None and self._follows(binding.statement, device.statement):
             candidates.append((device.statement, device.order, device.name))
-        bound = facts.device_at(binding.scope, binding.order)
+        bound = facts.device_at(binding.scope, binding.statement)
         if bound is not None:
             candidates.append((binding.statement, binding.order, bound))
         for statement, order, name in candidates:
@@ -423,7 +423,16 @@ class Planner:
         return self._binding_at(scope, name, self.facts.order[statement]) in anchors
 
     def _device(self, scope, statement) -> str | None:
-        return self.facts.device_at(scope, self.facts.order[statement])
+        return self.facts.device_at(scope, statement)
+
+    def _follows(self, first: cst.CSTNode, later: cst.CSTNode) -> bool:
+        """Whether ``later`` comes after ``first`` in the same block: a rebind placed after it
+        runs on every path that the loader takes from ``first`` (not one in a branch, a ``try``
+        body or a loop that a path may skip)."""
+        following = self.facts.next_statement.get(first)
+        while following is not None and following is not later:
+            following = self.facts.next_statement.get(following)
+        return following is later
 
 
 def _hands_a_model(body: cst.CSTNode, values) -> bool:

@@ -39,13 +39,14 @@ class DeviceLoader(Rule):
 
     Where the wrap goes: a `DataLoader` is rebound to the device loader at one point, after
     the loader and a device variable exist (after the device's statement when the device is
-    chosen later, as in the guide's example), before every loop it feeds and after every loop
+    chosen later in the loader's block, as in the guide's example), before every loop it feeds
+    and after every loop
     that keeps the loader. The target's device loader then answers `len()`, `.dataset` and
     `.sampler.set_epoch()` like the loader it wraps. Where no such point exists, or the
     target's device loader does not stand in for the loader (torch_xla's has no `.dataset` or
     `.sampler`), each fed loop's iterable is wrapped instead (`for x, y in
-    pl.MpDeviceLoader(loader, device)`), naming a device variable bound there, else the
-    target's device call, and the loader keeps its name and attributes. A loop over a
+    pl.MpDeviceLoader(loader, device)`), naming a device variable that every path there has
+    chosen, else the target's device call, and the loader keeps its name and attributes. A loop over a
     function's parameter is fed by its callers when every call passes a rebound loader, and
     wrapped itself otherwise.
 

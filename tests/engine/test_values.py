@@ -467,3 +467,41 @@ def test_what_reads_a_batchs_values_and_what_must_be_on_the_host():
         ("labels", "puts it into a tensor made on the host"), ("labels", "reads it with .numpy()"),
         ("labels", "passes it to numpy.bincount()"), None,  # indexing the batch with a host permutation works
     ]
+
+
+def test_where_every_path_bound_a_name_last():
+    """``bindings_at``: the statements whose binding of a name the paths to a statement come
+    through last (none where a path binds it nowhere); ``bindings_after``: the same past a
+    compound statement, where its paths meet."""
+    module = cst.parse_module(textwrap.dedent("""
+    def main(args, cuda):
+        device = "cpu"
+        if args.resume:
+            loc = "cuda:0"
+        if cuda:
+            device = "cuda"
+        try:
+            rank = int(args.rank)
+        except ValueError:
+            raise
+        for x in loader:
+            out = x
+            del out
+        with open(args.log) as log:
+            log.write(device)
+        if rank:
+            return loc
+    """))
+    main = module.body[0]
+    values = analyze(module).values(main)
+    first, resume, choice, attempt, loop, logging, last = main.body.body
+    assert values.bindings_at("device", resume) == {first}
+    assert values.bindings_at("loc", choice) == frozenset()  # the run may skip the resume branch
+    assert values.bindings_after("device", choice) == {first, choice.body.body[0]}
+    assert values.bindings_after("rank", attempt) == {attempt.body.body[0]}  # the handler raises
+    assert values.bindings_after("x", loop) == frozenset()  # the loader may be empty
+    assert values.bindings_at("out", loop.body.body[1]) == {loop.body.body[0]}
+    assert values.bindings_after("out", loop) == frozenset()  # ``del``
+    assert values.bindings_after("log", logging) == {logging}
+    assert values.bindings_at("loc", last) == frozenset()
+    assert values.bindings_at("args", last) == {main}  # a parameter

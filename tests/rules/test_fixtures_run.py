@@ -28,6 +28,10 @@ RUNNABLE = {
     "device_param_rank": False,
     "late_device": True,
     "cuda_tensor_types": True,
+    # a device variable bound on some paths only: in one arm of an if, in a try body, below a loop
+    "branch_device": True,
+    "try_device": True,
+    "loop_device": True,
 }
 TOLERANCE = 1e-4
 _LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)
