@@ -5,6 +5,7 @@ from accrewrite.positions import starts
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import grown_sequence
 from accrewrite.rules._loader_feeds import Plan, Planner, iterated, root
+from accrewrite.toolbox import with_commas
 from accrewrite.values import target_names
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
@@ -361,13 +362,20 @@ class DeviceLoader(Rule):
             return cst.RemoveFromParent()
         if not isinstance(statement, cst.Assign) or len(statement.targets) != 1 or not _calls_a_move(statement.value):
             return updated_node
-        stripped = _StripMoves(self, batch).visit_expr(statement.value)
+        strip = _StripMoves(self, batch)
+        stripped = strip.visit_expr(statement.value)
         if stripped.deep_equals(statement.value):
             return updated_node
-        self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
-        if _rebinds_itself(statement.targets[0].target, stripped):
+        if strip.converts:
+            self.ctx.fix(original_node, "removed a per-batch move, keeping its conversion: the device loader moves batches")
+        else:
+            self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
+        target = statement.targets[0].target
+        if _rebinds_itself(target, stripped):
             return cst.RemoveFromParent()
-        return updated_node.with_changes(body=[statement.with_changes(value=stripped)])
+        target, stripped = _without_self_assignments(target, stripped)
+        assign = statement.with_changes(targets=[statement.targets[0].with_changes(target=target)], value=stripped)
+        return updated_node.with_changes(body=[assign])
 
     def _is_move(self, node: cst.CSTNode, batch: set[str]) -> bool:
         """``x.to(device)``, ``x.cuda(...)``, ``x.to(device, non_blocking=True)`` of a batch."""
@@ -398,6 +406,11 @@ class DeviceLoader(Rule):
 
 
 _MOVES = frozenset({"to", "cuda"})
+# The parameters of Tensor.to and Tensor.cuda that positional arguments fill, in order
+# (``to(device, dtype, non_blocking, copy, *, memory_format)``); ``memory_format`` is keyword-only.
+_POSITIONS = {"to": ("device", "dtype", "non_blocking", "copy"), "cuda": ("device", "non_blocking")}
+_KEYWORD_ONLY = "memory_format"
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 def _calls_a_move(value: cst.BaseExpression) -> bool:
@@ -408,14 +421,45 @@ def _calls_a_move(value: cst.BaseExpression) -> bool:
     )
 
 
+def _without_move(call: cst.Call) -> cst.BaseExpression | None:
+    """What a batch move does besides moving, the device loader's part: nothing (``x.to(device,
+    non_blocking=True)`` -> ``x``), or its conversion (``x.to(device, torch.float16)`` ->
+    ``x.to(torch.float16)``, ``x.cuda(memory_format=torch.channels_last)`` ->
+    ``x.to(memory_format=torch.channels_last)``). None where an argument cannot be told
+    (``**options``): the move stays, as moving a batch already on the device costs nothing."""
+    positions = _POSITIONS[call.func.attr.value]
+    kept = []
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        name = arg.keyword.value if arg.keyword is not None else positions[index] if index < len(positions) else None
+        if name not in positions and name != _KEYWORD_ONLY:
+            return None
+        # Where the batch already is, non_blocking has nothing to overlap and copy=False nothing to skip.
+        if name in ("device", "non_blocking") or name == "copy" and _is_false(arg.value):
+            continue
+        if arg.keyword is None and name != "dtype":  # dtype comes first once the device goes
+            arg = arg.with_changes(keyword=cst.Name(name), equal=_EQUAL)
+        kept.append(arg)
+    if not kept:
+        return call.func.value
+    return call.with_changes(func=call.func.with_changes(attr=cst.Name("to")), args=with_commas(kept))
+
+
+def _is_false(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
 class _StripMoves(cst.CSTTransformer):
-    """Replaces each move of a batch value by the value itself (in a comprehension over the
-    batch, of its elements too)."""
+    """Replaces each move of a batch value by what it does besides moving (``_without_move``):
+    the value itself, or its conversion (in a comprehension over the batch, of its elements
+    too). ``converts``: whether a conversion stays."""
 
     def __init__(self, rule: DeviceLoader, batch: set[str]):
         super().__init__()
         self.rule = rule
         self.batch = set(batch)
+        self.converts = False
 
     def visit_expr(self, node):
         return node.visit(self)
@@ -430,9 +474,13 @@ class _StripMoves(cst.CSTTransformer):
         return super().on_visit(node)
 
     def leave_Call(self, original_node, updated_node):
-        if self.rule._is_move(original_node, self.batch):
-            return updated_node.func.value
-        return updated_node
+        if not self.rule._is_move(original_node, self.batch):
+            return updated_node
+        remains = _without_move(updated_node)
+        if remains is None:
+            return updated_node
+        self.converts = self.converts or remains is not updated_node.func.value
+        return remains
 
 
 class _Replace(cst.CSTTransformer):
@@ -479,6 +527,22 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
             and value.value.deep_equals(loop.target.elements[1].value)
         )
     return False
+
+
+def _without_self_assignments(target: cst.BaseExpression, value: cst.BaseExpression):
+    """``x = x.to(torch.float16)`` for ``x, y = x.to(torch.float16), y``: the target and value
+    without the elements that assign a name itself (a moved element the move has left)."""
+    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)) or len(target.elements) != len(value.elements):
+        return target, value
+    if any(isinstance(element, cst.StarredElement) for element in (*target.elements, *value.elements)):
+        return target, value
+    pairs = [(t, v) for t, v in zip(target.elements, value.elements) if not t.value.deep_equals(v.value)]
+    if len(pairs) == len(target.elements):
+        return target, value
+    if len(pairs) == 1:
+        return pairs[0][0].value, pairs[0][1].value
+    targets, values = [t for t, _ in pairs], [v for _, v in pairs]
+    return target.with_changes(elements=with_commas(targets)), value.with_changes(elements=with_commas(values))
 
 
 def _emptied(original: cst.BaseSuite, updated: cst.BaseSuite) -> bool:
