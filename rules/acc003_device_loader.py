@@ -4,9 +4,8 @@ from accrewrite.nodes import call_arg, descendants, dotted
 from accrewrite.positions import starts
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import grown_sequence
-from accrewrite.rules._loader_feeds import Plan, Planner, iterated, root
+from accrewrite.rules._loader_feeds import Plan, Planner, bind_comprehension, root
 from accrewrite.toolbox import with_commas
-from accrewrite.values import target_names
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 
@@ -17,7 +16,13 @@ class DeviceLoader(Rule):
     TorchAcc's migration guide, step 2: `loader = pl.MpDeviceLoader(loader, device)`. The device loader copies
     the next batches to the device in the background while the current step runs, so the
     per-batch `x = x.to(device)` / `.cuda()` in the loop is removed (as are dict and tuple
-    forms such as `batch = {k: v.to(device) for k, v in batch.items()}`).
+    forms such as `batch = {k: v.to(device) for k, v in batch.items()}`). What a move does
+    besides moving stays: `x.to(device, torch.float16)` becomes `x.to(torch.float16)`,
+    `x.to(device=device, dtype=model_dtype)` `x.to(dtype=model_dtype)` (timm's cast to the
+    model's dtype), `x.to(device, memory_format=torch.channels_last)`
+    `x.to(memory_format=torch.channels_last)`, and `copy=True` stays with them; `non_blocking`
+    goes, as there is no transfer left to overlap. A move whose arguments cannot be told
+    (`x.to(device, **options)`) stays whole: moving a batch already on the device costs nothing.
 
     Which loops: those whose batches reach the device. A loop that moves a batch value
     (`x.to(device)`, `.cuda()`) is fed, and so is one that trains or calls a model in a file
@@ -117,6 +122,40 @@ class DeviceLoader(Rule):
                     inputs = batch["input_ids"]
                     model(inputs, **batch).loss.backward()
                     optimizer.step()
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def train(model, loader, optimizer, device, model_dtype):
+                for input, target in loader:
+                    input, target = input.to(device=device, dtype=model_dtype), target.to(device=device)
+                    loss = criterion(model(input), target)
+                    loss.backward()
+                    optimizer.step()
+
+            def evaluate(model, loader, device):
+                for batch in loader:
+                    batch = {k: v.to(device, torch.float16, non_blocking=True) for k, v in batch.items()}
+                    print(model(**batch).loss)
+            """,
+            after="""
+            import torch
+            import torch_xla.distributed.parallel_loader as pl
+
+            def train(model, loader, optimizer, device, model_dtype):
+                for input, target in pl.MpDeviceLoader(loader, device):
+                    input = input.to(dtype=model_dtype)
+                    loss = criterion(model(input), target)
+                    loss.backward()
+                    optimizer.step()
+
+            def evaluate(model, loader, device):
+                for batch in pl.MpDeviceLoader(loader, device):
+                    batch = {k: v.to(torch.float16) for k, v in batch.items()}
+                    print(model(**batch).loss)
             """,
         ),
         Example(
@@ -466,11 +505,7 @@ class _StripMoves(cst.CSTTransformer):
 
     def on_visit(self, node):
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
-            for_in = node.for_in
-            while for_in is not None:
-                if root(iterated(for_in.iter)) in self.batch:
-                    self.batch.update(target_names(for_in.target))
-                for_in = for_in.inner_for_in
+            bind_comprehension(self.batch, node)
         return super().on_visit(node)
 
     def leave_Call(self, original_node, updated_node):
