@@ -17,11 +17,11 @@ class DeviceLoader(Rule):
     the next batches to the device in the background while the current step runs, so the
     per-batch `x = x.to(device)` / `.cuda()` in the loop is removed (as are dict and tuple
     forms such as `batch = {k: v.to(device) for k, v in batch.items()}`). What a move does
-    besides moving stays: `x.to(device, torch.float16)` becomes `x.to(torch.float16)`,
-    `x.to(device=device, dtype=model_dtype)` `x.to(dtype=model_dtype)` (timm's cast to the
-    model's dtype), `x.to(device, memory_format=torch.channels_last)`
-    `x.to(memory_format=torch.channels_last)`, and `copy=True` stays with them; `non_blocking`
-    goes, as there is no transfer left to overlap. A move whose arguments cannot be told
+    besides moving stays: `x.to(device, torch.float16)` becomes `x.to(torch.float16)`, and
+    timm's cast to the model's dtype, `x.to(device=device, dtype=model_dtype)`, becomes
+    `x.to(dtype=model_dtype)`; a `memory_format=` or `copy=True` stays too, while
+    `non_blocking` goes (no transfer is left to overlap), and `tuple(t.to(device) for t in
+    batch)` still makes a tuple of the DataLoader's list. A move whose arguments cannot be told
     (`x.to(device, **options)`) stays whole: moving a batch already on the device costs nothing.
 
     Which loops: those whose batches reach the device. A loop that moves a batch value
@@ -405,10 +405,8 @@ class DeviceLoader(Rule):
         stripped = strip.visit_expr(statement.value)
         if stripped.deep_equals(statement.value):
             return updated_node
-        if strip.converts:
-            self.ctx.fix(original_node, "removed a per-batch move, keeping its conversion: the device loader moves batches")
-        else:
-            self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
+        kept = ", keeping its conversion" if strip.converts else ""
+        self.ctx.fix(original_node, f"removed a per-batch move{kept}: the device loader moves batches")
         target = statement.targets[0].target
         if _rebinds_itself(target, stripped):
             return cst.RemoveFromParent()
@@ -469,10 +467,8 @@ def _without_move(call: cst.Call) -> cst.BaseExpression | None:
     positions = _POSITIONS[call.func.attr.value]
     kept = []
     for index, arg in enumerate(call.args):
-        if arg.star:
-            return None
-        name = arg.keyword.value if arg.keyword is not None else positions[index] if index < len(positions) else None
-        if name not in positions and name != _KEYWORD_ONLY:
+        name = _parameter(arg, index, positions)
+        if name is None:
             return None
         # Where the batch already is, non_blocking has nothing to overlap and copy=False nothing to skip.
         if name in ("device", "non_blocking") or name == "copy" and _is_false(arg.value):
@@ -483,6 +479,16 @@ def _without_move(call: cst.Call) -> cst.BaseExpression | None:
     if not kept:
         return call.func.value
     return call.with_changes(func=call.func.with_changes(attr=cst.Name("to")), args=with_commas(kept))
+
+
+def _parameter(arg: cst.Arg, index: int, positions: tuple[str, ...]) -> str | None:
+    """The parameter that the ``index``-th argument fills; None where that cannot be told
+    (``*args``, ``**options``, an argument the method does not take)."""
+    if arg.star:
+        return None
+    if arg.keyword is not None:
+        return arg.keyword.value if arg.keyword.value in (*positions, _KEYWORD_ONLY) else None
+    return positions[index] if index < len(positions) else None
 
 
 def _is_false(node: cst.BaseExpression) -> bool:
@@ -535,7 +541,8 @@ class _Replace(cst.CSTTransformer):
 
 
 def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bool:
-    """``x = x``, ``x, y = x, y``, ``b = {k: v for k, v in b.items()}``, ``b = tuple(t for t in b)``."""
+    """``x = x``, ``x, y = x, y``, ``b = {k: v for k, v in b.items()}``, ``b = list(t for t in b)``
+    (not ``tuple(t for t in b)``: a DataLoader's batch is a list, which the device loader keeps)."""
     if target.deep_equals(value):
         return True
     if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple):
@@ -543,7 +550,7 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
             t.value.deep_equals(v.value) for t, v in zip(target.elements, value.elements)
         )
     name = dotted(target)
-    if isinstance(value, cst.Call) and dotted(value.func) in ("tuple", "list") and len(value.args) == 1:
+    if isinstance(value, cst.Call) and dotted(value.func) == "list" and len(value.args) == 1:
         value = value.args[0].value
     if isinstance(value, (cst.GeneratorExp, cst.ListComp)):
         loop = value.for_in
@@ -567,9 +574,10 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
 def _without_self_assignments(target: cst.BaseExpression, value: cst.BaseExpression):
     """``x = x.to(torch.float16)`` for ``x, y = x.to(torch.float16), y``: the target and value
     without the elements that assign a name itself (a moved element the move has left)."""
-    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)) or len(target.elements) != len(value.elements):
+    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)):
         return target, value
-    if any(isinstance(element, cst.StarredElement) for element in (*target.elements, *value.elements)):
+    elements = (*target.elements, *value.elements)
+    if len(target.elements) != len(value.elements) or any(isinstance(e, cst.StarredElement) for e in elements):
         return target, value
     pairs = [(t, v) for t, v in zip(target.elements, value.elements) if not t.value.deep_equals(v.value)]
     if len(pairs) == len(target.elements):

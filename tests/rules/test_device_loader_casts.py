@@ -146,4 +146,5 @@ def test_a_move_in_a_comprehension_alone_feeds_the_loop():
     source = ("import torch\n\ndef evaluate(model, loader, device):\n    for batch in loader:\n"
               "        batch = [t.to(device, torch.float16) for t in batch]\n        print(model(*batch))\n")
     output = migrate_source(source.encode(), "eval.py", Options(target="torch_xla", select=("ACC003",))).output.decode()
-    assert "    for batch in pl.MpDeviceLoader(loader, device):\n        batch = [t.to(torch.float16) for t in batch]\n" in output
+    loop = "    for batch in pl.MpDeviceLoader(loader, device):\n        batch = [t.to(torch.float16) for t in batch]\n"
+    assert loop in output
