@@ -148,3 +148,13 @@ def test_a_move_in_a_comprehension_alone_feeds_the_loop():
     output = migrate_source(source.encode(), "eval.py", Options(target="torch_xla", select=("ACC003",))).output.decode()
     loop = "    for batch in pl.MpDeviceLoader(loader, device):\n        batch = [t.to(torch.float16) for t in batch]\n"
     assert loop in output
+
+
+def test_a_legacy_tensor_type_is_left_to_acc002():
+    """``x.type(torch.cuda.HalfTensor)`` is no move ACC003 removes; on the XLA targets ACC002
+    refuses the file, as the type has no spelling for their device."""
+    line = "x = x.type(torch.cuda.HalfTensor)"
+    assert loop_body(migrated(line).output.decode()) == line
+    result = migrated(line, select=())
+    assert result.output == (HEADER + f"    {line}\n" + STEP).encode()
+    assert [d.code for d in result.diagnostics] == ["ACC002"]
