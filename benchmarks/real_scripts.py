@@ -785,13 +785,17 @@ def _examine_safely(path: str, relative: str, target: str) -> FileReport:
 # Synthetic data for the verify recipes -------------------------------------------------------
 
 
-def _png(path: Path, width: int, height: int, rng: random.Random) -> None:
-    """A random RGB PNG (standard library only: zlib and struct)."""
+def _png(path: Path, width: int, height: int, rng: random.Random, classes: int = 0) -> None:
+    """A random RGB PNG, or with ``classes`` a grayscale one whose pixels are class indices below
+    it, a segmentation mask (standard library only: zlib and struct)."""
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    rows = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    def row() -> bytes:
+        return bytes(rng.randrange(classes) for _ in range(width)) if classes else rng.randbytes(width * 3)
+
+    rows = b"".join(b"\x00" + row() for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0 if classes else 2, 0, 0, 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b"")
     path.write_bytes(png)
@@ -950,6 +954,62 @@ def no_data(cwd: Path, python: str) -> None:
     pass
 
 
+# The research scripts' data (the third corpus, docs/benchmarks.md): the layouts their loaders
+# read, written small.
+
+CELEBA_ATTRIBUTES = (
+    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair "
+    "Blond_Hair Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee Gray_Hair Heavy_Makeup "
+    "High_Cheekbones Male Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose "
+    "Receding_Hairline Rosy_Cheeks Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat "
+    "Wearing_Lipstick Wearing_Necklace Wearing_Necktie Young").split()
+
+
+def celeba(root: str, images: int = 8, lines: int = 2040, size=(48, 48)) -> Callable[[Path, str], None]:
+    """CelebA at ``root``: ``images/NNNNNN.jpg`` and ``list_attr_celeba.txt`` (the count, the 40
+    attribute names, then one line of 1/-1 per image). Its ``lines`` name the ``images`` files in
+    turn: StarGAN keeps the first 1999 lines for testing and trains on the rest."""
+    def write(cwd: Path, python: str) -> None:
+        rng = random.Random(0)
+        folder = cwd / root
+        for i in range(images):
+            _png(folder / "images" / f"{i:06d}.jpg", *size, rng)
+        rows = [f"{i % images:06d}.jpg " + " ".join(rng.choice(("1", "-1")) for _ in CELEBA_ATTRIBUTES)
+                for i in range(lines)]
+        (folder / "list_attr_celeba.txt").write_text("\n".join([str(lines), " ".join(CELEBA_ATTRIBUTES), *rows]) + "\n")
+    return write
+
+
+def voc_segmentation(root: str, train: int = 8, val: int = 4, classes: int = 21,
+                     size=(64, 48)) -> Callable[[Path, str], None]:
+    """PASCAL VOC 2012's segmentation layout at ``root``: ``VOCdevkit/VOC2012/JPEGImages``,
+    ``SegmentationClass`` (one grayscale mask of class indices per image) and
+    ``ImageSets/Segmentation/{train,val,trainval}.txt``."""
+    def write(cwd: Path, python: str) -> None:
+        rng = random.Random(0)
+        voc = cwd / root / "VOCdevkit" / "VOC2012"
+        names = {"train": [f"2012_{i:06d}" for i in range(train)],
+                 "val": [f"2012_{i:06d}" for i in range(train, train + val)]}
+        names["trainval"] = names["train"] + names["val"]
+        for name in names["trainval"]:
+            _png(voc / "JPEGImages" / f"{name}.jpg", *size, rng)
+            _png(voc / "SegmentationClass" / f"{name}.png", *size, rng, classes=classes)
+        (voc / "ImageSets" / "Segmentation").mkdir(parents=True)
+        for split, listed in names.items():
+            (voc / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("".join(n + "\n" for n in listed))
+    return write
+
+
+def unaligned(root: str, per_domain: int = 4, size=(40, 40)) -> Callable[[Path, str], None]:
+    """Two unpaired image domains at ``root``: ``{train,test}{A,B}/*.png``."""
+    def write(cwd: Path, python: str) -> None:
+        rng = random.Random(0)
+        for folder in ("trainA", "trainB", "testA", "testB"):
+            for i in range(per_domain):
+                _png(cwd / root / folder / f"{i}.png", *size, rng)
+    return write
+
+
 # Verify recipes ------------------------------------------------------------------------------
 
 
@@ -974,6 +1034,16 @@ class Recipe:
 
 
 _MNIST = ("torchvision", "PIL")
+_IMAGES = ("torchvision", "PIL")
+_SPAWN = ("--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--dist-url", "tcp://127.0.0.1:29517",
+          "--dist-backend", "gloo")
+"""How the mp.spawn scripts of facebookresearch (moco, moco-v3, simsiam) are run: one node, a
+process per device, gloo as the original's backend (the migrations spell their own)."""
+_TWO_DEVICES = (("CPU_NUM_DEVICES", "2"),)
+"""Two CPU devices: the count that the migrated scripts spawn a process for (the runtime's and
+torch_xla's device count on the CPU)."""
+_SPAWNED = ("mp.spawn over torch.cuda.device_count() processes (two CPU devices here), DDP with "
+            "device_ids; verify records the parent process only")
 _CALM = "at the default rate batches of two make the loss jump, which magnifies any rounding difference"
 _ZERO_LOSS = ("its loss is a cross-entropy over one class, 0 at every step, and its gradients are 0, "
               "so a match shows only that both sides run")
@@ -1153,6 +1223,68 @@ RECIPES = (
     Recipe("mrdbourke+pytorch-deep-learning/01_pytorch_workflow.ipynb", (), no_data, needs=("matplotlib",),
            steps=104, note="a notebook: 100 steps on the CPU, then the device is chosen and a second model "
                            "trains on it for 1000 steps; 104 steps reach the second model"),
+    # Research scripts (the third corpus, docs/benchmarks.md): self-supervised learning with DDP
+    # and custom optimizers, GANs, detection and segmentation trainers, helper modules, resume
+    # branches.
+    Recipe("facebookresearch+vicreg/main_vicreg.py",
+           ("--data-dir", "images", "--exp-dir", "exp", "--arch", "resnet34", "--mlp", "64-64-64", "--epochs", "1",
+            "--batch-size", "4", "--num-workers", "0", "--log-freq-time", "0"),
+           images("images", classes=2, per_class=10), needs=_IMAGES, original_runs=False, nproc=2,
+           note="torchrun; init_distributed_mode (NCCL, in distributed.py) and .cuda(gpu); a LARS optimizer of "
+                "the file stepped through a GradScaler; FullGatherLayer all-reduces in its backward; SyncBatchNorm"),
+    Recipe("facebookresearch+moco-v3/main_moco.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "32",
+            "--moco-mlp-dim", "64", *_SPAWN, "images"),
+           images("images", classes=2, per_class=6), needs=(*_IMAGES, "tensorboard"), original_runs=False,
+           env=_TWO_DEVICES, note=_SPAWNED + "; LARS (moco/optimizer.py) through a GradScaler; "
+                                  "loc = 'cuda:{}' bound only when resuming"),
+    Recipe("facebookresearch+moco/main_moco.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "16", "--moco-k", "32",
+            "--mlp", "--aug-plus", "--cos", *_SPAWN, "images"),
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, env=_TWO_DEVICES,
+           note=_SPAWNED + "; the queue and the batch shuffle gather across ranks (moco/builder.py)"),
+    Recipe("facebookresearch+moco/main_lincls.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", *_SPAWN, "images"),
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, env=_TWO_DEVICES,
+           note=_SPAWNED + "; a frozen backbone, its last layer trained, then validated"),
+    Recipe("facebookresearch+simsiam/main_simsiam.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--dim", "32", "--pred-dim", "16",
+            "--fix-pred-lr", *_SPAWN, "images"),
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, env=_TWO_DEVICES,
+           note=_SPAWNED),
+    Recipe("facebookresearch+simsiam/main_lincls.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", *_SPAWN, "images"),
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, env=_TWO_DEVICES,
+           note=_SPAWNED + "; without --lars, which imports apex"),
+    Recipe("sthalles+SimCLR/run.py",
+           ("-data", "datasets", "-dataset-name", "cifar10", "--epochs", "1", "-b", "8", "-j", "0",
+            "--log-every-n-steps", "1", "--seed", "0"), cifar10("datasets", train=48, test=10),
+           needs=("torchvision", "tensorboard", "yaml"),
+           note="the training loop is SimCLR.train (simclr.py), with torch.cuda.amp's GradScaler and autocast "
+                "(disabled without --fp16-precision) and `with torch.cuda.device(args.gpu_index)` around it"),
+    Recipe("HobbitLong+SupContrast/main_supcon.py",
+           ("--batch_size", "8", "--num_workers", "0", "--epochs", "1", "--model", "resnet18", "--dataset", "cifar10",
+            "--data_folder", "datasets", "--print_freq", "1", "--save_freq", "1"), cifar10("datasets", train=48, test=10),
+           needs=("torchvision", "tensorboard_logger"),
+           note="every placement is under `if torch.cuda.is_available()`; two crops a batch, torch.cat'd"),
+    Recipe("Spijkervet+SimCLR/main.py",
+           ("--dataset", "CIFAR10", "--dataset_dir", "datasets", "--batch_size", "4", "--image_size", "32",
+            "--epochs", "1", "--workers", "0"), cifar10("datasets", train=24, test=10),
+           needs=("torchvision", "tensorboard", "yaml"), original_runs=False,
+           note="its options come from config/config.yaml; .cuda() in train(); the model in the simclr package"),
+    Recipe("leftthomas+SimCLR/main.py", ("--batch_size", "8", "--epochs", "1", "--k", "10", "--feature_dim", "32"),
+           cifar10("data", train=48, test=16), needs=("torchvision", "thop", "pandas"), original_runs=False,
+           note="Model(...).cuda() and thop.profile on a .cuda() input; train(net, loader, train_optimizer); "
+                "a kNN test over a memory bank after each epoch"),
+    Recipe("yunjey+stargan/main.py",
+           ("--mode", "train", "--dataset", "CelebA", "--image_size", "32", "--celeba_crop_size", "40", "--c_dim", "5",
+            "--batch_size", "4", "--num_iters", "6", "--num_iters_decay", "3", "--g_repeat_num", "1",
+            "--d_repeat_num", "3", "--n_critic", "1", "--log_step", "1", "--sample_step", "3", "--model_save_step", "6",
+            "--lr_update_step", "2", "--use_tensorboard", "False", "--num_workers", "0",
+            "--selected_attrs", "Black_Hair", "Blond_Hair", "Brown_Hair", "Male", "Young"),
+           celeba("data/celeba"), needs=("torchvision", "PIL", "numpy"), steps=6,
+           note="label2onehot builds one-hot labels on the host from the batch's labels before they are moved; "
+                "the discriminator and the generator step in turn (--n_critic 1), with a gradient penalty"),
 )
 
 
