@@ -87,6 +87,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import string
 import struct
 import subprocess
@@ -1000,6 +1001,26 @@ def voc_segmentation(root: str, train: int = 8, val: int = 4, classes: int = 21,
     return write
 
 
+def backbone_weights(factory: str, filename: str) -> Callable[[Path, str], None]:
+    """Randomly initialised weights where ``torch.hub.load_state_dict_from_url`` looks for the
+    pretrained backbone that a script downloads (``torch_home/hub/checkpoints/FILENAME``; the
+    recipe sets ``TORCH_HOME=torch_home``): ``factory`` is the ``module:callable`` of the
+    script's own folder that builds the backbone."""
+    def write(cwd: Path, python: str) -> None:
+        module, name = factory.split(":")
+        code = (f"import os, torch; from {module} import {name}; os.makedirs('torch_home/hub/checkpoints', exist_ok=True); "
+                f"torch.save({name}().state_dict(), 'torch_home/hub/checkpoints/{filename}')")
+        subprocess.run([python, "-c", code], cwd=cwd, check=True, capture_output=True, timeout=300)
+    return write
+
+
+def both(*writers: Callable[[Path, str], None]) -> Callable[[Path, str], None]:
+    def write(cwd: Path, python: str) -> None:
+        for writer in writers:
+            writer(cwd, python)
+    return write
+
+
 def unaligned(root: str, per_domain: int = 4, size=(40, 40)) -> Callable[[Path, str], None]:
     """Two unpaired image domains at ``root``: ``{train,test}{A,B}/*.png``."""
     def write(cwd: Path, python: str) -> None:
@@ -1285,6 +1306,15 @@ RECIPES = (
            celeba("data/celeba"), needs=("torchvision", "PIL", "numpy"), steps=6,
            note="label2onehot builds one-hot labels on the host from the batch's labels before they are moved; "
                 "the discriminator and the generator step in turn (--n_critic 1), with a gradient penalty"),
+    Recipe("VainF+DeepLabV3Plus-Pytorch/main.py",
+           ("--dataset", "voc", "--data_root", "data", "--model", "deeplabv3plus_mobilenet", "--batch_size", "2",
+            "--val_batch_size", "2", "--crop_size", "32", "--crop_val", "--total_itrs", "6", "--val_interval", "3",
+            "--print_interval", "1"),
+           both(voc_segmentation("data"), backbone_weights("network.backbone.mobilenetv2:MobileNetV2",
+                                                           "mobilenet_v2-b0353104.pth")),
+           needs=("torchvision", "visdom", "matplotlib", "sklearn"), env=(("TORCH_HOME", "torch_home"),),
+           note="its pretrained MobileNetV2 backbone is random weights written where torch.hub looks; a while True "
+                "loop over the loader that returns at --total_itrs, validating every --val_interval"),
 )
 
 
@@ -1421,8 +1451,15 @@ def prepare(script: Path, recipe: Recipe, scratch: Path, python: str) -> Prepare
     (site / "sitecustomize.py").write_text(SITE)
     paths = [str(site), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, **dict(recipe.env), "PYTHONPATH": os.pathsep.join(filter(None, paths)),
-           "MPLBACKEND": "Agg", "COLUMNS": "1000"}  # COLUMNS: rich does not wrap verify's verdict
+           "MPLBACKEND": "Agg", "COLUMNS": "1000",  # COLUMNS: rich does not wrap verify's verdict
+           "MASTER_PORT": str(free_port())}  # torch_xla.launch's rendezvous, else 12355 on every machine
     return Prepared(cwd, path, env)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_verify(script: Path, relative: str, recipe: Recipe, args) -> list[VerifyResult]:
@@ -1536,8 +1573,18 @@ def run_to_end(script: Path, relative: str, recipe: Recipe, side: str, args) -> 
     if code != 0:
         tail = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith(XLA_MARK)]
         reason = [f"still running after {args.timeout:.0f} s (--timeout)"] if code is None else []
-        result.note = " | ".join(reason + tail[-END_TAIL:])
+        result.note = " | ".join(reason + first_exception(tail) + tail[-END_TAIL:])
     return result
+
+
+_RANK = re.compile(r"\[(default)?rank\d+\]:\s*")
+
+
+def first_exception(lines: list[str]) -> list[str]:
+    """The first exception a process raised (``[rankN]: `` prefixes dropped), where the end of
+    stderr may be a launcher's summary of the failed ranks instead."""
+    found = (_RANK.sub("", line, count=1) for line in lines)
+    return next(([line] for line in found if _EXCEPTION.fullmatch(line) and not line.startswith("Traceback")), [])
 
 
 @dataclass
