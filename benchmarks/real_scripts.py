@@ -852,6 +852,23 @@ def cifar10(root: str, train: int = 40, test: int = 12) -> Callable[[Path, str],
     return write
 
 
+def cifar100(root: str, train: int = 200, test: int = 100) -> Callable[[Path, str], None]:
+    """torchvision's ``cifar-100-python`` at ``root`` (``train``, ``test``, ``meta``), random pixels,
+    every class in turn; the checksums pass through ``SITE`` as CIFAR-10's do."""
+    def write(cwd: Path, python: str) -> None:
+        folder = cwd / root / "cifar-100-python"
+        folder.mkdir(parents=True, exist_ok=True)
+        code = ("import numpy as np, pickle; rng = np.random.default_rng(0)\n"
+                f"for name, k in (('train', {train}), ('test', {test})):\n"
+                "    batch = {'data': rng.integers(0, 256, (k, 3072), dtype=np.uint8), "
+                "'fine_labels': (np.arange(k) % 100).tolist(), 'coarse_labels': (np.arange(k) % 20).tolist()}\n"
+                "    pickle.dump(batch, open(name, 'wb'))\n"
+                "pickle.dump({'fine_label_names': [f'class{i}' for i in range(100)], "
+                "'coarse_label_names': [f'super{i}' for i in range(20)]}, open('meta', 'wb'))")
+        subprocess.run([python, "-c", code], cwd=folder, check=True, capture_output=True, timeout=120)
+    return write
+
+
 def text(name: str, kind: str = "chars", size: int = 6000) -> Callable[[Path, str], None]:
     """A text file ``name`` in the working directory: ``chars`` (a character-level corpus),
     ``words`` (lines of ten words from a vocabulary of 50) or ``names`` (one short name a line)."""
@@ -1001,16 +1018,24 @@ def voc_segmentation(root: str, train: int = 8, val: int = 4, classes: int = 21,
     return write
 
 
-def backbone_weights(factory: str, filename: str) -> Callable[[Path, str], None]:
-    """Randomly initialised weights where ``torch.hub.load_state_dict_from_url`` looks for the
-    pretrained backbone that a script downloads (``torch_home/hub/checkpoints/FILENAME``; the
-    recipe sets ``TORCH_HOME=torch_home``): ``factory`` is the ``module:callable`` of the
-    script's own folder that builds the backbone."""
+def random_weights(model: str, path: str, key: str | None = None) -> Callable[[Path, str], None]:
+    """Randomly initialised weights at ``path`` (relative to the working directory) for a script
+    that loads a pretrained network: ``model`` is Python, run in the script's folder, that binds
+    ``model``; ``key`` nests the state dict in a checkpoint dict. A backbone that
+    ``torch.hub.load_state_dict_from_url`` fetches is found at
+    ``torch_home/hub/checkpoints/FILE`` when the recipe sets ``TORCH_HOME=torch_home``."""
     def write(cwd: Path, python: str) -> None:
-        module, name = factory.split(":")
-        code = (f"import os, torch; from {module} import {name}; os.makedirs('torch_home/hub/checkpoints', exist_ok=True); "
-                f"torch.save({name}().state_dict(), 'torch_home/hub/checkpoints/{filename}')")
+        state = f"{{{key!r}: model.state_dict()}}" if key else "model.state_dict()"
+        code = (f"import os, torch\n{model}\nos.makedirs(os.path.dirname({path!r}), exist_ok=True)\n"
+                f"torch.save({state}, {path!r})")
         subprocess.run([python, "-c", code], cwd=cwd, check=True, capture_output=True, timeout=300)
+    return write
+
+
+def json_file(name: str, content: dict) -> Callable[[Path, str], None]:
+    """A JSON file ``name`` in the working directory: a configuration the script reads."""
+    def write(cwd: Path, python: str) -> None:
+        (cwd / name).write_text(json.dumps(content, indent=1))
     return write
 
 
@@ -1047,6 +1072,7 @@ class Recipe:
     original_runs: bool = True  # False: the original needs CUDA, so compare runtime,torch_xla
     on_device: bool = True  # False: the original places nothing on a device, so there is no XLA side
     nproc: int = 1
+    devices: int = 1  # the runtime side's CPU devices in its run to the end (CPU_NUM_DEVICES), below
     steps: int | None = None  # instead of --steps, where a step is slow
     needs: tuple[str, ...] = ()  # modules the interpreters must import
     env: tuple[tuple[str, str], ...] = ()
@@ -1060,11 +1086,8 @@ _SPAWN = ("--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "
           "--dist-backend", "gloo")
 """How the mp.spawn scripts of facebookresearch (moco, moco-v3, simsiam) are run: one node, a
 process per device, gloo as the original's backend (the migrations spell their own)."""
-_TWO_DEVICES = (("CPU_NUM_DEVICES", "2"),)
-"""Two CPU devices: the count that the migrated scripts spawn a process for (the runtime's and
-torch_xla's device count on the CPU)."""
-_SPAWNED = ("mp.spawn over torch.cuda.device_count() processes (two CPU devices here), DDP with "
-            "device_ids; verify records the parent process only")
+_SPAWNED = ("mp.spawn over torch.cuda.device_count() processes, DDP with device_ids; verify records the "
+            "parent process only, so only the runs to the end judge it (two processes on runtime)")
 _CALM = "at the default rate batches of two make the loss jump, which magnifies any rounding difference"
 _ZERO_LOSS = ("its loss is a cross-entropy over one class, 0 at every step, and its gradients are 0, "
               "so a match shows only that both sides run")
@@ -1257,25 +1280,25 @@ RECIPES = (
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "32",
             "--moco-mlp-dim", "64", *_SPAWN, "images"),
            images("images", classes=2, per_class=6), needs=(*_IMAGES, "tensorboard"), original_runs=False,
-           env=_TWO_DEVICES, note=_SPAWNED + "; LARS (moco/optimizer.py) through a GradScaler; "
+           devices=2, note=_SPAWNED + "; LARS (moco/optimizer.py) through a GradScaler; "
                                   "loc = 'cuda:{}' bound only when resuming"),
     Recipe("facebookresearch+moco/main_moco.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "16", "--moco-k", "32",
             "--mlp", "--aug-plus", "--cos", *_SPAWN, "images"),
-           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, env=_TWO_DEVICES,
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
            note=_SPAWNED + "; the queue and the batch shuffle gather across ranks (moco/builder.py)"),
     Recipe("facebookresearch+moco/main_lincls.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", *_SPAWN, "images"),
-           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, env=_TWO_DEVICES,
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
            note=_SPAWNED + "; a frozen backbone, its last layer trained, then validated"),
     Recipe("facebookresearch+simsiam/main_simsiam.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--dim", "32", "--pred-dim", "16",
             "--fix-pred-lr", *_SPAWN, "images"),
-           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, env=_TWO_DEVICES,
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
            note=_SPAWNED),
     Recipe("facebookresearch+simsiam/main_lincls.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", *_SPAWN, "images"),
-           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, env=_TWO_DEVICES,
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
            note=_SPAWNED + "; without --lars, which imports apex"),
     Recipe("sthalles+SimCLR/run.py",
            ("-data", "datasets", "-dataset-name", "cifar10", "--epochs", "1", "-b", "8", "-j", "0",
@@ -1310,11 +1333,62 @@ RECIPES = (
            ("--dataset", "voc", "--data_root", "data", "--model", "deeplabv3plus_mobilenet", "--batch_size", "2",
             "--val_batch_size", "2", "--crop_size", "32", "--crop_val", "--total_itrs", "6", "--val_interval", "3",
             "--print_interval", "1"),
-           both(voc_segmentation("data"), backbone_weights("network.backbone.mobilenetv2:MobileNetV2",
-                                                           "mobilenet_v2-b0353104.pth")),
+           both(voc_segmentation("data"), random_weights("from network.backbone.mobilenetv2 import MobileNetV2; "
+                                                          "model = MobileNetV2()",
+                                                          "torch_home/hub/checkpoints/mobilenet_v2-b0353104.pth")),
            needs=("torchvision", "visdom", "matplotlib", "sklearn"), env=(("TORCH_HOME", "torch_home"),),
            note="its pretrained MobileNetV2 backbone is random weights written where torch.hub looks; a while True "
                 "loop over the loader that returns at --total_itrs, validating every --val_interval"),
+    Recipe("taesungp+contrastive-unpaired-translation/train.py",
+           ("--dataroot", "data", "--name", "exp", "--CUT_mode", "CUT", "--display_id", "0", "--no_html",
+            "--num_threads", "0", "--load_size", "32", "--crop_size", "32", "--ngf", "8", "--ndf", "8",
+            "--netG", "resnet_6blocks", "--n_epochs", "1", "--n_epochs_decay", "1", "--print_freq", "1",
+            "--num_patches", "16", "--save_epoch_freq", "1"),
+           unaligned("data", per_domain=6), needs=("torchvision", "dominate"), original_runs=False, steps=6,
+           note="--gpu_ids 0 (its default) sets torch.cuda.set_device; the networks, their optimizers and "
+                "optimize_parameters live in models/ (cut_model.py, base_model.py), the loop in train.py; "
+                "the feature-patch network and its optimizer are built at the first batch"),
+    Recipe("huggingface+pytorch-image-models/train.py",
+           ("--data-dir", "images", "--train-split", "train", "--val-split", "val", "--model", "resnet18",
+            "--num-classes", "2", "--epochs", "1", "-b", "2", "--workers", "0", "--img-size", "32",
+            "--log-interval", "1", "--output", "out"),
+           images("images", classes=2, per_class=6), needs=("torchvision", "PIL", "yaml", "huggingface_hub",
+                                                            "safetensors"), original_runs=False,
+           note="--device defaults to cuda and init_distributed_device (timm/utils/distributed.py) turns it "
+                "into the device; timm's own PrefetchLoader moves the batches"),
+    Recipe("HobbitLong+RepDistiller/train_teacher.py",
+           ("--model", "resnet8", "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
+           cifar100("data", train=96, test=32), needs=("torchvision", "tensorboard_logger"),
+           note="every placement is under `if torch.cuda.is_available()`; the loops are helper/loops.py's"),
+    Recipe("HobbitLong+RepDistiller/train_student.py",
+           ("--path_t", "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", "--distill", "crd", "--model_s", "resnet8", "-r", "0.1", "-a", "0.9", "-b", "0.8",
+            "--nce_k", "64", "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
+           both(cifar100("data", train=96, test=32),
+                random_weights("from models import model_dict; model = model_dict['resnet8'](num_classes=100)",
+                               "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", key="model")),
+           needs=("torchvision", "tensorboard_logger"),
+           note="contrastive representation distillation: a teacher (random weights) and a student in a "
+                "module_list, embeddings and a memory bank (crd/) trained with them, cudnn flags"),
+    Recipe("yassouali+pytorch-segmentation/train.py", ("--config", "small.json"),
+           both(voc_segmentation("data", train=8, val=4),
+                json_file("small.json", {
+                    "name": "UNet", "n_gpu": 1, "use_synch_bn": False, "arch": {"type": "UNet", "args": {}},
+                    "train_loader": {"type": "VOC", "args": {
+                        "data_dir": "data", "batch_size": 2, "base_size": 40, "crop_size": 32, "augment": True,
+                        "shuffle": True, "scale": True, "flip": True, "rotate": False, "blur": False,
+                        "split": "train", "num_workers": 0}},
+                    "val_loader": {"type": "VOC", "args": {
+                        "data_dir": "data", "batch_size": 2, "crop_size": 32, "val": True, "split": "val",
+                        "num_workers": 0}},
+                    "optimizer": {"type": "SGD", "differential_lr": True,
+                                  "args": {"lr": 0.01, "weight_decay": 1e-4, "momentum": 0.9}},
+                    "loss": "CrossEntropyLoss2d", "ignore_index": 255, "lr_scheduler": {"type": "Poly", "args": {}},
+                    "trainer": {"epochs": 2, "save_dir": "saved/", "save_period": 1, "monitor": "max Mean_IoU",
+                                "early_stop": 10, "tensorboard": True, "log_dir": "saved/runs", "log_per_iter": 1,
+                                "val": True, "val_per_epochs": 1}})),
+           needs=("torchvision", "tensorboard", "cv2", "scipy"),
+           note="its configuration is a JSON file (written small here); the loop is trainer.py's Trainer over "
+                "base/base_trainer.py's, which picks the device from torch.cuda.device_count() and resumes"),
 )
 
 
@@ -1550,8 +1624,7 @@ def run_to_end(script: Path, relative: str, recipe: Recipe, side: str, args) -> 
             return EndResult(relative, side, None, "migration error: " + "; ".join(errors))
         launch = [] if recipe.nproc <= 1 else ["-m", "accrewrite.launcher", "--standalone",
                                                f"--nproc_per_node={recipe.nproc}"]
-        env = {**ready.env, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
-               **({"PJRT_DEVICE": "CPU"} if side == "torch_xla" else {})}
+        env = {**ready.env, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", **side_environment(recipe, side)}
         with open(Path(scratch) / "stderr", "w+b") as err:
             process = subprocess.Popen([python, *launch, str(path), *recipe.args], cwd=home, env=env,
                                        stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
@@ -1585,6 +1658,15 @@ def first_exception(lines: list[str]) -> list[str]:
     stderr may be a launcher's summary of the failed ranks instead."""
     found = (_RANK.sub("", line, count=1) for line in lines)
     return next(([line] for line in found if _EXCEPTION.fullmatch(line) and not line.startswith("Traceback")), [])
+
+
+def side_environment(recipe: Recipe, side: str) -> dict[str, str]:
+    """torch_xla runs on PJRT's CPU client, one device: with two (``CPU_NUM_DEVICES=2``) each
+    process takes both as its own and their first all-reduce never meets. The runtime side of a
+    script that spawns a process per device gets ``recipe.devices``."""
+    if side == "torch_xla":
+        return {"PJRT_DEVICE": "CPU"}
+    return {"CPU_NUM_DEVICES": str(recipe.devices)} if side == "runtime" and recipe.devices > 1 else {}
 
 
 @dataclass
