@@ -1086,6 +1086,9 @@ _SPAWN = ("--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "
           "--dist-backend", "gloo")
 """How the mp.spawn scripts of facebookresearch (moco, moco-v3, simsiam) are run: one node, a
 process per device, gloo as the original's backend (the migrations spell their own)."""
+_OLD_PROTOBUF = (("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python"),)
+"""tensorboard_logger's generated protobuf code predates protobuf 4: it imports only with the
+pure-Python implementation."""
 _SPAWNED = ("mp.spawn over torch.cuda.device_count() processes, DDP with device_ids; verify records the "
             "parent process only, so only the runs to the end judge it (two processes on runtime)")
 _CALM = "at the default rate batches of two make the loss jump, which magnifies any rounding difference"
@@ -1309,7 +1312,7 @@ RECIPES = (
     Recipe("HobbitLong+SupContrast/main_supcon.py",
            ("--batch_size", "8", "--num_workers", "0", "--epochs", "1", "--model", "resnet18", "--dataset", "cifar10",
             "--data_folder", "datasets", "--print_freq", "1", "--save_freq", "1"), cifar10("datasets", train=48, test=10),
-           needs=("torchvision", "tensorboard_logger"),
+           needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
            note="every placement is under `if torch.cuda.is_available()`; two crops a batch, torch.cat'd"),
     Recipe("Spijkervet+SimCLR/main.py",
            ("--dataset", "CIFAR10", "--dataset_dir", "datasets", "--batch_size", "4", "--image_size", "32",
@@ -1358,7 +1361,7 @@ RECIPES = (
                 "into the device; timm's own PrefetchLoader moves the batches"),
     Recipe("HobbitLong+RepDistiller/train_teacher.py",
            ("--model", "resnet8", "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
-           cifar100("data", train=96, test=32), needs=("torchvision", "tensorboard_logger"),
+           cifar100("data", train=96, test=32), needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
            note="every placement is under `if torch.cuda.is_available()`; the loops are helper/loops.py's"),
     Recipe("HobbitLong+RepDistiller/train_student.py",
            ("--path_t", "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", "--distill", "crd", "--model_s", "resnet8", "-r", "0.1", "-a", "0.9", "-b", "0.8",
@@ -1366,7 +1369,7 @@ RECIPES = (
            both(cifar100("data", train=96, test=32),
                 random_weights("from models import model_dict; model = model_dict['resnet8'](num_classes=100)",
                                "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", key="model")),
-           needs=("torchvision", "tensorboard_logger"),
+           needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
            note="contrastive representation distillation: a teacher (random weights) and a student in a "
                 "module_list, embeddings and a memory bank (crd/) trained with them, cudnn flags"),
     Recipe("yassouali+pytorch-segmentation/train.py", ("--config", "small.json"),
@@ -1426,12 +1429,13 @@ def comparisons(recipe: Recipe) -> list[tuple[str, tuple[str, ...]]]:
 
 
 @functools.lru_cache(maxsize=None)
-def importable(python: str, module: str) -> bool:
-    return subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=300).returncode == 0
+def importable(python: str, module: str, env: tuple[tuple[str, str], ...] = ()) -> bool:
+    return subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=300,
+                          env={**os.environ, **dict(env)}).returncode == 0
 
 
 def _missing(recipe: Recipe, pythons: list[str]) -> str:
-    missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m)})
+    missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m, recipe.env)})
     return f"skipped: cannot import {', '.join(missing)}" if missing else ""
 
 
