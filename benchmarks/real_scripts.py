@@ -1291,12 +1291,12 @@ RECIPES = (
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "32",
             "--moco-mlp-dim", "64", *_SPAWN, "images"),
            images("images", classes=2, per_class=6), needs=(*_IMAGES, "tensorboard", "timm"), original_runs=False,
-           devices=2, note=_SPAWNED + "; LARS (moco/optimizer.py) through a GradScaler; "
-                                  "loc = 'cuda:{}' bound only when resuming"),
+           devices=2, note=_SPAWNED + "; vits.py imports timm 0.4.9's layout (its README's version); LARS "
+                                  "(moco/optimizer.py) through a GradScaler; loc = 'cuda:{}' bound only when resuming"),
     Recipe("facebookresearch+moco-v3/main_lincls.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", *_SPAWN, "images"),
            images("images", classes=2, per_class=6), needs=(*_IMAGES, "timm"), original_runs=False, devices=2,
-           note=_SPAWNED),
+           note=_SPAWNED + "; timm 0.4.9, as main_moco.py"),
     Recipe("facebookresearch+moco/main_moco.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "16", "--moco-k", "32",
             "--mlp", "--aug-plus", "--cos", *_SPAWN, "images"),
