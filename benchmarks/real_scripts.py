@@ -1026,10 +1026,19 @@ def random_weights(model: str, path: str, key: str | None = None) -> Callable[[P
     ``torch_home/hub/checkpoints/FILE`` when the recipe sets ``TORCH_HOME=torch_home``."""
     def write(cwd: Path, python: str) -> None:
         state = f"{{{key!r}: model.state_dict()}}" if key else "model.state_dict()"
-        code = (f"import os, torch\n{model}\nos.makedirs(os.path.dirname({path!r}), exist_ok=True)\n"
+        code = (f"import os, torch\n{model}\nos.makedirs(os.path.dirname({path!r}) or '.', exist_ok=True)\n"
                 f"torch.save({state}, {path!r})")
         subprocess.run([python, "-c", code], cwd=cwd, check=True, capture_output=True, timeout=300)
     return write
+
+
+def ssl_checkpoint(encoder: str) -> Callable[[Path, str], None]:
+    """``pretrained.pth.tar``, a self-supervised run's checkpoint as the linear-classification
+    scripts of moco, moco-v3 and simsiam load it (random weights): a ResNet-18's weights under
+    ``module.<encoder>.`` in ``state_dict``."""
+    return random_weights("import torchvision; model = torch.nn.Module(); model.module = torch.nn.Module(); "
+                          f"model.module.{encoder} = torchvision.models.resnet18()", "pretrained.pth.tar",
+                          key="state_dict")
 
 
 def json_file(name: str, content: dict) -> Callable[[Path, str], None]:
@@ -1294,8 +1303,10 @@ RECIPES = (
            devices=2, note=_SPAWNED + "; vits.py imports timm 0.4.9's layout (its README's version); LARS "
                                   "(moco/optimizer.py) through a GradScaler; loc = 'cuda:{}' bound only when resuming"),
     Recipe("facebookresearch+moco-v3/main_lincls.py",
-           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", *_SPAWN, "images"),
-           images("images", classes=2, per_class=6), needs=(*_IMAGES, "timm"), original_runs=False, devices=2,
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", "--pretrained",
+            "pretrained.pth.tar", *_SPAWN, "images"),
+           both(images("images", classes=2, per_class=6), ssl_checkpoint("base_encoder")), needs=(*_IMAGES, "timm"),
+           original_runs=False, devices=2,
            note=_SPAWNED + "; timm 0.4.9, as main_moco.py"),
     Recipe("facebookresearch+moco/main_moco.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "16", "--moco-k", "32",
@@ -1303,8 +1314,10 @@ RECIPES = (
            images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
            note=_SPAWNED + "; the queue and the batch shuffle gather across ranks (moco/builder.py)"),
     Recipe("facebookresearch+moco/main_lincls.py",
-           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", *_SPAWN, "images"),
-           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", "--pretrained",
+            "pretrained.pth.tar", *_SPAWN, "images"),
+           both(images("images", classes=2, per_class=6), ssl_checkpoint("encoder_q")), needs=_IMAGES,
+           original_runs=False, devices=2,
            note=_SPAWNED + "; a frozen backbone, its last layer trained, then validated"),
     Recipe("facebookresearch+simsiam/main_simsiam.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--dim", "32", "--pred-dim", "16",
@@ -1312,8 +1325,10 @@ RECIPES = (
            images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
            note=_SPAWNED),
     Recipe("facebookresearch+simsiam/main_lincls.py",
-           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", *_SPAWN, "images"),
-           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", "--pretrained",
+            "pretrained.pth.tar", *_SPAWN, "images"),
+           both(images("images", classes=2, per_class=6), ssl_checkpoint("encoder")), needs=_IMAGES,
+           original_runs=False, devices=2,
            note=_SPAWNED + "; without --lars, which imports apex"),
     Recipe("sthalles+SimCLR/run.py",
            ("-data", "datasets", "-dataset-name", "cifar10", "--epochs", "1", "-b", "8", "-j", "0",
