@@ -1095,6 +1095,8 @@ _SPAWN = ("--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "
           "--dist-backend", "gloo")
 """How the mp.spawn scripts of facebookresearch (moco, moco-v3, simsiam) are run: one node, a
 process per device, gloo as the original's backend (the migrations spell their own)."""
+_VIEW = ("its accuracy() calls .view on a non-contiguous tensor, which current PyTorch rejects on the CPU and "
+         "CUDA (the original fails the same way; torch_xla's tensors take it)")
 _OLD_PROTOBUF = (("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python"),)
 """tensorboard_logger's generated protobuf code predates protobuf 4: it imports only with the
 pure-Python implementation."""
@@ -1312,13 +1314,13 @@ RECIPES = (
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "16", "--moco-k", "32",
             "--mlp", "--aug-plus", "--cos", *_SPAWN, "images"),
            images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
-           note=_SPAWNED + "; the queue and the batch shuffle gather across ranks (moco/builder.py)"),
+           note=_SPAWNED + "; the queue and the batch shuffle gather across ranks (moco/builder.py); " + _VIEW),
     Recipe("facebookresearch+moco/main_lincls.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", "--pretrained",
             "pretrained.pth.tar", *_SPAWN, "images"),
            both(images("images", classes=2, per_class=6), ssl_checkpoint("encoder_q")), needs=_IMAGES,
            original_runs=False, devices=2,
-           note=_SPAWNED + "; a frozen backbone, its last layer trained, then validated"),
+           note=_SPAWNED + "; a frozen backbone, its last layer trained, then validated; " + _VIEW),
     Recipe("facebookresearch+simsiam/main_simsiam.py",
            ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--dim", "32", "--pred-dim", "16",
             "--fix-pred-lr", *_SPAWN, "images"),
