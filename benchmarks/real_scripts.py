@@ -1345,7 +1345,7 @@ RECIPES = (
            note="every placement is under `if torch.cuda.is_available()`; two crops a batch, torch.cat'd"),
     Recipe("HobbitLong+SupContrast/main_ce.py",
            ("--batch_size", "8", "--num_workers", "0", "--epochs", "1", "--model", "resnet18", "--dataset", "cifar10",
-            "--data_folder", "datasets", "--print_freq", "1", "--save_freq", "1"), cifar10("datasets", train=48, test=16),
+            "--print_freq", "1", "--save_freq", "1"), cifar10("datasets", train=48, test=16),
            needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
            note="cross-entropy baseline of main_supcon.py: placements under `if torch.cuda.is_available()`, "
                 "a validation after each epoch"),
