@@ -1346,9 +1346,9 @@ RECIPES = (
     Recipe("HobbitLong+SupContrast/main_ce.py",
            ("--batch_size", "8", "--num_workers", "0", "--epochs", "1", "--model", "resnet18", "--dataset", "cifar10",
             "--print_freq", "1", "--save_freq", "1"), cifar10("datasets", train=48, test=16),
-           needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
-           note="cross-entropy baseline of main_supcon.py: placements under `if torch.cuda.is_available()`, "
-                "a validation after each epoch"),
+           needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF, original_runs=False,
+           note="cross-entropy baseline of main_supcon.py: the model under `if torch.cuda.is_available()`, the "
+                "batches' .cuda() unconditional; a validation after each epoch; " + _VIEW),
     Recipe("Spijkervet+SimCLR/main.py",
            ("--dataset", "CIFAR10", "--dataset_dir", "datasets", "--batch_size", "4", "--image_size", "32",
             "--epochs", "1", "--workers", "0"), cifar10("datasets", train=24, test=10),
