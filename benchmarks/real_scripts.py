@@ -1399,14 +1399,14 @@ RECIPES = (
            cifar100("data", train=96, test=32), needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
            note="every placement is under `if torch.cuda.is_available()`; the loops are helper/loops.py's"),
     Recipe("HobbitLong+RepDistiller/train_student.py",
-           ("--path_t", "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", "--distill", "crd", "--model_s", "resnet8", "-r", "0.1", "-a", "0.9", "-b", "0.8",
-            "--nce_k", "64", "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
+           ("--path_t", "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", "--distill", "hint", "--model_s", "resnet8", "-r", "0.1", "-a", "0.9", "-b", "100",
+            "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
            both(cifar100("data", train=96, test=32),
                 random_weights("from models import model_dict; model = model_dict['resnet8'](num_classes=100)",
                                "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", key="model")),
            needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
-           note="contrastive representation distillation: a teacher (random weights) and a student in a "
-                "module_list, embeddings and a memory bank (crd/) trained with them, cudnn flags"),
+           note="FitNets' hint distillation: a teacher (random weights), a student and the regressor trained "
+                "with it in a module_list; --distill crd's dataset reads torchvision's long-gone train_data"),
     Recipe("yassouali+pytorch-segmentation/train.py", ("--config", "small.json"),
            both(voc_segmentation("data", train=8, val=4),
                 json_file("small.json", {
