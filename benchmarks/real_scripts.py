@@ -1097,6 +1097,9 @@ _SPAWN = ("--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "
 process per device, gloo as the original's backend (the migrations spell their own)."""
 _VIEW = ("its accuracy() calls .view on a non-contiguous tensor, which current PyTorch rejects on the CPU and "
          "CUDA (the original fails the same way; torch_xla's tensors take it)")
+_TEACHER = "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth"
+"""Where RepDistiller's train_teacher.py saves a ResNet-8: train_student.py reads the model's name
+from the folder's."""
 _OLD_PROTOBUF = (("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python"),)
 """tensorboard_logger's generated protobuf code predates protobuf 4: it imports only with the
 pure-Python implementation."""
@@ -1340,7 +1343,8 @@ RECIPES = (
                 "(disabled without --fp16-precision) and `with torch.cuda.device(args.gpu_index)` around it"),
     Recipe("HobbitLong+SupContrast/main_supcon.py",
            ("--batch_size", "8", "--num_workers", "0", "--epochs", "1", "--model", "resnet18", "--dataset", "cifar10",
-            "--data_folder", "datasets", "--print_freq", "1", "--save_freq", "1"), cifar10("datasets", train=48, test=10),
+            "--data_folder", "datasets", "--print_freq", "1", "--save_freq", "1"),
+           cifar10("datasets", train=48, test=10),
            needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
            note="every placement is under `if torch.cuda.is_available()`; two crops a batch, torch.cat'd"),
     Recipe("HobbitLong+SupContrast/main_ce.py",
@@ -1399,11 +1403,11 @@ RECIPES = (
            cifar100("data", train=96, test=32), needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
            note="every placement is under `if torch.cuda.is_available()`; the loops are helper/loops.py's"),
     Recipe("HobbitLong+RepDistiller/train_student.py",
-           ("--path_t", "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", "--distill", "hint", "--model_s", "resnet8", "-r", "0.1", "-a", "0.9", "-b", "100",
+           ("--path_t", _TEACHER, "--distill", "hint", "--model_s", "resnet8", "-r", "0.1", "-a", "0.9", "-b", "100",
             "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
            both(cifar100("data", train=96, test=32),
                 random_weights("from models import model_dict; model = model_dict['resnet8'](num_classes=100)",
-                               "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth", key="model")),
+                               _TEACHER, key="model")),
            needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
            note="FitNets' hint distillation: a teacher (random weights), a student and the regressor trained "
                 "with it in a module_list; --distill crd's dataset reads torchvision's long-gone train_data"),
