@@ -1414,7 +1414,8 @@ RECIPES = (
     Recipe("yassouali+pytorch-segmentation/train.py", ("--config", "small.json"),
            both(voc_segmentation("data", train=8, val=4),
                 json_file("small.json", {
-                    "name": "UNet", "n_gpu": 1, "use_synch_bn": False, "arch": {"type": "UNet", "args": {"freeze_bn": False}},
+                    "name": "UNet", "n_gpu": 1, "use_synch_bn": False,
+                    "arch": {"type": "UNet", "args": {"freeze_bn": False}},
                     "train_loader": {"type": "VOC", "args": {
                         "data_dir": "data", "batch_size": 2, "base_size": 40, "crop_size": 32, "augment": True,
                         "shuffle": True, "scale": True, "flip": True, "rotate": False, "blur": False,
