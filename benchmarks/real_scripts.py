@@ -832,14 +832,18 @@ def mnist(root: str, train: int = 256, test: int = 64, name: str = "MNIST") -> C
     return write
 
 
+def with_numpy(folder: Path, code: str, python: str) -> None:
+    """Runs ``code`` in ``folder`` (made) with the verify interpreter, which has numpy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run([python, "-c", code], cwd=folder, check=True, capture_output=True, timeout=120)
+
+
 def cifar10(root: str, train: int = 40, test: int = 12) -> Callable[[Path, str], None]:
     """torchvision's ``cifar-10-batches-py`` at ``root``: five training batches and a test batch
     of random pixels, uint8 arrays as torchvision reads them, so the interpreter writes them with
     numpy; their checksums pass through ``SITE``. Each batch of ten or more holds every class:
     tutorials end with an accuracy per class, which divides by the class's count."""
     def write(cwd: Path, python: str) -> None:
-        folder = cwd / root / "cifar-10-batches-py"
-        folder.mkdir(parents=True, exist_ok=True)
         code = (f"import numpy as np, pickle; rng = np.random.default_rng(0); n = {train}; "
                 "sizes = [n // 5 + (i < n % 5) for i in range(5)]\n"
                 "names = [f'data_batch_{i + 1}' for i in range(5)] + ['test_batch']\n"
@@ -848,7 +852,7 @@ def cifar10(root: str, train: int = 40, test: int = 12) -> Callable[[Path, str],
                 "'labels': rng.permutation(np.arange(k) % 10).tolist()}\n"
                 "    pickle.dump(batch, open(name, 'wb'))\n"
                 "pickle.dump({'label_names': [f'class{i}' for i in range(10)]}, open('batches.meta', 'wb'))")
-        subprocess.run([python, "-c", code], cwd=folder, check=True, capture_output=True, timeout=120)
+        with_numpy(cwd / root / "cifar-10-batches-py", code, python)
     return write
 
 
@@ -856,8 +860,6 @@ def cifar100(root: str, train: int = 200, test: int = 100) -> Callable[[Path, st
     """torchvision's ``cifar-100-python`` at ``root`` (``train``, ``test``, ``meta``), random pixels,
     every class in turn; the checksums pass through ``SITE`` as CIFAR-10's do."""
     def write(cwd: Path, python: str) -> None:
-        folder = cwd / root / "cifar-100-python"
-        folder.mkdir(parents=True, exist_ok=True)
         code = ("import numpy as np, pickle; rng = np.random.default_rng(0)\n"
                 f"for name, k in (('train', {train}), ('test', {test})):\n"
                 "    batch = {'data': rng.integers(0, 256, (k, 3072), dtype=np.uint8), "
@@ -865,7 +867,7 @@ def cifar100(root: str, train: int = 200, test: int = 100) -> Callable[[Path, st
                 "    pickle.dump(batch, open(name, 'wb'))\n"
                 "pickle.dump({'fine_label_names': [f'class{i}' for i in range(100)], "
                 "'coarse_label_names': [f'super{i}' for i in range(20)]}, open('meta', 'wb'))")
-        subprocess.run([python, "-c", code], cwd=folder, check=True, capture_output=True, timeout=120)
+        with_numpy(cwd / root / "cifar-100-python", code, python)
     return write
 
 
