@@ -477,15 +477,16 @@ class Facts:
         """Whether the file trains with a GradScaler (AMP with loss scaling)."""
         return bool(self.scalers or self.called & SCALER_NAMES)
 
-    def device_at(self, scope: cst.FunctionDef | None, order: int) -> str | None:
-        """The device variable bound where the statement numbered ``order`` of ``scope`` (a
-        function, or None for module level) runs: one assigned earlier in ``scope``; a
-        parameter named ``device`` that its callers do not pass a CUDA ordinal (an int); a
-        ``self.`` attribute another method of the class assigns; one of module level assigned
-        before every call that runs ``scope``. None: the target's device is to be spelled out."""
-        for device in self.devices:
-            if device.scope is scope and device.order < order:
-                return device.name
+    def device_at(self, scope: cst.FunctionDef | None, statement: cst.CSTNode | None) -> str | None:
+        """The device variable bound where ``statement`` of ``scope`` (a function, or None for
+        module level) runs: one that every path to it assigned a device last (not one chosen
+        only in a resume branch, a ``try`` body or a loop's body); a parameter named ``device``
+        that its callers do not pass a CUDA ordinal (an int); a ``self.`` attribute another
+        method of the class assigns; one of module level assigned so before every call that runs
+        ``scope``. None: the target's device is to be spelled out."""
+        for name in self._devices_chosen(scope):
+            if self._chosen_at(scope, name, statement):
+                return name
         if scope is None:
             return None
         for param in scope.params.params:
@@ -498,26 +499,51 @@ class Facts:
             if owner is not None and device.name.startswith("self.") and self.method_class.get(device.scope) is owner:
                 return device.name
         for device in self.devices:
-            if device.scope is None and self._runs_after(scope, device.order):
+            if device.scope is None and self._runs_after(scope, device):
                 return device.name
         return None
 
-    def _runs_after(self, function: cst.FunctionDef, order: int, seen: frozenset = frozenset()) -> bool:
-        """Whether every run of ``function`` starts after module-level statement ``order``: each
-        call of it in this file is a module-level statement after it or in a function that runs
-        after it; a function this file never calls (a callback) must be defined after it."""
-        self.values(None)
+    def _runs_after(self, function: cst.FunctionDef, device: Binding, seen: frozenset = frozenset()) -> bool:
+        """Whether every run of ``function`` starts where every path has assigned the module-level
+        ``device`` last: each call of it in this file is a module-level statement so placed or in
+        a function that runs so; a function this file never calls (a callback) must be defined
+        so (its module-level statement: a class's, the outermost function's)."""
+        module = self.values(None)
         calls = self._values.calls_of(function)
         if not calls:
-            return self.order.get(function, 0) > order
+            return self._chosen_at(None, device.name, self._module_statement(function))
         for call, caller, _ in calls:
             if caller is None:
-                statement = self.values(None).statement_of(call)
-                if self.order.get(statement, 0) <= order:
+                if not self._chosen_at(None, device.name, module.statement_of(call)):
                     return False
-            elif caller in seen or not self._runs_after(caller, order, seen | {function}):
+            elif caller in seen or not self._runs_after(caller, device, seen | {function}):
                 return False
         return True
+
+    def _devices_chosen(self, scope: cst.FunctionDef | None) -> dict[str, set[cst.CSTNode]]:
+        """Each device variable of ``scope``, with the statements that assign it a device."""
+        chosen: dict[str, set[cst.CSTNode]] = {}
+        for device in self.devices:
+            if device.scope is scope:
+                chosen.setdefault(device.name, set()).add(device.statement)
+        return chosen
+
+    def _chosen_at(self, scope: cst.FunctionDef | None, name: str, statement: cst.CSTNode | None) -> bool:
+        """Whether every path to ``statement`` of ``scope`` assigned ``name`` a device last."""
+        found = self.values(scope).bindings_at(name, statement)
+        return bool(found) and found <= self._devices_chosen(scope).get(name, set())
+
+    def _module_statement(self, function: cst.FunctionDef) -> cst.CSTNode:
+        """The module-level statement that defines ``function``: itself, its class's, or the
+        function's it is nested in."""
+        functions = self.file_values.functions
+        found = function
+        while found in functions:
+            info = functions[found]
+            if info.owner is None and info.parent is None:
+                break
+            found = info.owner if info.owner is not None else info.parent
+        return found
 
     def option_defaults(self) -> dict[str, str]:
         """The string defaults of the file's command-line options (``parser.add_argument``), by

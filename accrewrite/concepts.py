@@ -106,6 +106,9 @@ _DEFINITIONS = (
     Definition("spawn", SPELLING, "torch.multiprocessing.spawn's replacement, called with the same function"),
     Definition("device_count", EXPRESSION, "the number of devices the job trains on, one process each"),
     Definition("synchronize", EXPRESSION, "waits for the device (torch.cuda.synchronize())"),
+    Definition("device_call", SPELLING,
+               "torch.cuda.{name}, the same call for the device the target trains on: memory statistics, "
+               "the allocator's cache, the device's name, timing events", ("name",)),
     Definition("device_type", EXPRESSION,
                "the type of a device that is not CUDA: torch.cuda's queries do not describe it",
                needs=("memory_info",)),
@@ -120,6 +123,10 @@ _DEFINITIONS = (
     Definition("compile", STATEMENTS, "compiles a model after it is built", ("model",)),
     Definition("compile_backend", EXPRESSION, "torch.compile's backend"),
     Definition("grad_free_mode", SPELLING, "what torch.inference_mode becomes where inference tensors do not work"),
+    # Batch normalization over every process's batch (ACC016)
+    Definition("sync_batch_norm", SPELLING,
+               "torch.nn.SyncBatchNorm's replacement, synchronized on the target's device: a subclass with the "
+               "same constructor and convert_sync_batchnorm"),
     # Fused kernels and memory (ACC020-ACC025)
     Definition("fused_layer_norm", SPELLING, "torch.nn.LayerNorm's fused replacement", hook=True),
     Definition("fused_adam", SPELLING, "torch.optim.Adam's fused replacement", hook=True),

@@ -175,13 +175,15 @@ def _checked(source: bytes, tree: ast.Module, output: bytes, path: str, options:
 def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output_tree: ast.Module, path: str,
                           options: Options, selection: Selection, fixes: list[Finding]) -> None:
     """The net (``accrewrite.unbound``): an output that reads a name unbound where the input
-    (``tree``: its syntax tree) bound it is refused, naming the rule whose fixes do it: the one
-    whose removal (the migration run again without it, only when the net trips) leaves the name
-    bound."""
-    after = unbound.reads(output_tree)
+    (``tree``: its syntax tree) bound it, or on a path where the input's scope never does, is
+    refused, naming the rule whose fixes do it: the one whose removal (the migration run again
+    without it, only when the net trips) leaves the name bound."""
+    # The guard's ``if enabled():`` blocks test one environment variable, the same each time.
+    steady = frozenset({get_target(options.target).guard_function}) if options.guard else frozenset()
+    after = unbound.reads(output_tree, steady)
     if not after:
         return
-    before = unbound.reads(tree)
+    before = unbound.reads_to_compare(tree, after, steady)
     new = unbound.excess(before, after)
     if not new:
         return
@@ -192,7 +194,7 @@ def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output
         rest = Selection(tuple(r for r in selection.rules if r is not rule), selection.withheld)
         again = _migrate(source, options, rest)
         rewritten = source if again is None else again[0]
-        return (kind, name) not in unbound.excess(before, unbound.reads(_syntax(rewritten, path)))
+        return (kind, name) not in unbound.excess(before, unbound.reads(_syntax(rewritten, path), steady))
 
     by_code = {rule.code: rule for rule in selection.rules}
     fixing = [by_code[code] for code in dict.fromkeys(fix.code for fix in fixes)]
@@ -201,8 +203,9 @@ def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output
         f"rules {', '.join(rule.code for rule in fixing)} together",
     )
     written = f", where it writes `{excerpt(code, 60)}`" if code else ""
+    path_of = " on a path that skips its binding" if kind.startswith(unbound.ON_A_PATH) else ""
     raise MigrationError(FileError(
-        f"{unbound.REFUSAL} {name!r} unbound at line {line}{written} ({culprit}); "
+        f"{unbound.REFUSAL} {name!r} unbound at line {line}{path_of}{written} ({culprit}); "
         "the file was left unchanged; please report it with the file", line,
     ))
 

@@ -48,6 +48,11 @@ class PersistentMap:
             return self
         return PersistentMap(_put(self._root, hash(key), 0, key, _ABSENT))
 
+    @classmethod
+    def of(cls, other: PersistentMap) -> PersistentMap:
+        """A map of this class with ``other``'s entries (all of it shared)."""
+        return cls(other._root)
+
     def __eq__(self, other) -> bool:
         return isinstance(other, PersistentMap) and _equal(self._root, other._root, 0)
 

@@ -1,24 +1,29 @@
 """The net under every migration: a name that the output reads before binding it, where the input
 bound it, is a rule's bug, and the file is refused.
 
-pyflakes reads both sides (an ``ast`` each), and its undefined-name messages are compared per
-(message kind, name): a name the input already reads unbound somewhere (a star import's, one
-that ``exec`` binds, a plain undefined one) is not blamed on the migration, however often the
-output reads it. (Counting the reads would blame every read of an ``exec``-bound name a rule
-writes, and a file that already fails on the name: an input that reads ``model`` before
+Two checks read both sides (an ``ast`` each), and what they find is compared per (kind, name): a
+name the input already reads unbound in the same way is not blamed on the migration, however
+often the output reads it. (Counting the reads would blame every read of an ``exec``-bound name a
+rule writes, and a file that already fails on the name: an input that reads ``model`` before
 ``model = DDP(model)`` binds it, whose unwrapping leaves ``model`` unbound further down.)
 
-What it catches, as pyflakes resolves names: at module level and in class bodies, a name read
-above the statement that first binds it, or no longer bound at all (module level is read in
-source order: a loop rewritten to read ``device`` above ``device = ...``); in a function, a local
-read before the function assigns it (``UndefinedLocal`` where an enclosing scope binds the name
-too) and a name that no scope binds any more (a removed import or assignment).
+- pyflakes' undefined-name messages (kind: the message's): at module level and in class bodies,
+  a name read above the statement that first binds it, or no longer bound at all (module level
+  is read in source order: a loop rewritten to read ``device`` above ``device = ...``); in a
+  function, a local read before the function assigns it (``UndefinedLocal`` where an enclosing
+  scope binds the name too) and a name that no scope binds any more (a removed import or
+  assignment). A name the input reads unbound anywhere is not the migration's.
+- Definite assignment (``accrewrite.definite``; kind: the scope): a read of a scope's own name
+  on a path that skips every binding of it, which pyflakes does not follow (any binding in a
+  scope counts for it, whatever the path): a device bound only in a resume branch, only in a
+  loop's body or a ``try`` body, or only below the read. Compared per scope, so that a script's
+  own read of a rank-0-only ``writer`` does not hide a new read of ``loc`` in that function; a
+  name pyflakes finds the input reading unbound is the input's in any scope. Each check reads
+  the input only where the output has findings of its kind that may be new.
 
-What it does not: a name the input already reads unbound anywhere; a name bound in only one
-branch of an ``if``/``try`` or only in a loop's body (any binding in a scope counts, whatever
-the path to it); a function reading a module-level name that is bound after the call that runs
+What neither does: a function reading a module-level name that is bound after the call that runs
 it (functions are read at the end of the module); names of a file with a star import (pyflakes
-says "may be undefined" there); attributes, values and types.
+says "may be undefined" there, and any name may be bound); attributes, values and types.
 """
 
 from __future__ import annotations
@@ -29,17 +34,40 @@ import re
 
 from pyflakes import checker, messages
 
+from accrewrite import definite
+
 # Where a reason starts so, the net refused the file (benchmarks count such refusals apart).
 REFUSAL = "internal error: the migration leaves"
 
 _KINDS = (messages.UndefinedName, messages.UndefinedLocal)
 
 
-Read = tuple[str, str, int]  # pyflakes message kind, name, line
+Read = tuple[str, str, int]  # kind (pyflakes' message, or ON_A_PATH and the scope), name, line
+# The kind of a read definite assignment finds starts so.
+ON_A_PATH = "unbound on a path in "
 
 
-def reads(tree: ast.Module) -> list[Read]:
-    """Each read of an unbound name."""
+def reads(tree: ast.Module, steady: frozenset[str] = frozenset()) -> list[Read]:
+    """Each read of an unbound name, by pyflakes and by definite assignment. ``steady``: the
+    functions whose call a test may repeat with the same answer (the guard's)."""
+    return _flakes(tree) + _on_a_path(tree, steady)
+
+
+def reads_to_compare(tree: ast.Module, after: list[Read], steady: frozenset[str] = frozenset()) -> list[Read]:
+    """The input's reads that ``after``'s (the output's) are compared with: definite
+    assignment's where ``after`` has some, and pyflakes' where some of ``after`` are new
+    without them (pyflakes' own, or a read on a path that a name the input reads unbound may
+    cover)."""
+    flow = any(kind.startswith(ON_A_PATH) for kind, _, _ in after)
+    before = _on_a_path(tree, steady) if flow else []
+    return _flakes(tree) + before if excess(before, after) else before
+
+
+def _on_a_path(tree: ast.Module, steady: frozenset[str]) -> list[Read]:
+    return [(ON_A_PATH + scope, name, line) for scope, name, line in definite.unbound_on_a_path(tree, steady)]
+
+
+def _flakes(tree: ast.Module) -> list[Read]:
     flakes = checker.Checker(tree, withDoctest=False)
     found = [(type(m).__name__, m.message_args[0], m.lineno) for m in flakes.messages if isinstance(m, _KINDS)]
     # The checker and its scopes refer to each other and hold the syntax tree: cleared, they are
@@ -52,9 +80,15 @@ def reads(tree: ast.Module) -> list[Read]:
 
 def excess(before: list[Read], after: list[Read]) -> list[tuple[str, str]]:
     """The (kind, name) pairs that ``after`` reads unbound and ``before`` never does, in the
-    order of their first read."""
+    order of their first read. A name that pyflakes finds ``before`` reading unbound is the
+    input's in every scope: a fragment's ``xm``, read on one path of the output where a guarded
+    import binds it on the other."""
     known = {(kind, name) for kind, name, _ in before}
-    return list(dict.fromkeys((kind, name) for kind, name, _ in after if (kind, name) not in known))
+    unbound = {name for kind, name, _ in before if not kind.startswith(ON_A_PATH)}
+    return list(dict.fromkeys(
+        (kind, name) for kind, name, _ in after
+        if (kind, name) not in known and not (kind.startswith(ON_A_PATH) and name in unbound)
+    ))
 
 
 def locate(key: tuple[str, str], after: list[Read], source: str, output: str) -> tuple[int, str | None]:

@@ -4,10 +4,13 @@ loader, or something unknown.
 One data-flow analysis per function (and one for module level), owned by the engine and read by
 every rule through ``Facts.values(scope)``. It is a forward pass over a function's bindings
 (assignments, loop targets, ``with ... as``), repeated until the kinds settle, so a name
-assigned after its first use in a loop is known there too. It is flow-insensitive: a name has
-one kind in a function, the join of what it is bound to, where a literal initialiser
+assigned after its first use in a loop is known there too. Its kinds are flow-insensitive: a
+name has one kind in a function, the join of what it is bound to, where a literal initialiser
 (``total = 0``, ``best = 1e9``, ``out = {}``, ``scaler = None``) takes the kind of the other
-bindings (``total += loss`` makes ``total`` a tensor).
+bindings (``total += loss`` makes ``total`` a tensor). Where a name is bound follows the paths:
+the statements that every path to a statement bound it in last (``bindings_at``), none where a
+path binds it nowhere (only one arm of an ``if``, a loop's body, a ``try`` body whose handler
+goes on, after a ``del``); ``return``, ``raise``, ``break`` and ``continue`` end their path.
 
 Kinds come from what PyTorch code is made of, never from names alone where something better is
 known: a batch from a loader, a model's output, ``torch.*`` results and tensor methods are
@@ -113,6 +116,15 @@ _HOST_TORCH_FUNCTIONS = MappingProxyType({
 _HOST_MODULES = ("math.", "time.", "os.", "random.", "numpy.", "datetime.", "json.", "pickle.", "sys.",
                  "re.", "socket.", "platform.", "subprocess.", "shutil.", "glob.", "pathlib.", "logging.",
                  "statistics.", "itertools.count", "string.", "argparse.", "yaml.", "inspect.")
+# Libraries whose functions take host arrays: a tensor given to them must be on the host (numpy
+# converts it with ``.numpy()``, PIL and OpenCV take numpy arrays). torchvision's image writers
+# copy a tensor to the host themselves.
+_HOST_ARRAY_CALLS = ("numpy.", "PIL.", "cv2.", "scipy.", "sklearn.", "skimage.", "matplotlib.")
+# Tensor methods that give what is known without the tensor's values, a number read from it or
+# a copy elsewhere: what they give is no longer the tensor (``.to(dtype)`` alone converts it).
+_NOT_ITS_VALUES = frozenset({*META_METHODS, "item", "tolist", "cpu", "cuda", "to"})
+# The nodes ``ScopeValues.host_use`` answers for; it gives None for any other.
+HOST_USE_NODES = frozenset({cst.Call, cst.Subscript, cst.BinaryOperation, cst.Comparison, cst.AugAssign, cst.Assign})
 _MODEL_ANNOTATIONS = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 # What a value annotated with a torch class holds.
 _ANNOTATION_KINDS = MappingProxyType({
@@ -245,49 +257,99 @@ class Definitions:
             self.methods.setdefault(node, {})
 
 
-# A binding's kind and whether it is a literal initialiser (``total = 0``), which gives way to
-# the kind of the name's other bindings where they meet.
-_Bound = tuple[Kind, bool]
+# A binding's kind; whether it is a literal initialiser (``total = 0``), which gives way to the
+# kind of the name's other bindings where they meet; and where every path to here bound it last:
+# a statement, a frozenset of them where paths bind it in different statements, None where one
+# may bind it nowhere.
+_Bound = tuple[Kind, bool, object]
 # The names bound where a statement starts: name -> _Bound.
 _Env = PersistentMap
+
+
+class _Ended(PersistentMap):
+    """The names bound where a path ends (``return``, ``raise``, ``break``, ``continue``): their
+    kinds still meet the other paths', but no path goes on from here to bind them."""
+
+    __slots__ = ()
+
+
+# The statements that end the path they are on (a call, ``sys.exit()`` too, is not known to).
+_ENDS_PATH = frozenset({cst.Return, cst.Raise, cst.Break, cst.Continue})
+
+
+def _ended(env: _Env) -> _Env:
+    return env if type(env) is _Ended else _Ended.of(env)
 
 
 def _merge(*envs: _Env) -> _Env:
     """Where a loop's paths meet at its head: a name bound on one path only keeps that binding
     (Python has no block scope), and an initialiser from before the loop gives way to what the
     body binds (``total = 0`` before ``total += loss``)."""
-    return merge(envs, _meet_buckets)
+    live = [type(env) is not _Ended for env in envs]
+    merged = merge(envs, lambda buckets, _: _meet_buckets(buckets, live))
+    return merged if any(live) else _ended(merged)
 
 
-def _meet_buckets(buckets: list[dict | None], _before=None) -> dict[str, _Bound]:
+def _meet_buckets(buckets: list[dict | None], live: list[bool]) -> dict[str, _Bound]:
     merged: dict[str, _Bound] = {}
     for bucket in buckets:
         for name, bound in (bucket or {}).items():
             merged[name] = _meet(merged[name], bound) if name in merged else bound
+    for name, bound in merged.items():
+        origin = _origin(name, buckets, live)
+        if origin is not bound[2]:
+            merged[name] = (bound[0], bound[1], origin)
     return merged
+
+
+def _origin(name: str, buckets: list[dict | None], live: list[bool]):
+    """Where every path that goes on from the buckets' maps (the ``live`` ones) bound ``name``
+    last."""
+    found = None
+    for index, bucket in enumerate(buckets):
+        if not live[index]:
+            continue
+        bound = bucket.get(name) if bucket is not None else None
+        if bound is None or bound[2] is None:
+            return None
+        origin = bound[2]
+        if found is None or found is origin:
+            found = origin
+        else:
+            found = _statements(found) | _statements(origin)
+    return found
+
+
+def _statements(origin) -> frozenset:
+    return origin if type(origin) is frozenset else frozenset((origin,))
 
 
 def _merge_branches(before: _Env, *ends: _Env) -> _Env:
     """After an ``if``/``try``: like ``_merge``, but a literal that a branch assigns itself is
     one of the values, not an initialiser (``value = t if ... else 0.5`` written as a block)."""
+    live = [type(env) is not _Ended for env in ends]
+
     def fresh(buckets: list[dict | None], before_bucket: dict | None) -> dict[str, _Bound]:
         known = before_bucket or {}
         return _meet_buckets([
-            {name: (bound[0], False) if bound[1] and bound is not known.get(name) else bound
+            {name: (bound[0], False, bound[2]) if bound[1] and bound is not known.get(name) else bound
              for name, bound in (bucket or {}).items()}
             for bucket in buckets
-        ])
+        ], live)
 
-    return merge(ends, fresh, before)
+    merged = merge(ends, fresh, before)
+    return merged if any(live) else _ended(merged)
 
 
 def _meet(first: _Bound, second: _Bound) -> _Bound:
+    """The kind of a name bound as ``first`` on one path and ``second`` on another (where it is
+    bound is ``_origin``'s)."""
     if first == second:
         return first
-    (kind, neutral), (other, other_neutral) = first, second
+    (kind, neutral, origin), (other, other_neutral, _) = first, second
     if neutral != other_neutral:
         return first if other_neutral else second
-    return join([kind, other]), neutral
+    return join([kind, other]), neutral, origin
 
 
 class ScopeValues:
@@ -312,11 +374,13 @@ class ScopeValues:
         # (Both by the nodes' ids: a node hashes by a Python method of libcst's, an id in C; the
         # syntax tree outlives them.)
         self._before: dict[int, _Env] = {}
+        # Each compound statement's environment after it (where its paths meet again).
+        self._after: dict[int, _Env] = {}
         self._statement_of: dict[int, cst.CSTNode] = {}
         # The comprehension whose names each node of one sees (``_note_comprehension``).
         self._comprehension_of: dict[cst.CSTNode, cst.CSTNode] = {}
         # Every kind each name is bound to anywhere in the scope (what nested scopes see).
-        self._summary: dict[str, list[_Bound]] = {}
+        self._summary: dict[str, list[tuple[Kind, bool]]] = {}
         # The dotted names bound under each name (``args.lr`` under ``args``), which a binding of
         # the name forgets.
         self._attributes: dict[str, set[str]] = {}
@@ -329,6 +393,9 @@ class ScopeValues:
         self.provisional = False
         # Plain ``name = value`` assignments, in order (for loops over such a name).
         self._assignments: dict[str, list[cst.BaseExpression]] = {}
+        # The statement whose bindings are being walked (a statement line, a compound header,
+        # an except clause; the function for its parameters).
+        self._binder: cst.CSTNode | None = scope if scope is not None else file.module
 
     def walk(self) -> None:
         """Walk the scope's statements (once, when its values are first asked for)."""
@@ -363,6 +430,16 @@ class ScopeValues:
     # The walk ------------------------------------------------------------------------------------
 
     def _bind(self, env: _Env, name: str, kind: Kind | None, neutral: bool = False) -> _Env:
+        """``env`` with ``name`` bound to a value of ``kind`` by the statement being walked."""
+        return self._put(env, name, kind, neutral, self._binder)
+
+    def _refine(self, env: _Env, name: str, kind: Kind) -> _Env:
+        """``env`` knowing more of what ``name`` holds (``loss.backward()``: a tensor), bound
+        where it was."""
+        bound = env.get(name)
+        return self._put(env, name, kind, False, bound[2] if bound is not None else None)
+
+    def _put(self, env: _Env, name: str, kind: Kind | None, neutral: bool, origin) -> _Env:
         if kind is None:
             return env
         self._summary.setdefault(name, []).append((kind, neutral))
@@ -370,7 +447,7 @@ class ScopeValues:
         while dot:
             self._attributes.setdefault(prefix, set()).add(name)
             prefix, dot, _ = prefix.rpartition(".")
-        return env.set(name, (kind, neutral))
+        return env.set(name, (kind, neutral, origin))
 
     def _bind_params(self, scope: cst.FunctionDef) -> _Env:
         env = _Env()
@@ -388,9 +465,11 @@ class ScopeValues:
         return env
 
     def _block(self, statements, env: _Env) -> _Env:
+        ended = False
         for statement in statements:
             env = self._statement(statement, env)
-        return env
+            ended = ended or type(env) is _Ended
+        return _ended(env) if ended else env  # (what follows a return is walked, and reached by no path)
 
     def _body(self, suite, env: _Env) -> _Env:
         if suite is None:
@@ -399,14 +478,19 @@ class ScopeValues:
             if isinstance(suite, cst.SimpleStatementSuite):
                 return self._smalls(suite, suite.body, env)
             return self._block(suite.body, env)
+        if type(suite) is cst.If:
+            return self._statement(suite, env)  # elif: its test, body and what else it has
         return self._body(suite.body, env)  # Else, Finally, ExceptHandler: their own suite
 
     def _smalls(self, line, smalls, env: _Env) -> _Env:
         self._record(line, env)
+        self._binder = line
+        ended = False
         for small in smalls:
             self._record(small, env)
             env = self._small(small, env)
-        return env
+            ended = ended or type(small) in _ENDS_PATH
+        return _ended(env) if ended else env
 
     def _record(self, statement: cst.CSTNode, env: _Env) -> None:
         """Keep the environment ``statement`` starts with (a loop's last, settled pass wins),
@@ -445,6 +529,10 @@ class ScopeValues:
         self._record(node, env)
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             return env  # calls of the file's functions and classes are answered by what they return
+        self._after[id(node)] = after = self._compound(node, env)
+        return after
+
+    def _compound(self, node: cst.CSTNode, env: _Env) -> _Env:
         if isinstance(node, cst.If):
             return _merge_branches(env, self._body(node.body, env), self._body(node.orelse, env))
         if isinstance(node, (cst.For, cst.While)):
@@ -454,6 +542,7 @@ class ScopeValues:
             self._env = env
             for item in node.items:
                 if item.asname is not None:
+                    self._binder = node
                     inner = self._assign(item.asname.name, self._entered(item.item), False, None, inner)
             return self._body(node.body, inner)
         if isinstance(node, cst.Try):
@@ -462,6 +551,7 @@ class ScopeValues:
             for handler in node.handlers:
                 start = _merge(env, body)
                 if handler.name is not None:
+                    self._binder = handler
                     start = self._bind(start, dotted(handler.name.name) or "", Kind.PYTHON)
                 self._record(handler, start)
                 ends.append(self._body(handler.body, start))
@@ -483,13 +573,18 @@ class ScopeValues:
             start = head
             if isinstance(node, cst.For):
                 self._env = head
+                self._binder = node
                 start = self._bind_loop(node.target, node.iter, head)
             end = self._body(node.body, start)
             settled = _merge(env, end)
             if settled == head:
                 break
             head = settled
-        return self._body(node.orelse, head) if node.orelse is not None else head
+        if node.orelse is None:
+            return head
+        after = self._body(node.orelse, head)
+        # (a ``break`` leaves without the ``else`` clause)
+        return _merge_branches(head, after, head) if _breaks(node) else after
 
     def _small(self, small: cst.BaseSmallStatement, env: _Env) -> _Env:
         self._env = env
@@ -526,13 +621,18 @@ class ScopeValues:
                     receiver = call.args[0].value
                 name = dotted(receiver)
                 if name:
-                    env = self._bind(env, name, Kind.TENSOR)
+                    env = self._refine(env, name, Kind.TENSOR)
             elif isinstance(call.func, cst.Attribute) and call.func.attr.value in _ADDS and self._any_tensor_argument(call):
                 # ``res.append(correct_k.mul_(100.0 / batch_size))``: the list holds a tensor, like
                 # ``out[k] = t``
                 name = dotted(call.func.value)
                 if name and self._eval(call.func.value) in HOST | {Kind.UNKNOWN}:
-                    env = self._bind(env, name, Kind.HOLDER)
+                    env = self._refine(env, name, Kind.HOLDER)
+        elif small_type is cst.Del:
+            for name in target_names(small.target):
+                bound = env.get(name)
+                if bound is not None:
+                    env = env.set(name, (bound[0], bound[1], None))  # what it held, bound on no path now
         elif (small_type is cst.Import or small_type is cst.ImportFrom) and type(small.names) is not cst.ImportStar:
             for alias in small.names:
                 name = dotted(alias.asname.name if alias.asname is not None else alias.name)
@@ -562,7 +662,7 @@ class ScopeValues:
             # (``losses[k] = loss.item()``) leaves it a tensor.
             name = dotted(target.value)
             if name and kind in TENSORS:
-                env = self._bind(env, name, Kind.TENSOR if env.get(name, (None,))[0] in (Kind.TENSOR, Kind.MASK) else Kind.HOLDER)
+                env = self._refine(env, name, Kind.TENSOR if env.get(name, (None,))[0] in (Kind.TENSOR, Kind.MASK) else Kind.HOLDER)
             return env
         name = dotted(target)
         if name is None:
@@ -1061,6 +1161,18 @@ class ScopeValues:
         expression ``node``."""
         return self._statement_of.get(id(node))
 
+    def bindings_at(self, name: str, statement: cst.CSTNode) -> frozenset[cst.CSTNode]:
+        """The statements whose binding of ``name`` the paths to ``statement`` (a statement line,
+        small statement or compound header of this scope) come through last: none where a path
+        binds it nowhere (statement lines and compound headers: the ``.statement`` of the
+        analysis's ``Binding``)."""
+        return _bindings_in(self._before.get(id(statement)), name)
+
+    def bindings_after(self, name: str, statement: cst.CSTNode) -> frozenset[cst.CSTNode]:
+        """The same where the paths that go on past the compound ``statement`` meet again."""
+        after = self._after.get(id(statement))
+        return frozenset() if type(after) is _Ended else _bindings_in(after, name)
+
     def binds(self, name: str) -> bool:
         """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""
         return name in self._local or self.scope is not None and name in self.file.functions[self.scope].params
@@ -1178,6 +1290,135 @@ class ScopeValues:
             for child in descendants(node, _DEFINED_CODE)
         )
 
+    def tensor_read(self, node: cst.CSTNode, names) -> str | None:
+        """The first of ``names`` whose tensor values evaluating ``node`` reads, else None: not
+        through what is known of a tensor without them (``x.size(0)``, ``x.shape``, ``len(x)``),
+        a number read from it (``x.item()``) or a copy elsewhere (``x.to(device)``, ``x.cpu()``);
+        a name that holds a Python value here (a loop counter) reads none."""
+        pending = [node]
+        while pending:
+            child = pending.pop()
+            kind = type(child)
+            if kind is cst.Name:
+                if child.value in names and self.kind(child) not in HOST:
+                    return child.value
+            elif kind is cst.Attribute:
+                if child.attr.value not in META_ATTRS:
+                    pending.append(child.value)
+            elif kind is cst.Arg:
+                pending.append(child.value)  # not its keyword
+            elif kind is cst.Call and self._not_its_values(child):
+                continue
+            elif kind not in _DEFINED_CODE:
+                pending.extend(reversed(children(child)))
+        return None
+
+    def carries(self, node: cst.CSTNode, names) -> bool:
+        """Whether ``node`` gives one of ``names``' tensors or one computed from it where it is:
+        read from it (``x[i]``, ``x.float()``, ``batch["x"]``), arithmetic with it, a torch
+        function of it, a display holding one; not a number or shape read from it, a copy
+        elsewhere, nor what another function makes of it (a model's output, a library's result)."""
+        kind = type(node)
+        if kind is cst.Name:
+            return node.value in names and self.kind(node) not in HOST
+        if kind is cst.Attribute:
+            return node.attr.value not in META_ATTRS and self.carries(node.value, names)
+        if kind is cst.Subscript:
+            return self.carries(node.value, names)
+        if kind is cst.BinaryOperation:
+            return self.carries(node.left, names) or self.carries(node.right, names)
+        if kind is cst.UnaryOperation:
+            return self.carries(node.expression, names)
+        if kind is cst.IfExp:
+            return self.carries(node.body, names) or self.carries(node.orelse, names)
+        if kind in (cst.Tuple, cst.List):
+            return any(self.carries(element.value, names) for element in node.elements)
+        if kind is cst.Call:
+            func = node.func
+            if type(func) is cst.Attribute and self.facts.qualname(func) is None:
+                return not self._not_its_values(node) and self.carries(func.value, names)
+            return (self.facts.qualname(func) or "").startswith("torch.") and any(
+                self.carries(arg.value, names) for arg in node.args)
+        return False
+
+    def _not_its_values(self, call: cst.Call) -> bool:
+        func = call.func
+        if type(func) is cst.Name:
+            return func.value == "len" and "len" not in self.facts.imports
+        return type(func) is cst.Attribute and func.attr.value in _NOT_ITS_VALUES and not (
+            func.attr.value == "to" and self._casts_only(call))
+
+    def host_use(self, node: cst.CSTNode, names) -> tuple[str, str] | None:
+        """How ``node`` itself (not its children) works on the tensor values of one of ``names``
+        where they must be on the host: (the name, what it does), else None. It reads them with
+        ``.numpy()`` or passes them to numpy, PIL or OpenCV; it indexes, fills or
+        computes with a tensor or numpy array made on the host (``out[rows, labels] = 1``
+        after ``out = torch.zeros(n, d)``, ``torch.cat([x, c])``). Indexing such a tensor itself
+        (``labels[torch.randperm(n)]``) works where it is."""
+        kind = type(node)
+        if kind is cst.Call:
+            return self._host_call(node, names)
+        if kind is cst.Subscript:
+            if self._made_on_host(node.value, names):
+                name = self._first_read(node.slice, names)
+                return (name, "indexes a tensor made on the host with it") if name else None
+        elif kind is cst.BinaryOperation:
+            return self._computed_with_host(names, node.left, node.right)
+        elif kind is cst.Comparison:
+            return self._computed_with_host(names, node.left, *(c.comparator for c in node.comparisons))
+        elif kind is cst.AugAssign:
+            return self._computed_with_host(names, node.target, node.value)
+        elif kind is cst.Assign:
+            filled = any(type(t.target) is cst.Subscript and self._made_on_host(t.target.value, names)
+                         for t in node.targets)
+            name = self.tensor_read(node.value, names) if filled else None
+            return (name, "puts it into a tensor made on the host") if name else None
+        return None
+
+    def _host_call(self, call: cst.Call, names) -> tuple[str, str] | None:
+        func = call.func
+        arguments = [arg.value for arg in call.args]
+        if type(func) is cst.Attribute:
+            if func.attr.value == "numpy":
+                name = self.tensor_read(func.value, names)
+                return (name, "reads it with .numpy()") if name else None
+            if self.facts.qualname(func) is None:  # a tensor's method: the tensor is an operand
+                return self._computed_with_host(names, func.value, *arguments)
+        callee = self.facts.qualname(func) or ""
+        if callee.startswith(_HOST_ARRAY_CALLS):
+            name = self._first_read(arguments, names)
+            return (name, f"passes it to {callee}()") if name else None
+        if callee.startswith("torch."):
+            operands = []  # torch.cat([x, c]): each tensor of a list
+            for argument in arguments:
+                listed = type(argument) in (cst.List, cst.Tuple)
+                operands += [element.value for element in argument.elements] if listed else [argument]
+            return self._computed_with_host(names, *operands)
+        return None
+
+    def _computed_with_host(self, names, *operands: cst.CSTNode) -> tuple[str, str] | None:
+        """(the name, what it does) where one operand reads the values of one of ``names`` and
+        another is a tensor made on the host."""
+        name = self._first_read(operands, names)
+        if name is None or not any(self._made_on_host(operand, names) for operand in operands):
+            return None
+        return name, "computes with it and a tensor made on the host"
+
+    def _first_read(self, nodes, names) -> str | None:
+        return next(filter(None, (self.tensor_read(node, names) for node in nodes)), None)
+
+    def _made_on_host(self, node: cst.CSTNode, names) -> bool:
+        """A tensor or numpy array made on the host (``torch.zeros(n, d)``, ``np.zeros((n, d))``),
+        not from ``names``' values."""
+        made = self.kind(node) is Kind.CPU or (self._made_by(node) or "").startswith("numpy.")
+        return made and self.tensor_read(node, names) is None
+
+    def _made_by(self, node: cst.CSTNode) -> str | None:
+        """What made ``node``: the callee of a call, or of the call a name is assigned in the file."""
+        if type(node) is cst.Call:
+            return self.facts.qualname(node.func)
+        return self.facts.assigned_calls.get(dotted(node) or "")
+
 
 _COMPREHENSIONS = node_types(cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 # A function or lambda: defining it runs none of its code (a class's body runs).
@@ -1185,6 +1426,20 @@ _DEFINED_CODE = frozenset({cst.Lambda, cst.FunctionDef})
 # A statement or block nested in a compound statement (not part of its header).
 _BLOCK_TYPES = node_types(cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStatement, cst.Else, cst.Finally,
                           cst.ExceptHandler)
+
+
+def _bindings_in(env: _Env | None, name: str) -> frozenset[cst.CSTNode]:
+    bound = env.get(name) if env is not None else None
+    return frozenset() if bound is None or bound[2] is None else _statements(bound[2])
+
+
+def _breaks(loop: cst.For | cst.While) -> bool:
+    """Whether a ``break`` of ``loop`` itself (not of a loop in it) leaves it."""
+    return any(type(node) is cst.Break for node in descendants(loop.body, _OWN_BREAKS))
+
+
+# What a ``break`` inside belongs to instead of the loop around it.
+_OWN_BREAKS = frozenset({cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
 def _wraps_iterable(node: cst.CSTNode) -> bool:
@@ -1431,12 +1686,7 @@ class FileValues:
     def arguments(self, call: cst.Call, name: str) -> dict[str, cst.BaseExpression]:
         """Parameter name -> argument of a call of the file's function ``name``."""
         info = self.functions.get(self.defined.get(name))
-        if info is None:
-            return {}
-        positional = [a.value for a in call.args if a.keyword is None and not a.star]
-        found = dict(zip(info.params, positional))
-        found.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
-        return found
+        return _passing(info, call, 0) if info is not None else {}
 
     def param_kind(self, scope: cst.FunctionDef, param: cst.Param) -> Kind:
         """A parameter's kind: its annotation's, else what the file's callers pass, else its
@@ -1494,13 +1744,14 @@ class FileValues:
         info = self.functions.get(function)
         if info is None:
             return []
-        found = []
-        for call, caller, shift in self.calls_of(function):
-            positional = [a.value for a in call.args if a.keyword is None and not a.star]
-            arguments = dict(zip(info.params[shift:], positional))
-            arguments.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
-            found.append((caller, call, arguments))
-        return found
+        return [(caller, call, _passing(info, call, shift)) for call, caller, shift in self.calls_of(function)]
+
+    def callee(self, call: cst.Call, scope) -> tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None:
+        """The function of this file that ``call`` (in ``scope``) runs, and parameter name ->
+        argument; None for a call of anything else."""
+        function, shift = self._target(call, scope)
+        info = self.functions.get(function)
+        return (function, _passing(info, call, shift)) if info is not None else None
 
     def calls_of(self, function: cst.FunctionDef) -> list[tuple[cst.Call, cst.FunctionDef | None, int]]:
         """The calls of ``function`` in this file: (call, calling scope, how many leading
@@ -1546,6 +1797,13 @@ class FileValues:
         return self._option_calls
 
     def _note_call(self, call: cst.Call, scope) -> None:
+        target, shift = self._target(call, scope)
+        if target is not None:
+            self._calls.setdefault(target, []).append((call, scope, shift))
+
+    def _target(self, call: cst.Call, scope) -> tuple[cst.FunctionDef | None, int]:
+        """The function of this file that ``call`` runs (None if none), and how many leading
+        parameters the call does not pass (1 for ``self``)."""
         func = call.func
         target, shift = None, 0
         kind = type(func)
@@ -1559,8 +1817,7 @@ class FileValues:
             owner = self.owner_of(scope)
             if owner is not None:
                 target, shift = self.method(owner, func.attr.value), 1
-        if target is not None:
-            self._calls.setdefault(target, []).append((call, scope, shift))
+        return target, shift
 
     def _visible(self, scope, name: str) -> cst.CSTNode | None:
         """The function or class ``name`` calls from ``scope``: one defined in it or in a
@@ -1665,6 +1922,15 @@ class FileValues:
         if "nargs" in keywords:
             kind = Kind.PYTHON
         self._options[name] = kind
+
+
+def _passing(info: _Function, call: cst.Call, shift: int) -> dict[str, cst.BaseExpression]:
+    """Parameter name -> argument of ``call`` of a function whose first ``shift`` parameters
+    the call does not pass."""
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    arguments = dict(zip(info.params[shift:], positional))
+    arguments.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
+    return arguments
 
 
 def _literal_kind(node: cst.BaseExpression) -> Kind:

@@ -5,7 +5,9 @@ A loop over a loader *feeds the device* when its batches reach it: it moves a ba
 helper) that is placed on a device: in a file that places something on a device (DataParallel
 moved its inputs itself), or given by a caller that may have placed it. A loop that only looks
 at a batch (its shape, a plot) keeps the loader: its batches stay on the host, as the original's
-did. A file that trains models of its own and places nothing trains on the host: ``on_host``.
+did; so does one that works on a batch element on the host before it moves it
+(``rules/_host_uses.py``): ``left``. A file that trains models of its own and places nothing
+trains on the host: ``on_host``.
 
 Each loader assignment is either *rebound* to the target's device loader (``loader =
 pl.MpDeviceLoader(loader, device)``, where that stands in for the loader) at one point, or left
@@ -29,6 +31,7 @@ import libcst as cst
 
 from accrewrite.nodes import dotted, walk
 from accrewrite.rules._generation import calls_a_model
+from accrewrite.rules._host_uses import HostUse, HostUses
 from accrewrite.targets import spelled_callees
 from accrewrite.values import ITERATE_THROUGH, Kind, target_names
 
@@ -38,6 +41,7 @@ _DEVICE_LOADERS = spelled_callees("device_loader")
 _UNKNOWN, _DEVICE_LOADER = "unknown", "device loader"
 # Calls whose iteration is their first argument's: the loader behind ``enumerate(loader)``.
 _PASSING = frozenset({"enumerate", "iter", "tqdm", "trange", "islice", "zip", "log_every"})
+_COMPREHENSIONS = frozenset({cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp})
 
 
 def iterated(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -94,6 +98,9 @@ class Plan:
     on_host: cst.CSTNode | None = None
     # Each statement line of a loader loop: the names that hold batch values where it starts.
     batch_at: dict[cst.CSTNode, frozenset[str]] = field(default_factory=dict)
+    # Loops (and ``iter()`` calls) that would be fed but use a batch element on the host before
+    # they move it: node -> (that use, the loader left as it is).
+    left: dict[cst.CSTNode, tuple[HostUse, str]] = field(default_factory=dict)
 
 
 class Planner:
@@ -110,6 +117,9 @@ class Planner:
             self._loops_in.setdefault(scope, []).append(loop)
         self._training = {loop.node for loop in facts.loops}
         self._fed: dict[cst.For, bool] = {}
+        self._host_uses = HostUses(facts)
+        # (scope, iterator) -> the first host-side use of what ``next(iterator)`` gives.
+        self._drawn_on_host: dict[tuple, HostUse | None] = {}
         self._source_of: dict[cst.For, str | None] = {}
         # Indexes: loops and loader assignments are looked up, not each matched against all the
         # others. (scope, name) -> the scope's loops that read the name, and the scope's loader
@@ -222,6 +232,11 @@ class Planner:
             runs = loop in self._training or calls_a_model(loop.body, values) or _hands_a_model(loop.body, values)
             found = self._moves_a_batch(loop) or runs and (
                 self.facts.places_on_device or self._model_from_caller(loop, scope))
+            if found:
+                used = self._host_uses.in_loop(loop, scope)
+                if used is not None:
+                    self.plan.left[loop] = (used, self._source(loop, scope))
+                    found = False
             self._fed[loop] = found
         return found
 
@@ -249,8 +264,10 @@ class Planner:
                 self.plan.batch_at[node] = frozenset(batch)
             elif kind is cst.Assign and len(node.targets) == 1:
                 bind_batch(batch, node.targets[0].target, node.value)
-            elif (kind is cst.For or kind is cst.CompFor) and root(iterated(node.iter)) in batch:
-                batch.update(target_names(node.target))  # {k: v.to(device) for k, v in batch.items()}
+            elif kind is cst.For and root(iterated(node.iter)) in batch:
+                batch.update(target_names(node.target))
+            elif kind in _COMPREHENSIONS:
+                bind_comprehension(batch, node)
             elif kind is cst.Call and self.is_move(node, batch):
                 moved = True
             return True
@@ -266,7 +283,15 @@ class Planner:
         small = statement.body[0]
         if not isinstance(small, cst.Assign) or small.value is not call or len(small.targets) != 1:
             return False
-        return (dotted(small.targets[0].target), scope) in self._next_in_steps
+        iterator = dotted(small.targets[0].target)
+        if (iterator, scope) not in self._next_in_steps:
+            return False
+        if (scope, iterator) not in self._drawn_on_host:
+            self._drawn_on_host[scope, iterator] = self._host_uses.after_next(scope, iterator)
+        used = self._drawn_on_host[scope, iterator]
+        if used is not None:
+            self.plan.left[call] = (used, dotted(call.args[0].value))
+        return used is None
 
     # Where a loader flows ------------------------------------------------------------------
 
@@ -354,15 +379,15 @@ class Planner:
 
     def _anchor(self, binding, uses: list[Use]) -> tuple[cst.CSTNode, str | None] | None:
         """Where the binding is rebound, and the device variable it names: after the device when
-        that is chosen later in the same function, else right after the loader where a device is
+        that is chosen later in the same block, else right after the loader where a device is
         bound there; None where no device variable is, or no point comes before every use it
         must feed and after every use that keeps the loader."""
         facts = self.facts
         device = next((d for d in facts.devices if d.scope is binding.scope and d.order > binding.order), None)
         candidates = []
-        if device is not None:
+        if device is not None and self._follows(binding.statement, device.statement):
             candidates.append((device.statement, device.order, device.name))
-        bound = facts.device_at(binding.scope, binding.order)
+        bound = facts.device_at(binding.scope, binding.statement)
         if bound is not None:
             candidates.append((binding.statement, binding.order, bound))
         for statement, order, name in candidates:
@@ -401,7 +426,16 @@ class Planner:
         return self._binding_at(scope, name, self.facts.order[statement]) in anchors
 
     def _device(self, scope, statement) -> str | None:
-        return self.facts.device_at(scope, self.facts.order[statement])
+        return self.facts.device_at(scope, statement)
+
+    def _follows(self, first: cst.CSTNode, later: cst.CSTNode) -> bool:
+        """Whether ``later`` comes after ``first`` in the same block: a rebind placed after it
+        runs on every path that the loader takes from ``first`` (not one in a branch, a ``try``
+        body or a loop that a path may skip)."""
+        following = self.facts.next_statement.get(first)
+        while following is not None and following is not later:
+            following = self.facts.next_statement.get(following)
+        return following is later
 
 
 def _hands_a_model(body: cst.CSTNode, values) -> bool:
@@ -436,6 +470,16 @@ def _fits(use: Use, order: int, at_binding: bool) -> bool:
 def batch_names(loop: cst.For) -> set[str]:
     """The names a loop's target binds: its batch (and counter)."""
     return target_names(loop.target)
+
+
+def bind_comprehension(batch: set[str], node: cst.BaseComp) -> None:
+    """Add the names that a comprehension over the batch binds (``{k: v.to(device) for k, v in
+    batch.items()}``), before its element, which comes first, is walked."""
+    for_in = node.for_in
+    while for_in is not None:
+        if root(iterated(for_in.iter)) in batch:
+            batch.update(target_names(for_in.target))
+        for_in = for_in.inner_for_in
 
 
 def bind_batch(batch: set[str], target: cst.BaseExpression, value: cst.BaseExpression) -> None:

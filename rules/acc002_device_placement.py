@@ -29,13 +29,17 @@ class DevicePlacement(Rule):
 
     - a variable assigned a CUDA device (`torch.device("cuda")`, `torch.device(f"cuda:{r}")`,
       `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`) is assigned the target
-      device, followed by the replication call;
+      device, followed by the replication call; chosen in a branch, the replication goes where
+      the run has the device: once after an `if` whose every arm chooses the target's device,
+      in the branch where another arm chooses the CPU, and where a run may skip the only
+      choice (`if args.resume: loc = ...`), naming the target's device itself before it;
     - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
       (the target picks the device per process);
     - a device string built from a device and an index (`torch.device(f"{acc}:{rank}")` with
       `acc = torch.accelerator.current_accelerator()`) is the target device;
-    - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable
-      visible in that function, else the target's device call; `non_blocking` is kept;
+    - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable that
+      every path to the call has chosen (not one bound only in a resume branch, a `try` body
+      or a loop), else the target's device call; `non_blocking` and `memory_format` are kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
       `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`), and so is an
       element of the list a wrapper takes as `device_ids=` (`model.to(device_ids[0])` in
@@ -218,7 +222,48 @@ class DevicePlacement(Rule):
         self.ctx.fix(original_node, f"{name} is the target device")
         if not self.ctx.target.has("set_replication"):
             return new_line
-        return cst.FlattenSentinel([new_line, *self.ctx.statements("set_replication", device=name)])
+        branches = self._branches_around()
+        if not branches:
+            return cst.FlattenSentinel([new_line, *self.ctx.statements("set_replication", device=name)])
+        return cst.FlattenSentinel([new_line, *self._replicate_around(branches, name)])
+
+    def _branches_around(self) -> list[cst.CSTNode]:
+        """The statements of the current function (or module level) around the current one that a
+        run may skip or leave early: an ``if`` (its ``elif``s are its own; not the script's
+        ``__main__`` block), a loop, a ``try``, a ``match``; outermost first."""
+        opened = self.ctx.open_statements
+        functions = [i for i, statement in enumerate(opened) if type(statement) is cst.FunctionDef]
+        around = opened[functions[-1] + 1 if functions else 0:-1]
+        return [
+            statement for index, statement in enumerate(around)
+            if type(statement) in _BRANCHING and not _main_block(statement)
+            and not (index and getattr(around[index - 1], "orelse", None) is statement)
+        ]
+
+    def _replicate_around(self, branches: list[cst.CSTNode], name: str) -> list:
+        """The replication of a device chosen in a branch goes where the run has that device:
+        right after the choice where the other paths choose another device (``else: device =
+        "cpu"``); once, after the innermost statement around it whose every path chooses the
+        target's device (``if``/``else`` both); and where a path may leave the name unbound (``if
+        args.resume: loc = ...``), naming the target's device itself, before the outermost
+        branch, so that a run that skips the branch has it too. The statements to put right
+        after the choice."""
+        values = self.ctx.facts.values(self.ctx.scope)
+        target = {d.statement for d in self.ctx.facts.devices if d.scope is self.ctx.scope} | self._fallbacks
+        for statement in reversed(branches):
+            chosen = values.bindings_after(name, statement)
+            if chosen and not chosen <= target:
+                return self.ctx.statements("set_replication", device=name)
+            if chosen:
+                self._replicate(statement, name, self.ctx.insert_after)
+                return []
+        self._replicate(branches[0], self.ctx.code(self.ctx.expr("device")), self.ctx.insert_before)
+        return []
+
+    def _replicate(self, anchor: cst.CSTNode, device: str, insert) -> None:
+        if (anchor, device) not in self._replicated:
+            self._replicated.add((anchor, device))
+            insert(anchor, self.ctx.statements("set_replication", device=device))
 
     # Expressions -----------------------------------------------------------------------------
 
@@ -381,6 +426,8 @@ class DevicePlacement(Rule):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._parameters_kept = False
+        # The (statement, device) pairs a replication call was placed beside (``_replicate_around``).
+        self._replicated: set[tuple[cst.CSTNode, str]] = set()
         # Other choices of a device variable beside a CUDA one (``_other_choices``).
         self._fallbacks: set[cst.CSTNode] = set()
         self._gates = self._find_gates() if ctx.target.has("accelerator_available") else set()
@@ -399,8 +446,7 @@ class DevicePlacement(Rule):
 
     def _device(self) -> cst.BaseExpression:
         """The device variable bound here (``Facts.device_at``), else the target's device."""
-        facts = self.ctx.facts
-        name = facts.device_at(self.ctx.scope, facts.order.get(self.ctx.statement, 0))
+        name = self.ctx.facts.device_at(self.ctx.scope, self.ctx.statement)
         return cst.parse_expression(name) if name else self.ctx.expr("device")
 
     def leave_Call(self, original_node, updated_node):
@@ -467,7 +513,7 @@ class DevicePlacement(Rule):
     def _cuda_method(self, original_node, updated_node):
         kept = [
             arg for arg in updated_node.args
-            if arg.keyword is not None and arg.keyword.value == "non_blocking"
+            if arg.keyword is not None and arg.keyword.value in ("non_blocking", "memory_format")
         ]
         args = [cst.Arg(self._device()), *kept]
         self.ctx.fix(original_node, ".cuda() -> .to(the target device)")
@@ -519,11 +565,20 @@ class DevicePlacement(Rule):
 
 
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
+# Statements whose blocks a run may skip, or leave before their end.
+_BRANCHING = frozenset({cst.If, cst.For, cst.While, cst.Try, cst.TryStar, cst.Match})
 _CUDA_TENSOR_TYPE = re.compile(r"torch\.cuda\.[A-Z][A-Za-z]*Tensor")
 
 
 def _string_of(node: cst.BaseExpression) -> cst.Call:
     return cst.Call(func=cst.Name("str"), args=[cst.Arg(node)])
+
+
+def _main_block(statement: cst.CSTNode) -> bool:
+    """``if __name__ == "__main__":``, which every run of the script as a script goes through."""
+    test = getattr(statement, "test", None)
+    return (type(statement) is cst.If and type(test) is cst.Comparison and dotted(test.left) == "__name__"
+            and len(test.comparisons) == 1 and string_value(test.comparisons[0].comparator) == "__main__")
 
 
 def _calls_in(node: cst.CSTNode) -> set[cst.Call]:

@@ -1,10 +1,11 @@
 import libcst as cst
 
 from accrewrite.nodes import call_arg, descendants, dotted
-from accrewrite.rule import Example, Rule
+from accrewrite.positions import starts
+from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import grown_sequence
-from accrewrite.rules._loader_feeds import Plan, Planner, iterated, root
-from accrewrite.values import target_names
+from accrewrite.rules._loader_feeds import Plan, Planner, bind_comprehension, root
+from accrewrite.toolbox import with_commas
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 
@@ -15,26 +16,43 @@ class DeviceLoader(Rule):
     TorchAcc's migration guide, step 2: `loader = pl.MpDeviceLoader(loader, device)`. The device loader copies
     the next batches to the device in the background while the current step runs, so the
     per-batch `x = x.to(device)` / `.cuda()` in the loop is removed (as are dict and tuple
-    forms such as `batch = {k: v.to(device) for k, v in batch.items()}`).
+    forms such as `batch = {k: v.to(device) for k, v in batch.items()}`). What a move does
+    besides moving stays: `x.to(device, torch.float16)` becomes `x.to(torch.float16)`, and
+    timm's cast to the model's dtype, `x.to(device=device, dtype=model_dtype)`, becomes
+    `x.to(dtype=model_dtype)`; a `memory_format=` or `copy=True` stays too, while
+    `non_blocking` goes (no transfer is left to overlap), and `tuple(t.to(device) for t in
+    batch)` still makes a tuple of the DataLoader's list. A move whose arguments cannot be told
+    (`x.to(device, **options)`) stays whole: moving a batch already on the device costs nothing.
 
     Which loops: those whose batches reach the device. A loop that moves a batch value
     (`x.to(device)`, `.cuda()`) is fed, and so is one that trains or calls a model in a file
     that places something on a device (DataParallel moved its inputs itself). A loop that only
     looks at a batch (`for x, y in loader: print(x.shape); break`, a plot) keeps the loader,
     and a tensor the loop makes itself (`z = torch.randn(n, d).to(device)`) keeps its move.
+    So does a loop that works on a batch element on the host before it moves it, which it
+    could not do on the device: fills a tensor made on the host with it (StarGAN's one-hot
+    labels, `out[np.arange(n), labels.long()] = 1` after `out = torch.zeros(n, d)`), computes
+    with one, reads it with `.numpy()` or a numpy, PIL or OpenCV call, or passes it to a
+    function of the file that does one of these. Each element (the loop target's names,
+    what `next(it)` gives, what is read from them: `batch["x"]`, `labels[perm]`) is followed
+    through the loop until it is moved; its size, shape or `len()`, indexing it with a
+    permutation made on the host, and any use after its move work on the device. Such a
+    loop keeps its loader and its moves, and the finding names the use: move that work after
+    the move, onto the device or into the dataset, and migrate again.
     A file that trains models of its own and places nothing on a device trains on the host:
     it is left as it is, and its first training loop says so (batches on the device beside a
     model on the host would fail, as would the target's collectives on host tensors).
 
     Where the wrap goes: a `DataLoader` is rebound to the device loader at one point, after
     the loader and a device variable exist (after the device's statement when the device is
-    chosen later, as in the guide's example), before every loop it feeds and after every loop
+    chosen later in the loader's block, as in the guide's example), before every loop it feeds
+    and after every loop
     that keeps the loader. The target's device loader then answers `len()`, `.dataset` and
     `.sampler.set_epoch()` like the loader it wraps. Where no such point exists, or the
     target's device loader does not stand in for the loader (torch_xla's has no `.dataset` or
     `.sampler`), each fed loop's iterable is wrapped instead (`for x, y in
-    pl.MpDeviceLoader(loader, device)`), naming a device variable bound there, else the
-    target's device call, and the loader keeps its name and attributes. A loop over a
+    pl.MpDeviceLoader(loader, device)`), naming a device variable that every path there has
+    chosen, else the target's device call, and the loader keeps its name and attributes. A loop over a
     function's parameter is fed by its callers when every call passes a rebound loader, and
     wrapped itself otherwise.
 
@@ -110,6 +128,40 @@ class DeviceLoader(Rule):
             target="torch_xla",
             before="""
             import torch
+
+            def train(model, loader, optimizer, device, model_dtype):
+                for input, target in loader:
+                    input, target = input.to(device=device, dtype=model_dtype), target.to(device=device)
+                    loss = criterion(model(input), target)
+                    loss.backward()
+                    optimizer.step()
+
+            def evaluate(model, loader, device):
+                for batch in loader:
+                    batch = {k: v.to(device, torch.float16, non_blocking=True) for k, v in batch.items()}
+                    print(model(**batch).loss)
+            """,
+            after="""
+            import torch
+            import torch_xla.distributed.parallel_loader as pl
+
+            def train(model, loader, optimizer, device, model_dtype):
+                for input, target in pl.MpDeviceLoader(loader, device):
+                    input = input.to(dtype=model_dtype)
+                    loss = criterion(model(input), target)
+                    loss.backward()
+                    optimizer.step()
+
+            def evaluate(model, loader, device):
+                for batch in pl.MpDeviceLoader(loader, device):
+                    batch = {k: v.to(torch.float16) for k, v in batch.items()}
+                    print(model(**batch).loss)
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
             from torch.utils.data import DataLoader
 
             loader = DataLoader(dataset, batch_size=32)
@@ -144,6 +196,38 @@ class DeviceLoader(Rule):
             """,
         ),
         Example(
+            target="torch_xla",
+            before="""
+            import numpy as np
+            import torch
+
+            def train(model, loader, optimizer, device):
+                for images, labels in loader:
+                    onehot = torch.zeros(labels.size(0), 10)
+                    onehot[np.arange(labels.size(0)), labels] = 1
+                    images, onehot = images.to(device), onehot.to(device)
+                    loss = (model(images) - onehot).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+            """,
+            after="""
+            import numpy as np
+            import torch
+            import torch_xla
+
+            def train(model, loader, optimizer, device):
+                for images, labels in loader:
+                    onehot = torch.zeros(labels.size(0), 10)
+                    onehot[np.arange(labels.size(0)), labels] = 1
+                    images, onehot = images.to(device), onehot.to(device)
+                    loss = (model(images) - onehot).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+                    torch_xla.sync()
+            """,
+            diagnostics=("ACC003:7",),
+        ),
+        Example(
             before="""
             import torch
 
@@ -174,7 +258,27 @@ class DeviceLoader(Rule):
         if self._planned is None:
             rebind = self.ctx.concept("device_loader").rebind
             self._planned = Planner(self.ctx.facts, self._is_move, rebind).build()
+            self._report_host_uses(self._planned)
         return self._planned
+
+    def _report_host_uses(self, plan: Plan) -> None:
+        """The loops (and ``iter()`` calls) left unwrapped because a batch element is used on the
+        host before it is moved: one finding per use and loader (an iterator made again where
+        it runs out reads the same loader)."""
+        left = {(used.at, loader): used for used, loader in plan.left.values()}
+        if not left:
+            return
+        lines = starts(self.ctx.module, [used.use for used in left.values()])
+        for (at, loader), used in left.items():
+            self.ctx.diagnose(
+                at, f"`{used.name}` is used on the host (line {lines[used.use][0]}) before it is moved; "
+                f"`{loader}` left unwrapped",
+                f"`{excerpt(self.ctx.code(used.use), 60)}` {used.how}. The target's device loader would deliver "
+                "every element of the batch on the device, where this host-side work fails, so the loop keeps "
+                f"reading `{loader}` and moving each batch itself. To read it from the device loader, do this work "
+                "after the move, on the device (`torch.zeros(n, d, device=device)`) or in the dataset, then "
+                "migrate again.",
+            )
 
     def _device(self, device: str | None) -> str:
         return device or self.ctx.code(self.ctx.expr("device"))
@@ -297,13 +401,18 @@ class DeviceLoader(Rule):
             return cst.RemoveFromParent()
         if not isinstance(statement, cst.Assign) or len(statement.targets) != 1 or not _calls_a_move(statement.value):
             return updated_node
-        stripped = _StripMoves(self, batch).visit_expr(statement.value)
+        strip = _StripMoves(self, batch)
+        stripped = strip.visit_expr(statement.value)
         if stripped.deep_equals(statement.value):
             return updated_node
-        self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
-        if _rebinds_itself(statement.targets[0].target, stripped):
+        kept = ", keeping its conversion" if strip.converts else ""
+        self.ctx.fix(original_node, f"removed a per-batch move{kept}: the device loader moves batches")
+        target = statement.targets[0].target
+        if _rebinds_itself(target, stripped):
             return cst.RemoveFromParent()
-        return updated_node.with_changes(body=[statement.with_changes(value=stripped)])
+        target, stripped = _without_self_assignments(target, stripped)
+        assign = statement.with_changes(targets=[statement.targets[0].with_changes(target=target)], value=stripped)
+        return updated_node.with_changes(body=[assign])
 
     def _is_move(self, node: cst.CSTNode, batch: set[str]) -> bool:
         """``x.to(device)``, ``x.cuda(...)``, ``x.to(device, non_blocking=True)`` of a batch."""
@@ -334,6 +443,11 @@ class DeviceLoader(Rule):
 
 
 _MOVES = frozenset({"to", "cuda"})
+# The parameters of Tensor.to and Tensor.cuda that positional arguments fill, in order
+# (``to(device, dtype, non_blocking, copy, *, memory_format)``); ``memory_format`` is keyword-only.
+_POSITIONS = {"to": ("device", "dtype", "non_blocking", "copy"), "cuda": ("device", "non_blocking")}
+_KEYWORD_ONLY = "memory_format"
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 def _calls_a_move(value: cst.BaseExpression) -> bool:
@@ -344,31 +458,70 @@ def _calls_a_move(value: cst.BaseExpression) -> bool:
     )
 
 
+def _without_move(call: cst.Call) -> cst.BaseExpression | None:
+    """What a batch move does besides moving, the device loader's part: nothing (``x.to(device,
+    non_blocking=True)`` -> ``x``), or its conversion (``x.to(device, torch.float16)`` ->
+    ``x.to(torch.float16)``, ``x.cuda(memory_format=torch.channels_last)`` ->
+    ``x.to(memory_format=torch.channels_last)``). None where an argument cannot be told
+    (``**options``): the move stays, as moving a batch already on the device costs nothing."""
+    positions = _POSITIONS[call.func.attr.value]
+    kept = []
+    for index, arg in enumerate(call.args):
+        name = _parameter(arg, index, positions)
+        if name is None:
+            return None
+        # Where the batch already is, non_blocking has nothing to overlap and copy=False nothing to skip.
+        if name in ("device", "non_blocking") or name == "copy" and _is_false(arg.value):
+            continue
+        if arg.keyword is None and name != "dtype":  # dtype comes first once the device goes
+            arg = arg.with_changes(keyword=cst.Name(name), equal=_EQUAL)
+        kept.append(arg)
+    if not kept:
+        return call.func.value
+    return call.with_changes(func=call.func.with_changes(attr=cst.Name("to")), args=with_commas(kept))
+
+
+def _parameter(arg: cst.Arg, index: int, positions: tuple[str, ...]) -> str | None:
+    """The parameter that the ``index``-th argument fills; None where that cannot be told
+    (``*args``, ``**options``, an argument the method does not take)."""
+    if arg.star:
+        return None
+    if arg.keyword is not None:
+        return arg.keyword.value if arg.keyword.value in (*positions, _KEYWORD_ONLY) else None
+    return positions[index] if index < len(positions) else None
+
+
+def _is_false(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
 class _StripMoves(cst.CSTTransformer):
-    """Replaces each move of a batch value by the value itself (in a comprehension over the
-    batch, of its elements too)."""
+    """Replaces each move of a batch value by what it does besides moving (``_without_move``):
+    the value itself, or its conversion (in a comprehension over the batch, of its elements
+    too). ``converts``: whether a conversion stays."""
 
     def __init__(self, rule: DeviceLoader, batch: set[str]):
         super().__init__()
         self.rule = rule
         self.batch = set(batch)
+        self.converts = False
 
     def visit_expr(self, node):
         return node.visit(self)
 
     def on_visit(self, node):
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
-            for_in = node.for_in
-            while for_in is not None:
-                if root(iterated(for_in.iter)) in self.batch:
-                    self.batch.update(target_names(for_in.target))
-                for_in = for_in.inner_for_in
+            bind_comprehension(self.batch, node)
         return super().on_visit(node)
 
     def leave_Call(self, original_node, updated_node):
-        if self.rule._is_move(original_node, self.batch):
-            return updated_node.func.value
-        return updated_node
+        if not self.rule._is_move(original_node, self.batch):
+            return updated_node
+        remains = _without_move(updated_node)
+        if remains is None:
+            return updated_node
+        self.converts = self.converts or remains is not updated_node.func.value
+        return remains
 
 
 class _Replace(cst.CSTTransformer):
@@ -388,7 +541,8 @@ class _Replace(cst.CSTTransformer):
 
 
 def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bool:
-    """``x = x``, ``x, y = x, y``, ``b = {k: v for k, v in b.items()}``, ``b = tuple(t for t in b)``."""
+    """``x = x``, ``x, y = x, y``, ``b = {k: v for k, v in b.items()}``, ``b = list(t for t in b)``
+    (not ``tuple(t for t in b)``: a DataLoader's batch is a list, which the device loader keeps)."""
     if target.deep_equals(value):
         return True
     if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple):
@@ -396,7 +550,7 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
             t.value.deep_equals(v.value) for t, v in zip(target.elements, value.elements)
         )
     name = dotted(target)
-    if isinstance(value, cst.Call) and dotted(value.func) in ("tuple", "list") and len(value.args) == 1:
+    if isinstance(value, cst.Call) and dotted(value.func) == "list" and len(value.args) == 1:
         value = value.args[0].value
     if isinstance(value, (cst.GeneratorExp, cst.ListComp)):
         loop = value.for_in
@@ -415,6 +569,23 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
             and value.value.deep_equals(loop.target.elements[1].value)
         )
     return False
+
+
+def _without_self_assignments(target: cst.BaseExpression, value: cst.BaseExpression):
+    """``x = x.to(torch.float16)`` for ``x, y = x.to(torch.float16), y``: the target and value
+    without the elements that assign a name itself (a moved element the move has left)."""
+    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)):
+        return target, value
+    elements = (*target.elements, *value.elements)
+    if len(target.elements) != len(value.elements) or any(isinstance(e, cst.StarredElement) for e in elements):
+        return target, value
+    pairs = [(t, v) for t, v in zip(target.elements, value.elements) if not t.value.deep_equals(v.value)]
+    if len(pairs) == len(target.elements):
+        return target, value
+    if len(pairs) == 1:
+        return pairs[0][0].value, pairs[0][1].value
+    targets, values = [t for t, _ in pairs], [v for _, v in pairs]
+    return target.with_changes(elements=with_commas(targets)), value.with_changes(elements=with_commas(values))
 
 
 def _emptied(original: cst.BaseSuite, updated: cst.BaseSuite) -> bool:

@@ -5,13 +5,18 @@ from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.values import read_chains
 
 _SYNCHRONIZE = frozenset({"torch.cuda.synchronize"})
-_MEMORY = frozenset({
+# CUDA's memory statistics: they read 0 where CUDA is not initialised, but these fail without it.
+_MEMORY_READS = frozenset(
     f"torch.cuda.{name}"
-    for name in (
-        "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-        "reset_peak_memory_stats", "memory_stats", "memory_summary",
-    )
-})
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats")
+)
+_MEMORY_FAILS = frozenset({"torch.cuda.reset_peak_memory_stats", "torch.cuda.memory_summary", "torch.cuda.mem_get_info"})
+_MEMORY = _MEMORY_READS | _MEMORY_FAILS
+# CUDA's device, named or timed: they fail without CUDA.
+_CUDA_ONLY = frozenset({"torch.cuda.get_device_name", "torch.cuda.Event"})
+# The calls a target's device layer may have under the same names (`device_call`).
+_DEVICE_CALLS = _MEMORY | _CUDA_ONLY | {"torch.cuda.empty_cache"}
+_FAILS = "It fails where CUDA is absent (a TPU host, PJRT's CPU): remove it, or guard it with torch.cuda.is_available()."
 _QUERIES = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
 _DEVICE_COUNTS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
 _CUDNN = "torch.backends.cudnn."
@@ -23,15 +28,26 @@ class CudaApi(Rule):
     - `torch.cuda.synchronize()` (timing code, benchmarks) becomes the target's wait for the
       device (`xm.wait_device_ops()`): it raises where CUDA is absent, and on an XLA device it
       would not wait for the device's work.
+    - CUDA's memory statistics and device calls (`torch.cuda.memory_allocated()`,
+      `max_memory_allocated()`, `memory_reserved()`, `max_memory_reserved()`, `memory_stats()`,
+      `reset_peak_memory_stats()`, `memory_summary()`, `empty_cache()`, `mem_get_info()`,
+      `get_device_name()`, and `torch.cuda.Event(enable_timing=True)` for timing) become the
+      same call of the target's device layer where it has one (`runtime`:
+      `accrt.accelerator.max_memory_allocated()`, ...): CUDA's own on CUDA; on the CPU, the
+      process's resident memory and events that take the host's time, where torch.cuda's read
+      0 (the statistics), raise (`reset_peak_memory_stats`, `memory_summary`, `mem_get_info`,
+      `get_device_name`, `Event`) or do nothing.
     - On a target whose device is not a CUDA device (torchacc, torch_xla), these are reported,
-      not changed, because they still run there but no longer describe the training device:
+      not changed, because they no longer describe the training device:
       `torch.cuda.memory_allocated()`/`max_memory_allocated()`/`memory_reserved()`... (0
-      where CUDA is not initialised; the device's memory is `xm.get_memory_info(device)`),
+      where CUDA is not initialised; `reset_peak_memory_stats()`, `memory_summary()` and
+      `mem_get_info()` fail without CUDA; the device's memory is `xm.get_memory_info(device)`),
+      `torch.cuda.get_device_name()` and `torch.cuda.Event()` (they fail without CUDA),
       `torch.cuda.is_available()`/`device_count()` outside the device selection that
       ACC002 rewrites (False/0 on TPU or CPU hosts, where the code they gate takes its CPU path),
       and `torch.backends.cudnn.*` settings (no effect: the target does not run cuDNN).
-      On `runtime`, which trains on CUDA itself where CUDA is present, they are right as
-      they are.
+      On `runtime`, which trains on CUDA itself where CUDA is present, the queries and cuDNN
+      settings are right as they are.
     - `torch.cuda.device_count()` and `torch.accelerator.device_count()` count the devices a
       script runs a process on (`world_size = torch.cuda.device_count()` before `mp.spawn`,
       `if torch.cuda.device_count() < 2: sys.exit(...)`). They become the target's count of
@@ -48,7 +64,7 @@ class CudaApi(Rule):
     concepts = ("synchronize",)
     triggers = frozenset({
         "synchronize", "is_available", "device_count", "cudnn",
-        *(name.rpartition(".")[2] for name in _MEMORY),
+        *(name.rpartition(".")[2] for name in _DEVICE_CALLS),
     })
     examples = (
         Example(
@@ -66,6 +82,25 @@ class CudaApi(Rule):
 
             xm.wait_device_ops()
             t0 = time.time()
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            for epoch in range(epochs):
+                torch.cuda.reset_peak_memory_stats()
+                train_one_epoch(model, loader)
+                print(f"max mem {torch.cuda.max_memory_allocated() / 2**20:.0f} MB")
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime as accrt
+
+            for epoch in range(epochs):
+                accrt.accelerator.reset_peak_memory_stats()
+                train_one_epoch(model, loader)
+                print(f"max mem {accrt.accelerator.max_memory_allocated() / 2**20:.0f} MB")
             """,
         ),
         Example(
@@ -152,16 +187,22 @@ class CudaApi(Rule):
             return self.ctx.expr("synchronize")
         if callee in _DEVICE_COUNTS and self.ctx.target.has("device_count") and not self._selecting:
             return self._device_count(original_node, updated_node, callee)
+        if callee in _DEVICE_CALLS and self.ctx.target.has("device_call"):
+            replacement = self.ctx.expr("device_call", name=callee.rpartition(".")[2])
+            self.ctx.fix(original_node, f"{callee}() -> {self.ctx.code(replacement)}(), for the device the target trains on")
+            return updated_node.with_changes(func=replacement)
         if not self.ctx.target.has("device_type"):
             return updated_node
         if callee in _MEMORY:
             memory = self.ctx.concept("memory_info").render_expr(device="device")
+            runs = _FAILS if callee in _MEMORY_FAILS else "It reads 0 where CUDA is not initialised; left as it is."
             self.ctx.diagnose(
                 original_node,
-                f"{callee}() measures CUDA's allocator, not this target's device",
-                f"It reads 0 where CUDA is not initialised; left as it is so the script runs. For device "
-                f"memory use {memory}.",
+                f"{callee}() measures CUDA's memory, not this target's device",
+                f"{runs} For device memory use {memory}.",
             )
+        elif callee in _CUDA_ONLY:
+            self.ctx.diagnose(original_node, f"{callee}() needs a CUDA device, which this target's device is not", _FAILS)
         elif callee in _QUERIES and not self._selecting:
             self.ctx.diagnose(
                 original_node,

@@ -14,6 +14,7 @@ __all__, __getattr__ = lazy_attributes(__name__, {
     "parallel_loader": "parallel_loader",
     "xla_runtime": "xla_runtime",
     "distributed": "distributed",
+    "accelerator": "accelerator",
     "amp": "amp",
     "io": "io",
     "nn": "nn",

@@ -57,6 +57,10 @@ _NAMES = MappingProxyType({
     "flatten_state_dict": "torch.distributed.checkpoint._nested_dict:flatten_state_dict",
     # the default process group's key-value store, where xm.send/recv find their peer
     "default_store": "torch.distributed.distributed_c10d:_get_default_store",
+    # the base of BatchNorm1d/2d/3d and SyncBatchNorm, which convert_sync_batchnorm converts, and
+    # the out-of-tree device that torch's SyncBatchNorm also runs on (nn/sync_batch_norm.py)
+    "BatchNormBase": "torch.nn.modules.batchnorm:_BatchNorm",
+    "privateuse1_backend_name": "torch._C:_get_privateuse1_backend_name",
 })
 
 

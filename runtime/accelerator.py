@@ -6,7 +6,21 @@ the CPU otherwise. Runtime and kernel modules ask here rather than naming a devi
 torch.distributed backend for it (the one torch registers for the device: nccl, xccl, hccl, ...;
 gloo on the CPU), side streams and events for copies that overlap compute, the random generators'
 states, synchronisation, memory statistics, and whether Triton can run there.
+
+torch.cuda's memory calls (``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
+``max_memory_reserved``, ``reset_peak_memory_stats``, ``memory_stats``, ``memory_summary``,
+``empty_cache``, ``mem_get_info``), ``get_device_name`` and ``Event`` are here under their names,
+for the device: a migrated script calls them where it called torch.cuda's, which fail or read 0 off
+CUDA. On an accelerator they are torch's (``torch.accelerator``'s, or the device module's), so
+CUDA's numbers are unchanged; on the CPU, where no allocator keeps statistics, they describe
+the process's resident memory (below).
 """
+
+import os
+import platform
+import resource
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -135,6 +149,159 @@ def memory_info(device) -> dict[str, int]:
         "bytes_limit": total,
         "peak_bytes_used": torch.accelerator.max_memory_allocated(device),
     }
+
+
+def host_memory_info() -> dict[str, int]:
+    """This process's memory in torch_xla's form: its resident set (``bytes_used``), the
+    machine's physical memory (``bytes_limit``) and the peak resident set since the process
+    started or since ``reset_peak_memory_stats`` (``peak_bytes_used``)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
+    try:
+        with open("/proc/self/statm") as statm:
+            used = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no procfs
+        used = peak
+    # The kernel counts the two apart and syncs them lazily: the peak may lag the current use
+    # by a few pages.
+    peak = max(peak, used)
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"bytes_used": used, "bytes_limit": limit, "peak_bytes_used": peak}
+
+
+# torch.cuda's calls for the device. ``device`` is what torch.cuda takes: None (the current
+# device), an index, a name or a torch.device; an index, or a device of the accelerator's type,
+# means the accelerator's device where there is one, and the host where there is none. On the
+# host, "allocated" and "reserved" memory are both the process's resident set.
+
+
+def _on_host(device) -> bool:
+    if device_type() == "cpu":
+        return True
+    return not (device is None or isinstance(device, int) or on_accelerator(device))
+
+
+def memory_allocated(device=None) -> int:
+    """The allocator's bytes in use on the device; on the host, the resident set."""
+    return host_memory_info()["bytes_used"] if _on_host(device) else torch.accelerator.memory_allocated(device)
+
+
+def max_memory_allocated(device=None) -> int:
+    """Their peak since the start or ``reset_peak_memory_stats``; on the host, the resident
+    set's."""
+    if _on_host(device):
+        return host_memory_info()["peak_bytes_used"]
+    return torch.accelerator.max_memory_allocated(device)
+
+
+def memory_reserved(device=None) -> int:
+    """The allocator's bytes held on the device, in use or cached; on the host, the resident set."""
+    return host_memory_info()["bytes_used"] if _on_host(device) else torch.accelerator.memory_reserved(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    """Their peak; on the host, the resident set's."""
+    if _on_host(device):
+        return host_memory_info()["peak_bytes_used"]
+    return torch.accelerator.max_memory_reserved(device)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Start the peaks anew. On the host, the kernel's peak of this process's resident set is
+    reset (Linux's ``/proc/self/clear_refs``); where that cannot be done the peak stays the
+    process's whole life's."""
+    if not _on_host(device):
+        torch.accelerator.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+
+
+def memory_stats(device=None) -> dict:
+    """The allocator's statistics (torch's keys). On the host, those of the resident set:
+    ``allocated_bytes.all.current``/``.peak`` and ``reserved_bytes.all.current``/``.peak``."""
+    if not _on_host(device):
+        return torch.accelerator.memory_stats(device)
+    info = host_memory_info()
+    return {
+        f"{kind}_bytes.all.{moment}": info[key]
+        for kind in ("allocated", "reserved")
+        for moment, key in (("current", "bytes_used"), ("peak", "peak_bytes_used"))
+    }
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """The allocator's statistics as a table where the device module has one (CUDA's);
+    elsewhere, and on the host, the allocated and reserved memory and their peaks."""
+    table = None if _on_host(device) else getattr(_module(), "memory_summary", None)
+    if table is not None:
+        return table(device, abbreviated)
+    kind = "cpu (this process's resident set)" if _on_host(device) else device_type()
+    allocated, peak = memory_allocated(device) / 2**20, max_memory_allocated(device) / 2**20
+    reserved, reserved_peak = memory_reserved(device) / 2**20, max_memory_reserved(device) / 2**20
+    return (f"memory of {kind}: allocated {allocated:.1f} MiB (peak {peak:.1f} MiB), "
+            f"reserved {reserved:.1f} MiB (peak {reserved_peak:.1f} MiB)")
+
+
+def empty_cache() -> None:
+    """Give the allocator's cached, unused memory back to the device; nothing on the host."""
+    if device_type() != "cpu":
+        torch.accelerator.empty_cache()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """The device's free and total bytes; on the host, the machine's free and physical memory."""
+    if not _on_host(device):
+        return torch.accelerator.get_memory_info(device)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return page * os.sysconf("SC_AVPHYS_PAGES"), page * os.sysconf("SC_PHYS_PAGES")
+
+
+def get_device_name(device=None) -> str:
+    """The device's name; on the host, the processor's."""
+    if _on_host(device):
+        return platform.processor() or platform.machine()
+    return _module().get_device_name(device)
+
+
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    """torch.cuda.Event for the device: the accelerator's own event (``torch.cuda.Event`` on
+    CUDA); on the host, one that takes the time when it is recorded, the host's work being done
+    by then."""
+    if device_type() == "cpu":
+        return HostEvent()
+    event = getattr(_module(), "Event", None)
+    if event is None:
+        return torch.Event(device_type(), enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+    return event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+
+class HostEvent:
+    """An event of the host's work: ``record`` takes the time; ``elapsed_time`` is in
+    milliseconds, as CUDA's events give it; there is nothing to wait for."""
+
+    def __init__(self):
+        self._recorded = None
+
+    def record(self, stream=None) -> None:
+        self._recorded = time.perf_counter_ns()
+
+    def elapsed_time(self, end_event: "HostEvent") -> float:
+        if self._recorded is None or end_event._recorded is None:
+            raise RuntimeError("both events must be recorded before their elapsed time is asked for")
+        return (end_event._recorded - self._recorded) / 1e6
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
 
 
 def supports_triton(device) -> bool:

@@ -18,7 +18,6 @@ import atexit
 import collections
 import hashlib
 import os
-import resource
 import sys
 from types import MappingProxyType
 
@@ -592,19 +591,5 @@ def get_memory_info(device=None):
     device = torch.device(xla_device() if device is None else device)
     if accelerator.on_accelerator(device):
         return accelerator.memory_info(device)
-    return _host_memory_info()
+    return accelerator.host_memory_info()
 
-
-def _host_memory_info():
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
-    try:
-        with open("/proc/self/statm") as statm:
-            used = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # no procfs
-        used = peak
-    # The kernel counts the two apart and syncs them lazily: the peak may lag the current use
-    # by a few pages.
-    peak = max(peak, used)
-    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"bytes_used": used, "bytes_limit": limit, "peak_bytes_used": peak}

@@ -1,7 +1,8 @@
 """Fused modules (TorchAcc's migration guide, "Kernel fusion optimizations" and, for DCN/DCNv2,
 "Parallelized kernel optimizations"): the Triton path on CUDA tensors, the PyTorch reference
 elsewhere; DCN/DCNv2 take torchvision's compiled kernel where it loads. Each name lives in the
-submodule the guide imports it from."""
+submodule the guide imports it from. ``SyncBatchNorm`` is torch's, on every device the runtime
+trains on."""
 
 from accrewrite.lazy import lazy_attributes
 
@@ -20,5 +21,6 @@ __all__, __getattr__ = lazy_attributes(__name__, {
     "DCN": "dcn_v2:DCN",
     "DCNv2": "dcn_v2:DCNv2",
     "dcn_v2_conv": "dcn_v2:dcn_v2_conv",
+    "SyncBatchNorm": "sync_batch_norm:SyncBatchNorm",
     "deform_conv2d": "dcn_v2:deform_conv2d",
 })

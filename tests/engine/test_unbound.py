@@ -171,3 +171,118 @@ def test_in_place_writes_nothing_for_the_refused_file_and_the_others_still_migra
     assert f"{refused}:8:1: error: {REFUSAL} 'device' unbound at line 8" in " ".join(out.split())
     assert refused.read_bytes() == TUTORIAL
     assert b"pl.MpDeviceLoader(test_dataloader, device)" in fine.read_bytes()
+
+
+# A function whose device variable is bound on some paths only; the broken rule's loop reads it.
+PATHS = b'''import os
+import torch
+
+
+def evaluate(model, test_dataloader, cuda, rank):
+{body}
+'''
+WRAPPED = "`for X in pl.MpDeviceLoader(test_dataloader, device):`"
+ON_A_PATH = " on a path that skips its binding"
+# shape -> (line of the read, what the refusal says of the path, the function's body)
+REFUSED_SHAPES = {
+    "bound in one arm of an if": (8, ON_A_PATH, b'''    if cuda:
+        device = torch.device("cuda")
+    for X in test_dataloader:
+        print(X.shape)'''),
+    "bound in a loop's body, read after it": (8, ON_A_PATH, b'''    for attempt in range(3):
+        device = torch.device("cuda")
+    for X in test_dataloader:
+        print(X.shape)'''),
+    # (pyflakes reads the function in source order: the read above the binding is its finding)
+    "bound after the read, in the same loop": (7, "", b'''    for epoch in range(2):
+        for X in test_dataloader:
+            print(X.shape)
+        device = torch.device("cuda")'''),
+    "bound in a try body whose handler goes on": (10, ON_A_PATH, b'''    try:
+        device = torch.device(f"cuda:{os.environ['LOCAL_RANK']}")
+    except KeyError:
+        print("one process")
+    for X in test_dataloader:
+        print(X.shape)'''),
+}
+
+
+@pytest.mark.parametrize("line, path, body", REFUSED_SHAPES.values(), ids=list(REFUSED_SHAPES))
+def test_a_read_on_a_path_that_skips_the_binding_is_refused(broken_rule, line, path, body):
+    """pyflakes takes any binding in the function for one on every path; these shapes run into
+    UnboundLocalError on the path that skips it."""
+    source = PATHS.replace(b"{body}", body)
+    result = migrate_source(source, "evaluate.py", BROKEN)
+    assert result.error is not None and result.output == source
+    assert result.error.reason.startswith(
+        f"{REFUSAL} 'device' unbound at line {line}{path}, where it writes {WRAPPED} "
+        "(XYZ900 loader-on-device-anywhere); ")
+    assert result.error.line == line
+
+
+ACCEPTED_SHAPES = {
+    "both arms bind": b'''    if cuda:
+        device = torch.device("cuda")
+    else:
+        device = torch.device("cpu")
+    for X in test_dataloader:
+        print(X.shape)''',
+    "the other arm returns": b'''    if cuda:
+        device = torch.device("cuda")
+    else:
+        return None
+    for X in test_dataloader:
+        print(X.shape)''',
+    "the read is guarded as the binding is": b'''    if cuda:
+        device = torch.device("cuda")
+    print("evaluating")
+    if cuda:
+        for X in test_dataloader:
+            print(X.shape)''',
+    "the input reads it on such a path already": b'''    if cuda:
+        device = torch.device("cuda")
+    print(device)
+    for X in test_dataloader:
+        print(X.shape)''',
+}
+
+
+@pytest.mark.parametrize("body", ACCEPTED_SHAPES.values(), ids=list(ACCEPTED_SHAPES))
+def test_a_read_where_every_path_binds_or_the_input_read_so_passes(broken_rule, body):
+    source = PATHS.replace(b"{body}", body)
+    result = migrate_source(source, "evaluate.py", BROKEN)
+    assert result.error is None and "pl.MpDeviceLoader(test_dataloader, device)" in result.output.decode()
+
+
+def test_another_names_read_on_such_a_path_does_not_hide_a_new_one(broken_rule):
+    """A rank-0-only TensorBoard writer, read on every rank below (research code's own
+    possibly-unbound read), is the script's; the device read that the rule adds is not."""
+    body = b'''    if rank == 0:
+        writer = open("log.txt", "w")
+    if cuda:
+        device = torch.device("cuda")
+    for X in test_dataloader:
+        writer.write(str(X.shape))'''
+    source = PATHS.replace(b"{body}", body)
+    result = migrate_source(source, "evaluate.py", BROKEN)
+    assert result.error is not None and result.output == source
+    assert result.error.reason.startswith(f"{REFUSAL} 'device' unbound at line 10{ON_A_PATH}")
+
+
+def test_the_guards_repeated_test_takes_the_branch_it_took_before():
+    """``--guard``'s ``if enabled():`` blocks read the target's imports that its first such block
+    binds: the guard reads one environment variable, the same for the whole run."""
+    source = b'import torch\n\ndevice = torch.device("cuda")\nmodel = torch.nn.Linear(2, 2).to(device)\n'
+    result = migrate_source(source, "guarded.py", Options(target="torchacc", guard="TORCHACC_COMPILER_OPT"))
+    assert result.error is None
+    output = result.output.decode()
+    assert "if enable_torchacc_compiler():\n    import torchacc.torch_xla.core.xla_model as xm" in output
+    assert "if enable_torchacc_compiler():\n    device = xm.xla_device()" in output
+
+
+def test_a_name_the_input_never_binds_is_the_inputs_on_every_path_of_the_output():
+    """A fragment reads ``xm`` it never imports; guarded, the output imports it where the guard
+    is on, and the original line reads it where it is off: unbound there as in the input."""
+    source = b"import torch\n\nmodel = model.cuda()\nxm.mark_step()\n"
+    result = migrate_source(source, "fragment.py", Options(target="torchacc", guard="TORCHACC_COMPILER_OPT"))
+    assert result.error is None and b"    import torchacc.torch_xla.core.xla_model as xm" in result.output

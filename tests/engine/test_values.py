@@ -430,3 +430,78 @@ def test_the_names_an_expression_reads_binds_and_assigns():
     assert read_chains(expression("f().grad + x[0].grad")) == {"f", "x"}
     assert target_names(expression("(a, [b, *c]), d.e, f[0]")) == {"a", "b", "c"}
     assert bound_names(expression("[x + y for x, (y, *z) in pairs if (lambda u, v=1: u)(x)]")) == {"x", "y", "z", "u", "v"}
+
+
+def test_what_reads_a_batchs_values_and_what_must_be_on_the_host():
+    module = cst.parse_module(textwrap.dedent("""
+    import numpy as np
+    import torch
+
+    for step, (x, labels) in enumerate(loader):
+        n = labels.size(0) + len(labels) + x.shape[0] + labels.sum().item() + step
+        moved = labels.to(device)
+        cast = labels.to(torch.float16)
+        picked = labels[torch.randperm(n)]
+        out = torch.zeros(n, 3)
+        out[np.arange(n), labels] = 1
+        joined = torch.cat([x, out], dim=1)
+        out[0] = labels[:3]
+        shown = labels.numpy()
+        counts = np.bincount(labels)
+        logits = model(x)
+    """))
+    facts = analyze(module)
+    values = facts.values(None)
+    loop = module.body[-1]
+    statements = [line.body[0] for line in loop.body.body]
+    batch = {"x", "labels", "step"}
+    reads = [values.tensor_read(statement.value, batch) for statement in statements if type(statement) is cst.Assign]
+    assert reads == [None, None, "labels", "labels", None, None, "x", "labels", "labels", "labels", "x"]
+    carried = [values.carries(statement.value, batch) for statement in statements[:4] + statements[-1:]]
+    assert carried == [False, False, True, True, False]  # a model's output is not the batch's
+    uses = [values.host_use(node, batch) for node in (
+        statements[5].targets[0].target, statements[6].value, statements[7], statements[8].value,
+        statements[9].value, statements[3].value)]
+    assert uses == [
+        ("labels", "indexes a tensor made on the host with it"), ("x", "computes with it and a tensor made on the host"),
+        ("labels", "puts it into a tensor made on the host"), ("labels", "reads it with .numpy()"),
+        ("labels", "passes it to numpy.bincount()"), None,  # indexing the batch with a host permutation works
+    ]
+
+
+def test_where_every_path_bound_a_name_last():
+    """``bindings_at``: the statements whose binding of a name the paths to a statement come
+    through last (none where a path binds it nowhere); ``bindings_after``: the same past a
+    compound statement, where its paths meet."""
+    module = cst.parse_module(textwrap.dedent("""
+    def main(args, cuda):
+        device = "cpu"
+        if args.resume:
+            loc = "cuda:0"
+        if cuda:
+            device = "cuda"
+        try:
+            rank = int(args.rank)
+        except ValueError:
+            raise
+        for x in loader:
+            out = x
+            del out
+        with open(args.log) as log:
+            log.write(device)
+        if rank:
+            return loc
+    """))
+    main = module.body[0]
+    values = analyze(module).values(main)
+    first, resume, choice, attempt, loop, logging, last = main.body.body
+    assert values.bindings_at("device", resume) == {first}
+    assert values.bindings_at("loc", choice) == frozenset()  # the run may skip the resume branch
+    assert values.bindings_after("device", choice) == {first, choice.body.body[0]}
+    assert values.bindings_after("rank", attempt) == {attempt.body.body[0]}  # the handler raises
+    assert values.bindings_after("x", loop) == frozenset()  # the loader may be empty
+    assert values.bindings_at("out", loop.body.body[1]) == {loop.body.body[0]}
+    assert values.bindings_after("out", loop) == frozenset()  # ``del``
+    assert values.bindings_after("log", logging) == {logging}
+    assert values.bindings_at("loc", last) == frozenset()
+    assert values.bindings_at("args", last) == {main}  # a parameter

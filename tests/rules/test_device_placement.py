@@ -28,3 +28,63 @@ def test_device_type_of_a_device_variable_reads_its_string():
     output = migrate_source(source, "t.py", Options(select=("ACC002",))).output.decode()
     assert "device = xm.xla_device()" in output
     assert "device_type = 'cuda' if 'cuda' in str(device) else 'cpu'" in output
+
+
+RESUMES = b"""import torch
+
+def main_worker(gpu, args):
+    model.cuda(gpu)
+    if args.resume:
+        loc = 'cuda:{}'.format(gpu)
+        checkpoint = torch.load(args.resume, map_location=loc)
+        ema.cuda(gpu)
+    criterion = torch.nn.CrossEntropyLoss().cuda(gpu)
+"""
+
+
+def test_a_device_chosen_in_a_branch_is_written_only_where_every_path_chose_it():
+    """MoCo's and the imagenet example's ``loc``, bound where the worker resumes: a run without
+    --resume would read it unbound below the branch."""
+    output = migrate_source(RESUMES, "t.py", Options(select=("ACC002",))).output.decode()
+    assert "    model.to(xm.xla_device())\n" in output
+    assert "        ema.to(loc)\n" in output  # below the choice, in its branch
+    assert "criterion = torch.nn.CrossEntropyLoss().to(xm.xla_device())" in output
+
+
+def test_the_replication_of_a_device_chosen_in_a_branch_goes_where_the_run_has_that_device():
+    output = migrate_source(RESUMES, "t.py", Options(select=("ACC002",))).output.decode()
+    # A run may skip the branch: the target's device itself, before it.
+    assert "    xm.set_replication(xm.xla_device(), [xm.xla_device()])\n    if args.resume:\n" in output
+    assert output.count("set_replication") == 1
+    both = b"""import torch
+
+if torch.cuda.is_available():
+    device = torch.device("cuda")
+else:
+    device = torch.device("cpu")
+"""
+    # Every path chooses the target's device (the CPU fallback is one on torchacc): once, after.
+    output = migrate_source(both, "t.py", Options(target="torchacc", select=("ACC002",))).output.decode()
+    assert output.endswith("else:\n    device = xm.xla_device()\nxm.set_replication(device, [device])\n")
+    # The CPU stays the other path's choice on the runtime target: in the branch that chose the target's.
+    output = migrate_source(both, "t.py", Options(select=("ACC002",))).output.decode()
+    assert "    device = xm.xla_device()\n    xm.set_replication(device, [device])\nelse:\n" in output
+
+
+def test_a_module_level_device_of_the_main_block_serves_the_functions_it_calls():
+    source = b"""import torch
+
+def train(model):
+    model.cuda()
+
+if __name__ == "__main__":
+    device = torch.device("cuda")
+    train(model)
+"""
+    output = migrate_source(source, "t.py", Options(select=("ACC002",))).output.decode()
+    assert "    model.to(device)\n" in output
+    assert "    device = xm.xla_device()\n    xm.set_replication(device, [device])\n    train(model)" in output
+    chosen = source.replace(b'    device = torch.device("cuda")',
+                            b'    if args.gpu:\n        device = torch.device("cuda")')
+    output = migrate_source(chosen, "t.py", Options(select=("ACC002",))).output.decode()
+    assert "    model.to(xm.xla_device())\n" in output

@@ -20,12 +20,19 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # Fixture -> whether the original runs on a CPU (those that place by CUDA ordinal do not).
 RUNNABLE = {
     "tutorial_module_level": True,
+    "batch_dtype": True,
     "gan_created_tensors": True,
+    "gan_onehot_labels": True,
+    "gan_label_shuffle": True,
     "no_device": True,
     "device_option_cpu": True,
     "device_param_rank": False,
     "late_device": True,
     "cuda_tensor_types": True,
+    # a device variable bound on some paths only: in one arm of an if, in a try body, below a loop
+    "branch_device": True,
+    "try_device": True,
+    "loop_device": True,
 }
 TOLERANCE = 1e-4
 _LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)

@@ -1,9 +1,10 @@
 """PyTorch's DDP tutorial shape (``mp.spawn`` workers that create their own process group and
-size themselves by ``torch.cuda.device_count()``, tests/rules/fixtures/spawn_ddp.in.py), a
-torchrun script that refuses to start on too few GPUs (device_count_guard.in.py) and one that
-takes its device and backend from ``torch.accelerator`` (accelerator_ddp.in.py) run where they
-are migrated: the runtime target on this CPU with two gloo processes, the torch_xla target on
-PJRT's CPU device (one device: one process)."""
+size themselves by ``torch.cuda.device_count()``, tests/rules/fixtures/spawn_ddp.in.py), the
+imagenet/MoCo worker whose only device variable is bound where it resumes from a checkpoint
+(resume_branch_device.in.py), a torchrun script that refuses to start on too few GPUs
+(device_count_guard.in.py) and one that takes its device and backend from ``torch.accelerator``
+(accelerator_ddp.in.py) run where they are migrated: the runtime target on this CPU with two gloo
+processes, the torch_xla target on PJRT's CPU device (one device: one process)."""
 
 import os
 import re
@@ -20,10 +21,12 @@ FIXTURES = Path(__file__).parent / "fixtures"
 SPAWN = (FIXTURES / "spawn_ddp.in.py").read_bytes()
 GUARD = (FIXTURES / "device_count_guard.in.py").read_bytes()
 ACCELERATOR = (FIXTURES / "accelerator_ddp.in.py").read_bytes()
+RESUME = (FIXTURES / "resume_branch_device.in.py").read_bytes()
 # The ranks share one pipe, and a line's text and its newline may reach it apart, so a line can
 # run on into the next rank's: the numbers are matched by their format.
 _SPAWNED = re.compile(r"rank (\d) of (\d): loss -?\d+\.\d{4} params (-?\d+\.\d{6})")
 _TRAINED = re.compile(r"rank (\d): loss -?\d+\.\d{4} params (-?\d+\.\d{6})")
+_STEP = re.compile(r"rank (\d): loss (\d+\.\d{6})")
 _REFUSED = "Unable to locate sufficient 2 gpus"
 
 
@@ -42,6 +45,27 @@ def _run(launcher, script: bytes, tmp_path, *args, **env) -> str:
                           text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def _free_port() -> str:
+    with socket.socket() as sock:  # a fixed port may be taken on a shared machine
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def _trains_and_resumes(launcher, script: bytes, directory, **env) -> list[dict[str, list[float]]]:
+    """Each rank's losses over a run of two epochs, which saves a checkpoint, and over a run that
+    resumes from it for a third (the branch that binds the worker's only device variable)."""
+    directory.mkdir(exist_ok=True)
+    runs = [(), ("--epochs", "3", "--resume", "checkpoint.pth.tar")]
+    found = []
+    for args in runs:
+        output = _run(launcher, script, directory, *args, "--dist-url", f"tcp://127.0.0.1:{_free_port()}", **env)
+        losses: dict[str, list[float]] = {}
+        for rank, loss in _STEP.findall(output):
+            losses.setdefault(rank, []).append(float(loss))
+        found.append(losses)
+    return found
 
 
 def test_torch_xla_launches_the_workers_which_count_their_devices():
@@ -91,10 +115,7 @@ def test_torchacc_keeps_the_spawn_and_the_scripts_rendezvous():
 def test_runtime_form_trains_on_two_gloo_processes(tmp_path):
     text = _migrated(SPAWN, "runtime").output.decode()
     assert "xmp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)" in text
-    with socket.socket() as sock:  # the tutorial's fixed port may be taken on a shared machine
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    output = _run([sys.executable], text.encode(), tmp_path, CPU_NUM_DEVICES="2", MASTER_PORT=port)
+    output = _run([sys.executable], text.encode(), tmp_path, CPU_NUM_DEVICES="2", MASTER_PORT=_free_port())
     found = sorted(_SPAWNED.findall(output))
     assert [(rank, world) for rank, world, _ in found] == [("0", "2"), ("1", "2")], output
     assert found[0][2] == found[1][2]  # the gradients were averaged: the replicas agree
@@ -148,3 +169,25 @@ def test_torch_xla_form_of_the_accelerator_script_runs_under_torchrun(tmp_path, 
     torchrun = [xla_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
     output = _run(torchrun, _migrated(ACCELERATOR, "torch_xla").output, tmp_path, PJRT_DEVICE="CPU")
     assert [rank for rank, _ in _TRAINED.findall(output)] == ["0"], output
+
+
+@pytest.mark.slow
+def test_runtime_form_of_the_resuming_worker_trains_and_resumes_on_two_gloo_processes(tmp_path):
+    """Without --resume the worker binds no ``loc``: what the migration writes for its
+    ``.cuda(args.gpu)`` moves and its loader names the target's device itself."""
+    first, resumed = _trains_and_resumes([sys.executable], _migrated(RESUME, "runtime").output, tmp_path,
+                                         CPU_NUM_DEVICES="2")
+    assert sorted(first) == ["0", "1"] and first["0"] == first["1"] and len(first["0"]) == 6, first
+    assert sorted(resumed) == ["0", "1"] and resumed["0"] == resumed["1"] and len(resumed["0"]) == 3, resumed
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_torch_xla_form_of_the_resuming_worker_trains_and_resumes_as_the_runtime_form_does(tmp_path, xla_python):
+    """Every rank reads the same batches: one process's losses are each rank's."""
+    ran = _trains_and_resumes([xla_python], _migrated(RESUME, "torch_xla").output, tmp_path / "xla",
+                              PJRT_DEVICE="CPU")
+    reference = _trains_and_resumes([sys.executable], _migrated(RESUME, "runtime").output, tmp_path / "runtime",
+                                    CPU_NUM_DEVICES="1")
+    for losses, expected in zip(ran, reference):
+        assert list(losses) == ["0"] and losses["0"] == pytest.approx(expected["0"], rel=1e-4)

@@ -16,7 +16,7 @@ def fake_accelerator(monkeypatch):
     """``fake_accelerator(kind, count=2)``: torch reports an available accelerator of type
     ``kind`` with ``count`` devices (``kind=None``: none at all). Returns a recorder: ``calls``
     holds the device selections, synchronisations and memory-statistic calls that reached
-    ``torch.accelerator``; ``module`` is ``kind``'s device module, whose random generator
+    ``torch.accelerator`` or the device module; ``module`` is ``kind``'s device module, whose random generator
     states (``states``) the runtime reads and writes, and ``initialized`` says whether the
     device has started."""
     torch = pytest.importorskip("torch")
@@ -43,6 +43,19 @@ def fake_accelerator(monkeypatch):
         def manual_seed_all(self, seed):
             self.calls.append(("manual_seed_all", seed))
 
+        # the device module's calls that torch.accelerator lacks
+        def memory_summary(self, device, abbreviated):
+            self.calls.append(("memory_summary", device, abbreviated))
+            return "the allocator's table"
+
+        def get_device_name(self, device):
+            self.calls.append(("get_device_name", device))
+            return "a fake GPU"
+
+        def Event(self, **flags):
+            self.calls.append(("Event", flags))
+            return "an event"
+
     def install(kind, count=2):
         recorder = Recorder()
         real_module = torch.get_device_module
@@ -53,7 +66,9 @@ def fake_accelerator(monkeypatch):
         monkeypatch.setattr(torch, "get_device_module",
                             lambda device=None: recorder if str(device) == kind else real_module(device))
         for name, result in [("set_device_index", None), ("synchronize", None), ("memory_allocated", 5),
-                             ("max_memory_allocated", 7), ("get_memory_info", (3, 11))]:
+                             ("max_memory_allocated", 7), ("get_memory_info", (3, 11)), ("memory_reserved", 13),
+                             ("max_memory_reserved", 17), ("memory_stats", {"num_ooms": 0}),
+                             ("reset_peak_memory_stats", None), ("empty_cache", None)]:
             def record(*args, name=name, result=result):
                 recorder.calls.append((name, *args))
                 return result

@@ -3,6 +3,7 @@ the CPU: the choice and what follows from it (collective backend, autocast, memo
 synchronisation, random generators, Triton) with the accelerator faked, then the CPU for real."""
 
 import datetime
+import os
 import types
 
 import pytest
@@ -128,6 +129,83 @@ def test_memory_statistics_come_from_the_accelerators_allocator(fake_accelerator
     fake.calls.clear()
     host = xm.get_memory_info("cpu")  # the host's, whatever the accelerator
     assert fake.calls == [] and 0 < host["bytes_used"] <= host["bytes_limit"]
+
+
+def test_torch_cuda_s_memory_calls_are_the_accelerators_own(fake_accelerator):
+    fake = fake_accelerator("cuda")
+    device = torch.device("cuda", 1)
+    calls = [
+        (accelerator.memory_allocated, (device,), 5), (accelerator.max_memory_allocated, (1,), 7),
+        (accelerator.memory_reserved, (None,), 13), (accelerator.max_memory_reserved, ("cuda:1",), 17),
+        (accelerator.memory_stats, (device,), {"num_ooms": 0}), (accelerator.reset_peak_memory_stats, (device,), None),
+        (accelerator.mem_get_info, (device,), (3, 11)),
+        (accelerator.memory_summary, (device, True), "the allocator's table"),
+        (accelerator.get_device_name, (device,), "a fake GPU"), (accelerator.empty_cache, (), None),
+        (accelerator.Event, (True,), "an event"),
+    ]
+    assert [call(*args) for call, args, _ in calls] == [result for _, _, result in calls]
+    assert [name for name, *_ in fake.calls] == [
+        "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats",
+        "reset_peak_memory_stats", "get_memory_info", "memory_summary", "get_device_name", "empty_cache", "Event",
+    ]
+    assert fake.calls[-1] == ("Event", {"enable_timing": True, "blocking": False, "interprocess": False})
+    assert fake.calls[1] == ("max_memory_allocated", 1) and fake.calls[7] == ("memory_summary", device, True)
+    fake.calls.clear()
+    assert accelerator.memory_allocated("cpu") > 0 and fake.calls == []  # the host's, whatever the accelerator
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compares with CUDA's own numbers")
+def test_on_cuda_torch_cuda_s_numbers_are_unchanged():
+    held = torch.ones(2**20, device="cuda")
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        assert getattr(accelerator, name)() == getattr(torch.cuda, name)() > 0, name
+    current = "allocated_bytes.all.current"
+    assert accelerator.memory_stats()[current] == torch.cuda.memory_stats()[current]
+    assert accelerator.get_device_name() == torch.cuda.get_device_name()
+    accelerator.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+    del held
+
+
+def test_on_the_cpu_torch_cuda_s_memory_calls_describe_the_process(fake_accelerator):
+    fake_accelerator(None)
+    base = accelerator.memory_allocated()
+    held = torch.ones(64, 1024, 1024, dtype=torch.uint8) + 1  # 64 MiB, touched
+    assert accelerator.memory_allocated() - base >= 60 * 2**20
+    assert accelerator.memory_reserved() >= accelerator.memory_allocated()  # both the resident set
+    assert accelerator.max_memory_allocated() >= accelerator.memory_allocated()
+    stats = accelerator.memory_stats(0)  # a CUDA ordinal: the host, where there is no accelerator
+    kinds, moments = ("allocated", "reserved"), ("current", "peak")
+    assert set(stats) == {f"{kind}_bytes.all.{moment}" for kind in kinds for moment in moments}
+    assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"] >= 64 * 2**20
+    assert "resident set" in accelerator.memory_summary() and accelerator.get_device_name()
+    free, total = accelerator.mem_get_info()
+    assert 0 < free <= total
+    accelerator.empty_cache()
+    del held
+
+
+def test_on_the_cpu_an_event_takes_the_hosts_time(fake_accelerator, monkeypatch):
+    fake_accelerator(None)
+    start, end = accelerator.Event(enable_timing=True), accelerator.Event(enable_timing=True)
+    with pytest.raises(RuntimeError, match="recorded"):
+        start.elapsed_time(end)
+    clock = iter([1_000_000, 3_500_000])
+    monkeypatch.setattr(accelerator.time, "perf_counter_ns", lambda: next(clock))
+    start.record()
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) == 2.5 and end.query()
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="Linux resets a process's peak memory")
+def test_on_the_cpu_the_peak_starts_anew(fake_accelerator):
+    fake_accelerator(None)
+    held = torch.ones(256, 1024, 1024, dtype=torch.uint8) + 1
+    del held
+    peak = accelerator.max_memory_allocated()
+    accelerator.reset_peak_memory_stats()
+    assert accelerator.max_memory_allocated() < peak - 200 * 2**20
 
 
 def test_wait_device_ops_synchronises_the_accelerator_only(fake_accelerator):

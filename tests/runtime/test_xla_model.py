@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import accrewrite.runtime.xla_model as xm
+from accrewrite.runtime import accelerator
 
 import _forked
 
@@ -99,7 +100,7 @@ def test_get_memory_info_reports_this_process_on_the_cpu():
 def test_get_memory_info_peak_is_never_below_the_use(monkeypatch):
     # The kernel's peak resident set lags the current one by a few pages at times.
     lagging = type("Usage", (), {"ru_maxrss": 1})()
-    monkeypatch.setattr(xm.resource, "getrusage", lambda who: lagging)
+    monkeypatch.setattr(accelerator.resource, "getrusage", lambda who: lagging)
     info = xm.get_memory_info("cpu")
     assert info["peak_bytes_used"] == info["bytes_used"] > 1024
 
