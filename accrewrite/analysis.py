@@ -20,7 +20,7 @@ import libcst as cst
 from accrewrite.nodes import (
     NODE_TYPES, STATEMENT_TYPES, call_arg, children, descendants, dotted, node_types, string_value, walk,
 )
-from accrewrite.targets import spelled_callees, written_for
+from accrewrite.targets import modules_imported_as_named, spelled_callees, written_for
 from accrewrite.values import Definitions, FileValues, Kind, ScopeValues, parses_options, returned_read, target_names
 
 # A trigger word that stands for the calls of the file's functions that return an argument read
@@ -462,14 +462,19 @@ class Facts:
 
     def qualname(self, node: cst.CSTNode) -> str | None:
         """The fully qualified name ``node`` refers to, through the imports; None when its root
-        is not an imported name."""
+        is not an imported name. A module that the file reads without importing it (``torch``
+        brought by ``from modeling.deeplab import *``) is the module of that name where a
+        target's import line binds it so (``import torch``): once the migration adds that line,
+        a second run reads the name through it, and must read it as the first did."""
         name = dotted(node)
         if name is None:
             return None
         root, _, rest = name.partition(".")
-        if root not in self.imports:
-            return None
-        base = self.imports[root]
+        base = self.imports.get(root)
+        if base is None:
+            if root not in modules_imported_as_named():
+                return None
+            base = root
         return f"{base}.{rest}" if rest else base
 
     @property

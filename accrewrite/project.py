@@ -4,11 +4,15 @@ Files are migrated one by one (``accrewrite.runner``, in worker processes), but 
 the modules it imports run together, and two migrations decide for more than their own file:
 
 - A file a rule leaves as it is (``RuleContext.refuse``: Hogwild training where the device
-  cannot share memory, ACC108) runs as it was, on the CPU or CUDA: the modules it imports and
-  drives must too. Migrated alone, ``mnist_hogwild``'s ``train.py`` would put each batch on the
-  target's device while ``main.py`` keeps the model on the CPU. So each module of the project
-  that a refused file imports, directly or through another, is left as it is, with a
-  diagnostic that names the importer and the refusal's rule.
+  cannot share memory, ACC108; a legacy ``torch.cuda.FloatTensor``, ACC002) runs as it was, on
+  the CPU or CUDA: the files that run with it must too. Migrated alone, ``mnist_hogwild``'s
+  ``train.py`` would put each batch on the target's device while ``main.py`` keeps the model on
+  the CPU; PyTorch-YOLOv3's ``train.py`` would hand its model, on the device, to an evaluator
+  that feeds it CPU tensors. So each file of the project that a refused file imports, and each
+  that imports it, directly or through another, is left as it is, and so on from each file
+  left (the files that import one another are one decision), each with a diagnostic that names
+  its neighbour and the refusal's rule. Files that only share a module the migration does not
+  change (a ``config.py``) do not run each other, and stay apart.
 - A file that drops DistributedDataParallel and steps no optimizer itself (MAE's and DeiT's
   ``main.py``, whose loss scaler steps in ``util/misc.py``) relies on the modules it imports
   that do step: each must all-reduce the gradients in its migrated form (or, out of this run,
@@ -16,11 +20,12 @@ the modules it imports run together, and two migrations decide for more than the
   (``Options.keep_ddp``, which ACC005 reports).
 
 The project's modules are the files of the run, and, for a run given one file, the scripts in
-its folder that import it (migrated only to learn whether a rule leaves them as they are).
-Imports are read from each file's import statements (``ast``), resolved as Python would from
-the importer's folder, the folders above it within the run's roots, and its package for a
-relative import; only files that exist count. Nothing here runs unless a file was refused or
-drops DDP without a step of its own, so a run without either pays nothing more.
+its folder that import it and the modules it imports (migrated only to learn whether a rule
+leaves them as they are). Imports are read from each file's import statements (``ast``),
+resolved as Python would from the importer's folder, the folders above it within the run's
+roots (for one file: its folder, or the folder holding its outermost package), and its package
+for a relative import; only files that exist count. Nothing here runs unless a file was refused
+or drops DDP without a step of its own, so a run without either pays nothing more.
 """
 
 from __future__ import annotations
@@ -79,15 +84,25 @@ def needs_deciding(members: list[Member]) -> bool:
     return any(member.refusal is not None or member.drops_ddp_alone for member in members)
 
 
-def importers_beside(path: Path) -> list[Path]:
-    """The scripts in ``path``'s folder that import it (a run given this file alone)."""
+def lone_root(path: Path) -> Path:
+    """Where the imports of a run given the one file ``path`` resolve: its folder, or the folder
+    that holds its outermost package (``pytorchyolo/train.py``'s ``from pytorchyolo.test import``)."""
+    folder = path.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        folder = folder.parent
+    return folder
+
+
+def related(path: Path) -> list[Path]:
+    """The files that run with ``path`` in a run given it alone: the scripts in its folder that
+    import it, and the modules it imports."""
     folder = path.parent
     word = re.compile(rf"\b{re.escape(path.stem)}\b")
-    graph, found = _Graph([folder]), []
+    graph, found = _Graph([lone_root(path)]), []
     try:
         siblings = sorted(folder.glob("*.py"))
     except OSError:
-        return []
+        siblings = []
     for sibling in siblings:
         try:
             text = sibling.read_text(encoding="utf-8", errors="replace")
@@ -95,18 +110,17 @@ def importers_beside(path: Path) -> list[Path]:
             continue
         if _real(sibling) != _real(path) and word.search(text) and _real(path) in graph.imports(sibling):
             found.append(sibling)
-    return found
+    imported = [module for module, _ in graph.reached(_real(path))]
+    return found + [module for module in imported if module not in {_real(f) for f in found}]
 
 
 def decide(members: list[Member], roots: list[Path], outside: list[Member] = ()) -> Decisions:
     """The project's decisions about ``members`` (the run's files, in order); ``outside`` are
-    files migrated only to learn whether they are refused (scripts that import a lone file)."""
+    files migrated only to learn whether they are refused (those that run with a lone file)."""
     graph = _Graph(roots)
     by_path = {_real(member.path): index for index, member in enumerate(members)}
     decisions = Decisions()
-    for importer in [*members, *outside]:
-        if importer.refusal is not None:
-            _leave_driven(importer, members, by_path, graph, decisions)
+    _leave_together(members, list(outside), by_path, graph, decisions)
     for index, member in enumerate(members):
         if member.drops_ddp_alone and index not in decisions.left:
             why = _unreduced_elsewhere(member, members, by_path, graph, decisions)
@@ -115,23 +129,63 @@ def decide(members: list[Member], roots: list[Path], outside: list[Member] = ())
     return decisions
 
 
-def _leave_driven(refused: Member, members: list[Member], by_path: dict, graph: _Graph, decisions: Decisions) -> None:
-    """Leave each changed module the refused file drives as it is, naming its importer."""
-    rule = refused.refusal
-    for path, importer in graph.reached(_real(refused.path)):
-        index = by_path.get(path)
-        if index is None or index in decisions.left or not members[index].changed or members[index].refusal:
-            continue
-        name = _relative(importer, path)
-        line = graph.first_line(path)
-        finding = Finding(
-            rule.code, rule.name, f"left as it is: {name}, which imports it, is left as it is ({rule.code})", None,
-            line=1, end_line=1, end_col=len(line),
-            help=f"{name} runs this module in its processes, and {rule.code} leaves {name} as it is: migrated "
-                 f"alone, this module would put its tensors on the target's device while {name} keeps its model "
-                 f"where it was. Change {name} as its {rule.code} finding says, then migrate both.",
-        )
-        decisions.left[index] = Left(finding, line)
+def _leave_together(members: list[Member], outside: list[Member], by_path: dict, graph: _Graph,
+                    decisions: Decisions) -> None:
+    """Leave as it is each changed file that a file left as it is imports or is imported by,
+    directly or through files the migration does not change, and so on from each file left."""
+    everyone = {_real(member.path): member for member in [*outside, *members]}
+    pending = [(path, member.refusal, path) for path, member in everyone.items() if member.refusal is not None]
+    if not pending:
+        return
+    importers = graph.importers(list(everyone))
+    left = {path for path, _, _ in pending}
+    while pending:
+        path, rule, origin = pending.pop(0)
+        for found, neighbour, imports in [*((p, n, False) for p, n in graph.reached(path)),
+                                          *((p, n, True) for p, n in _reached(importers, path))]:
+            member = everyone.get(found)
+            if member is None or found in left or not member.changed or member.refusal is not None:
+                continue
+            left.add(found)
+            pending.append((found, rule, origin))
+            index = by_path.get(found)
+            if index is not None:
+                decisions.left[index] = _left(found, neighbour, origin, imports, rule, graph)
+
+
+def _left(path: Path, neighbour: Path, origin: Path, imports: bool, rule: Finding, graph: _Graph) -> Left:
+    """The diagnostic of ``path``, left as it is with ``neighbour``, which imports it (or which
+    it imports), where ``rule`` refused ``origin``."""
+    name, refused, code = _relative(neighbour, path), _relative(origin, path), rule.code
+    if imports:
+        message = f"left as it is: it imports {name}, which is left as it is ({code})"
+        runs = f"This file runs {name} in its processes"
+    else:
+        message = f"left as it is: {name}, which imports it, is left as it is ({code})"
+        runs = f"{name} runs this module in its processes"
+    why = f"{code} leaves {name} as it is" if neighbour == origin else \
+        f"{name} is left as it is with {refused}, which {code} leaves as it is"
+    line = graph.first_line(path)
+    return Left(Finding(
+        code, rule.name, message, None, line=1, end_line=1, end_col=len(line),
+        help=f"{runs}, and {why}: migrated alone, this file would put its model and tensors on the target's "
+             f"device while {name} keeps its own where they were. Change {refused} as its {code} finding says, "
+             f"then migrate them together.",
+    ), line)
+
+
+def _reached(importers: dict[Path, set[Path]], start: Path) -> list[tuple[Path, Path]]:
+    """Every file that imports ``start``, directly or through another, with the file it imports
+    on the way (first found), nearest first."""
+    found: dict[Path, Path] = {}
+    pending = [start]
+    while pending:
+        imported = pending.pop(0)
+        for path in sorted(importers.get(imported, ())):
+            if path != start and path not in found:
+                found[path] = imported
+                pending.append(path)
+    return list(found.items())
 
 
 def _unreduced_elsewhere(member: Member, members: list[Member], by_path: dict, graph: _Graph,
@@ -206,6 +260,20 @@ class _Graph:
                 for module in _named_modules(node):
                     self._imports[path] |= self._resolve(path, module, node)
         return self._imports[path]
+
+    def importers(self, paths: list[Path]) -> dict[Path, set[Path]]:
+        """Each file that ``paths`` (and the files they import) import, with the files among
+        them that import it."""
+        found: dict[Path, set[Path]] = {}
+        seen, pending = set(paths), list(paths)
+        while pending:
+            path = pending.pop()
+            for imported in self.imports(path):
+                found.setdefault(imported, set()).add(path)
+                if imported not in seen:
+                    seen.add(imported)
+                    pending.append(imported)
+        return found
 
     def first_line(self, path: Path) -> str:
         return self._first_lines.get(path, "")

@@ -227,12 +227,14 @@ def _settle(jobs: list[tuple[Job, Options]], outcomes: list[Outcome], mode: str,
             timeout: float | None, roots: tuple[Path, ...], lone: bool) -> None:
     """The project's decisions, applied to ``outcomes``: files left as they are, files migrated
     again keeping DistributedDataParallel. Only where a file was refused, drops DDP without a
-    step of its own, or (a lone file's run) is imported by scripts beside it."""
+    step of its own, or (a lone file's run) runs with the scripts beside it that import it or
+    the modules it imports."""
     members = [o.member or project.Member(job.path) for (job, _), o in zip(jobs, outcomes)]
     outside = []
     if lone and outcomes[0].changed:
-        importers = [(Job(path), jobs[0][1]) for path in project.importers_beside(jobs[0][0].path)]
-        outside = [o.member for o in _migrated(importers, "check", workers, timeout) if o.member is not None]
+        related = [(Job(path), jobs[0][1]) for path in project.related(jobs[0][0].path)]
+        outside = [o.member for o in _migrated(related, "check", workers, timeout) if o.member is not None]
+        roots = (project.lone_root(jobs[0][0].path),)
     if not project.needs_deciding(members + outside):
         return
     decisions = project.decide(members, list(roots), outside)

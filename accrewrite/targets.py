@@ -404,6 +404,13 @@ def import_bindings(line: str) -> tuple[tuple[str, str], ...]:
 
 
 @functools.cache
+def modules_imported_as_named() -> frozenset[str]:
+    """The modules that a target's import line binds under their own name (``import torch``)."""
+    return frozenset(local for target in all_targets().values() for line in target.imports.values()
+                     for local, qualified in import_bindings(line) if local == qualified)
+
+
+@functools.cache
 def spelled_callees(concept: str) -> frozenset[str]:
     """The qualified names of what each target's spelling of ``concept`` calls (or names): how a
     migrated file is recognised, from the profiles, whatever its target."""

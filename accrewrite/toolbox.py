@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
-from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, walk
+from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, string_value, walk
 from accrewrite.reduction import named_like_optimizer
 from accrewrite.rule import excerpt
 from accrewrite.targets import called_names, spelled_callees
@@ -56,16 +56,157 @@ def wrapped_models_of(ctx) -> set[str] | None:
 
 def wrapped_models(facts: Facts, module: cst.Module) -> set[str]:
     """Names assigned a DDP/DataParallel wrapper anywhere in the file (`model = DDP(model)`,
-    `self.model = DDP(...)`, `model = DDP(model) if ddp else model`)."""
-    names = set()
+    `self.model = DDP(...)`, `model = DDP(model) if ddp else model`, `model = DP(model).cuda()`)."""
+    return {dotted(node.targets[0].target) for node, _ in _wrapping_assignments(facts, module)}
+
+
+# Module methods that return the module itself: ``DataParallel(model).to(device)`` is the wrapper.
+_SELF_RETURNING = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
+                             "requires_grad_"})
+
+
+def _wrapping_assignments(facts: Facts, module: cst.Module) -> list[tuple[cst.Assign, list[cst.Call]]]:
+    """Each ``name = <wrapper>`` of the file (one target, a name or an attribute), with the
+    wrapper calls it assigns."""
+    found = []
     for node in small_statements(module):
-        if type(node) is not cst.Assign or len(node.targets) != 1:
+        if type(node) is cst.Assign and len(node.targets) == 1 and dotted(node.targets[0].target):
+            calls = assigned_wrappers(facts, node.value)
+            if calls:
+                found.append((node, calls))
+    return found
+
+
+def assigned_wrappers(facts: Facts, value: cst.BaseExpression) -> list[cst.Call]:
+    """The wrapper calls whose module ``value`` is: the call itself, the call followed by
+    module methods that return the module (``DP(model).cuda()``), either arm of a conditional."""
+    found = []
+    for candidate in [value.body, value.orelse] if type(value) is cst.IfExp else [value]:
+        while (type(candidate) is cst.Call and type(candidate.func) is cst.Attribute
+               and candidate.func.attr.value in _SELF_RETURNING and not wraps_model(facts, candidate)):
+            candidate = candidate.func.value
+        if wraps_model(facts, candidate):
+            found.append(candidate)
+    return found
+
+
+@dataclass(frozen=True)
+class Wrappers:
+    """The file's DDP/DataParallel wrappers as ACC005 reads them: the names assigned one that it
+    follows (each ``name.module`` becomes ``name``), and, by id, the wrapper calls whose model
+    goes where it cannot follow, each with the code that takes it there."""
+
+    followed: frozenset[str]
+    unfollowed: dict[int, str]
+
+
+# Calls that keep what they are given in a container (StarGAN v2's ``Munch(generator=generator)``).
+_CONTAINERS = frozenset({"dict", "list", "tuple", "set", "setattr", "Munch", "EasyDict", "edict", "OrderedDict",
+                         "SimpleNamespace", "ModuleList", "ModuleDict", "Sequential"})
+_DISPLAYS = (cst.List, cst.Tuple, cst.Set)
+
+
+def wrappers_of(ctx) -> Wrappers | None:
+    """``Wrappers`` of the rule context's file, worked out once; None where the file never
+    names DataParallel.
+
+    A wrapper assigned to a name (``model = DP(model)``, ``self.model = DP(model).cuda()``) is
+    followed: ACC005 rewrites every ``model.module`` of the file. It cannot be where the
+    wrapper, or a name holding it, is stored elsewhere: passed to ``setattr`` and read back with
+    ``getattr`` (pix2pix's ``setattr(self, 'net' + name, DataParallel(net))``), put in a list,
+    a tuple or a dict (``Munch(generator=generator)``), returned or yielded; there another
+    module, or a ``getattr``, reads ``.module`` of the wrapper, and unwrapping would break it."""
+    if "DataParallel" not in ctx.source_text:
+        return None
+    if "wrappers" not in ctx.shared:
+        ctx.shared["wrappers"] = _wrappers(ctx)
+    return ctx.shared["wrappers"]
+
+
+def _wrappers(ctx) -> Wrappers:
+    facts = ctx.facts
+    assignments = _wrapping_assignments(facts, ctx.module)
+    assigned = {id(call): node for node, calls in assignments for call in calls}
+    scopes = {id(call): scope for call, scope in facts.calls if id(call) in assigned}
+    unfollowed, names, escaped = {}, set(), {}
+    for call, scope in facts.calls:
+        if not wraps_model(facts, call):
             continue
-        target = dotted(node.targets[0].target)
-        values = [node.value.body, node.value.orelse] if isinstance(node.value, cst.IfExp) else [node.value]
-        if target and any(wraps_model(facts, value) for value in values):
-            names.add(target)
-    return names
+        node = assigned.get(id(call))
+        if node is None:
+            unfollowed[id(call)] = _statement_code(ctx, call, scope)
+            continue
+        name = dotted(node.targets[0].target)
+        # A local name escapes within its function; a module's name or an attribute anywhere.
+        where = scopes[id(call)] if "." not in name and scopes[id(call)] is not None else ctx.module
+        key = (id(where), name)
+        if key not in escaped:
+            escaped[key] = _escape(ctx, where, name)
+        if escaped[key] is not None:
+            unfollowed[id(call)] = escaped[key]
+        names.add(name)
+    kept = {dotted(assigned[key].targets[0].target) for key in unfollowed if key in assigned}
+    return Wrappers(frozenset(names - kept), unfollowed)
+
+
+def _statement_code(ctx, call: cst.Call, scope) -> str:
+    """The code of the statement that holds ``call``, quoted."""
+    statement = ctx.facts.values(scope).statement_of(call)
+    return excerpt(ctx.code(statement if statement is not None else call), 50)
+
+
+def _escape(ctx, where: cst.CSTNode, name: str) -> str | None:
+    """The code under ``where`` that takes the model ``name`` holds out of reach, quoted: a
+    return, a yield, a list, tuple, set or dict that holds it, a container call or ``setattr``
+    given it, a subscript assigned it, a ``getattr`` of its owner by a computed name; None where
+    there is none. Assignment and loop targets (``model, optimizer = ...``) store nothing."""
+    owner = name.rpartition(".")[0]
+    targets: set[int] = set()
+    found = None
+
+    def holds_it(node) -> bool:
+        return dotted(node) == name
+
+    def escapes(node, kind) -> bool:
+        if kind is cst.Return or kind is cst.Yield:
+            return node.value is not None and holds_it(node.value)
+        if kind in _DISPLAYS:
+            return any(holds_it(element.value) for element in node.elements)
+        if kind is cst.Dict:
+            return any(type(element) is cst.DictElement and holds_it(element.value) for element in node.elements)
+        if kind is cst.Assign:
+            return holds_it(node.value) and any(type(target.target) is cst.Subscript for target in node.targets)
+        if kind is not cst.Call or type(node.func) not in (cst.Name, cst.Attribute):
+            return False
+        callee = node.func.value if type(node.func) is cst.Name else node.func.attr.value
+        if callee in _CONTAINERS:
+            return any(holds_it(arg.value) for arg in node.args)
+        return (callee == "getattr" and bool(owner) and len(node.args) > 1
+                and dotted(node.args[0].value) == owner and string_value(node.args[1].value) is None)
+
+    def enter(node) -> bool:
+        nonlocal found
+        if id(node) in targets:
+            return False
+        kind = type(node)
+        targets.update(id(target) for target in _targets(node, kind))
+        if escapes(node, kind):
+            found = node
+        return found is None
+
+    walk(where, enter)
+    return None if found is None else excerpt(ctx.code(found), 50)
+
+
+def _targets(node, kind) -> list[cst.CSTNode]:
+    """What ``node`` binds (assignment, loop and ``with`` targets), where it is such a statement."""
+    if kind is cst.Assign:
+        return [target.target for target in node.targets]
+    if kind in (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor):
+        return [node.target]
+    if kind is cst.WithItem and node.asname is not None:
+        return [node.asname.name]
+    return []
 
 
 # Optimizer steps, and the gradient all-reduce that takes DistributedDataParallel's place ----------
@@ -252,12 +393,22 @@ def _why_ddp_stays(ctx) -> str | None:
         return "the file also shards a model, and its steps are left as they are"
     if facts.reduces_gradients:
         return "the script all-reduces gradients itself"
+    unfollowed = _unfollowed_ddp(ctx)
+    if unfollowed is not None:
+        return f"`{unfollowed}` takes the model where ACC005 cannot follow it"
     unreduced = _unreduced_step(facts, ctx.module, REDUCING_RULE in ctx.running)
     if unreduced is None:
         return None  # reduced at every step, or stepped in another module
     if REDUCING_RULE not in ctx.running:
         return f"{REDUCING_RULE}, which all-reduces the gradients in its place, does not run"
     return f"`{excerpt(ctx.code(unreduced), 40)}` steps where no all-reduce can go"
+
+
+def _unfollowed_ddp(ctx) -> str | None:
+    """The code that takes a DDP-wrapped model where ACC005 cannot follow it, or None."""
+    unfollowed = wrappers_of(ctx).unfollowed
+    return next((unfollowed[id(call)] for call, _ in ctx.facts.calls
+                 if id(call) in unfollowed and ctx.facts.qualname(call.func) in DDP_NAMES), None)
 
 
 def steps_an_optimizer(facts: Facts, call: cst.Call) -> bool:

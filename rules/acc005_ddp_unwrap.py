@@ -1,11 +1,15 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted
-from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import DDP_NAMES, ddp_kept, wrapped_models_of, wrapped_module, wraps_model
+from accrewrite.analysis import WRAPPER_NAMES, small_statements
+from accrewrite.nodes import call_arg, dotted, walk
+from accrewrite.rule import Example, Rule, excerpt
+from accrewrite.toolbox import DDP_NAMES, assigned_wrappers, ddp_kept, wrapped_module, wrappers_of, wraps_model
 
 # Attributes of a DDP-wrapped model that only DDP has.
 _SYNC_FLAG = "require_backward_grad_sync"
+_LOAD = "load_state_dict"
+_DEVICE_COUNTS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
+_DATA_PARALLEL = WRAPPER_NAMES - DDP_NAMES
 
 
 class DdpUnwrap(Rule):
@@ -57,7 +61,7 @@ class DdpUnwrap(Rule):
     summary = "DistributedDataParallel/DataParallel wrapping removed; model.module, no_sync() follow"
     # Only a target that reduces gradients where the optimizer steps trains without the wrapper.
     concepts = ("gradient_allreduce",)
-    triggers = frozenset({"DistributedDataParallel", "DataParallel", "module", "no_sync", _SYNC_FLAG})
+    triggers = frozenset({"DistributedDataParallel", "DataParallel", "module", "no_sync", _SYNC_FLAG, _LOAD})
     examples = (
         Example(
             before="""
@@ -160,18 +164,24 @@ class DdpUnwrap(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._wrapped: set[str] = set()
+        self._unfollowed: dict[int, str] = {}
         self._removed: set[cst.CSTNode] = set()
         self._with_items: set[cst.CSTNode] = set()
         self._warned = False
         self._kept: str | None = None
+        self._scaled: list[cst.CSTNode] = []
 
     def applies(self) -> bool:
-        wrapped = wrapped_models_of(self.ctx)
+        wrappers = wrappers_of(self.ctx)
         self._kept = ddp_kept(self.ctx)
+        if wrappers is None:
+            return False
         # Where DDP stays, nothing of it goes: the wrapped names keep their ``.module``,
         # ``no_sync`` and sync flag, and no broadcast is added.
-        self._wrapped = wrapped or set() if self._kept is None else set()
-        return wrapped is not None
+        self._wrapped = set(wrappers.followed) if self._kept is None else set()
+        self._unfollowed = wrappers.unfollowed
+        self._scaled = self._scaled_by_device_count() if self._wrapped else []
+        return True
 
     def _no_sync(self, node: cst.CSTNode) -> bool:
         return (
@@ -185,15 +195,29 @@ class DdpUnwrap(Rule):
 
     def leave_Call(self, original_node, updated_node):
         if not wraps_model(self.ctx.facts, original_node):
-            return updated_node
+            return self._load(original_node, updated_node)
         if self._kept is not None:
             self._report_kept(original_node)
+            return updated_node
+        if id(original_node) in self._unfollowed:
+            self._report_unfollowed(original_node)
             return updated_node
         module = wrapped_module(self.ctx, original_node, updated_node, "Unwrap it by hand.")
         if module is None:
             return updated_node
         self.ctx.fix(original_node, "unwrapped: the target all-reduces gradients at the step (ACC006), not in DDP")
         return module.value.with_changes(lpar=[], rpar=[]) if isinstance(module.value, cst.Name) else module.value
+
+    def _report_unfollowed(self, call: cst.Call) -> None:
+        self.ctx.diagnose(
+            call,
+            f"DataParallel kept: `{self._unfollowed[id(call)]}` takes the model where ACC005 cannot follow it",
+            "ACC005 removes a wrapper only where it can rewrite every `.module` read of it; a wrapper stored "
+            "through setattr, in a container, or returned is read back where it cannot (getattr, another "
+            "module), and unwrapped there `.module` would fail. Kept, DataParallel calls the model itself on a "
+            "host without CUDA (a TPU VM, the CPU); on a CUDA host it needs the model on its first device. "
+            "To drop it, assign the wrapper to a name and read `.module` through that name.",
+        )
 
     def _report_kept(self, call: cst.Call) -> None:
         if self.ctx.facts.qualname(call.func) in DDP_NAMES:
@@ -228,6 +252,72 @@ class DdpUnwrap(Rule):
             return updated_node
         self.ctx.fix(original_node, "both branches are the unwrapped model: collapsed")
         return updated_node.body
+
+    def _load(self, original_node: cst.Call, updated_node: cst.Call):
+        """``model.load_state_dict(state_dict)`` where ``model`` was the wrapper (or holds one):
+        the checkpoints the wrapper saved name each key under ``module.``, which the unwrapped
+        model lacks, so the keys lose it as they load (``strict=False`` would load nothing)."""
+        func = original_node.func
+        if type(func) is not cst.Attribute or func.attr.value != _LOAD or not self._wrapped:
+            return updated_node
+        receiver = dotted(func.value)
+        paths = self._wrapped_paths(receiver)
+        if not paths or "" in paths and self._bound_unwrapped(original_node, receiver):
+            return updated_node
+        state_dict = call_arg(updated_node, 0, "state_dict")
+        if state_dict is not None and _renames_wrapper_keys(self.ctx, state_dict.value):
+            return updated_node  # done already (a guarded file's migrated branch)
+        if state_dict is None or any(arg.star for arg in original_node.args):
+            self.ctx.diagnose(
+                original_node,
+                f"`{receiver}.{_LOAD}` loads a state dict that cannot be told; its `module.` keys stay",
+                "The wrapper ACC005 removed saved its keys under `module.`; the unwrapped model loads them only "
+                "without it. Strip the prefix as the state dict loads "
+                "(torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state_dict, 'module.')).",
+            )
+            return updated_node
+        self.ctx.fix(original_node, f"{receiver}.{_LOAD}: keys saved under the wrapper's `module.` load without it")
+        args = [arg.with_changes(value=_unprefixed(state_dict.value, paths)) if arg is state_dict else arg
+                for arg in updated_node.args]
+        return updated_node.with_changes(args=args)
+
+    def _wrapped_paths(self, receiver: str | None) -> list[str]:
+        """Where ``receiver``'s state dict holds a removed wrapper's keys: ``""`` for the
+        wrapper itself, ``"features."`` where ``receiver.features`` was wrapped."""
+        if receiver is None:
+            return []
+        return sorted(name[len(receiver) + 1:] + "." if name != receiver else ""
+                      for name in self._wrapped if name == receiver or name.startswith(receiver + "."))
+
+    def _bound_unwrapped(self, call: cst.Call, name: str) -> bool:
+        """Whether every binding of the local ``name`` that reaches ``call`` assigns no wrapper (a
+        load before the model is wrapped: its checkpoint has no ``module.`` keys)."""
+        if "." in name:
+            return False
+        values = self.ctx.facts.values(self.ctx.scope)
+        statement = values.statement_of(call)
+        bindings = values.bindings_at(name, statement) if statement is not None else frozenset()
+        return bool(bindings) and not any(self._wraps(binding) for binding in bindings)
+
+    def _wraps(self, statement: cst.CSTNode) -> bool:
+        smalls = statement.body if type(statement) is cst.SimpleStatementLine else ()
+        return any(type(small) is cst.Assign and assigned_wrappers(self.ctx.facts, small.value) for small in smalls)
+
+    def _scaled_by_device_count(self) -> list[cst.CSTNode]:
+        """The statements that multiply by the CUDA device count (deep-text's
+        ``opt.batch_size = opt.batch_size * opt.num_gpu``) in a file that drops DataParallel, which
+        split that batch over every GPU."""
+        facts = self.ctx.facts
+        if "device_count" not in self.ctx.source_text or not facts.called & _DATA_PARALLEL:
+            return []
+        counts, scaled = set(), []
+        for small in small_statements(self.ctx.module):
+            kind = type(small)
+            if kind is cst.Assign and len(small.targets) == 1 and _counts_devices(facts, small.value):
+                counts.add(dotted(small.targets[0].target))
+            elif kind in (cst.Assign, cst.AugAssign) and _multiplies_by(facts, small, counts):
+                scaled.append(small)
+        return scaled
 
     # Statements ------------------------------------------------------------------------------
 
@@ -329,6 +419,15 @@ class DdpUnwrap(Rule):
         return self._keep_comments(original_node, updated_node)
 
     def leave_Module(self, original_node, updated_node):
+        for statement in self._scaled:
+            self.ctx.diagnose(
+                statement,
+                f"`{excerpt(self.ctx.code(statement), 50)}` scales by the GPUs DataParallel split it over",
+                "DataParallel ran the model on every GPU, each on its share of the batch; without it the model "
+                "trains on one device, which now takes all of it (the same gradients, with that many times the "
+                "memory and time). To train on every device, run a process per device (accrun, torch_xla.launch) "
+                "with a DistributedSampler and the batch of one device; else scale by 1.",
+            )
         return self._keep_comments(original_node, updated_node)
 
     def _keep_comments(self, original_block, updated_block):
@@ -375,6 +474,46 @@ class DdpUnwrap(Rule):
         self._removed.add(original_node)
         self.ctx.fix(original_node, "removed an if whose statements only wrapped the model")
         return cst.RemoveFromParent()
+
+
+def _unprefixed(state_dict: cst.BaseExpression, paths: list[str]) -> cst.BaseExpression:
+    """``state_dict`` with its keys under a removed wrapper renamed: ``module.x`` -> ``x`` (path
+    ``""``), ``features.module.x`` -> ``features.x`` (path ``"features."``)."""
+    key = 'key.removeprefix("module.")' if "" in paths else "key"
+    for path in (path for path in paths if path):
+        key = f'key.replace("{path}module.", "{path}", 1) if key.startswith("{path}module.") else {key}'
+    comprehension = cst.parse_expression(f"{{{key}: value for key, value in state_dict.items()}}")
+    if type(state_dict) not in (cst.Name, cst.Attribute, cst.Call, cst.Subscript):
+        state_dict = state_dict.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    items = comprehension.for_in.iter
+    return comprehension.with_changes(for_in=comprehension.for_in.with_changes(
+        iter=items.with_changes(func=items.func.with_changes(value=state_dict))))
+
+
+def _renames_wrapper_keys(ctx, state_dict: cst.BaseExpression) -> bool:
+    """Whether ``state_dict`` is ``_unprefixed``'s comprehension."""
+    return type(state_dict) is cst.DictComp and 'module."' in ctx.code(state_dict.key)
+
+
+def _counts_devices(facts, value: cst.BaseExpression) -> bool:
+    return type(value) is cst.Call and facts.qualname(value.func) in _DEVICE_COUNTS
+
+
+def _multiplies_by(facts, statement, counts: set[str]) -> bool:
+    """Whether ``statement`` multiplies by the device count (a name assigned it, or the call)."""
+    if type(statement) is cst.AugAssign:
+        return type(statement.operator) is cst.MultiplyAssign and (
+            dotted(statement.value) in counts or _counts_devices(facts, statement.value))
+    found = False
+
+    def enter(node) -> bool:
+        nonlocal found
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply:
+            found = any(dotted(side) in counts or _counts_devices(facts, side) for side in (node.left, node.right))
+        return not found
+
+    walk(statement.value, enter)
+    return found
 
 
 def _is_pass(statement) -> bool:

@@ -108,7 +108,7 @@ def test_no_decision_is_made_where_no_file_is_refused_or_drops_ddp_alone(tmp_pat
         raise AssertionError("the project's decision ran")
 
     monkeypatch.setattr(project, "decide", no_decision)
-    monkeypatch.setattr(project, "importers_beside", no_decision)
+    monkeypatch.setattr(project, "related", no_decision)
     (tmp_path / "train.py").write_text("import torch\nmodel = torch.nn.Linear(2, 2).cuda()\n")
     (tmp_path / "utils.py").write_text("import torch\nimport train\n")
     assert cli("migrate", tmp_path, "--target", "torch_xla")[0] == 0

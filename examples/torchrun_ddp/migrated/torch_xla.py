@@ -85,7 +85,7 @@ class Trainer:
     def _load_snapshot(self, snapshot_path):
         loc = torch_xla.device()
         snapshot = torch.load(snapshot_path, map_location='cpu')
-        self.model.load_state_dict(snapshot["MODEL_STATE"])
+        self.model.load_state_dict({key.removeprefix("module."): value for key, value in snapshot["MODEL_STATE"].items()})
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
 

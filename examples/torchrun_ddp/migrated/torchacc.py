@@ -83,7 +83,7 @@ class Trainer:
         loc = xm.xla_device()
         xm.set_replication(loc, [loc])
         snapshot = torch.load(snapshot_path, map_location='cpu')
-        self.model.load_state_dict(snapshot["MODEL_STATE"])
+        self.model.load_state_dict({key.removeprefix("module."): value for key, value in snapshot["MODEL_STATE"].items()})
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
 
