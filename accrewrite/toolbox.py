@@ -159,13 +159,19 @@ def _escape(ctx, where: cst.CSTNode, name: str) -> str | None:
     """The code under ``where`` that takes the model ``name`` holds out of reach, quoted: a
     return, a yield, a list, tuple, set or dict that holds it, a container call or ``setattr``
     given it, a subscript assigned it, a ``getattr`` of its owner by a computed name; None where
-    there is none. Assignment and loop targets (``model, optimizer = ...``) store nothing."""
+    there is none. Assignment and loop targets (``model, optimizer = ...``) store nothing, and
+    a function that binds a name of its own (``from_pretrained``'s ``return model``) is not read."""
     owner = name.rpartition(".")[0]
     targets: set[int] = set()
     found = None
 
     def holds_it(node) -> bool:
         return dotted(node) == name
+
+    def local(function: cst.FunctionDef) -> bool:  # a function's own ``model``, not the wrapped one
+        params = function.params
+        return "." not in name and (name in ctx.facts.local_names.get(function.body, ()) or any(
+            param.name.value == name for param in (*params.posonly_params, *params.params, *params.kwonly_params)))
 
     def escapes(node, kind) -> bool:
         if kind is cst.Return or kind is cst.Yield:
@@ -186,9 +192,9 @@ def _escape(ctx, where: cst.CSTNode, name: str) -> str | None:
 
     def enter(node) -> bool:
         nonlocal found
-        if id(node) in targets:
-            return False
         kind = type(node)
+        if id(node) in targets or kind is cst.FunctionDef and node is not where and local(node):
+            return False
         targets.update(id(target) for target in _targets(node, kind))
         if escapes(node, kind):
             found = node

@@ -308,7 +308,8 @@ class DdpUnwrap(Rule):
         ``opt.batch_size = opt.batch_size * opt.num_gpu``) in a file that drops DataParallel, which
         split that batch over every GPU."""
         facts = self.ctx.facts
-        if "device_count" not in self.ctx.source_text or not facts.called & _DATA_PARALLEL:
+        # Where the file also runs DDP, the count is that of its processes, each with its share.
+        if "device_count" not in self.ctx.source_text or not facts.called & _DATA_PARALLEL or facts.called & DDP_NAMES:
             return []
         counts, scaled = set(), []
         for small in small_statements(self.ctx.module):
