@@ -1,5 +1,6 @@
-"""What several rules share: argument lists rebuilt after a rewrite, and the recognition of a
-model wrapped in DistributedDataParallel/DataParallel.
+"""What several rules share: argument lists rebuilt after a rewrite, ``with`` statements rid of
+a context manager, the arguments that say where tensors go, and the recognition of a model
+wrapped in DistributedDataParallel/DataParallel.
 
 Rules import from here and from the engine's public names, never from one another, so that a
 rule's module holds that rule alone and a rule added through the entry point finds the same
@@ -10,6 +11,9 @@ import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
 from accrewrite.nodes import call_arg, dotted
+
+# Keywords that name where tensors go.
+PLACEMENT_KEYWORDS = ("device", "map_location")
 
 
 def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
@@ -24,6 +28,45 @@ def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
         else:
             fixed.append(arg)
     return fixed
+
+
+def without_items(with_node: cst.With, dropped: list[bool]) -> cst.With | cst.FlattenSentinel:
+    """``with_node`` (a rule's updated node) without the context managers that ``dropped`` marks,
+    in the order of its items; where none is left, the statements of its block in its place. They
+    keep the ``with``'s leading lines and the comment on its line; the comments that close the
+    block go before its last statement, the last place a statement can hold them."""
+    kept = [item for item, drop in zip(with_node.items, dropped) if not drop]
+    if kept:
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return with_node.with_changes(items=kept)
+    block = with_node.body
+    if not isinstance(block, cst.IndentedBlock):
+        return cst.FlattenSentinel([cst.SimpleStatementLine(list(block.body), leading_lines=with_node.leading_lines)])
+    body = list(block.body)
+    leading = list(with_node.leading_lines)
+    if block.header.comment is not None:
+        leading.append(cst.EmptyLine(comment=block.header.comment))
+    closing = [line for line in block.footer if line.comment is not None]
+    body[-1] = body[-1].with_changes(leading_lines=[*body[-1].leading_lines, *closing])
+    body[0] = body[0].with_changes(leading_lines=[*leading, *body[0].leading_lines])
+    return cst.FlattenSentinel(body)
+
+
+def placement_arguments(facts: Facts, call: cst.Call) -> list[cst.BaseExpression]:
+    """The arguments of ``call`` that say where tensors go, which ACC002 makes the target's device
+    where they name CUDA: every one of ``x.cuda(...)``, the first of ``x.to(...)`` and
+    ``torch.device(...)``, and ``device=`` and ``map_location=`` (not given to a function of this
+    file, which may read an index as a rank)."""
+    func = call.func
+    callee = facts.qualname(func)
+    if isinstance(func, cst.Attribute) and callee is None and func.attr.value == "cuda":
+        return [arg.value for arg in call.args]
+    first = call_arg(call, 0, "device") if isinstance(func, cst.Attribute) and callee is None and func.attr.value == "to" \
+        else call_arg(call, 0, "type") if callee == "torch.device" else None
+    found = [first.value] if first is not None else []
+    if not facts.defines(func):
+        found += [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value in PLACEMENT_KEYWORDS]
+    return found
 
 
 def wraps_model(facts: Facts, node: cst.CSTNode) -> bool:

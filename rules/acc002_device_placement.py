@@ -1,19 +1,20 @@
 import re
+import sys
 
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import with_commas
+from accrewrite.toolbox import PLACEMENT_KEYWORDS, with_commas, without_items
 from accrewrite.values import Kind, read_chains
 
-# Keywords that name where tensors go; a CUDA value there moves to the target device.
-_DEVICE_KEYWORDS = ("device", "map_location")
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
 _AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
 _SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.accelerator.set_device_idx"})
+# Context managers that make a device current for their block.
+_DEVICE_CONTEXTS = frozenset({"torch.cuda.device", "torch.accelerator.device_index"})
 # torch functions that make a tensor on the CPU unless given a device.
 _FACTORIES = frozenset(f"torch.{name}" for name in (
     "randn", "rand", "randint", "zeros", "ones", "full", "empty", "arange", "tensor", "eye", "linspace",
@@ -66,7 +67,7 @@ class DevicePlacement(Rule):
     summary = "CUDA device selection, .cuda(), set_device, device_ids= -> the target device"
     concepts = ("device",)
     triggers = frozenset(
-        {"cuda", "to", "set_device", "device", "accelerator", "exec", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS,
+        {"cuda", "to", "set_device", "device", "accelerator", "exec", *PLACEMENT_KEYWORDS, *_CUDA_ONLY_KEYWORDS,
          *(name.rpartition(".")[2] for name in _FACTORIES)}
     )
     examples = (
@@ -193,6 +194,20 @@ class DevicePlacement(Rule):
             return self._after_configurator(original_node, updated_node)
         return updated_node
 
+    def leave_With(self, original_node, updated_node):
+        """``with torch.cuda.device(args.gpu_index):`` (SimCLR's) makes a CUDA device current for
+        its block: the target chooses the device per process, and entering the context
+        initialises CUDA, which fails where there is none."""
+        dropped = [self._device_context(item) for item in original_node.items]
+        if not any(dropped):
+            return updated_node
+        self.ctx.fix(original_node, "removed the CUDA device context: the target chooses the device per process")
+        return without_items(updated_node, dropped)
+
+    def _device_context(self, item: cst.WithItem) -> bool:
+        return item.asname is None and isinstance(item.item, cst.Call) \
+            and self.ctx.facts.qualname(item.item.func) in _DEVICE_CONTEXTS
+
     def _before_configurator(self, line) -> bool:
         order = self.ctx.facts.order
         return order.get(line, 0) < order.get(self._configurator, 0)
@@ -300,15 +315,26 @@ class DevicePlacement(Rule):
         return (isinstance(comparison.operator, cst.Equal) and compared.partition(":")[0] == "cuda"
                 and self._device_name(test.left) and self.ctx.target.has("accelerator_available"))
 
+    def leave_UnaryOperation(self, original_node, updated_node):
+        """``not torch.cuda.is_available()`` (MoCo's ``if not ...: print("using CPU")``) is False
+        where the device check holds on the target."""
+        checked = updated_node.expression
+        if (original_node.expression in self._gates and isinstance(updated_node.operator, cst.Not)
+                and isinstance(checked, cst.Name) and checked.value == "True"):
+            self.ctx.fix(original_node, "the device check holds on the target: its negation is False")
+            return cst.Name("False", lpar=updated_node.lpar, rpar=updated_node.rpar)
+        return updated_node
+
     def leave_BooleanOperation(self, original_node, updated_node):
-        """``not args.no_cuda and torch.cuda.is_available()`` keeps only its other operand where
-        the target's device is always there (``and True`` says nothing)."""
-        if not isinstance(updated_node.operator, cst.And):
-            return updated_node
+        """``not args.no_cuda and torch.cuda.is_available()`` and ``args.cpu or not
+        torch.cuda.is_available()`` keep only their other operand where the target's device is
+        always there (``and True`` and ``or False`` say nothing)."""
+        neutral = "True" if isinstance(updated_node.operator, cst.And) else "False"
         sides = ((original_node.right, updated_node.right, updated_node.left),
                  (original_node.left, updated_node.left, updated_node.right))
         for was, checked, other in sides:
-            if isinstance(was, cst.Call) and isinstance(checked, cst.Name) and checked.value == "True":
+            if isinstance(was, (cst.Call, cst.UnaryOperation)) and isinstance(checked, cst.Name) \
+                    and checked.value == neutral:
                 self.ctx.fix(original_node, "the device check holds on the target: the other condition decides")
                 if updated_node.lpar and not other.lpar:
                     other = other.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
@@ -352,10 +378,15 @@ class DevicePlacement(Rule):
         tests: list[cst.CSTNode] = []
 
         def enter(node):
-            if isinstance(node, cst.If) and (holds(node.body, chosen) or self._returns_cuda(node.body)
-                                             or self._places_on_cuda(node.body)):
+            if isinstance(node, cst.If) and self._uses_cuda(node.body, chosen):
                 tests.append(node.test)
-                self._fallbacks.update(self._other_choices(node, chosen))
+                self._fallbacks.update(self._other_choices(node.body, node.orelse, chosen))
+            elif isinstance(node, cst.If) and node.orelse is not None and self._uses_cuda(node.orelse, chosen):
+                # ``if not torch.cuda.is_available(): print("using CPU") else: model.cuda()``
+                negated = _negated(node.test)
+                tests.extend(negated)
+                if negated:
+                    self._fallbacks.update(self._other_choices(node.orelse, node.body, chosen))
             elif isinstance(node, cst.IfExp) and (self.ctx.facts.is_cuda_device(node) or self._places_on_cuda(node.body)):
                 tests.append(node.test)
             return True
@@ -372,10 +403,15 @@ class DevicePlacement(Rule):
         walk(self.ctx.module, flag)
         return gates
 
-    def _other_choices(self, choice: cst.If, chosen: set) -> list[cst.CSTNode]:
-        """``else: device = torch.device("cpu")`` (or ``"mps"``) after a CUDA choice: on a
+    def _uses_cuda(self, block: cst.CSTNode, chosen: set) -> bool:
+        """Whether an arm of an ``if`` chooses a CUDA device, returns one or places on CUDA."""
+        body = block.body if isinstance(block, cst.Else) else block
+        return holds(block, chosen) or self._returns_cuda(body) or self._places_on_cuda(block)
+
+    def _other_choices(self, cuda_arm: cst.CSTNode, other_arm: cst.CSTNode | None, chosen: set) -> list[cst.CSTNode]:
+        """``else: device = torch.device("cpu")`` (or ``"mps"``) beside a CUDA choice: on a
         target whose device is not CUDA the migrated script runs there too."""
-        names = {d.name for d in self.ctx.facts.devices if holds(choice.body, {d.statement})}
+        names = {d.name for d in self.ctx.facts.devices if holds(cuda_arm, {d.statement})}
         found = []
 
         def enter(node):
@@ -387,8 +423,8 @@ class DevicePlacement(Rule):
                     found.append(node)
             return True
 
-        if choice.orelse is not None:
-            walk(choice.orelse, enter)
+        if other_arm is not None:
+            walk(other_arm, enter)
         return found
 
     def _places_on_cuda(self, node: cst.CSTNode) -> bool:
@@ -431,6 +467,7 @@ class DevicePlacement(Rule):
         # Other choices of a device variable beside a CUDA one (``_other_choices``).
         self._fallbacks: set[cst.CSTNode] = set()
         self._gates = self._find_gates() if ctx.target.has("accelerator_available") else set()
+        self._moves: set[cst.Call] | None = None  # ``_storage_moves``
         # nanoGPT's configurator: ``exec(...)`` at module level overrides config globals from the
         # command line, type-checked, so the device string stays and the target's device is
         # assigned after it.
@@ -471,7 +508,11 @@ class DevicePlacement(Rule):
             if values.is_model(original_node.func) and values.is_tensor(original_node):
                 return self._inputs_on_device(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and callee is None:
+            if original_node in self._storage_moves():
+                return updated_node  # the load's map_location is rewritten whole
             return self._cuda_method(original_node, updated_node)
+        if isinstance(func, cst.Attribute) and func.attr.value == "add_argument":
+            return self._device_option(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "to":
             moved = self._to_cuda(original_node, updated_node)
             if moved is not updated_node:
@@ -532,15 +573,66 @@ class DevicePlacement(Rule):
         values = {}
         devices = {device.name for device in self.ctx.facts.devices}
         for index, arg in enumerate(original_node.args):
-            if arg.keyword is None or arg.keyword.value not in _DEVICE_KEYWORDS:
+            if arg.keyword is None or arg.keyword.value not in PLACEMENT_KEYWORDS:
                 continue
-            cuda = self.ctx.facts.is_cuda_device(arg.value)
+            cuda = self._names_cuda(original_node, arg)
             if arg.keyword.value == "map_location" and self.ctx.target.has("load_location"):
                 if cuda or dotted(arg.value) in devices:
                     values[index] = self.ctx.expr("load_location")
             elif cuda:
                 values[index] = self._device()
         return self._with_values(original_node, updated_node, values, "device='cuda' -> the target device")
+
+    def _names_cuda(self, call: cst.Call, arg: cst.Arg) -> bool:
+        """Whether a ``device=`` or ``map_location=`` argument names a CUDA device: a device
+        string, an index (``torch.ones(n, device=torch.cuda.current_device())``; not one given
+        to a function of this file, which may read it as a rank), a function that restores each
+        storage on CUDA
+        (``map_location=lambda storage, loc: storage.cuda()``: a storage's ``.to`` would not take
+        the target's device as ``.cuda()``'s replacement passes it)."""
+        value = arg.value
+        if self.ctx.facts.is_cuda_device(value):
+            return True
+        if arg.keyword.value == "map_location":
+            return isinstance(value, cst.Lambda) and value.body in self._storage_moves()
+        return self._ordinal(value) and not self.ctx.facts.defines(call.func)
+
+    def _storage_moves(self) -> set[cst.Call]:
+        """The moves of ``map_location=lambda storage, loc: storage.cuda()`` functions, which
+        ``_names_cuda`` replaces whole."""
+        if self._moves is None:
+            self._moves = set()
+            if "map_location" in self.ctx.source_text:
+                self._moves = {
+                    arg.value.body for call, _ in self.ctx.facts.calls for arg in call.args
+                    if arg.keyword is not None and arg.keyword.value == "map_location" and _restores_on_cuda(arg.value)
+                }
+        return self._moves
+
+    def _device_option(self, original_node, updated_node):
+        """``parser.add_argument("--device", default="cuda")`` whose options go to a function of
+        another module (timm's ``utils.init_distributed_device(args)``), which this file cannot
+        see make the device of it: the option defaults to the target's device there too. (A
+        device this file makes of the option is the target's already.)"""
+        default = call_arg(original_node, 99, "default")
+        if default is None or not self.ctx.facts.is_cuda_device(default.value) or not self.ctx.target.has("device_option"):
+            return updated_node
+        reader = self._options_reader()
+        if reader is None:
+            return updated_node
+        values = {original_node.args.index(default): self.ctx.expr("device_option")}
+        return self._with_values(original_node, updated_node, values,
+                                 f"the option defaults to the target's device: {reader}() reads the options")
+
+    def _options_reader(self) -> str | None:
+        """A function of another module (not torch's) that the file passes its parsed options to."""
+        facts = self.ctx.facts
+        for call, _ in facts.calls:
+            callee = facts.qualname(call.func)
+            if callee is not None and callee.partition(".")[0] not in _NOT_READERS and any(
+                    type(arg.value) is cst.Name and facts.file_values.names_options(arg.value.value) for arg in call.args):
+                return self.ctx.code(call.func)
+        return None
 
     def _with_values(self, original_node, updated_node, values: dict[int, cst.BaseExpression], message: str):
         """``updated_node`` with the arguments at ``values``' positions given those values, and
@@ -564,6 +656,8 @@ class DevicePlacement(Rule):
         return updated_node.with_changes(args=with_commas(args))
 
 
+# Modules whose functions make no device of a script's options.
+_NOT_READERS = frozenset({"torch", *sys.stdlib_module_names})
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
 # Statements whose blocks a run may skip, or leave before their end.
 _BRANCHING = frozenset({cst.If, cst.For, cst.While, cst.Try, cst.TryStar, cst.Match})
@@ -579,6 +673,24 @@ def _main_block(statement: cst.CSTNode) -> bool:
     test = getattr(statement, "test", None)
     return (type(statement) is cst.If and type(test) is cst.Comparison and dotted(test.left) == "__name__"
             and len(test.comparisons) == 1 and string_value(test.comparisons[0].comparator) == "__main__")
+
+
+def _negated(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """What ``test`` negates: ``X`` of ``not X``, ``args.cpu or not X``."""
+    found = []
+    walk(test, lambda node: found.append(node.expression)
+         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not) else None)
+    return found
+
+
+def _restores_on_cuda(function: cst.BaseExpression) -> bool:
+    """``lambda storage, loc: storage.cuda()``: a map_location function that restores each
+    storage on CUDA."""
+    if not isinstance(function, cst.Lambda) or not function.params.params:
+        return False
+    move = function.body
+    return (isinstance(move, cst.Call) and isinstance(move.func, cst.Attribute) and move.func.attr.value == "cuda"
+            and dotted(move.func.value) == function.params.params[0].name.value)
 
 
 def _calls_in(node: cst.CSTNode) -> set[cst.Call]:

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import string_value
+from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import with_commas
 
@@ -172,6 +172,26 @@ class ProcessGroup(Rule):
                         params = [p.name.value for p in (*worker.params.posonly_params, *worker.params.params)]
                         self._recounted.setdefault(worker, []).extend(
                             params[i] + attributes for i, attributes in spawn.counted if i < len(params))
+                        self._recounted[worker].extend(self._world_sizes(worker, params[1:]))
+
+    def _world_sizes(self, worker: cst.FunctionDef, passed: list[str]) -> list[str]:
+        """What ``worker`` passes ``init_process_group`` as its world size, where the launching
+        process gave it (``world_size=args.world_size``, ``args`` a parameter): the launching
+        process worked it out from its own device count (VICReg's ``args.world_size =
+        args.ngpus_per_node``, MoCo's ``ngpus_per_node * args.world_size``), CUDA's. One
+        process runs per device of the job, so it is the target's device count."""
+        found = []
+
+        def enter(node):
+            if isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in _INIT:
+                size = call_arg(node, _PARAMETERS.index("world_size"), "world_size")
+                name = dotted(size.value) if size is not None else None
+                if name is not None and name.partition(".")[0] in passed:
+                    found.append(name)
+            return not isinstance(node, (cst.FunctionDef, cst.ClassDef)) or node is worker
+
+        walk(worker, enter)
+        return found
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         """A launched function reads the device count where the devices are: its parameter that

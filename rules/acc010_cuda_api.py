@@ -2,6 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import dotted, holds, walk
 from accrewrite.rule import Example, Rule, excerpt
+from accrewrite.toolbox import placement_arguments
 from accrewrite.values import read_chains
 
 _SYNCHRONIZE = frozenset({"torch.cuda.synchronize"})
@@ -12,8 +13,10 @@ _MEMORY_READS = frozenset(
 )
 _MEMORY_FAILS = frozenset({"torch.cuda.reset_peak_memory_stats", "torch.cuda.memory_summary", "torch.cuda.mem_get_info"})
 _MEMORY = _MEMORY_READS | _MEMORY_FAILS
-# CUDA's device, named or timed: they fail without CUDA.
-_CUDA_ONLY = frozenset({"torch.cuda.get_device_name", "torch.cuda.Event"})
+# CUDA's device, named, described or timed: they fail without CUDA.
+_CUDA_ONLY = frozenset({"torch.cuda.get_device_name", "torch.cuda.get_device_properties", "torch.cuda.current_device",
+                        "torch.cuda.Event"})
+_CURRENT_DEVICE = "torch.cuda.current_device"
 # The calls a target's device layer may have under the same names (`device_call`).
 _DEVICE_CALLS = _MEMORY | _CUDA_ONLY | {"torch.cuda.empty_cache"}
 _FAILS = "It fails where CUDA is absent (a TPU host, PJRT's CPU): remove it, or guard it with torch.cuda.is_available()."
@@ -164,6 +167,9 @@ class CudaApi(Rule):
         super().__init__(ctx)
         # Depth inside device-selection expressions (ACC002's): nothing is reported there.
         self._selecting = 0
+        # ``torch.cuda.current_device()`` calls that name a device, which ACC002 replaces.
+        self._asks_current_device = _CURRENT_DEVICE in ctx.facts.called
+        self._placing: set[cst.Call] = set()
 
     def _selects_device(self, node) -> bool:
         facts = self.ctx.facts
@@ -178,9 +184,27 @@ class CudaApi(Rule):
 
     def visit_Call(self, node) -> None:
         self._selecting += self._selects_device(node)
+        if self._asks_current_device:
+            self._placing.update(self._current_devices_placing(node))
+
+    def _current_devices_placing(self, call: cst.Call) -> list[cst.Call]:
+        """The ``torch.cuda.current_device()`` calls that name where ``call`` puts tensors
+        (``torch.ones(n, device=torch.cuda.current_device())``, ``f"cuda:{...}"``), which ACC002
+        makes the target's device whole."""
+        facts = self.ctx.facts
+        found = []
+        for value in placement_arguments(facts, call):
+            if isinstance(value, cst.Call) and facts.qualname(value.func) == _CURRENT_DEVICE:
+                found.append(value)
+            elif facts.is_cuda_device(value):
+                walk(value, lambda node: found.append(node) if isinstance(node, cst.Call)
+                     and facts.qualname(node.func) == _CURRENT_DEVICE else None)
+        return found
 
     def leave_Call(self, original_node, updated_node):
         self._selecting -= self._selects_device(original_node)
+        if original_node in self._placing:
+            return updated_node
         callee = self.ctx.facts.qualname(original_node.func)
         if callee in _SYNCHRONIZE:
             self.ctx.fix(original_node, "torch.cuda.synchronize() -> the target's wait for the device")
