@@ -1,6 +1,6 @@
-"""What several rules share: argument lists rebuilt after a rewrite, ``with`` statements rid of
-a context manager, the arguments that say where tensors go, and the recognition of a model
-wrapped in DistributedDataParallel/DataParallel.
+"""What several rules share: argument lists rebuilt after a rewrite, string literals in the file's
+quotes, ``with`` statements rid of a context manager, the arguments that say where tensors go,
+and the recognition of a model wrapped in DistributedDataParallel/DataParallel.
 
 Rules import from here and from the engine's public names, never from one another, so that a
 rule's module holds that rule alone and a rule added through the entry point finds the same
@@ -28,6 +28,15 @@ def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
         else:
             fixed.append(arg)
     return fixed
+
+
+def quoted_like(original: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:
+    """``new`` in the quotes of the string literal it replaces (the file's quoting is kept)."""
+    if isinstance(original, cst.SimpleString) and isinstance(new, cst.SimpleString):
+        quote, value = original.quote, new.evaluated_value
+        if quote in ('"', "'") and quote not in value and "\\" not in value:
+            return new.with_changes(value=f"{quote}{value}{quote}")
+    return new
 
 
 def without_items(with_node: cst.With, dropped: list[bool]) -> cst.With | cst.FlattenSentinel:

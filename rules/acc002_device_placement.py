@@ -6,7 +6,7 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import PLACEMENT_KEYWORDS, with_commas, without_items
+from accrewrite.toolbox import PLACEMENT_KEYWORDS, quoted_like, with_commas, without_items
 from accrewrite.values import Kind, read_chains
 
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
@@ -620,7 +620,7 @@ class DevicePlacement(Rule):
         reader = self._options_reader()
         if reader is None:
             return updated_node
-        values = {original_node.args.index(default): self.ctx.expr("device_option")}
+        values = {original_node.args.index(default): quoted_like(default.value, self.ctx.expr("device_option"))}
         return self._with_values(original_node, updated_node, values,
                                  f"the option defaults to the target's device: {reader}() reads the options")
 

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import with_commas
+from accrewrite.toolbox import quoted_like, with_commas
 
 _INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 _BACKEND_FOR_DEVICE = frozenset({"torch.distributed.get_default_backend_for_device",
@@ -243,12 +243,12 @@ class ProcessGroup(Rule):
                 quoting = original.value
             if name == "backend":
                 if not _same(ctx.code(original.value), ctx.code(backend)):
-                    arg = arg.with_changes(value=_quoted_like(original.value, backend))
+                    arg = arg.with_changes(value=quoted_like(original.value, backend))
                     changes.append(f"backend {ctx.code(original.value)} -> {ctx.code(backend)}")
             elif name == "init_method" and init_method is not None and not init_method.keep:
                 wanted = ctx.expr("dist_init_method")
                 if not _same(ctx.code(original.value), ctx.code(wanted)):
-                    arg = arg.with_changes(value=_quoted_like(original.value, wanted))
+                    arg = arg.with_changes(value=quoted_like(original.value, wanted))
                     changes.append(f"init_method {ctx.code(original.value)} -> {ctx.code(wanted)}")
             elif name in ("rank", "world_size") and drops_ranks:
                 dropped.append(name)
@@ -264,11 +264,11 @@ class ProcessGroup(Rule):
                     whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
             args.append(arg)
         if "backend" not in named:
-            args.insert(0, _keyword("backend", _quoted_like(quoting, backend)))
+            args.insert(0, _keyword("backend", quoted_like(quoting, backend)))
             changes.append(f"backend={ctx.code(backend)}")
         if "init_method" not in named and init_method is not None:
             wanted = ctx.expr("dist_init_method")
-            args.insert(1, _keyword("init_method", _quoted_like(quoting, wanted)))
+            args.insert(1, _keyword("init_method", quoted_like(quoting, wanted)))
             changes.append(f"init_method={ctx.code(wanted)}")
         if dropped:
             rank = ctx.concept("dist_assigned_rank").render_expr()
@@ -351,15 +351,6 @@ def _same(code: str, wanted: str) -> bool:
     except cst.ParserSyntaxError:
         return False
     return string_value(left) is not None and string_value(left) == string_value(right)
-
-
-def _quoted_like(original: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:
-    """``new`` in the quotes of the string literal it replaces (the file's quoting is kept)."""
-    if isinstance(original, cst.SimpleString) and isinstance(new, cst.SimpleString):
-        quote, value = original.quote, new.evaluated_value
-        if quote in ('"', "'") and quote not in value and "\\" not in value:
-            return new.with_changes(value=f"{quote}{value}{quote}")
-    return new
 
 
 def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
