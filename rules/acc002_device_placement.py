@@ -29,28 +29,37 @@ class DevicePlacement(Rule):
     `xm.set_replication(device, [device])` after it, where the target needs that. So:
 
     - a variable assigned a CUDA device (`torch.device("cuda")`, `torch.device(f"cuda:{r}")`,
-      `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`) is assigned the target
-      device, followed by the replication call; chosen in a branch, the replication goes where
+      `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0" if n_gpu > 0 else "cpu"`,
+      `"cuda:0"`) is assigned the target device, followed by the replication call; chosen in a branch, the replication goes where
       the run has the device: once after an `if` whose every arm chooses the target's device,
       in the branch where another arm chooses the CPU, and where a run may skip the only
       choice (`if args.resume: loc = ...`), naming the target's device itself before it;
     - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
-      (the target picks the device per process);
+      (the target picks the device per process), and so is `with torch.cuda.device(i):` around
+      a block (SimCLR's), which initialises CUDA where it is entered;
     - a device string built from a device and an index (`torch.device(f"{acc}:{rank}")` with
       `acc = torch.accelerator.current_accelerator()`) is the target device;
     - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable that
       every path to the call has chosen (not one bound only in a resume branch, a `try` body
       or a loop), else the target's device call; `non_blocking` is kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
-      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`), and so is an
-      element of the list a wrapper takes as `device_ids=` (`model.to(device_ids[0])` in
-      PyTorch's DDP tutorial): it names the target device too, and a `device` parameter that
-      callers pass one is not a device;
+      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`,
+      `device=torch.cuda.current_device()`, but not given to a function of the file, which may
+      read it as a rank), and so is an element of the list a wrapper takes as `device_ids=`
+      (`model.to(device_ids[0])` in PyTorch's DDP tutorial): it names the target device too,
+      and a `device` parameter that callers pass one is not a device;
     - a `--device` option chose the device (`default='cpu'` too): `torch.device(args.device)`
-      is the target's device now;
-    - `device="cuda"` arguments name the target device, and so does `map_location="cuda"`,
-      except where the target cannot load onto its device (XLA: `map_location='cpu'`, and
-      `load_state_dict` copies onto the model's device);
+      is the target's device now; where the parsed options go to a function of another module
+      (timm's `utils.init_distributed_device(args)`), which makes the device of them out of
+      this file's sight, a CUDA default becomes the target's device name;
+    - `device="cuda"` arguments name the target device, and so does `map_location="cuda"` (or
+      a function that restores each storage on CUDA, `lambda storage, loc: storage.cuda()`:
+      the target's device is no `.to` argument of a storage), except where the target cannot
+      load onto its device (XLA: `map_location='cpu'`, and `load_state_dict` copies onto the
+      model's device);
+    - where the target's device is always there, a CUDA check in front of a device choice or a
+      move holds (`if torch.cuda.is_available():`), and its negation fails (MoCo's `if not
+      torch.cuda.is_available(): print("using CPU")`, the placement in the other arms);
     - `device_ids=` and `output_device=` are dropped from DistributedDataParallel and
       DataParallel, which pin them to CUDA;
     - `"cuda" in device` (nanoGPT's device type) tests `str(device)`, and `device == "cpu"` its
@@ -134,6 +143,55 @@ class DevicePlacement(Rule):
                 model = torch.nn.parallel.DistributedDataParallel(model.to(torch_xla.device()))
                 for images, target in loader:
                     images = images.to(torch_xla.device(), non_blocking=True)
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def main_worker(args):
+                model = Net()
+                if not torch.cuda.is_available():
+                    print("using CPU, this will be slow")
+                else:
+                    model.cuda()
+                if args.resume:
+                    checkpoint = torch.load(args.resume, map_location=lambda storage, loc: storage.cuda())
+                with torch.cuda.device(args.gpu_index):
+                    train(model, loader)
+            """,
+            after="""
+            import torch
+            import torch_xla
+
+            def main_worker(args):
+                model = Net()
+                if False:
+                    print("using CPU, this will be slow")
+                else:
+                    model.to(torch_xla.device())
+                if args.resume:
+                    checkpoint = torch.load(args.resume, map_location='cpu')
+                train(model, loader)
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            n_gpu = torch.cuda.device_count()
+            device = torch.device("cuda:0" if n_gpu > 0 else "cpu")
+            mask = torch.ones(8, device=torch.cuda.current_device())
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            n_gpu = torch.cuda.device_count()
+            device = xm.xla_device()
+            xm.set_replication(device, [device])
+            mask = torch.ones(8, device=device)
             """,
         ),
     )

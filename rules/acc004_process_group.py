@@ -48,7 +48,10 @@ class ProcessGroup(Rule):
     - `torch_xla`: `torch_xla.launch(fn, args=(...))`, one process per device. It picks the
       number of processes, so `nprocs` goes, and an argument that passed it (`world_size`) is
       read again where the devices are: the launched function starts with `world_size =
-      xr.global_runtime_device_count()`. Its `xla://` rendezvous is the one the group joins (a
+      xr.global_runtime_device_count()`. So does the world size it gives `init_process_group`
+      from its arguments (`world_size=args.world_size`), which the launching process worked
+      out from CUDA's count, 0 where there is no CUDA (VICReg's `args.world_size =
+      args.ngpus_per_node`, MoCo's `ngpus_per_node * args.world_size`). Its `xla://` rendezvous is the one the group joins (a
       spawn of torch's would host a second one: the address is in use). A spawn it cannot
       take (`join=False`, `daemon=True`) is left, and reported;
     - `torchacc`: unchanged, with the script's own init method, rank and world size.
@@ -135,6 +138,42 @@ class ProcessGroup(Rule):
 
             def run(world_size):
                 torch_xla.launch(demo, args=(world_size,))
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+
+            def main_worker(gpu, args):
+                dist.init_process_group("nccl", init_method=args.dist_url, world_size=args.world_size, rank=gpu)
+                batch_size = args.batch_size // args.world_size
+
+            def main(args):
+                args.ngpus_per_node = torch.cuda.device_count()
+                args.world_size = args.ngpus_per_node * args.nodes
+                mp.spawn(main_worker, (args,), args.ngpus_per_node)
+            """,
+            after="""
+            import torch
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+            import torch_xla.runtime as xr
+            import torch_xla.distributed.xla_backend
+            import torch_xla
+
+            def main_worker(gpu, args):
+                args.ngpus_per_node = xr.global_runtime_device_count()
+                args.world_size = xr.global_runtime_device_count()
+                dist.init_process_group("xla", init_method='xla://')
+                batch_size = args.batch_size // args.world_size
+
+            def main(args):
+                args.ngpus_per_node = torch.cuda.device_count()
+                args.world_size = args.ngpus_per_node * args.nodes
+                torch_xla.launch(main_worker, args=(args,))
             """,
         ),
         Example(

@@ -34,18 +34,22 @@ class CudaApi(Rule):
     - CUDA's memory statistics and device calls (`torch.cuda.memory_allocated()`,
       `max_memory_allocated()`, `memory_reserved()`, `max_memory_reserved()`, `memory_stats()`,
       `reset_peak_memory_stats()`, `memory_summary()`, `empty_cache()`, `mem_get_info()`,
-      `get_device_name()`, and `torch.cuda.Event(enable_timing=True)` for timing) become the
-      same call of the target's device layer where it has one (`runtime`:
-      `accrt.accelerator.max_memory_allocated()`, ...): CUDA's own on CUDA; on the CPU, the
-      process's resident memory and events that take the host's time, where torch.cuda's read
-      0 (the statistics), raise (`reset_peak_memory_stats`, `memory_summary`, `mem_get_info`,
-      `get_device_name`, `Event`) or do nothing.
+      `current_device()`, `get_device_name()`, `get_device_properties()`, and
+      `torch.cuda.Event(enable_timing=True)` for timing) become the same call of the target's
+      device layer where it has one (`runtime`: `accrt.accelerator.max_memory_allocated()`,
+      ...): CUDA's own on CUDA; on the CPU, the process's resident memory, the host's name,
+      memory and processors, its one device, and events that take the host's time, where
+      torch.cuda's read 0 (the statistics), raise (`reset_peak_memory_stats`, `memory_summary`,
+      `mem_get_info`, `current_device`, `get_device_name`, `get_device_properties`, `Event`) or
+      do nothing. `torch.cuda.current_device()` where it names the device (`device=...`,
+      `.cuda(...)`) is left to ACC002, which makes it the target's device.
     - On a target whose device is not a CUDA device (torchacc, torch_xla), these are reported,
       not changed, because they no longer describe the training device:
       `torch.cuda.memory_allocated()`/`max_memory_allocated()`/`memory_reserved()`... (0
       where CUDA is not initialised; `reset_peak_memory_stats()`, `memory_summary()` and
       `mem_get_info()` fail without CUDA; the device's memory is `xm.get_memory_info(device)`),
-      `torch.cuda.get_device_name()` and `torch.cuda.Event()` (they fail without CUDA),
+      `torch.cuda.current_device()`, `get_device_name()`, `get_device_properties()` and
+      `torch.cuda.Event()` (they fail without CUDA),
       `torch.cuda.is_available()`/`device_count()` outside the device selection that
       ACC002 rewrites (False/0 on TPU or CPU hosts, where the code they gate takes its CPU path),
       and `torch.backends.cudnn.*` settings (no effect: the target does not run cuDNN).
@@ -104,6 +108,25 @@ class CudaApi(Rule):
                 accrt.accelerator.reset_peak_memory_stats()
                 train_one_epoch(model, loader)
                 print(f"max mem {accrt.accelerator.max_memory_allocated() / 2**20:.0f} MB")
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+            if properties.total_memory < 40 * 2**30:
+                args.batch_size //= 2
+            mask = torch.ones(8, device=torch.cuda.current_device())
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime as accrt
+
+            properties = accrt.accelerator.get_device_properties(accrt.accelerator.current_device())
+            if properties.total_memory < 40 * 2**30:
+                args.batch_size //= 2
+            mask = torch.ones(8, device=torch.cuda.current_device())
             """,
         ),
         Example(
