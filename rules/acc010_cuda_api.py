@@ -190,9 +190,14 @@ class CudaApi(Rule):
         super().__init__(ctx)
         # Depth inside device-selection expressions (ACC002's): nothing is reported there.
         self._selecting = 0
-        # ``torch.cuda.current_device()`` calls that name a device, which ACC002 replaces.
+        # ``torch.cuda.current_device()`` calls that name a device, which ACC002 replaces: those
+        # in a device variable's value, and those found as the walk reaches the calls they are
+        # arguments of.
         self._asks_current_device = _CURRENT_DEVICE in ctx.facts.called
         self._placing: set[cst.Call] = set()
+        if self._asks_current_device:
+            for value in ctx.facts.device_values:
+                self._placing.update(self._current_devices_in(value))
 
     def _selects_device(self, node) -> bool:
         facts = self.ctx.facts
@@ -220,8 +225,13 @@ class CudaApi(Rule):
             if isinstance(value, cst.Call) and facts.qualname(value.func) == _CURRENT_DEVICE:
                 found.append(value)
             elif facts.is_cuda_device(value):
-                walk(value, lambda node: found.append(node) if isinstance(node, cst.Call)
-                     and facts.qualname(node.func) == _CURRENT_DEVICE else None)
+                found += self._current_devices_in(value)
+        return found
+
+    def _current_devices_in(self, value: cst.BaseExpression) -> list[cst.Call]:
+        found = []
+        walk(value, lambda node: found.append(node) if isinstance(node, cst.Call)
+             and self.ctx.facts.qualname(node.func) == _CURRENT_DEVICE else None)
         return found
 
     def leave_Call(self, original_node, updated_node):
