@@ -47,7 +47,8 @@ def _consoles() -> tuple[Console, Console]:
             self.quiet = True
             _to_devnull(self.file)
 
-    return _Console(), _Console(stderr=True)
+    # No emoji codes: a location on line 100 ("train.py:100:9") would print as "train.py💯9".
+    return _Console(emoji=False), _Console(stderr=True, emoji=False)
 
 
 def _error(err: Console, message: str) -> int:

@@ -16,8 +16,8 @@ from accrewrite.nodes import call_arg, dotted
 PLACEMENT_KEYWORDS = ("device", "map_location")
 
 
-def with_commas(args: list[cst.Arg]) -> list[cst.Arg]:
-    """Arguments with a comma after each but the last (the last keeps none)."""
+def with_commas(args: list[cst.Arg | cst.Element]) -> list[cst.Arg | cst.Element]:
+    """Arguments (or a tuple's elements) with a comma after each but the last (the last keeps none)."""
     fixed = []
     for position, arg in enumerate(args):
         last = position == len(args) - 1

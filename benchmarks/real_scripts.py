@@ -87,6 +87,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import string
 import struct
 import subprocess
@@ -785,13 +786,17 @@ def _examine_safely(path: str, relative: str, target: str) -> FileReport:
 # Synthetic data for the verify recipes -------------------------------------------------------
 
 
-def _png(path: Path, width: int, height: int, rng: random.Random) -> None:
-    """A random RGB PNG (standard library only: zlib and struct)."""
+def _png(path: Path, width: int, height: int, rng: random.Random, classes: int = 0) -> None:
+    """A random RGB PNG, or with ``classes`` a grayscale one whose pixels are class indices below
+    it, a segmentation mask (standard library only: zlib and struct)."""
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    rows = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    def row() -> bytes:
+        return bytes(rng.randrange(classes) for _ in range(width)) if classes else rng.randbytes(width * 3)
+
+    rows = b"".join(b"\x00" + row() for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0 if classes else 2, 0, 0, 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 1)) + chunk(b"IEND", b"")
     path.write_bytes(png)
@@ -827,14 +832,18 @@ def mnist(root: str, train: int = 256, test: int = 64, name: str = "MNIST") -> C
     return write
 
 
+def with_numpy(folder: Path, code: str, python: str) -> None:
+    """Runs ``code`` in ``folder`` (made) with the verify interpreter, which has numpy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run([python, "-c", code], cwd=folder, check=True, capture_output=True, timeout=120)
+
+
 def cifar10(root: str, train: int = 40, test: int = 12) -> Callable[[Path, str], None]:
     """torchvision's ``cifar-10-batches-py`` at ``root``: five training batches and a test batch
     of random pixels, uint8 arrays as torchvision reads them, so the interpreter writes them with
     numpy; their checksums pass through ``SITE``. Each batch of ten or more holds every class:
     tutorials end with an accuracy per class, which divides by the class's count."""
     def write(cwd: Path, python: str) -> None:
-        folder = cwd / root / "cifar-10-batches-py"
-        folder.mkdir(parents=True, exist_ok=True)
         code = (f"import numpy as np, pickle; rng = np.random.default_rng(0); n = {train}; "
                 "sizes = [n // 5 + (i < n % 5) for i in range(5)]\n"
                 "names = [f'data_batch_{i + 1}' for i in range(5)] + ['test_batch']\n"
@@ -843,7 +852,22 @@ def cifar10(root: str, train: int = 40, test: int = 12) -> Callable[[Path, str],
                 "'labels': rng.permutation(np.arange(k) % 10).tolist()}\n"
                 "    pickle.dump(batch, open(name, 'wb'))\n"
                 "pickle.dump({'label_names': [f'class{i}' for i in range(10)]}, open('batches.meta', 'wb'))")
-        subprocess.run([python, "-c", code], cwd=folder, check=True, capture_output=True, timeout=120)
+        with_numpy(cwd / root / "cifar-10-batches-py", code, python)
+    return write
+
+
+def cifar100(root: str, train: int = 200, test: int = 100) -> Callable[[Path, str], None]:
+    """torchvision's ``cifar-100-python`` at ``root`` (``train``, ``test``, ``meta``), random pixels,
+    every class in turn; the checksums pass through ``SITE`` as CIFAR-10's do."""
+    def write(cwd: Path, python: str) -> None:
+        code = ("import numpy as np, pickle; rng = np.random.default_rng(0)\n"
+                f"for name, k in (('train', {train}), ('test', {test})):\n"
+                "    batch = {'data': rng.integers(0, 256, (k, 3072), dtype=np.uint8), "
+                "'fine_labels': (np.arange(k) % 100).tolist(), 'coarse_labels': (np.arange(k) % 20).tolist()}\n"
+                "    pickle.dump(batch, open(name, 'wb'))\n"
+                "pickle.dump({'fine_label_names': [f'class{i}' for i in range(100)], "
+                "'coarse_label_names': [f'super{i}' for i in range(20)]}, open('meta', 'wb'))")
+        with_numpy(cwd / root / "cifar-100-python", code, python)
     return write
 
 
@@ -950,6 +974,99 @@ def no_data(cwd: Path, python: str) -> None:
     pass
 
 
+# The research scripts' data (the third corpus, docs/benchmarks.md): the layouts their loaders
+# read, written small.
+
+CELEBA_ATTRIBUTES = (
+    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose Black_Hair "
+    "Blond_Hair Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses Goatee Gray_Hair Heavy_Makeup "
+    "High_Cheekbones Male Mouth_Slightly_Open Mustache Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose "
+    "Receding_Hairline Rosy_Cheeks Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat "
+    "Wearing_Lipstick Wearing_Necklace Wearing_Necktie Young").split()
+
+
+def celeba(root: str, images: int = 8, lines: int = 2040, size=(48, 48)) -> Callable[[Path, str], None]:
+    """CelebA at ``root``: ``images/NNNNNN.jpg`` and ``list_attr_celeba.txt`` (the count, the 40
+    attribute names, then one line of 1/-1 per image). Its ``lines`` name the ``images`` files in
+    turn: StarGAN keeps the first 1999 lines for testing and trains on the rest."""
+    def write(cwd: Path, python: str) -> None:
+        rng = random.Random(0)
+        folder = cwd / root
+        for i in range(images):
+            _png(folder / "images" / f"{i:06d}.jpg", *size, rng)
+        rows = [f"{i % images:06d}.jpg " + " ".join(rng.choice(("1", "-1")) for _ in CELEBA_ATTRIBUTES)
+                for i in range(lines)]
+        (folder / "list_attr_celeba.txt").write_text("\n".join([str(lines), " ".join(CELEBA_ATTRIBUTES), *rows]) + "\n")
+    return write
+
+
+def voc_segmentation(root: str, train: int = 8, val: int = 4, classes: int = 21,
+                     size=(64, 48)) -> Callable[[Path, str], None]:
+    """PASCAL VOC 2012's segmentation layout at ``root``: ``VOCdevkit/VOC2012/JPEGImages``,
+    ``SegmentationClass`` (one grayscale mask of class indices per image) and
+    ``ImageSets/Segmentation/{train,val,trainval}.txt``."""
+    def write(cwd: Path, python: str) -> None:
+        rng = random.Random(0)
+        voc = cwd / root / "VOCdevkit" / "VOC2012"
+        names = {"train": [f"2012_{i:06d}" for i in range(train)],
+                 "val": [f"2012_{i:06d}" for i in range(train, train + val)]}
+        names["trainval"] = names["train"] + names["val"]
+        for name in names["trainval"]:
+            _png(voc / "JPEGImages" / f"{name}.jpg", *size, rng)
+            _png(voc / "SegmentationClass" / f"{name}.png", *size, rng, classes=classes)
+        (voc / "ImageSets" / "Segmentation").mkdir(parents=True)
+        for split, listed in names.items():
+            (voc / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("".join(n + "\n" for n in listed))
+    return write
+
+
+def random_weights(model: str, path: str, key: str | None = None) -> Callable[[Path, str], None]:
+    """Randomly initialised weights at ``path`` (relative to the working directory) for a script
+    that loads a pretrained network: ``model`` is Python, run in the script's folder, that binds
+    ``model``; ``key`` nests the state dict in a checkpoint dict. A backbone that
+    ``torch.hub.load_state_dict_from_url`` fetches is found at
+    ``torch_home/hub/checkpoints/FILE`` when the recipe sets ``TORCH_HOME=torch_home``."""
+    def write(cwd: Path, python: str) -> None:
+        state = f"{{{key!r}: model.state_dict()}}" if key else "model.state_dict()"
+        code = (f"import os, torch\n{model}\nos.makedirs(os.path.dirname({path!r}) or '.', exist_ok=True)\n"
+                f"torch.save({state}, {path!r})")
+        subprocess.run([python, "-c", code], cwd=cwd, check=True, capture_output=True, timeout=300)
+    return write
+
+
+def ssl_checkpoint(encoder: str) -> Callable[[Path, str], None]:
+    """``pretrained.pth.tar``, a self-supervised run's checkpoint as the linear-classification
+    scripts of moco, moco-v3 and simsiam load it (random weights): a ResNet-18's weights under
+    ``module.<encoder>.`` in ``state_dict``."""
+    return random_weights("import torchvision; model = torch.nn.Module(); model.module = torch.nn.Module(); "
+                          f"model.module.{encoder} = torchvision.models.resnet18()", "pretrained.pth.tar",
+                          key="state_dict")
+
+
+def json_file(name: str, content: dict) -> Callable[[Path, str], None]:
+    """A JSON file ``name`` in the working directory: a configuration the script reads."""
+    def write(cwd: Path, python: str) -> None:
+        (cwd / name).write_text(json.dumps(content, indent=1))
+    return write
+
+
+def both(*writers: Callable[[Path, str], None]) -> Callable[[Path, str], None]:
+    def write(cwd: Path, python: str) -> None:
+        for writer in writers:
+            writer(cwd, python)
+    return write
+
+
+def unaligned(root: str, per_domain: int = 4, size=(40, 40)) -> Callable[[Path, str], None]:
+    """Two unpaired image domains at ``root``: ``{train,test}{A,B}/*.png``."""
+    def write(cwd: Path, python: str) -> None:
+        rng = random.Random(0)
+        for folder in ("trainA", "trainB", "testA", "testB"):
+            for i in range(per_domain):
+                _png(cwd / root / folder / f"{i}.png", *size, rng)
+    return write
+
+
 # Verify recipes ------------------------------------------------------------------------------
 
 
@@ -966,6 +1083,7 @@ class Recipe:
     original_runs: bool = True  # False: the original needs CUDA, so compare runtime,torch_xla
     on_device: bool = True  # False: the original places nothing on a device, so there is no XLA side
     nproc: int = 1
+    devices: int = 1  # the runtime side's CPU devices in its run to the end (CPU_NUM_DEVICES), below
     steps: int | None = None  # instead of --steps, where a step is slow
     needs: tuple[str, ...] = ()  # modules the interpreters must import
     env: tuple[tuple[str, str], ...] = ()
@@ -974,6 +1092,21 @@ class Recipe:
 
 
 _MNIST = ("torchvision", "PIL")
+_IMAGES = ("torchvision", "PIL")
+_SPAWN = ("--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--dist-url", "tcp://127.0.0.1:29517",
+          "--dist-backend", "gloo")
+"""How the mp.spawn scripts of facebookresearch (moco, moco-v3, simsiam) are run: one node, a
+process per device, gloo as the original's backend (the migrations spell their own)."""
+_VIEW = ("its accuracy() calls .view on a non-contiguous tensor, which current PyTorch rejects on the CPU and "
+         "CUDA (the original fails the same way; torch_xla's tensors take it)")
+_TEACHER = "save/models/resnet8_cifar100_lr_0.05_decay_0.0005_trial_0/resnet8_best.pth"
+"""Where RepDistiller's train_teacher.py saves a ResNet-8: train_student.py reads the model's name
+from the folder's."""
+_OLD_PROTOBUF = (("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python"),)
+"""tensorboard_logger's generated protobuf code predates protobuf 4: it imports only with the
+pure-Python implementation."""
+_SPAWNED = ("mp.spawn over torch.cuda.device_count() processes, DDP with device_ids; verify records the "
+            "parent process only, so only the runs to the end judge it (two processes on runtime)")
 _CALM = "at the default rate batches of two make the loss jump, which magnifies any rounding difference"
 _ZERO_LOSS = ("its loss is a cross-entropy over one class, 0 at every step, and its gradients are 0, "
               "so a match shows only that both sides run")
@@ -1153,6 +1286,154 @@ RECIPES = (
     Recipe("mrdbourke+pytorch-deep-learning/01_pytorch_workflow.ipynb", (), no_data, needs=("matplotlib",),
            steps=104, note="a notebook: 100 steps on the CPU, then the device is chosen and a second model "
                            "trains on it for 1000 steps; 104 steps reach the second model"),
+    # Research scripts (the third corpus, docs/benchmarks.md): self-supervised learning with DDP
+    # and custom optimizers, GANs, detection and segmentation trainers, helper modules, resume
+    # branches.
+    Recipe("facebookresearch+vicreg/main_vicreg.py",
+           ("--data-dir", "images", "--exp-dir", "exp", "--arch", "resnet34", "--mlp", "64-64-64", "--epochs", "1",
+            "--batch-size", "4", "--num-workers", "0", "--log-freq-time", "0"),
+           images("images", classes=2, per_class=10), needs=_IMAGES, original_runs=False, nproc=2,
+           note="torchrun; init_distributed_mode (NCCL, in distributed.py) and .cuda(gpu); a LARS optimizer of "
+                "the file stepped through a GradScaler; FullGatherLayer all-reduces in its backward; SyncBatchNorm"),
+    Recipe("facebookresearch+vicreg/evaluate.py",
+           ("--data-dir", "images", "--pretrained", "backbone.pth", "--exp-dir", "exp", "--arch", "resnet34",
+            "--epochs", "1", "--batch-size", "4", "--workers", "0", "--print-freq", "1", "--lr-head", "0.1"),
+           both(images("images", classes=2, per_class=4),
+                random_weights("import resnet; model = resnet.resnet34()[0]", "backbone.pth")),
+           needs=_IMAGES, original_runs=False, devices=2,
+           note="mp.spawn over torch.cuda.device_count() with a random port, NCCL spelled in the worker; a linear "
+                "probe of a frozen backbone (random weights here)"),
+    Recipe("facebookresearch+moco-v3/main_moco.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "32",
+            "--moco-mlp-dim", "64", *_SPAWN, "images"),
+           images("images", classes=2, per_class=6), needs=(*_IMAGES, "tensorboard", "timm"), original_runs=False,
+           devices=2, note=_SPAWNED + "; vits.py imports timm 0.4.9's layout (its README's version); LARS "
+                                  "(moco/optimizer.py) through a GradScaler; loc = 'cuda:{}' bound only when resuming"),
+    Recipe("facebookresearch+moco-v3/main_lincls.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", "--pretrained",
+            "pretrained.pth.tar", *_SPAWN, "images"),
+           both(images("images", classes=2, per_class=6), ssl_checkpoint("base_encoder")), needs=(*_IMAGES, "timm"),
+           original_runs=False, devices=2,
+           note=_SPAWNED + "; timm 0.4.9, as main_moco.py"),
+    Recipe("facebookresearch+moco/main_moco.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--moco-dim", "16", "--moco-k", "32",
+            "--mlp", "--aug-plus", "--cos", *_SPAWN, "images"),
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
+           note=_SPAWNED + "; the queue and the batch shuffle gather across ranks (moco/builder.py); " + _VIEW),
+    Recipe("facebookresearch+moco/main_lincls.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", "--pretrained",
+            "pretrained.pth.tar", *_SPAWN, "images"),
+           both(images("images", classes=2, per_class=6), ssl_checkpoint("encoder_q")), needs=_IMAGES,
+           original_runs=False, devices=2,
+           note=_SPAWNED + "; a frozen backbone, its last layer trained, then validated; " + _VIEW),
+    Recipe("facebookresearch+simsiam/main_simsiam.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--dim", "32", "--pred-dim", "16",
+            "--fix-pred-lr", *_SPAWN, "images"),
+           images("images", classes=2, per_class=6), needs=_IMAGES, original_runs=False, devices=2,
+           note=_SPAWNED),
+    Recipe("facebookresearch+simsiam/main_lincls.py",
+           ("-a", "resnet18", "--epochs", "1", "-b", "4", "-j", "0", "-p", "1", "--lr", "0.1", "--pretrained",
+            "pretrained.pth.tar", *_SPAWN, "images"),
+           both(images("images", classes=2, per_class=6), ssl_checkpoint("encoder")), needs=_IMAGES,
+           original_runs=False, devices=2,
+           note=_SPAWNED + "; without --lars, which imports apex"),
+    Recipe("sthalles+SimCLR/run.py",
+           ("-data", "datasets", "-dataset-name", "cifar10", "--epochs", "1", "-b", "8", "-j", "0",
+            "--log-every-n-steps", "1", "--seed", "0"), cifar10("datasets", train=48, test=10),
+           needs=("torchvision", "tensorboard", "yaml"),
+           note="the training loop is SimCLR.train (simclr.py), with torch.cuda.amp's GradScaler and autocast "
+                "(disabled without --fp16-precision) and `with torch.cuda.device(args.gpu_index)` around it"),
+    Recipe("HobbitLong+SupContrast/main_supcon.py",
+           ("--batch_size", "8", "--num_workers", "0", "--epochs", "1", "--model", "resnet18", "--dataset", "cifar10",
+            "--data_folder", "datasets", "--print_freq", "1", "--save_freq", "1"),
+           cifar10("datasets", train=48, test=10),
+           needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
+           note="every placement is under `if torch.cuda.is_available()`; two crops a batch, torch.cat'd"),
+    Recipe("HobbitLong+SupContrast/main_ce.py",
+           ("--batch_size", "8", "--num_workers", "0", "--epochs", "1", "--model", "resnet18", "--dataset", "cifar10",
+            "--print_freq", "1", "--save_freq", "1"), cifar10("datasets", train=48, test=16),
+           needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF, original_runs=False,
+           note="cross-entropy baseline of main_supcon.py: the model under `if torch.cuda.is_available()`, the "
+                "batches' .cuda() unconditional; a validation after each epoch; " + _VIEW),
+    Recipe("Spijkervet+SimCLR/main.py",
+           ("--dataset", "CIFAR10", "--dataset_dir", "datasets", "--batch_size", "4", "--image_size", "32",
+            "--epochs", "1", "--workers", "0"), cifar10("datasets", train=24, test=10),
+           needs=("torchvision", "tensorboard", "yaml"), original_runs=False,
+           note="its options come from config/config.yaml; .cuda() in train(); the model in the simclr package"),
+    Recipe("leftthomas+SimCLR/main.py", ("--batch_size", "8", "--epochs", "1", "--k", "10", "--feature_dim", "32"),
+           cifar10("data", train=48, test=16), needs=("torchvision", "thop", "pandas"), original_runs=False,
+           note="Model(...).cuda() and thop.profile on a .cuda() input; train(net, loader, train_optimizer); "
+                "a kNN test over a memory bank after each epoch"),
+    Recipe("yunjey+stargan/main.py",
+           ("--mode", "train", "--dataset", "CelebA", "--image_size", "32", "--celeba_crop_size", "40", "--c_dim", "5",
+            "--batch_size", "4", "--num_iters", "6", "--num_iters_decay", "3", "--g_repeat_num", "1",
+            "--d_repeat_num", "3", "--n_critic", "1", "--log_step", "1", "--sample_step", "3", "--model_save_step", "6",
+            "--lr_update_step", "2", "--use_tensorboard", "False", "--num_workers", "0",
+            "--selected_attrs", "Black_Hair", "Blond_Hair", "Brown_Hair", "Male", "Young"),
+           celeba("data/celeba"), needs=("torchvision", "PIL", "numpy"), steps=6,
+           note="label2onehot builds one-hot labels on the host from the batch's labels before they are moved; "
+                "the discriminator and the generator step in turn (--n_critic 1), with a gradient penalty"),
+    Recipe("VainF+DeepLabV3Plus-Pytorch/main.py",
+           ("--dataset", "voc", "--data_root", "data", "--model", "deeplabv3plus_mobilenet", "--batch_size", "2",
+            "--val_batch_size", "2", "--crop_size", "32", "--crop_val", "--total_itrs", "6", "--val_interval", "3",
+            "--print_interval", "1"),
+           both(voc_segmentation("data"), random_weights("from network.backbone.mobilenetv2 import MobileNetV2; "
+                                                          "model = MobileNetV2()",
+                                                          "torch_home/hub/checkpoints/mobilenet_v2-b0353104.pth")),
+           needs=("torchvision", "visdom", "matplotlib", "sklearn"), env=(("TORCH_HOME", "torch_home"),),
+           note="its pretrained MobileNetV2 backbone is random weights written where torch.hub looks; a while True "
+                "loop over the loader that returns at --total_itrs, validating every --val_interval"),
+    Recipe("taesungp+contrastive-unpaired-translation/train.py",
+           ("--dataroot", "data", "--name", "exp", "--CUT_mode", "CUT", "--display_id", "0", "--no_html",
+            "--num_threads", "0", "--load_size", "32", "--crop_size", "32", "--ngf", "8", "--ndf", "8",
+            "--netG", "resnet_6blocks", "--n_epochs", "1", "--n_epochs_decay", "1", "--print_freq", "1",
+            "--num_patches", "16", "--save_epoch_freq", "1"),
+           unaligned("data", per_domain=6), needs=("torchvision", "dominate"), original_runs=False, steps=6,
+           note="--gpu_ids 0 (its default) sets torch.cuda.set_device; the networks, their optimizers and "
+                "optimize_parameters live in models/ (cut_model.py, base_model.py), the loop in train.py; "
+                "the feature-patch network and its optimizer are built at the first batch"),
+    Recipe("huggingface+pytorch-image-models/train.py",
+           ("--data-dir", "images", "--train-split", "train", "--val-split", "val", "--model", "resnet18",
+            "--num-classes", "2", "--epochs", "1", "-b", "2", "--workers", "0", "--img-size", "32",
+            "--log-interval", "1", "--output", "out"),
+           images("images", classes=2, per_class=6), needs=("torchvision", "PIL", "yaml", "huggingface_hub",
+                                                            "safetensors"), original_runs=False,
+           note="--device defaults to cuda and init_distributed_device (timm/utils/distributed.py) turns it "
+                "into the device; timm's own PrefetchLoader moves the batches"),
+    Recipe("HobbitLong+RepDistiller/train_teacher.py",
+           ("--model", "resnet8", "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
+           cifar100("data", train=96, test=32), needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
+           note="every placement is under `if torch.cuda.is_available()`; the loops are helper/loops.py's"),
+    Recipe("HobbitLong+RepDistiller/train_student.py",
+           ("--path_t", _TEACHER, "--distill", "hint", "--model_s", "resnet8", "-r", "0.1", "-a", "0.9", "-b", "100",
+            "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
+           both(cifar100("data", train=96, test=32),
+                random_weights("from models import model_dict; model = model_dict['resnet8'](num_classes=100)",
+                               _TEACHER, key="model")),
+           needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
+           note="FitNets' hint distillation: a teacher (random weights), a student and the regressor trained "
+                "with it in a module_list; --distill crd's dataset reads torchvision's long-gone train_data"),
+    Recipe("yassouali+pytorch-segmentation/train.py", ("--config", "small.json"),
+           both(voc_segmentation("data", train=8, val=4),
+                json_file("small.json", {
+                    "name": "UNet", "n_gpu": 1, "use_synch_bn": False,
+                    "arch": {"type": "UNet", "args": {"freeze_bn": False}},
+                    "train_loader": {"type": "VOC", "args": {
+                        "data_dir": "data", "batch_size": 2, "base_size": 40, "crop_size": 32, "augment": True,
+                        "shuffle": True, "scale": True, "flip": True, "rotate": False, "blur": False,
+                        "split": "train", "num_workers": 0}},
+                    "val_loader": {"type": "VOC", "args": {
+                        "data_dir": "data", "batch_size": 2, "crop_size": 32, "val": True, "split": "val",
+                        "num_workers": 0}},
+                    "optimizer": {"type": "SGD", "differential_lr": True,
+                                  "args": {"lr": 0.01, "weight_decay": 1e-4, "momentum": 0.9}},
+                    "loss": "CrossEntropyLoss2d", "ignore_index": 255, "lr_scheduler": {"type": "Poly", "args": {}},
+                    "trainer": {"epochs": 2, "save_dir": "saved/", "save_period": 1, "monitor": "max Mean_IoU",
+                                "early_stop": 10, "tensorboard": True, "log_dir": "saved/runs", "log_per_iter": 1,
+                                "val": True, "val_per_epochs": 1}})),
+           needs=("torchvision", "tensorboard", "cv2", "scipy"),
+           note="its configuration is a JSON file (written small here); the loop is trainer.py's Trainer over "
+                "base/base_trainer.py's, which picks the device from torch.cuda.device_count() and resumes"),
 )
 
 
@@ -1190,12 +1471,13 @@ def comparisons(recipe: Recipe) -> list[tuple[str, tuple[str, ...]]]:
 
 
 @functools.lru_cache(maxsize=None)
-def importable(python: str, module: str) -> bool:
-    return subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=300).returncode == 0
+def importable(python: str, module: str, env: tuple[tuple[str, str], ...] = ()) -> bool:
+    return subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=300,
+                          env={**os.environ, **dict(env)}).returncode == 0
 
 
 def _missing(recipe: Recipe, pythons: list[str]) -> str:
-    missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m)})
+    missing = sorted({m for python in pythons for m in recipe.needs if not importable(python, m, recipe.env)})
     return f"skipped: cannot import {', '.join(missing)}" if missing else ""
 
 
@@ -1289,8 +1571,15 @@ def prepare(script: Path, recipe: Recipe, scratch: Path, python: str) -> Prepare
     (site / "sitecustomize.py").write_text(SITE)
     paths = [str(site), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, **dict(recipe.env), "PYTHONPATH": os.pathsep.join(filter(None, paths)),
-           "MPLBACKEND": "Agg", "COLUMNS": "1000"}  # COLUMNS: rich does not wrap verify's verdict
+           "MPLBACKEND": "Agg", "COLUMNS": "1000",  # COLUMNS: rich does not wrap verify's verdict
+           "MASTER_PORT": str(free_port())}  # torch_xla.launch's rendezvous, else 12355 on every machine
     return Prepared(cwd, path, env)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_verify(script: Path, relative: str, recipe: Recipe, args) -> list[VerifyResult]:
@@ -1381,8 +1670,7 @@ def run_to_end(script: Path, relative: str, recipe: Recipe, side: str, args) -> 
             return EndResult(relative, side, None, "migration error: " + "; ".join(errors))
         launch = [] if recipe.nproc <= 1 else ["-m", "accrewrite.launcher", "--standalone",
                                                f"--nproc_per_node={recipe.nproc}"]
-        env = {**ready.env, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
-               **({"PJRT_DEVICE": "CPU"} if side == "torch_xla" else {})}
+        env = {**ready.env, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", **side_environment(recipe, side)}
         with open(Path(scratch) / "stderr", "w+b") as err:
             process = subprocess.Popen([python, *launch, str(path), *recipe.args], cwd=home, env=env,
                                        stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
@@ -1404,8 +1692,27 @@ def run_to_end(script: Path, relative: str, recipe: Recipe, side: str, args) -> 
     if code != 0:
         tail = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith(XLA_MARK)]
         reason = [f"still running after {args.timeout:.0f} s (--timeout)"] if code is None else []
-        result.note = " | ".join(reason + tail[-END_TAIL:])
+        result.note = " | ".join(reason + first_exception(tail) + tail[-END_TAIL:])
     return result
+
+
+_RANK = re.compile(r"\[(default)?rank\d+\]:\s*")
+
+
+def first_exception(lines: list[str]) -> list[str]:
+    """The first exception a process raised (``[rankN]: `` prefixes dropped), where the end of
+    stderr may be a launcher's summary of the failed ranks instead."""
+    found = (_RANK.sub("", line, count=1) for line in lines)
+    return next(([line] for line in found if _EXCEPTION.fullmatch(line) and not line.startswith("Traceback")), [])
+
+
+def side_environment(recipe: Recipe, side: str) -> dict[str, str]:
+    """torch_xla runs on PJRT's CPU client, one device: with two (``CPU_NUM_DEVICES=2``) each
+    process takes both as its own and their first all-reduce never meets. The runtime side of a
+    script that spawns a process per device gets ``recipe.devices``."""
+    if side == "torch_xla":
+        return {"PJRT_DEVICE": "CPU"}
+    return {"CPU_NUM_DEVICES": str(recipe.devices)} if side == "runtime" and recipe.devices > 1 else {}
 
 
 @dataclass

@@ -41,6 +41,7 @@ _DEVICE_LOADERS = spelled_callees("device_loader")
 _UNKNOWN, _DEVICE_LOADER = "unknown", "device loader"
 # Calls whose iteration is their first argument's: the loader behind ``enumerate(loader)``.
 _PASSING = frozenset({"enumerate", "iter", "tqdm", "trange", "islice", "zip", "log_every"})
+_COMPREHENSIONS = frozenset({cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp})
 
 
 def iterated(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -263,8 +264,10 @@ class Planner:
                 self.plan.batch_at[node] = frozenset(batch)
             elif kind is cst.Assign and len(node.targets) == 1:
                 bind_batch(batch, node.targets[0].target, node.value)
-            elif (kind is cst.For or kind is cst.CompFor) and root(iterated(node.iter)) in batch:
-                batch.update(target_names(node.target))  # {k: v.to(device) for k, v in batch.items()}
+            elif kind is cst.For and root(iterated(node.iter)) in batch:
+                batch.update(target_names(node.target))
+            elif kind in _COMPREHENSIONS:
+                bind_comprehension(batch, node)
             elif kind is cst.Call and self.is_move(node, batch):
                 moved = True
             return True
@@ -467,6 +470,16 @@ def _fits(use: Use, order: int, at_binding: bool) -> bool:
 def batch_names(loop: cst.For) -> set[str]:
     """The names a loop's target binds: its batch (and counter)."""
     return target_names(loop.target)
+
+
+def bind_comprehension(batch: set[str], node: cst.BaseComp) -> None:
+    """Add the names that a comprehension over the batch binds (``{k: v.to(device) for k, v in
+    batch.items()}``), before its element, which comes first, is walked."""
+    for_in = node.for_in
+    while for_in is not None:
+        if root(iterated(for_in.iter)) in batch:
+            batch.update(target_names(for_in.target))
+        for_in = for_in.inner_for_in
 
 
 def bind_batch(batch: set[str], target: cst.BaseExpression, value: cst.BaseExpression) -> None:

@@ -41,7 +41,7 @@ class DevicePlacement(Rule):
       `acc = torch.accelerator.current_accelerator()`) is the target device;
     - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable that
       every path to the call has chosen (not one bound only in a resume branch, a `try` body
-      or a loop), else the target's device call; `non_blocking` is kept;
+      or a loop), else the target's device call; `non_blocking` and `memory_format` are kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
       `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`,
       `device=torch.cuda.current_device()`, but not given to a function of the file, which may
@@ -612,7 +612,7 @@ class DevicePlacement(Rule):
     def _cuda_method(self, original_node, updated_node):
         kept = [
             arg for arg in updated_node.args
-            if arg.keyword is not None and arg.keyword.value == "non_blocking"
+            if arg.keyword is not None and arg.keyword.value in ("non_blocking", "memory_format")
         ]
         args = [cst.Arg(self._device()), *kept]
         self.ctx.fix(original_node, ".cuda() -> .to(the target device)")

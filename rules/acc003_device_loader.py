@@ -4,8 +4,8 @@ from accrewrite.nodes import call_arg, descendants, dotted
 from accrewrite.positions import starts
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import grown_sequence
-from accrewrite.rules._loader_feeds import Plan, Planner, iterated, root
-from accrewrite.values import target_names
+from accrewrite.rules._loader_feeds import Plan, Planner, bind_comprehension, root
+from accrewrite.toolbox import with_commas
 
 _DTYPE_PREFIX = "torch."  # .to(torch.float16) converts, it does not move
 
@@ -16,7 +16,13 @@ class DeviceLoader(Rule):
     TorchAcc's migration guide, step 2: `loader = pl.MpDeviceLoader(loader, device)`. The device loader copies
     the next batches to the device in the background while the current step runs, so the
     per-batch `x = x.to(device)` / `.cuda()` in the loop is removed (as are dict and tuple
-    forms such as `batch = {k: v.to(device) for k, v in batch.items()}`).
+    forms such as `batch = {k: v.to(device) for k, v in batch.items()}`). What a move does
+    besides moving stays: `x.to(device, torch.float16)` becomes `x.to(torch.float16)`, and
+    timm's cast to the model's dtype, `x.to(device=device, dtype=model_dtype)`, becomes
+    `x.to(dtype=model_dtype)`; a `memory_format=` or `copy=True` stays too, while
+    `non_blocking` goes (no transfer is left to overlap), and `tuple(t.to(device) for t in
+    batch)` still makes a tuple of the DataLoader's list. A move whose arguments cannot be told
+    (`x.to(device, **options)`) stays whole: moving a batch already on the device costs nothing.
 
     Which loops: those whose batches reach the device. A loop that moves a batch value
     (`x.to(device)`, `.cuda()`) is fed, and so is one that trains or calls a model in a file
@@ -116,6 +122,40 @@ class DeviceLoader(Rule):
                     inputs = batch["input_ids"]
                     model(inputs, **batch).loss.backward()
                     optimizer.step()
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def train(model, loader, optimizer, device, model_dtype):
+                for input, target in loader:
+                    input, target = input.to(device=device, dtype=model_dtype), target.to(device=device)
+                    loss = criterion(model(input), target)
+                    loss.backward()
+                    optimizer.step()
+
+            def evaluate(model, loader, device):
+                for batch in loader:
+                    batch = {k: v.to(device, torch.float16, non_blocking=True) for k, v in batch.items()}
+                    print(model(**batch).loss)
+            """,
+            after="""
+            import torch
+            import torch_xla.distributed.parallel_loader as pl
+
+            def train(model, loader, optimizer, device, model_dtype):
+                for input, target in pl.MpDeviceLoader(loader, device):
+                    input = input.to(dtype=model_dtype)
+                    loss = criterion(model(input), target)
+                    loss.backward()
+                    optimizer.step()
+
+            def evaluate(model, loader, device):
+                for batch in pl.MpDeviceLoader(loader, device):
+                    batch = {k: v.to(torch.float16) for k, v in batch.items()}
+                    print(model(**batch).loss)
             """,
         ),
         Example(
@@ -361,13 +401,18 @@ class DeviceLoader(Rule):
             return cst.RemoveFromParent()
         if not isinstance(statement, cst.Assign) or len(statement.targets) != 1 or not _calls_a_move(statement.value):
             return updated_node
-        stripped = _StripMoves(self, batch).visit_expr(statement.value)
+        strip = _StripMoves(self, batch)
+        stripped = strip.visit_expr(statement.value)
         if stripped.deep_equals(statement.value):
             return updated_node
-        self.ctx.fix(original_node, "removed a per-batch move: the device loader moves batches")
-        if _rebinds_itself(statement.targets[0].target, stripped):
+        kept = ", keeping its conversion" if strip.converts else ""
+        self.ctx.fix(original_node, f"removed a per-batch move{kept}: the device loader moves batches")
+        target = statement.targets[0].target
+        if _rebinds_itself(target, stripped):
             return cst.RemoveFromParent()
-        return updated_node.with_changes(body=[statement.with_changes(value=stripped)])
+        target, stripped = _without_self_assignments(target, stripped)
+        assign = statement.with_changes(targets=[statement.targets[0].with_changes(target=target)], value=stripped)
+        return updated_node.with_changes(body=[assign])
 
     def _is_move(self, node: cst.CSTNode, batch: set[str]) -> bool:
         """``x.to(device)``, ``x.cuda(...)``, ``x.to(device, non_blocking=True)`` of a batch."""
@@ -398,6 +443,11 @@ class DeviceLoader(Rule):
 
 
 _MOVES = frozenset({"to", "cuda"})
+# The parameters of Tensor.to and Tensor.cuda that positional arguments fill, in order
+# (``to(device, dtype, non_blocking, copy, *, memory_format)``); ``memory_format`` is keyword-only.
+_POSITIONS = {"to": ("device", "dtype", "non_blocking", "copy"), "cuda": ("device", "non_blocking")}
+_KEYWORD_ONLY = "memory_format"
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 def _calls_a_move(value: cst.BaseExpression) -> bool:
@@ -408,31 +458,70 @@ def _calls_a_move(value: cst.BaseExpression) -> bool:
     )
 
 
+def _without_move(call: cst.Call) -> cst.BaseExpression | None:
+    """What a batch move does besides moving, the device loader's part: nothing (``x.to(device,
+    non_blocking=True)`` -> ``x``), or its conversion (``x.to(device, torch.float16)`` ->
+    ``x.to(torch.float16)``, ``x.cuda(memory_format=torch.channels_last)`` ->
+    ``x.to(memory_format=torch.channels_last)``). None where an argument cannot be told
+    (``**options``): the move stays, as moving a batch already on the device costs nothing."""
+    positions = _POSITIONS[call.func.attr.value]
+    kept = []
+    for index, arg in enumerate(call.args):
+        name = _parameter(arg, index, positions)
+        if name is None:
+            return None
+        # Where the batch already is, non_blocking has nothing to overlap and copy=False nothing to skip.
+        if name in ("device", "non_blocking") or name == "copy" and _is_false(arg.value):
+            continue
+        if arg.keyword is None and name != "dtype":  # dtype comes first once the device goes
+            arg = arg.with_changes(keyword=cst.Name(name), equal=_EQUAL)
+        kept.append(arg)
+    if not kept:
+        return call.func.value
+    return call.with_changes(func=call.func.with_changes(attr=cst.Name("to")), args=with_commas(kept))
+
+
+def _parameter(arg: cst.Arg, index: int, positions: tuple[str, ...]) -> str | None:
+    """The parameter that the ``index``-th argument fills; None where that cannot be told
+    (``*args``, ``**options``, an argument the method does not take)."""
+    if arg.star:
+        return None
+    if arg.keyword is not None:
+        return arg.keyword.value if arg.keyword.value in (*positions, _KEYWORD_ONLY) else None
+    return positions[index] if index < len(positions) else None
+
+
+def _is_false(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
 class _StripMoves(cst.CSTTransformer):
-    """Replaces each move of a batch value by the value itself (in a comprehension over the
-    batch, of its elements too)."""
+    """Replaces each move of a batch value by what it does besides moving (``_without_move``):
+    the value itself, or its conversion (in a comprehension over the batch, of its elements
+    too). ``converts``: whether a conversion stays."""
 
     def __init__(self, rule: DeviceLoader, batch: set[str]):
         super().__init__()
         self.rule = rule
         self.batch = set(batch)
+        self.converts = False
 
     def visit_expr(self, node):
         return node.visit(self)
 
     def on_visit(self, node):
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
-            for_in = node.for_in
-            while for_in is not None:
-                if root(iterated(for_in.iter)) in self.batch:
-                    self.batch.update(target_names(for_in.target))
-                for_in = for_in.inner_for_in
+            bind_comprehension(self.batch, node)
         return super().on_visit(node)
 
     def leave_Call(self, original_node, updated_node):
-        if self.rule._is_move(original_node, self.batch):
-            return updated_node.func.value
-        return updated_node
+        if not self.rule._is_move(original_node, self.batch):
+            return updated_node
+        remains = _without_move(updated_node)
+        if remains is None:
+            return updated_node
+        self.converts = self.converts or remains is not updated_node.func.value
+        return remains
 
 
 class _Replace(cst.CSTTransformer):
@@ -452,7 +541,8 @@ class _Replace(cst.CSTTransformer):
 
 
 def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bool:
-    """``x = x``, ``x, y = x, y``, ``b = {k: v for k, v in b.items()}``, ``b = tuple(t for t in b)``."""
+    """``x = x``, ``x, y = x, y``, ``b = {k: v for k, v in b.items()}``, ``b = list(t for t in b)``
+    (not ``tuple(t for t in b)``: a DataLoader's batch is a list, which the device loader keeps)."""
     if target.deep_equals(value):
         return True
     if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple):
@@ -460,7 +550,7 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
             t.value.deep_equals(v.value) for t, v in zip(target.elements, value.elements)
         )
     name = dotted(target)
-    if isinstance(value, cst.Call) and dotted(value.func) in ("tuple", "list") and len(value.args) == 1:
+    if isinstance(value, cst.Call) and dotted(value.func) == "list" and len(value.args) == 1:
         value = value.args[0].value
     if isinstance(value, (cst.GeneratorExp, cst.ListComp)):
         loop = value.for_in
@@ -479,6 +569,23 @@ def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bo
             and value.value.deep_equals(loop.target.elements[1].value)
         )
     return False
+
+
+def _without_self_assignments(target: cst.BaseExpression, value: cst.BaseExpression):
+    """``x = x.to(torch.float16)`` for ``x, y = x.to(torch.float16), y``: the target and value
+    without the elements that assign a name itself (a moved element the move has left)."""
+    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple)):
+        return target, value
+    elements = (*target.elements, *value.elements)
+    if len(target.elements) != len(value.elements) or any(isinstance(e, cst.StarredElement) for e in elements):
+        return target, value
+    pairs = [(t, v) for t, v in zip(target.elements, value.elements) if not t.value.deep_equals(v.value)]
+    if len(pairs) == len(target.elements):
+        return target, value
+    if len(pairs) == 1:
+        return pairs[0][0].value, pairs[0][1].value
+    targets, values = [t for t, _ in pairs], [v for _, v in pairs]
+    return target.with_changes(elements=with_commas(targets)), value.with_changes(elements=with_commas(values))
 
 
 def _emptied(original: cst.BaseSuite, updated: cst.BaseSuite) -> bool:

@@ -6,9 +6,11 @@ runs, no network."""
 import argparse
 import ast
 import json
+import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import pytest
 from benchmark_module import load
@@ -208,6 +210,49 @@ def test_verdict_line():
     failed = subprocess.CompletedProcess([], 2, stdout="", stderr="original: 0/5 steps\nerror: original cannot run: it "
                                          "exited\n  File x\nRuntimeError: no data\nterminate called\n")
     assert rs.verdict_line(failed) == "error: original cannot run: it exited | RuntimeError: no data"
+
+
+def test_a_failed_runs_note_starts_with_the_first_exception_of_its_ranks():
+    stderr = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "train.py", line 3',
+              "[rank1]: ValueError: SyncBatchNorm expected input tensor to be on GPU",
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "rank      : 1"]
+    assert rs.first_exception(stderr) == ["ValueError: SyncBatchNorm expected input tensor to be on GPU"]
+    assert rs.first_exception(["Killed"]) == []
+
+
+def test_only_the_runtime_side_of_a_spawned_script_counts_two_cpu_devices():
+    spawned = rs.Recipe("a/main.py", (), rs.no_data, devices=2)
+    assert rs.side_environment(spawned, "runtime") == {"CPU_NUM_DEVICES": "2"}
+    assert rs.side_environment(spawned, "torch_xla") == {"PJRT_DEVICE": "CPU"}
+    assert rs.side_environment(spawned, "original") == {}
+
+
+def test_celeba_writes_the_attribute_file_stargan_reads(tmp_path):
+    rs.celeba("data/celeba", images=3, lines=2005)(tmp_path, sys.executable)
+    lines = (tmp_path / "data/celeba/list_attr_celeba.txt").read_text().splitlines()
+    assert lines[0] == "2005" and len(lines[1].split()) == 40 and len(lines) == 2007
+    name, *values = lines[-1].split()
+    assert (tmp_path / "data/celeba/images" / name).is_file() and set(values) <= {"1", "-1"} and len(values) == 40
+
+
+def _png_pixels(path):
+    """(colour type, the pixel bytes) of a PNG written by ``rs._png``: one IDAT, filter 0 rows."""
+    data = path.read_bytes()
+    width, height, _, colour = struct.unpack(">IIBB", data[16:26])
+    rows = zlib.decompress(data[data.index(b"IDAT") + 4:data.index(b"IEND") - 8])
+    stride = len(rows) // height
+    return colour, b"".join(rows[i * stride + 1:(i + 1) * stride] for i in range(height))
+
+
+def test_voc_masks_are_grayscale_class_indices(tmp_path):
+    rs.voc_segmentation("data", train=2, val=1, classes=21, size=(8, 6))(tmp_path, sys.executable)
+    voc = tmp_path / "data/VOCdevkit/VOC2012"
+    names = (voc / "ImageSets/Segmentation/trainval.txt").read_text().split()
+    assert len(names) == 3 and (voc / "ImageSets/Segmentation/val.txt").read_text().split() == names[2:]
+    colour, pixels = _png_pixels(voc / "SegmentationClass" / f"{names[0]}.png")
+    assert colour == 0 and len(pixels) == 8 * 6 and max(pixels) < 21
+    colour, pixels = _png_pixels(voc / "JPEGImages" / f"{names[0]}.jpg")
+    assert colour == 2 and len(pixels) == 8 * 6 * 3
 
 
 def test_a_notebooks_code_cells_become_one_script_without_its_shell_and_magic_lines(tmp_path):

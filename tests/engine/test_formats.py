@@ -5,6 +5,7 @@ import io
 import json
 import re
 
+import pytest
 from engine_scripts import HOST_SYNCS, TRAIN
 from rich.console import Console
 from schemas import SARIF, validate
@@ -102,6 +103,15 @@ def test_concise_lines_state_one_fact_and_a_repeat_once(tmp_path, cli):
         f"{path}:7:9: ACC101 `loss.item()` syncs the host every step (also on lines 8, 9)",
         f"{path}:10:9: ACC101 `x.item()` syncs the host every step",
     ]
+
+
+@pytest.mark.parametrize("form", ["concise", "full"])
+def test_a_location_on_line_100_is_not_read_as_an_emoji_code(tmp_path, cli, form):
+    # rich reads ":100:" as an emoji code: the location would print as "train.py💯9".
+    path = tmp_path / "train.py"
+    path.write_bytes(b"# a line above\n" * 93 + HOST_SYNCS)
+    code, out, _ = cli("migrate", "--check", "--output-format", form, path)
+    assert f"{path}:100:9: ACC101 `loss.item()` syncs the host every step" in out
 
 
 def test_full_format_shows_the_source_line_and_the_help_once(tmp_path, cli):

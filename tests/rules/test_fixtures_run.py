@@ -20,6 +20,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # Fixture -> whether the original runs on a CPU (those that place by CUDA ordinal do not).
 RUNNABLE = {
     "tutorial_module_level": True,
+    "batch_dtype": True,
     "gan_created_tensors": True,
     "gan_onehot_labels": True,
     "gan_label_shuffle": True,

@@ -197,16 +197,15 @@ class Trainer:
         if config.device == 'auto':
             if enable_torchacc_compiler():
                 self.device = xm.xla_device()
-                xm.set_replication(self.device, [self.device])
             else:
                 self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
         else:
             if enable_torchacc_compiler():
                 self.device = xm.xla_device()
-                xm.set_replication(self.device, [self.device])
             else:
                 self.device = config.device
         if enable_torchacc_compiler():
+            xm.set_replication(self.device, [self.device])
             torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = self.model.to(self.device)
         print("running on device", self.device)

@@ -183,10 +183,9 @@ class Trainer:
         # determine the device we'll train on
         if config.device == 'auto':
             self.device = xm.xla_device()
-            xm.set_replication(self.device, [self.device])
         else:
             self.device = xm.xla_device()
-            xm.set_replication(self.device, [self.device])
+        xm.set_replication(self.device, [self.device])
         torch.__future__.set_swap_module_params_on_conversion(True)
         self.model = self.model.to(self.device)
         print("running on device", self.device)

@@ -215,10 +215,10 @@ if ddp:
         if True:
             if enable_torchacc_compiler():
                 device = xm.xla_device()
-                xm.set_replication(device, [device])
             else:
                 device = f'cuda:{ddp_local_rank}'
                 torch.cuda.set_device(device)
+        xm.set_replication(device, [device])
     else:
         if torch.cuda.is_available():
             device = f'cuda:{ddp_local_rank}'

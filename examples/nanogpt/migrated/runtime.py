@@ -196,7 +196,7 @@ if ddp:
     ddp_world_size = int(os.environ['WORLD_SIZE'])
     if torch.cuda.is_available():
         device = xm.xla_device()
-        xm.set_replication(device, [device])
+    xm.set_replication(device, [device])
     master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
     seed_offset = ddp_rank  # each process gets a different seed
     # world_size number of processes will be training simultaneously, so we can scale
