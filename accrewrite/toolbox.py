@@ -50,7 +50,8 @@ def without_items(with_node: cst.With, dropped: list[bool]) -> cst.With | cst.Fl
         return with_node.with_changes(items=kept)
     block = with_node.body
     if not isinstance(block, cst.IndentedBlock):
-        return cst.FlattenSentinel([cst.SimpleStatementLine(list(block.body), leading_lines=with_node.leading_lines)])
+        line = cst.SimpleStatementLine(list(block.body), leading_lines=with_node.leading_lines)
+        return cst.FlattenSentinel([line])
     body = list(block.body)
     leading = list(with_node.leading_lines)
     if block.header.comment is not None:
@@ -68,10 +69,11 @@ def placement_arguments(facts: Facts, call: cst.Call) -> list[cst.BaseExpression
     file, which may read an index as a rank)."""
     func = call.func
     callee = facts.qualname(func)
-    if isinstance(func, cst.Attribute) and callee is None and func.attr.value == "cuda":
+    method = func.attr.value if isinstance(func, cst.Attribute) and callee is None else None
+    if method == "cuda":
         return [arg.value for arg in call.args]
-    first = call_arg(call, 0, "device") if isinstance(func, cst.Attribute) and callee is None and func.attr.value == "to" \
-        else call_arg(call, 0, "type") if callee == "torch.device" else None
+    first = call_arg(call, 0, "device") if method == "to" else call_arg(call, 0, "type") if callee == "torch.device" \
+        else None
     found = [first.value] if first is not None else []
     if not facts.defines(func):
         found += [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value in PLACEMENT_KEYWORDS]

@@ -30,10 +30,11 @@ class DevicePlacement(Rule):
 
     - a variable assigned a CUDA device (`torch.device("cuda")`, `torch.device(f"cuda:{r}")`,
       `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0" if n_gpu > 0 else "cpu"`,
-      `"cuda:0"`) is assigned the target device, followed by the replication call; chosen in a branch, the replication goes where
-      the run has the device: once after an `if` whose every arm chooses the target's device,
-      in the branch where another arm chooses the CPU, and where a run may skip the only
-      choice (`if args.resume: loc = ...`), naming the target's device itself before it;
+      `"cuda:0"`) is assigned the target device, followed by the replication call; chosen in a
+      branch, the replication goes where the run has the device: once after an `if` whose
+      every arm chooses the target's device, in the branch where another arm chooses the CPU,
+      and where a run may skip the only choice (`if args.resume: loc = ...`), naming the
+      target's device itself before it;
     - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
       (the target picks the device per process), and so is `with torch.cuda.device(i):` around
       a block (SimCLR's), which initialises CUDA where it is entered;
@@ -466,7 +467,8 @@ class DevicePlacement(Rule):
         body = block.body if isinstance(block, cst.Else) else block
         return holds(block, chosen) or self._returns_cuda(body) or self._places_on_cuda(block)
 
-    def _other_choices(self, cuda_arm: cst.CSTNode, other_arm: cst.CSTNode | None, chosen: set) -> list[cst.CSTNode]:
+    def _other_choices(self, cuda_arm: cst.CSTNode, other_arm: cst.CSTNode | None,
+                       chosen: set) -> list[cst.CSTNode]:
         """``else: device = torch.device("cpu")`` (or ``"mps"``) beside a CUDA choice: on a
         target whose device is not CUDA the migrated script runs there too."""
         names = {d.name for d in self.ctx.facts.devices if holds(cuda_arm, {d.statement})}
@@ -645,9 +647,8 @@ class DevicePlacement(Rule):
         """Whether a ``device=`` or ``map_location=`` argument names a CUDA device: a device
         string, an index (``torch.ones(n, device=torch.cuda.current_device())``; not one given
         to a function of this file, which may read it as a rank), a function that restores each
-        storage on CUDA
-        (``map_location=lambda storage, loc: storage.cuda()``: a storage's ``.to`` would not take
-        the target's device as ``.cuda()``'s replacement passes it)."""
+        storage on CUDA (``map_location=lambda storage, loc: storage.cuda()``: a storage's
+        ``.to`` would not take the target's device as ``.cuda()``'s replacement passes it)."""
         value = arg.value
         if self.ctx.facts.is_cuda_device(value):
             return True
@@ -663,7 +664,8 @@ class DevicePlacement(Rule):
             if "map_location" in self.ctx.source_text:
                 self._moves = {
                     arg.value.body for call, _ in self.ctx.facts.calls for arg in call.args
-                    if arg.keyword is not None and arg.keyword.value == "map_location" and _restores_on_cuda(arg.value)
+                    if arg.keyword is not None and arg.keyword.value == "map_location"
+                    and _restores_on_cuda(arg.value)
                 }
         return self._moves
 
@@ -673,9 +675,9 @@ class DevicePlacement(Rule):
         see make the device of it: the option defaults to the target's device there too. (A
         device this file makes of the option is the target's already.)"""
         default = call_arg(original_node, 99, "default")
-        if default is None or not self.ctx.facts.is_cuda_device(default.value) or not self.ctx.target.has("device_option"):
+        if default is None or not self.ctx.facts.is_cuda_device(default.value):
             return updated_node
-        reader = self._options_reader()
+        reader = self._options_reader() if self.ctx.target.has("device_option") else None
         if reader is None:
             return updated_node
         values = {original_node.args.index(default): quoted_like(default.value, self.ctx.expr("device_option"))}
@@ -688,7 +690,8 @@ class DevicePlacement(Rule):
         for call, _ in facts.calls:
             callee = facts.qualname(call.func)
             if callee is not None and callee.partition(".")[0] not in _NOT_READERS and any(
-                    type(arg.value) is cst.Name and facts.file_values.names_options(arg.value.value) for arg in call.args):
+                    type(arg.value) is cst.Name and facts.file_values.names_options(arg.value.value)
+                    for arg in call.args):
                 return self.ctx.code(call.func)
         return None
 

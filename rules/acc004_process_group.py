@@ -51,9 +51,10 @@ class ProcessGroup(Rule):
       xr.global_runtime_device_count()`. So does the world size it gives `init_process_group`
       from its arguments (`world_size=args.world_size`), which the launching process worked
       out from CUDA's count, 0 where there is no CUDA (VICReg's `args.world_size =
-      args.ngpus_per_node`, MoCo's `ngpus_per_node * args.world_size`). Its `xla://` rendezvous is the one the group joins (a
-      spawn of torch's would host a second one: the address is in use). A spawn it cannot
-      take (`join=False`, `daemon=True`) is left, and reported;
+      args.ngpus_per_node`, MoCo's `ngpus_per_node * args.world_size`). Its `xla://`
+      rendezvous is the one the group joins (a spawn of torch's would host a second one: the
+      address is in use). A spawn it cannot take (`join=False`, `daemon=True`) is left, and
+      reported;
     - `torchacc`: unchanged, with the script's own init method, rank and world size.
 
     Left as it is and reported (ACC004): `init_process_group(*args/**kwargs)`, whose backend

@@ -14,8 +14,9 @@ _MEMORY_READS = frozenset(
 _MEMORY_FAILS = frozenset({"torch.cuda.reset_peak_memory_stats", "torch.cuda.memory_summary", "torch.cuda.mem_get_info"})
 _MEMORY = _MEMORY_READS | _MEMORY_FAILS
 # CUDA's device, named, described or timed: they fail without CUDA.
-_CUDA_ONLY = frozenset({"torch.cuda.get_device_name", "torch.cuda.get_device_properties", "torch.cuda.current_device",
-                        "torch.cuda.Event"})
+_CUDA_ONLY = frozenset({
+    "torch.cuda.get_device_name", "torch.cuda.get_device_properties", "torch.cuda.current_device", "torch.cuda.Event",
+})
 _CURRENT_DEVICE = "torch.cuda.current_device"
 # The calls a target's device layer may have under the same names (`device_call`).
 _DEVICE_CALLS = _MEMORY | _CUDA_ONLY | {"torch.cuda.empty_cache"}

@@ -133,7 +133,8 @@ ids = torch.arange(8, device=torch.cuda.current_device())
 
 
 def test_the_current_device_in_a_device_choice_is_replaced_with_it():
-    source = 'import torch\ndevice = f"cuda:{torch.cuda.current_device()}"\nother = torch.device("cuda", torch.cuda.current_device())\n'
+    source = ('import torch\ndevice = f"cuda:{torch.cuda.current_device()}"\n'
+              'other = torch.device("cuda", torch.cuda.current_device())\n')
     runtime = migrate_source(source.encode(), "t.py", Options())
     assert "accrt" not in runtime.output.decode() and "current_device" not in runtime.output.decode()
     xla = migrate_source(source.encode(), "t.py", Options(target="torch_xla"))

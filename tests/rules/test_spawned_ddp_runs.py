@@ -201,7 +201,8 @@ def test_torch_xla_workers_read_the_world_size_where_the_devices_are():
     """The launching process keeps CUDA's count (it may not ask torch_xla before the launch), so
     the world size it works out of the count is read again in each worker."""
     text = _migrated(WORLD, "torch_xla").output.decode()
-    assert "    args.ngpus_per_node = torch.cuda.device_count()\n    args.world_size = args.ngpus_per_node * args.nodes\n" in text
+    assert "    args.ngpus_per_node = torch.cuda.device_count()\n    args.world_size = args.ngpus_per_node * args.nodes\n" \
+        in text
     assert ("def main_worker(gpu, args):\n    args.ngpus_per_node = xr.global_runtime_device_count()\n"
             "    args.world_size = xr.global_runtime_device_count()\n    args.rank = gpu\n") in text
 
@@ -214,7 +215,8 @@ def test_a_world_size_the_worker_works_out_itself_is_left():
 
 def _split_runs(launcher, script: bytes, directory, **env) -> list[tuple[str, str, str, str]]:
     directory.mkdir()
-    return sorted(_SPLIT.findall(_run(launcher, script, directory, "--dist-url", f"tcp://127.0.0.1:{_free_port()}", **env)))
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    return sorted(_SPLIT.findall(_run(launcher, script, directory, "--dist-url", url, **env)))
 
 
 @pytest.mark.slow
