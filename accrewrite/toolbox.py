@@ -65,8 +65,7 @@ def without_items(with_node: cst.With, dropped: list[bool]) -> cst.With | cst.Fl
 def placement_arguments(facts: Facts, call: cst.Call) -> list[cst.BaseExpression]:
     """The arguments of ``call`` that say where tensors go, which ACC002 makes the target's device
     where they name CUDA: every one of ``x.cuda(...)``, the first of ``x.to(...)`` and
-    ``torch.device(...)``, and ``device=`` and ``map_location=`` (not given to a function of this
-    file, which may read an index as a rank)."""
+    ``torch.device(...)``, and ``device=`` and ``map_location=`` where ``places_by_keyword``."""
     func = call.func
     callee = facts.qualname(func)
     method = func.attr.value if isinstance(func, cst.Attribute) and callee is None else None
@@ -75,9 +74,16 @@ def placement_arguments(facts: Facts, call: cst.Call) -> list[cst.BaseExpression
     first = call_arg(call, 0, "device") if method == "to" else call_arg(call, 0, "type") if callee == "torch.device" \
         else None
     found = [first.value] if first is not None else []
-    if not facts.defines(func):
+    if places_by_keyword(facts, call):
         found += [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value in PLACEMENT_KEYWORDS]
     return found
+
+
+def places_by_keyword(facts: Facts, call: cst.Call) -> bool:
+    """Whether an index ``call`` takes as ``device=`` is a device to place on: not where a
+    function of this file takes it (it may read it as a rank), nor one of torch.cuda's, which
+    asks about a CUDA device (ACC010 migrates it with its arguments)."""
+    return not facts.defines(call.func) and not (facts.qualname(call.func) or "").startswith("torch.cuda.")
 
 
 def wraps_model(facts: Facts, node: cst.CSTNode) -> bool:

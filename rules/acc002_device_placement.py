@@ -6,7 +6,7 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import PLACEMENT_KEYWORDS, quoted_like, with_commas, without_items
+from accrewrite.toolbox import PLACEMENT_KEYWORDS, places_by_keyword, quoted_like, with_commas, without_items
 from accrewrite.values import Kind, read_chains
 
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
@@ -46,7 +46,7 @@ class DevicePlacement(Rule):
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
       `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`,
       `device=torch.cuda.current_device()`, but not given to a function of the file, which may
-      read it as a rank), and so is an element of the list a wrapper takes as `device_ids=`
+      read it as a rank, nor to one of torch.cuda's), and so is an element of the list a wrapper takes as `device_ids=`
       (`model.to(device_ids[0])` in PyTorch's DDP tutorial): it names the target device too,
       and a `device` parameter that callers pass one is not a device;
     - a `--device` option chose the device (`default='cpu'` too): `torch.device(args.device)`
@@ -645,8 +645,8 @@ class DevicePlacement(Rule):
 
     def _names_cuda(self, call: cst.Call, arg: cst.Arg) -> bool:
         """Whether a ``device=`` or ``map_location=`` argument names a CUDA device: a device
-        string, an index (``torch.ones(n, device=torch.cuda.current_device())``; not one given
-        to a function of this file, which may read it as a rank), a function that restores each
+        string, an index (``torch.ones(n, device=torch.cuda.current_device())``, where the call
+        ``places_by_keyword``), a function that restores each
         storage on CUDA (``map_location=lambda storage, loc: storage.cuda()``: a storage's
         ``.to`` would not take the target's device as ``.cuda()``'s replacement passes it)."""
         value = arg.value
@@ -654,7 +654,7 @@ class DevicePlacement(Rule):
             return True
         if arg.keyword.value == "map_location":
             return isinstance(value, cst.Lambda) and value.body in self._storage_moves()
-        return self._ordinal(value) and not self.ctx.facts.defines(call.func)
+        return self._ordinal(value) and places_by_keyword(self.ctx.facts, call)
 
     def _storage_moves(self) -> set[cst.Call]:
         """The moves of ``map_location=lambda storage, loc: storage.cuda()`` functions, which

@@ -144,3 +144,10 @@ def test_the_current_device_in_a_device_choice_is_replaced_with_it():
 def test_a_map_location_function_that_keeps_storages_on_the_cpu_stays():
     source = "import torch\nstate = torch.load(path, map_location=lambda storage: storage.cpu())\n"
     assert _migrated(source, "torch_xla") == source
+
+
+def test_an_index_given_to_torch_cuda_stays_for_its_own_migration():
+    source = "import torch\nused = torch.cuda.memory_allocated(device=torch.cuda.current_device())\n"
+    runtime = migrate_source(source.encode(), "t.py", Options()).output.decode()
+    assert "used = accrt.accelerator.memory_allocated(device=accrt.accelerator.current_device())\n" in runtime
+    assert _migrated(source, "torch_xla") == source
