@@ -89,6 +89,14 @@ _QUERIES = frozenset({"is_available", "device_count", "is_bf16_supported", "get_
 
 _COLLECTIVES = frozenset({"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
                 "torch.distributed.all_reduce_coalesced"})
+# What keeps parameters' gradients gradients: a view of them (``p.grad.view(-1)``), a flat
+# buffer of them (``torch.cat(grads)``, DDP's own ``_flatten_dense_tensors``).
+_GRADIENT_VIEWS = frozenset({"view", "reshape", "flatten", "contiguous", "detach", "clone", "float", "to", "div_",
+                             "mul_"})
+_GRADIENT_BUFFERS = frozenset({"torch.cat", "torch.stack", "torch.flatten", "torch._utils._flatten_dense_tensors"})
+# The base class of an autograd Function: an all-reduce in its ``backward`` reduces the gradient
+# of the Function's input (a gather with gradients), not the parameters'.
+_AUTOGRAD_FUNCTIONS = frozenset({"torch.autograd.Function", "torch.autograd.function.Function"})
 
 
 def placed_model(line: cst.CSTNode, models: set[str]) -> str | None:
@@ -218,8 +226,9 @@ class Facts:
     step_functions: set[cst.FunctionDef] = field(default_factory=set)
     # Seeds passed to torch.manual_seed, as code.
     torch_seeds: set[str] = field(default_factory=set)
-    # Whether the script all-reduces gradients itself (``dist.all_reduce(p.grad)``).
-    reduces_gradients: bool = False
+    # The first argument of each all-reduce (``torch.distributed``'s reductions) of the file,
+    # with its function: ``reduces_gradients`` reads them.
+    collectives: list[tuple[cst.BaseExpression, cst.FunctionDef | None]] = field(default_factory=list)
     # The framework the file trains through, when one manages devices and gradients itself
     # (Accelerate, Lightning: see ACC107).
     framework: str | None = None
@@ -270,6 +279,7 @@ class Facts:
     _option_defaults: dict[str, str] | None = None
     _spawns: list[Spawn] | None = None
     _launched: set[cst.FunctionDef] | None = None
+    _reduces_gradients: bool | None = None
 
     def concerned(self, statement: cst.CSTNode) -> int:
         """The rules that ``statement`` concerns, as a mask of ``triggers`` (-1: every rule)."""
@@ -301,6 +311,79 @@ class Facts:
         """What each call of ``function`` in this file passes: (calling scope, the call,
         parameter name -> argument expression)."""
         return self.file_values.passed(function)
+
+    @property
+    def reduces_gradients(self) -> bool:
+        """Whether the script all-reduces its parameters' gradients itself: ``dist.all_reduce``
+        of ``p.grad`` over the parameters, of a buffer of them, in a helper given them. Not the
+        all-reduce in an autograd Function's ``backward`` (a gather with gradients, which
+        reduces the gradient of its input), nor that of a loss or metric (a gradient norm)."""
+        if self._reduces_gradients is None:
+            self._reduces_gradients = any(
+                not self._in_autograd_backward(scope) and self._holds_gradients(value, scope, set())
+                for value, scope in self.collectives
+            )
+        return self._reduces_gradients
+
+    def _in_autograd_backward(self, scope: cst.FunctionDef | None) -> bool:
+        owner = self.method_class.get(scope)
+        return owner is not None and scope.name.value == "backward" and any(
+            self.qualname(base.value) in _AUTOGRAD_FUNCTIONS for base in owner.bases)
+
+    def _holds_gradients(self, value: cst.BaseExpression, scope: cst.FunctionDef | None, seen: set) -> bool:
+        """Whether ``value`` (in ``scope``) is parameters' gradients: ``p.grad``, a view or a
+        flat buffer of them, a list of them, a name bound to one of those."""
+        kind = type(value)
+        if kind is cst.Attribute:
+            return value.attr.value == "grad" or value.attr.value == "data" and self._holds_gradients(
+                value.value, scope, seen)
+        if kind is cst.Subscript:
+            return self._holds_gradients(value.value, scope, seen)
+        if kind in (cst.List, cst.Tuple):
+            return any(self._holds_gradients(element.value, scope, seen) for element in value.elements)
+        if kind in (cst.ListComp, cst.GeneratorExp):
+            return self._holds_gradients(value.elt, scope, seen) or self._iterates_gradients(value, scope, seen)
+        if kind is cst.Call:
+            func = value.func
+            if type(func) is cst.Attribute and func.attr.value in _GRADIENT_VIEWS:
+                return self._holds_gradients(func.value, scope, seen)
+            first = call_arg(value, 0, "tensors")
+            return (self.qualname(func) in _GRADIENT_BUFFERS and first is not None
+                    and self._holds_gradients(first.value, scope, seen))
+        if kind is not cst.Name or (value.value, scope) in seen:
+            return False
+        seen.add((value.value, scope))
+        return self._name_holds_gradients(value.value, scope, seen)
+
+    def _iterates_gradients(self, comprehension: cst.ListComp | cst.GeneratorExp, scope, seen: set) -> bool:
+        """``[g.view(-1) for g in grads]``: the element is a name the comprehension binds, or a view
+        of one, over gradients."""
+        root = comprehension.elt
+        while type(root) is cst.Call and type(root.func) is cst.Attribute and root.func.attr.value in _GRADIENT_VIEWS:
+            root = root.func.value
+        clause = comprehension.for_in
+        while type(root) is cst.Name and clause is not None:
+            if root.value in target_names(clause.target):
+                return self._holds_gradients(clause.iter, scope, seen)
+            clause = clause.inner_for_in
+        return False
+
+    def _name_holds_gradients(self, name: str, scope: cst.FunctionDef | None, seen: set) -> bool:
+        """A name holds gradients that it is assigned, iterates over, or (a parameter) is passed;
+        a helper that no call of this file passes anything reduces what its parameter's name
+        says (``def all_reduce_grads(grads)``)."""
+        if any(self._holds_gradients(assigned, scope, seen) for assigned in self.assignments.get(name, ())):
+            return True
+        if any(loop_scope is scope and name in target_names(loop.target)
+               and self._holds_gradients(loop.iter, scope, seen) for loop, loop_scope in self.for_loops):
+            return True
+        if scope is None or name not in {p.name.value for p in (*scope.params.posonly_params, *scope.params.params)}:
+            return False
+        calls = self.passed(scope)
+        if not calls:
+            return "grad" in name
+        return any(name in arguments and self._holds_gradients(arguments[name], caller, seen)
+                   for caller, _, arguments in calls)
 
     def spawns(self) -> list[Spawn]:
         """The file's ``torch.multiprocessing.spawn`` calls (or a target's spelling of one)."""
@@ -939,8 +1022,8 @@ class _Analyzer:
         callee = self.facts.qualname(func)
         if callee:
             self.facts.called.add(callee)
-        if callee in _COLLECTIVES and node.args and _names_gradient(node.args[0].value):
-            self.facts.reduces_gradients = True  # dist.all_reduce(p.grad), dist.all_reduce(grads)
+        if callee in _COLLECTIVES and node.args:
+            self.facts.collectives.append((node.args[0].value, self._scope))
         if callee == "torch.manual_seed":
             seed = call_arg(node, 0, "seed")
             if seed is not None:
@@ -1077,11 +1160,6 @@ def _compares_string(test: cst.BaseExpression) -> bool:
     """``"cuda" in device``, ``args.device == "cuda"``: a test that reads a device's name."""
     return type(test) is cst.Comparison and (string_value(test.left) is not None or any(
         string_value(comparison.comparator) is not None for comparison in test.comparisons))
-
-
-def _names_gradient(value: cst.BaseExpression) -> bool:
-    """Whether an expression names a gradient: ``p.grad``, ``grads``, ``flat_grads[i]``."""
-    return any(type(node) is cst.Name and "grad" in node.value for node in (value, *descendants(value)))
 
 
 _NOT_BLOCKS = NODE_TYPES - node_types(cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler,

@@ -257,6 +257,9 @@ def _migrate(args, out: Console, err: Console) -> int:
     mode = "output-dir" if args.output_dir else (args.mode or "diff")
     jobs = list(zip(_jobs([path for path, _ in work], args.paths, args.output_dir), (o for _, o in work)))
     workers = min(args.jobs if args.jobs > 0 else usable_cpus(), usable_cpus(), max(1, len(jobs)))
+    # The project the files make (accrewrite.project): the folders given, and each file's own.
+    roots = tuple(Path(path) if Path(path).is_dir() else Path(path).parent for path in args.paths)
+    lone = len(args.paths) == 1 and len(jobs) == 1 and Path(args.paths[0]).is_file()
     if err.is_terminal and len(jobs) >= PROGRESS_MIN_FILES:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -271,9 +274,9 @@ def _migrate(args, out: Console, err: Console) -> int:
                 progress.advance(task)
                 progress.refresh()
 
-            outcomes = run(jobs, mode, workers, advance, args.timeout)
+            outcomes = run(jobs, mode, workers, advance, args.timeout, roots, lone)
     else:
-        outcomes = run(jobs, mode, workers, timeout=args.timeout)
+        outcomes = run(jobs, mode, workers, timeout=args.timeout, roots=roots, lone=lone)
     outcomes = [Outcome(path, error=FileError(why), file=False) for path, why in found.problems] + outcomes
     target = ", ".join(sorted({options.target for options in chosen.values()})) or first.target
 

@@ -17,7 +17,7 @@ from io import BytesIO
 
 import libcst as cst
 
-from accrewrite import limits, normalize, parsing, unbound
+from accrewrite import limits, normalize, parsing, reduction, unbound
 from accrewrite.analysis import Facts, Triggers, analyze
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
@@ -43,6 +43,8 @@ class Options:
     unsafe_fixes: bool = False
     guard: str | None = None
     parallel: str | None = None  # --parallel: "fsdp", "tp" or "fsdp,tp"
+    # Why DistributedDataParallel stays (the project's pass: the module that steps does not reduce).
+    keep_ddp: str | None = None
 
     def selection(self) -> Selection:
         chosen = select(list(self.select), list(self.ignore), self.unsafe_fixes)
@@ -74,6 +76,11 @@ class FileResult:
     diagnostics: list[Finding] = field(default_factory=list)
     withheld: list[Finding] = field(default_factory=list)
     error: FileError | None = None
+    # A rule left the file as it is (``RuleContext.refuse``): its diagnostics say why.
+    refused: bool = False
+    # The output drops a DistributedDataParallel wrap and steps no optimizer itself: the
+    # gradients are to be reduced where another module steps (``accrewrite.project``).
+    drops_ddp_alone: bool = False
 
     @property
     def changed(self) -> bool:
@@ -152,12 +159,17 @@ def _syntax(code: bytes, path: str) -> ast.Module:
 
 
 def _checked(source: bytes, tree: ast.Module, output: bytes, path: str, options: Options,
-             selection: Selection, fixes: list[Finding]) -> None:
-    """The rewrite compiles where the source did (``_verify``), and reads no name unbound that
-    the source bound (``_no_name_left_unbound``); ``tree`` is the source's syntax tree."""
+             selection: Selection, fixes: list[Finding]) -> bool:
+    """The rewrite compiles where the source did (``_verify``), reads no name unbound that the
+    source bound (``_no_name_left_unbound``), and drops no DDP wrap with a step left unreduced
+    (``reduction``); ``tree`` is the source's syntax tree. Whether it drops a DDP wrap and
+    steps no optimizer itself (``FileResult.drops_ddp_alone``)."""
     output_tree = _verify(source, output, path)
-    if output_tree is not None:
-        _no_name_left_unbound(source, tree, output, output_tree, path, options, selection, fixes)
+    if output_tree is None:
+        return False
+    _no_name_left_unbound(source, tree, output, output_tree, path, options, selection, fixes)
+    return reduction.no_step_left_unreduced(source, tree, output_tree, selection, fixes,
+                                            lambda rest: _migrate(source, options, rest))
 
 
 def _no_name_left_unbound(source: bytes, tree: ast.Module, output: bytes, output_tree: ast.Module, path: str,
@@ -227,9 +239,11 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         if migrated is not None:
             output, ctx = migrated
             if output != source:
-                limits.deep_stack(_checked, source, tree, output, path, options, selection, ctx.fixes)
+                checked = limits.deep_stack(_checked, source, tree, output, path, options, selection, ctx.fixes)
+                result.drops_ddp_alone = checked
             result.output = output
             result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
+            result.refused = bool(ctx.refusals)
     except MigrationError as exc:
         result.error = exc.error
     except Exception as bug:  # noqa: BLE001 - a rule's bug must not stop the other files
@@ -261,7 +275,9 @@ def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tu
     facts = analyze(module, Triggers.of(tuple(selection.rules)), walked_types(tuple(selection.rules)), text)
     _written_for_this_target(module, facts, options.target)
     target = get_target(options.target).clear_of(facts.imports)
-    ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel)
+    running = frozenset(rule.code for rule in selection.rules if _runs_on(rule, target))
+    ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel,
+                      keep_ddp=options.keep_ddp, running=running)
     try:
         return _run_rules(ctx, options, selection, original, source, restore)
     finally:

@@ -36,7 +36,8 @@ def markdown(rule: type[Rule]) -> str:
         rule.documentation(),
     ]
     for number, example in enumerate(rule.examples, start=1):
-        parts.append(f"## Example {number} (target {example.target})")
+        together = f", with {', '.join(example.with_rules)}" if example.with_rules else ""
+        parts.append(f"## Example {number} (target {example.target}{together})")
         parts += ["Before:", _code_block(example.before)]
         if example.after != example.before:
             parts += ["After:", _code_block(example.after)]

@@ -27,14 +27,16 @@ from accrewrite.targets import Concept, Target, all_targets
 @dataclass(frozen=True)
 class Example:
     """A before/after pair in a rule's documentation; the test suite migrates ``before`` with
-    only this rule selected and expects ``after`` exactly, and the diagnostics listed in
-    ``diagnostics`` as ``"CODE:LINE"`` (lines of ``before``), in order. A diagnostic rule's
-    example changes nothing: it leaves out ``after``, which then equals ``before``."""
+    only this rule selected (and the rules of ``with_rules``, whose work the rule's relies on)
+    and expects ``after`` exactly, and the diagnostics listed in ``diagnostics`` as
+    ``"CODE:LINE"`` (lines of ``before``), in order. A diagnostic rule's example changes
+    nothing: it leaves out ``after``, which then equals ``before``."""
 
     before: str
     after: str | None = None
     target: str = "runtime"
     diagnostics: tuple[str, ...] = ()
+    with_rules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "before", textwrap.dedent(self.before).lstrip("\n"))
@@ -151,6 +153,12 @@ class RuleContext:
     target: Target
     source_text: str
     parallel: str | None = None  # migrate --parallel: "fsdp", "tp" or "fsdp,tp"
+    # Why DistributedDataParallel stays, where the project's pass says so (``Options.keep_ddp``).
+    keep_ddp: str | None = None
+    # The codes of the rules that run on the file (selected, and the target has their concepts).
+    running: frozenset[str] = frozenset()
+    # What the rules' shared tools (``accrewrite.toolbox``) work out once for the file.
+    shared: dict = field(default_factory=dict)
     # Kept by the batched transformer as it walks: enclosing functions, statements and
     # training loops, innermost last.
     scopes: list[cst.FunctionDef] = field(default_factory=list)

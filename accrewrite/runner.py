@@ -1,12 +1,16 @@
-"""Running a migration over many files: read, migrate, write, each file in a worker process.
+"""Running a migration over many files: read and migrate each file in a worker process, settle
+what the project's files decide for each other (``accrewrite.project``), then write.
 
 Each file is handled on its own: one that cannot be read, decoded, parsed or written, or whose
 worker crashed or timed out (``accrewrite.workers``), gets an error and the others still run.
-Only regular files are read (a FIFO would block the run). Writes are atomic (a temporary file
-beside the target, then a rename), keep the file's mode, and happen only when the output differs
-from the input. A temporary left by a process killed mid-write names that process, and the next
-run that writes in its directory removes it. Workers return plain records (no syntax trees), with
-the diff already made, so the parent only prints.
+Only regular files are read (a FIFO would block the run). Workers return plain records (no
+syntax trees), with the diff already made and the migrated bytes, so the parent only settles,
+writes and prints. Nothing is written before the project's decision: a file that a refused
+script imports is left as it is, one that drops DistributedDataParallel where the module that
+steps does not reduce is migrated again keeping it. Writes are atomic (a temporary file beside
+the target, then a rename), keep the file's mode, and happen only when the output differs from
+the input. A temporary left by a process killed mid-write names that process, and the next run
+that writes in its directory removes it.
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ import errno
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from accrewrite import parsing
+from accrewrite import parsing, project
 from accrewrite.atomic_file import is_temporary, remove_orphans, write_atomically
 from accrewrite.engine import Options, migrate_source
 from accrewrite.errors import FileError
@@ -55,6 +59,9 @@ class Outcome:
     # False for a path that names no file (it does not exist, or a folder could not be walked):
     # an error, not a file, in the summary.
     file: bool = True
+    # What the project's decision reads of the migration, its migrated bytes among it (written
+    # once the decision is made); None once written, and where the file could not be migrated.
+    member: project.Member | None = None
 
 
 def _diff(path: str, before: bytes, after: bytes) -> str:
@@ -128,11 +135,21 @@ def migrate_text(display: str, source: bytes, options: Options, mode: str) -> tu
         outcome.lines = {d.line: text[d.line - 1] for d in result.diagnostics if 0 < d.line <= len(text)}
     if result.changed and mode in ("diff", "check"):
         outcome.diff = _diff(display, source, result.output)
+    outcome.member = project.member(Path(display), result)
     return outcome, result.output
 
 
 def process(job: Job, options: Options, mode: str) -> Outcome:
-    """Migrate one file and do what ``mode`` says with the result."""
+    """Migrate one file on its own and do what ``mode`` says with the result (``run`` makes
+    the project's decision in between)."""
+    outcome = _migrated_job(job, options, mode)
+    _write(job, outcome, mode)
+    return outcome
+
+
+def _migrated_job(job: Job, options: Options, mode: str) -> Outcome:
+    """Migrate one file, writing nothing: the migrated bytes of a changed file come back with
+    it, for the project's decision to read and the parent to write once it is made."""
     display = str(job.path)
     try:
         source = _read(job.path, mode)
@@ -140,40 +157,59 @@ def process(job: Job, options: Options, mode: str) -> Outcome:
         return Outcome(display, error=FileError(str(exc)))
     except OSError as exc:
         return Outcome(display, error=FileError(f"cannot read: {exc.strerror or exc}"))
-    outcome, output = migrate_text(display, source, options, mode)
-    if outcome.error is not None:
-        return outcome
+    return migrate_text(display, source, options, mode)[0]
+
+
+def _write(job: Job, outcome: Outcome, mode: str) -> None:
+    """Write a file's migration where ``mode`` says: in place where it changed, a copy of it
+    (or of the file, unchanged) under --output-dir."""
+    member, outcome.member = outcome.member, None
+    writes = outcome.changed if mode == "in-place" else mode == "output-dir"
+    if outcome.error is not None or not writes:
+        return
     try:
-        if mode == "in-place" and outcome.changed:
+        output = member.output if outcome.changed else _read(job.path, mode)
+        if mode == "in-place":
             file_mode = stat.S_IMODE(job.path.stat().st_mode)
             if not file_mode & stat.S_IWUSR:
                 outcome.error = FileError(f"cannot write: the file is read-only; {_WRITABLE}")
-                return outcome
+                return
             write_atomically(job.path, lambda handle: handle.write(output), file_mode, sweep=False)
-            outcome.written = True
-        elif mode == "output-dir":
+        else:
             job.output.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(job.output, lambda handle: handle.write(output),
                              stat.S_IMODE(job.path.stat().st_mode), sweep=False)
-            outcome.written = True
+        outcome.written = True
+    except _Refused as exc:
+        outcome.error = FileError(str(exc))
     except OSError as exc:
         outcome.error = _write_error(exc, job.output if mode == "output-dir" else job.path)
-    return outcome
 
 
 def _process_star(arguments) -> Outcome:
     parsing.keep()  # a worker only migrates
-    return process(*arguments)
+    return _migrated_job(*arguments)
 
 
 def run(jobs: list[tuple[Job, Options]], mode: str, workers: int = 1, progress=None,
-        timeout: float | None = None) -> list[Outcome]:
+        timeout: float | None = None, roots: tuple[Path, ...] = (), lone: bool = False) -> list[Outcome]:
     """Process every job with its options in ``workers`` worker processes, calling
-    ``progress()`` after each file, with at most ``timeout`` seconds a file. Results come back in
-    the order of ``jobs``."""
+    ``progress()`` after each file, with at most ``timeout`` seconds a file; settle the
+    project's decisions (the run's folders ``roots``; ``lone``: the run was given one file),
+    then write. Results come back in the order of ``jobs``."""
     if mode in ("in-place", "output-dir"):
         for directory in {(job.output or job.path).parent for job, _ in jobs}:
             remove_orphans(directory)
+    outcomes = _migrated(jobs, mode, workers, timeout, progress)
+    _settle(jobs, outcomes, mode, workers, timeout, roots, lone)
+    for (job, _), outcome in zip(jobs, outcomes):
+        _write(job, outcome, mode)
+    return outcomes
+
+
+def _migrated(jobs: list[tuple[Job, Options]], mode: str, workers: int, timeout: float | None,
+              progress=None) -> list[Outcome]:
+    """Every job migrated in worker processes, nothing written, in the order of ``jobs``."""
     # Largest files first: with several workers, a large file started last would leave the
     # others idle while it runs.
     order = sorted(range(len(jobs)), key=lambda index: -_size(jobs[index][0].path)) if workers > 1 else range(len(jobs))
@@ -185,6 +221,32 @@ def run(jobs: list[tuple[Job, Options]], mode: str, workers: int = 1, progress=N
         Outcome(str(job.path), error=FileError(result.reason)) if isinstance(result, Lost) else result
         for (job, _), result in zip(jobs, results)
     ]
+
+
+def _settle(jobs: list[tuple[Job, Options]], outcomes: list[Outcome], mode: str, workers: int,
+            timeout: float | None, roots: tuple[Path, ...], lone: bool) -> None:
+    """The project's decisions, applied to ``outcomes``: files left as they are, files migrated
+    again keeping DistributedDataParallel. Only where a file was refused, drops DDP without a
+    step of its own, or (a lone file's run) is imported by scripts beside it."""
+    members = [o.member or project.Member(job.path) for (job, _), o in zip(jobs, outcomes)]
+    outside = []
+    if lone and outcomes[0].changed:
+        importers = [(Job(path), jobs[0][1]) for path in project.importers_beside(jobs[0][0].path)]
+        outside = [o.member for o in _migrated(importers, "check", workers, timeout) if o.member is not None]
+    if not project.needs_deciding(members + outside):
+        return
+    decisions = project.decide(members, list(roots), outside)
+    for index, left in decisions.left.items():
+        outcomes[index] = _left(outcomes[index], left)
+    again = sorted(decisions.keep_ddp)
+    kept = [(jobs[index][0], replace(jobs[index][1], keep_ddp=decisions.keep_ddp[index])) for index in again]
+    for index, outcome in zip(again, _migrated(kept, mode, workers, timeout)):
+        outcomes[index] = outcome
+
+
+def _left(outcome: Outcome, left: project.Left) -> Outcome:
+    """A file the project leaves as it is: its one finding (--output-dir copies it as it is)."""
+    return Outcome(outcome.path, diagnostics=[left.finding], lines={1: left.first_line})
 
 
 def _size(path: Path) -> int:

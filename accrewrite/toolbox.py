@@ -7,10 +7,15 @@ rule's module holds that rule alone and a rule added through the entry point fin
 tools.
 """
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
-from accrewrite.nodes import call_arg, dotted
+from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, walk
+from accrewrite.reduction import named_like_optimizer
+from accrewrite.rule import excerpt
+from accrewrite.targets import called_names, spelled_callees
 
 # Keywords that name where tensors go.
 PLACEMENT_KEYWORDS = ("device", "map_location")
@@ -121,3 +126,251 @@ def wrapped_models(facts: Facts, module: cst.Module) -> set[str]:
         if target and any(wraps_model(facts, value) for value in values):
             names.add(target)
     return names
+
+
+# Optimizer steps, and the gradient all-reduce that takes DistributedDataParallel's place ----------
+
+DDP_NAMES = frozenset(name for name in WRAPPER_NAMES if name.endswith(".DistributedDataParallel"))
+# Libraries' loss scalers that call backward and step the optimizer themselves.
+OPAQUE_STEPPERS = frozenset({"timm.utils.NativeScaler", "timm.utils.cuda.NativeScaler", "timm.utils.ApexScaler"})
+# Sharding that reduces (reduce-scatters) gradients itself: FSDP, FSDP2, DTensor parallelism.
+SHARDING = ("torch.distributed.fsdp.", "torch.distributed._composable.fsdp.", "torch.distributed.tensor.",
+            "torch.distributed._tensor.")
+# Calls that read gradients after the backward passes of a step: the reduction goes before the
+# first of them (overflow detection and clipping must see reduced gradients).
+GRADIENT_READERS = ("unscale_", "clip_grad_norm_", "clip_grad_value_")
+# What reads gradients before a plain optimizer step: clipping (also a script's own
+# ``clip_gradients`` helper) and ``p.grad`` itself (a finite check, a gradient-norm log).
+PLAIN_READERS = ("clip_grad_norm_", "clip_grad_value_", "clip_gradients", "clip_grad", "grad")
+# The reduction's rule, which DDP's removal relies on.
+REDUCING_RULE = "ACC006"
+
+
+def step_call(statement) -> cst.Call | None:
+    """The call when ``statement`` is a lone ``x.method(...)`` expression statement."""
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+        return None
+    expression = statement.body[0]
+    if type(expression) is not cst.Expr or type(expression.value) is not cst.Call:
+        return None
+    call = expression.value
+    return call if type(call.func) is cst.Attribute else None
+
+
+def _scaler(facts: Facts, owner: str) -> bool:
+    # A scaler passed in as a parameter (TorchAcc's migration guide's loop_with_amp) is known by its name.
+    return owner in facts.scalers or "scaler" in owner.split(".")[-1].lower()
+
+
+def scaler_step(facts: Facts, statement) -> cst.BaseExpression | None:
+    """The optimizer when ``statement`` is ``<scaler>.step(<optimizer>)``."""
+    call = step_call(statement)
+    if call is None or call.func.attr.value != "step" or not call.args:
+        return None
+    return call.args[0].value if _scaler(facts, dotted(call.func.value) or "") else None
+
+
+def stepped_optimizer(facts: Facts, call: cst.Call, in_training: bool) -> str | None:
+    """The optimizer's name when ``call`` is ``<optimizer>.step(...)``: one the file builds from
+    torch.optim or from an optimizer class of its own (VICReg's ``LARS``), or, in training
+    code, one named so (built by a factory, or in another module)."""
+    if call.func.attr.value != "step":
+        return None
+    owner = dotted(call.func.value)
+    if owner is None or _scaler(facts, owner):
+        return None
+    if owner in facts.optimizers or _built_by_own_optimizer_class(facts, owner):
+        return owner
+    return owner if in_training and owner.split(".")[-1] in ("optimizer", "optim", "opt") else None
+
+
+def _built_by_own_optimizer_class(facts: Facts, name: str) -> bool:
+    """Whether ``name`` is assigned an instance of a ``torch.optim.Optimizer`` subclass of the file."""
+    for value in facts.assignments.get(name, ()):
+        if type(value) is cst.Call and type(value.func) is cst.Name:
+            built = facts.definitions.classes.get(value.func.value)
+            if built is not None and any((facts.qualname(base.value) or "").startswith("torch.optim.")
+                                         for base in built.bases):
+                return True
+    return False
+
+
+def steps_through_target(call: cst.Call) -> bool:
+    """``optimizer.step()``, or LBFGS's ``optimizer.step(closure)``: a step the target's
+    optimizer step takes the place of."""
+    return len(call.args) <= 1 and all(arg.keyword is None or arg.keyword.value == "closure" for arg in call.args)
+
+
+def reduces_like_a_target(facts: Facts, statement) -> bool:
+    """A statement that already reduces gradients the way a target does (a migrated file,
+    guarded or not); the script's own ``dist.all_reduce(loss)`` is not that."""
+    reductions = spelled_callees("gradient_allreduce")
+    names = called_names("gradient_allreduce")
+    found = False
+
+    def enter(node):
+        nonlocal found
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in names:
+            qualified = facts.qualname(node.func)
+            found = found or qualified is None or qualified in reductions  # an alias added by this run
+        return not found
+
+    walk(statement, enter)
+    return found
+
+
+@dataclass(frozen=True)
+class BlockReduction:
+    """Where a block's gradients are all-reduced: before ``anchor``, for ``optimizer``, which
+    ``step`` steps (through a GradScaler, or plainly after reading the gradients); ``done``
+    where the block reduces already (a migrated file)."""
+
+    anchor: cst.CSTNode
+    optimizer: cst.BaseExpression
+    step: cst.CSTNode
+    scaled: bool
+    done: bool
+
+
+def block_reduction(facts: Facts, body, in_training: bool) -> BlockReduction | None:
+    """The reduction a block's first step needs: before the first statement that reads the
+    gradients (``scaler.unscale_``, clipping, the scaler's step itself), with a GradScaler; with
+    a plain step, before what reads them first, where something does (else the step itself
+    becomes the target's optimizer step, which reduces)."""
+    gradient_readers, plain_readers = _FirstMention(body, GRADIENT_READERS), _FirstMention(body, PLAIN_READERS)
+    for index, statement in enumerate(body):
+        optimizer = scaler_step(facts, statement)
+        scaled = optimizer is not None
+        if scaled:
+            anchor = gradient_readers.before(index) or statement
+        else:
+            call = step_call(statement)
+            if call is None or call.args or stepped_optimizer(facts, call, in_training) is None:
+                continue
+            optimizer = call.func.value
+            anchor = plain_readers.before(index)
+            if anchor is None:
+                continue
+        done = any(reduces_like_a_target(facts, s) for s in body[:index])
+        return BlockReduction(anchor, optimizer, statement, scaled, done)
+    return None
+
+
+def _mentions(statement, methods) -> bool:
+    found = False
+
+    def enter(node: cst.CSTNode) -> bool:
+        nonlocal found
+        found = found or (isinstance(node, cst.Attribute) and node.attr.value in methods)
+        return not found
+
+    walk(statement, enter)
+    return found
+
+
+class _FirstMention:
+    """The first statement of a block that mentions one of ``methods``, the block read once and
+    only as far as asked (each step statement asks about the statements before it)."""
+
+    def __init__(self, body, methods: tuple[str, ...]):
+        self.body = body
+        self.methods = methods
+        self.read = 0
+        self.found = None
+
+    def before(self, index: int):
+        """The first such statement before ``body[index]``, or None."""
+        while self.found is None and self.read < index:
+            statement = self.body[self.read]
+            self.read += 1
+            if _mentions(statement, self.methods):
+                self.found = statement
+        return self.found
+
+
+def ddp_kept(ctx) -> str | None:
+    """Why DistributedDataParallel stays in this file, or None where it goes. It goes only
+    together with the reduction that takes its place: the target's all-reduce at each of the
+    file's optimizer steps (``REDUCING_RULE``), or, for a file whose steps live in another
+    module, that module's (the project's pass, ``accrewrite.project``, says where it is not:
+    ``ctx.keep_ddp``). Worked out once a file."""
+    if "DistributedDataParallel" not in ctx.source_text:
+        return None
+    if "ddp_kept" not in ctx.shared:
+        ctx.shared["ddp_kept"] = _why_ddp_stays(ctx) if ctx.facts.called & DDP_NAMES else None
+    return ctx.shared["ddp_kept"]
+
+
+def _why_ddp_stays(ctx) -> str | None:
+    facts = ctx.facts
+    if ctx.keep_ddp is not None:
+        return ctx.keep_ddp
+    opaque = sorted(facts.called & OPAQUE_STEPPERS)
+    if opaque:
+        return f"{opaque[0]} steps the optimizer where no all-reduce can go"
+    if any(callee.startswith(SHARDING) for callee in facts.called):
+        return "the file also shards a model, and its steps are left as they are"
+    if facts.reduces_gradients:
+        return "the script all-reduces gradients itself"
+    unreduced = _unreduced_step(facts, ctx.module, REDUCING_RULE in ctx.running)
+    if unreduced is None:
+        return None  # reduced at every step, or stepped in another module
+    if REDUCING_RULE not in ctx.running:
+        return f"{REDUCING_RULE}, which all-reduces the gradients in its place, does not run"
+    return f"`{excerpt(ctx.code(unreduced), 40)}` steps where no all-reduce can go"
+
+
+def steps_an_optimizer(facts: Facts, call: cst.Call) -> bool:
+    """``<optimizer>.step(...)`` or ``<scaler>.step(<optimizer>)``: an optimizer or scaler the
+    file builds, or one named so (``accrewrite.reduction.named_like_optimizer``)."""
+    func = call.func
+    if type(func) is not cst.Attribute or func.attr.value != "step":
+        return False
+    owner = func.value
+    while type(owner) is cst.Subscript:
+        owner = owner.value
+    name = dotted(owner)
+    return name is not None and (name in facts.optimizers or name in facts.scalers or named_like_optimizer(name)
+                                 or _built_by_own_optimizer_class(facts, name))
+
+
+def _unreduced_step(facts: Facts, module: cst.Module, reducing: bool) -> cst.Call | None:
+    """The first optimizer step of the file that the reduction's rule (where ``reducing``: it
+    runs) leaves without the target's all-reduce."""
+    steps = [call for call, _ in facts.calls if steps_an_optimizer(facts, call)]
+    if not steps or not reducing or not (facts.loops or facts.step_functions):
+        return steps[0] if steps else None
+    reduced = _reduced_steps(facts, module)
+    return next((step for step in steps if id(step) not in reduced), None)
+
+
+def _reduced_steps(facts: Facts, module: cst.Module) -> set[int]:
+    """The ids of the step calls that the reduction's rule gives the target's all-reduce, walking
+    the statements it walks (those that mention its trigger words), as it does: the first step
+    of each block through a GradScaler (or plainly after reading the gradients) gets the
+    reduction, and a training loop's lone ``optimizer.step()`` becomes the target's optimizer
+    step."""
+    bit = next((bit for rule, bit in facts.triggers.bits.items() if rule.code == REDUCING_RULE), -1) \
+        if facts.triggers is not None else -1
+    loops = {id(loop.node) for loop in facts.loops}
+    reduced: set[int] = set()
+    pending = [(module, False)]
+    while pending:
+        node, in_training = pending.pop()
+        kind = type(node)
+        if kind in STATEMENT_TYPES and not facts.concerned(node) & bit:
+            continue
+        in_training = in_training or id(node) in loops or kind is cst.FunctionDef and node in facts.step_functions
+        if kind is cst.Module or kind is cst.IndentedBlock:
+            planned = block_reduction(facts, node.body, in_training)
+            if planned is not None:
+                reduced.add(id(step_call(planned.step)))
+        elif kind is cst.SimpleStatementLine:
+            for small in node.body:
+                call = small.value if type(small) is cst.Expr and type(small.value) is cst.Call else None
+                if (call is not None and type(call.func) is cst.Attribute and steps_through_target(call)
+                        and stepped_optimizer(facts, call, in_training) is not None):
+                    reduced.add(id(call))
+            continue
+        pending.extend((child, in_training) for child in children(node) if not isinstance(child, cst.BaseExpression))
+    return reduced

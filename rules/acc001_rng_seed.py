@@ -3,6 +3,7 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES
 from accrewrite.nodes import call_arg
 from accrewrite.rule import Example, Rule
+from accrewrite.toolbox import ddp_kept
 
 _CUDA_SEEDS = ("torch.cuda.manual_seed", "torch.cuda.manual_seed_all")
 _INIT = "torch.distributed.init_process_group"
@@ -28,7 +29,8 @@ class RngSeed(Rule):
     A script that wraps its model in DistributedDataParallel but never seeds relied on DDP
     broadcasting rank 0's weights. ACC005 removes the wrapper and, where the target can,
     broadcasts them itself; elsewhere the target's seed call (with seed 0) goes right after
-    `dist.init_process_group(...)`, as in the BERT example of TorchAcc's migration guide.
+    `dist.init_process_group(...)`, as in the BERT example of TorchAcc's migration guide. Where
+    ACC005 keeps the wrapper (and says why), it still broadcasts them: nothing is added.
     """
 
     code = "ACC001"
@@ -97,8 +99,8 @@ class RngSeed(Rule):
         facts = self.ctx.facts
         if facts.torch_seeds or facts.called & set(_CUDA_SEEDS) or not facts.called & WRAPPER_NAMES:
             return
-        if self.ctx.target.has("broadcast_master_param"):
-            return  # ACC005 broadcasts rank 0's weights, as the wrapper did: no seed is needed
+        if self.ctx.target.has("broadcast_master_param") or ddp_kept(self.ctx) is not None:
+            return  # ACC005 broadcasts rank 0's weights as the wrapper did, or keeps it: no seed is needed
         if self._seeded_after_init or not self._is_init(node):
             return
         self._seeded_after_init = True

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import wrapped_models_of, wrapped_module, wraps_model
+from accrewrite.toolbox import DDP_NAMES, ddp_kept, wrapped_models_of, wrapped_module, wraps_model
 
 # Attributes of a DDP-wrapped model that only DDP has.
 _SYNC_FLAG = "require_backward_grad_sync"
@@ -33,6 +33,18 @@ class DdpUnwrap(Rule):
     rank must then build equal weights (one seed for all ranks, step 1 of TorchAcc's migration
     guide), which a rank-dependent seed such as nanoGPT's `1337 + seed_offset` breaks.
     DataParallel ran in one process: it is only removed.
+
+    DistributedDataParallel goes only together with the reduction that takes its place. It stays,
+    with a diagnostic that says why, where that reduction cannot reach every optimizer step of
+    the file: a step ACC006 cannot rewrite (`opt_g.step()` of an optimizer neither built in the
+    file nor named `optimizer`, a step that is not a statement of its own), a library's loss
+    scaler that steps inside (timm's `NativeScaler`), a file that also shards a model or
+    all-reduces its gradients itself, ACC006 not selected. A file that steps no optimizer
+    itself relies on the modules it imports that do: where `accrewrite migrate` runs over the
+    project and those modules' migrations do not reduce (or they are not migrated), DDP stays
+    too. Kept, DDP runs on the target as it is, over the target's process group (gloo or NCCL on
+    `runtime`, `xla` on torch_xla; its CUDA-only `device_ids=` go, ACC002), and nothing else in
+    the file reduces a second time.
 
     The DDP import is left in place (unused imports are harmless and may be used elsewhere).
 
@@ -77,6 +89,7 @@ class DdpUnwrap(Rule):
             """,
         ),
         Example(
+            with_rules=("ACC006",),
             before="""
             import torch
 
@@ -102,7 +115,7 @@ class DdpUnwrap(Rule):
                     ddp_model(batch).backward()
                 else:
                     ddp_model(batch).backward()
-                    optimizer.step()
+                    xm.optimizer_step(optimizer)
             torch.save(ddp_model.state_dict(), "model.pt")
             """,
         ),
@@ -129,6 +142,19 @@ class DdpUnwrap(Rule):
             """,
             diagnostics=("ACC005:3",),
         ),
+        Example(  # kept, and reported: the library's scaler steps where no all-reduce can go
+            before="""
+            import torch
+            from timm.utils import NativeScaler
+
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            loss_scaler = NativeScaler()
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss_scaler(loss, optimizer, parameters=model.parameters())
+            """,
+            diagnostics=("ACC005:4",),
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -137,10 +163,14 @@ class DdpUnwrap(Rule):
         self._removed: set[cst.CSTNode] = set()
         self._with_items: set[cst.CSTNode] = set()
         self._warned = False
+        self._kept: str | None = None
 
     def applies(self) -> bool:
         wrapped = wrapped_models_of(self.ctx)
-        self._wrapped = wrapped or set()
+        self._kept = ddp_kept(self.ctx)
+        # Where DDP stays, nothing of it goes: the wrapped names keep their ``.module``,
+        # ``no_sync`` and sync flag, and no broadcast is added.
+        self._wrapped = wrapped or set() if self._kept is None else set()
         return wrapped is not None
 
     def _no_sync(self, node: cst.CSTNode) -> bool:
@@ -156,11 +186,25 @@ class DdpUnwrap(Rule):
     def leave_Call(self, original_node, updated_node):
         if not wraps_model(self.ctx.facts, original_node):
             return updated_node
+        if self._kept is not None:
+            self._report_kept(original_node)
+            return updated_node
         module = wrapped_module(self.ctx, original_node, updated_node, "Unwrap it by hand.")
         if module is None:
             return updated_node
         self.ctx.fix(original_node, "unwrapped: the target all-reduces gradients at the step (ACC006), not in DDP")
         return module.value.with_changes(lpar=[], rpar=[]) if isinstance(module.value, cst.Name) else module.value
+
+    def _report_kept(self, call: cst.Call) -> None:
+        if self.ctx.facts.qualname(call.func) in DDP_NAMES:
+            self.ctx.diagnose(
+                call,
+                f"DistributedDataParallel kept: {self._kept}",
+                "DDP all-reduces the gradients during backward; it goes only where the target's all-reduce "
+                "takes its place at every optimizer step (ACC006), and it runs on the target as it is. To "
+                "train without it, step each optimizer where ACC006 reduces: `optimizer.step()` or "
+                "`scaler.step(optimizer)` in a training loop of a file migrated with this one.",
+            )
 
     def leave_Attribute(self, original_node, updated_node):
         attr = original_node.attr.value
@@ -213,7 +257,7 @@ class DdpUnwrap(Rule):
         return cst.FlattenSentinel(body)
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
-        if len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Assign):
+        if self._kept is not None or len(original_node.body) != 1 or not isinstance(original_node.body[0], cst.Assign):
             return updated_node
         assign = original_node.body[0]
         if len(assign.targets) != 1:

@@ -15,7 +15,11 @@ class SharedMemoryTraining(Rule):
     its IPC handles. An XLA device's tensors live in its runtime, one per process, so on the
     XLA targets `share_memory()` of the migrated model stops the script (`_share_fd_: only
     available on CPU`), and every process would train its own copy anyway. There the file is
-    left exactly as it is, with this one note; on `runtime` it migrates like any script.
+    left exactly as it is, with this one note; on `runtime` it migrates like any script. The
+    modules of the project that it imports and drives (`mnist_hogwild`'s `train.py`, whose
+    loop each process runs) are left as they are too, each with a note that names it, when
+    `accrewrite migrate` is given the folder or the module alone: migrated, they would put the
+    batches on the device while the model stays on the CPU.
 
     What to do: train data-parallel instead (one model replica per process, the gradients
     all-reduced: DistributedDataParallel under torchrun, which migrates), or keep the Hogwild

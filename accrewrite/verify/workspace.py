@@ -18,10 +18,11 @@ import os
 import shutil
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accrewrite.engine import Options, migrate_source
+from accrewrite.project import Decisions, decide, member, needs_deciding
 
 WORKSPACE_PREFIX = "accrewrite-verify-"
 # Not copied: version control and caches. (Unlike migrate's discovery, `build` or `env` folders
@@ -150,6 +151,7 @@ class Workspace:
         ``errors``; such a file is copied unmigrated."""
         options = Options(target=target, unsafe_fixes=self.unsafe_fixes) if target else None
         home = self.root / name
+        migrated: dict[Path, Path] = {}  # the user's file -> its copy in the view
         for tree in self.trees:
             copy, view = self.snapshot / tree.name, home / tree.name
             for directory, subdirs, files in os.walk(copy):
@@ -160,11 +162,13 @@ class Workspace:
                     source = here / file
                     if not file.endswith(".py"):
                         (made / file).symlink_to(source)
-                    elif options and self._sources[source].parent.is_relative_to(self.script.parent):
-                        (made / file).write_bytes(_migrated(self._sources[source], options, errors))
-                        shutil.copymode(source, made / file)
-                    else:
-                        shutil.copy2(source, made / file)  # a real file: Python resolves a script's links
+                        continue
+                    shutil.copy2(source, made / file)  # a real file: Python resolves a script's links
+                    if options and self._sources[source].parent.is_relative_to(self.script.parent):
+                        migrated[self._sources[source]] = made / file  # its migration is written below
+        if migrated:
+            for path, output in _migrated(list(migrated), options, self.script.parent, errors).items():
+                migrated[path].write_bytes(output)
         project = self.trees[0]
         cwd = home / project.name / self.cwd.relative_to(project.source)
         cwd.mkdir(parents=True, exist_ok=True)
@@ -173,13 +177,22 @@ class Workspace:
         return cwd, home / self.trees[1].name / self.script.name
 
 
-def _migrated(path: Path, options: Options, errors: list[str]) -> bytes:
-    source = path.read_bytes()
-    result = migrate_source(source, str(path), options)
-    if result.error is not None:
-        errors.append(f"{path}:{result.error.line}: {result.error.reason}")
-        return source
-    return result.output
+def _migrated(paths: list[Path], options: Options, root: Path, errors: list[str]) -> dict[Path, bytes]:
+    """Each file's migrated bytes, as ``accrewrite migrate`` over the folder ``root`` gives them
+    (the project's decision made: ``accrewrite.project``). A file whose migration fails is
+    kept as it is, its error in ``errors``."""
+    sources = {path: path.read_bytes() for path in paths}
+    results = [migrate_source(sources[path], str(path), options) for path in paths]
+    members = [member(path, result) for path, result in zip(paths, results)]
+    decisions = decide(members, [root]) if needs_deciding(members) else Decisions()
+    for index, why in decisions.keep_ddp.items():
+        results[index] = migrate_source(sources[paths[index]], str(paths[index]), replace(options, keep_ddp=why))
+    outputs = {}
+    for index, (path, result) in enumerate(zip(paths, results)):
+        if result.error is not None:
+            errors.append(f"{path}:{result.error.line}: {result.error.reason}")
+        outputs[path] = sources[path] if result.error is not None or index in decisions.left else result.output
+    return outputs
 
 
 def _remove(path: Path) -> None:

@@ -278,3 +278,35 @@ def test_the_walk_notes_each_bodys_local_names_and_the_files_functions_and_class
     assert (train.owner, train.parent, train.params) == (None, None, ["model"])  # the positional ones
     method = definitions.functions[functions["method"]]
     assert (method.owner.name.value, method.parent, method.params) == ("Local", None, ["self"])
+
+
+_REDUCES = {
+    "over the parameters": "for p in model.parameters():\n    dist.all_reduce(p.grad)\n",
+    "a helper's .grad.data": "def average(model):\n    for p in model.parameters():\n"
+                             "        dist.all_reduce(p.grad.data)\n",
+    "a flat buffer": "grads = [p.grad for p in model.parameters()]\nflat = torch.cat([g.view(-1) for g in grads])\n"
+                     "dist.all_reduce(flat)\n",
+    "a helper given them": "def sync(tensors):\n    for t in tensors:\n        dist.all_reduce(t)\n"
+                           "sync([p.grad for p in model.parameters()])\n",
+    "a helper for other modules": "def all_reduce_grads(grads):\n    for g in grads:\n        dist.all_reduce(g)\n",
+}
+_REDUCES_NOT = {
+    "a gather's backward": "class FullGatherLayer(torch.autograd.Function):\n    @staticmethod\n"
+                           "    def backward(ctx, *grads):\n        all_gradients = torch.stack(grads)\n"
+                           "        dist.all_reduce(all_gradients)\n        return all_gradients[dist.get_rank()]\n",
+    "a gradient norm": "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+                       "dist.all_reduce(grad_norm)\n",
+    "a norm of gradients": "gnorm = torch.stack([p.grad.norm() for p in params]).norm()\ndist.all_reduce(gnorm)\n",
+    "the loss": "dist.all_reduce(loss)\n",
+    "a helper given the loss": "def average(grad_like):\n    dist.all_reduce(grad_like)\naverage(loss)\n",
+}
+
+
+@pytest.mark.parametrize("code", list(_REDUCES.values()), ids=list(_REDUCES))
+def test_a_script_reduces_gradients_where_it_all_reduces_its_parameters_gradients(code):
+    assert facts_of("import torch\nimport torch.distributed as dist\n" + code)[1].reduces_gradients
+
+
+@pytest.mark.parametrize("code", list(_REDUCES_NOT.values()), ids=list(_REDUCES_NOT))
+def test_an_all_reduce_of_anything_else_named_grad_is_no_gradient_reduction(code):
+    assert not facts_of("import torch\nimport torch.distributed as dist\n" + code)[1].reduces_gradients

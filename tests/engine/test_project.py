@@ -1,0 +1,114 @@
+"""A project is one decision (``accrewrite.project``): a module that a script left as it is
+imports and drives is left as it is too, whichever way the run is asked for (a folder, the
+module alone; --diff, --check, --in-place, --output-dir; every output format), and nothing is
+written before the decision. Where no file is refused or drops DDP on its own, none is made."""
+
+import filecmp
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from accrewrite import project
+from accrewrite.engine import Options, migrate_source
+
+# pytorch/examples' mnist_hogwild in small: main.py trains in shared memory (ACC108 leaves it as
+# it is on torch_xla), train.py holds the loop its processes run.
+HOGWILD = Path(__file__).resolve().parents[1] / "rules" / "fixtures" / "hogwild_project"
+LEFT = "ACC108 left as it is: main.py, which imports it, is left as it is (ACC108)"
+
+
+@pytest.fixture
+def hogwild(tmp_path):
+    folder = tmp_path / "hogwild"
+    shutil.copytree(HOGWILD, folder)
+    return folder
+
+
+def test_train_py_alone_would_migrate_so_leaving_it_is_the_projects_doing(hogwild):
+    result = migrate_source((hogwild / "train.py").read_bytes(), "train.py", Options(target="torch_xla"))
+    assert result.changed and b"xla" in result.output
+    assert migrate_source((hogwild / "main.py").read_bytes(), "main.py", Options(target="torch_xla")).refused
+
+
+def test_the_module_a_refused_script_imports_is_left_with_a_diagnostic(hogwild, cli):
+    code, out, _ = cli("migrate", hogwild, "--target", "torch_xla")
+    text = " ".join(out.split())
+    assert code == 0 and "+++" not in out
+    assert f"{hogwild / 'train.py'}:1:1: {LEFT}" in text
+    assert f"{hogwild / 'main.py'}:37:5: ACC108 `model` is trained in shared memory" in text
+
+
+def test_given_alone_the_module_is_left_for_the_script_beside_it_that_imports_it(hogwild, cli):
+    code, out, _ = cli("migrate", hogwild / "train.py", "--target", "torch_xla")
+    assert code == 0 and "+++" not in out and LEFT in " ".join(out.split())
+
+
+@pytest.mark.parametrize("mode", ["--check", "--in-place", "--output-dir"])
+def test_every_mode_agrees_and_nothing_is_written(hogwild, tmp_path, cli, mode):
+    before = {path.name: path.read_bytes() for path in hogwild.glob("*.py")}
+    out_dir = tmp_path / "out"
+    written = [out_dir] if mode == "--output-dir" else []
+    code, out, _ = cli("migrate", hogwild, "--target", "torch_xla", mode, *written)
+    assert code == 0 and "Would migrate" not in out and LEFT in " ".join(out.split())
+    assert {path.name: path.read_bytes() for path in hogwild.glob("*.py")} == before
+    if mode == "--output-dir":  # the copies are the files as they are
+        assert filecmp.cmpfiles(hogwild, out_dir, list(before), shallow=False)[0] == sorted(before)
+
+
+@pytest.mark.parametrize("output_format", ["json", "github", "gitlab", "sarif", "full"])
+def test_every_output_format_carries_the_diagnostic(hogwild, cli, output_format):
+    code, out, _ = cli("migrate", hogwild, "--target", "torch_xla", "--output-format", output_format)
+    assert code == 0
+    assert "left as it is: main.py, which imports it, is left as it is (ACC108)" in " ".join(out.split())
+    if output_format == "json":
+        [train] = [f for f in json.loads(out)["files"] if f["path"].endswith("train.py")]
+        assert not train["changed"] and train["diff"] == "" and train["fixes"] == []
+        assert [(d["code"], d["line"]) for d in train["diagnostics"]] == [("ACC108", 1)]
+
+
+def test_where_the_script_migrates_so_does_the_module(hogwild, cli):
+    code, out, _ = cli("migrate", hogwild, "--target", "runtime")
+    assert code == 0 and f"+++ b/{hogwild / 'train.py'}" in out and "left as it is" not in out
+
+
+def test_what_a_refused_script_drives_further_down_is_left_too_naming_its_importer(hogwild, cli):
+    (hogwild / "helpers").mkdir()
+    (hogwild / "helpers" / "__init__.py").write_text("")
+    (hogwild / "helpers" / "data.py").write_text(
+        "import torch\n\n\ndef on_device(x, device):\n    return x.cuda() if device.type == 'cuda' else x\n")
+    train = (hogwild / "train.py").read_text()
+    imported = train.replace("import torch\n", "import torch\nfrom helpers.data import on_device\n", 1)
+    (hogwild / "train.py").write_text(imported)
+    code, out, _ = cli("migrate", hogwild, "--target", "torch_xla")
+    text = " ".join(out.split())
+    assert f"{hogwild / 'helpers' / 'data.py'}:1:1: ACC108 left as it is: ../train.py, which imports it" in text
+    assert "+++" not in out
+
+
+def test_imports_resolve_as_python_would_from_the_importer(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for name in ("pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/leaf.py", "pkg/near.py", "pkg/far.py",
+                 "top.py", "main.py", "pkg/entry.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "main.py").write_text("import top\nfrom pkg.sub import leaf\nimport pkg.far as far\nimport os, torch\n")
+    (tmp_path / "pkg" / "entry.py").write_text("from . import near\nfrom .sub.leaf import thing\nimport top\n")
+    graph = project._Graph([tmp_path])
+
+    def imported(name):
+        return {path.relative_to(tmp_path.resolve()).as_posix() for path in graph.imports(tmp_path / name)}
+
+    assert imported("main.py") == {"top.py", "pkg/sub/__init__.py", "pkg/sub/leaf.py", "pkg/far.py"}
+    assert imported("pkg/entry.py") == {"pkg/near.py", "pkg/sub/leaf.py", "top.py"}
+
+
+def test_no_decision_is_made_where_no_file_is_refused_or_drops_ddp_alone(tmp_path, cli, monkeypatch):
+    def no_decision(*args, **kwargs):
+        raise AssertionError("the project's decision ran")
+
+    monkeypatch.setattr(project, "decide", no_decision)
+    monkeypatch.setattr(project, "importers_beside", no_decision)
+    (tmp_path / "train.py").write_text("import torch\nmodel = torch.nn.Linear(2, 2).cuda()\n")
+    (tmp_path / "utils.py").write_text("import torch\nimport train\n")
+    assert cli("migrate", tmp_path, "--target", "torch_xla")[0] == 0
