@@ -374,31 +374,38 @@ class DevicePlacement(Rule):
         return (isinstance(comparison.operator, cst.Equal) and compared.partition(":")[0] == "cuda"
                 and self._device_name(test.left) and self.ctx.target.has("accelerator_available"))
 
-    def leave_UnaryOperation(self, original_node, updated_node):
-        """``not torch.cuda.is_available()`` (MoCo's ``if not ...: print("using CPU")``) is False
-        where the device check holds on the target."""
-        checked = updated_node.expression
-        if (original_node.expression in self._gates and isinstance(updated_node.operator, cst.Not)
-                and isinstance(checked, cst.Name) and checked.value == "True"):
+    def leave_If(self, original_node, updated_node):
+        """``if not torch.cuda.is_available():`` (MoCo's ``print("using CPU")``) fails where the
+        device check holds on the target."""
+        if self._checked(original_node.test, updated_node.test) is False:
             self.ctx.fix(original_node, "the device check holds on the target: its negation is False")
-            return cst.Name("False", lpar=updated_node.lpar, rpar=updated_node.rpar)
+            return updated_node.with_changes(test=cst.Name("False"))
         return updated_node
 
     def leave_BooleanOperation(self, original_node, updated_node):
         """``not args.no_cuda and torch.cuda.is_available()`` and ``args.cpu or not
         torch.cuda.is_available()`` keep only their other operand where the target's device is
         always there (``and True`` and ``or False`` say nothing)."""
-        neutral = "True" if isinstance(updated_node.operator, cst.And) else "False"
+        neutral = isinstance(updated_node.operator, cst.And)
         sides = ((original_node.right, updated_node.right, updated_node.left),
                  (original_node.left, updated_node.left, updated_node.right))
         for was, checked, other in sides:
-            if isinstance(was, (cst.Call, cst.UnaryOperation)) and isinstance(checked, cst.Name) \
-                    and checked.value == neutral:
+            if self._checked(was, checked) is neutral:
                 self.ctx.fix(original_node, "the device check holds on the target: the other condition decides")
                 if updated_node.lpar and not other.lpar:
                     other = other.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
                 return other
         return updated_node
+
+    def _checked(self, was: cst.BaseExpression, checked: cst.BaseExpression) -> bool | None:
+        """What a device check the target holds (``torch.cuda.is_available()``, rewritten
+        ``checked``) comes to: True, False where it is negated, None for any other test."""
+        negated = isinstance(was, cst.UnaryOperation) and isinstance(was.operator, cst.Not)
+        if negated:
+            was, checked = was.expression, getattr(checked, "expression", None)
+        if was in self._gates and isinstance(checked, cst.Name) and checked.value == "True":
+            return not negated
+        return None
 
     def _refuse_cuda_tensor_type(self, node: cst.Attribute) -> None:
         """``Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor``: a legacy CUDA
@@ -440,11 +447,11 @@ class DevicePlacement(Rule):
             if isinstance(node, cst.If) and self._uses_cuda(node.body, chosen):
                 tests.append(node.test)
                 self._fallbacks.update(self._other_choices(node.body, node.orelse, chosen))
-            elif isinstance(node, cst.If) and node.orelse is not None and self._uses_cuda(node.orelse, chosen):
+            elif isinstance(node, cst.If) and node.orelse is not None:
                 # ``if not torch.cuda.is_available(): print("using CPU") else: model.cuda()``
                 negated = _negated(node.test)
-                tests.extend(negated)
-                if negated:
+                if negated and self._uses_cuda(node.orelse, chosen):
+                    tests.extend(negated)
                     self._fallbacks.update(self._other_choices(node.orelse, node.body, chosen))
             elif isinstance(node, cst.IfExp) and (self.ctx.facts.is_cuda_device(node) or self._places_on_cuda(node.body)):
                 tests.append(node.test)
@@ -654,6 +661,8 @@ class DevicePlacement(Rule):
             return True
         if arg.keyword.value == "map_location":
             return isinstance(value, cst.Lambda) and value.body in self._storage_moves()
+        if isinstance(value, cst.Attribute) and value.attr.value == "device":
+            return False  # ``device=x.device``: a tensor's device (asked without its function's data flow)
         return self._ordinal(value) and places_by_keyword(self.ctx.facts, call)
 
     def _storage_moves(self) -> set[cst.Call]:
