@@ -419,6 +419,10 @@ class Facts:
         self.values(None)
         return self._values.defined
 
+    def defines(self, func: cst.BaseExpression) -> bool:
+        """Whether a call of ``func`` calls a function or class of this file."""
+        return isinstance(func, cst.Name) and func.value in self._defined()
+
     def in_launcher(self, scopes: list[cst.FunctionDef]) -> bool:
         """Whether code in ``scopes`` (nested functions, innermost last; none at module level)
         runs in the process that spawns the others: the file spawns, and it is not in a launched
@@ -594,10 +598,11 @@ class Facts:
             return default == "cuda" or default.startswith("cuda:") or (
                 node.attr.value == "device" and default.partition(":")[0] in _DEVICE_TYPES)
         if kind is cst.IfExp:
-            # ``"cuda" if torch.cuda.is_available() else "cpu"`` chooses a device;
-            # nanoGPT's ``"cuda" if "cuda" in device else "cpu"`` names a device's type.
-            # (``"mps" if ... else "cuda" if ... else "cpu"`` chooses one too.)
-            return not isinstance(node.test, cst.Comparison) and (
+            # ``"cuda" if torch.cuda.is_available() else "cpu"`` and ``"cuda:0" if n_gpu > 0 else
+            # "cpu"`` choose a device; nanoGPT's ``"cuda" if "cuda" in device else "cpu"``, which
+            # compares a string, names a device's type. (``"mps" if ... else "cuda" if ... else
+            # "cpu"`` chooses one too.)
+            return not _compares_string(node.test) and (
                 self.is_cuda_device(node.body) or self.is_cuda_device(node.orelse))
         return False
 
@@ -1154,6 +1159,12 @@ def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozen
     analyzer.walk(module)
     analyzer.facts.calls = analyzer._calls
     return analyzer.facts
+
+
+def _compares_string(test: cst.BaseExpression) -> bool:
+    """``"cuda" in device``, ``args.device == "cuda"``: a test that reads a device's name."""
+    return type(test) is cst.Comparison and (string_value(test.left) is not None or any(
+        string_value(comparison.comparator) is not None for comparison in test.comparisons))
 
 
 _NOT_BLOCKS = NODE_TYPES - node_types(cst.BaseStatement, cst.BaseSuite, cst.Else, cst.ExceptHandler,

@@ -69,6 +69,9 @@ _DEFINITIONS = (
                "keeps a module's Parameter objects when it moves to the device (tied weights, an optimizer "
                "built before the move)"),
     Definition("load_location", EXPRESSION, "torch.load's map_location where the device cannot restore storages"),
+    Definition("device_option", EXPRESSION,
+               "the default of a command-line option that named a CUDA device: a name torch.device() takes for "
+               "the training device"),
     Definition("device_loader", EXPRESSION, "a data loader whose batches arrive on the device", ("loader", "device"),
                needs=("device",), flags=("rebind",)),
     Definition("device_save", EXPRESSION, "torch.save of device tensors (brought to the CPU first)", ("obj", "path")),

@@ -152,6 +152,8 @@ _FACTORIES = frozenset({
 # Methods that put their argument into a container.
 _ADDS = frozenset({"append", "extend", "insert", "add", "appendleft"})
 _STRING_METHODS = frozenset({"format", "join", "strip", "lower", "upper", "replace", "rjust", "ljust", "center"})
+# What scripts name their parsed options.
+_OPTION_NAMESPACES = frozenset({"args", "opt", "opts", "cfg", "config", "hparams", "flags"})
 _ARGPARSE_TYPES = MappingProxyType({"int": Kind.INT, "float": Kind.FLOAT, "str": Kind.STR, "bool": Kind.BOOL})
 
 
@@ -1870,10 +1872,13 @@ class FileValues:
         options = self._argparse_options()
         if not options or node.attr.value not in options:
             return None
-        root = node.value.value
-        if root in self._namespaces or root in ("args", "opt", "opts", "cfg", "config", "hparams", "flags"):
-            return options[node.attr.value]
-        return None
+        return options[node.attr.value] if self.names_options(node.value.value) else None
+
+    def names_options(self, name: str) -> bool:
+        """Whether ``name`` holds the file's parsed command-line options: assigned
+        ``parser.parse_args()``, or named as scripts name them."""
+        self._argparse_options()
+        return name in self._namespaces or name in _OPTION_NAMESPACES
 
     def _argparse_options(self) -> dict[str, Kind]:
         """The file's ``parser.add_argument`` options by destination, and the names assigned

@@ -1,19 +1,20 @@
 import re
+import sys
 
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import with_commas
+from accrewrite.toolbox import PLACEMENT_KEYWORDS, places_by_keyword, quoted_like, with_commas, without_items
 from accrewrite.values import Kind, read_chains
 
-# Keywords that name where tensors go; a CUDA value there moves to the target device.
-_DEVICE_KEYWORDS = ("device", "map_location")
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
 _AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
 _SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.accelerator.set_device_index", "torch.accelerator.set_device_idx"})
+# Context managers that make a device current for their block.
+_DEVICE_CONTEXTS = frozenset({"torch.cuda.device", "torch.accelerator.device_index"})
 # torch functions that make a tensor on the CPU unless given a device.
 _FACTORIES = frozenset(f"torch.{name}" for name in (
     "randn", "rand", "randint", "zeros", "ones", "full", "empty", "arange", "tensor", "eye", "linspace",
@@ -28,28 +29,38 @@ class DevicePlacement(Rule):
     `xm.set_replication(device, [device])` after it, where the target needs that. So:
 
     - a variable assigned a CUDA device (`torch.device("cuda")`, `torch.device(f"cuda:{r}")`,
-      `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`) is assigned the target
-      device, followed by the replication call; chosen in a branch, the replication goes where
-      the run has the device: once after an `if` whose every arm chooses the target's device,
-      in the branch where another arm chooses the CPU, and where a run may skip the only
-      choice (`if args.resume: loc = ...`), naming the target's device itself before it;
+      `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0" if n_gpu > 0 else "cpu"`,
+      `"cuda:0"`) is assigned the target device, followed by the replication call; chosen in a
+      branch, the replication goes where the run has the device: once after an `if` whose
+      every arm chooses the target's device, in the branch where another arm chooses the CPU,
+      and where a run may skip the only choice (`if args.resume: loc = ...`), naming the
+      target's device itself before it;
     - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
-      (the target picks the device per process);
+      (the target picks the device per process), and so is `with torch.cuda.device(i):` around
+      a block (SimCLR's), which initialises CUDA where it is entered;
     - a device string built from a device and an index (`torch.device(f"{acc}:{rank}")` with
       `acc = torch.accelerator.current_accelerator()`) is the target device;
     - `x.cuda(...)` and `x.to("cuda")` become `x.to(device)`, using the device variable that
       every path to the call has chosen (not one bound only in a resume branch, a `try` body
       or a loop), else the target's device call; `non_blocking` and `memory_format` are kept;
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
-      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`), and so is an
-      element of the list a wrapper takes as `device_ids=` (`model.to(device_ids[0])` in
-      PyTorch's DDP tutorial): it names the target device too, and a `device` parameter that
-      callers pass one is not a device;
+      `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`,
+      `device=torch.cuda.current_device()`, but not given to a function of the file, which may
+      read it as a rank, nor to one of torch.cuda's), and so is an element of the list a wrapper takes as `device_ids=`
+      (`model.to(device_ids[0])` in PyTorch's DDP tutorial): it names the target device too,
+      and a `device` parameter that callers pass one is not a device;
     - a `--device` option chose the device (`default='cpu'` too): `torch.device(args.device)`
-      is the target's device now;
-    - `device="cuda"` arguments name the target device, and so does `map_location="cuda"`,
-      except where the target cannot load onto its device (XLA: `map_location='cpu'`, and
-      `load_state_dict` copies onto the model's device);
+      is the target's device now; where the parsed options go to a function of another module
+      (timm's `utils.init_distributed_device(args)`), which makes the device of them out of
+      this file's sight, a CUDA default becomes the target's device name;
+    - `device="cuda"` arguments name the target device, and so does `map_location="cuda"` (or
+      a function that restores each storage on CUDA, `lambda storage, loc: storage.cuda()`:
+      the target's device is no `.to` argument of a storage), except where the target cannot
+      load onto its device (XLA: `map_location='cpu'`, and `load_state_dict` copies onto the
+      model's device);
+    - where the target's device is always there, a CUDA check in front of a device choice or a
+      move holds (`if torch.cuda.is_available():`), and its negation fails (MoCo's `if not
+      torch.cuda.is_available(): print("using CPU")`, the placement in the other arms);
     - `device_ids=` and `output_device=` are dropped from DistributedDataParallel and
       DataParallel, which pin them to CUDA;
     - `"cuda" in device` (nanoGPT's device type) tests `str(device)`, and `device == "cpu"` its
@@ -66,7 +77,7 @@ class DevicePlacement(Rule):
     summary = "CUDA device selection, .cuda(), set_device, device_ids= -> the target device"
     concepts = ("device",)
     triggers = frozenset(
-        {"cuda", "to", "set_device", "device", "accelerator", "exec", *_DEVICE_KEYWORDS, *_CUDA_ONLY_KEYWORDS,
+        {"cuda", "to", "set_device", "device", "accelerator", "exec", *PLACEMENT_KEYWORDS, *_CUDA_ONLY_KEYWORDS,
          *(name.rpartition(".")[2] for name in _FACTORIES)}
     )
     examples = (
@@ -135,6 +146,55 @@ class DevicePlacement(Rule):
                     images = images.to(torch_xla.device(), non_blocking=True)
             """,
         ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def main_worker(args):
+                model = Net()
+                if not torch.cuda.is_available():
+                    print("using CPU, this will be slow")
+                else:
+                    model.cuda()
+                if args.resume:
+                    checkpoint = torch.load(args.resume, map_location=lambda storage, loc: storage.cuda())
+                with torch.cuda.device(args.gpu_index):
+                    train(model, loader)
+            """,
+            after="""
+            import torch
+            import torch_xla
+
+            def main_worker(args):
+                model = Net()
+                if False:
+                    print("using CPU, this will be slow")
+                else:
+                    model.to(torch_xla.device())
+                if args.resume:
+                    checkpoint = torch.load(args.resume, map_location='cpu')
+                train(model, loader)
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            n_gpu = torch.cuda.device_count()
+            device = torch.device("cuda:0" if n_gpu > 0 else "cpu")
+            mask = torch.ones(8, device=torch.cuda.current_device())
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            n_gpu = torch.cuda.device_count()
+            device = xm.xla_device()
+            xm.set_replication(device, [device])
+            mask = torch.ones(8, device=device)
+            """,
+        ),
     )
 
     # Statements ------------------------------------------------------------------------------
@@ -192,6 +252,20 @@ class DevicePlacement(Rule):
         if original_node is self._configurator:
             return self._after_configurator(original_node, updated_node)
         return updated_node
+
+    def leave_With(self, original_node, updated_node):
+        """``with torch.cuda.device(args.gpu_index):`` (SimCLR's) makes a CUDA device current for
+        its block: the target chooses the device per process, and entering the context
+        initialises CUDA, which fails where there is none."""
+        dropped = [self._device_context(item) for item in original_node.items]
+        if not any(dropped):
+            return updated_node
+        self.ctx.fix(original_node, "removed the CUDA device context: the target chooses the device per process")
+        return without_items(updated_node, dropped)
+
+    def _device_context(self, item: cst.WithItem) -> bool:
+        return item.asname is None and isinstance(item.item, cst.Call) \
+            and self.ctx.facts.qualname(item.item.func) in _DEVICE_CONTEXTS
 
     def _before_configurator(self, line) -> bool:
         order = self.ctx.facts.order
@@ -300,20 +374,38 @@ class DevicePlacement(Rule):
         return (isinstance(comparison.operator, cst.Equal) and compared.partition(":")[0] == "cuda"
                 and self._device_name(test.left) and self.ctx.target.has("accelerator_available"))
 
+    def leave_If(self, original_node, updated_node):
+        """``if not torch.cuda.is_available():`` (MoCo's ``print("using CPU")``) fails where the
+        device check holds on the target."""
+        if self._checked(original_node.test, updated_node.test) is False:
+            self.ctx.fix(original_node, "the device check holds on the target: its negation is False")
+            return updated_node.with_changes(test=cst.Name("False"))
+        return updated_node
+
     def leave_BooleanOperation(self, original_node, updated_node):
-        """``not args.no_cuda and torch.cuda.is_available()`` keeps only its other operand where
-        the target's device is always there (``and True`` says nothing)."""
-        if not isinstance(updated_node.operator, cst.And):
-            return updated_node
+        """``not args.no_cuda and torch.cuda.is_available()`` and ``args.cpu or not
+        torch.cuda.is_available()`` keep only their other operand where the target's device is
+        always there (``and True`` and ``or False`` say nothing)."""
+        neutral = isinstance(updated_node.operator, cst.And)
         sides = ((original_node.right, updated_node.right, updated_node.left),
                  (original_node.left, updated_node.left, updated_node.right))
         for was, checked, other in sides:
-            if isinstance(was, cst.Call) and isinstance(checked, cst.Name) and checked.value == "True":
+            if self._checked(was, checked) is neutral:
                 self.ctx.fix(original_node, "the device check holds on the target: the other condition decides")
                 if updated_node.lpar and not other.lpar:
                     other = other.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
                 return other
         return updated_node
+
+    def _checked(self, was: cst.BaseExpression, checked: cst.BaseExpression) -> bool | None:
+        """What a device check the target holds (``torch.cuda.is_available()``, rewritten
+        ``checked``) comes to: True, False where it is negated, None for any other test."""
+        negated = isinstance(was, cst.UnaryOperation) and isinstance(was.operator, cst.Not)
+        if negated:
+            was, checked = was.expression, getattr(checked, "expression", None)
+        if was in self._gates and isinstance(checked, cst.Name) and checked.value == "True":
+            return not negated
+        return None
 
     def _refuse_cuda_tensor_type(self, node: cst.Attribute) -> None:
         """``Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor``: a legacy CUDA
@@ -352,10 +444,15 @@ class DevicePlacement(Rule):
         tests: list[cst.CSTNode] = []
 
         def enter(node):
-            if isinstance(node, cst.If) and (holds(node.body, chosen) or self._returns_cuda(node.body)
-                                             or self._places_on_cuda(node.body)):
+            if isinstance(node, cst.If) and self._uses_cuda(node.body, chosen):
                 tests.append(node.test)
-                self._fallbacks.update(self._other_choices(node, chosen))
+                self._fallbacks.update(self._other_choices(node.body, node.orelse, chosen))
+            elif isinstance(node, cst.If) and node.orelse is not None:
+                # ``if not torch.cuda.is_available(): print("using CPU") else: model.cuda()``
+                negated = _negated(node.test)
+                if negated and self._uses_cuda(node.orelse, chosen):
+                    tests.extend(negated)
+                    self._fallbacks.update(self._other_choices(node.orelse, node.body, chosen))
             elif isinstance(node, cst.IfExp) and (self.ctx.facts.is_cuda_device(node) or self._places_on_cuda(node.body)):
                 tests.append(node.test)
             return True
@@ -372,10 +469,16 @@ class DevicePlacement(Rule):
         walk(self.ctx.module, flag)
         return gates
 
-    def _other_choices(self, choice: cst.If, chosen: set) -> list[cst.CSTNode]:
-        """``else: device = torch.device("cpu")`` (or ``"mps"``) after a CUDA choice: on a
+    def _uses_cuda(self, block: cst.CSTNode, chosen: set) -> bool:
+        """Whether an arm of an ``if`` chooses a CUDA device, returns one or places on CUDA."""
+        body = block.body if isinstance(block, cst.Else) else block
+        return holds(block, chosen) or self._returns_cuda(body) or self._places_on_cuda(block)
+
+    def _other_choices(self, cuda_arm: cst.CSTNode, other_arm: cst.CSTNode | None,
+                       chosen: set) -> list[cst.CSTNode]:
+        """``else: device = torch.device("cpu")`` (or ``"mps"``) beside a CUDA choice: on a
         target whose device is not CUDA the migrated script runs there too."""
-        names = {d.name for d in self.ctx.facts.devices if holds(choice.body, {d.statement})}
+        names = {d.name for d in self.ctx.facts.devices if holds(cuda_arm, {d.statement})}
         found = []
 
         def enter(node):
@@ -387,8 +490,8 @@ class DevicePlacement(Rule):
                     found.append(node)
             return True
 
-        if choice.orelse is not None:
-            walk(choice.orelse, enter)
+        if other_arm is not None:
+            walk(other_arm, enter)
         return found
 
     def _places_on_cuda(self, node: cst.CSTNode) -> bool:
@@ -431,6 +534,7 @@ class DevicePlacement(Rule):
         # Other choices of a device variable beside a CUDA one (``_other_choices``).
         self._fallbacks: set[cst.CSTNode] = set()
         self._gates = self._find_gates() if ctx.target.has("accelerator_available") else set()
+        self._moves: set[cst.Call] | None = None  # ``_storage_moves``
         # nanoGPT's configurator: ``exec(...)`` at module level overrides config globals from the
         # command line, type-checked, so the device string stays and the target's device is
         # assigned after it.
@@ -471,7 +575,11 @@ class DevicePlacement(Rule):
             if values.is_model(original_node.func) and values.is_tensor(original_node):
                 return self._inputs_on_device(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and callee is None:
+            if original_node in self._storage_moves():
+                return updated_node  # the load's map_location is rewritten whole
             return self._cuda_method(original_node, updated_node)
+        if isinstance(func, cst.Attribute) and func.attr.value == "add_argument":
+            return self._device_option(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "to":
             moved = self._to_cuda(original_node, updated_node)
             if moved is not updated_node:
@@ -532,15 +640,69 @@ class DevicePlacement(Rule):
         values = {}
         devices = {device.name for device in self.ctx.facts.devices}
         for index, arg in enumerate(original_node.args):
-            if arg.keyword is None or arg.keyword.value not in _DEVICE_KEYWORDS:
+            if arg.keyword is None or arg.keyword.value not in PLACEMENT_KEYWORDS:
                 continue
-            cuda = self.ctx.facts.is_cuda_device(arg.value)
+            cuda = self._names_cuda(original_node, arg)
             if arg.keyword.value == "map_location" and self.ctx.target.has("load_location"):
                 if cuda or dotted(arg.value) in devices:
                     values[index] = self.ctx.expr("load_location")
             elif cuda:
                 values[index] = self._device()
         return self._with_values(original_node, updated_node, values, "device='cuda' -> the target device")
+
+    def _names_cuda(self, call: cst.Call, arg: cst.Arg) -> bool:
+        """Whether a ``device=`` or ``map_location=`` argument names a CUDA device: a device
+        string, an index (``torch.ones(n, device=torch.cuda.current_device())``, where the call
+        ``places_by_keyword``), a function that restores each
+        storage on CUDA (``map_location=lambda storage, loc: storage.cuda()``: a storage's
+        ``.to`` would not take the target's device as ``.cuda()``'s replacement passes it)."""
+        value = arg.value
+        if self.ctx.facts.is_cuda_device(value):
+            return True
+        if arg.keyword.value == "map_location":
+            return isinstance(value, cst.Lambda) and value.body in self._storage_moves()
+        if isinstance(value, cst.Attribute) and value.attr.value == "device":
+            return False  # ``device=x.device``: a tensor's device (asked without its function's data flow)
+        return self._ordinal(value) and places_by_keyword(self.ctx.facts, call)
+
+    def _storage_moves(self) -> set[cst.Call]:
+        """The moves of ``map_location=lambda storage, loc: storage.cuda()`` functions, which
+        ``_names_cuda`` replaces whole."""
+        if self._moves is None:
+            self._moves = set()
+            if "map_location" in self.ctx.source_text:
+                self._moves = {
+                    arg.value.body for call, _ in self.ctx.facts.calls for arg in call.args
+                    if arg.keyword is not None and arg.keyword.value == "map_location"
+                    and _restores_on_cuda(arg.value)
+                }
+        return self._moves
+
+    def _device_option(self, original_node, updated_node):
+        """``parser.add_argument("--device", default="cuda")`` whose options go to a function of
+        another module (timm's ``utils.init_distributed_device(args)``), which this file cannot
+        see make the device of it: the option defaults to the target's device there too. (A
+        device this file makes of the option is the target's already.)"""
+        default = call_arg(original_node, 99, "default")
+        if default is None or not self.ctx.facts.is_cuda_device(default.value):
+            return updated_node
+        reader = self._options_reader() if self.ctx.target.has("device_option") else None
+        if reader is None:
+            return updated_node
+        values = {original_node.args.index(default): quoted_like(default.value, self.ctx.expr("device_option"))}
+        return self._with_values(original_node, updated_node, values,
+                                 f"the option defaults to the target's device: {reader}() reads the options")
+
+    def _options_reader(self) -> str | None:
+        """A function of another module (not torch's) that the file passes its parsed options to."""
+        facts = self.ctx.facts
+        for call, _ in facts.calls:
+            callee = facts.qualname(call.func)
+            if callee is not None and callee.partition(".")[0] not in _NOT_READERS and any(
+                    type(arg.value) is cst.Name and facts.file_values.names_options(arg.value.value)
+                    for arg in call.args):
+                return self.ctx.code(call.func)
+        return None
 
     def _with_values(self, original_node, updated_node, values: dict[int, cst.BaseExpression], message: str):
         """``updated_node`` with the arguments at ``values``' positions given those values, and
@@ -564,6 +726,8 @@ class DevicePlacement(Rule):
         return updated_node.with_changes(args=with_commas(args))
 
 
+# Modules whose functions make no device of a script's options.
+_NOT_READERS = frozenset({"torch", *sys.stdlib_module_names})
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
 # Statements whose blocks a run may skip, or leave before their end.
 _BRANCHING = frozenset({cst.If, cst.For, cst.While, cst.Try, cst.TryStar, cst.Match})
@@ -579,6 +743,24 @@ def _main_block(statement: cst.CSTNode) -> bool:
     test = getattr(statement, "test", None)
     return (type(statement) is cst.If and type(test) is cst.Comparison and dotted(test.left) == "__name__"
             and len(test.comparisons) == 1 and string_value(test.comparisons[0].comparator) == "__main__")
+
+
+def _negated(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """What ``test`` negates: ``X`` of ``not X``, ``args.cpu or not X``."""
+    found = []
+    walk(test, lambda node: found.append(node.expression)
+         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not) else None)
+    return found
+
+
+def _restores_on_cuda(function: cst.BaseExpression) -> bool:
+    """``lambda storage, loc: storage.cuda()``: a map_location function that restores each
+    storage on CUDA."""
+    if not isinstance(function, cst.Lambda) or not function.params.params:
+        return False
+    move = function.body
+    return (isinstance(move, cst.Call) and isinstance(move.func, cst.Attribute) and move.func.attr.value == "cuda"
+            and dotted(move.func.value) == function.params.params[0].name.value)
 
 
 def _calls_in(node: cst.CSTNode) -> set[cst.Call]:

@@ -1,8 +1,8 @@
 import libcst as cst
 
-from accrewrite.nodes import string_value
+from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import with_commas
+from accrewrite.toolbox import quoted_like, with_commas
 
 _INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 _BACKEND_FOR_DEVICE = frozenset({"torch.distributed.get_default_backend_for_device",
@@ -48,9 +48,13 @@ class ProcessGroup(Rule):
     - `torch_xla`: `torch_xla.launch(fn, args=(...))`, one process per device. It picks the
       number of processes, so `nprocs` goes, and an argument that passed it (`world_size`) is
       read again where the devices are: the launched function starts with `world_size =
-      xr.global_runtime_device_count()`. Its `xla://` rendezvous is the one the group joins (a
-      spawn of torch's would host a second one: the address is in use). A spawn it cannot
-      take (`join=False`, `daemon=True`) is left, and reported;
+      xr.global_runtime_device_count()`. So does the world size it gives `init_process_group`
+      from its arguments (`world_size=args.world_size`), which the launching process worked
+      out from CUDA's count, 0 where there is no CUDA (VICReg's `args.world_size =
+      args.ngpus_per_node`, MoCo's `ngpus_per_node * args.world_size`). Its `xla://`
+      rendezvous is the one the group joins (a spawn of torch's would host a second one: the
+      address is in use). A spawn it cannot take (`join=False`, `daemon=True`) is left, and
+      reported;
     - `torchacc`: unchanged, with the script's own init method, rank and world size.
 
     Left as it is and reported (ACC004): `init_process_group(*args/**kwargs)`, whose backend
@@ -138,6 +142,42 @@ class ProcessGroup(Rule):
             """,
         ),
         Example(
+            target="torch_xla",
+            before="""
+            import torch
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+
+            def main_worker(gpu, args):
+                dist.init_process_group("nccl", init_method=args.dist_url, world_size=args.world_size, rank=gpu)
+                batch_size = args.batch_size // args.world_size
+
+            def main(args):
+                args.ngpus_per_node = torch.cuda.device_count()
+                args.world_size = args.ngpus_per_node * args.nodes
+                mp.spawn(main_worker, (args,), args.ngpus_per_node)
+            """,
+            after="""
+            import torch
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+            import torch_xla.runtime as xr
+            import torch_xla.distributed.xla_backend
+            import torch_xla
+
+            def main_worker(gpu, args):
+                args.ngpus_per_node = xr.global_runtime_device_count()
+                args.world_size = xr.global_runtime_device_count()
+                dist.init_process_group("xla", init_method='xla://')
+                batch_size = args.batch_size // args.world_size
+
+            def main(args):
+                args.ngpus_per_node = torch.cuda.device_count()
+                args.world_size = args.ngpus_per_node * args.nodes
+                torch_xla.launch(main_worker, args=(args,))
+            """,
+        ),
+        Example(
             before="""
             import torch.multiprocessing as mp
 
@@ -172,6 +212,26 @@ class ProcessGroup(Rule):
                         params = [p.name.value for p in (*worker.params.posonly_params, *worker.params.params)]
                         self._recounted.setdefault(worker, []).extend(
                             params[i] + attributes for i, attributes in spawn.counted if i < len(params))
+                        self._recounted[worker].extend(self._world_sizes(worker, params[1:]))
+
+    def _world_sizes(self, worker: cst.FunctionDef, passed: list[str]) -> list[str]:
+        """What ``worker`` passes ``init_process_group`` as its world size, where the launching
+        process gave it (``world_size=args.world_size``, ``args`` a parameter): the launching
+        process worked it out from its own device count (VICReg's ``args.world_size =
+        args.ngpus_per_node``, MoCo's ``ngpus_per_node * args.world_size``), CUDA's. One
+        process runs per device of the job, so it is the target's device count."""
+        found = []
+
+        def enter(node):
+            if isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in _INIT:
+                size = call_arg(node, _PARAMETERS.index("world_size"), "world_size")
+                name = dotted(size.value) if size is not None else None
+                if name is not None and name.partition(".")[0] in passed:
+                    found.append(name)
+            return not isinstance(node, (cst.FunctionDef, cst.ClassDef)) or node is worker
+
+        walk(worker, enter)
+        return found
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         """A launched function reads the device count where the devices are: its parameter that
@@ -223,12 +283,12 @@ class ProcessGroup(Rule):
                 quoting = original.value
             if name == "backend":
                 if not _same(ctx.code(original.value), ctx.code(backend)):
-                    arg = arg.with_changes(value=_quoted_like(original.value, backend))
+                    arg = arg.with_changes(value=quoted_like(original.value, backend))
                     changes.append(f"backend {ctx.code(original.value)} -> {ctx.code(backend)}")
             elif name == "init_method" and init_method is not None and not init_method.keep:
                 wanted = ctx.expr("dist_init_method")
                 if not _same(ctx.code(original.value), ctx.code(wanted)):
-                    arg = arg.with_changes(value=_quoted_like(original.value, wanted))
+                    arg = arg.with_changes(value=quoted_like(original.value, wanted))
                     changes.append(f"init_method {ctx.code(original.value)} -> {ctx.code(wanted)}")
             elif name in ("rank", "world_size") and drops_ranks:
                 dropped.append(name)
@@ -244,11 +304,11 @@ class ProcessGroup(Rule):
                     whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
             args.append(arg)
         if "backend" not in named:
-            args.insert(0, _keyword("backend", _quoted_like(quoting, backend)))
+            args.insert(0, _keyword("backend", quoted_like(quoting, backend)))
             changes.append(f"backend={ctx.code(backend)}")
         if "init_method" not in named and init_method is not None:
             wanted = ctx.expr("dist_init_method")
-            args.insert(1, _keyword("init_method", _quoted_like(quoting, wanted)))
+            args.insert(1, _keyword("init_method", quoted_like(quoting, wanted)))
             changes.append(f"init_method={ctx.code(wanted)}")
         if dropped:
             rank = ctx.concept("dist_assigned_rank").render_expr()
@@ -331,15 +391,6 @@ def _same(code: str, wanted: str) -> bool:
     except cst.ParserSyntaxError:
         return False
     return string_value(left) is not None and string_value(left) == string_value(right)
-
-
-def _quoted_like(original: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:
-    """``new`` in the quotes of the string literal it replaces (the file's quoting is kept)."""
-    if isinstance(original, cst.SimpleString) and isinstance(new, cst.SimpleString):
-        quote, value = original.quote, new.evaluated_value
-        if quote in ('"', "'") and quote not in value and "\\" not in value:
-            return new.with_changes(value=f"{quote}{value}{quote}")
-    return new
 
 
 def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:

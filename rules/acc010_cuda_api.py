@@ -2,6 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import dotted, holds, walk
 from accrewrite.rule import Example, Rule, excerpt
+from accrewrite.toolbox import placement_arguments
 from accrewrite.values import read_chains
 
 _SYNCHRONIZE = frozenset({"torch.cuda.synchronize"})
@@ -12,8 +13,11 @@ _MEMORY_READS = frozenset(
 )
 _MEMORY_FAILS = frozenset({"torch.cuda.reset_peak_memory_stats", "torch.cuda.memory_summary", "torch.cuda.mem_get_info"})
 _MEMORY = _MEMORY_READS | _MEMORY_FAILS
-# CUDA's device, named or timed: they fail without CUDA.
-_CUDA_ONLY = frozenset({"torch.cuda.get_device_name", "torch.cuda.Event"})
+# CUDA's device, named, described or timed: they fail without CUDA.
+_CUDA_ONLY = frozenset({
+    "torch.cuda.get_device_name", "torch.cuda.get_device_properties", "torch.cuda.current_device", "torch.cuda.Event",
+})
+_CURRENT_DEVICE = "torch.cuda.current_device"
 # The calls a target's device layer may have under the same names (`device_call`).
 _DEVICE_CALLS = _MEMORY | _CUDA_ONLY | {"torch.cuda.empty_cache"}
 _FAILS = "It fails where CUDA is absent (a TPU host, PJRT's CPU): remove it, or guard it with torch.cuda.is_available()."
@@ -31,18 +35,22 @@ class CudaApi(Rule):
     - CUDA's memory statistics and device calls (`torch.cuda.memory_allocated()`,
       `max_memory_allocated()`, `memory_reserved()`, `max_memory_reserved()`, `memory_stats()`,
       `reset_peak_memory_stats()`, `memory_summary()`, `empty_cache()`, `mem_get_info()`,
-      `get_device_name()`, and `torch.cuda.Event(enable_timing=True)` for timing) become the
-      same call of the target's device layer where it has one (`runtime`:
-      `accrt.accelerator.max_memory_allocated()`, ...): CUDA's own on CUDA; on the CPU, the
-      process's resident memory and events that take the host's time, where torch.cuda's read
-      0 (the statistics), raise (`reset_peak_memory_stats`, `memory_summary`, `mem_get_info`,
-      `get_device_name`, `Event`) or do nothing.
+      `current_device()`, `get_device_name()`, `get_device_properties()`, and
+      `torch.cuda.Event(enable_timing=True)` for timing) become the same call of the target's
+      device layer where it has one (`runtime`: `accrt.accelerator.max_memory_allocated()`,
+      ...): CUDA's own on CUDA; on the CPU, the process's resident memory, the host's name,
+      memory and processors, its one device, and events that take the host's time, where
+      torch.cuda's read 0 (the statistics), raise (`reset_peak_memory_stats`, `memory_summary`,
+      `mem_get_info`, `current_device`, `get_device_name`, `get_device_properties`, `Event`) or
+      do nothing. `torch.cuda.current_device()` where it names the device (`device=...`,
+      `.cuda(...)`) is left to ACC002, which makes it the target's device.
     - On a target whose device is not a CUDA device (torchacc, torch_xla), these are reported,
       not changed, because they no longer describe the training device:
       `torch.cuda.memory_allocated()`/`max_memory_allocated()`/`memory_reserved()`... (0
       where CUDA is not initialised; `reset_peak_memory_stats()`, `memory_summary()` and
       `mem_get_info()` fail without CUDA; the device's memory is `xm.get_memory_info(device)`),
-      `torch.cuda.get_device_name()` and `torch.cuda.Event()` (they fail without CUDA),
+      `torch.cuda.current_device()`, `get_device_name()`, `get_device_properties()` and
+      `torch.cuda.Event()` (they fail without CUDA),
       `torch.cuda.is_available()`/`device_count()` outside the device selection that
       ACC002 rewrites (False/0 on TPU or CPU hosts, where the code they gate takes its CPU path),
       and `torch.backends.cudnn.*` settings (no effect: the target does not run cuDNN).
@@ -101,6 +109,25 @@ class CudaApi(Rule):
                 accrt.accelerator.reset_peak_memory_stats()
                 train_one_epoch(model, loader)
                 print(f"max mem {accrt.accelerator.max_memory_allocated() / 2**20:.0f} MB")
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+            if properties.total_memory < 40 * 2**30:
+                args.batch_size //= 2
+            mask = torch.ones(8, device=torch.cuda.current_device())
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime as accrt
+
+            properties = accrt.accelerator.get_device_properties(accrt.accelerator.current_device())
+            if properties.total_memory < 40 * 2**30:
+                args.batch_size //= 2
+            mask = torch.ones(8, device=torch.cuda.current_device())
             """,
         ),
         Example(
@@ -164,6 +191,14 @@ class CudaApi(Rule):
         super().__init__(ctx)
         # Depth inside device-selection expressions (ACC002's): nothing is reported there.
         self._selecting = 0
+        # ``torch.cuda.current_device()`` calls that name a device, which ACC002 replaces: those
+        # in a device variable's value, and those found as the walk reaches the calls they are
+        # arguments of.
+        self._asks_current_device = _CURRENT_DEVICE in ctx.facts.called
+        self._placing: set[cst.Call] = set()
+        if self._asks_current_device:
+            for value in ctx.facts.device_values:
+                self._placing.update(self._current_devices_in(value))
 
     def _selects_device(self, node) -> bool:
         facts = self.ctx.facts
@@ -178,9 +213,32 @@ class CudaApi(Rule):
 
     def visit_Call(self, node) -> None:
         self._selecting += self._selects_device(node)
+        if self._asks_current_device:
+            self._placing.update(self._current_devices_placing(node))
+
+    def _current_devices_placing(self, call: cst.Call) -> list[cst.Call]:
+        """The ``torch.cuda.current_device()`` calls that name where ``call`` puts tensors
+        (``torch.ones(n, device=torch.cuda.current_device())``, ``f"cuda:{...}"``), which ACC002
+        makes the target's device whole."""
+        facts = self.ctx.facts
+        found = []
+        for value in placement_arguments(facts, call):
+            if isinstance(value, cst.Call) and facts.qualname(value.func) == _CURRENT_DEVICE:
+                found.append(value)
+            elif facts.is_cuda_device(value):
+                found += self._current_devices_in(value)
+        return found
+
+    def _current_devices_in(self, value: cst.BaseExpression) -> list[cst.Call]:
+        found = []
+        walk(value, lambda node: found.append(node) if isinstance(node, cst.Call)
+             and self.ctx.facts.qualname(node.func) == _CURRENT_DEVICE else None)
+        return found
 
     def leave_Call(self, original_node, updated_node):
         self._selecting -= self._selects_device(original_node)
+        if original_node in self._placing:
+            return updated_node
         callee = self.ctx.facts.qualname(original_node.func)
         if callee in _SYNCHRONIZE:
             self.ctx.fix(original_node, "torch.cuda.synchronize() -> the target's wait for the device")

@@ -9,13 +9,15 @@ states, synchronisation, memory statistics, and whether Triton can run there.
 
 torch.cuda's memory calls (``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``,
 ``max_memory_reserved``, ``reset_peak_memory_stats``, ``memory_stats``, ``memory_summary``,
-``empty_cache``, ``mem_get_info``), ``get_device_name`` and ``Event`` are here under their names,
+``empty_cache``, ``mem_get_info``), ``current_device``, ``get_device_name``,
+``get_device_properties`` and ``Event`` are here under their names,
 for the device: a migrated script calls them where it called torch.cuda's, which fail or read 0 off
 CUDA. On an accelerator they are torch's (``torch.accelerator``'s, or the device module's), so
 CUDA's numbers are unchanged; on the CPU, where no allocator keeps statistics, they describe
 the process's resident memory (below).
 """
 
+import dataclasses
 import os
 import platform
 import resource
@@ -265,6 +267,34 @@ def get_device_name(device=None) -> str:
     if _on_host(device):
         return platform.processor() or platform.machine()
     return _module().get_device_name(device)
+
+
+def current_device() -> int:
+    """The index of the device this thread trains on (the one ``xla_device`` made current); 0
+    on the host, its only device."""
+    return torch.accelerator.current_device_index() if device_type() != "cpu" else 0
+
+
+def get_device_properties(device=None):
+    """The device's properties (CUDA's: ``name``, ``total_memory``, ``multi_processor_count``,
+    ``major``, ``minor``, ...); on the host, a ``HostProperties``."""
+    if _on_host(device):
+        page = os.sysconf("SC_PAGE_SIZE")
+        return HostProperties(get_device_name(device), page * os.sysconf("SC_PHYS_PAGES"), os.cpu_count() or 1)
+    return _module().get_device_properties(device)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostProperties:
+    """The host's properties under CUDA's names: the processor's name, the machine's physical
+    memory, its processors as the multiprocessors, and compute capability 0.0, which no check for
+    a CUDA feature (``major >= 8`` for bfloat16) passes."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    major: int = 0
+    minor: int = 0
 
 
 def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):

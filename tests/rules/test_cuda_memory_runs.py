@@ -1,7 +1,7 @@
 """A script that logs the GPU's name and memory through torch.cuda (tests/rules/fixtures/
-cuda_memory.in.py: the peak reset each epoch, the summary at the end), migrated to the runtime
-target, runs to its end on this CPU, where torch.cuda's calls fail, and logs this process's
-memory."""
+cuda_memory.in.py: the current device's properties at the start, the peak reset each epoch, the
+summary at the end), migrated to the runtime target, runs to its end on this CPU, where
+torch.cuda's calls fail, and logs the machine's and this process's memory."""
 
 import re
 import subprocess
@@ -31,6 +31,8 @@ def test_runtime_form_runs_to_its_end_on_the_cpu(tmp_path):
     migrated.write_bytes(result.output)
     done = _run(migrated)
     assert done.returncode == 0, done.stderr[-3000:]
+    memory = float(re.search(r"^training on .+ with ([\d.]+) GiB$", done.stdout, re.M).group(1))
+    assert memory > 0  # the machine's
     epochs = re.findall(r"^epoch \d took [\d.]+ ms peak ([\d.]+) MiB reserved [\d.]+ MiB$", done.stdout, re.M)
     peaks = [float(peak) for peak in epochs]
     assert len(peaks) == 2 and all(peak > 10 for peak in peaks)  # a Python process with torch holds more

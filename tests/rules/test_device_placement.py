@@ -88,3 +88,66 @@ if __name__ == "__main__":
                             b'    if args.gpu:\n        device = torch.device("cuda")')
     output = migrate_source(chosen, "t.py", Options(select=("ACC002",))).output.decode()
     assert "    model.to(xm.xla_device())\n" in output
+
+
+def _migrated(source: str, target: str = "runtime", rules: tuple[str, ...] = ("ACC002",)) -> str:
+    return migrate_source(source.encode(), "t.py", Options(target=target, select=rules)).output.decode()
+
+
+def test_a_cuda_device_context_that_binds_a_name_stays():
+    source = "import torch\nwith torch.cuda.device(0) as gpu:\n    run(gpu)\nwith torch.cuda.device(1):\n    run()\n"
+    assert _migrated(source) == "import torch\nwith torch.cuda.device(0) as gpu:\n    run(gpu)\nrun()\n"
+
+
+def test_a_negated_cuda_check_leaves_the_placement_to_its_other_arms():
+    source = """import torch
+
+if args.cpu or not torch.cuda.is_available():
+    device = torch.device("cpu")
+elif not torch.cuda.is_available():
+    print("never")
+else:
+    device = torch.device("cuda")
+use_cpu = not torch.cuda.is_available()
+"""
+    output = _migrated(source, "torch_xla")
+    assert 'if args.cpu:\n    device = torch_xla.device()\nelif False:\n' in output
+    assert "use_cpu = not torch.cuda.is_available()\n" in output  # not in front of a placement
+    assert _migrated(source).count("not torch.cuda.is_available()") == 3  # the runtime's device may be the CPU
+
+
+def test_an_index_given_as_a_device_is_the_target_device_but_where_a_function_of_the_file_takes_it():
+    source = """import torch
+
+def build(device):
+    return Net(rank=device)
+
+gpu = int(os.environ["LOCAL_RANK"])
+mask = torch.ones(8, device=gpu)
+model = build(device=gpu)
+ids = torch.arange(8, device=torch.cuda.current_device())
+"""
+    output = _migrated(source)
+    assert "mask = torch.ones(8, device=xm.xla_device())\nmodel = build(device=gpu)\n" in output
+    assert "ids = torch.arange(8, device=xm.xla_device())\n" in output
+
+
+def test_the_current_device_in_a_device_choice_is_replaced_with_it():
+    source = ('import torch\ndevice = f"cuda:{torch.cuda.current_device()}"\n'
+              'other = torch.device("cuda", torch.cuda.current_device())\n')
+    runtime = migrate_source(source.encode(), "t.py", Options())
+    assert "accrt" not in runtime.output.decode() and "current_device" not in runtime.output.decode()
+    xla = migrate_source(source.encode(), "t.py", Options(target="torch_xla"))
+    assert xla.diagnostics == [] and "current_device" not in xla.output.decode()
+
+
+def test_a_map_location_function_that_keeps_storages_on_the_cpu_stays():
+    source = "import torch\nstate = torch.load(path, map_location=lambda storage: storage.cpu())\n"
+    assert _migrated(source, "torch_xla") == source
+
+
+def test_an_index_given_to_torch_cuda_stays_for_its_own_migration():
+    source = "import torch\nused = torch.cuda.memory_allocated(device=torch.cuda.current_device())\n"
+    runtime = migrate_source(source.encode(), "t.py", Options()).output.decode()
+    assert "used = accrt.accelerator.memory_allocated(device=accrt.accelerator.current_device())\n" in runtime
+    assert _migrated(source, "torch_xla") == source

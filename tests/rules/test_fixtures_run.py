@@ -33,6 +33,14 @@ RUNNABLE = {
     "branch_device": True,
     "try_device": True,
     "loop_device": True,
+    # device selection of research scripts: a CUDA device context, a negated CUDA check, a device
+    # chosen by the GPU count, the current CUDA device named as the device, and a checkpoint's
+    # storages restored on CUDA by a map_location function
+    "cuda_device_context": True,
+    "negated_cuda_check": True,
+    "device_from_count": True,
+    "current_device": False,
+    "storage_map_location": False,
 }
 TOLERANCE = 1e-4
 _LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)

@@ -2,9 +2,11 @@
 size themselves by ``torch.cuda.device_count()``, tests/rules/fixtures/spawn_ddp.in.py), the
 imagenet/MoCo worker whose only device variable is bound where it resumes from a checkpoint
 (resume_branch_device.in.py), a torchrun script that refuses to start on too few GPUs
-(device_count_guard.in.py) and one that takes its device and backend from ``torch.accelerator``
-(accelerator_ddp.in.py) run where they are migrated: the runtime target on this CPU with two gloo
-processes, the torch_xla target on PJRT's CPU device (one device: one process)."""
+(device_count_guard.in.py), one that takes its device and backend from ``torch.accelerator``
+(accelerator_ddp.in.py) and workers that split the batch by a world size the launching process
+worked out from its GPU count (spawn_world_size.in.py, VICReg's and MoCo v3's shape) run where
+they are migrated: the runtime target on this CPU with two gloo processes, the torch_xla target
+on PJRT's CPU device (one device: one process)."""
 
 import os
 import re
@@ -22,11 +24,13 @@ SPAWN = (FIXTURES / "spawn_ddp.in.py").read_bytes()
 GUARD = (FIXTURES / "device_count_guard.in.py").read_bytes()
 ACCELERATOR = (FIXTURES / "accelerator_ddp.in.py").read_bytes()
 RESUME = (FIXTURES / "resume_branch_device.in.py").read_bytes()
+WORLD = (FIXTURES / "spawn_world_size.in.py").read_bytes()
 # The ranks share one pipe, and a line's text and its newline may reach it apart, so a line can
 # run on into the next rank's: the numbers are matched by their format.
 _SPAWNED = re.compile(r"rank (\d) of (\d): loss -?\d+\.\d{4} params (-?\d+\.\d{6})")
 _TRAINED = re.compile(r"rank (\d): loss -?\d+\.\d{4} params (-?\d+\.\d{6})")
 _STEP = re.compile(r"rank (\d): loss (\d+\.\d{6})")
+_SPLIT = re.compile(r"rank (\d) of (\d): batch (\d+) loss -?\d+\.\d{4} params (-?\d+\.\d{6})")
 _REFUSED = "Unable to locate sufficient 2 gpus"
 
 
@@ -191,3 +195,42 @@ def test_torch_xla_form_of_the_resuming_worker_trains_and_resumes_as_the_runtime
                                     CPU_NUM_DEVICES="1")
     for losses, expected in zip(ran, reference):
         assert list(losses) == ["0"] and losses["0"] == pytest.approx(expected["0"], rel=1e-4)
+
+
+def test_torch_xla_workers_read_the_world_size_where_the_devices_are():
+    """The launching process keeps CUDA's count (it may not ask torch_xla before the launch), so
+    the world size it works out of the count is read again in each worker."""
+    text = _migrated(WORLD, "torch_xla").output.decode()
+    assert "    args.ngpus_per_node = torch.cuda.device_count()\n    args.world_size = args.ngpus_per_node * args.nodes\n" \
+        in text
+    assert ("def main_worker(gpu, args):\n    args.ngpus_per_node = xr.global_runtime_device_count()\n"
+            "    args.world_size = xr.global_runtime_device_count()\n    args.rank = gpu\n") in text
+
+
+def test_a_world_size_the_worker_works_out_itself_is_left():
+    source = WORLD.replace(b"    args.rank = gpu\n", b"    args.rank = gpu\n    world_size = args.nodes\n").replace(
+        b"world_size=args.world_size, rank", b"world_size=world_size, rank")
+    assert b"    world_size = xr." not in _migrated(source, "torch_xla").output
+
+
+def _split_runs(launcher, script: bytes, directory, **env) -> list[tuple[str, str, str, str]]:
+    directory.mkdir()
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    return sorted(_SPLIT.findall(_run(launcher, script, directory, "--dist-url", url, **env)))
+
+
+@pytest.mark.slow
+def test_runtime_form_splits_the_batch_over_two_gloo_processes(tmp_path):
+    found = _split_runs([sys.executable], _migrated(WORLD, "runtime").output, tmp_path / "run", CPU_NUM_DEVICES="2")
+    assert [(rank, world, batch) for rank, world, batch, _ in found] == [("0", "2", "16"), ("1", "2", "16")], found
+    assert found[0][3] == found[1][3]  # the gradients were averaged: the replicas agree
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_torch_xla_form_trains_on_one_device_as_the_runtime_form_on_one_process(tmp_path, xla_python):
+    found = _split_runs([xla_python], _migrated(WORLD, "torch_xla").output, tmp_path / "xla", PJRT_DEVICE="CPU")
+    reference = _split_runs([sys.executable], _migrated(WORLD, "runtime").output, tmp_path / "runtime",
+                            CPU_NUM_DEVICES="1")
+    assert [(rank, world, batch) for rank, world, batch, _ in found] == [("0", "1", "32")], found
+    assert float(found[0][3]) == pytest.approx(float(reference[0][3]), rel=1e-4)

@@ -9,7 +9,7 @@ import libcst as cst
 
 import accrewrite.rules
 from accrewrite.analysis import analyze
-from accrewrite.toolbox import with_commas, wrapped_models, wraps_model
+from accrewrite.toolbox import with_commas, without_items, wrapped_models, wraps_model
 
 RULE_MODULE = re.compile(r"(^|\.)acc\d{3}_\w+$")
 
@@ -82,3 +82,16 @@ def test_wrapped_models_follow_the_imports():
     assert wrapped_models(facts, module) == {"model", "self.net", "first", "second", "self.body"}
     assert wraps_model(facts, module.body[3].body[0].value)
     assert not wraps_model(facts, module.body[4].body[0].value)
+
+
+def test_without_items_keeps_the_blocks_comments_where_no_item_is_left():
+    code = cst.Module([]).code_for_node
+    statement = cst.parse_module(
+        "setup()\n# before\nwith a(), b() as c:  # on its line\n    first()\n    last()\n    # closing\n"
+    ).body[1]
+    assert code(without_items(statement, [True, False])) == (
+        "# before\nwith b() as c:  # on its line\n    first()\n    last()\n    # closing\n")
+    flattened = cst.Module(list(without_items(statement, [True, True]).nodes))
+    assert flattened.code == "# before\n# on its line\nfirst()\n# closing\nlast()\n"
+    suite = cst.parse_module("with a(): run()\n").body[0]
+    assert cst.Module(list(without_items(suite, [True]).nodes)).code == "run()\n"

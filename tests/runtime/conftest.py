@@ -52,6 +52,10 @@ def fake_accelerator(monkeypatch):
             self.calls.append(("get_device_name", device))
             return "a fake GPU"
 
+        def get_device_properties(self, device):
+            self.calls.append(("get_device_properties", device))
+            return "a fake GPU's properties"
+
         def Event(self, **flags):
             self.calls.append(("Event", flags))
             return "an event"
@@ -68,7 +72,7 @@ def fake_accelerator(monkeypatch):
         for name, result in [("set_device_index", None), ("synchronize", None), ("memory_allocated", 5),
                              ("max_memory_allocated", 7), ("get_memory_info", (3, 11)), ("memory_reserved", 13),
                              ("max_memory_reserved", 17), ("memory_stats", {"num_ooms": 0}),
-                             ("reset_peak_memory_stats", None), ("empty_cache", None)]:
+                             ("reset_peak_memory_stats", None), ("empty_cache", None), ("current_device_index", 1)]:
             def record(*args, name=name, result=result):
                 recorder.calls.append((name, *args))
                 return result

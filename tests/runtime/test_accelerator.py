@@ -141,14 +141,16 @@ def test_torch_cuda_s_memory_calls_are_the_accelerators_own(fake_accelerator):
         (accelerator.mem_get_info, (device,), (3, 11)),
         (accelerator.memory_summary, (device, True), "the allocator's table"),
         (accelerator.get_device_name, (device,), "a fake GPU"), (accelerator.empty_cache, (), None),
-        (accelerator.Event, (True,), "an event"),
+        (accelerator.Event, (True,), "an event"), (accelerator.current_device, (), 1),
+        (accelerator.get_device_properties, (1,), "a fake GPU's properties"),
     ]
     assert [call(*args) for call, args, _ in calls] == [result for _, _, result in calls]
     assert [name for name, *_ in fake.calls] == [
         "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats",
         "reset_peak_memory_stats", "get_memory_info", "memory_summary", "get_device_name", "empty_cache", "Event",
+        "current_device_index", "get_device_properties",
     ]
-    assert fake.calls[-1] == ("Event", {"enable_timing": True, "blocking": False, "interprocess": False})
+    assert fake.calls[10] == ("Event", {"enable_timing": True, "blocking": False, "interprocess": False})
     assert fake.calls[1] == ("max_memory_allocated", 1) and fake.calls[7] == ("memory_summary", device, True)
     fake.calls.clear()
     assert accelerator.memory_allocated("cpu") > 0 and fake.calls == []  # the host's, whatever the accelerator
@@ -162,6 +164,8 @@ def test_on_cuda_torch_cuda_s_numbers_are_unchanged():
     current = "allocated_bytes.all.current"
     assert accelerator.memory_stats()[current] == torch.cuda.memory_stats()[current]
     assert accelerator.get_device_name() == torch.cuda.get_device_name()
+    assert accelerator.current_device() == torch.cuda.current_device()
+    assert accelerator.get_device_properties().total_memory == torch.cuda.get_device_properties().total_memory
     accelerator.reset_peak_memory_stats()
     assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
     del held
@@ -181,6 +185,9 @@ def test_on_the_cpu_torch_cuda_s_memory_calls_describe_the_process(fake_accelera
     assert "resident set" in accelerator.memory_summary() and accelerator.get_device_name()
     free, total = accelerator.mem_get_info()
     assert 0 < free <= total
+    properties = accelerator.get_device_properties(accelerator.current_device())
+    assert accelerator.current_device() == 0 and properties.total_memory == total
+    assert properties.multi_processor_count >= 1 and (properties.major, properties.minor) == (0, 0)
     accelerator.empty_cache()
     del held
 
