@@ -1,7 +1,8 @@
 """A project is one decision (``accrewrite.project``): a module that a script left as it is
-imports and drives is left as it is too, whichever way the run is asked for (a folder, the
-module alone; --diff, --check, --in-place, --output-dir; every output format), and nothing is
-written before the decision. Where no file is refused or drops DDP on its own, none is made."""
+imports and drives is left as it is too, and so is a script that imports and drives a module left
+as it is, whichever way the run is asked for (a folder, one file alone; --diff, --check,
+--in-place, --output-dir; every output format; verify's workspace), and nothing is written before
+the decision. Where no file is refused or drops DDP on its own, none is made."""
 
 import filecmp
 import json
@@ -12,11 +13,19 @@ import pytest
 
 from accrewrite import project
 from accrewrite.engine import Options, migrate_source
+from accrewrite.verify.workspace import _migrated
 
+FIXTURES = Path(__file__).resolve().parents[1] / "rules" / "fixtures"
 # pytorch/examples' mnist_hogwild in small: main.py trains in shared memory (ACC108 leaves it as
 # it is on torch_xla), train.py holds the loop its processes run.
-HOGWILD = Path(__file__).resolve().parents[1] / "rules" / "fixtures" / "hogwild_project"
+HOGWILD = FIXTURES / "hogwild_project"
 LEFT = "ACC108 left as it is: main.py, which imports it, is left as it is (ACC108)"
+# PyTorch-YOLOv3's shape: train.py hands its model to evaluate.py, which casts each batch to a
+# legacy CUDA tensor type (ACC002 leaves it as it is on torch_xla and torchacc).
+EVALUATOR = FIXTURES / "evaluator_project"
+LEFT_IMPORTER = "ACC002 left as it is: it imports evaluate.py, which is left as it is (ACC002)"
+# Each project: its folder, and the diagnostic of train.py, which the decision leaves as it is.
+PROJECTS = {"hogwild": (HOGWILD, LEFT), "evaluator": (EVALUATOR, LEFT_IMPORTER)}
 
 
 @pytest.fixture
@@ -24,6 +33,15 @@ def hogwild(tmp_path):
     folder = tmp_path / "hogwild"
     shutil.copytree(HOGWILD, folder)
     return folder
+
+
+@pytest.fixture(params=sorted(PROJECTS))
+def decided(request, tmp_path):
+    """A project copied, with the diagnostic of its train.py, left as it is on torch_xla."""
+    source, left = PROJECTS[request.param]
+    folder = tmp_path / request.param
+    shutil.copytree(source, folder)
+    return folder, left
 
 
 def test_train_py_alone_would_migrate_so_leaving_it_is_the_projects_doing(hogwild):
@@ -40,32 +58,55 @@ def test_the_module_a_refused_script_imports_is_left_with_a_diagnostic(hogwild, 
     assert f"{hogwild / 'main.py'}:37:5: ACC108 `model` is trained in shared memory" in text
 
 
-def test_given_alone_the_module_is_left_for_the_script_beside_it_that_imports_it(hogwild, cli):
-    code, out, _ = cli("migrate", hogwild / "train.py", "--target", "torch_xla")
-    assert code == 0 and "+++" not in out and LEFT in " ".join(out.split())
+@pytest.mark.parametrize("target", ["torch_xla", "torchacc"])
+def test_the_script_that_imports_a_refused_module_is_left_with_a_diagnostic(tmp_path, cli, target):
+    folder = tmp_path / "evaluator"
+    shutil.copytree(EVALUATOR, folder)
+    assert migrate_source((folder / "train.py").read_bytes(), "train.py", Options(target=target)).changed
+    code, out, _ = cli("migrate", folder, "--target", target)
+    text = " ".join(out.split())
+    assert code == 0 and "+++" not in out
+    assert f"{folder / 'train.py'}:1:1: {LEFT_IMPORTER}" in text
+    assert f"{folder / 'evaluate.py'}:8:14: ACC002 `torch.cuda.FloatTensor` makes CUDA tensors" in text
 
 
-@pytest.mark.parametrize("mode", ["--check", "--in-place", "--output-dir"])
-def test_every_mode_agrees_and_nothing_is_written(hogwild, tmp_path, cli, mode):
-    before = {path.name: path.read_bytes() for path in hogwild.glob("*.py")}
+def test_given_alone_train_py_is_left_for_the_file_beside_it_left_as_it_is(decided, cli):
+    folder, left = decided
+    code, out, _ = cli("migrate", folder / "train.py", "--target", "torch_xla")
+    assert code == 0 and "+++" not in out and left in " ".join(out.split())
+
+
+@pytest.mark.parametrize("mode", ["--diff", "--check", "--in-place", "--output-dir"])
+def test_every_mode_agrees_and_nothing_is_written(decided, tmp_path, cli, mode):
+    folder, left = decided
+    before = {path.name: path.read_bytes() for path in folder.glob("*.py")}
     out_dir = tmp_path / "out"
     written = [out_dir] if mode == "--output-dir" else []
-    code, out, _ = cli("migrate", hogwild, "--target", "torch_xla", mode, *written)
-    assert code == 0 and "Would migrate" not in out and LEFT in " ".join(out.split())
-    assert {path.name: path.read_bytes() for path in hogwild.glob("*.py")} == before
+    code, out, _ = cli("migrate", folder, "--target", "torch_xla", mode, *written)
+    assert code == 0 and "Would migrate" not in out and "+++" not in out and left in " ".join(out.split())
+    assert {path.name: path.read_bytes() for path in folder.glob("*.py")} == before
     if mode == "--output-dir":  # the copies are the files as they are
-        assert filecmp.cmpfiles(hogwild, out_dir, list(before), shallow=False)[0] == sorted(before)
+        assert filecmp.cmpfiles(folder, out_dir, list(before), shallow=False)[0] == sorted(before)
 
 
 @pytest.mark.parametrize("output_format", ["json", "github", "gitlab", "sarif", "full"])
-def test_every_output_format_carries_the_diagnostic(hogwild, cli, output_format):
-    code, out, _ = cli("migrate", hogwild, "--target", "torch_xla", "--output-format", output_format)
+def test_every_output_format_carries_the_diagnostic(decided, cli, output_format):
+    folder, left = decided
+    code, out, _ = cli("migrate", folder, "--target", "torch_xla", "--output-format", output_format)
     assert code == 0
-    assert "left as it is: main.py, which imports it, is left as it is (ACC108)" in " ".join(out.split())
+    assert left.split(" ", 1)[1] in " ".join(out.split())
     if output_format == "json":
         [train] = [f for f in json.loads(out)["files"] if f["path"].endswith("train.py")]
         assert not train["changed"] and train["diff"] == "" and train["fixes"] == []
-        assert [(d["code"], d["line"]) for d in train["diagnostics"]] == [("ACC108", 1)]
+        assert [(d["code"], d["line"]) for d in train["diagnostics"]] == [(left.split()[0], 1)]
+
+
+def test_verify_runs_the_project_as_migrate_decides_it(decided):
+    folder, _ = decided
+    paths = sorted(folder.glob("*.py"))
+    errors = []
+    outputs = _migrated(paths, Options(target="torch_xla"), folder, errors)
+    assert errors == [] and outputs == {path: path.read_bytes() for path in paths}
 
 
 def test_where_the_script_migrates_so_does_the_module(hogwild, cli):

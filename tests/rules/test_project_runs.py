@@ -115,3 +115,30 @@ def test_a_hogwild_project_left_as_it_is_runs_on_torch_xla_as_published(tmp_path
                for name in ("main.py", "train.py"))
     output = _run([xla_python, "main.py", "--steps", "5"], migrated, PJRT_DEVICE="CPU")
     assert sorted(re.findall(r"rank (\d): trained 5 steps", output)) == ["0", "1"] and "test loss" in output
+
+
+@pytest.mark.xla
+def test_a_trainer_whose_evaluator_is_left_as_it_is_runs_on_torch_xla_as_published(tmp_path, xla_python):
+    """ACC002 leaves evaluate.py as it is on torch_xla, so train.py, which hands it the model, is
+    left too: the project runs there as on this CPU, where train.py migrated alone would feed
+    the evaluator's host tensors to a model on the device."""
+    original = tmp_path / "original"
+    shutil.copytree(FIXTURES / "evaluator_project", original)
+    migrated = tmp_path / "torch_xla"
+    assert main(["migrate", str(original), "--target", "torch_xla", "--output-dir", str(migrated)]) == 0
+    assert all((migrated / name).read_bytes() == (original / name).read_bytes() for name in ("train.py", "evaluate.py"))
+    output = _run([xla_python, "train.py"], migrated, PJRT_DEVICE="CPU")
+    assert output == _run([sys.executable, "train.py"], original) and "epoch 1 accuracy" in output
+
+
+@pytest.mark.slow
+def test_a_trainer_and_its_evaluator_migrated_to_the_runtime_train_as_the_original(tmp_path):
+    original = tmp_path / "original"
+    shutil.copytree(FIXTURES / "evaluator_project", original)
+    migrated = tmp_path / "runtime"
+    assert main(["migrate", str(original), "--target", "runtime", "--output-dir", str(migrated)]) == 0
+    assert (migrated / "train.py").read_bytes() != (original / "train.py").read_bytes()
+    expected, output = _run([sys.executable, "train.py"], original), _run([sys.executable, "train.py"], migrated)
+    assert [float(loss) for loss in _LOSS.findall(output)] == pytest.approx(
+        [float(loss) for loss in _LOSS.findall(expected)], rel=TOLERANCE)
+    assert re.findall(r"^epoch .*$", output, re.MULTILINE) == re.findall(r"^epoch .*$", expected, re.MULTILINE)
