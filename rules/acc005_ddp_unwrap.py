@@ -36,7 +36,21 @@ class DdpUnwrap(Rule):
     accrewrite.runtime) it takes the wrapper's place; elsewhere a diagnostic says that every
     rank must then build equal weights (one seed for all ranks, step 1 of TorchAcc's migration
     guide), which a rank-dependent seed such as nanoGPT's `1337 + seed_offset` breaks.
-    DataParallel ran in one process: it is only removed.
+    DataParallel ran in one process: it is only removed. A batch the file multiplies by the CUDA
+    device count (`batch_size * torch.cuda.device_count()`), which DataParallel split over every
+    GPU, now goes whole to one device: reported, with the target's way to train on every device.
+
+    The wrapper's checkpoints name each key under `module.` (`features.module.` where only
+    `model.features` was wrapped), which the unwrapped model lacks: a `load_state_dict` of the
+    model that was the wrapper, or that held it, renames them as they load, so the checkpoints the
+    original saved (and that repositories publish) load into the migrated script, and
+    `strict=False` (fine-tuning) loads every weight rather than none. A load whose state dict
+    cannot be told (`**kwargs`) is reported instead.
+
+    A wrapper whose model ACC005 cannot follow (stored through `setattr`, in a list or dict,
+    returned from a function: read back where `.module` cannot be rewritten, such as a
+    `getattr`) is kept, and reported: unwrapped, the `.module` reads left behind would fail.
+    Kept, DataParallel calls the model itself on a host without CUDA.
 
     DistributedDataParallel goes only together with the reduction that takes its place. It stays,
     with a diagnostic that says why, where that reduction cannot reach every optimizer step of
@@ -143,6 +157,43 @@ class DdpUnwrap(Rule):
             import torch
 
             model = torch.nn.parallel.DistributedDataParallel(*args)
+            """,
+            diagnostics=("ACC005:3",),
+        ),
+        Example(  # the wrapper's checkpoint, keys under `module.`, loads into the unwrapped model
+            before="""
+            import torch
+
+            model = torch.nn.DataParallel(Net()).to(device)
+            model.load_state_dict(torch.load(args.checkpoint), strict=False)
+            """,
+            after="""
+            import torch
+
+            model = Net().to(device)
+            model.load_state_dict({key.removeprefix("module."): value for key, value in torch.load(args.checkpoint).items()}, strict=False)
+            """,
+        ),
+        Example(  # kept, and reported: the wrapper is read back through getattr
+            before="""
+            import torch
+
+            for name in self.model_names:
+                setattr(self, "net" + name, torch.nn.DataParallel(getattr(self, "net" + name), self.gpu_ids))
+            """,
+            diagnostics=("ACC005:4",),
+        ),
+        Example(  # reported: one device now takes the batch DataParallel split over every GPU
+            before="""
+            import torch
+
+            batch_size = args.batch_size * torch.cuda.device_count()
+            model = torch.nn.DataParallel(model)
+            """,
+            after="""
+            import torch
+
+            batch_size = args.batch_size * torch.cuda.device_count()
             """,
             diagnostics=("ACC005:3",),
         ),
