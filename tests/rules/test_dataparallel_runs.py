@@ -25,10 +25,11 @@ from accrewrite.engine import Options, migrate_source
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _run(python: str, script: Path, *args: str, **env: str) -> str:
+def _run(python: str, script: Path, cwd: Path, *args: str, **env: str) -> str:
+    """The output of ``script`` run in ``cwd``, where it writes its checkpoints."""
     environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     environment.update(env, OMP_NUM_THREADS="1")
-    done = subprocess.run([python, str(script), *args], cwd=script.parent, env=environment,
+    done = subprocess.run([python, str(script), *args], cwd=cwd, env=environment,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{script.name} {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}"
     return done.stdout
@@ -65,15 +66,15 @@ def test_the_originals_checkpoint_loads_into_the_migrated_script(target, arch, f
     python, env = _python(target, request)
     original = FIXTURES / "dataparallel_checkpoint.in.py"
     saved = tmp_path / "original.pt"
-    _run(sys.executable, original, "--arch", arch, "--save", str(saved))
+    _run(sys.executable, original, tmp_path, "--arch", arch, "--save", str(saved))
     wrapped = torch.load(saved)
     prefix = "module." if arch == "whole" else "features.module."
     assert any(key.startswith(prefix) for key in wrapped), list(wrapped)
 
     resume = ["--arch", arch, "--saved_model", str(saved), *(["--FT"] if fine_tune else [])]
-    reference = _losses(_run(sys.executable, original, *resume))
+    reference = _losses(_run(sys.executable, original, tmp_path, *resume))
     loaded = tmp_path / "loaded.pt"
-    output = _run(python, _migrated("dataparallel_checkpoint", target, tmp_path), *resume,
+    output = _run(python, _migrated("dataparallel_checkpoint", target, tmp_path), tmp_path, *resume,
                   "--loaded", str(loaded), **env)
 
     state = torch.load(loaded)
@@ -94,7 +95,7 @@ def test_the_wrapper_stored_through_setattr_is_kept_and_the_script_runs_to_its_e
     would: it runs here with ``--gpu_ids -1`` too."""
     python, env = _python(target, request)
     original = FIXTURES / "dataparallel_setattr.in.py"
-    reference = _losses(_run(sys.executable, original, "--gpu_ids", "-1"))
+    reference = _losses(_run(sys.executable, original, tmp_path, "--gpu_ids", "-1"))
     args = ["--gpu_ids", "-1"] if target == "runtime" else []
-    output = _run(python, _migrated("dataparallel_setattr", target, tmp_path), *args, **env)
+    output = _run(python, _migrated("dataparallel_setattr", target, tmp_path), tmp_path, *args, **env)
     assert _losses(output) == pytest.approx(reference, rel=1e-4)
