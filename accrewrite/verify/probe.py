@@ -299,14 +299,13 @@ class _Pace:
         return len(self.loader)
 
     def __iter__(self):
-        iterator = None
-        while self._asked():
-            iterator = iterator or iter(self.loader)
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
+        if not self._asked():
+            return
+        iterator = iter(self.loader)
+        while (batch := next(iterator, _Pace)) is not _Pace:  # the class: a value no loader yields
             yield batch
+            if not self._asked():
+                return
 
     def _asked(self) -> bool:
         self.asked.acquire()
@@ -335,7 +334,7 @@ def pace_loader(torch, loader_class) -> None:
         loader = bound.arguments["cpu_loader"]
         if not (isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0):
             self._accrewrite_pace = bound.arguments["cpu_loader"] = _Pace(loader)
-            bound.arguments["device_prefetch_size"] = 1
+            bound.arguments["device_prefetch_size"] = 1  # else its thread waits for that many to move any
         init(*bound.args, **bound.kwargs)
 
     def paced_next_item(self, device):
