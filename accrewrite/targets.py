@@ -76,6 +76,11 @@ class Verification:
     # Random numbers for the device are drawn by the CPU generator and moved there, so that
     # dropout and noise draw what the original's CPU run draws.
     host_random: bool = False
+    # ``module:Class``: a device loader built as torch_xla's ParallelLoader, which reads ahead of
+    # the loop on a thread; held to the loop's pace where the loader it wraps has no workers, so
+    # that what loading draws from the global generator falls between the loop's draws as in the
+    # original. Empty: the target's loader loads where the original's does.
+    paced_loader: str = ""
     # Set in each side's processes where the user has not set them.
     environment: dict[str, str] = field(default_factory=dict)
     # A module whose ``metric_data(name)`` gives (count, ...) as torch_xla's metrics do, and the
@@ -147,7 +152,7 @@ class ProfileError(ValueError):
 ENTRY_POINT_GROUP = "accrewrite.targets"
 _PROFILE_KEYS = ("name", "summary", "guard_function", "imports", "concepts", "capabilities", "verify")
 _SPELLING_KEYS = ("expr", "stmts", "imports", "keep", "rebind")
-_VERIFY_KEYS = ("device", "host_random", "environment", "executions")
+_VERIFY_KEYS = ("device", "host_random", "paced_loader", "environment", "executions")
 _EXECUTION_KEYS = ("metrics", "compiles", "executions")
 
 
@@ -310,14 +315,24 @@ def _verification(table, origin: str) -> Verification:
     device = table.get("device", "")
     if (executions or table.get("host_random")) and not device:
         raise ProfileError(f"{where}: host_random and executions are about the device: name it (device = \"...\")")
+    paced_loader = table.get("paced_loader", "")
+    if "paced_loader" in table and not _is_class_path(paced_loader):
+        raise ProfileError(f"{where}: paced_loader names a class as module:Class, not {paced_loader!r}")
     return Verification(
         device=device,
         host_random=bool(table.get("host_random", False)),
+        paced_loader=paced_loader,
         environment=dict(environment),
         metrics=executions.get("metrics", ""),
         compile_metric=executions.get("compiles", ""),
         execution_metric=executions.get("executions", ""),
     )
+
+
+def _is_class_path(text) -> bool:
+    """``package.module:Class``: dotted identifiers, a colon, an identifier."""
+    module, colon, name = text.partition(":") if isinstance(text, str) else ("", "", "")
+    return bool(colon) and name.isidentifier() and all(part.isidentifier() for part in module.split("."))
 
 
 def _package(lines, origin: str) -> str:

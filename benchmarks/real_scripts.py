@@ -53,6 +53,9 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
 
    Names are resolved through the file's imports, so any alias of a target module counts. The
    checks are per file: a helper module that another file shards or migrates is judged alone.
+   A miss that the migration reports, because doing the work would break the script (ACC003
+   keeping the host's loader for a loop that works on a batch on the host before moving it,
+   ACC005 keeping DDP where no gradient reduction can go), is counted as reported.
 3. Diagnostics by code and target; ``--list-diagnostics`` prints every ACC101/ACC102/ACC103
    finding of the runtime target as ``path:line: CODE <source line>``, to label by hand.
 4. ``--verify``: ``accrewrite verify`` on every script in ``RECIPES`` found in DIR, in a scratch
@@ -589,6 +592,7 @@ class Need:
     name: str
     satisfied: bool
     why: str = ""  # for a miss: what is left or absent
+    said: bool = False  # a miss the migration reports itself, where doing it would break the script
 
 
 def parse(source: bytes) -> ast.Module | None:
@@ -695,6 +699,18 @@ def _check_amp(facts: Facts, spelling: Spelling, original: Original) -> str:
 
 _CHECKS = {DEVICE: _check_device, LOADER: _check_loaders, REDUCTION: _check_reduction, AMP: _check_amp}
 
+# The findings that say why a need is left undone on purpose: a loop that works on a batch on the
+# host before moving it keeps its host loader; DDP kept where no gradient reduction can go.
+_SAYS = {LOADER: ("ACC003", "is used on the host"), REDUCTION: ("ACC005", "DistributedDataParallel kept")}
+
+
+def said(needs: list[Need], diagnostics) -> list[Need]:
+    """``needs`` with each miss that one of ``diagnostics`` reports marked ``said``."""
+    for need in needs:
+        code, words = _SAYS.get(need.name, ("", ""))
+        need.said = not need.satisfied and any(d.code == code and words in d.message for d in diagnostics)
+    return needs
+
 
 # The corpus pass -----------------------------------------------------------------------------
 
@@ -744,7 +760,7 @@ def examine(path: str, relative: str, target: str) -> FileReport:
     original = analyse_original(source)
     if original is not None:
         report.training = True
-        report.needs = check_output(original, result.output, target)
+        report.needs = said(check_output(original, result.output, target), result.diagnostics)
     return report
 
 
@@ -1775,6 +1791,7 @@ def summarise(reports: list[FileReport], targets: list[str]) -> dict:
             "needed": needed,
             "satisfied": satisfied,
             "coverage": satisfied / needed if needed else None,
+            "said": sum(n.said for r in training for n in r.needs),
             "needs_by_kind": {kind: [sum(n.satisfied for r in training for n in r.needs if n.name == kind),
                                      sum(1 for r in training for n in r.needs if n.name == kind)]
                               for kind in (DEVICE, LOADER, REDUCTION, AMP)},
@@ -1814,13 +1831,13 @@ def print_training(reports: list[FileReport], summary: dict, targets: list[str])
     for target in targets:
         s = summary[target]
         kinds = ", ".join(f"{kind} {k}/{n}" for kind, (k, n) in s["needs_by_kind"].items())
-        print(f"coverage {target}: {_ratio(s)}  ({kinds})")
+        print(f"coverage {target}: {_ratio(s)}  ({kinds}); misses the migration reports: {s['said']}")
     print("misses:")
     for target in targets:
         for r in reports:
             for need in r.needs if r.target == target else []:
                 if not need.satisfied:
-                    print(f"  {target:<9} {r.path}: {need.name}: {need.why}")
+                    print(f"  {target:<9} {r.path}: {need.name}: {need.why}" + (" (reported)" if need.said else ""))
 
 
 def _ratio(s: dict) -> str:

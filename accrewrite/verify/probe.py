@@ -27,7 +27,12 @@ optimizer step, so ``finally`` blocks and launchers see an orderly end), with a 
 ``{"stopped": N}``: the rest of the script is not run. With ``ACCREWRITE_VERIFY_HOST_RANDOM=TYPE``
 (verify sets it where the target's profile asks, ``[verify] host_random``), random numbers for
 devices of that type are drawn by the CPU generator and moved there, so that dropout and noise
-draw what the original's CPU run draws.
+draw what the original's CPU run draws. With ``ACCREWRITE_VERIFY_PACED_LOADER=MODULE:CLASS``
+(``[verify] paced_loader``), a device loader built as torch_xla's ParallelLoader, which reads the
+loader it wraps ahead of the loop on a thread, loads each batch when the loop asks for it where
+that loader has no worker processes: what loading draws from the global generator (random
+augmentations) then falls between the loop's own draws as it does in the original. CLASS is
+changed once the script imports MODULE.
 
 It imports nothing of accrewrite's, so that it runs in any interpreter with torch (the one with
 the target's package, say), and does nothing in a process that has no torch.
@@ -36,10 +41,14 @@ the target's package, say), and does nothing in a process that has no torch.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import inspect
 import json
 import os
 import random
 import sys
+import threading
 import time
 
 SEED = 0
@@ -49,6 +58,7 @@ NUDGE = "ACCREWRITE_VERIFY_NUDGE"  # a seed (not 0): nudge the parameters before
 NUDGE_SIZE = 1e-6  # relative; at least one unit in the last place of the parameter's dtype
 HOST_RANDOM = "ACCREWRITE_VERIFY_HOST_RANDOM"
 EXECUTIONS = "ACCREWRITE_VERIFY_EXECUTIONS"
+PACED_LOADER = "ACCREWRITE_VERIFY_PACED_LOADER"
 EXIT_GRACE = "ACCREWRITE_VERIFY_EXIT_GRACE"  # the runtime's _process_exit.py, by its path
 
 
@@ -276,6 +286,101 @@ def host_random(torch, device_type: str):
     return HostRandom()
 
 
+class _Pace:
+    """An iterable over ``loader`` that waits for ``ask()`` before each batch, and before
+    ``iter(loader)`` (where a DataLoader draws its seeds); ``stop()`` ends it."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.asked = threading.Semaphore(0)
+        self.stopped = False
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        if not self._asked():
+            return
+        iterator = iter(self.loader)
+        while (batch := next(iterator, _Pace)) is not _Pace:  # the class: a value no loader yields
+            yield batch
+            if not self._asked():
+                return
+
+    def _asked(self) -> bool:
+        self.asked.acquire()
+        return not self.stopped
+
+    def ask(self) -> None:
+        self.asked.release()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.asked.release()
+
+
+def pace_loader(torch, loader_class) -> None:
+    """Hold ``loader_class`` to the training loop's pace where the loader it wraps has no worker
+    processes (workers draw from generators of their own). Its constructor takes the loader as
+    ``cpu_loader`` and the batches it moves to the device at a time as ``device_prefetch_size``,
+    ``next_item(device)`` is the loop asking for the next batch and ``close()`` ends an iteration,
+    as in torch_xla's ParallelLoader. Its thread then loads a batch only while the loop waits for
+    it, and moves it at once."""
+    init, next_item, close = loader_class.__init__, loader_class.next_item, loader_class.close
+    signature = inspect.signature(init)
+
+    def paced_init(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        loader = bound.arguments["cpu_loader"]
+        if not (isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0):
+            self._accrewrite_pace = bound.arguments["cpu_loader"] = _Pace(loader)
+            bound.arguments["device_prefetch_size"] = 1  # else its thread waits for that many to move any
+        init(*bound.args, **bound.kwargs)
+
+    def paced_next_item(self, device):
+        pace = getattr(self, "_accrewrite_pace", None)
+        if pace is not None:
+            pace.ask()
+        return next_item(self, device)
+
+    def paced_close(self):
+        pace = getattr(self, "_accrewrite_pace", None)
+        if pace is not None:
+            pace.stop()  # its thread may be waiting for the loop, which asks no more
+        close(self)
+
+    loader_class.__init__, loader_class.next_item, loader_class.close = paced_init, paced_next_item, paced_close
+
+
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once the module ``name`` has run, when the script first imports it
+    (importing it here would start the target's runtime in a process that does not use it)."""
+
+    def __init__(self, name: str, then):
+        self.name = name
+        self.then = then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                self.then(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def _pace_when_imported(torch, where: str) -> None:
+    module, _, name = where.partition(":")
+    sys.meta_path.insert(0, _WhenImported(module, lambda loaded: pace_loader(torch, getattr(loaded, name))))
+
+
 def start() -> None:
     """Seed what the script may not, install the hooks; a no-op without torch. Every side's
     processes get the runtime's exit grace for gloo's threads (registered first, it runs last),
@@ -304,3 +409,5 @@ def start() -> None:
     install(recorder)
     if os.environ.get(HOST_RANDOM):
         host_random(recorder.torch, os.environ[HOST_RANDOM]).__enter__()  # for the life of the process
+    if os.environ.get(PACED_LOADER):
+        _pace_when_imported(recorder.torch, os.environ[PACED_LOADER])

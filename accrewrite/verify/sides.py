@@ -71,6 +71,8 @@ def environment(side: Side, records: Path, steps: int | None, nproc: int) -> dic
             env.setdefault(name, value)
         if needs.host_random:
             env[probe.HOST_RANDOM] = needs.device
+        if needs.paced_loader:
+            env[probe.PACED_LOADER] = needs.paced_loader
         if needs.metrics:
             env[probe.EXECUTIONS] = f"{needs.metrics}:{needs.compile_metric}:{needs.execution_metric}"
     return env

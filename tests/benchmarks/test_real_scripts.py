@@ -139,6 +139,18 @@ def test_the_migration_wraps_the_loader(corpus):
     assert needs[rs.LOADER].satisfied, needs[rs.LOADER].why
 
 
+def test_a_loader_left_for_host_work_is_a_miss_the_migration_reports(tmp_path):
+    # The labels fill a tensor made on the host before they move: the loader stays on the host.
+    source = CUDA_SCRIPT.replace("x, y = x.cuda(), y.cuda()", "onehot = torch.zeros(8, 2)\n"
+                                 "        onehot[torch.arange(8), y] = 1\n"
+                                 "        x, y = x.cuda(), onehot.cuda().argmax(1)")
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    needs = _by_name(rs.examine(str(path), "train.py", "torch_xla").needs)
+    assert not needs[rs.LOADER].satisfied and needs[rs.LOADER].said
+    assert needs[rs.DEVICE].satisfied and not needs[rs.DEVICE].said
+
+
 def test_an_unmigrated_output_misses_everything():
     original = rs.analyse_original(CUDA_SCRIPT.encode())
     needs = _by_name(rs.check_output(original, CUDA_SCRIPT.encode(), "torch_xla"))

@@ -94,6 +94,8 @@ def profile(**concepts):
     ({**profile(), "verify": {"host_random": True}}, "[verify]: host_random and executions are about the device"),
     ({**profile(), "verify": {"device": "xpu", "executions": {"metrics": "m"}}},
      "executions names metrics, compiles, executions, all three"),
+    ({**profile(), "verify": {"paced_loader": "vendor.loader.Prefetcher"}},
+     "[verify]: paced_loader names a class as module:Class, not 'vendor.loader.Prefetcher'"),
     ({"name": "xpu", "concepts": {}}, "xpu.toml: no [concepts.device] (the training device"),
     ({**profile(), "imports": {"torch": "torch"}}, "[imports] torch = 'torch' is not one import statement"),
     ({**profile(), "verify": "xpu"}, "xpu.toml: verify is a table ([verify] or verify = { ... }), not 'xpu'"),
@@ -107,10 +109,11 @@ def test_a_profile_is_checked_against_the_catalogue_when_it_loads(data, message)
 def test_capabilities_and_the_verify_table_load():
     data = {**profile(mark_step={"stmts": ["torch.xpu.synchronize()"]}), "capabilities": {"lazy_execution": True,
                                                                                           "shared_memory": False},
-            "verify": {"device": "xpu", "environment": {"XPU_MODE": "cpu"}}}
+            "verify": {"device": "xpu", "environment": {"XPU_MODE": "cpu"}, "paced_loader": "vendor.loader:Prefetcher"}}
     target = targets._parse(data, "xpu.toml")
     assert target.has("lazy_execution", "device") and not target.has("shared_memory")
-    assert target.verify == targets.Verification(device="xpu", environment={"XPU_MODE": "cpu"})
+    assert target.verify == targets.Verification(device="xpu", environment={"XPU_MODE": "cpu"},
+                                                 paced_loader="vendor.loader:Prefetcher")
     assert targets.get_target("torch_xla").verify.metrics == "torch_xla.debug.metrics"
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import types
 from pathlib import Path
 
@@ -243,10 +244,11 @@ def test_what_a_side_needs_of_its_target_comes_from_the_profiles_verify_table(tm
     xla = environment(Side("torch_xla", "torch_xla"), tmp_path, None, 1)
     assert xla["PJRT_DEVICE"] == "CPU" and xla[probe.HOST_RANDOM] == "xla"
     assert xla[probe.EXECUTIONS] == "torch_xla.debug.metrics:CompileTime:ExecuteTime"
+    assert xla[probe.PACED_LOADER] == "torch_xla.distributed.parallel_loader:ParallelLoader"
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     assert environment(Side("torch_xla", "torch_xla"), tmp_path, None, 1)["PJRT_DEVICE"] == "TPU"  # the user's
     plain = environment(Side("runtime", "runtime"), tmp_path, None, 1)
-    assert probe.HOST_RANDOM not in plain and probe.EXECUTIONS not in plain
+    assert probe.HOST_RANDOM not in plain and probe.EXECUTIONS not in plain and probe.PACED_LOADER not in plain
 
 
 def test_the_probe_counts_graphs_through_the_targets_metrics_once_the_script_imports_its_package(monkeypatch):
@@ -260,6 +262,89 @@ def test_the_probe_counts_graphs_through_the_targets_metrics_once_the_script_imp
     assert probe._graph_counts() == {"compiles": 3, "executions": 7}
     counts.clear()
     assert probe._graph_counts() == {"compiles": 0, "executions": 0}
+
+
+READ_AHEAD = """\
+import queue, threading
+
+
+class ReadAhead:
+    \"\"\"A device loader shaped as torch_xla's ParallelLoader: a thread reads the loader it wraps
+    ahead of the loop and hands over device_prefetch_size batches at a time.\"\"\"
+
+    def __init__(self, cpu_loader, devices, batchdim=0, device_prefetch_size=8):
+        self.cpu_loader = cpu_loader
+        self.batches = queue.Queue()
+        self.thread = threading.Thread(target=self.read, args=(device_prefetch_size,), daemon=True)
+        self.thread.start()
+
+    def read(self, size):
+        chunk = []
+        for batch in self.cpu_loader:
+            chunk.append(batch)
+            if len(chunk) == size:
+                chunk = [self.batches.put(b) for b in chunk] and []
+        for batch in [*chunk, None]:
+            self.batches.put(batch)
+
+    def next_item(self, device):
+        return self.batches.get()
+
+    def close(self):
+        self.thread.join()
+"""
+
+
+def noise(batch):
+    """A batch drawn from the global generator as it loads, as a random augmentation is."""
+    import torch
+
+    return torch.rand(len(batch))
+
+
+def noise_loader(torch, **options):
+    return torch.utils.data.DataLoader([None] * 6, batch_size=2, collate_fn=noise, **options)
+
+
+def draws_in_order(torch, batches):
+    """Each batch's draws, then the loop's own draw, step by step, from a seeded generator."""
+    torch.manual_seed(0)
+    return [batch.tolist() + torch.rand(1).tolist() for batch in batches()]
+
+
+def through(loader_class, loader):
+    def batches():
+        device_loader = loader_class(loader, ["cpu"])
+        while (batch := device_loader.next_item("cpu")) is not None:
+            yield batch
+    return batches
+
+
+@pytest.mark.timeout(60)  # a loader that waits for a loop that waits for it hangs
+def test_a_paced_device_loader_loads_each_batch_when_the_loop_asks_for_it(tmp_path, monkeypatch):
+    import torch
+
+    loader = noise_loader(torch)
+    plain = draws_in_order(torch, lambda: iter(loader))
+    unpaced = {}
+    exec(READ_AHEAD, unpaced)
+    assert draws_in_order(torch, through(unpaced["ReadAhead"], loader)) != plain  # it read every batch before the loop drew
+    (tmp_path / "vendor_loader.py").write_text(READ_AHEAD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delitem(sys.modules, "vendor_loader", raising=False)
+    probe._pace_when_imported(torch, "vendor_loader:ReadAhead")
+    from vendor_loader import ReadAhead  # paced as the script imports it
+
+    assert draws_in_order(torch, through(ReadAhead, loader)) == plain
+    waiting = ReadAhead(loader, ["cpu"])
+    waiting.next_item("cpu")
+    closing = threading.Thread(target=waiting.close)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive()  # its thread waited for a loop that asks no more
+    with_workers = noise_loader(torch, num_workers=1)
+    assert ReadAhead(with_workers, ["cpu"]).cpu_loader is with_workers  # its workers draw from their own generators
 
 
 def test_a_side_that_ran_no_graph_or_compiles_every_step_fails():
@@ -410,6 +495,58 @@ def test_dropout_on_the_xla_device_draws_what_the_cpu_draws(project, capsys, xla
                             f"torch_xla={xla_python}", "--", "--steps", "4")
     assert code == 0, out + err
     assert "match: 4 steps" in out and "graph executions on the xla device" in out
+
+
+AUGMENTED = """\
+import sys
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Jittered(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if "--draw-more" in sys.argv and "torch_xla" in sys.modules:
+            torch.rand(1)
+        return self.x[i] + 0.1 * torch.randn(self.x[i].shape), self.y[i]
+
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 1)).to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+loader = torch.utils.data.DataLoader(Jittered(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8)
+for step, (x, y) in enumerate(loader):
+    x, y = x.to(device), y.to(device)
+    mix = torch.rand(x.size(0), 1).to(device)
+    loss = F.mse_loss(model(mix * x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if step == 3:
+        break
+"""
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("draw_more", [False, True])
+def test_random_augmentations_draw_between_the_loops_draws_on_xla_as_in_the_original(project, capsys, xla_python,
+                                                                                     draw_more):
+    # torch_xla's device loader reads ahead of the loop on a thread; verify holds it to the loop's
+    # pace, and a dataset that draws differently on the migrated side still diverges.
+    write(project, "train.py", AUGMENTED)
+    code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python",
+                            f"torch_xla={xla_python}", "--", *(["--draw-more"] if draw_more else []))
+    if draw_more:
+        assert code == 1 and "diverge: the loss differs by" in out and "at step 1" in out, out + err
+    else:
+        assert code == 0 and "match: 4 steps" in out, out + err
 
 
 HOST_RANDOM_CHECK = """\
