@@ -141,48 +141,77 @@ def main_worker(gpu, ngpus_per_node, args):
     else:
         torch.manual_seed(args.seed)  # the same initial weights in every worker
     model = SmallConvNet()
+
     if enable_torchacc_compiler():
         torch.__future__.set_swap_module_params_on_conversion(True)
 
-    if not torch.cuda.is_available():
-        print('using CPU, this will be slow')
-        if not enable_torchacc_compiler():
-            if args.distributed:
-                model = torch.nn.parallel.DistributedDataParallel(model)
-    elif args.distributed:
-        # For multiprocessing distributed, DistributedDataParallel constructor
-        # should always set the single device scope, otherwise,
-        # DistributedDataParallel will use all available devices.
-        if args.gpu is not None:
+        if False:
+            print('using CPU, this will be slow')
+            if not enable_torchacc_compiler():
+                if args.distributed:
+                    model = torch.nn.parallel.DistributedDataParallel(model)
+        elif args.distributed:
+            # For multiprocessing distributed, DistributedDataParallel constructor
+            # should always set the single device scope, otherwise,
+            # DistributedDataParallel will use all available devices.
+            if args.gpu is not None:
+                if enable_torchacc_compiler():
+                    model.to(xm.xla_device())
+                else:
+                    torch.cuda.set_device(args.gpu)
+                    model.cuda(args.gpu)
+                # When using a single GPU per process and per
+                # DistributedDataParallel, we need to divide the batch size
+                # ourselves based on the total number of GPUs of the current node.
+                args.batch_size = int(args.batch_size / ngpus_per_node)
+                args.workers = int((args.workers + ngpus_per_node - 1) / ngpus_per_node)
+                if not enable_torchacc_compiler():
+                    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.gpu])
+            else:
+                if enable_torchacc_compiler():
+                    model.to(xm.xla_device())
+                else:
+                    model.cuda()
+                    # DistributedDataParallel will divide and allocate batch_size to all
+                    # available GPUs if device_ids are not set
+                    model = torch.nn.parallel.DistributedDataParallel(model)
+        elif args.gpu is not None:
             if enable_torchacc_compiler():
-                model.to(xm.xla_device())
+                model = model.to(xm.xla_device())
             else:
                 torch.cuda.set_device(args.gpu)
-                model.cuda(args.gpu)
-            # When using a single GPU per process and per
-            # DistributedDataParallel, we need to divide the batch size
-            # ourselves based on the total number of GPUs of the current node.
-            args.batch_size = int(args.batch_size / ngpus_per_node)
-            args.workers = int((args.workers + ngpus_per_node - 1) / ngpus_per_node)
-            if not enable_torchacc_compiler():
-                model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.gpu])
+                model = model.cuda(args.gpu)
         else:
             if enable_torchacc_compiler():
-                model.to(xm.xla_device())
+                model = model.to(xm.xla_device())
+            else:
+                model = model.cuda()
+    else:
+        if not torch.cuda.is_available():
+            print('using CPU, this will be slow')
+            if args.distributed:
+                model = torch.nn.parallel.DistributedDataParallel(model)
+        elif args.distributed:
+            # For multiprocessing distributed, DistributedDataParallel constructor
+            # should always set the single device scope, otherwise,
+            # DistributedDataParallel will use all available devices.
+            if args.gpu is not None:
+                torch.cuda.set_device(args.gpu)
+                model.cuda(args.gpu)
+                # When using a single GPU per process and per
+                # DistributedDataParallel, we need to divide the batch size
+                # ourselves based on the total number of GPUs of the current node.
+                args.batch_size = int(args.batch_size / ngpus_per_node)
+                args.workers = int((args.workers + ngpus_per_node - 1) / ngpus_per_node)
+                model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.gpu])
             else:
                 model.cuda()
                 # DistributedDataParallel will divide and allocate batch_size to all
                 # available GPUs if device_ids are not set
                 model = torch.nn.parallel.DistributedDataParallel(model)
-    elif args.gpu is not None:
-        if enable_torchacc_compiler():
-            model = model.to(xm.xla_device())
-        else:
+        elif args.gpu is not None:
             torch.cuda.set_device(args.gpu)
             model = model.cuda(args.gpu)
-    else:
-        if enable_torchacc_compiler():
-            model = model.to(xm.xla_device())
         else:
             model = model.cuda()
 

@@ -112,6 +112,7 @@ def main():
 
 def main_worker(gpu, ngpus_per_node, args):
     ngpus_per_node = xr.global_runtime_device_count()
+    args.world_size = xr.global_runtime_device_count()
     args.gpu = gpu
 
     if args.gpu is not None and torch.cuda.is_available():
@@ -130,7 +131,7 @@ def main_worker(gpu, ngpus_per_node, args):
     model = SmallConvNet()
 
     torch.__future__.set_swap_module_params_on_conversion(True)
-    if not torch.cuda.is_available():
+    if False:
         print('using CPU, this will be slow')
         if args.distributed:
             xm.broadcast_master_param(model)

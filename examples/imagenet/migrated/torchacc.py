@@ -126,7 +126,7 @@ def main_worker(gpu, ngpus_per_node, args):
     model = SmallConvNet()
 
     torch.__future__.set_swap_module_params_on_conversion(True)
-    if not torch.cuda.is_available():
+    if False:
         print('using CPU, this will be slow')
     elif args.distributed:
         # For multiprocessing distributed, DistributedDataParallel constructor
