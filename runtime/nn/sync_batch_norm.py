@@ -71,9 +71,11 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         layer when ``module`` is itself one."""
         converted = module
         if isinstance(module, compat.BatchNormBase):
+            # ``bias=`` is a keyword of newer torch, needed only for an affine layer without one.
+            no_bias = {"bias": False} if module.affine and module.bias is None else {}
             converted = cls(
                 module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
-                process_group, bias=module.bias is not None,
+                process_group, **no_bias,
             )
             if module.affine:
                 with torch.no_grad():
