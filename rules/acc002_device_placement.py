@@ -168,6 +168,7 @@ class DevicePlacement(Rule):
 
             def main_worker(args):
                 model = Net()
+                torch.__future__.set_swap_module_params_on_conversion(True)
                 if False:
                     print("using CPU, this will be slow")
                 else:
@@ -221,15 +222,27 @@ class DevicePlacement(Rule):
 
     def _moves_model(self, line: cst.CSTNode) -> bool:
         """``model.to(device)``, ``model = Net().cuda()``, ``self.model = model.to(gpu_id)``,
-        ``layers = layers + [Layer(4, 4).to(device)]``."""
+        ``layers = layers + [Layer(4, 4).to(device)]``; and outside loops, where what moves is
+        not known, a move whose result is dropped (a tensor's move returns its copy, a module
+        moves in place) or kept on ``self`` (SimCLR's ``self.model = kwargs['model'].to(d)``):
+        the setting changes nothing for a tensor."""
         if placed_model(line, self.ctx.facts.models) is not None:
             return True
         values = self.ctx.facts.values(self.ctx.scope)
-        return any(
-            isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")
-            and values.kind(call.func.value) is Kind.MODEL
-            for call in _calls_in(line)
-        )
+        moves = [call for call in _calls_in(line)
+                 if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")]
+        if any(values.kind(call.func.value) is Kind.MODEL for call in moves):
+            return True
+        statement = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+        if statement is None or any(isinstance(s, (cst.For, cst.While)) for s in self.ctx.open_statements):
+            return False
+        if isinstance(statement, cst.Expr):
+            moved = statement.value
+        elif isinstance(statement, cst.Assign) and all(_on_self(target.target) for target in statement.targets):
+            moved = statement.value
+        else:
+            return False
+        return moved in moves and values.kind(moved.func.value) is Kind.UNKNOWN
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if len(original_node.body) != 1:
@@ -743,6 +756,10 @@ def _main_block(statement: cst.CSTNode) -> bool:
     test = getattr(statement, "test", None)
     return (type(statement) is cst.If and type(test) is cst.Comparison and dotted(test.left) == "__name__"
             and len(test.comparisons) == 1 and string_value(test.comparisons[0].comparator) == "__main__")
+
+
+def _on_self(target: cst.BaseExpression) -> bool:
+    return isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"
 
 
 def _negated(test: cst.BaseExpression) -> list[cst.BaseExpression]:
