@@ -6,8 +6,10 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import PLACEMENT_KEYWORDS, places_by_keyword, quoted_like, with_commas, without_items
-from accrewrite.values import Kind, read_chains
+from accrewrite.toolbox import (
+    PLACEMENT_KEYWORDS, places_by_keyword, quoted_like, with_commas, without_items, wrapped_models_of,
+)
+from accrewrite.values import Kind, bound_names, read_chains, read_names
 
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
@@ -19,6 +21,8 @@ _DEVICE_CONTEXTS = frozenset({"torch.cuda.device", "torch.accelerator.device_ind
 _FACTORIES = frozenset(f"torch.{name}" for name in (
     "randn", "rand", "randint", "zeros", "ones", "full", "empty", "arange", "tensor", "eye", "linspace",
 ))
+# Words of the statements building an optimizer that ``_delayed_optimizers`` may build later.
+_OPTIMIZER_WORDS = ("optim", "SGD", "Adam", "AdamW")
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
@@ -69,7 +73,11 @@ class DevicePlacement(Rule):
 
     Where the target's move gives a module new Parameter objects (XLA), the first model move is
     preceded by PyTorch's setting that keeps them, so weights tied before the move stay tied
-    and an optimizer built before the move steps the moved parameters.
+    and an optimizer built before the move steps the moved parameters. Where a forward pass
+    before the move keeps its output (RepDistiller's ``feat_s, _ = model_s(data)``, to size its
+    heads), whose graph holds the weights, that setting fails at the move: the optimizer is
+    built after the statement holding the move instead, where nothing between reads it or what
+    it is built of, and elsewhere the file is left as it is.
     """
 
     code = "ACC002"
@@ -78,7 +86,7 @@ class DevicePlacement(Rule):
     concepts = ("device",)
     triggers = frozenset(
         {"cuda", "to", "set_device", "device", "accelerator", "exec", *PLACEMENT_KEYWORDS, *_CUDA_ONLY_KEYWORDS,
-         *(name.rpartition(".")[2] for name in _FACTORIES)}
+         *(name.rpartition(".")[2] for name in _FACTORIES), *_OPTIMIZER_WORDS}
     )
     examples = (
         Example(
@@ -207,11 +215,14 @@ class DevicePlacement(Rule):
         statement of its function (or module) that holds it, so that every branch has it."""
         if self._parameters_kept or not self.ctx.target.has("keep_parameters_on_move"):
             return
-        if not self._moves_model(node):
+        if not self._moves_model(node, self.ctx.scope):
             return
         self._parameters_kept = True
+        if self._forward_before(node, self.ctx.scope) is not None:
+            self._move_after_forward(node)
+            return
         setting = self.ctx.statements("keep_parameters_on_move")
-        if all(self.ctx.code(line).strip() in self.ctx.source_text for line in setting):
+        if all(_has_line(self.ctx.source_text, self.ctx.code(line).strip()) for line in setting):
             return  # migrated already
         opened = self.ctx.open_statements
         functions = [i for i, statement in enumerate(opened) if isinstance(statement, cst.FunctionDef)]
@@ -219,12 +230,85 @@ class DevicePlacement(Rule):
         self.ctx.fix(node, "moving the model keeps its Parameter objects (tied weights stay tied, optimizers "
                            "built before the move step the moved parameters)")
 
-    def _moves_model(self, line: cst.CSTNode) -> bool:
+    def _move_after_forward(self, move: cst.CSTNode) -> None:
+        """A forward pass run before the move (to size a head: RepDistiller's ``feat_s, _ =
+        model_s(data)``) keeps its graph, which holds the weights, so the setting that keeps the
+        Parameter objects fails at the move. The optimizer is built after the move instead
+        (``_delayed_optimizers``); one that cannot be leaves the file as it is."""
+        facts = self.ctx.facts
+        delayed = self._delayed_optimizers()
+        order = facts.order.get(move, 0)
+        for binding in facts.optimizer_bindings:
+            if binding.scope is self.ctx.scope and binding.order < order and binding.statement not in delayed:
+                self.ctx.refuse(
+                    move, f"`{binding.name}` is built before this move, after a forward pass; file left as it is",
+                    "The target's move gives the module new Parameter objects: the optimizer built before it would "
+                    "step the old ones, and PyTorch's setting that keeps them fails while the forward pass's output "
+                    "holds the weights. Build the optimizer after the move and migrate again.",
+                )
+
+    def _delayed_optimizers(self) -> dict[cst.CSTNode, cst.CSTNode]:
+        """The optimizers built before the first model move of their block, after a forward pass
+        (``_move_after_forward``), that can be built after the statement holding the move: the
+        statement building each, and that statement."""
+        if self._delays is None:
+            self._delays = {}
+            if self.ctx.target.has("keep_parameters_on_move"):
+                for binding in self.ctx.facts.optimizer_bindings:
+                    anchor = self._move_after(binding)
+                    if anchor is not None:
+                        self._delays[binding.statement] = anchor
+        return self._delays
+
+    def _move_after(self, binding) -> cst.CSTNode | None:
+        """The statement after ``binding``'s, in its block, that moves a model after a forward
+        pass, where nothing between them reads the optimizer or what builds it
+        (``trainable_list``), and the moving statement not the optimizer: building it there is
+        a safe reordering."""
+        facts = self.ctx.facts
+        optimizer = binding.name.partition(".")[0]
+        reads = {*read_names(binding.statement), optimizer} - facts.imports.keys()
+        statement = facts.next_statement.get(binding.statement)
+        while statement is not None:
+            used = read_names(statement) | bound_names(statement)
+            move = self._first_move(statement, binding.scope)
+            if move is not None and optimizer not in used:
+                return statement if self._forward_before(move, binding.scope) is not None else None
+            if used & reads:
+                return None
+            statement = facts.next_statement.get(statement)
+        return None
+
+    def _first_move(self, statement: cst.CSTNode, scope) -> cst.CSTNode | None:
+        found = []
+        walk(statement, lambda node: found.append(node) if isinstance(node, cst.SimpleStatementLine)
+             and self._moves_model(node, scope) else None)
+        return found[0] if found else None
+
+    def _forward_before(self, move: cst.CSTNode, scope) -> cst.CSTNode | None:
+        """A statement of ``move``'s function, before it, that keeps the output of a model's
+        forward pass (``features = model(torch.randn(2, 4))``)."""
+        facts = self.ctx.facts
+        values = facts.values(scope)
+        order = facts.order.get(move, 0)
+        found = []
+
+        def enter(node):
+            if isinstance(node, cst.SimpleStatementLine) and facts.order.get(node, order) < order:
+                small = node.body[0]
+                if isinstance(small, cst.Assign) and isinstance(small.value, cst.Call) and values.is_model(small.value.func):
+                    found.append(node)
+            return node is scope or not isinstance(node, (cst.FunctionDef, cst.ClassDef))
+
+        walk(scope if scope is not None else self.ctx.module, enter)
+        return found[0] if found else None
+
+    def _moves_model(self, line: cst.CSTNode, scope) -> bool:
         """``model.to(device)``, ``model = Net().cuda()``, ``self.model = model.to(gpu_id)``,
         ``layers = layers + [Layer(4, 4).to(device)]``."""
         if placed_model(line, self.ctx.facts.models) is not None:
             return True
-        values = self.ctx.facts.values(self.ctx.scope)
+        values = self.ctx.facts.values(scope)
         return any(
             isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")
             and values.kind(call.func.value) is Kind.MODEL
@@ -245,6 +329,11 @@ class DevicePlacement(Rule):
             return cst.RemoveFromParent()
         if original_node in self._fallbacks:
             return self._assign_device(original_node, updated_node)
+        if isinstance(statement, cst.Assign) and original_node in self._delayed_optimizers():
+            self.ctx.insert_after(self._delays[original_node], [updated_node])
+            self.ctx.fix(original_node, "the optimizer is built after the model's move: a forward pass before the "
+                                        "move holds the weights, which PyTorch's setting that keeps them needs free")
+            return cst.RemoveFromParent()
         if isinstance(statement, cst.Assign) and any(d.statement is original_node for d in self.ctx.facts.devices):
             if self._configurator is not None and self.ctx.scope is None and self._before_configurator(original_node):
                 return updated_node  # a config value: the device is assigned after the configurator
@@ -529,6 +618,7 @@ class DevicePlacement(Rule):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._parameters_kept = False
+        self._delays: dict[cst.CSTNode, cst.CSTNode] | None = None  # ``_delayed_optimizers``
         # The (statement, device) pairs a replication call was placed beside (``_replicate_around``).
         self._replicated: set[tuple[cst.CSTNode, str]] = set()
         # Other choices of a device variable beside a CUDA one (``_other_choices``).
@@ -570,9 +660,9 @@ class DevicePlacement(Rule):
             return self.ctx.expr("device")
         if callee in WRAPPER_NAMES:
             return self._drop_cuda_keywords(original_node, updated_node)
-        if callee is None and self.ctx.in_training:
+        if callee is None and self.ctx.in_training and dotted(original_node.func) in (wrapped_models_of(self.ctx) or ()):
             values = facts.values(self.ctx.scope)
-            if values.is_model(original_node.func) and values.is_tensor(original_node):
+            if values.is_tensor(original_node):
                 return self._inputs_on_device(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and callee is None:
             if original_node in self._storage_moves():
@@ -761,6 +851,11 @@ def _restores_on_cuda(function: cst.BaseExpression) -> bool:
     move = function.body
     return (isinstance(move, cst.Call) and isinstance(move.func, cst.Attribute) and move.func.attr.value == "cuda"
             and dotted(move.func.value) == function.params.params[0].name.value)
+
+
+def _has_line(text: str, line: str) -> bool:
+    """Whether ``text`` has ``line`` as a line of its own (not in a docstring's sentence)."""
+    return line in text and any(own.strip() == line for own in text.splitlines())
 
 
 def _calls_in(node: cst.CSTNode) -> set[cst.Call]:
