@@ -40,7 +40,8 @@ class DevicePlacement(Rule):
       and where a run may skip the only choice (`if args.resume: loc = ...`), naming the
       target's device itself before it;
     - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
-      (the target picks the device per process), and so is `with torch.cuda.device(i):` around
+      (the target picks the device per process), and so is `assert(torch.cuda.is_available())`
+      (the script runs on the target's device), and `with torch.cuda.device(i):` around
       a block (SimCLR's), which initialises CUDA where it is entered;
     - a device string built from a device and an index (`torch.device(f"{acc}:{rank}")` with
       `acc = torch.accelerator.current_accelerator()`) is the target device;
@@ -50,8 +51,9 @@ class DevicePlacement(Rule):
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
       `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`,
       `device=torch.cuda.current_device()`, but not given to a function of the file, which may
-      read it as a rank, nor to one of torch.cuda's), and so is an element of the list a wrapper takes as `device_ids=`
-      (`model.to(device_ids[0])` in PyTorch's DDP tutorial): it names the target device too,
+      read it as a rank, nor to one of torch.cuda's), and so is an element of the list a wrapper takes as its device_ids
+      (`model.to(device_ids[0])` in PyTorch's DDP tutorial) or of a list named for GPU ids
+      (the pix2pix family's `net.to(gpu_ids[0])`): it names the target device too,
       and a `device` parameter that callers pass one is not a device;
     - a `--device` option chose the device (`default='cpu'` too): `torch.device(args.device)`
       is the target's device now; where the parsed options go to a function of another module
@@ -325,7 +327,7 @@ class DevicePlacement(Rule):
                 self.ctx.fix(original_node, f"removed {callee}(): the target chooses the device per process")
                 return cst.RemoveFromParent()
         if self._asserts_cuda(statement):
-            self.ctx.fix(original_node, "removed the assertion of a CUDA device: the target's device is an accelerator")
+            self.ctx.fix(original_node, "removed the assertion of a CUDA device: the script runs on the target's device")
             return cst.RemoveFromParent()
         if original_node in self._fallbacks:
             return self._assign_device(original_node, updated_node)
@@ -455,6 +457,8 @@ class DevicePlacement(Rule):
     def _asserts_cuda(self, statement: cst.CSTNode) -> bool:
         """``assert device == "cuda", "GPU not available"``: the script asks for an accelerator,
         which the target's device is (where its availability test holds)."""
+        if self._asserts_available(statement):
+            return True
         test = statement.test if isinstance(statement, cst.Assert) else None
         if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
             return False
@@ -462,6 +466,12 @@ class DevicePlacement(Rule):
         compared = string_value(comparison.comparator) or ""
         return (isinstance(comparison.operator, cst.Equal) and compared.partition(":")[0] == "cuda"
                 and self._device_name(test.left) and self.ctx.target.has("accelerator_available"))
+
+    def _asserts_available(self, statement: cst.CSTNode) -> bool:
+        """``assert(torch.cuda.is_available())`` (the pix2pix family's ``init_net``, before moving
+        the network to ``gpu_ids[0]``): the script runs on the target's device instead."""
+        return isinstance(statement, cst.Assert) and isinstance(statement.test, cst.Call) \
+            and self.ctx.facts.qualname(statement.test.func) in _AVAILABLE
 
     def leave_If(self, original_node, updated_node):
         """``if not torch.cuda.is_available():`` (MoCo's ``print("using CPU")``) fails where the
@@ -528,7 +538,8 @@ class DevicePlacement(Rule):
         torch.cuda.is_available(): device = "cuda"``, ``model.cuda() if torch.cuda.is_available()
         else model``, and a flag they set (``use_cuda = not args.no_cuda and
         torch.cuda.is_available()`` before ``device = torch.device("cuda" if use_cuda else
-        "cpu")``). Where the target's device is not a CUDA device they would keep the CPU."""
+        "cpu")``). Where the target's device is not a CUDA device they would keep the CPU. And
+        an assertion that CUDA is there, which goes with its test."""
         chosen = {device.statement for device in self.ctx.facts.devices}
         tests: list[cst.CSTNode] = []
 
@@ -544,6 +555,8 @@ class DevicePlacement(Rule):
                     self._fallbacks.update(self._other_choices(node.orelse, node.body, chosen))
             elif isinstance(node, cst.IfExp) and (self.ctx.facts.is_cuda_device(node) or self._places_on_cuda(node.body)):
                 tests.append(node.test)
+            elif self._asserts_available(node):
+                tests.append(node.test)  # the assertion goes (``_asserts_cuda``), its test with it
             return True
 
         walk(self.ctx.module, enter)
@@ -612,7 +625,8 @@ class DevicePlacement(Rule):
         callee = self.ctx.facts.qualname(original_node.func)
         if callee == "torch.accelerator.is_available" or (callee in _AVAILABLE and original_node in self._gates):
             self.ctx.fix(original_node, f"{callee}() -> the target's device is there")
-            return self.ctx.expr("accelerator_available")
+            # (its parentheses kept: ``assert(torch.cuda.is_available())`` needs them)
+            return self.ctx.expr("accelerator_available").with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         return None
 
     def __init__(self, ctx):
@@ -632,9 +646,9 @@ class DevicePlacement(Rule):
 
     def _ordinal(self, node: cst.CSTNode) -> bool:
         """An int passed where a device goes (``model.to(gpu_id)``, ``torch.device(local_rank)``)
-        is a CUDA device's index; so is an element of a list that a wrapper takes as its CUDA
-        devices (``.to(device_ids[0])`` beside ``DDP(model, device_ids=device_ids)``)."""
-        if isinstance(node, cst.Subscript) and dotted(node.value) in self.ctx.facts.device_id_lists:
+        is a CUDA device's index; so is an element of a list of them (``Facts.lists_device_ids``:
+        ``.to(device_ids[0])`` beside ``DDP(model, device_ids=device_ids)``, ``.to(gpu_ids[0])``)."""
+        if isinstance(node, cst.Subscript) and self.ctx.facts.lists_device_ids(dotted(node.value)):
             return True
         return self.ctx.facts.values(self.ctx.scope).is_int(node)
 

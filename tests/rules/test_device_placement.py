@@ -184,3 +184,16 @@ def test_a_docstring_naming_the_setting_does_not_stand_for_it():
     source = b'"""It needs torch.__future__.set_swap_module_params_on_conversion(True) on XLA."""\n' + OPTIMIZER_FIRST
     output = migrate_source(source, "t.py", Options(target="torch_xla", select=("ACC002",))).output.decode()
     assert "    torch.__future__.set_swap_module_params_on_conversion(True)\n    model.to(device)" in output
+
+
+def test_an_element_of_a_wrappers_positional_device_ids_is_the_target_device():
+    source = b"import torch\n\ndef init_net(net, ids):\n    net.to(ids[0])\n    return torch.nn.DataParallel(net, ids)\n"
+    output = migrate_source(source, "t.py", Options(select=("ACC002",))).output.decode()
+    assert "    net.to(xm.xla_device())\n" in output
+
+
+def test_an_assertion_that_cuda_is_there_goes_on_every_target():
+    source = b"import torch\n\ndef init_net(net):\n    assert(torch.cuda.is_available())\n    return net\n"
+    for target in ("runtime", "torch_xla", "torchacc"):
+        result = migrate_source(source, "t.py", Options(target=target))
+        assert b"assert" not in result.output and result.diagnostics == []
