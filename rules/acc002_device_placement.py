@@ -57,8 +57,9 @@ class DevicePlacement(Rule):
       and a `device` parameter that callers pass one is not a device;
     - a `--device` option chose the device (`default='cpu'` too): `torch.device(args.device)`
       is the target's device now; where the parsed options go to a function of another module
-      (timm's `utils.init_distributed_device(args)`), which makes the device of them out of
-      this file's sight, a CUDA default becomes the target's device name;
+      (timm's `utils.init_distributed_device(args)`) or are returned (open_clip's
+      `params.parse_args`), and the device is made of them out of this file's sight, a CUDA
+      default becomes the target's device name;
     - `device="cuda"` arguments name the target device, and so does `map_location="cuda"` (or
       a function that restores each storage on CUDA, `lambda storage, loc: storage.cuda()`:
       the target's device is no `.to` argument of a storage), except where the target cannot
@@ -784,8 +785,10 @@ class DevicePlacement(Rule):
 
     def _device_option(self, original_node, updated_node):
         """``parser.add_argument("--device", default="cuda")`` whose options go to a function of
-        another module (timm's ``utils.init_distributed_device(args)``), which this file cannot
-        see make the device of it: the option defaults to the target's device there too. (A
+        another module (timm's ``utils.init_distributed_device(args)``), or are returned
+        (open_clip's ``params.parse_args``, whose caller hands them to ``init_distributed_device``),
+        where this file cannot see the device made of it: the option defaults to the target's
+        device there too. (A
         device this file makes of the option is the target's already.)"""
         default = call_arg(original_node, 99, "default")
         if default is None or not self.ctx.facts.is_cuda_device(default.value):
@@ -794,19 +797,24 @@ class DevicePlacement(Rule):
         if reader is None:
             return updated_node
         values = {original_node.args.index(default): quoted_like(default.value, self.ctx.expr("device_option"))}
-        return self._with_values(original_node, updated_node, values,
-                                 f"the option defaults to the target's device: {reader}() reads the options")
+        return self._with_values(original_node, updated_node, values, f"the option defaults to the target's device: {reader}")
 
     def _options_reader(self) -> str | None:
-        """A function of another module (not torch's) that the file passes its parsed options to."""
+        """What reads the parsed options out of this file's sight: a function of another module
+        (not torch's) that the file passes them to, or the caller they are returned to."""
         facts = self.ctx.facts
         for call, _ in facts.calls:
             callee = facts.qualname(call.func)
             if callee is not None and callee.partition(".")[0] not in _NOT_READERS and any(
-                    type(arg.value) is cst.Name and facts.file_values.names_options(arg.value.value)
-                    for arg in call.args):
-                return self.ctx.code(call.func)
-        return None
+                    self._names_options(arg.value) for arg in call.args):
+                return f"{self.ctx.code(call.func)}() reads the options"
+        returned = []
+        walk(self.ctx.module, lambda node: returned.append(node) if isinstance(node, cst.Return)
+             and self._names_options(node.value) else None)
+        return "the parsed options are returned" if returned else None
+
+    def _names_options(self, node: cst.BaseExpression | None) -> bool:
+        return type(node) is cst.Name and self.ctx.facts.file_values.names_options(node.value)
 
     def _with_values(self, original_node, updated_node, values: dict[int, cst.BaseExpression], message: str):
         """``updated_node`` with the arguments at ``values``' positions given those values, and
