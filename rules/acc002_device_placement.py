@@ -634,6 +634,7 @@ class DevicePlacement(Rule):
         super().__init__(ctx)
         self._parameters_kept = False
         self._delays: dict[cst.CSTNode, cst.CSTNode] | None = None  # ``_delayed_optimizers``
+        self._wrapped_models: set[str] | None = None  # ``_wrapped``
         # The (statement, device) pairs a replication call was placed beside (``_replicate_around``).
         self._replicated: set[tuple[cst.CSTNode, str]] = set()
         # Other choices of a device variable beside a CUDA one (``_other_choices``).
@@ -675,9 +676,9 @@ class DevicePlacement(Rule):
             return self.ctx.expr("device")
         if callee in WRAPPER_NAMES:
             return self._drop_cuda_keywords(original_node, updated_node)
-        if callee is None and self.ctx.in_training and dotted(original_node.func) in (wrapped_models_of(self.ctx) or ()):
+        if callee is None and self.ctx.in_training:
             values = facts.values(self.ctx.scope)
-            if values.is_tensor(original_node):
+            if values.is_model(original_node.func) and values.is_tensor(original_node) and self._wrapped(original_node):
                 return self._inputs_on_device(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and callee is None:
             if original_node in self._storage_moves():
@@ -706,6 +707,13 @@ class DevicePlacement(Rule):
     def _ordinal_device(self, call: cst.Call) -> bool:
         first = call_arg(call, 0, "type")
         return first is not None and len(call.args) == 1 and self._ordinal(first.value)
+
+    def _wrapped(self, call: cst.Call) -> bool:
+        """Whether ``call`` calls a model that DistributedDataParallel or DataParallel wraps, and
+        so moves its inputs (not one called on the host before its move)."""
+        if self._wrapped_models is None:
+            self._wrapped_models = wrapped_models_of(self.ctx) or set()
+        return dotted(call.func) in self._wrapped_models
 
     def _inputs_on_device(self, original_node, updated_node):
         """``ddp_model(torch.randn(20, 10))``: DistributedDataParallel moved a CPU input to its
