@@ -189,6 +189,34 @@ class DevicePlacement(Rule):
             """,
         ),
         Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def main():
+                model_s = torch.nn.Linear(8, 16)
+                feat_s = model_s(torch.randn(2, 8))
+                head = torch.nn.Linear(feat_s.shape[1], 3)
+                module_list = torch.nn.ModuleList([model_s, head])
+                optimizer = torch.optim.SGD(module_list.parameters(), lr=0.1)
+                if torch.cuda.is_available():
+                    module_list.cuda()
+            """,
+            after="""
+            import torch
+            import torch_xla
+
+            def main():
+                model_s = torch.nn.Linear(8, 16)
+                feat_s = model_s(torch.randn(2, 8))
+                head = torch.nn.Linear(feat_s.shape[1], 3)
+                module_list = torch.nn.ModuleList([model_s, head])
+                if True:
+                    module_list.to(torch_xla.device())
+                optimizer = torch.optim.SGD(module_list.parameters(), lr=0.1)
+            """,
+        ),
+        Example(
             before="""
             import torch
 
