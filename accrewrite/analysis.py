@@ -79,6 +79,8 @@ def managed_by(module: str) -> str | None:
     return next((f for f in MANAGED_FRAMEWORKS if module == f or module.startswith(f + ".")), None)
 
 # What a ``--device`` option's default may name besides CUDA.
+# Names of lists of CUDA indices (an option of the pix2pix family, a launcher's list).
+_GPU_ID_LISTS = frozenset({"gpu_ids", "gpus", "device_ids"})
 _DEVICE_TYPES = frozenset({"cpu", "mps", "xpu", "hpu", "npu", "xla", "meta", "cuda"})
 
 # The targets' device calls: a migrated file places on its device.
@@ -236,8 +238,8 @@ class Facts:
     # a framework that places the model): a script that never does trains on the CPU, where
     # nothing waits for a device.
     places_on_device: bool = False
-    # Names passed to DistributedDataParallel/DataParallel as ``device_ids=``: lists of CUDA
-    # indices (``.to(device_ids[0])`` in PyTorch's DDP tutorial).
+    # Names passed to DistributedDataParallel/DataParallel as their device_ids: lists of CUDA
+    # indices (``.to(device_ids[0])`` in PyTorch's DDP tutorial); see ``lists_device_ids``.
     device_id_lists: set[str] = field(default_factory=set)
     # Each statement's next sibling in its block (None for the last).
     next_statement: dict[cst.CSTNode, cst.CSTNode | None] = field(default_factory=dict)
@@ -560,6 +562,12 @@ class Facts:
         if self._option_defaults is None:
             self._option_defaults = _string_defaults(self.file_values.option_calls()) if self.module is not None else {}
         return self._option_defaults
+
+    def lists_device_ids(self, chain: str | None) -> bool:
+        """Whether ``chain`` names a list of CUDA indices: one given to a wrapper as its
+        device_ids (``DataParallel(net, gpu_ids)``), or one named for GPU ids (the pix2pix
+        family's ``--gpu_ids`` option, which ``init_net`` reads as ``net.to(gpu_ids[0])``)."""
+        return chain is not None and (chain in self.device_id_lists or chain.rpartition(".")[2] in _GPU_ID_LISTS)
 
     def is_cuda_device(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` selects a CUDA device: ``"cuda"``, ``"cuda:0"``, ``f"cuda:{r}"``,
@@ -1038,7 +1046,7 @@ class _Analyzer:
         if not self.facts.places_on_device and self._places(node, callee):
             self.facts.places_on_device = True
         if callee in WRAPPER_NAMES:
-            given = call_arg(node, 99, "device_ids")
+            given = call_arg(node, 1, "device_ids")
             if given is not None and dotted(given.value):
                 self.facts.device_id_lists.add(dotted(given.value))
             if given is not None or callee.endswith(".DataParallel"):
@@ -1117,7 +1125,7 @@ class _Analyzer:
 
     def leave_Module(self, original_node: cst.Module) -> None:
         self._close_body(original_node)
-        if self._indexed_moves & self.facts.device_id_lists:
+        if any(self.facts.lists_device_ids(chain) for chain in self._indexed_moves):
             self.facts.places_on_device = True
         for name, statements in self._name_calls or ():
             if name in self.facts.returned_reads:

@@ -6,8 +6,10 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES, placed_model
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import PLACEMENT_KEYWORDS, places_by_keyword, quoted_like, with_commas, without_items
-from accrewrite.values import Kind, read_chains
+from accrewrite.toolbox import (
+    PLACEMENT_KEYWORDS, places_by_keyword, quoted_like, with_commas, without_items, wrapped_models_of,
+)
+from accrewrite.values import Kind, bound_names, read_chains, read_names
 
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
@@ -19,6 +21,8 @@ _DEVICE_CONTEXTS = frozenset({"torch.cuda.device", "torch.accelerator.device_ind
 _FACTORIES = frozenset(f"torch.{name}" for name in (
     "randn", "rand", "randint", "zeros", "ones", "full", "empty", "arange", "tensor", "eye", "linspace",
 ))
+# Words of the statements building an optimizer that ``_delayed_optimizers`` may build later.
+_OPTIMIZER_WORDS = ("optim", "SGD", "Adam", "AdamW")
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
@@ -36,7 +40,8 @@ class DevicePlacement(Rule):
       and where a run may skip the only choice (`if args.resume: loc = ...`), naming the
       target's device itself before it;
     - `torch.cuda.set_device(...)` and `torch.accelerator.set_device_index(...)` are removed
-      (the target picks the device per process), and so is `with torch.cuda.device(i):` around
+      (the target picks the device per process), and so is `assert(torch.cuda.is_available())`
+      (the script runs on the target's device), and `with torch.cuda.device(i):` around
       a block (SimCLR's), which initialises CUDA where it is entered;
     - a device string built from a device and an index (`torch.device(f"{acc}:{rank}")` with
       `acc = torch.accelerator.current_accelerator()`) is the target device;
@@ -46,13 +51,15 @@ class DevicePlacement(Rule):
     - an integer where a device goes is a CUDA device's index (`model.to(gpu_id)` with
       `gpu_id = int(os.environ["LOCAL_RANK"])`, `torch.device(local_rank)`,
       `device=torch.cuda.current_device()`, but not given to a function of the file, which may
-      read it as a rank, nor to one of torch.cuda's), and so is an element of the list a wrapper takes as `device_ids=`
-      (`model.to(device_ids[0])` in PyTorch's DDP tutorial): it names the target device too,
+      read it as a rank, nor to one of torch.cuda's), and so is an element of the list a wrapper takes as its device_ids
+      (`model.to(device_ids[0])` in PyTorch's DDP tutorial) or of a list named for GPU ids
+      (the pix2pix family's `net.to(gpu_ids[0])`): it names the target device too,
       and a `device` parameter that callers pass one is not a device;
     - a `--device` option chose the device (`default='cpu'` too): `torch.device(args.device)`
       is the target's device now; where the parsed options go to a function of another module
-      (timm's `utils.init_distributed_device(args)`), which makes the device of them out of
-      this file's sight, a CUDA default becomes the target's device name;
+      (timm's `utils.init_distributed_device(args)`) or are returned (open_clip's
+      `params.parse_args`), and the device is made of them out of this file's sight, a CUDA
+      default becomes the target's device name;
     - `device="cuda"` arguments name the target device, and so does `map_location="cuda"` (or
       a function that restores each storage on CUDA, `lambda storage, loc: storage.cuda()`:
       the target's device is no `.to` argument of a storage), except where the target cannot
@@ -69,7 +76,11 @@ class DevicePlacement(Rule):
 
     Where the target's move gives a module new Parameter objects (XLA), the first model move is
     preceded by PyTorch's setting that keeps them, so weights tied before the move stay tied
-    and an optimizer built before the move steps the moved parameters.
+    and an optimizer built before the move steps the moved parameters. Where a forward pass
+    before the move keeps its output (RepDistiller's ``feat_s, _ = model_s(data)``, to size its
+    heads), whose graph holds the weights, that setting fails at the move: the optimizer is
+    built after the statement holding the move instead, where nothing between reads it or what
+    it is built of, and elsewhere the file is left as it is.
     """
 
     code = "ACC002"
@@ -78,7 +89,7 @@ class DevicePlacement(Rule):
     concepts = ("device",)
     triggers = frozenset(
         {"cuda", "to", "set_device", "device", "accelerator", "exec", *PLACEMENT_KEYWORDS, *_CUDA_ONLY_KEYWORDS,
-         *(name.rpartition(".")[2] for name in _FACTORIES)}
+         *(name.rpartition(".")[2] for name in _FACTORIES), *_OPTIMIZER_WORDS}
     )
     examples = (
         Example(
@@ -179,6 +190,34 @@ class DevicePlacement(Rule):
             """,
         ),
         Example(
+            target="torch_xla",
+            before="""
+            import torch
+
+            def main():
+                model_s = torch.nn.Linear(8, 16)
+                feat_s = model_s(torch.randn(2, 8))
+                head = torch.nn.Linear(feat_s.shape[1], 3)
+                module_list = torch.nn.ModuleList([model_s, head])
+                optimizer = torch.optim.SGD(module_list.parameters(), lr=0.1)
+                if torch.cuda.is_available():
+                    module_list.cuda()
+            """,
+            after="""
+            import torch
+            import torch_xla
+
+            def main():
+                model_s = torch.nn.Linear(8, 16)
+                feat_s = model_s(torch.randn(2, 8))
+                head = torch.nn.Linear(feat_s.shape[1], 3)
+                module_list = torch.nn.ModuleList([model_s, head])
+                if True:
+                    module_list.to(torch_xla.device())
+                optimizer = torch.optim.SGD(module_list.parameters(), lr=0.1)
+            """,
+        ),
+        Example(
             before="""
             import torch
 
@@ -208,11 +247,15 @@ class DevicePlacement(Rule):
         statement of its function (or module) that holds it, so that every branch has it."""
         if self._parameters_kept or not self.ctx.target.has("keep_parameters_on_move"):
             return
-        if not self._moves_model(node):
+        in_loop = any(isinstance(statement, (cst.For, cst.While)) for statement in self.ctx.open_statements)
+        if not self._moves_model(node, self.ctx.scope, unknown=not in_loop):
             return
         self._parameters_kept = True
+        if self._forward_before(node, self.ctx.scope) is not None:
+            self._move_after_forward(node)
+            return
         setting = self.ctx.statements("keep_parameters_on_move")
-        if all(self.ctx.code(line).strip() in self.ctx.source_text for line in setting):
+        if all(_has_line(self.ctx.source_text, self.ctx.code(line).strip()) for line in setting):
             return  # migrated already
         opened = self.ctx.open_statements
         functions = [i for i, statement in enumerate(opened) if isinstance(statement, cst.FunctionDef)]
@@ -220,21 +263,94 @@ class DevicePlacement(Rule):
         self.ctx.fix(node, "moving the model keeps its Parameter objects (tied weights stay tied, optimizers "
                            "built before the move step the moved parameters)")
 
-    def _moves_model(self, line: cst.CSTNode) -> bool:
+    def _move_after_forward(self, move: cst.CSTNode) -> None:
+        """A forward pass run before the move (to size a head: RepDistiller's ``feat_s, _ =
+        model_s(data)``) keeps its graph, which holds the weights, so the setting that keeps the
+        Parameter objects fails at the move. The optimizer is built after the move instead
+        (``_delayed_optimizers``); one that cannot be leaves the file as it is."""
+        facts = self.ctx.facts
+        delayed = self._delayed_optimizers()
+        order = facts.order.get(move, 0)
+        for binding in facts.optimizer_bindings:
+            if binding.scope is self.ctx.scope and binding.order < order and binding.statement not in delayed:
+                self.ctx.refuse(
+                    move, f"`{binding.name}` is built before this move, after a forward pass; file left as it is",
+                    "The target's move gives the module new Parameter objects: the optimizer built before it would "
+                    "step the old ones, and PyTorch's setting that keeps them fails while the forward pass's output "
+                    "holds the weights. Build the optimizer after the move and migrate again.",
+                )
+
+    def _delayed_optimizers(self) -> dict[cst.CSTNode, cst.CSTNode]:
+        """The optimizers built before the first model move of their block, after a forward pass
+        (``_move_after_forward``), that can be built after the statement holding the move: the
+        statement building each, and that statement."""
+        if self._delays is None:
+            self._delays = {}
+            if self.ctx.target.has("keep_parameters_on_move"):
+                for binding in self.ctx.facts.optimizer_bindings:
+                    anchor = self._move_after(binding)
+                    if anchor is not None:
+                        self._delays[binding.statement] = anchor
+        return self._delays
+
+    def _move_after(self, binding) -> cst.CSTNode | None:
+        """The statement after ``binding``'s, in its block, that moves a model after a forward
+        pass, where nothing between them reads the optimizer or what builds it
+        (``trainable_list``), and the moving statement not the optimizer: building it there is
+        a safe reordering."""
+        facts = self.ctx.facts
+        optimizer = binding.name.partition(".")[0]
+        reads = {*read_names(binding.statement), optimizer} - facts.imports.keys()
+        statement = facts.next_statement.get(binding.statement)
+        while statement is not None:
+            used = read_names(statement) | bound_names(statement)
+            move = self._first_move(statement, binding.scope)
+            if move is not None and optimizer not in used:
+                return statement if self._forward_before(move, binding.scope) is not None else None
+            if used & reads:
+                return None
+            statement = facts.next_statement.get(statement)
+        return None
+
+    def _first_move(self, statement: cst.CSTNode, scope) -> cst.CSTNode | None:
+        found = []
+        walk(statement, lambda node: found.append(node) if isinstance(node, cst.SimpleStatementLine)
+             and self._moves_model(node, scope) else None)
+        return found[0] if found else None
+
+    def _forward_before(self, move: cst.CSTNode, scope) -> cst.CSTNode | None:
+        """A statement of ``move``'s function, before it, that keeps the output of a model's
+        forward pass (``features = model(torch.randn(2, 4))``)."""
+        facts = self.ctx.facts
+        values = facts.values(scope)
+        order = facts.order.get(move, 0)
+        found = []
+
+        def enter(node):
+            if isinstance(node, cst.SimpleStatementLine) and facts.order.get(node, order) < order:
+                small = node.body[0]
+                if isinstance(small, cst.Assign) and isinstance(small.value, cst.Call) and values.is_model(small.value.func):
+                    found.append(node)
+            return node is scope or not isinstance(node, (cst.FunctionDef, cst.ClassDef))
+
+        walk(scope if scope is not None else self.ctx.module, enter)
+        return found[0] if found else None
+
+    def _moves_model(self, line: cst.CSTNode, scope, unknown: bool = False) -> bool:
         """``model.to(device)``, ``model = Net().cuda()``, ``self.model = model.to(gpu_id)``,
-        ``layers = layers + [Layer(4, 4).to(device)]``; and outside loops, where what moves is
+        ``layers = layers + [Layer(4, 4).to(device)]``; and with ``unknown``, where what moves is
         not known, a move whose result is dropped (a tensor's move returns its copy, a module
         moves in place) or kept on ``self`` (SimCLR's ``self.model = kwargs['model'].to(d)``):
         the setting changes nothing for a tensor."""
         if placed_model(line, self.ctx.facts.models) is not None:
             return True
-        values = self.ctx.facts.values(self.ctx.scope)
+        values = self.ctx.facts.values(scope)
         moves = [call for call in _calls_in(line)
                  if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda")]
         if any(values.kind(call.func.value) is Kind.MODEL for call in moves):
             return True
         statement = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
-        if statement is None or any(isinstance(s, (cst.For, cst.While)) for s in self.ctx.open_statements):
+        if not unknown or statement is None:
             return False
         if isinstance(statement, cst.Expr):
             moved = statement.value
@@ -254,10 +370,15 @@ class DevicePlacement(Rule):
                 self.ctx.fix(original_node, f"removed {callee}(): the target chooses the device per process")
                 return cst.RemoveFromParent()
         if self._asserts_cuda(statement):
-            self.ctx.fix(original_node, "removed the assertion of a CUDA device: the target's device is an accelerator")
+            self.ctx.fix(original_node, "removed the assertion of a CUDA device: the script runs on the target's device")
             return cst.RemoveFromParent()
         if original_node in self._fallbacks:
             return self._assign_device(original_node, updated_node)
+        if isinstance(statement, cst.Assign) and original_node in self._delayed_optimizers():
+            self.ctx.insert_after(self._delays[original_node], [updated_node])
+            self.ctx.fix(original_node, "the optimizer is built after the model's move: a forward pass before the "
+                                        "move holds the weights, which PyTorch's setting that keeps them needs free")
+            return cst.RemoveFromParent()
         if isinstance(statement, cst.Assign) and any(d.statement is original_node for d in self.ctx.facts.devices):
             if self._configurator is not None and self.ctx.scope is None and self._before_configurator(original_node):
                 return updated_node  # a config value: the device is assigned after the configurator
@@ -379,6 +500,8 @@ class DevicePlacement(Rule):
     def _asserts_cuda(self, statement: cst.CSTNode) -> bool:
         """``assert device == "cuda", "GPU not available"``: the script asks for an accelerator,
         which the target's device is (where its availability test holds)."""
+        if self._asserts_available(statement):
+            return True
         test = statement.test if isinstance(statement, cst.Assert) else None
         if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
             return False
@@ -386,6 +509,12 @@ class DevicePlacement(Rule):
         compared = string_value(comparison.comparator) or ""
         return (isinstance(comparison.operator, cst.Equal) and compared.partition(":")[0] == "cuda"
                 and self._device_name(test.left) and self.ctx.target.has("accelerator_available"))
+
+    def _asserts_available(self, statement: cst.CSTNode) -> bool:
+        """``assert(torch.cuda.is_available())`` (the pix2pix family's ``init_net``, before moving
+        the network to ``gpu_ids[0]``): the script runs on the target's device instead."""
+        return isinstance(statement, cst.Assert) and isinstance(statement.test, cst.Call) \
+            and self.ctx.facts.qualname(statement.test.func) in _AVAILABLE
 
     def leave_If(self, original_node, updated_node):
         """``if not torch.cuda.is_available():`` (MoCo's ``print("using CPU")``) fails where the
@@ -452,7 +581,8 @@ class DevicePlacement(Rule):
         torch.cuda.is_available(): device = "cuda"``, ``model.cuda() if torch.cuda.is_available()
         else model``, and a flag they set (``use_cuda = not args.no_cuda and
         torch.cuda.is_available()`` before ``device = torch.device("cuda" if use_cuda else
-        "cpu")``). Where the target's device is not a CUDA device they would keep the CPU."""
+        "cpu")``). Where the target's device is not a CUDA device they would keep the CPU. And
+        an assertion that CUDA is there, which goes with its test."""
         chosen = {device.statement for device in self.ctx.facts.devices}
         tests: list[cst.CSTNode] = []
 
@@ -468,6 +598,8 @@ class DevicePlacement(Rule):
                     self._fallbacks.update(self._other_choices(node.orelse, node.body, chosen))
             elif isinstance(node, cst.IfExp) and (self.ctx.facts.is_cuda_device(node) or self._places_on_cuda(node.body)):
                 tests.append(node.test)
+            elif self._asserts_available(node):
+                tests.append(node.test)  # the assertion goes (``_asserts_cuda``), its test with it
             return True
 
         walk(self.ctx.module, enter)
@@ -536,12 +668,15 @@ class DevicePlacement(Rule):
         callee = self.ctx.facts.qualname(original_node.func)
         if callee == "torch.accelerator.is_available" or (callee in _AVAILABLE and original_node in self._gates):
             self.ctx.fix(original_node, f"{callee}() -> the target's device is there")
-            return self.ctx.expr("accelerator_available")
+            # (its parentheses kept: ``assert(torch.cuda.is_available())`` needs them)
+            return self.ctx.expr("accelerator_available").with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         return None
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self._parameters_kept = False
+        self._delays: dict[cst.CSTNode, cst.CSTNode] | None = None  # ``_delayed_optimizers``
+        self._wrapped_models: set[str] | None = None  # ``_wrapped``
         # The (statement, device) pairs a replication call was placed beside (``_replicate_around``).
         self._replicated: set[tuple[cst.CSTNode, str]] = set()
         # Other choices of a device variable beside a CUDA one (``_other_choices``).
@@ -555,9 +690,9 @@ class DevicePlacement(Rule):
 
     def _ordinal(self, node: cst.CSTNode) -> bool:
         """An int passed where a device goes (``model.to(gpu_id)``, ``torch.device(local_rank)``)
-        is a CUDA device's index; so is an element of a list that a wrapper takes as its CUDA
-        devices (``.to(device_ids[0])`` beside ``DDP(model, device_ids=device_ids)``)."""
-        if isinstance(node, cst.Subscript) and dotted(node.value) in self.ctx.facts.device_id_lists:
+        is a CUDA device's index; so is an element of a list of them (``Facts.lists_device_ids``:
+        ``.to(device_ids[0])`` beside ``DDP(model, device_ids=device_ids)``, ``.to(gpu_ids[0])``)."""
+        if isinstance(node, cst.Subscript) and self.ctx.facts.lists_device_ids(dotted(node.value)):
             return True
         return self.ctx.facts.values(self.ctx.scope).is_int(node)
 
@@ -585,7 +720,7 @@ class DevicePlacement(Rule):
             return self._drop_cuda_keywords(original_node, updated_node)
         if callee is None and self.ctx.in_training:
             values = facts.values(self.ctx.scope)
-            if values.is_model(original_node.func) and values.is_tensor(original_node):
+            if values.is_model(original_node.func) and values.is_tensor(original_node) and self._wrapped(original_node):
                 return self._inputs_on_device(original_node, updated_node)
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and callee is None:
             if original_node in self._storage_moves():
@@ -614,6 +749,13 @@ class DevicePlacement(Rule):
     def _ordinal_device(self, call: cst.Call) -> bool:
         first = call_arg(call, 0, "type")
         return first is not None and len(call.args) == 1 and self._ordinal(first.value)
+
+    def _wrapped(self, call: cst.Call) -> bool:
+        """Whether ``call`` calls a model that DistributedDataParallel or DataParallel wraps, and
+        so moves its inputs (not one called on the host before its move)."""
+        if self._wrapped_models is None:
+            self._wrapped_models = wrapped_models_of(self.ctx) or set()
+        return dotted(call.func) in self._wrapped_models
 
     def _inputs_on_device(self, original_node, updated_node):
         """``ddp_model(torch.randn(20, 10))``: DistributedDataParallel moved a CPU input to its
@@ -693,8 +835,10 @@ class DevicePlacement(Rule):
 
     def _device_option(self, original_node, updated_node):
         """``parser.add_argument("--device", default="cuda")`` whose options go to a function of
-        another module (timm's ``utils.init_distributed_device(args)``), which this file cannot
-        see make the device of it: the option defaults to the target's device there too. (A
+        another module (timm's ``utils.init_distributed_device(args)``), or are returned
+        (open_clip's ``params.parse_args``, whose caller hands them to ``init_distributed_device``),
+        where this file cannot see the device made of it: the option defaults to the target's
+        device there too. (A
         device this file makes of the option is the target's already.)"""
         default = call_arg(original_node, 99, "default")
         if default is None or not self.ctx.facts.is_cuda_device(default.value):
@@ -703,19 +847,24 @@ class DevicePlacement(Rule):
         if reader is None:
             return updated_node
         values = {original_node.args.index(default): quoted_like(default.value, self.ctx.expr("device_option"))}
-        return self._with_values(original_node, updated_node, values,
-                                 f"the option defaults to the target's device: {reader}() reads the options")
+        return self._with_values(original_node, updated_node, values, f"the option defaults to the target's device: {reader}")
 
     def _options_reader(self) -> str | None:
-        """A function of another module (not torch's) that the file passes its parsed options to."""
+        """What reads the parsed options out of this file's sight: a function of another module
+        (not torch's) that the file passes them to, or the caller they are returned to."""
         facts = self.ctx.facts
         for call, _ in facts.calls:
             callee = facts.qualname(call.func)
             if callee is not None and callee.partition(".")[0] not in _NOT_READERS and any(
-                    type(arg.value) is cst.Name and facts.file_values.names_options(arg.value.value)
-                    for arg in call.args):
-                return self.ctx.code(call.func)
-        return None
+                    self._names_options(arg.value) for arg in call.args):
+                return f"{self.ctx.code(call.func)}() reads the options"
+        returned = []
+        walk(self.ctx.module, lambda node: returned.append(node) if isinstance(node, cst.Return)
+             and self._names_options(node.value) else None)
+        return "the parsed options are returned" if returned else None
+
+    def _names_options(self, node: cst.BaseExpression | None) -> bool:
+        return type(node) is cst.Name and self.ctx.facts.file_values.names_options(node.value)
 
     def _with_values(self, original_node, updated_node, values: dict[int, cst.BaseExpression], message: str):
         """``updated_node`` with the arguments at ``values``' positions given those values, and
@@ -778,6 +927,11 @@ def _restores_on_cuda(function: cst.BaseExpression) -> bool:
     move = function.body
     return (isinstance(move, cst.Call) and isinstance(move.func, cst.Attribute) and move.func.attr.value == "cuda"
             and dotted(move.func.value) == function.params.params[0].name.value)
+
+
+def _has_line(text: str, line: str) -> bool:
+    """Whether ``text`` has ``line`` as a line of its own (not in a docstring's sentence)."""
+    return line in text and any(own.strip() == line for own in text.splitlines())
 
 
 def _calls_in(node: cst.CSTNode) -> set[cst.Call]:

@@ -2,7 +2,9 @@
 `--device` defaults to cuda, and a helper of another module makes the device of the parsed
 options, asserting that CUDA is there where the option names it. Migrated together, the entry
 point's option defaults to the target's device, so the project trains on this CPU (runtime) and
-on PJRT's CPU device (torch_xla), alike, where the original stops at the helper's assertion."""
+on PJRT's CPU device (torch_xla), alike, where the original stops at the helper's assertion.
+And an open_clip-shaped one, whose options module returns the options: its torch_xla form
+trains on the device, not on the host its helper falls back to."""
 
 import os
 import re
@@ -27,6 +29,67 @@ def init_device(args):
         assert torch.cuda.is_available(), f"CUDA is not available but {device} was specified."
     return torch.device(device)
 '''
+# open_clip's shape: its options module (tests/rules/fixtures/device_option_returned.in.py) returns
+# the parsed options, `--device` defaulting to cuda; the entry point hands them to a helper of
+# another module, which falls back to the CPU where the device named is not there.
+OPEN_CLIP_PARAMS = (Path(__file__).parent / "fixtures" / "device_option_returned.in.py").read_text()
+OPEN_CLIP_DISTRIBUTED = '''\
+import warnings
+
+import torch
+
+
+def is_device_available(device):
+    device_type = torch.device(device).type
+    if device_type == "cuda":
+        return torch.cuda.is_available(), True
+    if device_type == "cpu":
+        return True, True
+    return False, False
+
+
+def init_distributed_device(args):
+    device_type, *device_idx = args.device.split(":", maxsplit=1)
+    is_avail, is_known = is_device_available(device_type)
+    if not is_known:
+        warnings.warn(f"Device {args.device} was not known and checked for availability, trying anyways.")
+    elif not is_avail:
+        warnings.warn(f"Device {args.device} was not available, falling back to CPU.")
+        args.device = "cpu"
+    return torch.device(args.device)
+'''
+OPEN_CLIP_ENTRY = '''\
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from distributed import init_distributed_device
+from params import parse_args
+
+
+def main(argv):
+    args = parse_args(argv)
+    device = init_distributed_device(args)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,))), batch_size=16)
+    print(f"Training with a single process on 1 device ({device.type}).")
+    for epoch in range(args.epochs):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            print(f"loss {loss.item():.6f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+'''
 _DEVICE = re.compile(r"^Training with a single process on 1 device \((\w+)\)\.$", re.MULTILINE)
 _LOSS = re.compile(r"^loss (\d+\.\d+)$", re.MULTILINE)
 
@@ -37,6 +100,16 @@ def project(tmp_path):
     folder.mkdir()
     (folder / "train.py").write_text(ENTRY)
     (folder / "utils.py").write_text(HELPER)
+    return folder
+
+
+@pytest.fixture
+def open_clip_project(tmp_path):
+    folder = tmp_path / "original"
+    folder.mkdir()
+    for name, text in (("train.py", OPEN_CLIP_ENTRY), ("params.py", OPEN_CLIP_PARAMS),
+                       ("distributed.py", OPEN_CLIP_DISTRIBUTED)):
+        (folder / name).write_text(text)
     return folder
 
 
@@ -88,4 +161,28 @@ def test_runtime_form_trains_on_the_cpu(project):
 def test_torch_xla_form_trains_on_the_device_as_the_runtime_form(project, xla_python):
     device, losses = _trained(_run(xla_python, _migrated(project, "torch_xla"), PJRT_DEVICE="CPU"))
     _, reference = _trained(_run(sys.executable, _migrated(project, "runtime")))
+    assert device == "xla" and losses == pytest.approx(reference, rel=1e-4)
+
+
+def test_returned_options_default_to_the_targets_device():
+    result = migrate_source(OPEN_CLIP_PARAMS.encode(), "params.py", Options(target="torch_xla"))
+    assert '"--device", default="xla", type=str' in result.output.decode()
+    [fix] = [f for f in result.fixes if f.code == "ACC002"]
+    assert fix.message == "the option defaults to the target's device: the parsed options are returned"
+
+
+@pytest.mark.slow
+def test_open_clips_runtime_form_trains_as_the_original(open_clip_project):
+    device, losses = _trained(_run(sys.executable, _migrated(open_clip_project, "runtime")))
+    original_device, original = _trained(_run(sys.executable, open_clip_project))
+    assert device == original_device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert len(losses) == 8 and losses == pytest.approx(original, rel=1e-4)
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_open_clips_torch_xla_form_trains_on_the_device(open_clip_project, xla_python):
+    """Where the option kept its cuda default, the helper would fall back to the host."""
+    device, losses = _trained(_run(xla_python, _migrated(open_clip_project, "torch_xla"), PJRT_DEVICE="CPU"))
+    _, reference = _trained(_run(sys.executable, _migrated(open_clip_project, "runtime")))
     assert device == "xla" and losses == pytest.approx(reference, rel=1e-4)

@@ -151,3 +151,49 @@ def test_an_index_given_to_torch_cuda_stays_for_its_own_migration():
     runtime = migrate_source(source.encode(), "t.py", Options()).output.decode()
     assert "used = accrt.accelerator.memory_allocated(device=accrt.accelerator.current_device())\n" in runtime
     assert _migrated(source, "torch_xla") == source
+
+
+SIZED_BY_A_FORWARD_PASS = b"""import torch
+
+def main():
+    model = torch.nn.Linear(4, 2)
+    features = model(torch.randn(2, 4))
+    head = torch.nn.Linear(features.shape[1], 1)
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+    head.load_state_dict(torch.load("head.pt"))
+    head.cuda()
+"""
+
+
+def test_an_optimizer_before_a_move_after_a_forward_pass_is_built_after_the_move():
+    source = SIZED_BY_A_FORWARD_PASS.replace(b'    head.load_state_dict(torch.load("head.pt"))\n', b"")
+    result = migrate_source(source, "t.py", Options(target="torch_xla", select=("ACC002",)))
+    lines = result.output.decode().splitlines()
+    assert lines[-2:] == ["    head.to(torch_xla.device())", "    optimizer = torch.optim.SGD(head.parameters(), lr=0.1)"]
+    assert "__future__" not in result.output.decode()  # the forward pass's graph holds the weights
+
+
+def test_an_optimizer_that_cannot_be_built_after_the_move_leaves_the_file():
+    result = migrate_source(SIZED_BY_A_FORWARD_PASS, "t.py", Options(target="torch_xla"))
+    assert result.refused and result.output == SIZED_BY_A_FORWARD_PASS
+    assert [f.message for f in result.diagnostics] == [
+        "`optimizer` is built before this move, after a forward pass; file left as it is"]
+
+
+def test_a_docstring_naming_the_setting_does_not_stand_for_it():
+    source = b'"""It needs torch.__future__.set_swap_module_params_on_conversion(True) on XLA."""\n' + OPTIMIZER_FIRST
+    output = migrate_source(source, "t.py", Options(target="torch_xla", select=("ACC002",))).output.decode()
+    assert "    torch.__future__.set_swap_module_params_on_conversion(True)\n    model.to(device)" in output
+
+
+def test_an_element_of_a_wrappers_positional_device_ids_is_the_target_device():
+    source = b"import torch\n\ndef init_net(net, ids):\n    net.to(ids[0])\n    return torch.nn.DataParallel(net, ids)\n"
+    output = migrate_source(source, "t.py", Options(select=("ACC002",))).output.decode()
+    assert "    net.to(xm.xla_device())\n" in output
+
+
+def test_an_assertion_that_cuda_is_there_goes_on_every_target():
+    source = b"import torch\n\ndef init_net(net):\n    assert(torch.cuda.is_available())\n    return net\n"
+    for target in ("runtime", "torch_xla", "torchacc"):
+        result = migrate_source(source, "t.py", Options(target=target))
+        assert b"assert" not in result.output and result.diagnostics == []

@@ -43,6 +43,10 @@ RUNNABLE = {
     "storage_map_location": False,
     # a trainer that moves the model it is handed, whose optimizer was built before the move
     "trainer_given_model": True,
+    # modules moved after their optimizer was built, a forward pass's output holding the weights
+    "optimizer_before_move": True,
+    # the pix2pix family's init_net: an assertion of CUDA, a move to the first of --gpu_ids
+    "init_net_gpu_ids": False,
 }
 TOLERANCE = 1e-4
 _LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)
