@@ -9,8 +9,9 @@ loop's body may run no time (``while True:`` leaves only by its ``break``s), an 
 handler may start before any line of its ``try`` ran, and ``return``, ``raise``, ``break`` and
 ``continue`` end the path they are on. A test repeated (``if args.resume:`` twice, its names not
 bound again between, no call in it) takes the branch it took before: what the first one's body
-bound is bound in the second's, where the first ``if`` is on every path to the second (an
-earlier statement of a block that holds it); a call of a function named ``steady`` (the guard's
+bound is bound in the second's, and what its ``else`` bound in the second's ``else`` (or in the
+body of its negation, ``if not args.resume:``), where the first ``if`` is on every path to the
+second (an earlier statement of a block that holds it); a call of a function named ``steady`` (the guard's
 ``enabled()``) gives the same answer each time. ``del`` and the end of an ``except E as e:`` handler
 unbind, ``with ... as``, ``match`` captures and ``:=`` bind, and a comprehension's loop names are
 its own. A name declared ``global`` or ``nonlocal`` is not the scope's; at module level and in a
@@ -290,11 +291,14 @@ class _Scope:
         test = _test(node.test, self.steady)
         if test is None:
             return self.block(node.body, state) & self.block(node.orelse, state)
-        key, names = test
-        body = self.block(node.body, state | self._guarded(key))
+        (holds, fails), names = test
+        body = self.block(node.body, state | self._guarded(holds))
         if body != _NOWHERE and body & ~state:
-            self._remember(key, names, body & ~state)
-        return body & self.block(node.orelse, state)
+            self._remember(holds, names, body & ~state)
+        orelse = self.block(node.orelse, state | self._guarded(fails))
+        if orelse != _NOWHERE and orelse & ~state:
+            self._remember(fails, names, orelse & ~state)
+        return body & orelse
 
     def _loop(self, node: ast.For | ast.AsyncFor | ast.While, state: int) -> int:
         """The body runs from the names bound at the loop's head, which are those bound before it
@@ -458,9 +462,10 @@ def _walked_fields(kind: type) -> tuple[str, ...]:
     return found
 
 
-def _test(test: ast.expr, steady: frozenset[str]) -> tuple[str, set[str]] | None:
-    """A test that gives the same result again while its names are not bound again: its text
-    and those names; None for one that calls (but a ``steady`` function), binds or iterates."""
+def _test(test: ast.expr, steady: frozenset[str]) -> tuple[tuple[str, str], set[str]] | None:
+    """A test that gives the same result again while its names are not bound again: the keys of
+    its outcomes (where it holds, where it fails: ``not X`` holds where ``X`` fails) and those
+    names; None for one that calls (but a ``steady`` function), binds or iterates."""
     names = set()
     for part in ast.walk(test):
         kind = type(part)
@@ -472,7 +477,9 @@ def _test(test: ast.expr, steady: frozenset[str]) -> tuple[str, set[str]] | None
                 return None
         elif kind in _CHANGING:
             return None
-    return ast.dump(test), names
+    negated = type(test) is ast.UnaryOp and type(test.op) is ast.Not
+    text = ast.dump(test.operand if negated else test)
+    return ((f"not {text}", text) if negated else (text, f"not {text}")), names
 
 
 def _root(target: ast.AST) -> str | None:

@@ -215,6 +215,36 @@ CASES = {
                 if args.resume:
                     print(loc)
         """, []),
+    "a repeated test's else takes the branch it took": ("""
+        def f(args):
+            if args.resume:
+                print("resumed")
+            else:
+                loc = 1
+            if not args.resume:
+                print(loc)
+            if args.resume:
+                pass
+            else:
+                print(loc)
+        """, []),
+    "a negated test and the test repeated": ("""
+        def f(args):
+            if not args.resume:
+                loc = 1
+            if args.resume:
+                loc = 2
+            else:
+                print(loc)
+            print(loc)
+        """, []),
+    "a negated test is not the test": ("""
+        def f(args):
+            if not args.resume:
+                loc = 1
+            if args.resume:
+                print(loc)
+        """, [("f", "loc", 6)]),
     "a test whose name is bound again between": ("""
         def f(args):
             if args.resume:
@@ -285,4 +315,11 @@ def test_reads_on_a_path_that_binds_nothing(code, found):
 def test_the_guard_function_gives_the_same_answer_each_time():
     code = "if enabled():\n    import xm\nif enabled():\n    xm.mark_step()\n"
     assert unbound_on_a_path(ast.parse(code)) == [("<module>", "xm", 4)]
+    assert unbound_on_a_path(ast.parse(code), steady=frozenset({"enabled"})) == []
+
+
+def test_the_guard_functions_negation_fails_where_it_holds():
+    # A statement the migration moves: kept where it was without the guard, written later with it.
+    code = ("if not enabled():\n    opt = 1\nif enabled():\n    opt = 2\nelse:\n    pass\nopt.step()\n")
+    assert unbound_on_a_path(ast.parse(code)) == [("<module>", "opt", 7)]
     assert unbound_on_a_path(ast.parse(code), steady=frozenset({"enabled"})) == []
