@@ -119,9 +119,12 @@ def deep_stack(function, *args):
                 threading.stack_size(previous_stack)
         _inbox.put((function, args, outcome, done))
     done.wait()
-    ok, value = outcome[0]
+    ok, value = outcome.pop()
     if not ok:
-        raise value
+        try:
+            raise value
+        finally:
+            value = None  # its traceback holds this frame: a cycle that would keep the trees
     return value
 
 
@@ -160,3 +163,5 @@ def _serve(inbox: queue.SimpleQueue) -> None:
         finally:
             sys.setrecursionlimit(previous_limit)
             done.set()
+            # Held until the next call, the last one's trees would outlive it, cycles and all.
+            function = args = outcome = done = None

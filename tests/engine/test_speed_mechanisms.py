@@ -342,6 +342,33 @@ def test_deep_calls_share_one_thread_which_ends_when_idle_and_raise_where_called
     assert limits.deep_stack(lambda: 7) == 7  # a new one starts
 
 
+def test_a_deep_call_keeps_nothing_of_its_arguments_or_error_once_returned():
+    """Neither the thread, waiting for the next call, nor a raised error's traceback through the
+    two frames holds the last call's arguments (a file's trees) in a cycle."""
+    class Tree:
+        pass
+
+    def fails(tree):
+        raise ValueError(tree)
+
+    limits.deep_stack(lambda: None)
+    gc.collect()
+    gc.disable()
+    try:
+        limits.deep_stack(len, [Tree()])
+        with pytest.raises(ValueError):
+            limits.deep_stack(fails, Tree())
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [kind for kind in map(type, gc.garbage) if kind is Tree or kind is ValueError]
+        trees = [o for o in gc.get_objects() if type(o) is Tree]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left and not trees
+
+
 def test_a_child_forked_while_the_deep_thread_runs_starts_its_own():
     limits.deep_stack(lambda: None)
     assert _deep_threads()
