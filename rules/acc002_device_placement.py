@@ -77,7 +77,7 @@ class DevicePlacement(Rule):
     Where the target's move gives a module new Parameter objects (XLA), the first model move is
     preceded by PyTorch's setting that keeps them, so weights tied before the move stay tied
     and an optimizer built before the move steps the moved parameters. Where a forward pass
-    before the move keeps its output (RepDistiller's ``feat_s, _ = model_s(data)``, to size its
+    before the move keeps its output (RepDistiller's `feat_s, _ = model_s(data)`, to size its
     heads), whose graph holds the weights, that setting fails at the move: the optimizer is
     built after the statement holding the move instead, where nothing between reads it or what
     it is built of, and elsewhere the file is left as it is.
