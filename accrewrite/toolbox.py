@@ -212,7 +212,7 @@ def _wrappers(ctx) -> Wrappers:
 def _statement_code(ctx, call: cst.Call, scope) -> str:
     """The code of the statement that holds ``call``, quoted."""
     statement = ctx.facts.values(scope).statement_of(call)
-    return excerpt(ctx.code(statement if statement is not None else call), 50)
+    return excerpt(ctx.code(statement if statement is not None else call), 32)
 
 
 def _escape(ctx, where: cst.CSTNode, name: str) -> str | None:
@@ -261,7 +261,7 @@ def _escape(ctx, where: cst.CSTNode, name: str) -> str | None:
         return found is None
 
     walk(where, enter)
-    return None if found is None else excerpt(ctx.code(found), 50)
+    return None if found is None else excerpt(ctx.code(found), 32)
 
 
 def _targets(node, kind) -> list[cst.CSTNode]:
@@ -461,7 +461,7 @@ def _why_ddp_stays(ctx) -> str | None:
         return "the script all-reduces gradients itself"
     unfollowed = _unfollowed_ddp(ctx)
     if unfollowed is not None:
-        return f"`{unfollowed}` takes the model where ACC005 cannot follow it"
+        return f"`{unfollowed}` hides the model from ACC005"
     unreduced = _unreduced_step(facts, ctx.module, REDUCING_RULE in ctx.running)
     if unreduced is None:
         return None  # reduced at every step, or stepped in another module

@@ -262,7 +262,7 @@ class DdpUnwrap(Rule):
     def _report_unfollowed(self, call: cst.Call) -> None:
         self.ctx.diagnose(
             call,
-            f"DataParallel kept: `{self._unfollowed[id(call)]}` takes the model where ACC005 cannot follow it",
+            f"DataParallel kept: `{self._unfollowed[id(call)]}` hides the model from ACC005",
             "ACC005 removes a wrapper only where it can rewrite every `.module` read of it; a wrapper stored "
             "through setattr, in a container, or returned is read back where it cannot (getattr, another "
             "module), and unwrapped there `.module` would fail. Kept, DataParallel calls the model itself on a "
@@ -474,7 +474,7 @@ class DdpUnwrap(Rule):
         for statement in self._scaled:
             self.ctx.diagnose(
                 statement,
-                f"`{excerpt(self.ctx.code(statement), 50)}` scales by the GPUs DataParallel split it over",
+                f"`{excerpt(self.ctx.code(statement), 40)}` scales the batch by DataParallel's GPU count",
                 "DataParallel ran the model on every GPU, each on its share of the batch; without it the model "
                 "trains on one device, which now takes all of it (the same gradients, with that many times the "
                 "memory and time). To train on every device, run a process per device (accrun, torch_xla.launch) "
