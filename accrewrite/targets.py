@@ -117,22 +117,33 @@ class Target:
     def import_line(self, key: str) -> str:
         return self.imports[key]
 
-    def clear_of(self, bound: dict[str, str]) -> "Target":
+    def clear_of(self, bound: dict[str, str], assigned: frozenset[str] = frozenset()) -> "Target":
         """This profile with its import aliases renamed where the file binds the same name to
-        something else (a module of the project's own called ``xm``): ``xm`` becomes
-        ``xm_runtime``. A file importing another target's modules never gets here (the engine
+        something else: imports another module as it (a module of the project's own called
+        ``xm``), or, among ``assigned``, binds it in a function (``autocast = ...``, which the
+        target's ``from accrewrite.runtime.amp import autocast`` must not stand for there).
+        ``xm`` becomes ``xm_runtime``. A file importing another target's modules never gets here (the engine
         refuses it)."""
         renames = {}
         for line in self.imports.values():
             for local, qualified in import_bindings(line):
-                if local in bound and bound[local] != qualified:
+                # A name imported by name from elsewhere is one the migration replaces (``from
+                # torch.cuda.amp import autocast``); a module alias is another module's.
+                taken = bound[local] != qualified and not line.startswith("from ") if local in bound \
+                    else local in assigned and local != qualified
+                if taken:
                     renames[local] = f"{local}_{self.name}"
         if not renames:
             return self
-        pattern = re.compile(r"\b(" + "|".join(map(re.escape, renames)) + r")\b(?=\.)|(?<= as )(" + "|".join(map(re.escape, renames)) + r")$")
+        used = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, renames)) + r")\b")
+        by_name = re.compile(r"^(from \S+ import )(" + "|".join(map(re.escape, renames)) + r")$")
 
         def rename(text: str) -> str:
-            return pattern.sub(lambda m: renames[m.group(1) or m.group(2)], text)
+            return used.sub(lambda m: renames[m.group(1)], text)
+
+        def rename_import(line: str) -> str:
+            aliased = by_name.sub(lambda m: f"{m.group(1)}{m.group(2)} as {renames[m.group(2)]}", line)
+            return aliased if aliased != line else re.sub(r"(?<= as )(\w+)$", lambda m: renames.get(m.group(1), m.group(1)), line)
 
         concepts = {
             name: dataclasses.replace(
@@ -142,7 +153,7 @@ class Target:
             )
             for name, concept in self.concepts.items()
         }
-        return dataclasses.replace(self, imports={k: rename(v) for k, v in self.imports.items()}, concepts=concepts)
+        return dataclasses.replace(self, imports={k: rename_import(v) for k, v in self.imports.items()}, concepts=concepts)
 
 
 class ProfileError(ValueError):

@@ -43,6 +43,8 @@ RUNNABLE = {
     "storage_map_location": False,
     # a trainer that moves the model it is handed, whose optimizer was built before the move
     "trainer_given_model": True,
+    # an autocast of the script's own, named as the target's import of it
+    "local_autocast": True,
     # modules moved after their optimizer was built, a forward pass's output holding the weights
     "optimizer_before_move": True,
     # the pix2pix family's init_net: an assertion of CUDA, a move to the first of --gpu_ids
