@@ -855,7 +855,8 @@ class DevicePlacement(Rule):
         facts = self.ctx.facts
         for call, _ in facts.calls:
             callee = facts.qualname(call.func)
-            if callee is not None and callee.partition(".")[0] not in _NOT_READERS and any(
+            if callee is not None and callee.partition(".")[0] not in _NOT_READERS \
+                    and not callee.startswith(self.ctx.target.package + ".") and any(
                     self._names_options(arg.value) for arg in call.args):
                 return f"{self.ctx.code(call.func)}() reads the options"
         returned = []
@@ -888,7 +889,7 @@ class DevicePlacement(Rule):
         return updated_node.with_changes(args=with_commas(args))
 
 
-# Modules whose functions make no device of a script's options.
+# Modules whose functions make no device of a script's options (nor do the target's).
 _NOT_READERS = frozenset({"torch", *sys.stdlib_module_names})
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
 # Statements whose blocks a run may skip, or leave before their end.
