@@ -3,9 +3,11 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES
 from accrewrite.nodes import call_arg
 from accrewrite.rule import Example, Rule
+from accrewrite.targets import spelled_callees
 from accrewrite.toolbox import ddp_kept
 
 _CUDA_SEEDS = ("torch.cuda.manual_seed", "torch.cuda.manual_seed_all")
+_SEEDS = frozenset({*_CUDA_SEEDS, *spelled_callees("seed")})
 _INIT = "torch.distributed.init_process_group"
 # The seed given to a script that had none (any constant does: what matters is that every
 # worker uses the same one).
@@ -89,6 +91,31 @@ class RngSeed(Rule):
             model = DDP(Net().cuda())
             """,
         ),
+        Example(  # seeded: migrated again, the target's seed call counts as the seed
+            target="torchacc",
+            before="""
+            import torch
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            if args.seed is not None:
+                torch.manual_seed(args.seed)
+            dist.init_process_group(backend="nccl")
+            model = DDP(Net().cuda())
+            """,
+            after="""
+            import torch
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import torchacc.torch_xla.core.xla_model as xm
+
+            if args.seed is not None:
+                xm.set_rng_state(args.seed)
+            dist.init_process_group(backend="nccl")
+            model = DDP(Net().cuda())
+            """,
+            with_rules=("ACC006",),
+        ),
     )
 
     def __init__(self, ctx):
@@ -97,8 +124,8 @@ class RngSeed(Rule):
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         facts = self.ctx.facts
-        if facts.torch_seeds or facts.called & set(_CUDA_SEEDS) or not facts.called & WRAPPER_NAMES:
-            return
+        if facts.torch_seeds or facts.called & _SEEDS or not facts.called & WRAPPER_NAMES:
+            return  # seeded (by a target's call too: a migrated file), or nothing to broadcast
         if self.ctx.target.has("broadcast_master_param") or ddp_kept(self.ctx) is not None:
             return  # ACC005 broadcasts rank 0's weights as the wrapper did, or keeps it: no seed is needed
         if self._seeded_after_init or not self._is_init(node):
