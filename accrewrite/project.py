@@ -12,7 +12,9 @@ the modules it imports run together, and two migrations decide for more than the
   that imports it, directly or through another, is left as it is, and so on from each file
   left (the files that import one another are one decision), each with a diagnostic that names
   its neighbour and the refusal's rule. Files that only share a module the migration does not
-  change (a ``config.py``) do not run each other, and stay apart.
+  change (a ``config.py``) do not run each other, and stay apart. A refusal about what fails on
+  the target only where it runs (ACC016's SyncBatchNorm built on XLA, which timm's
+  ``layers/norm_act.py`` subclasses) holds no neighbour (``Rule.refusal_holds_neighbours``).
 - A file that drops DistributedDataParallel and steps no optimizer itself (MAE's and DeiT's
   ``main.py``, whose loss scaler steps in ``util/misc.py``) relies on the modules it imports
   that do step: each must all-reduce the gradients in its migrated form (or, out of this run,
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accrewrite.reduction import Reading
+from accrewrite.registry import all_rules
 from accrewrite.rule import Finding
 
 # Errors that reading a file's imports may meet; such a file imports nothing that is known.
@@ -134,7 +137,7 @@ def _leave_together(members: list[Member], outside: list[Member], by_path: dict,
     """Leave as it is each changed file that a file left as it is imports or is imported by,
     directly or through files the migration does not change, and so on from each file left."""
     everyone = {_real(member.path): member for member in [*outside, *members]}
-    pending = [(path, member.refusal, path) for path, member in everyone.items() if member.refusal is not None]
+    pending = [(path, member.refusal, path) for path, member in everyone.items() if _holds_neighbours(member.refusal)]
     if not pending:
         return
     importers = graph.importers(list(everyone))
@@ -151,6 +154,11 @@ def _leave_together(members: list[Member], outside: list[Member], by_path: dict,
             index = by_path.get(found)
             if index is not None:
                 decisions.left[index] = _left(found, neighbour, origin, imports, rule, graph)
+
+
+def _holds_neighbours(refusal: Finding | None) -> bool:
+    rule = all_rules().get(refusal.code) if refusal is not None else None
+    return rule is not None and rule.refusal_holds_neighbours
 
 
 def _left(path: Path, neighbour: Path, origin: Path, imports: bool, rule: Finding, graph: _Graph) -> Left:

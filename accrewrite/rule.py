@@ -59,6 +59,11 @@ class Rule:
     # the rules it ``supersedes`` (their codes) where the target has its concepts.
     parallel: ClassVar[bool] = False
     supersedes: ClassVar[tuple[str, ...]] = ()
+    # Whether a file the rule leaves as it is (``RuleContext.refuse``) holds the files it runs
+    # with as they are too (``accrewrite.project``): it keeps its tensors where they were, which
+    # migrated neighbours would not match. False where what it cannot migrate fails on the
+    # target only where it runs, whatever its neighbours (a SyncBatchNorm built on XLA).
+    refusal_holds_neighbours: ClassVar[bool] = True
     # Concepts the rule needs from a target profile: a target without them does not support
     # the rule, which does not run there (selected by its exact code, the command line says so
     # once per run).

@@ -44,6 +44,7 @@ class SyncBatchNorm(Rule):
       passed as a value, or imported by name, is reported.
     """
 
+    refusal_holds_neighbours = False  # a SyncBatchNorm fails where it is built, migrated neighbours or not
     code = "ACC016"
     name = "sync-batch-norm"
     summary = "nn.SyncBatchNorm -> the target's synchronized batch norm; where it has none, convert_sync_batchnorm removed"

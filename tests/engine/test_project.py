@@ -128,6 +128,24 @@ def test_what_a_refused_script_drives_further_down_is_left_too_naming_its_import
     assert "+++" not in out
 
 
+def test_a_module_left_for_its_sync_batch_norm_holds_no_neighbour(tmp_path, cli):
+    """timm's shape: a layer library builds a SyncBatchNorm in its conversion (which fails on XLA
+    where it is built, migrated neighbours or not) and the training script imports it: the
+    script migrates."""
+    (tmp_path / "norms.py").write_text(
+        "import torch\n\n\ndef convert_sync_batchnorm(module):\n"
+        "    return torch.nn.SyncBatchNorm(module.num_features) if isinstance(module, torch.nn.BatchNorm2d) else module\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom norms import convert_sync_batchnorm\n\n"
+        "model = torch.nn.Linear(4, 2).cuda()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4):\n"
+        "    x = x.cuda()\n    optimizer.zero_grad()\n    model(x).sum().backward()\n    optimizer.step()\n")
+    code, out, _ = cli("migrate", tmp_path, "--target", "torch_xla")
+    text = " ".join(out.split())
+    assert code == 0 and f"+++ b/{tmp_path / 'train.py'}" in out and "left as it is: it imports" not in text
+    assert f"{tmp_path / 'norms.py'}:" in text and "builds a SyncBatchNorm" in text
+
+
 def test_imports_resolve_as_python_would_from_the_importer(tmp_path):
     (tmp_path / "pkg" / "sub").mkdir(parents=True)
     for name in ("pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/leaf.py", "pkg/near.py", "pkg/far.py",
