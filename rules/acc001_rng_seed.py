@@ -26,7 +26,9 @@ class RngSeed(Rule):
     Only a seed call standing alone as a statement is rewritten: one used as a value (its
     generator) is left as it is, and so is a seed in the process that launches the workers
     where the target's launcher owns the devices (torch_xla's refuses to start once that process
-    has used its runtime; the processes it starts seed themselves).
+    has used its runtime; the processes it starts seed themselves), and so is a seed in a
+    DataLoader's `worker_init_fn` (timm's `_worker_init`): a loader worker seeds its host
+    generator for its augmentations, and never uses the device.
 
     A script that wraps its model in DistributedDataParallel but never seeds relied on DDP
     broadcasting rank 0's weights. ACC005 removes the wrapper and, where the target can,
@@ -91,6 +93,31 @@ class RngSeed(Rule):
             model = DDP(Net().cuda())
             """,
         ),
+        Example(  # a loader worker's seed stays torch's: the worker has no device
+            target="torch_xla",
+            before="""
+            from functools import partial
+            import torch
+
+            def _worker_init(worker_id, seed):
+                torch.manual_seed(seed + worker_id)
+
+            torch.manual_seed(0)
+            loader = torch.utils.data.DataLoader(data, num_workers=2, worker_init_fn=partial(_worker_init, seed=1))
+            """,
+            after="""
+            from functools import partial
+            import torch
+            import torch_xla.core.xla_model as xm
+
+            def _worker_init(worker_id, seed):
+                torch.manual_seed(seed + worker_id)
+
+            torch.manual_seed(0)
+            xm.set_rng_state(0)
+            loader = torch.utils.data.DataLoader(data, num_workers=2, worker_init_fn=partial(_worker_init, seed=1))
+            """,
+        ),
         Example(  # seeded: migrated again, the target's seed call counts as the seed
             target="torchacc",
             before="""
@@ -121,6 +148,7 @@ class RngSeed(Rule):
     def __init__(self, ctx):
         super().__init__(ctx)
         self._seeded_after_init = False
+        self._inits: frozenset[str] | None = None  # ``_worker_inits``
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         facts = self.ctx.facts
@@ -136,6 +164,21 @@ class RngSeed(Rule):
             return  # seeded by an earlier migration
         self.ctx.insert_after(node, seeds)
         self.ctx.fix(node, "DistributedDataParallel no longer broadcasts rank 0's weights: every worker is seeded alike")
+
+    def _worker_inits(self) -> frozenset[str]:
+        """The file's functions given to a DataLoader as ``worker_init_fn`` (as they are, or
+        through ``functools.partial``)."""
+        if self._inits is None:
+            names = set()
+            for call, _ in self.ctx.facts.calls:
+                given = call_arg(call, 99, "worker_init_fn")
+                value = given.value if given is not None else None
+                if isinstance(value, cst.Call) and value.args:  # partial(_worker_init, ...)
+                    value = value.args[0].value
+                if isinstance(value, cst.Name):
+                    names.add(value.value)
+            self._inits = frozenset(names)
+        return self._inits
 
     def _is_init(self, line: cst.SimpleStatementLine) -> bool:
         if len(line.body) != 1 or not isinstance(line.body[0], cst.Expr):
@@ -172,6 +215,8 @@ class RngSeed(Rule):
             return updated_node
         if self.ctx.target.has("spawn_owns_devices") and self.ctx.facts.in_launcher(self.ctx.scopes):
             return updated_node
+        if any(getattr(scope, "name", None) and scope.name.value in self._worker_inits() for scope in self.ctx.scopes):
+            return updated_node  # a loader worker's process seeds its host generator, and has no device
         callee, seed_arg = found
         seed = self.ctx.code(seed_arg.value)
         concept = self.ctx.concept("seed")
