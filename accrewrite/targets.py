@@ -143,7 +143,9 @@ class Target:
 
         def rename_import(line: str) -> str:
             aliased = by_name.sub(lambda m: f"{m.group(1)}{m.group(2)} as {renames[m.group(2)]}", line)
-            return aliased if aliased != line else re.sub(r"(?<= as )(\w+)$", lambda m: renames.get(m.group(1), m.group(1)), line)
+            if aliased != line:
+                return aliased
+            return re.sub(r"(?<= as )(\w+)$", lambda m: renames.get(m.group(1), m.group(1)), line)
 
         concepts = {
             name: dataclasses.replace(
@@ -153,7 +155,8 @@ class Target:
             )
             for name, concept in self.concepts.items()
         }
-        return dataclasses.replace(self, imports={k: rename_import(v) for k, v in self.imports.items()}, concepts=concepts)
+        imports = {key: rename_import(line) for key, line in self.imports.items()}
+        return dataclasses.replace(self, imports=imports, concepts=concepts)
 
 
 class ProfileError(ValueError):

@@ -134,7 +134,8 @@ def test_a_module_left_for_its_sync_batch_norm_holds_no_neighbour(tmp_path, cli)
     script migrates."""
     (tmp_path / "norms.py").write_text(
         "import torch\n\n\ndef convert_sync_batchnorm(module):\n"
-        "    return torch.nn.SyncBatchNorm(module.num_features) if isinstance(module, torch.nn.BatchNorm2d) else module\n")
+        "    if isinstance(module, torch.nn.BatchNorm2d):\n"
+        "        return torch.nn.SyncBatchNorm(module.num_features)\n    return module\n")
     (tmp_path / "train.py").write_text(
         "import torch\nfrom norms import convert_sync_batchnorm\n\n"
         "model = torch.nn.Linear(4, 2).cuda()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
