@@ -18,6 +18,8 @@ _CUDA_ONLY = frozenset({
     "torch.cuda.get_device_name", "torch.cuda.get_device_properties", "torch.cuda.current_device", "torch.cuda.Event",
 })
 _CURRENT_DEVICE = "torch.cuda.current_device"
+# CUDA streams, which prefetchers use to copy the next batch while the step runs.
+_STREAMS = frozenset(f"torch.cuda.{name}" for name in ("Stream", "stream", "current_stream", "default_stream"))
 # The calls a target's device layer may have under the same names (`device_call`).
 _DEVICE_CALLS = _MEMORY | _CUDA_ONLY | {"torch.cuda.empty_cache"}
 _FAILS = "It fails where CUDA is absent (a TPU host, PJRT's CPU): remove it, or guard it with torch.cuda.is_available()."
@@ -50,7 +52,9 @@ class CudaApi(Rule):
       where CUDA is not initialised; `reset_peak_memory_stats()`, `memory_summary()` and
       `mem_get_info()` fail without CUDA; the device's memory is `xm.get_memory_info(device)`),
       `torch.cuda.current_device()`, `get_device_name()`, `get_device_properties()` and
-      `torch.cuda.Event()` (they fail without CUDA),
+      `torch.cuda.Event()` (they fail without CUDA), CUDA streams (`torch.cuda.Stream()`,
+      `torch.cuda.stream(...)`, `current_stream()`: a prefetcher's side stream, which the
+      target's device loader replaces),
       `torch.cuda.is_available()`/`device_count()` outside the device selection that
       ACC002 rewrites (False/0 on TPU or CPU hosts, where the code they gate takes its CPU path),
       and `torch.backends.cudnn.*` settings (no effect: the target does not run cuDNN).
@@ -72,9 +76,26 @@ class CudaApi(Rule):
     concepts = ("synchronize",)
     triggers = frozenset({
         "synchronize", "is_available", "device_count", "cudnn",
-        *(name.rpartition(".")[2] for name in _DEVICE_CALLS),
+        *(name.rpartition(".")[2] for name in _DEVICE_CALLS | _STREAMS),
     })
     examples = (
+        Example(  # a prefetcher's side stream: reported on the XLA targets
+            target="torch_xla",
+            before="""
+            import torch
+
+            class Prefetcher:
+                def __init__(self, loader):
+                    self.loader, self.stream = iter(loader), torch.cuda.Stream()
+
+                def next(self):
+                    with torch.cuda.stream(self.stream):
+                        batch = next(self.loader).cuda(non_blocking=True)
+                    torch.cuda.current_stream().wait_stream(self.stream)
+                    return batch
+            """,
+            diagnostics=("ACC010:5", "ACC010:8", "ACC010:10"),
+        ),
         Example(
             before="""
             import time
@@ -261,6 +282,13 @@ class CudaApi(Rule):
             )
         elif callee in _CUDA_ONLY:
             self.ctx.diagnose(original_node, f"{callee}() needs a CUDA device, which this target's device is not", _FAILS)
+        elif callee in _STREAMS:
+            self.ctx.diagnose(
+                original_node, f"{callee}() is a CUDA stream, which this target's device has not",
+                "It fails where CUDA is absent (a TPU host, PJRT's CPU). A prefetcher that copies the next batch on "
+                "a side stream is what the target's device loader does: drop the stream (and its `with` block's "
+                "context), or use the loader plainly on this target.",
+            )
         elif callee in _QUERIES and not self._selecting:
             self.ctx.diagnose(
                 original_node,
