@@ -1410,12 +1410,13 @@ RECIPES = (
                 "the feature-patch network and its optimizer are built at the first batch"),
     Recipe("huggingface+pytorch-image-models/train.py",
            ("--data-dir", "images", "--train-split", "train", "--val-split", "val", "--model", "resnet18",
-            "--num-classes", "2", "--epochs", "1", "-b", "2", "--workers", "0", "--img-size", "32",
+            "--num-classes", "2", "--epochs", "1", "-b", "2", "--workers", "1", "--img-size", "32",
             "--log-interval", "1", "--output", "out"),
            images("images", classes=2, per_class=6), needs=("torchvision", "PIL", "yaml", "huggingface_hub",
                                                             "safetensors"), original_runs=False,
            note="--device defaults to cuda and init_distributed_device (timm/utils/distributed.py) turns it "
-                "into the device; timm's own PrefetchLoader moves the batches"),
+                "into the device; timm's own PrefetchLoader moves the batches; one loader worker, as its "
+                "persistent workers need one"),
     Recipe("HobbitLong+RepDistiller/train_teacher.py",
            ("--model", "resnet8", "--epochs", "1", "--batch_size", "16", "--num_workers", "0", "--print_freq", "1"),
            cifar100("data", train=96, test=32), needs=("torchvision", "tensorboard_logger"), env=_OLD_PROTOBUF,
