@@ -571,9 +571,9 @@ class Facts:
 
     def is_cuda_device(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` selects a CUDA device: ``"cuda"``, ``"cuda:0"``, ``f"cuda:{r}"``,
-        ``"cuda:{}".format(r)``, ``torch.device("cuda", r)``, ``"cuda" if torch.cuda.is_available()
-        else "cpu"``. (An integer ordinal is a CUDA device too, but only where it is passed as one:
-        see ACC002.)"""
+        ``"cuda:{}".format(r)``, ``"cuda:" + str(r)``, ``torch.device("cuda", r)``, ``"cuda" if
+        torch.cuda.is_available() else "cpu"``. (An integer ordinal is a CUDA device too, but only
+        where it is passed as one: see ACC002.)"""
         kind = type(node)
         if kind is cst.Name or kind is cst.Integer:
             return False  # none of the cases below, and what most callers ask about
@@ -612,6 +612,9 @@ class Facts:
             # "cpu"`` chooses one too.)
             return not _compares_string(node.test) and (
                 self.is_cuda_device(node.body) or self.is_cuda_device(node.orelse))
+        if kind is cst.BinaryOperation and type(node.operator) is cst.Add:
+            prefix = string_value(node.left)  # "cuda:" + str(args.gpu_to_work_on), swav's
+            return prefix is not None and prefix.startswith("cuda:")
         return False
 
 

@@ -146,6 +146,14 @@ def test_a_map_location_function_that_keeps_storages_on_the_cpu_stays():
     assert _migrated(source, "torch_xla") == source
 
 
+def test_a_cuda_prefix_joined_to_an_index_is_a_cuda_device():
+    # swav's eval_linear.py: map_location="cuda:" + str(args.gpu_to_work_on)
+    source = 'import torch\nstate = torch.load(path, map_location="cuda:" + str(args.gpu))\nname = "cpu:" + str(i)\n'
+    assert "map_location='cpu')" in _migrated(source, "torch_xla")
+    assert "map_location=xm.xla_device())" in _migrated(source)
+    assert 'name = "cpu:" + str(i)' in _migrated(source)
+
+
 def test_an_index_given_to_torch_cuda_stays_for_its_own_migration():
     source = "import torch\nused = torch.cuda.memory_allocated(device=torch.cuda.current_device())\n"
     runtime = migrate_source(source.encode(), "t.py", Options()).output.decode()
