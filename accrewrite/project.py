@@ -140,12 +140,11 @@ def _leave_together(members: list[Member], outside: list[Member], by_path: dict,
     pending = [(path, member.refusal, path) for path, member in everyone.items() if _holds_neighbours(member.refusal)]
     if not pending:
         return
-    importers = graph.importers(list(everyone))
     left = {path for path, _, _ in pending}
     while pending:
         path, rule, origin = pending.pop(0)
         for found, neighbour, imports in [*((p, n, False) for p, n in graph.reached(path)),
-                                          *((p, n, True) for p, n in _reached(importers, path))]:
+                                          *((p, n, True) for p, n in graph.reached_by(path, list(everyone)))]:
             member = everyone.get(found)
             if member is None or found in left or not member.changed or member.refusal is not None:
                 continue
@@ -180,20 +179,6 @@ def _left(path: Path, neighbour: Path, origin: Path, imports: bool, rule: Findin
              f"device while {name} keeps its own where they were. Change {refused} as its {code} finding says, "
              f"then migrate them together.",
     ), line)
-
-
-def _reached(importers: dict[Path, set[Path]], start: Path) -> list[tuple[Path, Path]]:
-    """Every file that imports ``start``, directly or through another, with the file it imports
-    on the way (first found), nearest first."""
-    found: dict[Path, Path] = {}
-    pending = [start]
-    while pending:
-        imported = pending.pop(0)
-        for path in sorted(importers.get(imported, ())):
-            if path != start and path not in found:
-                found[path] = imported
-                pending.append(path)
-    return list(found.items())
 
 
 def _unreduced_elsewhere(member: Member, members: list[Member], by_path: dict, graph: _Graph,
@@ -238,6 +223,7 @@ class _Graph:
     def __init__(self, roots: list[Path]):
         self.roots = [_real(root) for root in roots]
         self._imports: dict[Path, set[Path]] = {}
+        self._texts: dict[Path, bytes] = {}
         self._first_lines: dict[Path, str] = {}
 
     def reached(self, start: Path) -> list[tuple[Path, Path]]:
@@ -259,7 +245,7 @@ class _Graph:
         if path not in self._imports:
             self._imports[path] = set()
             try:
-                text = path.read_bytes()
+                text = self._text(path)
                 tree = ast.parse(text)
             except _UNREADABLE:
                 return self._imports[path]
@@ -269,19 +255,34 @@ class _Graph:
                     self._imports[path] |= self._resolve(path, module, node)
         return self._imports[path]
 
-    def importers(self, paths: list[Path]) -> dict[Path, set[Path]]:
-        """Each file that ``paths`` (and the files they import) import, with the files among
-        them that import it."""
-        found: dict[Path, set[Path]] = {}
-        seen, pending = set(paths), list(paths)
+    def reached_by(self, start: Path, among: list[Path]) -> list[tuple[Path, Path]]:
+        """Every file of ``among`` that imports ``start``, directly or through another, with the
+        file it imports on the way (first found), nearest first."""
+        found: dict[Path, Path] = {}
+        pending = [start]
         while pending:
-            path = pending.pop()
-            for imported in self.imports(path):
-                found.setdefault(imported, set()).add(path)
-                if imported not in seen:
-                    seen.add(imported)
-                    pending.append(imported)
-        return found
+            imported = pending.pop(0)
+            for path in self._importers(imported, among):
+                if path != start and path not in found:
+                    found[path] = imported
+                    pending.append(path)
+        return list(found.items())
+
+    def _importers(self, path: Path, among: list[Path]) -> list[Path]:
+        """The files of ``among`` whose imports name ``path``: only those whose text names its
+        module (its package's, for an ``__init__.py``) are parsed."""
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        word = re.compile(rb"\b" + re.escape(name.encode()) + rb"\b")
+        return sorted(other for other in among
+                      if other != path and word.search(self._text(other)) and path in self.imports(other))
+
+    def _text(self, path: Path) -> bytes:
+        if path not in self._texts:
+            try:
+                self._texts[path] = path.read_bytes()
+            except OSError:
+                self._texts[path] = b""
+        return self._texts[path]
 
     def first_line(self, path: Path) -> str:
         return self._first_lines.get(path, "")
