@@ -269,10 +269,11 @@ class _Graph:
         return list(found.items())
 
     def _importers(self, path: Path, among: list[Path]) -> list[Path]:
-        """The files of ``among`` whose imports name ``path``: only those whose text names its
-        module (its package's, for an ``__init__.py``) are parsed."""
-        name = path.parent.name if path.name == "__init__.py" else path.stem
-        word = re.compile(rb"\b" + re.escape(name.encode()) + rb"\b")
+        """The files of ``among`` whose imports name ``path``: only those with an import line
+        that names its module (its package's, for an ``__init__.py``) are parsed."""
+        name = re.escape((path.parent.name if path.name == "__init__.py" else path.stem).encode())
+        word = re.compile(rb"^[ \t]*(?:from|import)[ \t][^\n]*\b" + name + rb"\b|^[ \t]*from[ \t][^\n(]*\([^)]*\b"
+                          + name + rb"\b", re.MULTILINE)
         return sorted(other for other in among
                       if other != path and word.search(self._text(other)) and path in self.imports(other))
 
