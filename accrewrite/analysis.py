@@ -13,6 +13,7 @@ import builtins
 import functools
 import re
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable
 
 import libcst as cst
@@ -72,6 +73,11 @@ MANAGED_FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "torch.dis
 # Of those, the ones that put the model on the accelerator (``accelerator.prepare``, the Trainer):
 # their scripts wait for a device as any other does.
 PLACING_FRAMEWORKS = frozenset({"accelerate", "lightning", "pytorch_lightning"})
+
+
+# The method each framework calls for a training step, where it runs the backward pass and
+# the optimizer step itself: host syncs and dynamic shapes there are the step's (ACC101, ACC103).
+FRAMEWORK_STEPS = MappingProxyType({"lightning": "training_step", "pytorch_lightning": "training_step"})
 
 
 def managed_by(module: str) -> str | None:
@@ -871,6 +877,9 @@ class _Analyzer:
         if backward or step:
             self._step_functions[original_node.name.value] = (backward, step, original_node)
             self.facts.step_functions.add(original_node)
+        elif original_node in self.facts.method_class and \
+                original_node.name.value == FRAMEWORK_STEPS.get(self.facts.framework or ""):
+            self.facts.step_functions.add(original_node)  # the framework steps around it
 
     # Definitions and local names ----------------------------------------------------------------
 

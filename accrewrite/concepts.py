@@ -151,6 +151,14 @@ _DEFINITIONS = (
     Definition("gradient_sync_switch", STATEMENTS, "DDP's require_backward_grad_sync for a sharded model",
                ("model", "value")),
     Definition("full_state_export", STATEMENTS, "writes a sharded model's unsharded state dict", ("path", "model")),
+    # Frameworks that train by themselves (ACC018, ACC019)
+    Definition("lightning_accelerator", EXPRESSION,
+               "a Lightning Trainer's accelerator for the target's device, with Lightning's own strategy for it"),
+    Definition("lightning_mixed_precision", EXPRESSION,
+               "a Lightning Trainer's precision on that accelerator where the script asked for mixed precision",
+               needs=("lightning_accelerator",)),
+    Definition("accelerate_mixed_precision", EXPRESSION,
+               "an Accelerator's mixed_precision on the target's device where the script asked for fp16"),
     # Capabilities
     Definition("lazy_execution", CAPABILITY, "operations are recorded into a graph that runs at the step's end",
                needs=("mark_step",)),

@@ -76,6 +76,9 @@ class Rule:
     # Node types that make a statement concern the rule whatever its words (an ``if`` for a rule
     # about control flow).
     trigger_nodes: ClassVar[tuple[type[cst.CSTNode], ...]] = ()
+    # The frameworks that train by themselves (``Facts.framework``) that the rule migrates: in
+    # their files only diagnostics and these rules run.
+    manages: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, ctx: "RuleContext") -> None:
         self.ctx = ctx

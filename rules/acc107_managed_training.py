@@ -2,33 +2,18 @@ from types import MappingProxyType
 
 import libcst as cst
 
-from accrewrite.analysis import managed_by
 from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
-# What each framework that manages its own training is told, as (message, help); the engine
-# leaves such a file to the diagnostics.
-_LIGHTNING = (
-    "PyTorch Lightning trains this script; left as it is",
-    "Lightning's Trainer places the model and reduces gradients itself: choose the device in the "
-    "Trainer (`accelerator=...`).",
-)
-_MANAGED = MappingProxyType({
-    "accelerate": (
-        "Hugging Face Accelerate trains this script; left as it is",
-        "Accelerate places the model, wraps the loaders and reduces gradients itself: run it on the "
-        "target through Accelerate (`accelerate launch`).",
-    ),
-    "lightning": _LIGHTNING,
-    "pytorch_lightning": _LIGHTNING,
+# What each library is told, as (message, help), by the module its import names.
+_SAID = MappingProxyType({
+    # The file is left to the diagnostics (the engine runs no fix on it).
     "torch.distributed.rpc": (
         "torch.distributed.rpc trains this script; left as it is",
         "Training over RPC (parameter servers, distributed autograd) moves its gradients itself, and "
         "the XLA targets have no RPC.",
     ),
-})
-# CUDA-only training libraries: the rest of the file migrates, these need a human.
-_CUDA_ONLY = MappingProxyType({
+    # CUDA-only: the rest of the file migrates, this needs a human.
     "apex": (
         "NVIDIA apex runs on CUDA only",
         "apex (amp, DistributedDataParallel, fused optimizers) has no other device: replace it with "
@@ -38,30 +23,37 @@ _CUDA_ONLY = MappingProxyType({
 
 
 class ManagedTraining(Rule):
-    """Report training that a framework runs, or that a CUDA-only library does.
+    """Report training over RPC, or through a CUDA-only library.
 
-    A script that trains through Hugging Face Accelerate or PyTorch Lightning does not place
-    its model or reduce its gradients itself: the framework does, and it has its own way onto
-    an accelerator. One that trains over torch.distributed.rpc moves its gradients through
-    distributed autograd. Rewriting such a loop would reduce the gradients twice (or on one
-    rank only, which hangs) and fight over the device, so the file is left as it is, with this
-    one note; the diagnostics (host syncs, dynamic shapes) still apply. A script that uses
-    NVIDIA apex is migrated, and apex is reported: its amp, DistributedDataParallel and fused
-    optimizers are CUDA kernels.
+    A script that trains over torch.distributed.rpc moves its gradients through distributed
+    autograd: rewriting its loop would reduce the gradients twice (or on one rank only, which
+    hangs), and the XLA targets have no RPC, so the file is left as it is, with this one note;
+    the diagnostics (host syncs, dynamic shapes) still apply. A script that uses NVIDIA apex is
+    migrated, and apex is reported: its amp, DistributedDataParallel and fused optimizers are
+    CUDA kernels. Lightning and Accelerate scripts are migrated by their configuration (ACC018,
+    ACC019).
     """
 
     code = "ACC107"
     name = "managed-training"
-    summary = "Accelerate, Lightning and RPC training are left as they are; apex is reported"
-    triggers = frozenset({"accelerate", "lightning", "pytorch_lightning", "rpc", *_CUDA_ONLY})
+    summary = "RPC training is left as it is; apex is reported"
+    triggers = frozenset({"rpc", "apex"})
     examples = (
         Example(
             before="""
             import torch
-            from accelerate import Accelerator
+            import torch.distributed.rpc as rpc
 
-            accelerator = Accelerator()
-            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            rpc.init_rpc("worker", rank=rank, world_size=world_size)
+            """,
+            diagnostics=("ACC107:2",),
+        ),
+        Example(
+            before="""
+            import torch
+            from apex import amp
+
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
             """,
             diagnostics=("ACC107:2",),
         ),
@@ -82,8 +74,7 @@ class ManagedTraining(Rule):
                 self._report(node, f"{module}.{dotted(alias.name)}")
 
     def _report(self, node: cst.CSTNode, module: str) -> None:
-        framework = managed_by(module) or module.split(".")[0]
-        said = _MANAGED.get(framework) or _CUDA_ONLY.get(framework)
-        if said and framework not in self._reported:
-            self._reported.add(framework)
-            self.ctx.diagnose(node, *said)
+        library = next((name for name in _SAID if module == name or module.startswith(name + ".")), None)
+        if library is not None and library not in self._reported:
+            self._reported.add(library)
+            self.ctx.diagnose(node, *_SAID[library])

@@ -1,0 +1,294 @@
+import libcst as cst
+
+from accrewrite.nodes import string_value
+from accrewrite.rule import Example, Rule, excerpt
+from accrewrite.toolbox import quoted_like
+
+_FRAMEWORKS = frozenset({"lightning", "pytorch_lightning"})
+# What trains on CUDA: Lightning's GPU accelerators, and "auto", the default, which picks CUDA.
+_GPU_ACCELERATORS = frozenset({"gpu", "cuda", "auto"})
+_GPU_ACCELERATOR_CLASS = "CUDAAccelerator"
+# Precisions by their spellings (Lightning reads 16 and "16" as "16-mixed", "bf16" as "bf16-mixed").
+_MIXED_PRECISIONS = frozenset({"16-mixed", "16", "bf16-mixed", "bf16"})
+_TRUE_PRECISIONS = frozenset({"32-true", "32", "16-true", "bf16-true"})
+# Where the Trainer's arguments come from the command line or a config file.
+_CONFIGURED = frozenset({"from_argparse_args", "LightningCLI"})
+_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+_NO_TARGET_HELP = (
+    "Lightning's Trainer chooses the device and reduces gradients itself, and knows CUDA, the CPU and TPUs "
+    "(through torch_xla), not this target: the script trains as before on CUDA or the CPU "
+    "(`accelerator=\"auto\"` where CUDA may be absent; `python train.py`, Lightning starts its DDP processes "
+    "itself), and `--target torch_xla` migrates it to TPUs."
+)
+
+
+class LightningTrainer(Rule):
+    """A Lightning `Trainer` trains on the target's device through Lightning's own accelerator.
+
+    Lightning's `Trainer` places the model, starts a process per device and reduces gradients
+    itself: a Lightning script is migrated by its configuration, not by its loop. Where the
+    target spells a Lightning accelerator (torch_xla: `accelerator='tpu'`, Lightning's
+    XLAAccelerator), the Trainer's arguments become what Lightning runs on it with:
+
+    - `accelerator="gpu"`, `"cuda"`, `"auto"` or `CUDAAccelerator()` (or none) -> the target's;
+      the old `gpus=N` -> the target's accelerator and `devices=N` (`gpus=-1`: `devices="auto"`);
+    - a DDP `strategy` (`"ddp"`, `"ddp_spawn"`, `DDPStrategy(...)`) is removed: the accelerator
+      brings its own strategy (one device, or XLA's for every device of the host);
+    - mixed precision (`"16-mixed"`, `16`, `"bf16-mixed"`) -> the target's precision for it
+      (torch_xla: `"32-true"`: Lightning's XLA precision has no mixed mode, and TPUs run
+      float32 matrix products in bfloat16 passes by default); `"16-true"`, `"bf16-true"` and
+      `"32-true"` stay;
+    - `sync_batchnorm=True` is removed and reported: Lightning converts to torch's
+      SyncBatchNorm, which fails on XLA tensors; each device then normalizes its own batch.
+
+    Each migrated file gets one diagnostic on how it runs: Lightning starts the processes itself
+    (`python train.py`, not torchrun), `devices=` is 1 or every device of the host, and
+    Lightning's XLA accelerator finds its devices by the host's TPU chips, so under
+    `PJRT_DEVICE=CPU` or `CUDA` it stops ("XLAAccelerator can not run on your system").
+
+    A Trainer the rule cannot migrate soundly is left as it is, with a diagnostic naming what to
+    set: arguments it cannot see (`Trainer(**vars(args))`, `Trainer.from_argparse_args(args)`,
+    `LightningCLI`, whose arguments come from the command line or a YAML file), one read from a
+    variable, another accelerator (`"cpu"`), strategy (FSDP, DeepSpeed) or precision
+    (`"64-true"`), or GPU indices (`devices=[0, 1]`). On a target without a Lightning
+    accelerator (runtime, TorchAcc) every Trainer is left as it is, and reported: Lightning
+    trains on CUDA and the CPU by itself.
+
+    The LightningModule's `training_step` is a step function for the diagnostics: host syncs
+    (`.item()`, ACC101) and dynamic shapes (ACC103) there are reported as in any loop.
+    """
+
+    code = "ACC018"
+    name = "lightning-trainer"
+    summary = "Lightning Trainer(accelerator='gpu', strategy='ddp', precision='16-mixed') -> the target's accelerator"
+    manages = _FRAMEWORKS
+    triggers = frozenset({"Trainer", *_CONFIGURED})
+    examples = (
+        Example(
+            target="torch_xla",
+            before="""
+            import lightning as L
+
+            trainer = L.Trainer(accelerator="gpu", devices=4, strategy="ddp", precision="16-mixed", max_epochs=10)
+            trainer.fit(model, train_loader)
+            """,
+            after="""
+            import lightning as L
+
+            trainer = L.Trainer(accelerator="tpu", devices=4, precision="32-true", max_epochs=10)
+            trainer.fit(model, train_loader)
+            """,
+            diagnostics=("ACC018:3",),
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import pytorch_lightning as pl
+
+            trainer = pl.Trainer(gpus=2, max_epochs=5)
+            """,
+            after="""
+            import pytorch_lightning as pl
+
+            trainer = pl.Trainer(accelerator='tpu', devices=2, max_epochs=5)
+            """,
+            diagnostics=("ACC018:3",),
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            from lightning.pytorch import Trainer
+
+            trainer = Trainer(**vars(args))
+            """,
+            diagnostics=("ACC018:3",),
+        ),
+        Example(
+            before="""
+            import lightning as L
+
+            trainer = L.Trainer(accelerator="gpu", devices=4, strategy="ddp")
+            """,
+            diagnostics=("ACC018:3",),
+        ),
+    )
+
+    def applies(self) -> bool:
+        return self.ctx.facts.framework in _FRAMEWORKS
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._launch_said = False
+
+    def leave_Call(self, original_node, updated_node):
+        name = self._lightning_name(original_node.func)
+        if name == "Trainer":
+            return self._trainer(original_node, updated_node)
+        if name in _CONFIGURED:
+            self._unseen(original_node, "the command line")
+        return updated_node
+
+    def _lightning_name(self, func: cst.BaseExpression) -> str | None:
+        """``Trainer``, ``from_argparse_args`` (of the Trainer) or ``LightningCLI`` where ``func``
+        names Lightning's."""
+        parts = (self.ctx.facts.qualname(func) or "").split(".")
+        if parts[0] not in _FRAMEWORKS:
+            return None
+        if parts[-1] == "from_argparse_args":
+            return parts[-1] if parts[-2] == "Trainer" else None
+        return parts[-1]
+
+    # Where the Trainer is left as it is -------------------------------------------------------
+
+    def _accelerator(self) -> str | None:
+        """The target's Lightning accelerator, as code; None where it has none."""
+        return self._spelled("lightning_accelerator") if self.ctx.target.has("lightning_accelerator") else None
+
+    def _spelled(self, concept: str) -> str:
+        """The target's spelling of ``concept``, for a message or a comparison (no import noted)."""
+        return self.ctx.concept(concept).render_expr()
+
+    def _unseen(self, node: cst.Call, source: str) -> None:
+        accelerator = self._accelerator()
+        if accelerator is None:
+            self._no_accelerator(node)
+            return
+        self.ctx.diagnose(
+            node, f"the Trainer's arguments come from {source}: set accelerator={accelerator} there",
+            f"The rule cannot see them: set the accelerator to {accelerator} (`--accelerator` on the command line, "
+            f"`--trainer.accelerator` or `trainer: accelerator:` in a LightningCLI's YAML config), leave out a DDP "
+            f"strategy (the accelerator brings its own) and give a mixed precision as "
+            f"{self._spelled('lightning_mixed_precision')}.",
+        )
+
+    def _no_accelerator(self, node: cst.Call) -> None:
+        self.ctx.diagnose(node, f"Lightning has no accelerator for the {self.ctx.target.name} target: Trainer left as it is",
+                          _NO_TARGET_HELP)
+
+    def _left(self, node: cst.Call, what: str) -> None:
+        self.ctx.diagnose(
+            node, f"{what}: Trainer left as it is",
+            f"Lightning runs on the target with accelerator={self._accelerator()}, its own strategy and a precision "
+            "it takes there (32-true, 16-true, bf16-true): set them and migrate again, or train on as before.",
+        )
+
+    # The Trainer's arguments -----------------------------------------------------------------
+
+    def _trainer(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if self._accelerator() is None:
+            self._no_accelerator(original)
+            return updated
+        starred = next((arg for arg in original.args if arg.star), None)
+        if starred is not None:
+            self._unseen(original, excerpt(self.ctx.code(starred), 30))
+            return updated
+        blocker = next(filter(None, map(self._blocker, original.args)), None)
+        if blocker is not None:
+            self._left(original, blocker)
+            return updated
+        return self._migrated(original, updated)
+
+    def _blocker(self, arg: cst.Arg) -> str | None:
+        """What stops the Trainer's migration in ``arg``, else None."""
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        value = arg.value
+        if keyword == "accelerator" and not self._is_gpu_accelerator(value) and not self._is_target_accelerator(value):
+            return f"accelerator={excerpt(self.ctx.code(value), 30)}"
+        if keyword == "strategy" and _literal(value) != "auto" and not self._is_ddp(value):
+            return f"strategy={excerpt(self.ctx.code(value), 30)}"
+        if keyword == "precision" and _literal(value) not in _MIXED_PRECISIONS | _TRUE_PRECISIONS:
+            return f"precision={excerpt(self.ctx.code(value), 30)}"
+        if keyword in ("devices", "gpus") and (isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) > 1
+                                               or isinstance(string_value(value), str) and "," in string_value(value)):
+            return f"{keyword}={excerpt(self.ctx.code(value), 30)} lists GPU indices"
+        return None
+
+    def _is_gpu_accelerator(self, value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.Call):
+            return (self.ctx.facts.qualname(value.func) or "").split(".")[-1] == _GPU_ACCELERATOR_CLASS
+        return _literal(value) in _GPU_ACCELERATORS
+
+    def _is_target_accelerator(self, value: cst.BaseExpression) -> bool:
+        return _literal(value) == _literal(cst.parse_expression(self._spelled("lightning_accelerator")))
+
+    def _is_ddp(self, value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.Call):
+            return (self.ctx.facts.qualname(value.func) or "").split(".")[-1] == "DDPStrategy"
+        literal = _literal(value)
+        return isinstance(literal, str) and literal.startswith("ddp")
+
+    def _migrated(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        args: list[cst.Arg] = []
+        changed: list[str] = []
+        accelerator = self.ctx.expr("lightning_accelerator")
+        has_accelerator = any(arg.keyword is not None and arg.keyword.value == "accelerator" for arg in updated.args)
+        for arg in updated.args:
+            keyword = arg.keyword.value if arg.keyword is not None else None
+            literal = _literal(arg.value)
+            if keyword == "accelerator" and not self._is_target_accelerator(arg.value):
+                args.append(arg.with_changes(value=quoted_like(arg.value, accelerator)))
+                changed.append(f"accelerator={self.ctx.code(accelerator)}")
+            elif keyword == "gpus":
+                if not has_accelerator:
+                    args.append(cst.Arg(keyword=cst.Name("accelerator"), value=accelerator, equal=_EQUAL, comma=_COMMA))
+                    has_accelerator = True
+                devices = cst.SimpleString("'auto'") if literal in (-1, "-1") else arg.value
+                args.append(arg.with_changes(keyword=cst.Name("devices"), value=devices))
+                changed.append(f"gpus -> devices={self.ctx.code(devices)}")
+            elif keyword == "strategy" and literal != "auto":
+                _drop(args, arg)
+                changed.append("DDP strategy removed (the accelerator brings its own)")
+            elif keyword == "precision" and literal in _MIXED_PRECISIONS:
+                precision = self.ctx.expr("lightning_mixed_precision")
+                args.append(arg.with_changes(value=quoted_like(arg.value, precision)))
+                changed.append(f"precision={self.ctx.code(precision)}")
+            elif keyword == "sync_batchnorm" and _literal(arg.value) is not False:
+                _drop(args, arg)
+                self.ctx.diagnose(original, "sync_batchnorm removed: each device normalizes its own batch",
+                                  "Lightning's sync_batchnorm converts to torch's SyncBatchNorm, which fails on the "
+                                  "target's device; with small per-device batches the statistics are noisier than "
+                                  "over the global batch.")
+                changed.append("sync_batchnorm removed")
+            else:
+                args.append(arg)
+        if not has_accelerator:
+            args.insert(0, cst.Arg(keyword=cst.Name("accelerator"), value=accelerator, equal=_EQUAL,
+                                   comma=_COMMA if args else cst.MaybeSentinel.DEFAULT))
+            changed.insert(0, f"accelerator={self.ctx.code(accelerator)}")
+        if not changed:
+            return updated
+        self.ctx.fix(original, "Trainer on the target's device: " + ", ".join(changed))
+        self._say_launch(original)
+        return updated.with_changes(args=args)
+
+    def _say_launch(self, node: cst.Call) -> None:
+        if self._launch_said:
+            return
+        self._launch_said = True
+        accelerator = self._spelled("lightning_accelerator")
+        self.ctx.diagnose(
+            node, f"Lightning starts a process per device for accelerator={accelerator} itself",
+            "Launch the script with `python` (not torchrun or accrun); `devices=` is 1 or every device of the host. "
+            "Lightning's XLA accelerator finds its devices by the host's TPU chips: under PJRT_DEVICE=CPU or CUDA "
+            "it stops (\"XLAAccelerator can not run on your system\").",
+        )
+
+
+def _literal(value: cst.BaseExpression):
+    """The value of a string, integer or True/False literal, else None."""
+    if isinstance(value, cst.Integer):
+        return int(value.value)
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus) and isinstance(value.expression, cst.Integer):
+        return -int(value.expression.value)
+    if isinstance(value, cst.Name) and value.value in ("True", "False"):
+        return value.value == "True"
+    return string_value(value)
+
+
+def _drop(args: list[cst.Arg], dropped: cst.Arg) -> None:
+    """Leave ``dropped`` out of the arguments being built (``args``, those before it): the one
+    before takes its comma, which is the last's (none, or a trailing one with its line break)
+    where it was the last, and like its own elsewhere."""
+    if args:
+        args[-1] = args[-1].with_changes(comma=dropped.comma)
