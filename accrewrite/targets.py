@@ -81,6 +81,11 @@ class Verification:
     # that what loading draws from the global generator falls between the loop's draws as in the
     # original. Empty: the target's loader loads where the original's does.
     paced_loader: str = ""
+    # ``module:Class`` each: a framework's accelerator class that looks for the target's hardware
+    # itself (Lightning's XLAAccelerator counts the host's TPU chips) and whose ``is_available``
+    # and ``auto_device_count`` verify answers with the one device a side runs on, where that
+    # hardware is absent (the CPU under PJRT_DEVICE=CPU).
+    device_finders: tuple[str, ...] = ()
     # Set in each side's processes where the user has not set them.
     environment: dict[str, str] = field(default_factory=dict)
     # A module whose ``metric_data(name)`` gives (count, ...) as torch_xla's metrics do, and the
@@ -166,7 +171,7 @@ class ProfileError(ValueError):
 ENTRY_POINT_GROUP = "accrewrite.targets"
 _PROFILE_KEYS = ("name", "summary", "guard_function", "imports", "concepts", "capabilities", "verify")
 _SPELLING_KEYS = ("expr", "stmts", "imports", "keep", "rebind")
-_VERIFY_KEYS = ("device", "host_random", "paced_loader", "environment", "executions")
+_VERIFY_KEYS = ("device", "host_random", "paced_loader", "device_finders", "environment", "executions")
 _EXECUTION_KEYS = ("metrics", "compiles", "executions")
 
 
@@ -332,10 +337,14 @@ def _verification(table, origin: str) -> Verification:
     paced_loader = table.get("paced_loader", "")
     if "paced_loader" in table and not _is_class_path(paced_loader):
         raise ProfileError(f"{where}: paced_loader names a class as module:Class, not {paced_loader!r}")
+    finders = table.get("device_finders", [])
+    if not isinstance(finders, list) or not all(isinstance(f, str) and _is_class_path(f) for f in finders):
+        raise ProfileError(f"{where}: device_finders is a list of classes as module:Class, not {finders!r}")
     return Verification(
         device=device,
         host_random=bool(table.get("host_random", False)),
         paced_loader=paced_loader,
+        device_finders=tuple(finders),
         environment=dict(environment),
         metrics=executions.get("metrics", ""),
         compile_metric=executions.get("compiles", ""),

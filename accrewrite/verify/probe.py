@@ -32,7 +32,10 @@ draw what the original's CPU run draws. With ``ACCREWRITE_VERIFY_PACED_LOADER=MO
 loader it wraps ahead of the loop on a thread, loads each batch when the loop asks for it where
 that loader has no worker processes: what loading draws from the global generator (random
 augmentations) then falls between the loop's own draws as it does in the original. CLASS is
-changed once the script imports MODULE.
+changed once the script imports MODULE. With ``ACCREWRITE_VERIFY_DEVICE_FINDERS=MODULE:CLASS,...``
+(``[verify] device_finders``), each such class, a framework's accelerator that looks for the
+target's hardware itself (Lightning's XLAAccelerator counts TPU chips), finds the one device the
+side runs on, where that hardware is absent.
 
 It imports nothing of accrewrite's, so that it runs in any interpreter with torch (the one with
 the target's package, say), and does nothing in a process that has no torch.
@@ -59,6 +62,7 @@ NUDGE_SIZE = 1e-6  # relative; at least one unit in the last place of the parame
 HOST_RANDOM = "ACCREWRITE_VERIFY_HOST_RANDOM"
 EXECUTIONS = "ACCREWRITE_VERIFY_EXECUTIONS"
 PACED_LOADER = "ACCREWRITE_VERIFY_PACED_LOADER"
+DEVICE_FINDERS = "ACCREWRITE_VERIFY_DEVICE_FINDERS"
 EXIT_GRACE = "ACCREWRITE_VERIFY_EXIT_GRACE"  # the runtime's _process_exit.py, by its path
 
 
@@ -376,9 +380,24 @@ class _WhenImported(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _pace_when_imported(torch, where: str) -> None:
+def _when_imported(where: str, then) -> None:
+    """Calls ``then(cls)`` once the script has imported the class ``where`` (``module:Class``)."""
     module, _, name = where.partition(":")
-    sys.meta_path.insert(0, _WhenImported(module, lambda loaded: pace_loader(torch, getattr(loaded, name))))
+    sys.meta_path.insert(0, _WhenImported(module, lambda loaded: then(getattr(loaded, name))))
+
+
+def find_one_device(finder) -> None:
+    """Have a framework's accelerator class find one device where it finds none."""
+    count = finder.auto_device_count
+
+    def one_at_least():
+        try:
+            return max(1, count())
+        except (ValueError, AssertionError, OSError):  # what looking for the hardware raises without it
+            return 1
+
+    finder.auto_device_count = staticmethod(one_at_least)
+    finder.is_available = staticmethod(lambda: True)
 
 
 def start() -> None:
@@ -410,4 +429,6 @@ def start() -> None:
     if os.environ.get(HOST_RANDOM):
         host_random(recorder.torch, os.environ[HOST_RANDOM]).__enter__()  # for the life of the process
     if os.environ.get(PACED_LOADER):
-        _pace_when_imported(recorder.torch, os.environ[PACED_LOADER])
+        _when_imported(os.environ[PACED_LOADER], lambda loader: pace_loader(recorder.torch, loader))
+    for finder in filter(None, os.environ.get(DEVICE_FINDERS, "").split(",")):
+        _when_imported(finder, find_one_device)

@@ -73,6 +73,8 @@ def environment(side: Side, records: Path, steps: int | None, nproc: int) -> dic
             env[probe.HOST_RANDOM] = needs.device
         if needs.paced_loader:
             env[probe.PACED_LOADER] = needs.paced_loader
+        if needs.device_finders:
+            env[probe.DEVICE_FINDERS] = ",".join(needs.device_finders)
         if needs.metrics:
             env[probe.EXECUTIONS] = f"{needs.metrics}:{needs.compile_metric}:{needs.execution_metric}"
     return env

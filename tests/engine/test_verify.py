@@ -245,10 +245,12 @@ def test_what_a_side_needs_of_its_target_comes_from_the_profiles_verify_table(tm
     assert xla["PJRT_DEVICE"] == "CPU" and xla[probe.HOST_RANDOM] == "xla"
     assert xla[probe.EXECUTIONS] == "torch_xla.debug.metrics:CompileTime:ExecuteTime"
     assert xla[probe.PACED_LOADER] == "torch_xla.distributed.parallel_loader:ParallelLoader"
+    assert xla[probe.DEVICE_FINDERS] == "lightning.fabric.accelerators.xla:XLAAccelerator"
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     assert environment(Side("torch_xla", "torch_xla"), tmp_path, None, 1)["PJRT_DEVICE"] == "TPU"  # the user's
     plain = environment(Side("runtime", "runtime"), tmp_path, None, 1)
     assert probe.HOST_RANDOM not in plain and probe.EXECUTIONS not in plain and probe.PACED_LOADER not in plain
+    assert probe.DEVICE_FINDERS not in plain
 
 
 def test_the_probe_counts_graphs_through_the_targets_metrics_once_the_script_imports_its_package(monkeypatch):
@@ -333,7 +335,7 @@ def test_a_paced_device_loader_loads_each_batch_when_the_loop_asks_for_it(tmp_pa
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delitem(sys.modules, "vendor_loader", raising=False)
-    probe._pace_when_imported(torch, "vendor_loader:ReadAhead")
+    probe._when_imported("vendor_loader:ReadAhead", lambda loader: probe.pace_loader(torch, loader))
     from vendor_loader import ReadAhead  # paced as the script imports it
 
     assert draws_in_order(torch, through(ReadAhead, loader)) == plain
@@ -345,6 +347,39 @@ def test_a_paced_device_loader_loads_each_batch_when_the_loop_asks_for_it(tmp_pa
     assert not closing.is_alive()  # its thread waited for a loop that asks no more
     with_workers = noise_loader(torch, num_workers=1)
     assert ReadAhead(with_workers, ["cpu"]).cpu_loader is with_workers  # its workers draw from their own generators
+
+
+# An accelerator class that looks for its hardware itself, as Lightning's XLAAccelerator does.
+HARDWARE_ACCELERATOR = """
+import functools
+
+
+class ChipAccelerator:
+    @staticmethod
+    @functools.lru_cache(maxsize=1)
+    def auto_device_count():
+        return 0  # no chip on this host
+
+    @staticmethod
+    def is_available():
+        return ChipAccelerator.auto_device_count() > 0
+
+
+class Subclass(ChipAccelerator):
+    pass
+"""
+
+
+def test_a_device_finder_finds_the_one_device_of_the_side_once_the_script_imports_it(tmp_path, monkeypatch):
+    (tmp_path / "vendor_chips.py").write_text(HARDWARE_ACCELERATOR)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delitem(sys.modules, "vendor_chips", raising=False)
+    probe._when_imported("vendor_chips:ChipAccelerator", probe.find_one_device)
+    from vendor_chips import ChipAccelerator, Subclass
+
+    assert ChipAccelerator.is_available() and ChipAccelerator.auto_device_count() == 1
+    assert Subclass.is_available() and Subclass.auto_device_count() == 1  # the framework's subclass too
 
 
 def test_a_side_that_ran_no_graph_or_compiles_every_step_fails():
