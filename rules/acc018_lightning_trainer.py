@@ -15,6 +15,11 @@ _TRUE_PRECISIONS = frozenset({"32-true", "32", "16-true", "bf16-true"})
 _CONFIGURED = frozenset({"from_argparse_args", "LightningCLI"})
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+_LAUNCH_HELP = (
+    "Launch the script with `python` (not torchrun or accrun); `devices=` is 1 or every device of the host. "
+    "Lightning's XLA accelerator finds its devices by the host's TPU chips: under PJRT_DEVICE=CPU or CUDA it "
+    "stops (\"XLAAccelerator can not run on your system\")."
+)
 _NO_TARGET_HELP = (
     "Lightning's Trainer chooses the device and reduces gradients itself, and knows CUDA, the CPU and TPUs "
     "(through torch_xla), not this target: the script trains as before on CUDA or the CPU "
@@ -119,7 +124,11 @@ class LightningTrainer(Rule):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        self._launch_said = False
+        self._said = False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if any(self._lightning_name(base.value) == "LightningCLI" for base in node.bases):
+            self._unseen(node, "the command line")  # class MyCLI(LightningCLI), called as MyCLI(...)
 
     def leave_Call(self, original_node, updated_node):
         name = self._lightning_name(original_node.func)
@@ -149,7 +158,7 @@ class LightningTrainer(Rule):
         """The target's spelling of ``concept``, for a message or a comparison (no import noted)."""
         return self.ctx.concept(concept).render_expr()
 
-    def _unseen(self, node: cst.Call, source: str) -> None:
+    def _unseen(self, node: cst.CSTNode, source: str) -> None:
         accelerator = self._accelerator()
         if accelerator is None:
             self._no_accelerator(node)
@@ -162,9 +171,15 @@ class LightningTrainer(Rule):
             f"{self._spelled('lightning_mixed_precision')}.",
         )
 
-    def _no_accelerator(self, node: cst.Call) -> None:
-        self.ctx.diagnose(node, f"Lightning has no accelerator for the {self.ctx.target.name} target: Trainer left as it is",
-                          _NO_TARGET_HELP)
+    def _no_accelerator(self, node: cst.CSTNode) -> None:
+        self._once(node, f"Lightning has no accelerator for the {self.ctx.target.name} target: Trainer left as it is",
+                   _NO_TARGET_HELP)
+
+    def _once(self, node: cst.CSTNode, message: str, help: str) -> None:
+        """What the file's first Trainer is told about the whole file."""
+        if not self._said:
+            self._said = True
+            self.ctx.diagnose(node, message, help)
 
     def _left(self, node: cst.Call, what: str) -> None:
         self.ctx.diagnose(
@@ -197,7 +212,7 @@ class LightningTrainer(Rule):
             return f"accelerator={excerpt(self.ctx.code(value), 30)}"
         if keyword == "strategy" and _literal(value) != "auto" and not self._is_ddp(value):
             return f"strategy={excerpt(self.ctx.code(value), 30)}"
-        if keyword == "precision" and _literal(value) not in _MIXED_PRECISIONS | _TRUE_PRECISIONS:
+        if keyword == "precision" and _precision(value) not in _MIXED_PRECISIONS | _TRUE_PRECISIONS:
             return f"precision={excerpt(self.ctx.code(value), 30)}"
         if keyword in ("devices", "gpus") and (isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) > 1
                                                or isinstance(string_value(value), str) and "," in string_value(value)):
@@ -239,7 +254,12 @@ class LightningTrainer(Rule):
             elif keyword == "strategy" and literal != "auto":
                 _drop(args, arg)
                 changed.append("DDP strategy removed (the accelerator brings its own)")
-            elif keyword == "precision" and literal in _MIXED_PRECISIONS:
+                if _devices(original) == 1:
+                    self.ctx.diagnose(original, "one device: Lightning no longer shuffles the training loader for DDP",
+                                      "Under a DDP strategy Lightning gives the training loader a DistributedSampler, "
+                                      "which shuffles it; on one device its own sampler stays: pass shuffle=True to "
+                                      "the DataLoader where the order mattered.")
+            elif keyword == "precision" and _precision(arg.value) in _MIXED_PRECISIONS:
                 precision = self.ctx.expr("lightning_mixed_precision")
                 args.append(arg.with_changes(value=quoted_like(arg.value, precision)))
                 changed.append(f"precision={self.ctx.code(precision)}")
@@ -259,20 +279,9 @@ class LightningTrainer(Rule):
         if not changed:
             return updated
         self.ctx.fix(original, "Trainer on the target's device: " + ", ".join(changed))
-        self._say_launch(original)
+        self._once(original, f"Lightning starts a process per device for accelerator={self._accelerator()} itself",
+                   _LAUNCH_HELP)
         return updated.with_changes(args=args)
-
-    def _say_launch(self, node: cst.Call) -> None:
-        if self._launch_said:
-            return
-        self._launch_said = True
-        accelerator = self._spelled("lightning_accelerator")
-        self.ctx.diagnose(
-            node, f"Lightning starts a process per device for accelerator={accelerator} itself",
-            "Launch the script with `python` (not torchrun or accrun); `devices=` is 1 or every device of the host. "
-            "Lightning's XLA accelerator finds its devices by the host's TPU chips: under PJRT_DEVICE=CPU or CUDA "
-            "it stops (\"XLAAccelerator can not run on your system\").",
-        )
 
 
 def _literal(value: cst.BaseExpression):
@@ -284,6 +293,18 @@ def _literal(value: cst.BaseExpression):
     if isinstance(value, cst.Name) and value.value in ("True", "False"):
         return value.value == "True"
     return string_value(value)
+
+
+def _precision(value: cst.BaseExpression) -> str | None:
+    """A precision literal as Lightning reads it, a string (``16`` is ``"16"``)."""
+    literal = _literal(value)
+    return str(literal) if type(literal) is int else literal
+
+
+def _devices(call: cst.Call):
+    """The number of devices the Trainer ``call`` names as a literal (``devices=`` or ``gpus=``)."""
+    return next((_literal(arg.value) for arg in call.args
+                 if arg.keyword is not None and arg.keyword.value in ("devices", "gpus")), None)
 
 
 def _drop(args: list[cst.Arg], dropped: cst.Arg) -> None:

@@ -10,6 +10,11 @@ _ACCELERATOR = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Acce
 _KEPT_PRECISIONS = frozenset({"no", "bf16"})
 _FP16 = "fp16"
 _CUDA_MOVE = "cuda"  # x.cuda()
+_LAUNCH_HELP = (
+    "Run `accelerate config`, choose TPU (torch_xla) as the compute environment, then start the script with "
+    "`accelerate launch train.py`: Accelerate places the model, shards the loaders and reduces the gradients on "
+    "the XLA device itself (a plain `python train.py` takes the one device torch_xla finds)."
+)
 _NO_TARGET_HELP = (
     "Accelerate chooses the device and reduces gradients itself, and knows CUDA, the CPU and XLA devices "
     "(through torch_xla), not this target: the script trains as before on CUDA or the CPU "
@@ -87,7 +92,7 @@ class AccelerateConfig(Rule):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        self._launch_said = False
+        self._said = False
 
     def leave_Call(self, original_node, updated_node):
         func = original_node.func
@@ -104,10 +109,11 @@ class AccelerateConfig(Rule):
 
     def _accelerator(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if not self._has_precision():
-            self.ctx.diagnose(original, f"Accelerate has no device for the {self.ctx.target.name} target: left as it is",
-                              _NO_TARGET_HELP)
+            self._once(original, f"Accelerate has no device for the {self.ctx.target.name} target: left as it is",
+                       _NO_TARGET_HELP)
             return updated
-        self._say_launch(original)
+        self._once(original, "Accelerate trains on the device `accelerate config` names: choose TPU/XLA there",
+                   _LAUNCH_HELP)
         bf16 = self.ctx.concept("accelerate_mixed_precision").render_expr()
         starred = next((arg for arg in original.args if arg.star), None)
         precision = call_arg(original, 99, "mixed_precision")
@@ -137,13 +143,8 @@ class AccelerateConfig(Rule):
                           f"Accelerate's fp16 needs a GradScaler of the target's device, which it lacks: pass "
                           f"{bf16} (or \"no\") there, or choose it in `accelerate config`.")
 
-    def _say_launch(self, node: cst.Call) -> None:
-        if self._launch_said:
-            return
-        self._launch_said = True
-        self.ctx.diagnose(
-            node, "Accelerate trains on the device `accelerate config` names: choose TPU/XLA there",
-            "Run `accelerate config`, choose TPU (torch_xla) as the compute environment, then start the script "
-            "with `accelerate launch train.py`: Accelerate places the model, shards the loaders and reduces the "
-            "gradients on the XLA device itself (a plain `python train.py` takes the one device torch_xla finds).",
-        )
+    def _once(self, node: cst.Call, message: str, help: str) -> None:
+        """What the file's first Accelerator is told about the whole file."""
+        if not self._said:
+            self._said = True
+            self.ctx.diagnose(node, message, help)

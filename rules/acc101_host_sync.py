@@ -1,8 +1,8 @@
 import libcst as cst
 
-from accrewrite.analysis import HOST_READ_CALLS
+from accrewrite.analysis import FRAMEWORK_STEPS, HOST_READ_CALLS
 from accrewrite.values import SYNC_NODES, SYNC_WORDS, read_names
-from accrewrite.nodes import dotted, walk
+from accrewrite.nodes import call_arg, dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._training_code import LOGGING_WORDS, LoopDiagnostic, is_logging_call
 
@@ -32,6 +32,9 @@ class HostSync(LoopDiagnostic, Rule):
     Face Accelerate trains is left as it is (ACC107) but checked the same way: Accelerate's
     TPU guide warns of these reads too. There a metric given tensors (`metric.add_batch(...)`
     of `evaluate`, which turns them into numpy) and `accelerator.log` given a tensor read it.
+    A LightningModule's `training_step` is its step (ACC018): on an XLA target,
+    `self.log(..., sync_dist=True)` there reduces the value on the host every step (Lightning's
+    XLA strategy calls `xm.mesh_reduce`).
     Nothing inside a step closure is reported, including the logging that ACC009 moves into one
     in the same run.
     """
@@ -265,6 +268,9 @@ class HostSync(LoopDiagnostic, Rule):
     def check_call(self, node: cst.Call) -> None:
         if not self.in_loop:
             return
+        if self._reduced_on_the_host(node):
+            self.report(node, _message(self.ctx.code(node), "sync_dist reduces it on the host"), _SYNC_DIST_HELP)
+            return
         tensors = self.tensors()
         how = tensors.sync(node)
         if how is None and is_logging_call(self.ctx.facts, node):
@@ -283,6 +289,19 @@ class HostSync(LoopDiagnostic, Rule):
             help += (f" `{logged}` is read only by logging: compute it inside that logging call's step "
                      "closure (pass the tensor, call .item() there).")
         self.report(node, message, help)
+
+    def _reduced_on_the_host(self, node: cst.Call) -> bool:
+        """``self.log(..., sync_dist=True)`` in a LightningModule's step, reduced every step."""
+        func = node.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in _LIGHTNING_LOGS and dotted(func.value) == "self"):
+            return False
+        # Where Lightning trains on the target's lazy device (ACC018 migrates its Trainer there).
+        if self.ctx.facts.framework not in FRAMEWORK_STEPS or not self.ctx.target.has("lazy_execution",
+                                                                                     "lightning_accelerator"):
+            return False
+        sync, on_step = call_arg(node, 99, "sync_dist"), call_arg(node, 99, "on_step")
+        # Logged only on_epoch, the value is reduced once an epoch.
+        return sync is not None and dotted(sync.value) != "False" and (on_step is None or dotted(on_step.value) != "False")
 
     def _read_only_by_logging(self) -> str | None:
         """The variable this statement assigns, when nothing but logging calls read it (nanoGPT's
@@ -348,6 +367,15 @@ _HELP = (
     "mid-step, and under torch.compile the graph breaks at this line. Keep the value as a tensor "
     "(`total += loss.detach()`), read it every N steps, or read it in a step closure "
     "(xm.add_step_closure; ACC009 moves logging there)."
+)
+
+
+# A LightningModule's logging methods.
+_LIGHTNING_LOGS = frozenset({"log", "log_dict"})
+_SYNC_DIST_HELP = (
+    "Lightning's XLA strategy reduces a value logged with sync_dist=True through xm.mesh_reduce, which "
+    "copies it to the host: the pending graph runs mid-step. Log it without sync_dist in training_step "
+    "(each device's value), or with sync_dist=True and on_step=False, on_epoch=True, which reduces it once an epoch."
 )
 
 

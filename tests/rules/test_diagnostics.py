@@ -289,7 +289,7 @@ def test_a_script_accelerate_trains_is_left_as_it_is_and_diagnosed_as_any_other(
     (file,) = _json(cli, path, "--target", target, "--diff")["files"]
     assert not file["fixes"] and path.read_bytes() == ACCELERATE_SCRIPT
     assert [(d["code"], d["line"]) for d in file["diagnostics"]] == [
-        ("ACC107", 4),  # Accelerate trains it: left as it is
+        ("ACC019", 7),  # Accelerate trains it: how it runs on the target, or that it is left as it is
         ("ACC103", 9),  # the collator pads each batch to its longest sample
         ("ACC101", 21),  # a tensor printed every 100 steps
         ("ACC103", 28),  # pad_across_processes: the longest of any process
