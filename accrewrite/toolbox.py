@@ -91,6 +91,20 @@ def places_by_keyword(facts: Facts, call: cst.Call) -> bool:
     return not facts.defines(call.func) and not (facts.qualname(call.func) or "").startswith("torch.cuda.")
 
 
+def moves_to_cuda(facts: Facts, call: cst.Call) -> bool:
+    """Whether ``call`` puts something on CUDA itself: ``x.cuda()``, ``x.to("cuda")``, or a
+    CUDA device given as ``device=`` (``torch.zeros(n, device="cuda")``). In a script that a
+    framework trains (Lightning, Accelerate), each fails where CUDA is absent."""
+    func = call.func
+    if type(func) is cst.Attribute and facts.qualname(func) is None:
+        if func.attr.value == "cuda":
+            return True
+        if func.attr.value == "to" and call.args and facts.is_cuda_device(call.args[0].value):
+            return True
+    device = call_arg(call, 99, "device")
+    return device is not None and facts.is_cuda_device(device.value)
+
+
 def wraps_model(facts: Facts, node: cst.CSTNode) -> bool:
     """Whether ``node`` is a DistributedDataParallel/DataParallel call, however imported."""
     return isinstance(node, cst.Call) and facts.qualname(node.func) in WRAPPER_NAMES

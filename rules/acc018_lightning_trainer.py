@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import string_value
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.toolbox import quoted_like
+from accrewrite.toolbox import moves_to_cuda, quoted_like
 
 _FRAMEWORKS = frozenset({"lightning", "pytorch_lightning"})
 # What trains on CUDA: Lightning's GPU accelerators, and "auto", the default, which picks CUDA.
@@ -11,6 +11,10 @@ _GPU_ACCELERATOR_CLASS = "CUDAAccelerator"
 # Precisions by their spellings (Lightning reads 16 and "16" as "16-mixed", "bf16" as "bf16-mixed").
 _MIXED_PRECISIONS = frozenset({"16-mixed", "16", "bf16-mixed", "bf16"})
 _TRUE_PRECISIONS = frozenset({"32-true", "32", "16-true", "bf16-true"})
+# Every GPU, as Lightning spelled it for CUDA (-1), and every device of the accelerator, as it
+# spells it for XLA ("auto"; its XLA accelerator takes 1 or every device).
+_ALL = frozenset({-1, "-1"})
+_ALL_DEVICES = cst.SimpleString("'auto'")
 # Where the Trainer's arguments come from the command line or a config file.
 _CONFIGURED = frozenset({"from_argparse_args", "LightningCLI"})
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
@@ -37,7 +41,8 @@ class LightningTrainer(Rule):
     XLAAccelerator), the Trainer's arguments become what Lightning runs on it with:
 
     - `accelerator="gpu"`, `"cuda"`, `"auto"` or `CUDAAccelerator()` (or none) -> the target's;
-      the old `gpus=N` -> the target's accelerator and `devices=N` (`gpus=-1`: `devices="auto"`);
+      the old `gpus=N` -> the target's accelerator and `devices=N`; every GPU (`gpus=-1`,
+      `devices=-1`) -> `devices="auto"`, every device of the accelerator;
     - a DDP `strategy` (`"ddp"`, `"ddp_spawn"`, `DDPStrategy(...)`) is removed: the accelerator
       brings its own strategy (one device, or XLA's for every device of the host);
     - mixed precision (`"16-mixed"`, `16`, `"bf16-mixed"`) -> the target's precision for it
@@ -60,6 +65,9 @@ class LightningTrainer(Rule):
     accelerator (runtime, TorchAcc) every Trainer is left as it is, and reported: Lightning
     trains on CUDA and the CPU by itself.
 
+    `.cuda()`, `.to("cuda")` and `device="cuda"` in the file are reported there: they fail
+    where CUDA is absent.
+
     The LightningModule's `training_step` is a step function for the diagnostics: host syncs
     (`.item()`, ACC101) and dynamic shapes (ACC103) there are reported as in any loop.
     """
@@ -68,7 +76,7 @@ class LightningTrainer(Rule):
     name = "lightning-trainer"
     summary = "Lightning Trainer(accelerator='gpu', strategy='ddp', precision='16-mixed') -> the target's accelerator"
     manages = _FRAMEWORKS
-    triggers = frozenset({"Trainer", *_CONFIGURED})
+    triggers = frozenset({"Trainer", *_CONFIGURED, "cuda"})
     examples = (
         Example(
             target="torch_xla",
@@ -110,6 +118,20 @@ class LightningTrainer(Rule):
             diagnostics=("ACC018:3",),
         ),
         Example(
+            target="torch_xla",
+            before="""
+            import lightning as L
+            import torch
+
+
+            class Denoiser(L.LightningModule):
+                def training_step(self, batch, batch_idx):
+                    noise = torch.randn(batch.shape, device="cuda")
+                    return self.loss(self(batch + noise), batch)
+            """,
+            diagnostics=("ACC018:7",),
+        ),
+        Example(
             before="""
             import lightning as L
 
@@ -136,6 +158,11 @@ class LightningTrainer(Rule):
             return self._trainer(original_node, updated_node)
         if name in _CONFIGURED:
             self._unseen(original_node, "the command line")
+        elif self._accelerator() is not None and moves_to_cuda(self.ctx.facts, original_node):
+            self.ctx.diagnose(original_node, f"`{excerpt(self.ctx.code(original_node))}` needs CUDA, which the "
+                              "target's device is not",
+                              "Lightning places the LightningModule and its batches on the accelerator's device: "
+                              "leave the move out, and create other tensors on `self.device`.")
         return updated_node
 
     def _lightning_name(self, func: cst.BaseExpression) -> str | None:
@@ -248,9 +275,12 @@ class LightningTrainer(Rule):
                 if not has_accelerator:
                     args.append(cst.Arg(keyword=cst.Name("accelerator"), value=accelerator, equal=_EQUAL, comma=_COMMA))
                     has_accelerator = True
-                devices = cst.SimpleString("'auto'") if literal in (-1, "-1") else arg.value
+                devices = _ALL_DEVICES if literal in _ALL else arg.value
                 args.append(arg.with_changes(keyword=cst.Name("devices"), value=devices))
                 changed.append(f"gpus -> devices={self.ctx.code(devices)}")
+            elif keyword == "devices" and literal in _ALL:
+                args.append(arg.with_changes(value=quoted_like(arg.value, _ALL_DEVICES)))
+                changed.append("devices='auto'")
             elif keyword == "strategy" and literal != "auto":
                 _drop(args, arg)
                 changed.append("DDP strategy removed (the accelerator brings its own)")

@@ -2,14 +2,14 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, string_value
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.toolbox import quoted_like
+from accrewrite.toolbox import moves_to_cuda, quoted_like
 
 _FRAMEWORK = "accelerate"
 _ACCELERATOR = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
 # mixed_precision values Accelerate runs with on every device, and the one to replace.
 _KEPT_PRECISIONS = frozenset({"no", "bf16"})
 _FP16 = "fp16"
-_CUDA_MOVE = "cuda"  # x.cuda()
+_CUDA = "cuda"  # x.cuda(), device="cuda"
 _LAUNCH_HELP = (
     "Run `accelerate config`, choose TPU (torch_xla) as the compute environment, then start the script with "
     "`accelerate launch train.py`: Accelerate places the model, shards the loaders and reduces the gradients on "
@@ -38,8 +38,9 @@ class AccelerateConfig(Rule):
       compute environment), then `accelerate launch train.py`;
     - a precision the rule cannot see (`mixed_precision=args.mixed_precision`,
       `Accelerator(**kwargs)`) or cannot run there (`"fp8"`) is reported, with what to give;
-    - `.cuda()` in the file is reported: it fails where CUDA is absent, and Accelerate places
-      what `prepare` gets (move anything else with `.to(accelerator.device)`).
+    - `.cuda()`, `.to("cuda")` and `device="cuda"` in the file are reported: they fail where
+      CUDA is absent, and Accelerate places what `prepare` gets (put anything else on
+      `accelerator.device`).
 
     On a target without it (runtime, TorchAcc) the Accelerator is left as it is, and reported:
     Accelerate trains on CUDA and the CPU by itself. Host syncs and dynamic shapes in the
@@ -50,7 +51,7 @@ class AccelerateConfig(Rule):
     name = "accelerate-config"
     summary = "Accelerate: Accelerator(mixed_precision='fp16') -> the target's precision; how to launch it"
     manages = frozenset({_FRAMEWORK})
-    triggers = frozenset({"Accelerator", _CUDA_MOVE})
+    triggers = frozenset({"Accelerator", _CUDA})
     examples = (
         Example(
             target="torch_xla",
@@ -98,10 +99,11 @@ class AccelerateConfig(Rule):
         func = original_node.func
         if self.ctx.facts.qualname(func) in _ACCELERATOR:
             return self._accelerator(original_node, updated_node)
-        if isinstance(func, cst.Attribute) and func.attr.value == _CUDA_MOVE and self._has_precision():
-            self.ctx.diagnose(original_node, "`.cuda()` in an Accelerate script fails where CUDA is absent",
+        if self._has_precision() and moves_to_cuda(self.ctx.facts, original_node):
+            self.ctx.diagnose(original_node, f"`{excerpt(self.ctx.code(original_node))}` needs CUDA, which the "
+                              "target's device is not",
                               "Accelerate places what `accelerator.prepare` gets on the target's device: leave "
-                              "those out, and move anything else with `.to(accelerator.device)`.")
+                              "those out, and put anything else on `accelerator.device`.")
         return updated_node
 
     def _has_precision(self) -> bool:
