@@ -43,8 +43,9 @@ class LightningTrainer(Rule):
     - `accelerator="gpu"`, `"cuda"`, `"auto"` or `CUDAAccelerator()` (or none) -> the target's;
       the old `gpus=N` -> the target's accelerator and `devices=N`; every GPU (`gpus=-1`,
       `devices=-1`) -> `devices="auto"`, every device of the accelerator;
-    - a DDP `strategy` (`"ddp"`, `"ddp_spawn"`, `DDPStrategy(...)`) is removed: the accelerator
-      brings its own strategy (one device, or XLA's for every device of the host);
+    - a DDP `strategy` (`"ddp"`, `"ddp_spawn"`, `DDPStrategy(...)`, a variable bound only to
+      those) is removed: the accelerator brings its own strategy (one device, or XLA's for
+      every device of the host);
     - mixed precision (`"16-mixed"`, `16`, `"bf16-mixed"`) -> the target's precision for it
       (torch_xla: `"32-true"`: Lightning's XLA precision has no mixed mode, and TPUs run
       float32 matrix products in bfloat16 passes by default); `"16-true"`, `"bf16-true"` and
@@ -211,8 +212,9 @@ class LightningTrainer(Rule):
     def _left(self, node: cst.Call, what: str) -> None:
         self.ctx.diagnose(
             node, f"{what}: Trainer left as it is",
-            f"Lightning runs on the target with accelerator={self._accelerator()}, its own strategy and a precision "
-            "it takes there (32-true, 16-true, bf16-true): set them and migrate again, or train on as before.",
+            f"Lightning runs on the target with accelerator={self._accelerator()} and the strategy that accelerator "
+            f"brings, a mixed precision there as {self._spelled('lightning_mixed_precision')}: set them and migrate "
+            "again, or train on as before.",
         )
 
     # The Trainer's arguments -----------------------------------------------------------------
@@ -237,7 +239,7 @@ class LightningTrainer(Rule):
         value = arg.value
         if keyword == "accelerator" and not self._is_gpu_accelerator(value) and not self._is_target_accelerator(value):
             return f"accelerator={excerpt(self.ctx.code(value), 30)}"
-        if keyword == "strategy" and _literal(value) != "auto" and not self._is_ddp(value):
+        if keyword == "strategy" and not _kept_strategy(value) and not self._is_ddp(value):
             return f"strategy={excerpt(self.ctx.code(value), 30)}"
         if keyword == "precision" and _precision(value) not in _MIXED_PRECISIONS | _TRUE_PRECISIONS:
             return f"precision={excerpt(self.ctx.code(value), 30)}"
@@ -255,8 +257,15 @@ class LightningTrainer(Rule):
         return _literal(value) == _literal(cst.parse_expression(self._spelled("lightning_accelerator")))
 
     def _is_ddp(self, value: cst.BaseExpression) -> bool:
+        """A DDP strategy: by name, built (``DDPStrategy(...)``), or a variable the file binds only
+        to those (or to Lightning's choice)."""
         if isinstance(value, cst.Call):
             return (self.ctx.facts.qualname(value.func) or "").split(".")[-1] == "DDPStrategy"
+        if isinstance(value, cst.IfExp):
+            return all(self._is_ddp(branch) or _kept_strategy(branch) for branch in (value.body, value.orelse))
+        if isinstance(value, cst.Name):
+            bound = self.ctx.facts.assignments.get(value.value, ())
+            return bool(bound) and all(self._is_ddp(v) or _kept_strategy(v) for v in bound if v is not value)
         literal = _literal(value)
         return isinstance(literal, str) and literal.startswith("ddp")
 
@@ -281,7 +290,7 @@ class LightningTrainer(Rule):
             elif keyword == "devices" and literal in _ALL:
                 args.append(arg.with_changes(value=quoted_like(arg.value, _ALL_DEVICES)))
                 changed.append("devices='auto'")
-            elif keyword == "strategy" and literal != "auto":
+            elif keyword == "strategy" and not _kept_strategy(arg.value):
                 _drop(args, arg)
                 changed.append("DDP strategy removed (the accelerator brings its own)")
                 if _devices(original) == 1:
@@ -323,6 +332,13 @@ def _literal(value: cst.BaseExpression):
     if isinstance(value, cst.Name) and value.value in ("True", "False"):
         return value.value == "True"
     return string_value(value)
+
+
+def _kept_strategy(value: cst.BaseExpression) -> bool:
+    """Lightning's choice ("auto"), or one of its XLA strategies ("xla", "single_xla"): already
+    what the accelerator brings."""
+    literal = _literal(value)
+    return literal == "auto" or isinstance(literal, str) and "xla" in literal
 
 
 def _precision(value: cst.BaseExpression) -> str | None:
