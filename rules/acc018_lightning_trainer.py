@@ -60,11 +60,12 @@ class LightningTrainer(Rule):
 
     A Trainer the rule cannot migrate soundly is left as it is, with a diagnostic naming what to
     set: arguments it cannot see (`Trainer(**vars(args))`, `Trainer.from_argparse_args(args)`,
-    `LightningCLI`, whose arguments come from the command line or a YAML file), one read from a
-    variable, another accelerator (`"cpu"`), strategy (FSDP, DeepSpeed) or precision
-    (`"64-true"`), or GPU indices (`devices=[0, 1]`). On a target without a Lightning
-    accelerator (runtime, TorchAcc) every Trainer is left as it is, and reported: Lightning
-    trains on CUDA and the CPU by itself.
+    `LightningCLI`, whose arguments come from the command line or a YAML file, a subclass of the
+    Trainer, which passes its own to `super().__init__`), one read from a variable, another
+    accelerator (`"cpu"`), strategy (FSDP, DeepSpeed) or precision (`"64-true"`), or GPU
+    indices (`devices=[0, 1]`). On a target without a Lightning accelerator (runtime,
+    TorchAcc) every Trainer is left as it is, and reported: Lightning trains on CUDA and the CPU
+    by itself.
 
     `.cuda()`, `.to("cuda")` and `device="cuda"` in the file are reported there: they fail
     where CUDA is absent.
@@ -150,8 +151,11 @@ class LightningTrainer(Rule):
         self._said = False
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        if any(self._lightning_name(base.value) == "LightningCLI" for base in node.bases):
+        bases = {self._lightning_name(base.value) for base in node.bases}
+        if "LightningCLI" in bases:
             self._unseen(node, "the command line")  # class MyCLI(LightningCLI), called as MyCLI(...)
+        elif "Trainer" in bases:
+            self._unseen(node, f"the subclass {node.name.value}")  # its super().__init__(accelerator=...)
 
     def leave_Call(self, original_node, updated_node):
         name = self._lightning_name(original_node.func)

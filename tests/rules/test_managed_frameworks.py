@@ -26,8 +26,10 @@ FINDINGS = {
         "torchacc": ([("ACC018", 24)], []),
     },
     "lightning_cli": {
-        # a LightningCLI subclass, **vars(args), from_argparse_args, an accelerator option, LightningCLI
-        "torch_xla": ([("ACC018", 10), ("ACC018", 21), ("ACC018", 26), ("ACC018", 31), ("ACC018", 36)], []),
+        # a LightningCLI subclass, a Trainer subclass, **vars(args), from_argparse_args, an accelerator option,
+        # LightningCLI
+        "torch_xla": ([("ACC018", 10), ("ACC018", 15), ("ACC018", 26), ("ACC018", 31), ("ACC018", 36),
+                       ("ACC018", 41)], []),
         "runtime": ([("ACC018", 10)], []),
         "torchacc": ([("ACC018", 10)], []),
     },
