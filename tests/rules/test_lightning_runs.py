@@ -64,6 +64,17 @@ def test_the_trainer_is_migrated_to_the_xla_accelerator():
 
 
 @pytest.mark.slow
+def test_verify_records_the_steps_lightning_runs_and_stops_it_after_those_asked_for(project, capsys):
+    # The probe's hooks see the backward and the optimizer step Lightning calls through its closure; the
+    # runtime target leaves the Trainer as it is (ACC018 says so), so the two sides run one script.
+    (project / "train.py").write_text(TINY.replace('strategy="ddp", precision="16-mixed", ', ""))
+    code = main(["verify", "train.py", "--steps", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "match: 2 steps" in out and "stopped after 2 steps as asked" in out
+
+
+@pytest.mark.slow
 @pytest.mark.xla
 def test_a_migrated_lightning_script_trains_on_xla_as_the_original_on_the_cpu(project, capsys, xla_python):
     # On the CPU, the original's 16-mixed would train in float16 where the migration trains in float32, and its
