@@ -65,8 +65,9 @@ def _string_defaults(option_calls: list[cst.Call]) -> dict[str, str]:
     return found
 
 
-# Frameworks that place the model and reduce gradients themselves, and RPC-based training, whose
-# gradients travel through distributed autograd (ACC107 says why).
+# Frameworks that place the model and reduce gradients themselves (ACC018 and ACC019 migrate them
+# by their configuration), and RPC-based training, whose gradients travel through distributed
+# autograd (ACC107 says why): in their files only the rules that migrate them change anything.
 MANAGED_FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "torch.distributed.rpc")
 
 
@@ -238,7 +239,7 @@ class Facts:
     # with its function: ``reduces_gradients`` reads them.
     collectives: list[tuple[cst.BaseExpression, cst.FunctionDef | None]] = field(default_factory=list)
     # The framework the file trains through, when one manages devices and gradients itself
-    # (Accelerate, Lightning: see ACC107).
+    # (``MANAGED_FRAMEWORKS``).
     framework: str | None = None
     # Whether the file moves anything to a device (``.cuda()``, ``.to(device)``, ``device=``, or
     # a framework that places the model): a script that never does trains on the CPU, where
