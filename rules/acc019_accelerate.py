@@ -13,7 +13,9 @@ _CUDA = "cuda"  # x.cuda(), device="cuda"
 _LAUNCH_HELP = (
     "Run `accelerate config`, choose TPU (torch_xla) as the compute environment, then start the script with "
     "`accelerate launch train.py`: Accelerate places the model, shards the loaders and reduces the gradients on "
-    "the XLA device itself (a plain `python train.py` takes the one device torch_xla finds)."
+    "the XLA device itself (a plain `python train.py` takes the one device torch_xla finds). On TPUs its bf16 "
+    "holds the weights and optimizer state in bfloat16 too (it sets XLA_USE_BF16); mixed_precision=\"no\" keeps "
+    "them in float32."
 )
 _NO_TARGET_HELP = (
     "Accelerate chooses the device and reduces gradients itself, and knows CUDA, the CPU and XLA devices "
@@ -33,7 +35,9 @@ class AccelerateConfig(Rule):
 
     - `mixed_precision="fp16"` -> the target's (torch_xla: `"bf16"`: Accelerate's fp16 on XLA
       needs torch_xla's GradScaler, which torch_xla 2.9 removed; bfloat16 is what XLA devices
-      compute in and needs no loss scaling); `"bf16"` and `"no"` stay;
+      compute in and needs no loss scaling; on TPUs Accelerate's bf16 sets XLA_USE_BF16, which
+      holds the weights and optimizer state in bfloat16 too, as the launch note says);
+      `"bf16"` and `"no"` stay;
     - one diagnostic per file names how to launch it: `accelerate config` (choose TPU/XLA as the
       compute environment), then `accelerate launch train.py`;
     - a precision the rule cannot see (`mixed_precision=args.mixed_precision`,
