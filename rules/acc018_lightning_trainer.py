@@ -25,8 +25,8 @@ _LAUNCH_HELP = (
     "stops (\"XLAAccelerator can not run on your system\")."
 )
 _NO_TARGET_HELP = (
-    "Lightning's Trainer chooses the device and reduces gradients itself, and knows CUDA, the CPU and TPUs "
-    "(through torch_xla), not this target: the script trains as before on CUDA or the CPU "
+    "Lightning (its Trainer, Fabric) chooses the device and reduces gradients itself, and knows CUDA, the CPU "
+    "and TPUs (through torch_xla), not this target: the script trains as before on CUDA or the CPU "
     "(`accelerator=\"auto\"` where CUDA may be absent; `python train.py`, Lightning starts its DDP processes "
     "itself), and `--target torch_xla` migrates it to TPUs."
 )
@@ -64,11 +64,17 @@ class LightningTrainer(Rule):
     Trainer, which passes its own to `super().__init__`), one read from a variable, another
     accelerator (`"cpu"`), strategy (FSDP, DeepSpeed) or precision (`"64-true"`), or GPU
     indices (`devices=[0, 1]`). On a target without a Lightning accelerator (runtime,
-    TorchAcc) every Trainer is left as it is, and reported: Lightning trains on CUDA and the CPU
-    by itself.
+    TorchAcc) every Trainer and Fabric is left as it is, and reported: Lightning trains on CUDA
+    and the CPU by itself.
 
     `.cuda()`, `.to("cuda")` and `device="cuda"` in the file are reported there: they fail
     where CUDA is absent.
+
+    A Lightning Fabric (`L.Fabric(accelerator="cuda", ...)`) is left as it is, with a diagnostic:
+    on XLA its `fabric.setup(model, optimizer)` moves the model after the optimizer was built on
+    its parameters, which the move replaces, so the optimizer would step the old ones; the
+    script sets the model up first (`fabric.setup_module`), then its optimizer
+    (`fabric.setup_optimizers`), and names the accelerator.
 
     The LightningModule's `training_step` is a step function for the diagnostics: host syncs
     (`.item()`, ACC101) and dynamic shapes (ACC103) there are reported as in any loop.
@@ -78,7 +84,7 @@ class LightningTrainer(Rule):
     name = "lightning-trainer"
     summary = "Lightning Trainer(accelerator='gpu', strategy='ddp', precision='16-mixed') -> the target's accelerator"
     manages = _FRAMEWORKS
-    triggers = frozenset({"Trainer", *_CONFIGURED, "cuda"})
+    triggers = frozenset({"Trainer", "Fabric", *_CONFIGURED, "cuda"})
     examples = (
         Example(
             target="torch_xla",
@@ -161,7 +167,9 @@ class LightningTrainer(Rule):
         name = self._lightning_name(original_node.func)
         if name == "Trainer":
             return self._trainer(original_node, updated_node)
-        if name in _CONFIGURED:
+        if name == "Fabric":
+            self._fabric(original_node)
+        elif name in _CONFIGURED:
             self._unseen(original_node, "the command line")
         elif self._accelerator() is not None and moves_to_cuda(self.ctx.facts, original_node):
             self.ctx.diagnose(original_node, f"`{excerpt(self.ctx.code(original_node))}` needs CUDA, which the "
@@ -204,7 +212,7 @@ class LightningTrainer(Rule):
         )
 
     def _no_accelerator(self, node: cst.CSTNode) -> None:
-        self._once(node, f"Lightning has no accelerator for the {self.ctx.target.name} target: Trainer left as it is",
+        self._once(node, f"Lightning has no accelerator for the {self.ctx.target.name} target: left as it is",
                    _NO_TARGET_HELP)
 
     def _once(self, node: cst.CSTNode, message: str, help: str) -> None:
@@ -219,6 +227,20 @@ class LightningTrainer(Rule):
             f"Lightning runs on the target with accelerator={self._accelerator()} and the strategy that accelerator "
             f"brings, a mixed precision there as {self._spelled('lightning_mixed_precision')}: set them and migrate "
             "again, or train on as before.",
+        )
+
+    def _fabric(self, node: cst.Call) -> None:
+        accelerator = self._accelerator()
+        if accelerator is None:
+            self._no_accelerator(node)
+            return
+        self.ctx.diagnose(
+            node, f"Lightning Fabric is left as it is: it needs accelerator={accelerator} and its setup reordered",
+            f"Give Fabric accelerator={accelerator} (the strategy comes with it; a mixed precision there is "
+            f"{self._spelled('lightning_mixed_precision')}). There the model's move to the device replaces its "
+            "parameters, so an optimizer built before `fabric.setup(model, optimizer)` steps the old ones: set the "
+            "model up first (`model = fabric.setup_module(model)`), then build the optimizer and "
+            "`optimizer = fabric.setup_optimizers(optimizer)`.",
         )
 
     # The Trainer's arguments -----------------------------------------------------------------

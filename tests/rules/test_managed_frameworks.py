@@ -33,6 +33,12 @@ FINDINGS = {
         "runtime": ([("ACC018", 10)], []),
         "torchacc": ([("ACC018", 10)], []),
     },
+    "lightning_fabric": {
+        # Fabric is left, with what to change (its setup order too); .item() in the loop
+        "torch_xla": ([("ACC018", 9), ("ACC101", 20)], []),
+        "runtime": ([("ACC018", 9), ("ACC101", 20)], []),
+        "torchacc": ([("ACC018", 9), ("ACC101", 20)], []),
+    },
     "accelerate_fp16": {
         # how to launch, .item() in evaluation, a precision from an option, .cuda()
         "torch_xla": ([("ACC019", 11), ("ACC101", 33), ("ACC019", 42), ("ACC019", 43)], [("ACC019", 11)]),
