@@ -112,6 +112,7 @@ class Finding:
     end_col: int = 0
     # A diagnostic's why and what to do: its message states one fact, short enough for a line.
     help: str = ""
+    cell: int = 0  # in a notebook, the cell (1-based) that ``line`` counts in; 0 elsewhere
 
 
 def _end(module: cst.Module, finding: Finding) -> tuple[int, int]:
