@@ -201,7 +201,7 @@ def _cells(text: str) -> list[tuple[str, str]]:
                                        "open and save it in Jupyter, or fix its JSON")) from None
     cells = []
     for number, cell in enumerate(notebook.get("cells", []), start=1):
-        source = cell.get("source", "") if isinstance(cell, dict) else None
+        source = cell.get("source") if isinstance(cell, dict) else None
         if not isinstance(source, str):
             raise MigrationError(FileError(f"cell {number} has no source text; open and save it in Jupyter"))
         cells.append((cell.get("cell_type", ""), source))
