@@ -3,13 +3,16 @@ with the rest of the file as it was, positions given as cell and line."""
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
+import tempfile
 
 import nbformat
 import pytest
 
+from accrewrite.cli import main
 from accrewrite.engine import Options
 from accrewrite.notebook import Notebook
 from accrewrite.runner import migrate_text
@@ -258,3 +261,39 @@ def test_the_runnable_script_skips_ipython_lines_and_says_so():
     compile(code, "lesson.ipynb.py", "exec")
     assert b"nvidia-smi" not in code  # a %%bash cell is not Python
     assert b"        pass  # IPython, not run: !echo step\n" in code
+
+
+@pytest.fixture
+def course(tmp_path, monkeypatch):
+    """A course folder holding the notebook, verify's workspace beside it."""
+    (tmp_path / "course").mkdir()
+    (tmp_path / "temp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "temp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.chdir(tmp_path / "course")
+    monkeypatch.setenv("COLUMNS", "200")
+    (tmp_path / "course" / "lesson.ipynb").write_text(nbformat.writes(lesson()))
+    return tmp_path / "course"
+
+
+@pytest.mark.slow
+def test_verify_runs_the_notebook_cells_in_order_and_says_what_it_skipped(course, capsys):
+    written = (course / "lesson.ipynb").read_text()
+    code = main(["verify", "lesson.ipynb", "--steps", "4"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    assert "4 IPython lines not run: `!pip install -q torchvision`, `%matplotlib inline`, `%%time`" in captured.err
+    assert "match: 4 steps within their tolerances" in captured.out
+    assert (course / "lesson.ipynb").read_text() == written
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_verify_runs_the_notebook_migrated_to_torch_xla_on_the_device(course, capsys, xla_python, monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    code = main(["verify", "lesson.ipynb", "--target", "torch_xla", "--python", f"torch_xla={xla_python}"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    executions = int(re.search(r"torch_xla: (\d+) graph executions on the xla device", captured.out).group(1))
+    assert executions > 0
+    assert "match: 16 steps within their tolerances" in captured.out
