@@ -134,11 +134,16 @@ class Notebook:
         before = [line for cell in self.cells for line in cell.script]
         owner = [index for index, cell in enumerate(self.cells) for _ in cell.script]
         after = output.decode().splitlines(keepends=True)
+        # Lines inserted before the script's first line of Python (only installs and magics come
+        # before it) join that line's cell, where the notebook's own imports are; others, the
+        # cell of the line before them.
+        python = next((index for index, line in enumerate(before)
+                       if line.strip() and not _MASKED.match(line.rstrip("\n"))), len(before) - 1)
         pieces: list[list[str]] = [[] for _ in self.cells]
         for tag, i1, i2, j1, j2 in line_opcodes(before, after):
             for offset, line in enumerate(after[j1:j2]):
                 if tag == "insert":
-                    index = self._joined(owner, i1)
+                    index = owner[python] if i1 <= python else owner[i1 - 1]
                 else:
                     index = owner[min(i1 + offset, i2 - 1)]
                 pieces[index].append(line)
@@ -149,13 +154,6 @@ class Notebook:
                 if source != cell.source:
                     changed[cell.number] = source
         return changed
-
-    def _joined(self, owner: list[int], at: int) -> int:
-        """The cell that lines inserted before the script's line ``at`` join: the one before it,
-        else the first that has lines."""
-        if at > 0:
-            return owner[at - 1]
-        return owner[0] if owner else 0
 
     def with_sources(self, changed: dict[int, str]) -> bytes:
         """The file's bytes with the sources of the cells in ``changed`` replaced, each spelled

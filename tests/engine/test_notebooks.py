@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -297,3 +298,13 @@ def test_verify_runs_the_notebook_migrated_to_torch_xla_on_the_device(course, ca
     executions = int(re.search(r"torch_xla: (\d+) graph executions on the xla device", captured.out).group(1))
     assert executions > 0
     assert "match: 16 steps within their tolerances" in captured.out
+
+
+@pytest.mark.parametrize("target", ["runtime", "torch_xla", "torchacc"])
+def test_the_bundled_notebook_migrates_on_every_target_and_again_changes_nothing(target):
+    path = Path(__file__).resolve().parents[2] / "examples" / "notebook" / "lesson.ipynb"
+    outcome, output = migrated(path.read_bytes(), target=target, name=str(path))
+    assert outcome.error is None and outcome.changed
+    assert "MpDeviceLoader(train_loader, device)" in output.decode()
+    again, _ = migrated(output, target=target, name=str(path))
+    assert again.error is None and not again.changed
