@@ -5,8 +5,9 @@ The script is every code cell's source in order (a device chosen in cell 3 is kn
 IPython's own syntax is not Python: a magic or shell escape (``%matplotlib inline``, ``!pip
 install x``, ``files = !ls``, ``model?``, ``%%time``) becomes ``pass`` in the script, with a
 marker naming it, so that a block it sits in stays valid and the analysis reads around it; a
-cell whose magic makes its body something else than Python (``%%bash``, ``%%writefile``) is left
-out. The migrated script is cut back into cells by matching its lines to the script's: a line a
+cell whose magic makes its body something else than Python (``%%bash``) is left out, and one
+that writes a Python module (``%%writefile train.py``) is that module, migrated as a file of its
+own. The migrated script is cut back into cells by matching its lines to the script's: a line a
 rule adds goes to the cell of the line before it (imports: the cell they join). The markers are
 then put back as the lines they stand for.
 
@@ -69,6 +70,13 @@ class Cell:
     script: list[str] = field(default_factory=list)
     # The IPython lines the script's markers stand for, by marker: (indentation, lines).
     ipython: dict[int, tuple[str, list[str]]] = field(default_factory=dict)
+    # A ``%%writefile x.py`` cell: the Python module it writes, migrated as a file of its own.
+    writes: str | None = None
+
+    def written(self) -> tuple[str, bytes]:
+        """A ``%%writefile`` cell's first line, and the module it writes."""
+        magic, _, body = self.source.partition("\n")
+        return magic + "\n", body.encode()
 
 
 @dataclass
@@ -227,6 +235,8 @@ def _masked(number: int, source: str, markers) -> Cell:
         return cell
     magic = lines[0].strip()[2:].split() if lines[0].lstrip().startswith("%%") else []
     if magic and magic[0] not in _PYTHON_CELL_MAGICS:
+        if magic[0] == "writefile" and len(magic) == 2 and magic[1].endswith(".py"):  # not -a: a whole module
+            cell.writes = magic[1]
         return cell
     rows = [line.rstrip("\r\n") for line in lines]
     continuing = _continuation_rows(source)

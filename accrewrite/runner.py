@@ -154,10 +154,14 @@ def _migrate_notebook(display: str, data: bytes, options: Options, mode: str) ->
         result = migrate_source(book.script(), display, options)
         _place_in_cells(book, result)
         changed = book.migrated_sources(result.output) if result.changed else {}
-        output = book.with_sources(changed) if changed else data
+        for cell in book.cells:
+            if cell.writes is not None:
+                _add_written_module(cell, migrate_source(cell.written()[1], f"{display}:cell {cell.number}", options),
+                                    result, changed)
+        output = book.with_sources(changed) if changed and result.error is None else data
     except MigrationError as exc:
         return Outcome(display, error=exc.error), data
-    outcome = Outcome(display, changed=bool(changed), error=result.error, fixes=result.fixes,
+    outcome = Outcome(display, changed=bool(changed) and result.error is None, error=result.error, fixes=result.fixes,
                       diagnostics=result.diagnostics, withheld=result.withheld)
     if result.error is not None:
         return outcome, data
@@ -171,9 +175,9 @@ def _migrate_notebook(display: str, data: bytes, options: Options, mode: str) ->
     if changed and mode in ("diff", "check"):
         outcome.diff = "".join(_diff(f"{display}:cell {number}", _ended(book.sources[number - 1]), _ended(source))
                                for number, source in sorted(changed.items()))
-    outcome.member = project.member(Path(display), result)
-    if changed:
-        outcome.member.output = output
+    # The project reads the script's migration; the file written is the notebook.
+    outcome.member = replace(project.member(Path(display), result), changed=outcome.changed,
+                             output=output if outcome.changed else None)
     return outcome, output
 
 
@@ -186,6 +190,22 @@ def _place_in_cells(book: Notebook, result) -> None:
         finding.cell, finding.line = cell, line
     if result.error is not None and result.error.line:
         result.error.cell, result.error.line = book.position(result.error.line)
+
+
+def _add_written_module(cell, written, result, changed: dict[int, str]) -> None:
+    """A ``%%writefile`` cell's module, migrated on its own (``written``), joins the notebook's
+    ``result``: its findings and error on the cell's lines, its output in ``changed``."""
+    for finding in (*written.fixes, *written.diagnostics, *written.withheld):
+        finding.cell, finding.line = cell.number, finding.line + 1  # below the magic's line
+        finding.end_line += 1 if finding.end_line else 0
+    result.fixes += written.fixes
+    result.diagnostics += written.diagnostics
+    result.withheld += written.withheld
+    if written.error is not None and result.error is None:
+        result.error = written.error
+        result.error.cell, result.error.line = cell.number, written.error.line + 1 if written.error.line else 0
+    elif written.changed:
+        changed[cell.number] = cell.written()[0] + written.output.decode()
 
 
 def _ended(text: str) -> bytes:

@@ -308,3 +308,23 @@ def test_the_bundled_notebook_migrates_on_every_target_and_again_changes_nothing
     assert "MpDeviceLoader(train_loader, device)" in output.decode()
     again, _ = migrated(output, target=target, name=str(path))
     assert again.error is None and not again.changed
+
+
+def test_a_writefile_cell_is_the_module_it_writes_migrated_on_its_own():
+    book = lesson()
+    module = ("%%writefile train.py\nimport torch\nmodel = torch.nn.Linear(2, 2).cuda()\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor step in range(3):\n"
+              "    loss = model(torch.randn(4, 2).cuda()).sum()\n    loss.backward()\n    opt.step()\n"
+              "    if loss.item() > 10:\n        break")
+    book.cells += [nbformat.v4.new_code_cell(module), nbformat.v4.new_code_cell("!python train.py"),
+                   nbformat.v4.new_code_cell("%%writefile -a train.py\nmodel.cuda()")]
+    outcome, output = migrated(nbformat.writes(book).encode(), target="runtime")
+    written = cells_of(output)[6]
+    assert written.startswith("%%writefile train.py\nimport torch\nimport accrewrite.runtime.xla_model as xm\n")
+    assert ".cuda()" not in written and "model = torch.nn.Linear(2, 2).to(xm.xla_device())" in written
+    assert cells_of(output)[7:] == ["!python train.py", "%%writefile -a train.py\nmodel.cuda()"]
+    sync = next(d for d in outcome.diagnostics if d.code == "ACC101")
+    assert (sync.cell, sync.line) == (7, 9) and outcome.lines[(7, 9)] == "    if loss.item() > 10:"
+    book.cells[6].source = module + "\n    if loss.item( > 1:"  # the module does not parse: nothing is written
+    outcome, output = migrated(nbformat.writes(book).encode(), target="runtime")
+    assert (outcome.error.cell, outcome.error.line) == (7, 11) and not outcome.changed
