@@ -182,14 +182,22 @@ def _migrate_notebook(display: str, data: bytes, options: Options, mode: str) ->
 
 
 def _place_in_cells(book: Notebook, result) -> None:
-    """Findings and the error of ``result`` (lines of the notebook's script) as lines of cells."""
+    """Findings and the error of ``result`` (lines of the notebook's script) as lines of cells,
+    and so is a line a message names."""
+
+    def cells_named(message: str) -> str:
+        return re.sub(r"\bline (\d+)\b", lambda match: "cell {}, line {}".format(*book.position(int(match[1]))),
+                      message)
+
     for finding in (*result.fixes, *result.diagnostics, *result.withheld):
         cell, line = book.position(finding.line)
         if finding.end_line:
             finding.end_line += line - finding.line
-        finding.cell, finding.line = cell, line
-    if result.error is not None and result.error.line:
-        result.error.cell, result.error.line = book.position(result.error.line)
+        finding.cell, finding.line, finding.message = cell, line, cells_named(finding.message)
+    if result.error is not None:
+        result.error.reason = cells_named(result.error.reason)
+        if result.error.line:
+            result.error.cell, result.error.line = book.position(result.error.line)
 
 
 def _add_written_module(cell, written, result, changed: dict[int, str]) -> None:

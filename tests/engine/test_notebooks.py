@@ -328,3 +328,10 @@ def test_a_writefile_cell_is_the_module_it_writes_migrated_on_its_own():
     book.cells[6].source = module + "\n    if loss.item( > 1:"  # the module does not parse: nothing is written
     outcome, output = migrated(nbformat.writes(book).encode(), target="runtime")
     assert (outcome.error.cell, outcome.error.line) == (7, 11) and not outcome.changed
+
+
+def test_a_line_a_message_names_is_a_line_of_a_cell():
+    _, runtime = migrated(nbformat.writes(lesson()).encode(), target="runtime")
+    outcome, _ = migrated(runtime, target="torch_xla")
+    assert (outcome.error.cell, outcome.error.line) == (2, 3)
+    assert "written for target 'runtime', not 'torch_xla' (cell 2, line 3: `import accrewrite" in outcome.error.reason
