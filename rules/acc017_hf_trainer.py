@@ -205,8 +205,8 @@ class HfTrainer(Rule):
         if not self.ctx.target.has("spawn_owns_devices"):
             return ""
         spawn = self.ctx.concept("spawn").render_expr()
-        help = (f" On many devices, start the script's `main` in a process per device with "
-                f"`{spawn}(_mp_fn)`, where `def _mp_fn(index): main()`.")
+        help = f" On many devices, start the script's `main` in a process per device with `{spawn}(_mp_fn)`"
+        help += "." if "_mp_fn" in self.ctx.facts.definitions.defined else ", where `def _mp_fn(index): main()`."
         return help + (" FSDP on XLA is torch_xla's: add `fsdp_config={\"xla\": True}`." if fsdp else "")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:

@@ -1,0 +1,136 @@
+"""Scripts that Hugging Face's Trainer trains (ACC017): recognised by the Trainer they build, never
+by an import alone; migrated by their settings on every target, with a line for what cannot be
+rewritten; the Trainer's callbacks, subclass and collator checked as a training loop is."""
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from accrewrite.analysis import analyze
+from accrewrite.engine import Options, migrate_source
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def facts_of(code: str):
+    return analyze(cst.parse_module(code))
+
+
+def findings(name: str, target: str) -> list[tuple[str, int]]:
+    result = migrate_source((FIXTURES / f"{name}.in.py").read_bytes(), f"{name}.py", Options(target=target))
+    assert result.error is None, result.error
+    return [(d.code, d.line) for d in result.diagnostics]
+
+
+@pytest.mark.parametrize("code", [
+    "from transformers import Trainer\ntrainer = Trainer(model=model, args=args)\n",
+    "import transformers\ntransformers.Seq2SeqTrainer(model=model).train()\n",
+    "from trl import SFTTrainer\nSFTTrainer(model=model, train_dataset=data).train()\n",
+    "from transformers import Trainer as T\nclass Mine(T):\n    pass\nclass Yours(Mine):\n    pass\nYours(model=m)\n",
+])
+def test_a_file_that_builds_a_trainer_trains_through_transformers(code):
+    facts = facts_of(code)
+    assert facts.framework == "transformers" and facts.places_on_device
+    assert len(facts.trainer_builds) == 1
+
+
+@pytest.mark.parametrize("code", [
+    # a model of transformers trained by the file's own loop
+    "import torch\nfrom transformers import GPT2LMHeadModel\nmodel = GPT2LMHeadModel(config).cuda()\n"
+    "for x in loader:\n    model(x).loss.backward()\n    optimizer.step()\n",
+    # a Trainer named, never built
+    "from transformers import Trainer\ndef fit(trainer: Trainer):\n    trainer.train()\n",
+    # a class of another library called Trainer
+    "from minigpt import Trainer\nTrainer(model).run()\n",
+])
+def test_a_file_that_builds_no_trainer_is_not_managed(code):
+    facts = facts_of(code)
+    assert facts.framework is None and not facts.trainer_builds
+
+
+def test_what_the_trainer_calls_each_step_is_a_step_function():
+    facts = facts_of(
+        "from transformers import Trainer, TrainerCallback\n"
+        "class Log(TrainerCallback):\n    def __init__(self): pass\n    def on_step_end(self, *a, **k): pass\n"
+        "class Mine(Trainer):\n    def compute_loss(self, model, inputs, **k): pass\n"
+        "class Collate:\n    def __call__(self, rows): pass\n"
+        "def metrics(p): pass\n"
+        "def helper(): pass\n"
+        "def main():\n    def preprocess(logits, labels): pass\n    collate = Collate()\n"
+        "    Mine(model=m, data_collator=collate, compute_metrics=metrics, preprocess_logits_for_metrics=preprocess,"
+        " callbacks=[Log()]).train()\n"
+    )
+    assert sorted(f.name.value for f in facts.step_functions) == [
+        "__call__", "compute_loss", "metrics", "on_step_end", "preprocess"]
+
+
+def test_a_transformers_model_in_a_loop_of_the_file_is_migrated_as_any_other():
+    result = migrate_source((FIXTURES / "hf_model_loop.in.py").read_bytes(), "loop.py", Options(target="torch_xla"))
+    assert {f.code for f in result.fixes} >= {"ACC002", "ACC003", "ACC006"}
+    assert not any(f.code == "ACC017" for f in (*result.fixes, *result.diagnostics))
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("torch_xla", [("ACC017", 23)]),  # set --bf16 --optim adamw_torch --dataloader_drop_last; start with launch
+    ("torchacc", [("ACC017", 23)]),  # set --optim adamw_torch --dataloader_drop_last
+    ("runtime", [("ACC017", 29)]),  # the Trainer trains as it is: how to start many processes
+])
+def test_settings_from_the_command_line_are_reported_with_their_flags(target, expected):
+    assert findings("hf_trainer_parser", target) == expected
+
+
+def test_the_flags_named_are_the_targets():
+    result = migrate_source((FIXTURES / "hf_trainer_parser.in.py").read_bytes(), "p.py", Options(target="torch_xla"))
+    (diagnostic,) = result.diagnostics
+    assert "--bf16 --optim adamw_torch --dataloader_drop_last" in diagnostic.help
+    assert "`torch_xla.launch(_mp_fn)`." in diagnostic.help  # the file defines _mp_fn already
+    result = migrate_source((FIXTURES / "hf_trainer_parser.in.py").read_bytes(), "p.py", Options(target="torchacc"))
+    (diagnostic,) = result.diagnostics
+    assert "`--optim adamw_torch --dataloader_drop_last`" in diagnostic.help and "bf16" not in diagnostic.help
+
+
+@pytest.mark.parametrize("target", ["runtime", "torchacc", "torch_xla"])
+def test_callbacks_the_loss_and_the_collator_are_diagnosed_as_a_loop_is(target):
+    found = findings("hf_trainer_padding", target)
+    assert [f for f in found if f[0] != "ACC017"] == [
+        ("ACC101", 21),  # .item() in a callback's on_step_end
+        ("ACC101", 30),  # .item() in the Trainer subclass's compute_loss
+        ("ACC103", 42),  # the tokenizer pads to the longest sample of its batch
+        ("ACC103", 48),  # so does DataCollatorWithPadding
+    ]
+    # TrainingArguments(**CONFIG): what to set in the dict, where the target needs anything
+    assert [f for f in found if f[0] == "ACC017"] == [("ACC017", 45 if target != "runtime" else 43)]
+
+
+def test_keywords_are_added_in_the_calls_layout_and_a_second_run_changes_nothing():
+    source = (FIXTURES / "hf_trainer_fp16.in.py").read_bytes()
+    result = migrate_source(source, "t.py", Options(target="torch_xla"))
+    output = result.output.decode()
+    assert '        bf16=True,\n        optim="adamw_torch",\n        dataloader_drop_last=True,\n    )' in output
+    assert [f.code for f in result.fixes] == ["ACC017", "ACC017"]
+    assert migrate_source(result.output, "t.py", Options(target="torch_xla")).fixes == []
+
+
+@pytest.mark.parametrize("code, message", [
+    ('TrainingArguments(output_dir="o", fp16=True, bf16=True)', "`fp16` and `bf16` are both given"),
+    ('TrainingArguments(output_dir="o", optim=args.optim)', "`optim=args.optim` must not be torch's fused AdamW"),
+])
+def test_settings_the_rule_cannot_decide_are_reported(code, message):
+    source = f"from transformers import Trainer, TrainingArguments\nTrainer(model=m, args={code}).train()\n"
+    result = migrate_source(source.encode(), "t.py", Options(target="torch_xla"))
+    assert any(d.code == "ACC017" and d.message.startswith(message) for d in result.diagnostics)
+
+
+def test_an_explicit_fused_optimizer_is_replaced_in_the_files_quotes():
+    source = b"from transformers import Trainer, TrainingArguments\nTrainer(args=TrainingArguments(optim='adamw_torch_fused'))\n"
+    output = migrate_source(source, "t.py", Options(target="torch_xla")).output.decode()
+    assert "TrainingArguments(optim='adamw_torch', dataloader_drop_last=True)" in output
+
+
+def test_many_devices_are_told_the_targets_launcher():
+    source = b'from transformers import Trainer, TrainingArguments\nTrainer(args=TrainingArguments(fsdp="full_shard"))\n'
+    result = migrate_source(source, "t.py", Options(target="torch_xla"))
+    (diagnostic,) = result.diagnostics
+    assert diagnostic.message.startswith("`fsdp` trains on many devices")
+    assert "torch_xla.launch(_mp_fn)" in diagnostic.help and '`fsdp_config={"xla": True}`' in diagnostic.help
