@@ -2,12 +2,16 @@
 by an import alone; migrated by their settings on every target, with a line for what cannot be
 rewritten; the Trainer's callbacks, subclass and collator checked as a training loop is."""
 
+import os
+import re
+import subprocess
 from pathlib import Path
 
 import libcst as cst
 import pytest
 
 from accrewrite.analysis import analyze
+from accrewrite.cli import main
 from accrewrite.engine import Options, migrate_source
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -134,3 +138,46 @@ def test_many_devices_are_told_the_targets_launcher():
     (diagnostic,) = result.diagnostics
     assert diagnostic.message.startswith("`fsdp` trains on many devices")
     assert "torch_xla.launch(_mp_fn)" in diagnostic.help and '`fsdp_config={"xla": True}`' in diagnostic.help
+
+
+def _with_trainer(python: str) -> None:
+    """Skips where ``python`` cannot build a Trainer (transformers needs Accelerate for it)."""
+    found = subprocess.run([python, "-c", "import transformers, accelerate"], capture_output=True)
+    if found.returncode != 0:
+        pytest.skip(f"{python} has no transformers and accelerate")
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_the_fp16_trainer_trains_on_the_xla_device_once_migrated(tmp_path, xla_python):
+    # Unmigrated, the Trainer's fused AdamW fails on XLA tensors; migrated, it trains in bf16 there.
+    _with_trainer(xla_python)
+    source = (FIXTURES / "hf_trainer_fp16.in.py").read_bytes()
+    (tmp_path / "train.py").write_bytes(migrate_source(source, "train.py", Options(target="torch_xla")).output)
+    wrapper = ("import runpy; runpy.run_path('train.py', run_name='__main__'); import torch_xla.debug.metrics as m; "
+               "print('xla executions', (m.metric_data('ExecuteTime') or [0])[0])")
+    done = subprocess.run([xla_python, "-c", wrapper], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PJRT_DEVICE": "CPU", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(re.findall(r"^loss \d", done.stdout, re.MULTILINE)) == 4
+    assert int(re.search(r"^xla executions (\d+)$", done.stdout, re.MULTILINE).group(1)) > 0
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_the_migrated_trainer_matches_the_original_under_verify(tmp_path, monkeypatch, capsys, xla_python):
+    # In float32: bfloat16 and float16 round apart beyond verify's tolerance. GPT-2's dropout
+    # (attention's too) draws on the CPU on both sides, so the steps match to the float.
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    _with_trainer(xla_python)
+    source = (FIXTURES / "hf_trainer_fp16.in.py").read_text().replace("        fp16=True,\n", "")
+    (tmp_path / "train.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    code = main(["verify", "train.py", "--target", "torch_xla", "--python", f"torch_xla={xla_python}",
+                 "--root", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "match: 4 steps" in out
+    assert int(re.search(r"torch_xla: (\d+) graph executions on the xla device", out).group(1)) > 0
