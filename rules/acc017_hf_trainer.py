@@ -151,8 +151,7 @@ class HfTrainer(Rule):
                                   "Hugging Face's Trainer trains this script as it is on this target", _AS_IT_IS_HELP)
             return
         if not self._arguments:
-            parser = next((call for call in calls if self.ctx.facts.qualname(call.func) in _PARSERS), None)
-            self._report_unseen(parser or self.ctx.facts.trainer_builds[0], parser is not None)
+            self._report_unseen(calls)
 
     def _needed_settings(self) -> dict[str, str]:
         """What the Trainer's settings must say on this target: keyword -> value as code."""
@@ -182,13 +181,28 @@ class HfTrainer(Rule):
         self.ctx.insert_before(anchor, statements)
         self.ctx.fix(anchor, "the target's setup call for Hugging Face's Trainer added before the imports")
 
-    def _report_unseen(self, node: cst.Call, parsed: bool) -> None:
+    def _report_unseen(self, calls: list[cst.Call]) -> None:
+        """The settings to give, where the file builds no TrainingArguments: at its parser, or at
+        the Trainer built with its defaults or with settings made elsewhere."""
         flags = " ".join(_flag(keyword, value) for keyword, value in self._settings.items())
-        keywords = ", ".join(f"{keyword}={value}" for keyword, value in self._settings.items())
-        source = "the command line (HfArgumentParser)" if parsed else "outside this file"
+        keywords, names = self._keywords()
+        parser = next((call for call in calls if self.ctx.facts.qualname(call.func) in _PARSERS), None)
+        build = self.ctx.facts.trainer_builds[0]
+        if parser is None and call_arg(build, 1, "args") is None:
+            message = f"the Trainer takes default TrainingArguments: set {names}"
+            help = f"Pass `args=TrainingArguments(output_dir=..., {keywords})`. {self._why()}"
+            self.ctx.diagnose(build, message, help + self._launch_help())
+            return
+        source = "HfArgumentParser" if parser is not None else "outside this file"
         help = (f"Give the Trainer `{flags}` on the command line (or `{keywords}` in the JSON or YAML file "
                 f"the arguments are read from). {self._why()}")
-        self.ctx.diagnose(node, f"TrainingArguments come from {source}: set `{keywords}`", help + self._launch_help())
+        self.ctx.diagnose(parser or build, f"TrainingArguments come from {source}: set {names}",
+                          help + self._launch_help())
+
+    def _keywords(self) -> tuple[str, str]:
+        """The settings as keywords (``bf16=True, optim='adamw_torch'``), and their names quoted."""
+        keywords = ", ".join(f"{keyword}={value}" for keyword, value in self._settings.items())
+        return keywords, ", ".join(f"`{keyword}`" for keyword in self._settings)
 
     def _why(self) -> str:
         why = []
@@ -213,9 +227,9 @@ class HfTrainer(Rule):
         if original_node not in self._arguments or not self._settings:
             return updated_node
         if any(arg.star for arg in original_node.args):
-            keywords = ", ".join(f"{keyword}={value}" for keyword, value in self._settings.items())
-            self.ctx.diagnose(original_node, f"`{excerpt(self.ctx.code(original_node))}` takes keywords from a dict: "
-                              f"set `{keywords}` in it", self._why() + self._launch_help())
+            keywords, names = self._keywords()
+            self.ctx.diagnose(original_node, f"TrainingArguments from a dict (`**`): set {names} in it",
+                              f"Set `{keywords}`. {self._why()}{self._launch_help()}")
             return updated_node
         updated_node = self._precision_flags(original_node, updated_node)
         updated_node = self._optimizer(original_node, updated_node)
@@ -259,7 +273,7 @@ class HfTrainer(Rule):
         name = string_value(given.value)
         replacement = self._settings["optim"]
         if name is None:
-            self.ctx.diagnose(given, f"`optim={excerpt(self.ctx.code(given.value))}` must not be torch's fused "
+            self.ctx.diagnose(given, f"`optim={excerpt(self.ctx.code(given.value), 20)}` must not be torch's fused "
                               "AdamW on the target's device", f"Use optim={replacement}: {self._why()}")
         if name not in _FUSED_OPTIMIZERS:
             return updated

@@ -107,6 +107,14 @@ def test_callbacks_the_loss_and_the_collator_are_diagnosed_as_a_loop_is(target):
     assert [f for f in found if f[0] == "ACC017"] == [("ACC017", 45 if target != "runtime" else 43)]
 
 
+@pytest.mark.parametrize("target", ["runtime", "torchacc", "torch_xla"])
+@pytest.mark.parametrize("name", ["hf_trainer_fp16", "hf_trainer_parser", "hf_trainer_padding"])
+def test_each_finding_is_one_short_line_with_a_help(name, target):
+    result = migrate_source((FIXTURES / f"{name}.in.py").read_bytes(), f"{name}.py", Options(target=target))
+    for diagnostic in result.diagnostics:
+        assert len(diagnostic.message) <= 90 and diagnostic.help.endswith("."), diagnostic
+
+
 def test_keywords_are_added_in_the_calls_layout_and_a_second_run_changes_nothing():
     source = (FIXTURES / "hf_trainer_fp16.in.py").read_bytes()
     result = migrate_source(source, "t.py", Options(target="torch_xla"))
@@ -124,6 +132,18 @@ def test_settings_the_rule_cannot_decide_are_reported(code, message):
     source = f"from transformers import Trainer, TrainingArguments\nTrainer(model=m, args={code}).train()\n"
     result = migrate_source(source.encode(), "t.py", Options(target="torch_xla"))
     assert any(d.code == "ACC017" and d.message.startswith(message) for d in result.diagnostics)
+
+
+@pytest.mark.parametrize("build, message", [
+    ("Trainer(model=m, train_dataset=d)", "the Trainer takes default TrainingArguments"),
+    ("Trainer(model=m, args=load_arguments())", "TrainingArguments come from outside this file"),
+])
+def test_settings_made_elsewhere_or_left_to_the_default_are_reported_at_the_trainer(build, message):
+    source = f"from transformers import Trainer\n{build}.train()\n"
+    (diagnostic,) = migrate_source(source.encode(), "t.py", Options(target="torch_xla")).diagnostics
+    assert diagnostic.line == 2 and diagnostic.message.startswith(message)
+    assert "set `bf16`, `optim`, `dataloader_drop_last`" in diagnostic.message
+    assert "optim='adamw_torch'" in diagnostic.help
 
 
 def test_an_explicit_fused_optimizer_is_replaced_in_the_files_quotes():
