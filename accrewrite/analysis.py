@@ -1197,7 +1197,8 @@ class _Analyzer:
         if not builds:
             return
         facts.trainer_builds = [call for call, _ in builds]
-        if facts.framework is None:
+        # Accelerate imported beside it (``PartialState`` for the main process) is the Trainer's own.
+        if facts.framework in (None, "accelerate"):
             facts.framework = self._trainer_of(builds[0][0].func)
             facts.places_on_device = True
         methods = facts.definitions.methods

@@ -21,6 +21,11 @@ _FUSED_OPTIMIZERS = frozenset({"adamw_torch_fused"})
 _HALF_PRECISION = ("fp16", "fp16_full_eval")
 # Settings that train on many devices: the script runs a process per device.
 _MANY_DEVICES = ("fsdp", "fsdp_config", "ddp_backend", "ddp_find_unused_parameters", "ddp_bucket_cap_mb")
+# Why each setting the rule adds, in its fix's message.
+_ADDED = {
+    "optim": "torch's fused AdamW, the default, takes no tensors of the target's device",
+    "dataloader_drop_last": "an epoch's last partial batch is dropped (its shape would compile a new graph)",
+}
 
 _AS_IT_IS_HELP = (
     "The Trainer places the model and reduces gradients itself, through Accelerate, on the device "
@@ -236,8 +241,9 @@ class HfTrainer(Rule):
         quoted = next((arg.value for arg in original_node.args if isinstance(arg.value, cst.SimpleString)), None)
         added = [(keyword, quoted_like(quoted, cst.parse_expression(value))) for keyword, value in self._settings.items()
                  if keyword in ("optim", "dataloader_drop_last") and call_arg(original_node, 99, keyword) is None]
+        for keyword, value in added:
+            self.ctx.fix(original_node, f"{keyword}={self.ctx.code(value)}: {_ADDED[keyword]}")
         if added:
-            self.ctx.fix(original_node, f"{', '.join(k for k, _ in added)} set for the target's device")
             updated_node = with_keywords(updated_node, added)
         self._many_devices(original_node)
         return updated_node
