@@ -87,8 +87,9 @@ TRAINER_CLASSES = MappingProxyType({
     "trl.trainer.sft_trainer.SFTTrainer": "transformers",
 })
 TRAINER_CALLBACKS = frozenset({"transformers.TrainerCallback", "transformers.trainer_callback.TrainerCallback"})
-# What a Trainer is given that it calls on every step (or every evaluation step).
-_TRAINER_STEP_ARGUMENTS = ("data_collator", "compute_metrics", "preprocess_logits_for_metrics", "compute_loss_func")
+# What a Trainer is given that it calls on every step (or every evaluation step). Not
+# compute_metrics: it is given numpy arrays, read from the device once per evaluation.
+_TRAINER_STEP_ARGUMENTS = ("data_collator", "preprocess_logits_for_metrics", "compute_loss_func")
 
 
 def managed_by(module: str) -> str | None:
@@ -1190,8 +1191,8 @@ class _Analyzer:
 
     def _note_trainer(self) -> None:
         """A file that builds a Trainer trains through its framework; what the Trainer calls on
-        each step (its subclass's and its callbacks' methods, the collator and metrics it is
-        given) are the file's step functions, where the diagnostics look."""
+        each step (its subclass's and its callbacks' methods, the collator and the logits'
+        preprocessing it is given) are the file's step functions, where the diagnostics look."""
         facts = self.facts
         builds = [(call, scope) for call, scope in self._calls if self._trainer_of(call.func)]
         if not builds:

@@ -67,8 +67,10 @@ class HfTrainer(Rule):
     so and how to start many processes. Only a file that builds a Trainer is concerned:
     one that imports transformers for a model and trains it in its own loop is migrated as any
     other. Host reads and changing shapes in the Trainer's callbacks (`TrainerCallback`
-    subclasses), its subclass's methods, the collator and `compute_metrics` are reported by
-    ACC101 and ACC103, as in any training loop.
+    subclasses), its subclass's methods, the collator and `preprocess_logits_for_metrics` are
+    reported by ACC101 and ACC103, as in any training loop (`compute_metrics` is not: it is
+    given numpy arrays, read from the device once per evaluation), and so is the Trainer's
+    default collator, which pads each batch to its longest sample.
     """
 
     code = "ACC017"

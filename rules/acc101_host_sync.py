@@ -32,7 +32,7 @@ class HostSync(LoopDiagnostic, Rule):
     Face Accelerate trains is left as it is (ACC107) but checked the same way: Accelerate's
     TPU guide warns of these reads too. In one that Hugging Face's Trainer trains (ACC017), what
     the Trainer calls on each step is checked: its callbacks' methods, its subclass's
-    (`compute_loss`), the collator and metrics it is given. There a metric given tensors (`metric.add_batch(...)`
+    (`compute_loss`), the collator and `preprocess_logits_for_metrics` it is given. There a metric given tensors (`metric.add_batch(...)`
     of `evaluate`, which turns them into numpy) and `accelerator.log` given a tensor read it.
     Nothing inside a step closure is reported, including the logging that ACC009 moves into one
     in the same run.

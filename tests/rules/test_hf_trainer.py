@@ -74,8 +74,20 @@ def test_what_the_trainer_calls_each_step_is_a_step_function():
         "    Mine(model=m, data_collator=collate, compute_metrics=metrics, preprocess_logits_for_metrics=preprocess,"
         " callbacks=[Log()]).train()\n"
     )
+    # compute_metrics is given numpy arrays, once per evaluation
     assert sorted(f.name.value for f in facts.step_functions) == [
-        "__call__", "compute_loss", "metrics", "on_step_end", "preprocess"]
+        "__call__", "compute_loss", "on_step_end", "preprocess"]
+
+
+def test_a_trainer_given_a_tokenizer_and_no_collator_pads_each_batch():
+    source = (b"import numpy as np\nfrom transformers import Trainer\n"
+              b"def compute_metrics(p):\n    return {'acc': (np.argmax(p.predictions, 1) == p.label_ids).mean().item()}\n"
+              b"Trainer(model=m, args=a, processing_class=tok, compute_metrics=compute_metrics).train()\n"
+              b"Trainer(model=m, args=a, tokenizer=tok, data_collator=default_data_collator).train()\n")
+    result = migrate_source(source, "t.py", Options(target="runtime"))
+    (padding,) = [d for d in result.diagnostics if d.code != "ACC017"]
+    assert (padding.code, padding.line) == ("ACC103", 5)  # compute_metrics reads numpy: no ACC101
+    assert padding.message == "the Trainer's default collator pads each batch to its longest sample"
 
 
 def test_a_transformers_model_in_a_loop_of_the_file_is_migrated_as_any_other():
