@@ -14,7 +14,7 @@ TRAINING_ARGUMENTS = frozenset({
     "trl.SFTConfig",
     "trl.trainer.sft_config.SFTConfig",
 })
-_PARSERS = frozenset({"transformers.HfArgumentParser", "transformers.hf_argparser.HfArgumentParser"})
+_PARSERS = frozenset({"transformers.HfArgumentParser", "transformers.hf_argparser.HfArgumentParser", "trl.TrlParser"})
 # The Trainer's default optimizer under torch 2.8+, which takes no XLA tensors.
 _FUSED_OPTIMIZERS = frozenset({"adamw_torch_fused"})
 # Mixed precision flags and the part of their name that the target's spelling replaces.
@@ -58,7 +58,8 @@ class HfTrainer(Rule):
 
     A `TrainingArguments` that this rule cannot read whole (built from `**kwargs`, or not built
     in the file: `HfArgumentParser`, a YAML or JSON file) is reported with the settings to give
-    it, as command-line flags (`--bf16 --optim adamw_torch --dataloader_drop_last`) or keywords.
+    it, as command-line flags (`--bf16 --optim adamw_torch --dataloader_drop_last`) or keywords;
+    so is `training_args.fp16 = True` set on the settings after they are made.
     On torch_xla, settings that train on many devices (`fsdp`, `ddp_*`) get one line on how to
     start a process per device (`torch_xla.launch(_mp_fn)`, as HF's `xla_spawn.py` does with
     the `_mp_fn(index)` its examples define); FSDP on XLA is torch_xla's, chosen with
@@ -77,7 +78,7 @@ class HfTrainer(Rule):
     name = "hf-trainer"
     summary = "Hugging Face Trainer scripts: the target's setup call and TrainingArguments"
     manages = frozenset({"transformers"})
-    triggers = frozenset({"TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig"})
+    triggers = frozenset({"TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", *_HALF_PRECISION})
     examples = (
         Example(
             target="torch_xla",
@@ -249,6 +250,19 @@ class HfTrainer(Rule):
             updated_node = with_keywords(updated_node, added)
         self._many_devices(original_node)
         return updated_node
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        """``training_args.fp16 = True`` after the settings are made: reported, as the object
+        may be any of the file's."""
+        if not self.ctx.target.has("trainer_precision"):
+            return
+        for target in node.targets:
+            flag = target.target
+            if isinstance(flag, cst.Attribute) and flag.attr.value in _HALF_PRECISION:
+                shown = excerpt(self.ctx.code(flag), 30)
+                self.ctx.diagnose(node, f"`{shown}` is set: fp16 is not the target's mixed precision",
+                                  f"Set `{shown[: -len(flag.attr.value)]}{self._precision(flag.attr.value)}` "
+                                  f"where it is a Trainer's setting. {self._why()}")
 
     def _precision_flags(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """``fp16=...`` -> the target's flag, with the same value."""

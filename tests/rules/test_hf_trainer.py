@@ -146,6 +146,18 @@ def test_keywords_are_added_in_the_calls_layout_and_a_second_run_changes_nothing
     assert migrate_source(result.output, "t.py", Options(target="torch_xla")).fixes == []
 
 
+def test_fp16_set_on_the_settings_later_is_reported():
+    source = (b"from transformers import Trainer, TrainingArguments\n"
+              b"training_args = TrainingArguments(output_dir='o')\n"
+              b"if torch.cuda.is_available():\n    training_args.fp16 = True\n"
+              b"Trainer(model=m, args=training_args).train()\n")
+    result = migrate_source(source, "t.py", Options(target="torch_xla"))
+    (diagnostic,) = result.diagnostics
+    assert (diagnostic.line, diagnostic.message) == (4, "`training_args.fp16` is set: fp16 is not the target's mixed precision")
+    assert diagnostic.help.startswith("Set `training_args.bf16` where it is a Trainer's setting.")
+    assert migrate_source(source, "t.py", Options(target="torchacc")).diagnostics == []
+
+
 @pytest.mark.parametrize("code, message", [
     ('TrainingArguments(output_dir="o", fp16=True, bf16=True)', "`fp16` and `bf16` are both given"),
     ('TrainingArguments(output_dir="o", optim=args.optim)', "`optim=args.optim` must not be torch's fused AdamW"),
