@@ -6,7 +6,7 @@ from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import quoted_like, with_keywords
 
 # The classes that hold a Trainer's settings.
-TRAINING_ARGUMENTS = frozenset({
+_TRAINING_ARGUMENTS = frozenset({
     "transformers.TrainingArguments",
     "transformers.training_args.TrainingArguments",
     "transformers.Seq2SeqTrainingArguments",
@@ -151,7 +151,7 @@ class HfTrainer(Rule):
     def visit_Module(self, node: cst.Module) -> None:
         self._settings = self._needed_settings()
         calls = [call for call, _ in self.ctx.facts.calls]
-        self._arguments = {call for call in calls if self.ctx.facts.qualname(call.func) in TRAINING_ARGUMENTS}
+        self._arguments = {call for call in calls if self.ctx.facts.qualname(call.func) in _TRAINING_ARGUMENTS}
         self._set_up(node)
         if not self._settings:
             if not self.ctx.target.has("trainer_setup"):
@@ -229,7 +229,7 @@ class HfTrainer(Rule):
         spawn = self.ctx.concept("spawn").render_expr()
         help = f" On many devices, start the script's `main` in a process per device with `{spawn}(_mp_fn)`"
         help += "." if "_mp_fn" in self.ctx.facts.definitions.defined else ", where `def _mp_fn(index): main()`."
-        return help + (" FSDP on XLA is torch_xla's: add `fsdp_config={\"xla\": True}`." if fsdp else "")
+        return help + (" FSDP on an XLA device is XLA's own: add `fsdp_config={\"xla\": True}`." if fsdp else "")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if original_node not in self._arguments or not self._settings:
