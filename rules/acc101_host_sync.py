@@ -259,6 +259,22 @@ class HostSync(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC101:16",),
         ),
+        # A Trainer's callback runs at each step the Trainer takes.
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            from transformers import Trainer, TrainerCallback
+
+            class GradNorm(TrainerCallback):
+                def on_step_end(self, args, state, control, model=None, **kwargs):
+                    norms = [p.grad.norm() for p in model.parameters() if p.grad is not None]
+                    print("grad norm", torch.stack(norms).norm().item())
+
+            Trainer(model=model, args=args, callbacks=[GradNorm()]).train()
+            """,
+            diagnostics=("ACC101:7",),
+        ),
     )
 
     def applies(self) -> bool:

@@ -157,6 +157,16 @@ class DynamicShapes(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC103:6",),
         ),
+        # Given a tokenizer and no collator, a Trainer pads each batch with DataCollatorWithPadding.
+        Example(
+            target="torch_xla",
+            before="""
+            from transformers import Trainer
+
+            Trainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer).train()
+            """,
+            diagnostics=("ACC103:3",),
+        ),
     )
 
     def applies(self) -> bool:
