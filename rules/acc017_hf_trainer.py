@@ -65,7 +65,8 @@ class HfTrainer(Rule):
     the `_mp_fn(index)` its examples define); FSDP on XLA is torch_xla's, chosen with
     `fsdp_config={"xla": True}`. Where the target needs none of this (runtime: the Trainer
     trains through Accelerate on the device PyTorch has, as the runtime would), one line says
-    so and how to start many processes. Only a file that builds a Trainer is concerned:
+    so and how to start many processes; the runtime's compiler cannot be the Trainer's
+    `torch_compile_backend`, as Accelerate takes only the dynamo backends it lists. Only a file that builds a Trainer is concerned:
     one that imports transformers for a model and trains it in its own loop is migrated as any
     other. Host reads and changing shapes in the Trainer's callbacks (`TrainerCallback`
     subclasses), its subclass's methods, the collator and `preprocess_logits_for_metrics` are
