@@ -30,9 +30,10 @@ from accrewrite.targets import DEFAULT_TARGET, Target, get_target
 from accrewrite.transform import BatchedTransformer, RuleBug, walked_types
 
 SKIP_FILE = re.compile(rb"#\s*accrewrite:\s*skip-file")
-# A file that never names torch, CUDA or a CUDA extension it imports (dcn_v2, ACC026) cannot
-# concern a training script migration.
-_RELEVANT = re.compile(rb"torch|cuda|dcn_v2")
+# A file that never names torch, CUDA, a CUDA extension it imports (dcn_v2, ACC026) or a Trainer
+# (Hugging Face's, ACC017: a fine-tuning script need not import torch) cannot concern a training
+# script migration.
+_RELEVANT = re.compile(rb"torch|cuda|dcn_v2|Trainer")
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,8 @@ def _run_rules(ctx: RuleContext, options: Options, selection: Selection, origina
     runnable = [cls for cls in selection.rules if _runs_on(cls, target)]
     rules = [rule for rule in (cls(ctx) for cls in runnable) if rule.applies()]
     if facts.framework is not None:
-        rules = [rule for rule in rules if rule.diagnostic_only()]  # the framework migrates itself (ACC107)
+        # the framework trains by itself (ACC107): only what reports, and what migrates it
+        rules = [rule for rule in rules if rule.diagnostic_only() or facts.framework in rule.manages]
     if not rules:
         return None
     guard = Guard(options.guard, target.guard_function) if options.guard else None

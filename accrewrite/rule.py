@@ -68,6 +68,9 @@ class Rule:
     # the rule, which does not run there (selected by its exact code, the command line says so
     # once per run).
     concepts: ClassVar[tuple[str, ...]] = ()
+    # The frameworks that manage their own training (``Facts.framework``) whose files the rule
+    # migrates: the engine leaves such a file to the diagnostics and to the rules that manage it.
+    manages: ClassVar[frozenset[str]] = frozenset()
     examples: ClassVar[tuple[Example, ...]] = ()
     # Words (names, attribute names, text in string literals) of which every statement the rule
     # changes, reports on or looks at mentions one: the rule is called only in those statements

@@ -83,6 +83,8 @@ class ManagedTraining(Rule):
 
     def _report(self, node: cst.CSTNode, module: str) -> None:
         framework = managed_by(module) or module.split(".")[0]
+        if framework == "accelerate" and self.ctx.facts.framework == "transformers":
+            return  # the Trainer's own Accelerate: ACC017 migrates its script
         said = _MANAGED.get(framework) or _CUDA_ONLY.get(framework)
         if said and framework not in self._reported:
             self._reported.add(framework)
