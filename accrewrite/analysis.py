@@ -73,7 +73,24 @@ MANAGED_FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "torch.dis
 
 # Of those, the ones that put the model on the accelerator (``accelerator.prepare``, the Trainer):
 # their scripts wait for a device as any other does.
-PLACING_FRAMEWORKS = frozenset({"accelerate", "lightning", "pytorch_lightning"})
+PLACING_FRAMEWORKS = frozenset({"accelerate", "lightning", "pytorch_lightning", "transformers"})
+
+# Trainers that run the training loop themselves, with the framework they train through: a file
+# that builds one (or a subclass of its own) trains through it. Importing transformers for a
+# model that a hand-written loop trains does not.
+TRAINER_CLASSES = MappingProxyType({
+    "transformers.Trainer": "transformers",
+    "transformers.trainer.Trainer": "transformers",
+    "transformers.Seq2SeqTrainer": "transformers",
+    "transformers.trainer_seq2seq.Seq2SeqTrainer": "transformers",
+    "trl.SFTTrainer": "transformers",
+    "trl.trainer.SFTTrainer": "transformers",
+    "trl.trainer.sft_trainer.SFTTrainer": "transformers",
+})
+TRAINER_CALLBACKS = frozenset({"transformers.TrainerCallback", "transformers.trainer_callback.TrainerCallback"})
+# What a Trainer is given that it calls on every step (or every evaluation step). Not
+# compute_metrics: it is given numpy arrays, read from the device once per evaluation.
+_TRAINER_STEP_ARGUMENTS = ("data_collator", "preprocess_logits_for_metrics", "compute_loss_func")
 
 
 # The method each framework calls for a training step, where it runs the backward pass and
@@ -239,8 +256,10 @@ class Facts:
     # with its function: ``reduces_gradients`` reads them.
     collectives: list[tuple[cst.BaseExpression, cst.FunctionDef | None]] = field(default_factory=list)
     # The framework the file trains through, when one manages devices and gradients itself
-    # (``MANAGED_FRAMEWORKS``).
+    # (Accelerate, Lightning: ACC019, ACC018; a Trainer the file builds, transformers': ACC017).
     framework: str | None = None
+    # The calls that build a Trainer (``Trainer(model=..., args=...)``), in a file it trains.
+    trainer_builds: list[cst.Call] = field(default_factory=list)
     # Whether the file moves anything to a device (``.cuda()``, ``.to(device)``, ``device=``, or
     # a framework that places the model): a script that never does trains on the CPU, where
     # nothing waits for a device.
@@ -707,6 +726,10 @@ class _Analyzer:
             [] if HOST_READ_CALLS in self._words else None
         )
         self._calls: list[tuple[cst.Call, cst.FunctionDef | None]] = []
+        # The file's subclasses of a Trainer (name -> framework), and those and its Trainer
+        # callbacks: the Trainer calls their methods on each step.
+        self._trainers: dict[str, str] = {}
+        self._trainer_classes: list[cst.ClassDef] = []
         # The names bound, and declared global or nonlocal, in the body being walked (a
         # function's, or the module), innermost last; None inside a nested scope (a class, a
         # lambda, a comprehension, a function's header), whose names are its own.
@@ -858,6 +881,22 @@ class _Analyzer:
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self._define(node)
         self._containers.append(node)
+        if node.bases:
+            self._note_trainer_class(node)
+
+    def _note_trainer_class(self, node: cst.ClassDef) -> None:
+        """A subclass of a Trainer or of a Trainer callback (by its bases)."""
+        for base in node.bases:
+            framework = self._trainer_of(base.value)
+            if framework is not None:
+                self._trainers[node.name.value] = framework
+            if framework is not None or self.facts.qualname(base.value) in TRAINER_CALLBACKS:
+                self._trainer_classes.append(node)
+                return
+
+    def _trainer_of(self, name: cst.BaseExpression) -> str | None:
+        """The framework of the Trainer that ``name`` names (transformers', a subclass of the file's)."""
+        return TRAINER_CLASSES.get(self.facts.qualname(name)) or self._trainers.get(dotted(name))
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self._containers.pop()
@@ -1138,6 +1177,8 @@ class _Analyzer:
 
     def leave_Module(self, original_node: cst.Module) -> None:
         self._close_body(original_node)
+        if self._trainers or self.facts.called & TRAINER_CLASSES.keys():
+            self._note_trainer()
         if any(self.facts.lists_device_ids(chain) for chain in self._indexed_moves):
             self.facts.places_on_device = True
         for name, statements in self._name_calls or ():
@@ -1156,6 +1197,46 @@ class _Analyzer:
                 self._concern(self._loop_statements[loop.node], self._every)
                 self._concern_all_in(loop.node)
                 known.add(loop.node)
+
+    def _note_trainer(self) -> None:
+        """A file that builds a Trainer trains through its framework; what the Trainer calls on
+        each step (its subclass's and its callbacks' methods, the collator and the logits'
+        preprocessing it is given) are the file's step functions, where the diagnostics look."""
+        facts = self.facts
+        builds = [(call, scope) for call, scope in self._calls if self._trainer_of(call.func)]
+        if not builds:
+            return
+        facts.trainer_builds = [call for call, _ in builds]
+        # Accelerate imported beside it (``PartialState`` for the main process) is the Trainer's own.
+        if facts.framework in (None, "accelerate"):
+            facts.framework = self._trainer_of(builds[0][0].func)
+            facts.places_on_device = True
+        methods = facts.definitions.methods
+        for owner in self._trainer_classes:
+            facts.step_functions.update(m for name, m in methods.get(owner, {}).items() if name != "__init__")
+        for call, scope in builds:
+            for keyword in _TRAINER_STEP_ARGUMENTS:
+                given = call_arg(call, 99, keyword)
+                if given is not None:
+                    facts.step_functions.update(self._called_each_step(given.value, scope))
+
+    def _called_each_step(self, value: cst.BaseExpression, scope: cst.FunctionDef | None) -> list[cst.FunctionDef]:
+        """The file's functions that ``value``, given to a Trainer, runs: a function, or the
+        ``__call__`` of a collator class of the file (``MyCollator(tokenizer)``, or a name bound
+        to one)."""
+        definitions = self.facts.definitions
+        if type(value) is cst.Name:
+            name = value.value
+            found = definitions.nested.get((scope, name)) or definitions.defined.get(name)
+            if type(found) is cst.FunctionDef:
+                return [found]
+            made = [v for v in self.facts.assignments.get(name, ()) if type(v) is cst.Call]
+            return [f for v in made for f in self._called_each_step(v, scope)]
+        if type(value) is cst.Call and type(value.func) is cst.Name:
+            made = definitions.classes.get(value.func.value)
+            call = definitions.methods.get(made, {}).get("__call__") if made is not None else None
+            return [call] if call is not None else []
+        return []
 
 
 def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozenset[str] | None = None,

@@ -151,6 +151,16 @@ _DEFINITIONS = (
     Definition("gradient_sync_switch", STATEMENTS, "DDP's require_backward_grad_sync for a sharded model",
                ("model", "value")),
     Definition("full_state_export", STATEMENTS, "writes a sharded model's unsharded state dict", ("path", "model")),
+    # Hugging Face's Trainer (ACC017)
+    Definition("trainer_setup", STATEMENTS,
+               "run once at the top of the file, before transformers is imported, so that a Hugging Face "
+               "Trainer trains on the target's device"),
+    Definition("trainer_precision", SPELLING,
+               "the TrainingArguments flag that turns mixed precision on where the script gave fp16: one the "
+               "Trainer runs on the target's device"),
+    Definition("trainer_optimizer", EXPRESSION,
+               "TrainingArguments' optim where the Trainer's default (torch's fused AdamW) does not run on the "
+               "target's device"),
     # Frameworks that train by themselves (ACC018, ACC019)
     Definition("lightning_accelerator", EXPRESSION,
                "a Lightning Trainer's accelerator for the target's device, with Lightning's own strategy for it"),

@@ -1,6 +1,6 @@
 """Which files a run covers.
 
-Directories are walked for ``*.py`` files, skipping version control, virtual environments,
+Directories are walked for ``*.py`` files and Jupyter notebooks (``*.ipynb``), skipping version control, virtual environments,
 caches and build output, and anything matching an ``--exclude`` glob. A symlink is followed only
 when it stays inside the tree being walked, and a directory is never entered twice (a symlink
 loop ends). Files named on the command line are always taken, unless excluded; a file reached by
@@ -57,7 +57,7 @@ def excluded(path: Path, root: Path, excludes: tuple[str, ...]) -> bool:
 
 
 def discover(paths: list[str], excludes: tuple[str, ...] = ()) -> Found:
-    """The Python files under ``paths``, each once, in a stable order, and the paths that could
+    """The Python files and notebooks under ``paths``, each once, in a stable order, and the paths that could
     not be walked."""
     found = Found()
     seen: set[Path] = set()
@@ -103,7 +103,7 @@ def _walk(root: Path, excludes: tuple[str, ...], problems: list[tuple[str, str]]
         )
         for name in sorted(files):
             file = here / name
-            if not name.endswith(".py") or excluded(file, root, excludes):
+            if not name.endswith((".py", ".ipynb")) or excluded(file, root, excludes):
                 continue
             if file.is_symlink() and not real(file).is_relative_to(real_root):
                 continue

@@ -30,10 +30,10 @@ from accrewrite.targets import DEFAULT_TARGET, Target, get_target
 from accrewrite.transform import BatchedTransformer, RuleBug, walked_types
 
 SKIP_FILE = re.compile(rb"#\s*accrewrite:\s*skip-file")
-# A file that never names torch, CUDA, a CUDA extension it imports (dcn_v2, ACC026) or a framework
-# that trains by itself (Lightning, Accelerate: ACC018, ACC019) cannot concern a training script
-# migration.
-_RELEVANT = re.compile(rb"torch|cuda|dcn_v2|lightning|\baccelerate\b")
+# A file that never names torch, CUDA, a CUDA extension it imports (dcn_v2, ACC026), a Trainer
+# (Hugging Face's, ACC017: a fine-tuning script need not import torch) or a framework that trains
+# by itself (Lightning, Accelerate: ACC018, ACC019) cannot concern a training script migration.
+_RELEVANT = re.compile(rb"torch|cuda|dcn_v2|Trainer|lightning|\baccelerate\b")
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,7 @@ def _run_rules(ctx: RuleContext, options: Options, selection: Selection, origina
     runnable = [cls for cls in selection.rules if _runs_on(cls, target)]
     rules = [rule for rule in (cls(ctx) for cls in runnable) if rule.applies()]
     if facts.framework is not None:
-        # The framework trains by itself: only the rules that migrate it change the file.
+        # The framework trains by itself: only the rules that report, and those that migrate it.
         rules = [rule for rule in rules if rule.diagnostic_only() or facts.framework in rule.manages]
     if not rules:
         return None

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 @dataclass
 class FileError:
-    """Why a file could not be migrated, with the line (1-based; 0 when unknown)."""
+    """Why a file could not be migrated, with the line (1-based; 0 when unknown) and, in a
+    notebook, the cell that line counts in (0 elsewhere)."""
 
     reason: str
     line: int = 0
     col: int = 0
+    cell: int = 0
 
 
 class MigrationError(Exception):

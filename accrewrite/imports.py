@@ -60,6 +60,18 @@ def leading_imports_end(body) -> int:
     return position
 
 
+def first_import(body) -> int:
+    """Index of the first import of a module body's leading imports, past its docstring and
+    ``__future__`` imports: what runs before everything the file imports goes there."""
+    end = leading_imports_end(body)
+    for index in range(end):
+        statement = body[index]
+        if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], (cst.Import, cst.ImportFrom)):
+            if not (isinstance(statement.body[0], cst.ImportFrom) and getattr(statement.body[0].module, "value", "") == "__future__"):
+                return index
+    return min(end, len(body) - 1)
+
+
 def add_imports(module: cst.Module, facts: Facts, lines: list[str]) -> cst.Module:
     """``module`` with each import line (one name per line) added unless the file already binds
     that name to that module. New lines go after the file's leading block of imports (after its

@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accrewrite.notebook import python_of
 from accrewrite.reduction import Reading
 from accrewrite.registry import all_rules
 from accrewrite.rule import Finding
@@ -203,7 +204,7 @@ def _reading(path: Path, members: list[Member], by_path: dict, decisions: Decisi
     migrated = index is not None and index not in decisions.left and members[index].changed
     try:
         code = members[index].output if migrated else path.read_bytes()
-        return Reading(ast.parse(code))
+        return Reading(ast.parse(python_of(path, code)))
     except _UNREADABLE:
         return None
 
@@ -280,7 +281,7 @@ class _Graph:
     def _text(self, path: Path) -> bytes:
         if path not in self._texts:
             try:
-                self._texts[path] = path.read_bytes()
+                self._texts[path] = python_of(path, path.read_bytes())
             except OSError:
                 self._texts[path] = b""
         return self._texts[path]

@@ -68,6 +68,9 @@ class Rule:
     # the rule, which does not run there (selected by its exact code, the command line says so
     # once per run).
     concepts: ClassVar[tuple[str, ...]] = ()
+    # The frameworks that manage their own training (``Facts.framework``) whose files the rule
+    # migrates: the engine leaves such a file to the diagnostics and to the rules that manage it.
+    manages: ClassVar[frozenset[str]] = frozenset()
     examples: ClassVar[tuple[Example, ...]] = ()
     # Words (names, attribute names, text in string literals) of which every statement the rule
     # changes, reports on or looks at mentions one: the rule is called only in those statements
@@ -115,6 +118,7 @@ class Finding:
     end_col: int = 0
     # A diagnostic's why and what to do: its message states one fact, short enough for a line.
     help: str = ""
+    cell: int = 0  # in a notebook, the cell (1-based) that ``line`` counts in; 0 elsewhere
 
 
 def _end(module: cst.Module, finding: Finding) -> tuple[int, int]:

@@ -26,7 +26,8 @@ from types import MappingProxyType
 from accrewrite import parsing, project
 from accrewrite.atomic_file import is_temporary, remove_orphans, write_atomically
 from accrewrite.engine import Options, migrate_source
-from accrewrite.errors import FileError
+from accrewrite.errors import FileError, MigrationError
+from accrewrite.notebook import Notebook, is_notebook
 from accrewrite.rule import Finding
 from accrewrite.unified_diff import unified_diff
 from accrewrite.workers import Lost, map_isolated
@@ -54,8 +55,11 @@ class Outcome:
     diagnostics: list[Finding] = field(default_factory=list)
     withheld: list[Finding] = field(default_factory=list)
     diff: str = ""
-    # The source lines that diagnostics point at, by number, for the full output format.
-    lines: dict[int, str] = field(default_factory=dict)
+    # The source lines that diagnostics point at, by (cell, line), for the full output format.
+    lines: dict[tuple[int, int], str] = field(default_factory=dict)
+    # In a notebook: where each finding's (cell, line) is written in the file, for the formats
+    # that point into the file (GitHub, GitLab, SARIF).
+    file_lines: dict[tuple[int, int], int] = field(default_factory=dict)
     # False for a path that names no file (it does not exist, or a folder could not be walked):
     # an error, not a file, in the summary.
     file: bool = True
@@ -121,6 +125,8 @@ def _write_error(exc: OSError, path: Path) -> FileError:
 def migrate_text(display: str, source: bytes, options: Options, mode: str) -> tuple[Outcome, bytes]:
     """Migrate source named ``display`` in memory: its outcome (a diff in diff and check modes)
     and the migrated bytes."""
+    if is_notebook(display):
+        return _migrate_notebook(display, source, options, mode)
     result = migrate_source(source, display, options)
     for finding in (*result.fixes, *result.diagnostics, *result.withheld):
         finding.node = None  # syntax trees stay in this process
@@ -132,11 +138,87 @@ def migrate_text(display: str, source: bytes, options: Options, mode: str) -> tu
         return outcome, source
     if result.diagnostics:
         text = re.split(r"\r\n?|\n", source.decode("utf-8", errors="replace"))
-        outcome.lines = {d.line: text[d.line - 1] for d in result.diagnostics if 0 < d.line <= len(text)}
+        outcome.lines = {(0, d.line): text[d.line - 1] for d in result.diagnostics if 0 < d.line <= len(text)}
     if result.changed and mode in ("diff", "check"):
         outcome.diff = _diff(display, source, result.output)
     outcome.member = project.member(Path(display), result)
     return outcome, result.output
+
+
+def _migrate_notebook(display: str, data: bytes, options: Options, mode: str) -> tuple[Outcome, bytes]:
+    """Migrate a notebook's code cells as one script (``accrewrite.notebook``): findings and
+    errors point at a cell and a line in it, the diff is per cell, and the migrated bytes are
+    the notebook with the changed cells' sources replaced."""
+    try:
+        book = Notebook.read(data)
+        result = migrate_source(book.script(), display, options)
+        _place_in_cells(book, result)
+        changed = book.migrated_sources(result.output) if result.changed else {}
+        for cell in book.cells:
+            if cell.writes is not None:
+                _add_written_module(cell, migrate_source(cell.written()[1], f"{display}:cell {cell.number}", options),
+                                    result, changed)
+        output = book.with_sources(changed) if changed and result.error is None else data
+    except MigrationError as exc:
+        return Outcome(display, error=exc.error), data
+    outcome = Outcome(display, changed=bool(changed) and result.error is None, error=result.error, fixes=result.fixes,
+                      diagnostics=result.diagnostics, withheld=result.withheld)
+    if result.error is not None:
+        return outcome, data
+    sources = {cell.number: cell.source.splitlines() for cell in book.cells}
+    for finding in (*result.fixes, *result.diagnostics, *result.withheld):
+        finding.node = None  # syntax trees stay in this process
+        key = (finding.cell, finding.line)
+        outcome.file_lines[key] = book.file_line(*key)
+        if 0 < finding.line <= len(sources.get(finding.cell, ())):
+            outcome.lines[key] = sources[finding.cell][finding.line - 1]
+    if changed and mode in ("diff", "check"):
+        outcome.diff = "".join(_diff(f"{display}:cell {number}", _ended(book.sources[number - 1]), _ended(source))
+                               for number, source in sorted(changed.items()))
+    # The project reads the script's migration; the file written is the notebook.
+    outcome.member = replace(project.member(Path(display), result), changed=outcome.changed,
+                             output=output if outcome.changed else None)
+    return outcome, output
+
+
+def _place_in_cells(book: Notebook, result) -> None:
+    """Findings and the error of ``result`` (lines of the notebook's script) as lines of cells,
+    and so is a line a message names."""
+
+    def cells_named(message: str) -> str:
+        return re.sub(r"\bline (\d+)\b", lambda match: "cell {}, line {}".format(*book.position(int(match[1]))),
+                      message)
+
+    for finding in (*result.fixes, *result.diagnostics, *result.withheld):
+        cell, line = book.position(finding.line)
+        if finding.end_line:
+            finding.end_line += line - finding.line
+        finding.cell, finding.line, finding.message = cell, line, cells_named(finding.message)
+    if result.error is not None:
+        result.error.reason = cells_named(result.error.reason)
+        if result.error.line:
+            result.error.cell, result.error.line = book.position(result.error.line)
+
+
+def _add_written_module(cell, written, result, changed: dict[int, str]) -> None:
+    """A ``%%writefile`` cell's module, migrated on its own (``written``), joins the notebook's
+    ``result``: its findings and error on the cell's lines, its output in ``changed``."""
+    for finding in (*written.fixes, *written.diagnostics, *written.withheld):
+        finding.cell, finding.line = cell.number, finding.line + 1  # below the magic's line
+        finding.end_line += 1 if finding.end_line else 0
+    result.fixes += written.fixes
+    result.diagnostics += written.diagnostics
+    result.withheld += written.withheld
+    if written.error is not None and result.error is None:
+        result.error = written.error
+        result.error.cell, result.error.line = cell.number, written.error.line + 1 if written.error.line else 0
+    elif written.changed:
+        changed[cell.number] = cell.written()[0] + written.output.decode()
+
+
+def _ended(text: str) -> bytes:
+    """A cell's source with a final line end, so that a diff shows its last line as a line."""
+    return (text if text.endswith("\n") or not text else text + "\n").encode()
 
 
 def process(job: Job, options: Options, mode: str) -> Outcome:
@@ -248,7 +330,7 @@ def _settle(jobs: list[tuple[Job, Options]], outcomes: list[Outcome], mode: str,
 
 def _left(outcome: Outcome, left: project.Left) -> Outcome:
     """A file the project leaves as it is: its one finding (--output-dir copies it as it is)."""
-    return Outcome(outcome.path, diagnostics=[left.finding], lines={1: left.first_line})
+    return Outcome(outcome.path, diagnostics=[left.finding], lines={(0, 1): left.first_line})
 
 
 def _size(path: Path) -> int:

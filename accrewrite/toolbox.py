@@ -35,6 +35,22 @@ def with_commas(args: list[cst.Arg | cst.Element]) -> list[cst.Arg | cst.Element
     return fixed
 
 
+def with_keywords(call: cst.Call, keywords: list[tuple[str, cst.BaseExpression]]) -> cst.Call:
+    """``call`` with keyword arguments added after its last, laid out as its arguments are (one a
+    line where they are, a trailing comma kept)."""
+    args = list(call.args)
+    equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+    new = [cst.Arg(keyword=cst.Name(name), value=value, equal=equal) for name, value in keywords]
+    between = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if len(args) > 1 and isinstance(args[-2].comma, cst.Comma):
+        between = args[-2].comma
+    trailing = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
+    if args:
+        args[-1] = args[-1].with_changes(comma=between)
+    args += [arg.with_changes(comma=between) for arg in new[:-1]]
+    return call.with_changes(args=[*args, new[-1].with_changes(comma=trailing)])
+
+
 def quoted_like(original: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:
     """``new`` in the quotes of the string literal it replaces (the file's quoting is kept)."""
     if isinstance(original, cst.SimpleString) and isinstance(new, cst.SimpleString):

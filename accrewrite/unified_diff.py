@@ -41,6 +41,11 @@ def unified_diff(before: list[str], after: list[str], from_file: str, to_file: s
                 yield from ("+" + line for line in after[j1:j2])
 
 
+def line_opcodes(before: list[str], after: list[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib's opcodes from ``before`` to ``after``, matched as the diff matches them."""
+    return _AnchoredMatcher(before, after).get_opcodes()
+
+
 def _range(start: int, stop: int) -> str:
     """A hunk's range as unified diffs write it: ``first,length``, ``first`` for one line."""
     length = stop - start

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import libcst as cst
 
-from accrewrite.imports import leading_imports_end
+from accrewrite.imports import first_import
 from accrewrite.rule import Rule
 
 
@@ -41,7 +41,7 @@ class ConstructorSwap(Rule):
             if self.ctx.code(statements[-1]).strip() in self.ctx.source_text:
                 continue  # hooked already
             body = node.body
-            anchor = body[_first_import(body)] if body else None
+            anchor = body[first_import(body)] if body else None
             if anchor is None:
                 continue
             self.ctx.insert_before(anchor, statements)
@@ -58,13 +58,3 @@ class ConstructorSwap(Rule):
         args = updated_node.args if self.keeps_arguments else []
         return updated_node.with_changes(func=replacement, args=args)
 
-
-def _first_import(body) -> int:
-    """Index of the first import of the file's leading imports (the hooks go before it)."""
-    end = leading_imports_end(body)
-    for index in range(end):
-        statement = body[index]
-        if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], (cst.Import, cst.ImportFrom)):
-            if not (isinstance(statement.body[0], cst.ImportFrom) and getattr(statement.body[0].module, "value", "") == "__future__"):
-                return index
-    return min(end, len(body) - 1)

@@ -29,12 +29,14 @@ class HostSync(LoopDiagnostic, Rule):
 
     Only the training loop (one that calls backward, also with parameters updated by hand) and
     its step functions are checked: elsewhere a host read costs once. A script that Hugging
-    Face Accelerate trains is left as it is (ACC107) but checked the same way: Accelerate's
-    TPU guide warns of these reads too. There a metric given tensors (`metric.add_batch(...)`
-    of `evaluate`, which turns them into numpy) and `accelerator.log` given a tensor read it.
-    A LightningModule's `training_step` is its step (ACC018): on an XLA target,
-    `self.log(..., sync_dist=True)` there reduces the value on the host every step (Lightning's
-    XLA strategy calls `xm.mesh_reduce`).
+    Face Accelerate trains (ACC019) is checked the same way, as Accelerate's TPU guide warns of
+    these reads too: there a metric given tensors (`metric.add_batch(...)` of `evaluate`, which
+    turns them into numpy) and `accelerator.log` given a tensor read it. In one that Hugging
+    Face's Trainer trains (ACC017), what the Trainer calls on each step is checked: its
+    callbacks' methods, its subclass's (`compute_loss`), the collator and
+    `preprocess_logits_for_metrics` it is given. A LightningModule's `training_step` is its step
+    (ACC018): on an XLA target, `self.log(..., sync_dist=True)` there reduces the value on the
+    host every step (Lightning's XLA strategy calls `xm.mesh_reduce`).
     Nothing inside a step closure is reported, including the logging that ACC009 moves into one
     in the same run.
     """
@@ -205,9 +207,9 @@ class HostSync(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC101:9",),
         ),
-        # A script that Accelerate trains is left as it is (ACC107), and its reads are reported as
-        # in any other: a metric given tensors (evaluate's add_batch turns them into numpy),
-        # accelerator.log given a tensor, math.exp of one.
+        # A script that Accelerate trains (ACC019) has its reads reported as in any other: a metric
+        # given tensors (evaluate's add_batch turns them into numpy), accelerator.log given a
+        # tensor, math.exp of one.
         Example(
             before="""
             import math
@@ -259,6 +261,22 @@ class HostSync(LoopDiagnostic, Rule):
                 total = loss.item()
             """,
             diagnostics=("ACC101:16",),
+        ),
+        # A Trainer's callback runs at each step the Trainer takes.
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            from transformers import Trainer, TrainerCallback
+
+            class GradNorm(TrainerCallback):
+                def on_step_end(self, args, state, control, model=None, **kwargs):
+                    norms = [p.grad.norm() for p in model.parameters() if p.grad is not None]
+                    print("grad norm", torch.stack(norms).norm().item())
+
+            Trainer(model=model, args=args, callbacks=[GradNorm()]).train()
+            """,
+            diagnostics=("ACC101:7",),
         ),
     )
 

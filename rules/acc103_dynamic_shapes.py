@@ -46,7 +46,9 @@ class DynamicShapes(LoopDiagnostic, Rule):
     - per-batch padding to the longest sample: `DataCollatorWithPadding(tokenizer)` and the
       other padding collators without `padding="max_length"`, `tokenizer(..., padding=True)`
       or `padding="longest"`, `pad_sequence(...)` (typically in a `collate_fn`), Accelerate's
-      `accelerator.pad_across_processes(...)` before a gather. What to
+      `accelerator.pad_across_processes(...)` before a gather, Hugging Face's `Trainer` given a
+      tokenizer (`processing_class=`) and no `data_collator` (its default is
+      `DataCollatorWithPadding`). What to
       do: pack variable-length samples into fixed-length rows with
       `accrewrite.runtime.io.PackedDataset` (TorchAcc's migration guide, "Pack dataset"), or pad to a fixed
       `max_length`. These are reported wherever they are, since the loop sees their batches;
@@ -73,7 +75,8 @@ class DynamicShapes(LoopDiagnostic, Rule):
     summary = "dynamic shapes: boolean-mask indexing, nonzero(), padding to the longest sample per batch"
     triggers = frozenset(
         {*_PADDING_COLLATORS, *_DATA_SIZED, "where", "padding", "pad_sequence", "pad_across_processes", "mask", "masks", "labels",
-         "attention_mask", "loss_mask", "valid", "cat", "concat", "concatenate"}
+         "attention_mask", "loss_mask", "valid", "cat", "concat", "concatenate",
+         "processing_class", "tokenizer"}  # a Trainer's default collator pads
     )
     trigger_nodes = (cst.Slice,)  # an offset that changes every step has no word of its own
     examples = (
@@ -117,7 +120,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC103:5", "ACC103:5"),
         ),
-        # A script that Accelerate trains is left as it is (ACC107); its padding is reported.
+        # A script that Accelerate trains (ACC019) has its padding reported.
         Example(
             target="torch_xla",
             before="""
@@ -154,12 +157,23 @@ class DynamicShapes(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC103:6",),
         ),
+        # Given a tokenizer and no collator, a Trainer pads each batch with DataCollatorWithPadding.
+        Example(
+            target="torch_xla",
+            before="""
+            from transformers import Trainer
+
+            Trainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer).train()
+            """,
+            diagnostics=("ACC103:3",),
+        ),
     )
 
     def applies(self) -> bool:
         # Generation loops (on lazy targets) and padding are reported outside the training loop too.
-        return self.could_report() or self.ctx.target.has("lazy_execution") or (
-            self.ctx.facts.places_on_device and _PADDING_WORDS.search(self.ctx.source_text) is not None)
+        facts = self.ctx.facts
+        return self.could_report() or self.ctx.target.has("lazy_execution") or bool(facts.trainer_builds) or (
+            facts.places_on_device and _PADDING_WORDS.search(self.ctx.source_text) is not None)
 
     def visit_For(self, node: cst.For) -> None:
         self._generation(node)
@@ -189,6 +203,9 @@ class DynamicShapes(LoopDiagnostic, Rule):
         func = node.func
         callee = self.ctx.facts.qualname(func) or dotted(func) or ""
         last = callee.split(".")[-1]
+        if node in self.ctx.facts.trainer_builds:
+            self._default_collator(node)
+            return
         if last in _PADDING_COLLATORS:
             padding = call_arg(node, 99, "padding")
             if padding is None or string_value(padding.value) not in ("max_length", "do_not_pad"):
@@ -216,6 +233,15 @@ class DynamicShapes(LoopDiagnostic, Rule):
             self._data_sized(node, f"`{last}()`")
         elif callee == "torch.where" and len(node.args) == 1:
             self._data_sized(node, "one-argument `torch.where`")
+
+    def _default_collator(self, trainer: cst.Call) -> None:
+        """A Trainer given a tokenizer and no collator collates with DataCollatorWithPadding."""
+        given = call_arg(trainer, 99, "processing_class") or call_arg(trainer, 99, "tokenizer")
+        if given is None or call_arg(trainer, 99, "data_collator") is not None:
+            return
+        self.report(trainer, "the Trainer's default collator pads each batch to its longest sample",
+                    f"Given a tokenizer and no data_collator, the Trainer collates with DataCollatorWithPadding. "
+                    f"{_PADDED} Rows padded already: pass data_collator=default_data_collator.")
 
     def _data_sized(self, node: cst.CSTNode, what: str) -> None:
         self.report(node, f"{what} returns as many elements as the data selects", _DATA_SIZED_HELP)

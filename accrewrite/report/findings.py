@@ -45,7 +45,22 @@ def help_of(finding: Finding) -> str:
 
 def error_location(outcome: Outcome) -> str:
     error = outcome.error
-    return f"{outcome.path}:{error.line}:{error.col + 1}" if error.line else outcome.path
+    return f"{outcome.path}:{in_cell(error.cell)}{error.line}:{error.col + 1}" if error.line else outcome.path
+
+
+def in_cell(cell: int) -> str:
+    """A location's cell, as ruff writes a notebook's locations (``nb.ipynb:cell 3:2:8``)."""
+    return f"cell {cell}:" if cell else ""
+
+
+def file_line(outcome: Outcome, finding: Finding) -> int:
+    """The line of the file a finding is on: in a notebook, the line of its JSON."""
+    return outcome.file_lines.get((finding.cell, finding.line), finding.line)
+
+
+def said_where(finding: Finding, message: str) -> str:
+    """A message for the formats that point into the file: in a notebook, it names the cell."""
+    return f"cell {finding.cell}, line {finding.line}: {message}" if finding.cell else message
 
 
 def repeats(diagnostics: list[Finding]) -> list[tuple[Finding, list[Finding]]]:

@@ -1,8 +1,11 @@
 """``--format github``: GitHub Actions workflow commands (``::warning file=...::message``), one
-annotation per diagnostic, per file error and, when checking, per fix that would be made."""
+annotation per diagnostic, per file error and, when checking, per fix that would be made. In a
+notebook an annotation sits on the line of the file's JSON that holds its line of code, and its
+message names the cell and the line in it."""
 
 from __future__ import annotations
 
+from accrewrite.report.findings import file_line, said_where
 from accrewrite.runner import Outcome
 
 
@@ -28,8 +31,9 @@ def render(outcomes: list[Outcome], mode: str, target: str) -> str:
             lines.append(command("error", o.error.reason, file=o.path, line=o.error.line or 1, title="accrewrite"))
         if o.changed and mode in ("check", "diff"):
             level = "error" if mode == "check" else "notice"
-            lines += [command(level, f"would migrate: {f.message}", file=o.path, line=f.line,
+            lines += [command(level, said_where(f, f"would migrate: {f.message}"), file=o.path, line=file_line(o, f),
                               title=f"{f.code} {f.name}") for f in o.fixes]
-        lines += [command("warning", d.message, file=o.path, line=d.line, col=d.col + 1, title=d.code)
+        lines += [command("warning", said_where(d, d.message), file=o.path, line=file_line(o, d),
+                          **({} if d.cell else {"col": d.col + 1}), title=d.code)
                   for d in o.diagnostics]
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """``--format gitlab``: a GitLab Code Quality report (a JSON list of issues), as ruff writes it.
 
 Paths are relative to ``CI_PROJECT_DIR`` when it is set (GitLab resolves them from the
-repository root). A fingerprint hashes the path, code, message and the occurrence's rank among
+repository root). In a notebook an issue is on the line of the file's JSON that holds its line
+of code, and its description names the cell. A fingerprint hashes the path, code, message and the occurrence's rank among
 equal ones, so it stays put when lines move and differs between repeats.
 """
 
@@ -12,7 +13,7 @@ import json
 import os
 from collections import Counter
 
-from accrewrite.report.findings import help_of
+from accrewrite.report.findings import file_line, help_of, said_where
 from accrewrite.runner import Outcome
 
 
@@ -47,7 +48,8 @@ def render(outcomes: list[Outcome], mode: str, target: str) -> str:
             issue("error", o.error.reason, "blocker", o.path, o.error.line)
         if o.changed and mode in ("check", "diff"):
             for f in o.fixes:
-                issue(f.code, f"{f.code} would migrate: {f.message}", "major", o.path, f.line)
+                issue(f.code, f"{f.code} {said_where(f, 'would migrate: ' + f.message)}", "major", o.path,
+                      file_line(o, f))
         for d in o.diagnostics:
-            issue(d.code, f"{d.code} {d.message}", "minor", o.path, d.line, help_of(d))
+            issue(d.code, f"{d.code} {said_where(d, d.message)}", "minor", o.path, file_line(o, d), help_of(d))
     return json.dumps(issues, indent=2)

@@ -1,5 +1,6 @@
 """``--format json``: one document with every file's fixes, diagnostics (each with its help) and,
-when previewing or checking, its diff."""
+when previewing or checking, its diff. In a notebook, ``cell`` is the cell (1-based) that a
+location's ``line`` counts in; null elsewhere."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ def render(outcomes: list[Outcome], mode: str, target: str) -> str:
                 "written": o.written,
                 "diff": o.diff,
                 "error": None if o.error is None else {"message": o.error.reason, "line": o.error.line,
-                                                       "col": o.error.col + 1},
-                "fixes": [{"code": f.code, "name": f.name, "line": f.line, "message": f.message} for f in o.fixes],
+                                                       "col": o.error.col + 1, "cell": o.error.cell or None},
+                "fixes": [{"code": f.code, "name": f.name, "line": f.line, "cell": f.cell or None, "message": f.message}
+                          for f in o.fixes],
                 "diagnostics": [
-                    {"code": d.code, "line": d.line, "col": d.col + 1,
+                    {"code": d.code, "line": d.line, "col": d.col + 1, "cell": d.cell or None,
                      "end_location": {"line": d.end_line, "col": d.end_col + 1},
                      "message": d.message, "help": help_of(d)}
                     for d in o.diagnostics

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from accrewrite import __version__
 from accrewrite.registry import all_rules
-from accrewrite.report.findings import help_of
+from accrewrite.report.findings import file_line, help_of, said_where
 from accrewrite.runner import Outcome
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -37,20 +37,24 @@ def render(outcomes: list[Outcome], mode: str, target: str) -> str:
     index = {rule.code: position for position, rule in enumerate(rules)}
     results = []
 
-    def result(code: str, level: str, message: str, path: str, line: int, col: int, help: str = "") -> dict:
-        entry = {"ruleId": code, "level": level, "message": {"text": message},
-                 "locations": [_location(path, line, col)]}
-        if code in index:
-            entry["ruleIndex"] = index[code]
-        if help:
-            entry["properties"] = {"help": help}
+    def result(o: Outcome, finding, level: str, message: str, col: int | None, help: str = "") -> dict:
+        # In a notebook the region is the line of the file's JSON; the cell goes in properties.
+        entry = {"ruleId": finding.code, "level": level, "message": {"text": said_where(finding, message)},
+                 "locations": [_location(o.path, file_line(o, finding), None if finding.cell else col)]}
+        if finding.code in index:
+            entry["ruleIndex"] = index[finding.code]
+        properties = {"help": help} if help else {}
+        if finding.cell:
+            properties.update(cell=finding.cell, line=finding.line)
+        if properties:
+            entry["properties"] = properties
         return entry
 
     for o in outcomes:
         if o.changed and mode in ("check", "diff"):
             level = "error" if mode == "check" else "note"
-            results += [result(f.code, level, f"would migrate: {f.message}", o.path, f.line, 0) for f in o.fixes]
-        results += [result(d.code, "warning", d.message, o.path, d.line, d.col, help_of(d)) for d in o.diagnostics]
+            results += [result(o, f, level, f"would migrate: {f.message}", 0) for f in o.fixes]
+        results += [result(o, d, "warning", d.message, d.col, help_of(d)) for d in o.diagnostics]
     notifications = [
         {"level": "error", "message": {"text": o.error.reason}, "locations": [_location(o.path, o.error.line)]}
         for o in outcomes

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from accrewrite.plural import counted
-from accrewrite.report.findings import Summary, counts, error_location, help_of, repeats
+from accrewrite.report.findings import Summary, counts, error_location, help_of, in_cell, repeats
 from accrewrite.rule import Finding
 from accrewrite.runner import Outcome
 
@@ -47,7 +47,7 @@ def _also(later: list[Finding]) -> str:
 
 
 def _location(outcome: Outcome, finding: Finding) -> str:
-    return f"{escape(outcome.path)}:{finding.line}:{finding.col + 1}:"
+    return f"{escape(outcome.path)}:{in_cell(finding.cell)}{finding.line}:{finding.col + 1}:"
 
 
 def _concise(outcome: Outcome, console: Console) -> None:
@@ -65,7 +65,7 @@ def _full(outcome: Outcome, console: Console) -> None:
     for d in outcome.diagnostics:
         console.print(f"{_location(outcome, d)} [bold red]{d.code}[/] {escape(d.message)}",
                       highlight=False, soft_wrap=True)
-        source = outcome.lines.get(d.line)
+        source = outcome.lines.get((d.cell, d.line))
         if source is not None:
             gutter = " " * len(str(d.line))
             console.print(f"{gutter} |\n{d.line} | {escape(source)}\n{gutter} | {' ' * d.col}[bold red]^[/]",

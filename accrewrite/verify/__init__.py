@@ -4,7 +4,8 @@ Before anything runs, each side's interpreter is asked to import what its side n
 (``preflight``). The project is copied once into a workspace, and each side runs in a view of
 it (``workspace``): the user's files are never given to a side. Each side runs the script, to
 its end unless ``--steps`` says otherwise, with the probe in every Python process it starts
-(``sides``, ``probe``). The first side is then rerun with its parameters nudged, to measure the
+(``sides``, ``probe``); a notebook runs as its code cells in order, its IPython lines (magics,
+shell escapes) skipped with a note. The first side is then rerun with its parameters nudged, to measure the
 noise that each step's tolerance is made of (``verdict``).
 
 Exit codes: 0 every step of every rank within its tolerance, and both sides ended well; 1 the
@@ -28,9 +29,11 @@ from pathlib import Path
 from rich.console import Console
 
 from accrewrite.choices import ORIGINAL
+from accrewrite.errors import MigrationError
+from accrewrite.notebook import is_notebook
 from accrewrite.verify import preflight, report, sides, verdict
 from accrewrite.verify.sides import Side
-from accrewrite.verify.workspace import Workspace, WorkspaceError, project_root
+from accrewrite.verify.workspace import Workspace, WorkspaceError, project_root, skipped_in_notebook
 
 # Nudged reruns, each with its own random nudge, until their drift accounts for a difference: one
 # nudge may flip no ReLU where another kernel's rounding flips several.
@@ -92,6 +95,12 @@ def verify(script: str, args: list[str], pair: list[Side], steps: int | None, np
     path = Path(script).resolve()
     if not path.is_file():
         return report.error(err, f"{script}: no such file")
+    if is_notebook(path.name):
+        try:
+            skipped = skipped_in_notebook(path)
+        except MigrationError as exc:
+            return report.error(err, f"{script}: {exc.error.reason}")
+        err.print(report.notebook_note(skipped), highlight=False, soft_wrap=True)
     missing = preflight.problems([(side.name, side.target, side.python) for side in pair])
     if missing:
         return report.error(err, "\n".join(missing))

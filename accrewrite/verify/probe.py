@@ -236,8 +236,8 @@ def install(recorder: Recorder) -> None:
 
 def host_random(torch, device_type: str):
     """A torch function mode in which what draws random numbers for devices of ``device_type``
-    draws them on the CPU generator and moves them there; to a lazy device's graph they are an
-    input, as a batch is. Every other call goes through untouched (a dispatch mode would change
+    draws them on the CPU generator and moves them there (attention's dropout as the CPU's
+    attention draws its mask); to a lazy device's graph they are an input, as a batch is. Every other call goes through untouched (a dispatch mode would change
     XLA's lowering)."""
     from torch.overrides import TorchFunctionMode
 
@@ -260,6 +260,8 @@ def host_random(torch, device_type: str):
             kwargs = kwargs or {}
             if func in dropouts:
                 return self.dropout(func, *args, **kwargs)
+            if func is F.scaled_dot_product_attention:
+                return self.attention(func, args, kwargs)
             if func in inits:
                 return self.initialise(func, *args, **kwargs)
             device = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
@@ -287,7 +289,34 @@ def host_random(torch, device_type: str):
             noise = func(torch.ones(input.shape, dtype=input.dtype), p, True).to(input.device)
             return input.mul_(noise) if inplace else input * noise
 
+        @staticmethod
+        def attention(func, args, kwargs):
+            given = {**dict(zip(_ATTENTION_PARAMETERS, args)), **kwargs}
+            query, key, value = given["query"], given["key"], given["value"]
+            p = given.get("dropout_p", 0.0)
+            if not p or not on_device(query.device):
+                return func(*args, **kwargs)
+            # The CPU's attention with dropout is its math form, whose mask is dropout's of the
+            # weights' shape: the same form on the device, with the mask the CPU draws.
+            if given.get("enable_gqa"):
+                key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
+                value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
+            scale = given.get("scale") or query.size(-1) ** -0.5
+            scores = query @ key.transpose(-2, -1) * scale
+            mask = given.get("attn_mask")
+            if given.get("is_causal"):
+                mask = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+            weights = scores.softmax(-1)
+            noise = F.dropout(torch.ones(weights.shape, dtype=weights.dtype), p, True).to(query.device)
+            return (weights * noise) @ value
+
     return HostRandom()
+
+
+# torch.nn.functional.scaled_dot_product_attention's parameters, in order.
+_ATTENTION_PARAMETERS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
 class _Pace:

@@ -26,6 +26,15 @@ def error(err: Console, message: str) -> int:
     return CANNOT_RUN
 
 
+def notebook_note(skipped: list[str]) -> str:
+    """What verify runs of a notebook."""
+    said = "its code cells run in order as one script"
+    if not skipped:
+        return f"notebook: {said}"
+    shown = ", ".join(f"`{line}`" for line in skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    return f"notebook: {said}; {counted(len(skipped), 'IPython line')} not run: {escape(shown)}"
+
+
 def _ended(side: Side, timeout: float) -> str:
     if side.returncode is None:
         return f"was still running after {timeout:g} s (--timeout)"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accrewrite.engine import Options, migrate_source
+from accrewrite.notebook import Notebook, is_notebook
 from accrewrite.project import Decisions, decide, member, needs_deciding
 
 WORKSPACE_PREFIX = "accrewrite-verify-"
@@ -160,7 +161,7 @@ class Workspace:
                 made.mkdir(parents=True, exist_ok=True)
                 for file in files:
                     source = here / file
-                    if not file.endswith(".py"):
+                    if not file.endswith(".py") and self._sources[source] != self.script:
                         (made / file).symlink_to(source)
                         continue
                     shutil.copy2(source, made / file)  # a real file: Python resolves a script's links
@@ -173,25 +174,45 @@ class Workspace:
         cwd = home / project.name / self.cwd.relative_to(project.source)
         cwd.mkdir(parents=True, exist_ok=True)
         if self.script.is_relative_to(project.source):
-            return cwd, home / project.name / self.script.relative_to(project.source)
-        return cwd, home / self.trees[1].name / self.script.name
+            script = home / project.name / self.script.relative_to(project.source)
+        else:
+            script = home / self.trees[1].name / self.script.name
+        return cwd, _runnable(script) if is_notebook(script.name) else script
+
+
+def _runnable(notebook: Path) -> Path:
+    """The notebook's code cells as a script beside it (``<name>.ipynb.py``), for the side to run."""
+    code, _ = Notebook.read(notebook.read_bytes()).runnable()
+    script = notebook.with_name(notebook.name + ".py")
+    script.write_bytes(code)
+    return script
+
+
+def skipped_in_notebook(script: Path) -> list[str]:
+    """The IPython lines (magics, shell escapes) a side does not run of the notebook ``script``."""
+    return Notebook.read(script.read_bytes()).runnable()[1]
 
 
 def _migrated(paths: list[Path], options: Options, root: Path, errors: list[str]) -> dict[Path, bytes]:
     """Each file's migrated bytes, as ``accrewrite migrate`` over the folder ``root`` gives them
-    (the project's decision made: ``accrewrite.project``). A file whose migration fails is
-    kept as it is, its error in ``errors``."""
+    (the project's decision made: ``accrewrite.project``); a notebook's code cells are migrated
+    as one script. A file whose migration fails is kept as it is, its error in ``errors``."""
     sources = {path: path.read_bytes() for path in paths}
-    results = [migrate_source(sources[path], str(path), options) for path in paths]
+    books = {path: Notebook.read(sources[path]) for path in paths if is_notebook(path.name)}
+    code = {path: books[path].script() if path in books else sources[path] for path in paths}
+    results = [migrate_source(code[path], str(path), options) for path in paths]
     members = [member(path, result) for path, result in zip(paths, results)]
     decisions = decide(members, [root]) if needs_deciding(members) else Decisions()
     for index, why in decisions.keep_ddp.items():
-        results[index] = migrate_source(sources[paths[index]], str(paths[index]), replace(options, keep_ddp=why))
+        results[index] = migrate_source(code[paths[index]], str(paths[index]), replace(options, keep_ddp=why))
     outputs = {}
     for index, (path, result) in enumerate(zip(paths, results)):
         if result.error is not None:
             errors.append(f"{path}:{result.error.line}: {result.error.reason}")
-        outputs[path] = sources[path] if result.error is not None or index in decisions.left else result.output
+        if result.error is not None or index in decisions.left or not result.changed:
+            outputs[path] = sources[path]
+        else:
+            outputs[path] = books[path].migrated(result.output) if path in books else result.output
     return outputs
 
 

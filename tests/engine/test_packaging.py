@@ -8,6 +8,7 @@ import venv
 import zipfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,22 +56,26 @@ def test_pre_commit_hooks_migrate_then_pass(tmp_path):
     assert run(*git, "init", "-q", cwd=project).returncode == 0
     script = project / "train.py"
     script.write_text(UNMIGRATED)
+    notebook = project / "lesson.ipynb"
+    notebook.write_text(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(UNMIGRATED)])))
+    course = notebook.read_text()
     (project / "tests").mkdir()
     unit_test = project / "tests" / "test_train.py"
     unit_test.write_text(UNMIGRATED)  # a unit test seeds and steps too: not a training script
-    run(*git, "add", "train.py", "tests/test_train.py", cwd=project)
+    run(*git, "add", "train.py", "lesson.ipynb", "tests/test_train.py", cwd=project)
 
     def try_hook(hook):
         return run("pre-commit", "try-repo", ROOT, hook, "--all-files", cwd=project, env=env)
 
     checked = try_hook("accrewrite-check")
     assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert script.read_text() == UNMIGRATED  # the check hook writes nothing
+    assert script.read_text() == UNMIGRATED and notebook.read_text() == course  # the check hook writes nothing
 
     first = try_hook("accrewrite")
     assert first.returncode == 1, first.stdout + first.stderr  # it changed a file: the commit stops
     assert "xm.set_rng_state(0)" in script.read_text()
-    run(*git, "add", "train.py", cwd=project)
+    assert "xm.set_rng_state(0)" in notebook.read_text()
+    run(*git, "add", "train.py", "lesson.ipynb", cwd=project)
     second = try_hook("accrewrite")
     assert second.returncode == 0, second.stdout + second.stderr
     assert try_hook("accrewrite-check").returncode == 0

@@ -607,11 +607,45 @@ def draws(device, host_random):
         return [t.detach().cpu() for t in out]
 
 
+def attention(device, host_random):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 4).to(device) for _ in range(3))
+    with probe.host_random(torch, "xla") if host_random else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True).cpu()
+
+
 cpu, xla = draws("cpu", False), draws(torch_xla.device(), True)
 print([torch.equal(a, b) for a, b in zip(cpu, xla)])
+print(torch.allclose(attention("cpu", False), attention(torch_xla.device(), True), atol=1e-5))
 """
 
 
+
+
+@pytest.mark.parametrize("form", ["causal", "scale", "gqa", "bool-mask", "float-mask"])
+def test_attention_with_dropout_draws_its_mask_as_the_cpus_attention_does(form, monkeypatch):
+    # On the CPU itself, host_random's form of attention gives what torch's does with the same seed:
+    # the same mask and the same sums (GPT-2's attention dropout, in transformers' sdpa).
+    torch = pytest.importorskip("torch")
+    options = {"causal": {"is_causal": True}, "scale": {"scale": 0.3}, "gqa": {"enable_gqa": True},
+               "bool-mask": {"attn_mask": torch.ones(5, 5, dtype=torch.bool).triu()},
+               "float-mask": {"attn_mask": torch.randn(5, 5)}}[form]
+    query, key, value = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    if not options.get("enable_gqa"):
+        key, value = key.repeat(1, 2, 1, 1), value.repeat(1, 2, 1, 1)
+    F = torch.nn.functional
+
+    def attention():
+        torch.manual_seed(1)
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=0.3, **options)
+
+    expected = attention()
+    mode, masks = probe.host_random(torch, "cpu"), []
+    dropout = F.dropout
+    monkeypatch.setattr(F, "dropout", lambda *args, **kwargs: masks.append(args[0].shape) or dropout(*args, **kwargs))
+    with mode:
+        assert torch.allclose(attention(), expected, atol=1e-6)
+    assert masks == [(2, 4, 5, 5)]  # the mask of the weights' shape, drawn on the CPU
 
 
 @pytest.mark.xla
@@ -620,7 +654,7 @@ def test_the_xla_device_draws_what_the_cpu_draws_under_host_random(tmp_path, xla
     done = subprocess.run([xla_python, "check.py", str(Path(probe.__file__).parent)], cwd=tmp_path,
                           env={**os.environ, "PJRT_DEVICE": "CPU"}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[-2] == str([True] * 11)
+    assert done.stdout.split("\n")[-3:-1] == [str([True] * 11), "True"]
 
 
 @pytest.mark.slow

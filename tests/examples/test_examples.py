@@ -45,7 +45,7 @@ def fresh():
     return {name: regenerate.migrated_forms(name) for name in NAMES}
 
 
-def test_the_shapes_of_issue_3_are_all_there():
+def test_every_bundled_training_shape_is_there():
     assert {"mnist", "hf_no_trainer", "nanogpt", "imagenet", "mingpt", "torchrun_ddp"} <= set(NAMES)
 
 
