@@ -13,7 +13,9 @@ _CUDA = "cuda"  # x.cuda(), device="cuda"
 _LAUNCH_HELP = (
     "Run `accelerate config`, choose TPU (torch_xla) as the compute environment, then start the script with "
     "`accelerate launch train.py`: Accelerate places the model, shards the loaders and reduces the gradients on "
-    "the XLA device itself (a plain `python train.py` takes the one device torch_xla finds). On TPUs its bf16 "
+    "the XLA device itself (a plain `python train.py` takes the one device torch_xla finds). Off TPUs "
+    "(PJRT_DEVICE=CPU or CUDA) Accelerate reads the local rank from LOCAL_RANK alone: set LOCAL_RANK=0 for one "
+    "process, or `accelerator.print` and `is_local_main_process` find no main process. On TPUs its bf16 "
     "holds the weights and optimizer state in bfloat16 too (it sets XLA_USE_BF16); mixed_precision=\"no\" keeps "
     "them in float32."
 )
@@ -33,13 +35,15 @@ class AccelerateConfig(Rule):
     Where the target spells Accelerate's precision for its device (torch_xla), what the script
     chose for CUDA becomes what Accelerate runs there:
 
-    - `mixed_precision="fp16"` -> the target's (torch_xla: `"bf16"`: Accelerate's fp16 on XLA
-      needs torch_xla's GradScaler, which torch_xla 2.9 removed; bfloat16 is what XLA devices
-      compute in and needs no loss scaling; on TPUs Accelerate's bf16 sets XLA_USE_BF16, which
+    - `mixed_precision="fp16"` -> the target's (torch_xla: `"bf16"`: Accelerate refuses fp16
+      on TPUs, and on XLA GPUs it needs torch_xla's GradScaler, which torch_xla 2.9 removed;
+      bfloat16 is what XLA devices compute in and needs no loss scaling; on TPUs Accelerate's bf16 sets XLA_USE_BF16, which
       holds the weights and optimizer state in bfloat16 too, as the launch note says);
       `"bf16"` and `"no"` stay;
     - one diagnostic per file names how to launch it: `accelerate config` (choose TPU/XLA as the
-      compute environment), then `accelerate launch train.py`;
+      compute environment), then `accelerate launch train.py`; off TPUs (`PJRT_DEVICE=CPU` or
+      `CUDA`) Accelerate reads the local rank from `LOCAL_RANK` alone, which one process sets to
+      0, else `accelerator.print` and `is_local_main_process` find no main process;
     - a precision the rule cannot see (`mixed_precision=args.mixed_precision`,
       `Accelerator(**kwargs)`) or cannot run there (`"fp8"`) is reported, with what to give;
     - `.cuda()`, `.to("cuda")` and `device="cuda"` in the file are reported: they fail where
@@ -146,7 +150,7 @@ class AccelerateConfig(Rule):
 
     def _unseen(self, node: cst.Call, source: str, bf16: str) -> None:
         self.ctx.diagnose(node, f"the Accelerator's mixed_precision comes from {source}: give it {bf16}, not 'fp16'",
-                          f"Accelerate's fp16 needs a GradScaler of the target's device, which it lacks: pass "
+                          f"Accelerate's fp16 does not run on the target's device (no loss scaling there): pass "
                           f"{bf16} (or \"no\") there, or choose it in `accelerate config`.")
 
     def _once(self, node: cst.Call, message: str, help: str) -> None:
