@@ -199,10 +199,9 @@ class LightningTrainer(Rule):
         return self.ctx.concept(concept).render_expr()
 
     def _unseen(self, node: cst.CSTNode, source: str) -> None:
-        accelerator = self._accelerator()
-        if accelerator is None:
-            self._no_accelerator(node)
+        if self._unsupported(node):
             return
+        accelerator = self._accelerator()
         self.ctx.diagnose(
             node, f"the Trainer's arguments come from {source}: set accelerator={accelerator} there",
             f"The rule cannot see them: set the accelerator to {accelerator} (`--accelerator` on the command line, "
@@ -211,9 +210,13 @@ class LightningTrainer(Rule):
             f"{self._spelled('lightning_mixed_precision')}.",
         )
 
-    def _no_accelerator(self, node: cst.CSTNode) -> None:
+    def _unsupported(self, node: cst.CSTNode) -> bool:
+        """Whether the target has no Lightning accelerator; the file's first Lightning object is told so."""
+        if self._accelerator() is not None:
+            return False
         self._once(node, f"Lightning has no accelerator for the {self.ctx.target.name} target: left as it is",
                    _NO_TARGET_HELP)
+        return True
 
     def _once(self, node: cst.CSTNode, message: str, help: str) -> None:
         """What the file's first Trainer is told about the whole file."""
@@ -230,10 +233,9 @@ class LightningTrainer(Rule):
         )
 
     def _fabric(self, node: cst.Call) -> None:
-        accelerator = self._accelerator()
-        if accelerator is None:
-            self._no_accelerator(node)
+        if self._unsupported(node):
             return
+        accelerator = self._accelerator()
         self.ctx.diagnose(
             node, f"Lightning Fabric is left as it is: it needs accelerator={accelerator} and its setup reordered",
             f"Give Fabric accelerator={accelerator} (the strategy comes with it; a mixed precision there is "
@@ -246,8 +248,7 @@ class LightningTrainer(Rule):
     # The Trainer's arguments -----------------------------------------------------------------
 
     def _trainer(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if self._accelerator() is None:
-            self._no_accelerator(original)
+        if self._unsupported(original):
             return updated
         starred = next((arg for arg in original.args if arg.star), None)
         if starred is not None:
