@@ -107,7 +107,7 @@ from pathlib import Path
 from typing import Callable
 
 from accrewrite.discovery import discover, excluded
-from accrewrite.engine import Options, migrate_source
+from accrewrite.engine import SKIP_FILE, FileResult, Options, migrate_source
 from accrewrite.unbound import REFUSAL
 from accrewrite.verify.workspace import Workspace
 
@@ -320,6 +320,54 @@ class Training:
     @property
     def steps(self) -> bool:
         return any(STEP in does for does in self.loops.values())
+
+
+# Training a framework runs ------------------------------------------------------------------
+
+# A framework's trainer (transformers' and trl's Trainer, Lightning's, fastai's Learner, d2l's
+# Trainer) or launcher (Accelerate's Accelerator, Lightning's Fabric), and the calls that train
+# through it. LightningCLI fits as it is built.
+_FRAMEWORKS = ("transformers", "trl", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "fastai",
+               "d2l")
+_TRAINERS = re.compile(r"\w*Trainer|Accelerator|Fabric|Learner|\w+_learner|LightningCLI")
+_FITS = {"fit", "train", "fine_tune", "fit_one_cycle", "prepare", "setup", "backward"}
+
+
+def framework_training(facts: Facts) -> str | None:
+    """``framework Trainer`` where a framework's trainer is built and trained through (``x =
+    Trainer(..)`` then ``x.fit(..)``, or ``Trainer(..).fit(..)``), else None."""
+    starred = [node.module.split(".")[0] for node in ast.walk(facts.tree)
+               if isinstance(node, ast.ImportFrom) and node.module and any(a.name == "*" for a in node.names)]
+    for node in ast.walk(facts.tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _FITS:
+            receiver = node.func.value
+            built = [receiver] if isinstance(receiver, ast.Call) else [
+                value for value in facts.bindings.get(key(receiver) or "", []) if isinstance(value, ast.Call)]
+        elif (found := _trainer(facts, node.func, starred)) and found.endswith("LightningCLI"):
+            return found
+        else:
+            continue
+        for call in built:
+            if found := _trainer(facts, call.func, starred):
+                return found
+    return None
+
+
+def _trainer(facts: Facts, built: ast.expr, starred: list[str], depth: int = 0) -> str | None:
+    """``framework Name`` when ``built`` names a framework's trainer: a name imported from one, a
+    bare name where the file star-imports one, or a class of the file deriving from one."""
+    name = facts.qualified(built)
+    if name in facts.classes and depth < 3:
+        return next(filter(None, (_trainer(facts, base, starred, depth + 1) for base in facts.classes[name].bases)),
+                    None)
+    if name is None or not _TRAINERS.fullmatch(name.rsplit(".", 1)[-1]):
+        return None
+    module = name.split(".")[0]
+    if "." not in name and name not in facts.aliases:
+        module = next((m for m in starred if m in _FRAMEWORKS), "")
+    return f"{module} {name.rsplit('.', 1)[-1]}" if module in _FRAMEWORKS else None
 
 
 # Loaders -------------------------------------------------------------------------------------
@@ -727,6 +775,8 @@ class FileReport:
     diagnostics: list[tuple[str, int]] = field(default_factory=list)
     training: bool = False
     needs: list[Need] = field(default_factory=list)
+    trains: str = ""  # a training loop, or a framework's trainer (``what_trains``); "" for neither
+    outcome: str = ""  # for a file that trains, what the migration did with it (``outcome``)
 
 
 def _compiles(source: bytes, path: str) -> bool:
@@ -761,7 +811,36 @@ def examine(path: str, relative: str, target: str) -> FileReport:
     if original is not None:
         report.training = True
         report.needs = said(check_output(original, result.output, target), result.diagnostics)
+    report.trains = what_trains(source)
+    if report.trains:
+        report.outcome = outcome(source, result)
     return report
+
+
+LOOP = "a training loop"
+MIGRATED, DIAGNOSED, SILENT, SKIPPED, FAILED = "migrated", "diagnosed", "silent", "skipped by the user", "failed"
+
+
+def what_trains(source: bytes) -> str:
+    """``framework Trainer`` for a file that trains through a framework's trainer, ``LOOP`` for
+    one with a training loop (a framework's or its own), "" for a file that does not train."""
+    tree = parse(source)
+    if tree is None:
+        return ""
+    facts = Facts(tree)
+    return framework_training(facts) or (LOOP if Training(facts).loops else "")
+
+
+def outcome(source: bytes, result: FileResult) -> str:
+    """What the migration did with a file that trains: changed it, left it with a finding that
+    says why and what to do, left it silently (unchanged, not a word), or was told to skip it."""
+    if SKIP_FILE.search(source):
+        return SKIPPED
+    if result.error is not None:
+        return FAILED
+    if result.output != source:
+        return MIGRATED
+    return DIAGNOSED if result.diagnostics else SILENT
 
 
 def notebooks(directory: Path, excludes: tuple[str, ...]) -> list[Path]:
@@ -1543,15 +1622,22 @@ atexit.register(_xla_report)
 '''.replace("MARK", repr(XLA_MARK))
 
 
+# Cell magics whose cell is the notebook's Python; any other's (%%writefile, %%html, %%bash) is not.
+_PYTHON_CELL_MAGICS = re.compile(r"%%(capture|time|timeit|prun)\b")
+
+
 def notebook_source(path: Path) -> str:
     """A notebook's code cells as one script: IPython's ``!`` and ``%`` lines become ``pass``
-    (keeping any block they close valid), so the rest runs as the notebook's cells would."""
+    (keeping any block they close valid), so the rest runs as the notebook's cells would; a
+    cell that a cell magic gives to something else (a file, HTML, a shell) is left out."""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     lines = []
     for cell in cells:
         if cell.get("cell_type") != "code":
             continue
         source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        if source.lstrip().startswith("%%") and not _PYTHON_CELL_MAGICS.match(source.lstrip()):
+            continue
         for line in source.splitlines():
             stripped = line.lstrip()
             lines.append(line[:len(line) - len(stripped)] + "pass" if stripped[:1] in ("!", "%") else line)
@@ -1797,8 +1883,33 @@ def summarise(reports: list[FileReport], targets: list[str]) -> dict:
                                      sum(1 for r in training for n in r.needs if n.name == kind)]
                               for kind in (DEVICE, LOADER, REDUCTION, AMP)},
             "diagnostics": dict(sorted(Counter(code for r in mine for code, _ in r.diagnostics).items())),
+            **outcomes([r for r in mine if r.trains]),
         }
     return summary
+
+
+def outcomes(trains: list[FileReport]) -> dict:
+    """Of the files that train: how many the migration changed, left with a finding (files per
+    code), left silently, was told to skip, failed on; the silent ones with what trains in them."""
+    counts = Counter(r.outcome for r in trains)
+    diagnosed = [r for r in trains if r.outcome == DIAGNOSED]
+    return {
+        "trains": len(trains),
+        "trains_by_framework": dict(sorted(Counter(r.trains for r in trains).items())),
+        "migrated": counts[MIGRATED],
+        "diagnosed": counts[DIAGNOSED],
+        "diagnosed_by_code": dict(sorted(Counter(code for r in diagnosed for code in {c for c, _ in r.diagnostics})
+                                         .items())),
+        "silent": [(r.path, _silently(r)) for r in trains if r.outcome == SILENT],
+        "skipped_by_user": [r.path for r in trains if r.outcome == SKIPPED],
+        "failed": [r.path for r in trains if r.outcome == FAILED],
+    }
+
+
+def _silently(report: FileReport) -> str:
+    """What trains in a silent file and what it needs, for the lead to read beside it."""
+    needs = ", ".join(n.name for n in report.needs) if report.training else ""
+    return report.trains + (f" (needs {needs})" if needs else " (no CUDA need found)" if report.training else "")
 
 
 def print_corpus(summary: dict, targets: list[str]) -> None:
@@ -1841,6 +1952,20 @@ def print_training(reports: list[FileReport], summary: dict, targets: list[str])
                     print(f"  {target:<9} {r.path}: {need.name}: {need.why}" + (" (reported)" if need.said else ""))
 
 
+def print_outcomes(summary: dict, targets: list[str]) -> None:
+    print("\n== 3. files that train: migrated, left with a finding, left silently ==")
+    for target in targets:
+        s = summary[target]
+        codes = ", ".join(f"{code} {n}" for code, n in s["diagnosed_by_code"].items()) or "-"
+        print(f"{target}: {s['trains']} train; {s['migrated']} migrated, {s['diagnosed']} left with a finding "
+              f"({codes}), {len(s['silent'])} left silently, {len(s['skipped_by_user'])} skipped by the user, "
+              f"{len(s['failed'])} failed")
+    print("what trains: " + ", ".join(f"{what} {n}" for what, n in summary[targets[0]]["trains_by_framework"].items()))
+    for target in targets:
+        for path, what in summary[target]["silent"]:
+            print(f"  silent  {target:<9} {path}: {what}")
+
+
 def _ratio(s: dict) -> str:
     if s["coverage"] is None:
         return "- (nothing needed)"
@@ -1849,7 +1974,7 @@ def _ratio(s: dict) -> str:
 
 def print_diagnostics(summary: dict, targets: list[str]) -> None:
     codes = sorted({code for t in targets for code in summary[t]["diagnostics"]})
-    print("\n== 3. diagnostics by code ==")
+    print("\n== 4. diagnostics by code ==")
     print("code    " + "  ".join(f"{t:>9}" for t in targets))
     for code in codes:
         print(f"{code:<8}" + "  ".join(f"{summary[t]['diagnostics'].get(code, 0):>9}" for t in targets))
@@ -1871,14 +1996,14 @@ def list_diagnostics(directory: Path, reports: list[FileReport]) -> None:
 def print_verify(outcomes: list[Outcome]) -> None:
     results = [r for o in outcomes for r in o.verify]
     ends = [e for o in outcomes for e in o.ends]
-    print("\n== 4. accrewrite verify ==")
+    print("\n== 5. accrewrite verify ==")
     width = max((len(r.script) for r in results), default=10)
     print(f"{'script':<{width}}  {'comparison':<18}  exit  {'time':>6}  verdict")
     for r in results:
         code = "-" if r.code is None else str(r.code)
         print(f"{r.script:<{width}}  {r.comparison:<18}  {code:>4}  {r.seconds:>5.0f}s  {r.verdict}")
     if ends:
-        print("\n== 5. to the end: each side run as a user runs it, with the recipe's arguments ==")
+        print("\n== 6. to the end: each side run as a user runs it, with the recipe's arguments ==")
         print(f"{'script':<{width}}  {'side':<9}  exit  {'time':>6}  xla (executions/compilations/fallbacks)  why not")
         for e in ends:
             code = "-" if e.code is None else str(e.code)
@@ -1942,12 +2067,14 @@ def verified_counts(outcomes: list[Outcome], rtol: float | None) -> dict[str, st
 
 def print_summary(summary: dict, targets: list[str], verify: list[Outcome] | None, rtol: float | None) -> None:
     print("\n== summary ==")
-    print(f"{'target':<10} {'files':>6} {'internal':>9} {'net refused':>12} {'not idem.':>10} {'training':>9}  coverage")
+    print(f"{'target':<10} {'files':>6} {'internal':>9} {'net refused':>12} {'not idem.':>10} {'training':>9}  "
+          f"{'trains':>6} {'migrated':>8} {'diagnosed':>9} {'silent':>6}  coverage")
     for target in targets:
         s = summary[target]
         print(f"{target:<10} {s['files']:>6} {len(s['internal_errors']):>9} {len(s['refused_by_net']):>12} "
               f"{len(s['not_idempotent']):>10} "
-              f"{s['training_scripts']:>9}  {_ratio(s)}")
+              f"{s['training_scripts']:>9}  {s['trains']:>6} {s['migrated']:>8} {s['diagnosed']:>9} "
+              f"{len(s['silent']):>6}  {_ratio(s)}")
     if verify is not None:
         for target, text in verified_counts(verify, rtol).items():
             print(f"verified {target}: {text}")
@@ -1985,6 +2112,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(reports, targets)
     print_corpus(summary, targets)
     print_training(reports, summary, targets)
+    print_outcomes(summary, targets)
     print_diagnostics(summary, targets)
     if args.list_diagnostics:
         list_diagnostics(directory, reports)
