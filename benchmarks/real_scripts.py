@@ -9,8 +9,9 @@ they still train the same.
 DIR holds fetched public repositories, one folder per repository (``owner+name``). It is only
 read: migrations happen in memory, and verify runs work on copies in temporary directories.
 
-1. Every ``.py`` file under DIR (``accrewrite.discovery.discover``, minus ``--exclude``), and
-   every notebook's code cells as one script (``notebook_source``), is migrated to each target.
+1. Every ``.py`` file and notebook under DIR (``accrewrite.discovery.discover``, minus
+   ``--exclude``; a notebook's code cells as one script, ``accrewrite.notebook``), is migrated to
+   each target.
    Counted: internal errors (a FileError whose reason starts with "internal error": a rule's
    bug; among them "net refused", the names a migration leaves unbound,
    ``accrewrite.unbound``), other errors (Python 2 syntax, undecodable files), outputs
@@ -56,11 +57,19 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
    A miss that the migration reports, because doing the work would break the script (ACC003
    keeping the host's loader for a loop that works on a batch on the host before moving it,
    ACC005 keeping DDP where no gradient reduction can go), is counted as reported.
-3. Diagnostics by code and target; ``--list-diagnostics`` prints every ACC101/ACC102/ACC103
+3. Files that train: a training loop as above (a framework's too), or a framework's trainer
+   built and trained through (transformers' or trl's ``*Trainer`` then ``.train()``, Lightning's
+   ``Trainer`` then ``.fit()`` or a ``LightningCLI``, fastai's learner, d2l's ``Trainer``,
+   Accelerate's ``Accelerator`` or Lightning's ``Fabric`` then ``.prepare()``/``.setup()``). Per
+   target, how many the migration changed, how many it left unchanged with a finding (which
+   says why and what to do; counted by code, ACC107 among them), how many it left silently
+   (unchanged, no finding: listed, with what trains in them), how many say
+   ``# accrewrite: skip-file`` (the user's choice) and how many it failed on.
+4. Diagnostics by code and target; ``--list-diagnostics`` prints every ACC101/ACC102/ACC103
    finding of the runtime target as ``path:line: CODE <source line>``, to label by hand.
-4. ``--verify``: ``accrewrite verify`` on every script in ``RECIPES`` found in DIR, in a scratch
+5. ``--verify``: ``accrewrite verify`` on every script in ``RECIPES`` found in DIR, in a scratch
    directory holding a copy of the script's directory (two folders deep, so that ``../../data``
-   stays inside it; a notebook's code as ``<name>.py``) and synthetic data (no network):
+   stays inside it; verify runs a notebook's code cells in order) and synthetic data (no network):
    ``original,runtime`` and ``original,torch_xla``, or ``runtime,torch_xla`` (counted for both)
    where the original needs CUDA, or only ``original,runtime`` where it places nothing on a
    device. ``--python`` runs ``-m accrewrite.cli verify`` and with it the original and the
@@ -74,7 +83,7 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
    many operations fell back to the CPU, summed over its processes (``SITE``, a module every
    process imports first, reports them at exit). ``--end-only`` runs these and no verify;
    ``--run-jobs`` recipes at a time.
-5. A table per script (verify within the tolerance, ran to the end, XLA executions), a
+6. A table per script (verify within the tolerance, ran to the end, XLA executions), a
    summary per target, and with ``--json OUT`` everything above as JSON.
 """
 
@@ -106,8 +115,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from accrewrite.discovery import discover, excluded
+from accrewrite.discovery import discover
 from accrewrite.engine import SKIP_FILE, FileResult, Options, migrate_source
+from accrewrite.errors import MigrationError
+from accrewrite.notebook import Notebook, is_notebook
 from accrewrite.unbound import REFUSAL
 from accrewrite.verify.workspace import Workspace
 
@@ -791,7 +802,10 @@ def _compiles(source: bytes, path: str) -> bool:
 
 def examine(path: str, relative: str, target: str) -> FileReport:
     """Migrate one file to one target and judge the output."""
-    source = source_bytes(Path(path))
+    try:
+        source = script_of(Path(path))
+    except MigrationError as exc:  # a notebook nbformat cannot read
+        return FileReport(relative, target, error=exc.error.reason)
     options = Options(target=target)
     result = migrate_source(source, path, options)
     report = FileReport(relative, target, diagnostics=[(d.code, d.line) for d in result.diagnostics])
@@ -815,6 +829,12 @@ def examine(path: str, relative: str, target: str) -> FileReport:
     if report.trains:
         report.outcome = outcome(source, result)
     return report
+
+
+def script_of(path: Path) -> bytes:
+    """What the migration reads of a file: a notebook's code cells as one script."""
+    data = path.read_bytes()
+    return Notebook.read(data).script() if is_notebook(path.name) else data
 
 
 LOOP = "a training loop"
@@ -841,12 +861,6 @@ def outcome(source: bytes, result: FileResult) -> str:
     if result.output != source:
         return MIGRATED
     return DIAGNOSED if result.diagnostics else SILENT
-
-
-def notebooks(directory: Path, excludes: tuple[str, ...]) -> list[Path]:
-    """The notebooks under ``directory``: their code cells are migrated as one script."""
-    return sorted(p for p in directory.rglob("*.ipynb")
-                  if ".ipynb_checkpoints" not in p.parts and not excluded(p, directory, excludes))
 
 
 def corpus_pass(directory: Path, paths: list[Path], targets: list[str], jobs: int) -> list[FileReport]:
@@ -1622,37 +1636,10 @@ atexit.register(_xla_report)
 '''.replace("MARK", repr(XLA_MARK))
 
 
-# Cell magics whose cell is the notebook's Python; any other's (%%writefile, %%html, %%bash) is not.
-_PYTHON_CELL_MAGICS = re.compile(r"%%(capture|time|timeit|prun)\b")
-
-
-def notebook_source(path: Path) -> str:
-    """A notebook's code cells as one script: IPython's ``!`` and ``%`` lines become ``pass``
-    (keeping any block they close valid), so the rest runs as the notebook's cells would; a
-    cell that a cell magic gives to something else (a file, HTML, a shell) is left out."""
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    lines = []
-    for cell in cells:
-        if cell.get("cell_type") != "code":
-            continue
-        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-        if source.lstrip().startswith("%%") and not _PYTHON_CELL_MAGICS.match(source.lstrip()):
-            continue
-        for line in source.splitlines():
-            stripped = line.lstrip()
-            lines.append(line[:len(line) - len(stripped)] + "pass" if stripped[:1] in ("!", "%") else line)
-        lines.append("")
-    return "\n".join(lines) + "\n"
-
-
-def source_bytes(path: Path) -> bytes:
-    return notebook_source(path).encode() if path.suffix == ".ipynb" else path.read_bytes()
-
-
 @dataclass
 class Prepared:
     cwd: Path  # the working directory: a copy of the script's directory, data written
-    script: Path  # the script in it (a notebook's code as ``<name>.py``)
+    script: Path  # the script (or notebook) in it
     env: dict[str, str]
 
 
@@ -1662,9 +1649,6 @@ def prepare(script: Path, recipe: Recipe, scratch: Path, python: str) -> Prepare
     cwd = scratch / script.parent.parent.name / script.parent.name
     shutil.copytree(script.parent, cwd, ignore=shutil.ignore_patterns(".git", "__pycache__"), symlinks=True)
     path = cwd / script.name
-    if script.suffix == ".ipynb":
-        path = path.with_suffix(".py")
-        path.write_text(notebook_source(script), encoding="utf-8")
     for package in recipe.packages:
         shutil.copytree(script.parent / package, cwd / Path(package).name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -2107,7 +2091,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown target {', '.join(unknown)}; choose from {', '.join(SPELLINGS)}")
 
     directory = Path(args.directory).resolve()
-    paths = discover([str(directory)], tuple(args.exclude)).files + notebooks(directory, tuple(args.exclude))
+    paths = discover([str(directory)], tuple(args.exclude)).files
     reports = corpus_pass(directory, paths, targets, max(args.jobs, 1))
     summary = summarise(reports, targets)
     print_corpus(summary, targets)
