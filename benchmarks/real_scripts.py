@@ -838,6 +838,9 @@ def script_of(path: Path) -> bytes:
 
 
 LOOP = "a training loop"
+# The rules whose findings speak of a framework's training (ACC107: Accelerate, Lightning, RPC;
+# ACC017-ACC019: Trainer, Lightning and Accelerate scripts).
+FRAMEWORK_CODES = ("ACC017", "ACC018", "ACC019", "ACC107")
 MIGRATED, DIAGNOSED, SILENT, SKIPPED, FAILED = "migrated", "diagnosed", "silent", "skipped by the user", "failed"
 
 
@@ -1885,6 +1888,11 @@ def outcomes(trains: list[FileReport]) -> dict:
         "diagnosed_by_code": dict(sorted(Counter(code for r in diagnosed for code in {c for c, _ in r.diagnostics})
                                          .items())),
         "silent": [(r.path, _silently(r)) for r in trains if r.outcome == SILENT],
+        # Changed or reported for something else (a memory statistic, a host sync), while the
+        # framework that trains is never named: silent about the training itself.
+        "framework_unnamed": [(r.path, r.trains, r.outcome) for r in trains
+                              if r.trains != LOOP and r.outcome in (MIGRATED, DIAGNOSED)
+                              and not any(code in FRAMEWORK_CODES for code, _ in r.diagnostics)],
         "skipped_by_user": [r.path for r in trains if r.outcome == SKIPPED],
         "failed": [r.path for r in trains if r.outcome == FAILED],
     }
@@ -1948,6 +1956,13 @@ def print_outcomes(summary: dict, targets: list[str]) -> None:
     for target in targets:
         for path, what in summary[target]["silent"]:
             print(f"  silent  {target:<9} {path}: {what}")
+    codes = "/".join(FRAMEWORK_CODES)
+    for target in targets:
+        unnamed = summary[target]["framework_unnamed"]
+        print(f"{target}: {len(unnamed)} of those that train through a framework were {MIGRATED} or {DIAGNOSED} "
+              f"with no {codes} finding naming it")
+        for path, what, done in unnamed:
+            print(f"  unnamed  {target:<9} {path}: {what}, {done}")
 
 
 def _ratio(s: dict) -> str:

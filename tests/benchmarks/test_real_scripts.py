@@ -275,6 +275,7 @@ def test_the_files_that_train_are_migrated_diagnosed_left_silently_or_skipped(co
         assert summary["diagnosed"] == 1 and summary["diagnosed_by_code"] == {"ACC107": 1}
         assert summary["silent"] == [["someone+project/hf.py", "transformers Trainer"]]
         assert summary["skipped_by_user"] == ["someone+project/skipped.py"] and summary["failed"] == []
+        assert summary["framework_unnamed"] == []  # the Lightning script's finding is ACC107's
     printed = capsys.readouterr().out
     assert "  silent  torch_xla someone+project/hf.py: transformers Trainer" in printed
     assert "runtime: 6 train; 3 migrated, 1 left with a finding (ACC107 1), 1 left silently, 1 skipped" in printed
@@ -402,6 +403,18 @@ def test_the_scorecard_of_a_script():
     row = rs.scorecard(rs.Outcome(verify, ends))
     assert row == {"script": "a.py", "runtime verify": "yes", "torch_xla verify": "no", "original to end": "yes",
                    "runtime to end": "no", "torch_xla to end": "yes", "xla executions": "0"}
+
+
+def test_a_framework_script_changed_for_something_else_is_listed_as_never_naming_its_framework():
+    memory = HF_TRAINER + "print(torch.cuda.max_memory_allocated())\n"
+    reports = [rs.FileReport("hf.py", "runtime", trains="transformers Trainer", outcome=rs.MIGRATED,
+                             diagnostics=[("ACC010", 7)]),
+               rs.FileReport("lit.py", "runtime", trains="lightning Trainer", outcome=rs.DIAGNOSED,
+                             diagnostics=[("ACC107", 1)]),
+               rs.FileReport("train.py", "runtime", trains=rs.LOOP, outcome=rs.MIGRATED)]
+    assert rs.outcomes(reports)["framework_unnamed"] == [("hf.py", "transformers Trainer", rs.MIGRATED)]
+    assert rs.outcome(memory.encode(), rs.migrate_source(memory.encode(), "hf.py", rs.Options("runtime"))) \
+        == rs.MIGRATED
 
 
 def test_a_notebook_that_cannot_be_read_is_an_error_not_a_file_without_training(tmp_path):
