@@ -1086,6 +1086,15 @@ def no_data(cwd: Path, python: str) -> None:
     pass
 
 
+def mnist1d_arrays(cwd: Path, python: str) -> None:
+    """udlbook's coursework arrays: ``{train,val}_data_x.npy`` (40 offsets by example) and
+    ``{train,val}_data_y.npy`` (a digit each), which the notebook fetches only when absent."""
+    with_numpy(cwd, "import numpy as np; rng = np.random.default_rng(0)\n"
+                    "for name, n in (('train', 400), ('val', 100)):\n"
+                    "    np.save(f'{name}_data_x.npy', rng.standard_normal((40, n)))\n"
+                    "    np.save(f'{name}_data_y.npy', np.arange(n) % 10)", python)
+
+
 # The research scripts' data (the third corpus, docs/benchmarks.md): the layouts their loaders
 # read, written small.
 
@@ -1398,6 +1407,42 @@ RECIPES = (
     Recipe("mrdbourke+pytorch-deep-learning/01_pytorch_workflow.ipynb", (), no_data, needs=("matplotlib",),
            steps=104, note="a notebook: 100 steps on the CPU, then the device is chosen and a second model "
                            "trains on it for 1000 steps; 104 steps reach the second model"),
+    # Notebooks (the fourth corpus, docs/benchmarks.md): course and tutorial notebooks whose own
+    # loops train, run as their code cells in order. Their epochs and batch sizes are written in
+    # the cells, so the synthetic data sets how many steps they make.
+    *(Recipe(f"rasbt+deeplearning-models/pytorch_ipynb/{path}", (), mnist("data", train=256, test=64),
+             needs=_MNIST + extra, note=note)
+      for path, extra, note in (
+          ("cnn/cnn-basic.ipynb", (), "torch.device('cuda:3' if available), 10 epochs of two batches"),
+          ("cnn/cnn-allconv.ipynb", (), "torch.device('cuda:1' if available), 15 epochs of one batch"),
+          ("cnn/cnn-he-init.ipynb", (), "torch.device('cuda:2' if available), 10 epochs of two batches"),
+          ("cnn/cnn-lenet5-mnist.ipynb", ("pandas", "matplotlib"), "a DEVICE string, 10 epochs of two batches"),
+          ("autoencoder/ae-basic.ipynb", ("matplotlib",), "an autoencoder, 5 epochs of one batch"),
+          ("gan/gan.ipynb", ("matplotlib",), "two optimizers stepped in turn, 100 epochs of two batches"),
+          ("basic-ml/softmax-regression.ipynb", (), "10 epochs of one batch"))),
+    Recipe("rasbt+deeplearning-models/pytorch_ipynb/cnn/cnn-lenet5-cifar10.ipynb", (), cifar10("data", train=40),
+           needs=_IMAGES + ("pandas", "matplotlib"), note="10 epochs of one batch; an accuracy per class at the end"),
+    Recipe("rasbt+LLMs-from-scratch/appendix-A/01_main-chapter-code/code-part2.ipynb", (), no_data,
+           note="a notebook: torch.device('cuda' if available), a tensor data set written in a cell"),
+    Recipe("mrdbourke+pytorch-deep-learning/02_pytorch_classification.ipynb", (), no_data,
+           needs=("sklearn", "pandas", "matplotlib", "torchmetrics"),
+           note="make_circles data; helper_functions.py is beside it, so nothing is downloaded"),
+    Recipe("mrdbourke+pytorch-deep-learning/03_pytorch_computer_vision.ipynb", (),
+           mnist("data", train=64, test=32, name="FashionMNIST"),
+           needs=_MNIST + ("pandas", "matplotlib", "torchmetrics", "mlxtend"),
+           note="three models on FashionMNIST, 3 epochs of two batches each, a confusion matrix at the end"),
+    Recipe("mrdbourke+pytorch-deep-learning/extras/solutions/01_pytorch_workflow_exercise_solutions.ipynb", (),
+           no_data, needs=("matplotlib",), note="a linear regression on data made in a cell, 300 steps"),
+    Recipe("mrdbourke+pytorch-deep-learning/extras/solutions/02_pytorch_classification_exercise_solutions.ipynb",
+           (), no_data, needs=("sklearn", "pandas", "matplotlib", "torchmetrics"),
+           note="make_moons and a spiral made with numpy, 1000 steps each"),
+    Recipe("udlbook+udlbook/CM20315/CM20315_Coursework_II.ipynb", (), mnist1d_arrays, needs=("matplotlib",),
+           note="its model is never placed on a device (a CPU notebook that seeds CUDA), 50 epochs of four "
+                "batches"),
+    Recipe("phlippe+uvadlc_notebooks/docs/tutorial_notebooks/tutorial2/Introduction_to_PyTorch.ipynb", (), no_data,
+           needs=("matplotlib", "tensorboard"),
+           note="an XOR data set made in a cell, 100 epochs of two batches, then the same with a TensorBoard "
+                "writer"),
     # Research scripts (the third corpus, docs/benchmarks.md): self-supervised learning with DDP
     # and custom optimizers, GANs, detection and segmentation trainers, helper modules, resume
     # branches.
