@@ -1423,7 +1423,8 @@ RECIPES = (
     Recipe("rasbt+deeplearning-models/pytorch_ipynb/cnn/cnn-lenet5-cifar10.ipynb", (), cifar10("data", train=40),
            needs=_IMAGES + ("pandas", "matplotlib"), note="10 epochs of one batch; an accuracy per class at the end"),
     Recipe("rasbt+LLMs-from-scratch/appendix-A/01_main-chapter-code/code-part2.ipynb", (), no_data,
-           note="a notebook: torch.device('cuda' if available), a tensor data set written in a cell"),
+           original_runs=False, note="a notebook: a first cell moves tensors to \"cuda\" unconditionally, then "
+                                     "torch.device('cuda' if available) and a tensor data set written in a cell"),
     Recipe("mrdbourke+pytorch-deep-learning/02_pytorch_classification.ipynb", (), no_data,
            needs=("sklearn", "pandas", "matplotlib", "torchmetrics"),
            note="make_circles data; helper_functions.py is beside it, so nothing is downloaded"),
