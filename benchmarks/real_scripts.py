@@ -1440,6 +1440,9 @@ RECIPES = (
     Recipe("udlbook+udlbook/CM20315/CM20315_Coursework_II.ipynb", (), mnist1d_arrays, needs=("matplotlib",),
            note="its model is never placed on a device (a CPU notebook that seeds CUDA), 50 epochs of four "
                 "batches"),
+    Recipe("d2l-ai+d2l-pytorch-colab/chapter_linear-regression/linear-regression-scratch.ipynb", (), no_data,
+           needs=("d2l",), note="d2l's Trainer with the notebook's own fit_epoch and SGD class (no torch "
+                                "optimizer: verify sees no step), num_gpus=0, data made by d2l"),
     Recipe("phlippe+uvadlc_notebooks/docs/tutorial_notebooks/tutorial2/Introduction_to_PyTorch.ipynb", (), no_data,
            needs=("matplotlib", "tensorboard"),
            note="an XOR data set made in a cell, 100 epochs of two batches, then the same with a TensorBoard "
