@@ -1446,10 +1446,6 @@ RECIPES = (
     Recipe("d2l-ai+d2l-pytorch-colab/chapter_linear-regression/linear-regression-scratch.ipynb", (), no_data,
            needs=("d2l",), note="d2l's Trainer with the notebook's own fit_epoch and SGD class (no torch "
                                 "optimizer: verify sees no step), num_gpus=0, data made by d2l"),
-    Recipe("phlippe+uvadlc_notebooks/docs/tutorial_notebooks/tutorial2/Introduction_to_PyTorch.ipynb", (), no_data,
-           needs=("matplotlib", "tensorboard"),
-           note="an XOR data set made in a cell, 100 epochs of two batches, then the same with a TensorBoard "
-                "writer"),
     # Research scripts (the third corpus, docs/benchmarks.md): self-supervised learning with DDP
     # and custom optimizers, GANs, detection and segmentation trainers, helper modules, resume
     # branches.
