@@ -784,6 +784,7 @@ class FileReport:
     idempotent: bool | None = None  # None: not migrated
     idempotency_note: str = ""
     diagnostics: list[tuple[str, int]] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)  # the codes of the rules that changed it
     training: bool = False
     needs: list[Need] = field(default_factory=list)
     trains: str = ""  # a training loop, or a framework's trainer (``what_trains``); "" for neither
@@ -808,7 +809,8 @@ def examine(path: str, relative: str, target: str) -> FileReport:
         return FileReport(relative, target, error=exc.error.reason)
     options = Options(target=target)
     result = migrate_source(source, path, options)
-    report = FileReport(relative, target, diagnostics=[(d.code, d.line) for d in result.diagnostics])
+    report = FileReport(relative, target, diagnostics=[(d.code, d.line) for d in result.diagnostics],
+                        fixes=sorted({f.code for f in result.fixes}))
     if result.error is not None:
         report.error = result.error.reason
         report.internal = result.error.reason.startswith("internal error")
@@ -1936,11 +1938,11 @@ def outcomes(trains: list[FileReport]) -> dict:
         "diagnosed_by_code": dict(sorted(Counter(code for r in diagnosed for code in {c for c, _ in r.diagnostics})
                                          .items())),
         "silent": [(r.path, _silently(r)) for r in trains if r.outcome == SILENT],
-        # Changed or reported for something else (a memory statistic, a host sync), while the
-        # framework that trains is never named: silent about the training itself.
+        # Changed or reported for something else (a memory statistic, a host sync), while no
+        # fix or finding of a framework's rule concerns it: silent about the training itself.
         "framework_unnamed": [(r.path, r.trains, r.outcome) for r in trains
                               if r.trains != LOOP and r.outcome in (MIGRATED, DIAGNOSED)
-                              and not any(code in FRAMEWORK_CODES for code, _ in r.diagnostics)],
+                              and not {*r.fixes, *(code for code, _ in r.diagnostics)} & set(FRAMEWORK_CODES)],
         "skipped_by_user": [r.path for r in trains if r.outcome == SKIPPED],
         "failed": [r.path for r in trains if r.outcome == FAILED],
     }
@@ -2008,7 +2010,7 @@ def print_outcomes(summary: dict, targets: list[str]) -> None:
     for target in targets:
         unnamed = summary[target]["framework_unnamed"]
         print(f"{target}: {len(unnamed)} of those that train through a framework were {MIGRATED} or {DIAGNOSED} "
-              f"with no {codes} finding naming it")
+              f"with no {codes} fix or finding")
         for path, what, done in unnamed:
             print(f"  unnamed  {target:<9} {path}: {what}, {done}")
 

@@ -237,9 +237,21 @@ HF_TRAINER = textwrap.dedent("""\
 """)
 
 
+# d2l's Trainer places the model (num_gpus) and runs the loop inside the d2l package.
+D2L_TRAINER = textwrap.dedent("""\
+    import torch
+    from d2l import torch as d2l
+
+    model = d2l.LeNet(lr=0.1)
+    trainer = d2l.Trainer(max_epochs=10, num_gpus=1)
+    trainer.fit(model, d2l.FashionMNIST(batch_size=128))
+""")
+
+
 @pytest.mark.parametrize("source, trains", [
     (LIGHTNING, "lightning Trainer"),
     (HF_TRAINER, "transformers Trainer"),
+    (D2L_TRAINER, "d2l Trainer"),
     ("from fastai.vision.all import *\nlearn = vision_learner(dls, resnet34)\nlearn.fine_tune(1)\n",
      "fastai vision_learner"),
     ("from lightning.pytorch.cli import LightningCLI\nclass CLI(LightningCLI):\n    pass\nCLI(Model)\n",
@@ -260,7 +272,7 @@ def test_what_trains_in_a_file(source, trains):
 def test_the_files_that_train_are_migrated_diagnosed_left_silently_or_skipped(corpus, tmp_path, capsys):
     repo = corpus / "someone+project"
     (repo / "lit.py").write_text(LIGHTNING)
-    (repo / "hf.py").write_text(HF_TRAINER)
+    (repo / "d2l_lenet.py").write_text(D2L_TRAINER)
     (repo / "skipped.py").write_text("# accrewrite: skip-file\n" + CUDA_SCRIPT)
     cells = [{"cell_type": "code", "source": source, "metadata": {}, "outputs": [], "execution_count": None}
              for source in (["%matplotlib inline\n"], CUDA_SCRIPT.splitlines(keepends=True))]
@@ -273,11 +285,11 @@ def test_the_files_that_train_are_migrated_diagnosed_left_silently_or_skipped(co
         # train.py, trainer.py and the notebook are migrated; utils.py does not train.
         assert summary["trains"] == 6 and summary["migrated"] == 3
         assert summary["diagnosed"] == 1 and summary["diagnosed_by_code"] == {"ACC107": 1}
-        assert summary["silent"] == [["someone+project/hf.py", "transformers Trainer"]]
+        assert summary["silent"] == [["someone+project/d2l_lenet.py", "d2l Trainer"]]
         assert summary["skipped_by_user"] == ["someone+project/skipped.py"] and summary["failed"] == []
         assert summary["framework_unnamed"] == []  # the Lightning script's finding is ACC107's
     printed = capsys.readouterr().out
-    assert "  silent  torch_xla someone+project/hf.py: transformers Trainer" in printed
+    assert "  silent  torch_xla someone+project/d2l_lenet.py: d2l Trainer" in printed
     assert "runtime: 6 train; 3 migrated, 1 left with a finding (ACC107 1), 1 left silently, 1 skipped" in printed
 
 
@@ -406,15 +418,14 @@ def test_the_scorecard_of_a_script():
 
 
 def test_a_framework_script_changed_for_something_else_is_listed_as_never_naming_its_framework():
-    memory = HF_TRAINER + "print(torch.cuda.max_memory_allocated())\n"
-    reports = [rs.FileReport("hf.py", "runtime", trains="transformers Trainer", outcome=rs.MIGRATED,
-                             diagnostics=[("ACC010", 7)]),
+    reports = [rs.FileReport("sft.py", "runtime", trains="trl SFTTrainer", outcome=rs.MIGRATED,
+                             diagnostics=[("ACC010", 7)]),  # a memory statistic, say
+               rs.FileReport("hf.py", "torch_xla", trains="transformers Trainer", outcome=rs.MIGRATED,
+                             fixes=["ACC017"]),
                rs.FileReport("lit.py", "runtime", trains="lightning Trainer", outcome=rs.DIAGNOSED,
                              diagnostics=[("ACC107", 1)]),
                rs.FileReport("train.py", "runtime", trains=rs.LOOP, outcome=rs.MIGRATED)]
-    assert rs.outcomes(reports)["framework_unnamed"] == [("hf.py", "transformers Trainer", rs.MIGRATED)]
-    assert rs.outcome(memory.encode(), rs.migrate_source(memory.encode(), "hf.py", rs.Options("runtime"))) \
-        == rs.MIGRATED
+    assert rs.outcomes(reports)["framework_unnamed"] == [("sft.py", "trl SFTTrainer", rs.MIGRATED)]
 
 
 def test_a_notebook_that_cannot_be_read_is_an_error_not_a_file_without_training(tmp_path):
