@@ -83,10 +83,17 @@ TRAINER_CLASSES = MappingProxyType({
     "transformers.trainer.Trainer": "transformers",
     "transformers.Seq2SeqTrainer": "transformers",
     "transformers.trainer_seq2seq.Seq2SeqTrainer": "transformers",
-    "trl.SFTTrainer": "transformers",
-    "trl.trainer.SFTTrainer": "transformers",
-    "trl.trainer.sft_trainer.SFTTrainer": "transformers",
 })
+
+
+def trainer_framework(qualname: str | None) -> str | None:
+    """The framework a Trainer class trains through: transformers' own, and every trainer of
+    trl (SFT, DPO, GRPO, reward...), each a subclass of transformers' Trainer."""
+    if qualname is None:
+        return None
+    if qualname.startswith("trl.") and qualname.endswith("Trainer"):
+        return "transformers"
+    return TRAINER_CLASSES.get(qualname)
 TRAINER_CALLBACKS = frozenset({"transformers.TrainerCallback", "transformers.trainer_callback.TrainerCallback"})
 # What a Trainer is given that it calls on every step (or every evaluation step). Not
 # compute_metrics: it is given numpy arrays, read from the device once per evaluation.
@@ -896,7 +903,7 @@ class _Analyzer:
 
     def _trainer_of(self, name: cst.BaseExpression) -> str | None:
         """The framework of the Trainer that ``name`` names (transformers', a subclass of the file's)."""
-        return TRAINER_CLASSES.get(self.facts.qualname(name)) or self._trainers.get(dotted(name))
+        return trainer_framework(self.facts.qualname(name)) or self._trainers.get(dotted(name))
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self._containers.pop()
@@ -1177,7 +1184,7 @@ class _Analyzer:
 
     def leave_Module(self, original_node: cst.Module) -> None:
         self._close_body(original_node)
-        if self._trainers or self.facts.called & TRAINER_CLASSES.keys():
+        if self._trainers or any(map(trainer_framework, self.facts.called)):
             self._note_trainer()
         if any(self.facts.lists_device_ids(chain) for chain in self._indexed_moves):
             self.facts.places_on_device = True

@@ -37,18 +37,33 @@ def with_commas(args: list[cst.Arg | cst.Element]) -> list[cst.Arg | cst.Element
 
 def with_keywords(call: cst.Call, keywords: list[tuple[str, cst.BaseExpression]]) -> cst.Call:
     """``call`` with keyword arguments added after its last, laid out as its arguments are (one a
-    line where they are, a trailing comma kept)."""
+    line where they are, a trailing comma kept). The comments of the arguments stay with them:
+    the last one keeps its own and those below it, and the new ones come after."""
     args = list(call.args)
     equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
     new = [cst.Arg(keyword=cst.Name(name), value=value, equal=equal) for name, value in keywords]
     between = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     if len(args) > 1 and isinstance(args[-2].comma, cst.Comma):
-        between = args[-2].comma
+        between = _uncommented(args[-2].comma)
     trailing = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
+    after_last, end = between, trailing
+    if isinstance(trailing, cst.Comma) and isinstance(trailing.whitespace_after, cst.ParenthesizedWhitespace) \
+            and isinstance(between.whitespace_after, cst.ParenthesizedWhitespace):
+        lines = trailing.whitespace_after
+        after_last = trailing.with_changes(whitespace_after=lines.with_changes(last_line=between.whitespace_after.last_line))
+        end = _uncommented(trailing)
     if args:
-        args[-1] = args[-1].with_changes(comma=between)
+        args[-1] = args[-1].with_changes(comma=after_last)
     args += [arg.with_changes(comma=between) for arg in new[:-1]]
-    return call.with_changes(args=[*args, new[-1].with_changes(comma=trailing)])
+    return call.with_changes(args=[*args, new[-1].with_changes(comma=end)])
+
+
+def _uncommented(comma: cst.Comma) -> cst.Comma:
+    """A comma's line break and indentation, without the comment and blank lines it holds."""
+    if isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace):
+        return comma.with_changes(whitespace_after=comma.whitespace_after.with_changes(
+            first_line=cst.TrailingWhitespace(), empty_lines=[]))
+    return comma
 
 
 def quoted_like(original: cst.BaseExpression, new: cst.BaseExpression) -> cst.BaseExpression:

@@ -9,8 +9,9 @@ they still train the same.
 DIR holds fetched public repositories, one folder per repository (``owner+name``). It is only
 read: migrations happen in memory, and verify runs work on copies in temporary directories.
 
-1. Every ``.py`` file under DIR (``accrewrite.discovery.discover``, minus ``--exclude``), and
-   every notebook's code cells as one script (``notebook_source``), is migrated to each target.
+1. Every ``.py`` file and notebook under DIR (``accrewrite.discovery.discover``, minus
+   ``--exclude``; a notebook's code cells as one script, ``accrewrite.notebook``), is migrated to
+   each target.
    Counted: internal errors (a FileError whose reason starts with "internal error": a rule's
    bug; among them "net refused", the names a migration leaves unbound,
    ``accrewrite.unbound``), other errors (Python 2 syntax, undecodable files), outputs
@@ -56,11 +57,19 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
    A miss that the migration reports, because doing the work would break the script (ACC003
    keeping the host's loader for a loop that works on a batch on the host before moving it,
    ACC005 keeping DDP where no gradient reduction can go), is counted as reported.
-3. Diagnostics by code and target; ``--list-diagnostics`` prints every ACC101/ACC102/ACC103
+3. Files that train: a training loop as above (a framework's too), or a framework's trainer
+   built and trained through (transformers' or trl's ``*Trainer`` then ``.train()``, Lightning's
+   ``Trainer`` then ``.fit()`` or a ``LightningCLI``, fastai's learner, d2l's ``Trainer``,
+   Accelerate's ``Accelerator`` or Lightning's ``Fabric`` then ``.prepare()``/``.setup()``). Per
+   target, how many the migration changed, how many it left unchanged with a finding (which
+   says why and what to do; counted by code, ACC107 among them), how many it left silently
+   (unchanged, no finding: listed, with what trains in them), how many say
+   ``# accrewrite: skip-file`` (the user's choice) and how many it failed on.
+4. Diagnostics by code and target; ``--list-diagnostics`` prints every ACC101/ACC102/ACC103
    finding of the runtime target as ``path:line: CODE <source line>``, to label by hand.
-4. ``--verify``: ``accrewrite verify`` on every script in ``RECIPES`` found in DIR, in a scratch
+5. ``--verify``: ``accrewrite verify`` on every script in ``RECIPES`` found in DIR, in a scratch
    directory holding a copy of the script's directory (two folders deep, so that ``../../data``
-   stays inside it; a notebook's code as ``<name>.py``) and synthetic data (no network):
+   stays inside it; verify runs a notebook's code cells in order) and synthetic data (no network):
    ``original,runtime`` and ``original,torch_xla``, or ``runtime,torch_xla`` (counted for both)
    where the original needs CUDA, or only ``original,runtime`` where it places nothing on a
    device. ``--python`` runs ``-m accrewrite.cli verify`` and with it the original and the
@@ -74,7 +83,7 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
    many operations fell back to the CPU, summed over its processes (``SITE``, a module every
    process imports first, reports them at exit). ``--end-only`` runs these and no verify;
    ``--run-jobs`` recipes at a time.
-5. A table per script (verify within the tolerance, ran to the end, XLA executions), a
+6. A table per script (verify within the tolerance, ran to the end, XLA executions), a
    summary per target, and with ``--json OUT`` everything above as JSON.
 """
 
@@ -106,8 +115,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from accrewrite.discovery import discover, excluded
-from accrewrite.engine import Options, migrate_source
+from accrewrite.discovery import discover
+from accrewrite.engine import SKIP_FILE, FileResult, Options, migrate_source
+from accrewrite.errors import MigrationError
+from accrewrite.notebook import Notebook, is_notebook
 from accrewrite.unbound import REFUSAL
 from accrewrite.verify.workspace import Workspace
 
@@ -320,6 +331,54 @@ class Training:
     @property
     def steps(self) -> bool:
         return any(STEP in does for does in self.loops.values())
+
+
+# Training a framework runs ------------------------------------------------------------------
+
+# A framework's trainer (transformers' and trl's Trainer, Lightning's, fastai's Learner, d2l's
+# Trainer) or launcher (Accelerate's Accelerator, Lightning's Fabric), and the calls that train
+# through it. LightningCLI fits as it is built.
+_FRAMEWORKS = ("transformers", "trl", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "fastai",
+               "d2l")
+_TRAINERS = re.compile(r"\w*Trainer|Accelerator|Fabric|Learner|\w+_learner|LightningCLI")
+_FITS = {"fit", "train", "fine_tune", "fit_one_cycle", "prepare", "setup", "backward"}
+
+
+def framework_training(facts: Facts) -> str | None:
+    """``framework Trainer`` where a framework's trainer is built and trained through (``x =
+    Trainer(..)`` then ``x.fit(..)``, or ``Trainer(..).fit(..)``), else None."""
+    starred = [node.module.split(".")[0] for node in ast.walk(facts.tree)
+               if isinstance(node, ast.ImportFrom) and node.module and any(a.name == "*" for a in node.names)]
+    for node in ast.walk(facts.tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _FITS:
+            receiver = node.func.value
+            built = [receiver] if isinstance(receiver, ast.Call) else [
+                value for value in facts.bindings.get(key(receiver) or "", []) if isinstance(value, ast.Call)]
+        elif (found := _trainer(facts, node.func, starred)) and found.endswith("LightningCLI"):
+            return found
+        else:
+            continue
+        for call in built:
+            if found := _trainer(facts, call.func, starred):
+                return found
+    return None
+
+
+def _trainer(facts: Facts, built: ast.expr, starred: list[str], depth: int = 0) -> str | None:
+    """``framework Name`` when ``built`` names a framework's trainer: a name imported from one, a
+    bare name where the file star-imports one, or a class of the file deriving from one."""
+    name = facts.qualified(built)
+    if name in facts.classes and depth < 3:
+        return next(filter(None, (_trainer(facts, base, starred, depth + 1) for base in facts.classes[name].bases)),
+                    None)
+    if name is None or not _TRAINERS.fullmatch(name.rsplit(".", 1)[-1]):
+        return None
+    module = name.split(".")[0]
+    if "." not in name and name not in facts.aliases:
+        module = next((m for m in starred if m in _FRAMEWORKS), "")
+    return f"{module} {name.rsplit('.', 1)[-1]}" if module in _FRAMEWORKS else None
 
 
 # Loaders -------------------------------------------------------------------------------------
@@ -725,8 +784,11 @@ class FileReport:
     idempotent: bool | None = None  # None: not migrated
     idempotency_note: str = ""
     diagnostics: list[tuple[str, int]] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)  # the codes of the rules that changed it
     training: bool = False
     needs: list[Need] = field(default_factory=list)
+    trains: str = ""  # a training loop, or a framework's trainer (``what_trains``); "" for neither
+    outcome: str = ""  # for a file that trains, what the migration did with it (``outcome``)
 
 
 def _compiles(source: bytes, path: str) -> bool:
@@ -741,10 +803,14 @@ def _compiles(source: bytes, path: str) -> bool:
 
 def examine(path: str, relative: str, target: str) -> FileReport:
     """Migrate one file to one target and judge the output."""
-    source = source_bytes(Path(path))
+    try:
+        source = script_of(Path(path))
+    except MigrationError as exc:  # a notebook nbformat cannot read
+        return FileReport(relative, target, error=exc.error.reason)
     options = Options(target=target)
     result = migrate_source(source, path, options)
-    report = FileReport(relative, target, diagnostics=[(d.code, d.line) for d in result.diagnostics])
+    report = FileReport(relative, target, diagnostics=[(d.code, d.line) for d in result.diagnostics],
+                        fixes=sorted({f.code for f in result.fixes}))
     if result.error is not None:
         report.error = result.error.reason
         report.internal = result.error.reason.startswith("internal error")
@@ -761,13 +827,45 @@ def examine(path: str, relative: str, target: str) -> FileReport:
     if original is not None:
         report.training = True
         report.needs = said(check_output(original, result.output, target), result.diagnostics)
+    report.trains = what_trains(source)
+    if report.trains:
+        report.outcome = outcome(source, result)
     return report
 
 
-def notebooks(directory: Path, excludes: tuple[str, ...]) -> list[Path]:
-    """The notebooks under ``directory``: their code cells are migrated as one script."""
-    return sorted(p for p in directory.rglob("*.ipynb")
-                  if ".ipynb_checkpoints" not in p.parts and not excluded(p, directory, excludes))
+def script_of(path: Path) -> bytes:
+    """What the migration reads of a file: a notebook's code cells as one script."""
+    data = path.read_bytes()
+    return Notebook.read(data).script() if is_notebook(path.name) else data
+
+
+LOOP = "a training loop"
+# The rules whose findings speak of a framework's training (ACC107: Accelerate, Lightning, RPC;
+# ACC017-ACC019: Trainer, Lightning and Accelerate scripts).
+FRAMEWORK_CODES = ("ACC017", "ACC018", "ACC019", "ACC107")
+MIGRATED, DIAGNOSED, SILENT, SKIPPED, FAILED = "migrated", "diagnosed", "silent", "skipped by the user", "failed"
+
+
+def what_trains(source: bytes) -> str:
+    """``framework Trainer`` for a file that trains through a framework's trainer, ``LOOP`` for
+    one with a training loop (a framework's or its own), "" for a file that does not train."""
+    tree = parse(source)
+    if tree is None:
+        return ""
+    facts = Facts(tree)
+    return framework_training(facts) or (LOOP if Training(facts).loops else "")
+
+
+def outcome(source: bytes, result: FileResult) -> str:
+    """What the migration did with a file that trains: changed it, left it with a finding that
+    says why and what to do, left it silently (unchanged, not a word), or was told to skip it."""
+    if SKIP_FILE.search(source):
+        return SKIPPED
+    if result.error is not None:
+        return FAILED
+    if result.output != source:
+        return MIGRATED
+    return DIAGNOSED if result.diagnostics else SILENT
 
 
 def corpus_pass(directory: Path, paths: list[Path], targets: list[str], jobs: int) -> list[FileReport]:
@@ -988,6 +1086,15 @@ def classification_folder(cwd: Path, python: str) -> None:
 
 def no_data(cwd: Path, python: str) -> None:
     pass
+
+
+def mnist1d_arrays(cwd: Path, python: str) -> None:
+    """udlbook's coursework arrays: ``{train,val}_data_x.npy`` (40 offsets by example) and
+    ``{train,val}_data_y.npy`` (a digit each), which the notebook fetches only when absent."""
+    with_numpy(cwd, "import numpy as np; rng = np.random.default_rng(0)\n"
+                    "for name, n in (('train', 400), ('val', 100)):\n"
+                    "    np.save(f'{name}_data_x.npy', rng.standard_normal((40, n)))\n"
+                    "    np.save(f'{name}_data_y.npy', np.arange(n) % 10)", python)
 
 
 # The research scripts' data (the third corpus, docs/benchmarks.md): the layouts their loaders
@@ -1302,6 +1409,45 @@ RECIPES = (
     Recipe("mrdbourke+pytorch-deep-learning/01_pytorch_workflow.ipynb", (), no_data, needs=("matplotlib",),
            steps=104, note="a notebook: 100 steps on the CPU, then the device is chosen and a second model "
                            "trains on it for 1000 steps; 104 steps reach the second model"),
+    # Notebooks (the fourth corpus, docs/benchmarks.md): course and tutorial notebooks whose own
+    # loops train, run as their code cells in order. Their epochs and batch sizes are written in
+    # the cells, so the synthetic data sets how many steps they make.
+    *(Recipe(f"rasbt+deeplearning-models/pytorch_ipynb/{path}", (), mnist("data", train=256, test=64),
+             needs=_MNIST + extra, note=note)
+      for path, extra, note in (
+          ("cnn/cnn-basic.ipynb", (), "torch.device('cuda:3' if available), 10 epochs of two batches"),
+          ("cnn/cnn-allconv.ipynb", (), "torch.device('cuda:1' if available), 15 epochs of one batch"),
+          ("cnn/cnn-he-init.ipynb", (), "torch.device('cuda:2' if available), 10 epochs of two batches"),
+          ("autoencoder/ae-basic.ipynb", ("matplotlib",), "an autoencoder, 5 epochs of one batch"),
+          ("gan/gan.ipynb", ("matplotlib",), "two optimizers stepped in turn, 100 epochs of two batches"),
+          ("basic-ml/softmax-regression.ipynb", (), "10 epochs of one batch"))),
+    Recipe("rasbt+deeplearning-models/pytorch_ipynb/cnn/cnn-lenet5-mnist.ipynb", (), mnist("data", train=256, test=64),
+           needs=_MNIST + ("pandas", "matplotlib"), original_runs=False,
+           note="DEVICE = \"cuda:1\", unconditionally; 10 epochs of two batches"),
+    Recipe("rasbt+deeplearning-models/pytorch_ipynb/cnn/cnn-lenet5-cifar10.ipynb", (), cifar10("data", train=40),
+           needs=_IMAGES + ("pandas", "matplotlib"), original_runs=False,
+           note="DEVICE = \"cuda:0\", unconditionally; 10 epochs of one batch, an accuracy per class at the end"),
+    Recipe("rasbt+LLMs-from-scratch/appendix-A/01_main-chapter-code/code-part2.ipynb", (), no_data,
+           original_runs=False, note="a notebook: a first cell moves tensors to \"cuda\" unconditionally, then "
+                                     "torch.device('cuda' if available) and a tensor data set written in a cell"),
+    Recipe("mrdbourke+pytorch-deep-learning/02_pytorch_classification.ipynb", (), no_data,
+           needs=("sklearn", "pandas", "matplotlib", "torchmetrics"),
+           note="make_circles data; helper_functions.py is beside it, so nothing is downloaded"),
+    Recipe("mrdbourke+pytorch-deep-learning/03_pytorch_computer_vision.ipynb", (),
+           mnist("data", train=64, test=32, name="FashionMNIST"),
+           needs=_MNIST + ("pandas", "matplotlib", "torchmetrics", "mlxtend"),
+           note="three models on FashionMNIST, 3 epochs of two batches each, a confusion matrix at the end"),
+    Recipe("mrdbourke+pytorch-deep-learning/extras/solutions/01_pytorch_workflow_exercise_solutions.ipynb", (),
+           no_data, needs=("matplotlib",), note="a linear regression on data made in a cell, 300 steps"),
+    Recipe("mrdbourke+pytorch-deep-learning/extras/solutions/02_pytorch_classification_exercise_solutions.ipynb",
+           (), no_data, needs=("sklearn", "pandas", "matplotlib", "torchmetrics"),
+           note="make_moons and a spiral made with numpy, 1000 steps each"),
+    Recipe("udlbook+udlbook/CM20315/CM20315_Coursework_II.ipynb", (), mnist1d_arrays, needs=("matplotlib",),
+           note="its model is never placed on a device (a CPU notebook that seeds CUDA), 50 epochs of four "
+                "batches"),
+    Recipe("d2l-ai+d2l-pytorch-colab/chapter_linear-regression/linear-regression-scratch.ipynb", (), no_data,
+           needs=("d2l",), note="d2l's Trainer with the notebook's own fit_epoch and SGD class (no torch "
+                                "optimizer: verify sees no step), num_gpus=0, data made by d2l"),
     # Research scripts (the third corpus, docs/benchmarks.md): self-supervised learning with DDP
     # and custom optimizers, GANs, detection and segmentation trainers, helper modules, resume
     # branches.
@@ -1543,30 +1689,10 @@ atexit.register(_xla_report)
 '''.replace("MARK", repr(XLA_MARK))
 
 
-def notebook_source(path: Path) -> str:
-    """A notebook's code cells as one script: IPython's ``!`` and ``%`` lines become ``pass``
-    (keeping any block they close valid), so the rest runs as the notebook's cells would."""
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    lines = []
-    for cell in cells:
-        if cell.get("cell_type") != "code":
-            continue
-        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-        for line in source.splitlines():
-            stripped = line.lstrip()
-            lines.append(line[:len(line) - len(stripped)] + "pass" if stripped[:1] in ("!", "%") else line)
-        lines.append("")
-    return "\n".join(lines) + "\n"
-
-
-def source_bytes(path: Path) -> bytes:
-    return notebook_source(path).encode() if path.suffix == ".ipynb" else path.read_bytes()
-
-
 @dataclass
 class Prepared:
     cwd: Path  # the working directory: a copy of the script's directory, data written
-    script: Path  # the script in it (a notebook's code as ``<name>.py``)
+    script: Path  # the script (or notebook) in it
     env: dict[str, str]
 
 
@@ -1576,9 +1702,6 @@ def prepare(script: Path, recipe: Recipe, scratch: Path, python: str) -> Prepare
     cwd = scratch / script.parent.parent.name / script.parent.name
     shutil.copytree(script.parent, cwd, ignore=shutil.ignore_patterns(".git", "__pycache__"), symlinks=True)
     path = cwd / script.name
-    if script.suffix == ".ipynb":
-        path = path.with_suffix(".py")
-        path.write_text(notebook_source(script), encoding="utf-8")
     for package in recipe.packages:
         shutil.copytree(script.parent / package, cwd / Path(package).name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -1797,8 +1920,38 @@ def summarise(reports: list[FileReport], targets: list[str]) -> dict:
                                      sum(1 for r in training for n in r.needs if n.name == kind)]
                               for kind in (DEVICE, LOADER, REDUCTION, AMP)},
             "diagnostics": dict(sorted(Counter(code for r in mine for code, _ in r.diagnostics).items())),
+            **outcomes([r for r in mine if r.trains]),
         }
     return summary
+
+
+def outcomes(trains: list[FileReport]) -> dict:
+    """Of the files that train: how many the migration changed, left with a finding (files per
+    code), left silently, was told to skip, failed on; the silent ones with what trains in them."""
+    counts = Counter(r.outcome for r in trains)
+    diagnosed = [r for r in trains if r.outcome == DIAGNOSED]
+    return {
+        "trains": len(trains),
+        "trains_by_framework": dict(sorted(Counter(r.trains for r in trains).items())),
+        "migrated": counts[MIGRATED],
+        "diagnosed": counts[DIAGNOSED],
+        "diagnosed_by_code": dict(sorted(Counter(code for r in diagnosed for code in {c for c, _ in r.diagnostics})
+                                         .items())),
+        "silent": [(r.path, _silently(r)) for r in trains if r.outcome == SILENT],
+        # Changed or reported for something else (a memory statistic, a host sync), while no
+        # fix or finding of a framework's rule concerns it: silent about the training itself.
+        "framework_unnamed": [(r.path, r.trains, r.outcome) for r in trains
+                              if r.trains != LOOP and r.outcome in (MIGRATED, DIAGNOSED)
+                              and not {*r.fixes, *(code for code, _ in r.diagnostics)} & set(FRAMEWORK_CODES)],
+        "skipped_by_user": [r.path for r in trains if r.outcome == SKIPPED],
+        "failed": [r.path for r in trains if r.outcome == FAILED],
+    }
+
+
+def _silently(report: FileReport) -> str:
+    """What trains in a silent file and what it needs, for the lead to read beside it."""
+    needs = ", ".join(n.name for n in report.needs) if report.training else ""
+    return report.trains + (f" (needs {needs})" if needs else " (no CUDA need found)" if report.training else "")
 
 
 def print_corpus(summary: dict, targets: list[str]) -> None:
@@ -1841,6 +1994,27 @@ def print_training(reports: list[FileReport], summary: dict, targets: list[str])
                     print(f"  {target:<9} {r.path}: {need.name}: {need.why}" + (" (reported)" if need.said else ""))
 
 
+def print_outcomes(summary: dict, targets: list[str]) -> None:
+    print("\n== 3. files that train: migrated, left with a finding, left silently ==")
+    for target in targets:
+        s = summary[target]
+        codes = ", ".join(f"{code} {n}" for code, n in s["diagnosed_by_code"].items()) or "-"
+        print(f"{target}: {s['trains']} train; {s['migrated']} migrated, {s['diagnosed']} left with a finding "
+              f"({codes}), {len(s['silent'])} left silently, {len(s['skipped_by_user'])} skipped by the user, "
+              f"{len(s['failed'])} failed")
+    print("what trains: " + ", ".join(f"{what} {n}" for what, n in summary[targets[0]]["trains_by_framework"].items()))
+    for target in targets:
+        for path, what in summary[target]["silent"]:
+            print(f"  silent  {target:<9} {path}: {what}")
+    codes = "/".join(FRAMEWORK_CODES)
+    for target in targets:
+        unnamed = summary[target]["framework_unnamed"]
+        print(f"{target}: {len(unnamed)} of those that train through a framework were {MIGRATED} or {DIAGNOSED} "
+              f"with no {codes} fix or finding")
+        for path, what, done in unnamed:
+            print(f"  unnamed  {target:<9} {path}: {what}, {done}")
+
+
 def _ratio(s: dict) -> str:
     if s["coverage"] is None:
         return "- (nothing needed)"
@@ -1849,7 +2023,7 @@ def _ratio(s: dict) -> str:
 
 def print_diagnostics(summary: dict, targets: list[str]) -> None:
     codes = sorted({code for t in targets for code in summary[t]["diagnostics"]})
-    print("\n== 3. diagnostics by code ==")
+    print("\n== 4. diagnostics by code ==")
     print("code    " + "  ".join(f"{t:>9}" for t in targets))
     for code in codes:
         print(f"{code:<8}" + "  ".join(f"{summary[t]['diagnostics'].get(code, 0):>9}" for t in targets))
@@ -1871,14 +2045,14 @@ def list_diagnostics(directory: Path, reports: list[FileReport]) -> None:
 def print_verify(outcomes: list[Outcome]) -> None:
     results = [r for o in outcomes for r in o.verify]
     ends = [e for o in outcomes for e in o.ends]
-    print("\n== 4. accrewrite verify ==")
+    print("\n== 5. accrewrite verify ==")
     width = max((len(r.script) for r in results), default=10)
     print(f"{'script':<{width}}  {'comparison':<18}  exit  {'time':>6}  verdict")
     for r in results:
         code = "-" if r.code is None else str(r.code)
         print(f"{r.script:<{width}}  {r.comparison:<18}  {code:>4}  {r.seconds:>5.0f}s  {r.verdict}")
     if ends:
-        print("\n== 5. to the end: each side run as a user runs it, with the recipe's arguments ==")
+        print("\n== 6. to the end: each side run as a user runs it, with the recipe's arguments ==")
         print(f"{'script':<{width}}  {'side':<9}  exit  {'time':>6}  xla (executions/compilations/fallbacks)  why not")
         for e in ends:
             code = "-" if e.code is None else str(e.code)
@@ -1942,12 +2116,14 @@ def verified_counts(outcomes: list[Outcome], rtol: float | None) -> dict[str, st
 
 def print_summary(summary: dict, targets: list[str], verify: list[Outcome] | None, rtol: float | None) -> None:
     print("\n== summary ==")
-    print(f"{'target':<10} {'files':>6} {'internal':>9} {'net refused':>12} {'not idem.':>10} {'training':>9}  coverage")
+    print(f"{'target':<10} {'files':>6} {'internal':>9} {'net refused':>12} {'not idem.':>10} {'training':>9}  "
+          f"{'trains':>6} {'migrated':>8} {'diagnosed':>9} {'silent':>6}  coverage")
     for target in targets:
         s = summary[target]
         print(f"{target:<10} {s['files']:>6} {len(s['internal_errors']):>9} {len(s['refused_by_net']):>12} "
               f"{len(s['not_idempotent']):>10} "
-              f"{s['training_scripts']:>9}  {_ratio(s)}")
+              f"{s['training_scripts']:>9}  {s['trains']:>6} {s['migrated']:>8} {s['diagnosed']:>9} "
+              f"{len(s['silent']):>6}  {_ratio(s)}")
     if verify is not None:
         for target, text in verified_counts(verify, rtol).items():
             print(f"verified {target}: {text}")
@@ -1980,11 +2156,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown target {', '.join(unknown)}; choose from {', '.join(SPELLINGS)}")
 
     directory = Path(args.directory).resolve()
-    paths = discover([str(directory)], tuple(args.exclude)).files + notebooks(directory, tuple(args.exclude))
+    paths = discover([str(directory)], tuple(args.exclude)).files
     reports = corpus_pass(directory, paths, targets, max(args.jobs, 1))
     summary = summarise(reports, targets)
     print_corpus(summary, targets)
     print_training(reports, summary, targets)
+    print_outcomes(summary, targets)
     print_diagnostics(summary, targets)
     if args.list_diagnostics:
         list_diagnostics(directory, reports)

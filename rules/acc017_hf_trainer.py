@@ -5,15 +5,18 @@ from accrewrite.nodes import call_arg, string_value
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import quoted_like, with_keywords
 
-# The classes that hold a Trainer's settings.
+# The classes that hold a Trainer's settings; and every config of trl's trainers (SFTConfig,
+# GRPOConfig, DPOConfig...), each a subclass of TrainingArguments.
 _TRAINING_ARGUMENTS = frozenset({
     "transformers.TrainingArguments",
     "transformers.training_args.TrainingArguments",
     "transformers.Seq2SeqTrainingArguments",
     "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
-    "trl.SFTConfig",
-    "trl.trainer.sft_config.SFTConfig",
 })
+
+
+def _holds_settings(qualname: str | None) -> bool:
+    return qualname in _TRAINING_ARGUMENTS or (qualname or "").startswith("trl.") and qualname.endswith("Config")
 _PARSERS = frozenset({"transformers.HfArgumentParser", "transformers.hf_argparser.HfArgumentParser", "trl.TrlParser"})
 # The Trainer's default optimizer under torch 2.8+, which takes no XLA tensors.
 _FUSED_OPTIMIZERS = frozenset({"adamw_torch_fused"})
@@ -79,7 +82,8 @@ class HfTrainer(Rule):
     name = "hf-trainer"
     summary = "Hugging Face Trainer scripts: the target's setup call and TrainingArguments"
     manages = frozenset({"transformers"})
-    triggers = frozenset({"TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", *_HALF_PRECISION})
+    triggers = frozenset({"TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", "GRPOConfig", "DPOConfig",
+                          *_HALF_PRECISION})
     examples = (
         Example(
             target="torch_xla",
@@ -152,7 +156,7 @@ class HfTrainer(Rule):
     def visit_Module(self, node: cst.Module) -> None:
         self._settings = self._needed_settings()
         calls = [call for call, _ in self.ctx.facts.calls]
-        self._arguments = {call for call in calls if self.ctx.facts.qualname(call.func) in _TRAINING_ARGUMENTS}
+        self._arguments = {call for call in calls if _holds_settings(self.ctx.facts.qualname(call.func))}
         self._set_up(node)
         if not self._settings:
             if not self.ctx.target.has("trainer_setup"):

@@ -204,6 +204,95 @@ def test_main_reports_the_corpus(corpus, tmp_path, capsys):
     assert "coverage runtime:" in printed and "someone+project/trainer.py" in printed
 
 
+LIGHTNING = textwrap.dedent("""\
+    import lightning as L
+    import torch
+
+
+    class Classifier(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+    trainer = L.Trainer(max_epochs=1, accelerator="gpu")
+    trainer.fit(Classifier(), loader)
+""")
+
+# transformers' Trainer places the model and reduces gradients itself; nothing here names CUDA.
+HF_TRAINER = textwrap.dedent("""\
+    import torch
+    from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
+
+    model = AutoModelForSequenceClassification.from_pretrained("bert-base-cased", torch_dtype=torch.float32)
+    trainer = Trainer(model=model, args=TrainingArguments("out"), train_dataset=train_data)
+    trainer.train()
+""")
+
+
+# d2l's Trainer places the model (num_gpus) and runs the loop inside the d2l package.
+D2L_TRAINER = textwrap.dedent("""\
+    import torch
+    from d2l import torch as d2l
+
+    model = d2l.LeNet(lr=0.1)
+    trainer = d2l.Trainer(max_epochs=10, num_gpus=1)
+    trainer.fit(model, d2l.FashionMNIST(batch_size=128))
+""")
+
+
+@pytest.mark.parametrize("source, trains", [
+    (LIGHTNING, "lightning Trainer"),
+    (HF_TRAINER, "transformers Trainer"),
+    (D2L_TRAINER, "d2l Trainer"),
+    ("from fastai.vision.all import *\nlearn = vision_learner(dls, resnet34)\nlearn.fine_tune(1)\n",
+     "fastai vision_learner"),
+    ("from lightning.pytorch.cli import LightningCLI\nclass CLI(LightningCLI):\n    pass\nCLI(Model)\n",
+     "lightning LightningCLI"),
+    ("import pytorch_lightning as pl\npl.Trainer(max_epochs=1).fit(model)\n", "pytorch_lightning Trainer"),
+    ("from accelerate import Accelerator\naccelerator = Accelerator()\nmodel = accelerator.prepare(model)\n",
+     "accelerate Accelerator"),
+    (TRAINER, rs.LOOP),
+    # A class of the file named like a trainer is not a framework's: its loop is what trains.
+    ("class Trainer:\n    def fit(self):\n        pass\nTrainer().fit()\n", ""),
+    ("from transformers import Trainer\ntrainer = Trainer(model=model)\n", ""),  # built, never trained
+    (NOTHING_TO_MIGRATE, ""),
+])
+def test_what_trains_in_a_file(source, trains):
+    assert rs.what_trains(source.encode()) == trains
+
+
+def test_the_files_that_train_are_migrated_diagnosed_left_silently_or_skipped(corpus, tmp_path, capsys):
+    repo = corpus / "someone+project"
+    (repo / "lit.py").write_text(LIGHTNING)
+    (repo / "d2l_lenet.py").write_text(D2L_TRAINER)
+    (repo / "skipped.py").write_text("# accrewrite: skip-file\n" + CUDA_SCRIPT)
+    cells = [{"cell_type": "code", "source": source, "metadata": {}, "outputs": [], "execution_count": None}
+             for source in (["%matplotlib inline\n"], CUDA_SCRIPT.splitlines(keepends=True))]
+    (repo / "lesson.ipynb").write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                                   "nbformat_minor": 4}))
+    out = tmp_path / "report.json"
+    assert rs.main([str(corpus), "--targets", "runtime,torch_xla", "--jobs", "1", "--json", str(out)]) == 0
+    for target in ("runtime", "torch_xla"):
+        summary = json.loads(out.read_text())["summary"][target]
+        # train.py, trainer.py and the notebook are migrated; utils.py does not train.
+        assert summary["trains"] == 6 and summary["migrated"] == 3
+        assert summary["diagnosed"] == 1 and summary["diagnosed_by_code"] == {"ACC107": 1}
+        assert summary["silent"] == [["someone+project/d2l_lenet.py", "d2l Trainer"]]
+        assert summary["skipped_by_user"] == ["someone+project/skipped.py"] and summary["failed"] == []
+        assert summary["framework_unnamed"] == []  # the Lightning script's finding is ACC107's
+    printed = capsys.readouterr().out
+    assert "  silent  torch_xla someone+project/d2l_lenet.py: d2l Trainer" in printed
+    assert "runtime: 6 train; 3 migrated, 1 left with a finding (ACC107 1), 1 left silently, 1 skipped" in printed
+
+
 def test_the_summary_counts_what_the_net_refused_among_the_internal_errors(capsys):
     net = f"{REFUSAL} 'device' unbound at line 9 (ACC003 device-loader); the file was left unchanged"
     reports = [rs.FileReport("a.py", "runtime", error=net, internal=True),
@@ -267,21 +356,6 @@ def test_voc_masks_are_grayscale_class_indices(tmp_path):
     assert colour == 2 and len(pixels) == 8 * 6 * 3
 
 
-def test_a_notebooks_code_cells_become_one_script_without_its_shell_and_magic_lines(tmp_path):
-    cells = [{"cell_type": "markdown", "source": ["# Training\n"]},
-             {"cell_type": "code", "source": ["%matplotlib inline\n", "import math\n", "x = math.pi\n"]},
-             {"cell_type": "code", "source": "try:\n    import yaml\nexcept ImportError:\n    !pip install pyyaml\n"},
-             {"cell_type": "code", "source": ["!ls -l\n", "y = x * 2\n"]}]
-    notebook = tmp_path / "lesson.ipynb"
-    notebook.write_text(json.dumps({"cells": cells}))
-    script = rs.notebook_source(notebook)
-    assert "# Training" not in script and "!" not in script and "%matplotlib" not in script
-    assert "except ImportError:\n    pass\n" in script
-    scope = {}
-    exec(compile(script, "lesson.py", "exec"), scope)
-    assert scope["y"] == pytest.approx(6.283185307)
-
-
 # Trains two steps on the original's CUDA device or the CPU, then fails after training unless
 # given --finish: what a run to the end sees and a verify of the first steps does not.
 TO_THE_END = textwrap.dedent("""\
@@ -341,3 +415,21 @@ def test_the_scorecard_of_a_script():
     row = rs.scorecard(rs.Outcome(verify, ends))
     assert row == {"script": "a.py", "runtime verify": "yes", "torch_xla verify": "no", "original to end": "yes",
                    "runtime to end": "no", "torch_xla to end": "yes", "xla executions": "0"}
+
+
+def test_a_framework_script_changed_for_something_else_is_listed_as_never_naming_its_framework():
+    reports = [rs.FileReport("sft.py", "runtime", trains="trl SFTTrainer", outcome=rs.MIGRATED,
+                             diagnostics=[("ACC010", 7)]),  # a memory statistic, say
+               rs.FileReport("hf.py", "torch_xla", trains="transformers Trainer", outcome=rs.MIGRATED,
+                             fixes=["ACC017"]),
+               rs.FileReport("lit.py", "runtime", trains="lightning Trainer", outcome=rs.DIAGNOSED,
+                             diagnostics=[("ACC107", 1)]),
+               rs.FileReport("train.py", "runtime", trains=rs.LOOP, outcome=rs.MIGRATED)]
+    assert rs.outcomes(reports)["framework_unnamed"] == [("sft.py", "trl SFTTrainer", rs.MIGRATED)]
+
+
+def test_a_notebook_that_cannot_be_read_is_an_error_not_a_file_without_training(tmp_path):
+    notebook = tmp_path / "lesson.ipynb"
+    notebook.write_text(json.dumps({"cells": [{"cell_type": "code", "source": CUDA_SCRIPT}]})[:-3])
+    report = rs.examine(str(notebook), "lesson.ipynb", "runtime")
+    assert report.error.startswith("not a notebook: its JSON is invalid") and not report.trains

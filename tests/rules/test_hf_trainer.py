@@ -31,6 +31,7 @@ def findings(name: str, target: str) -> list[tuple[str, int]]:
     "from transformers import Trainer\ntrainer = Trainer(model=model, args=args)\n",
     "import transformers\ntransformers.Seq2SeqTrainer(model=model).train()\n",
     "from trl import SFTTrainer\nSFTTrainer(model=model, train_dataset=data).train()\n",
+    "from trl import GRPOTrainer\nGRPOTrainer(model=model, reward_funcs=[f]).train()\n",
     "from transformers import Trainer as T\nclass Mine(T):\n    pass\nclass Yours(Mine):\n    pass\nYours(model=m)\n",
 ])
 def test_a_file_that_builds_a_trainer_trains_through_transformers(code):
@@ -144,6 +145,27 @@ def test_keywords_are_added_in_the_calls_layout_and_a_second_run_changes_nothing
     assert sorted(f.message.split(":")[0] for f in result.fixes) == [
         "dataloader_drop_last=True", "fp16 -> bf16", 'optim="adamw_torch"']
     assert migrate_source(result.output, "t.py", Options(target="torch_xla")).fixes == []
+
+
+def test_each_argument_keeps_its_comments_when_keywords_follow_it():
+    source = (b"from trl import GRPOConfig, GRPOTrainer\n"
+              b"args = GRPOConfig(\n"
+              b"    bf16=True,                    # mixed precision\n"
+              b"    optim='adamw_torch',\n\n"
+              b"    # Hub integration\n"
+              b"    push_to_hub=True,             # push the trained model\n"
+              b"                                  # under your account\n"
+              b"    # vLLM params\n"
+              b"    #use_vllm=False,\n"
+              b")\n"
+              b"GRPOTrainer(model=m, args=args).train()\n")
+    output = migrate_source(source, "t.py", Options(target="torch_xla")).output.decode()
+    assert ("    push_to_hub=True,             # push the trained model\n"
+            "                                  # under your account\n"
+            "    # vLLM params\n"
+            "    #use_vllm=False,\n"
+            "    dataloader_drop_last=True,\n)\n") in output
+    assert "    bf16=True,                    # mixed precision\n    optim='adamw_torch',\n\n    # Hub integration\n" in output
 
 
 def test_fp16_set_on_the_settings_later_is_reported():
