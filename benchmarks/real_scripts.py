@@ -840,9 +840,9 @@ def script_of(path: Path) -> bytes:
 
 
 LOOP = "a training loop"
-# The rules whose findings speak of a framework's training (ACC107: Accelerate, Lightning, RPC;
-# ACC017-ACC019: Trainer, Lightning and Accelerate scripts).
-FRAMEWORK_CODES = ("ACC017", "ACC018", "ACC019", "ACC107")
+# The rules whose findings speak of a framework's training (ACC017-ACC019: Trainer, Lightning and
+# Accelerate scripts; ACC107: RPC; ACC109: a library's trainer, d2l's or fastai's).
+FRAMEWORK_CODES = ("ACC017", "ACC018", "ACC019", "ACC107", "ACC109")
 MIGRATED, DIAGNOSED, SILENT, SKIPPED, FAILED = "migrated", "diagnosed", "silent", "skipped by the user", "failed"
 
 
