@@ -104,8 +104,14 @@ _DEVICE_TYPES = frozenset({"cpu", "mps", "xpu", "hpu", "npu", "xla", "meta", "cu
 # The targets' device calls: a migrated file places on its device.
 _DEVICE_CALLS = spelled_callees("device")
 
-# torch.cuda/accelerator calls that only ask (``pin_memory=torch.cuda.is_available()``): they place nothing.
-_QUERIES = frozenset({"is_available", "device_count", "is_bf16_supported", "get_device_name", "get_device_capability"})
+# torch.cuda/accelerator calls that place nothing: they ask (``pin_memory=torch.cuda.is_available()``),
+# seed the device's generators (a host script's ``set_seed`` helper), or keep its memory's books.
+_QUERIES = frozenset({"is_available", "device_count", "is_bf16_supported", "get_device_name", "get_device_capability",
+                      "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+                      "get_rng_state_all", "set_rng_state", "set_rng_state_all", "empty_cache",
+                      "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+                      "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                      "memory_cached", "max_memory_cached", "memory_stats", "memory_summary", "mem_get_info"})
 
 _COLLECTIVES = frozenset({"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
                 "torch.distributed.all_reduce_coalesced"})

@@ -243,11 +243,13 @@ class Planner:
     def _model_from_caller(self, loop: cst.For | cst.While, scope) -> bool:
         """Whether the model a loop runs may be placed by code this file does not show: it is a
         parameter of the loop's function or an attribute of ``self`` (a training helper that
-        another file calls), or no model is named in the loop at all."""
+        another file calls), or no model is named in a loop of a function that is given
+        arguments. A loop that names none where nothing is passed in (makemore's tensors built
+        by hand, updated by hand) trains what this file made."""
         values = self.facts.values(scope)
         params = set(values.file.functions[scope].params) if scope is not None else set()
         roots = {root(name) for name in _names(loop.body) if values.kind(name) is Kind.MODEL}
-        return not roots or bool(roots & (params | {"self"}))
+        return bool(roots & (params | {"self"})) if roots else bool(params)
 
     def _moves_a_batch(self, loop: cst.For) -> bool:
         """Whether the loop moves a value read from its batch to the device; records, for each

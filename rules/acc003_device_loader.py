@@ -39,9 +39,11 @@ class DeviceLoader(Rule):
     permutation made on the host, and any use after its move work on the device. Such a
     loop keeps its loader and its moves, and the finding names the use: move that work after
     the move, onto the device or into the dataset, and migrate again.
-    A file that trains models of its own and places nothing on a device trains on the host:
-    it is left as it is, and its first training loop says so (batches on the device beside a
-    model on the host would fail, as would the target's collectives on host tensors).
+    A file that trains models of its own (or tensors it made, updated by hand) and places
+    nothing on a device trains on the host (seeding the device's generators or emptying its
+    cache places nothing): it is left as it is, and its first training loop says so (batches
+    on the device beside a model on the host would fail, as would the target's collectives on
+    host tensors).
 
     Where the wrap goes: a `DataLoader` is rebound to the device loader at one point, after
     the loader and a device variable exist (after the device's statement when the device is
@@ -232,13 +234,29 @@ class DeviceLoader(Rule):
             import torch
 
             model = torch.nn.Linear(20, 3)
+            torch.cuda.manual_seed_all(0)
             for epoch in range(2):
                 for inputs, labels in train_loader:
                     loss = criterion(model(inputs), labels)
                     loss.backward()
                     optimizer.step()
             """,
-            diagnostics=("ACC003:4",),
+            diagnostics=("ACC003:5",),
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            import torch.nn.functional as F
+
+            W = torch.randn((12, 27), requires_grad=True)
+            for i in range(100):
+                loss = F.cross_entropy(X @ W, Y)
+                W.grad = None
+                loss.backward()
+                W.data += -0.1 * W.grad
+            """,
+            diagnostics=("ACC003:5",),
         ),
     )
 
