@@ -99,7 +99,7 @@ def managed_by(module: str) -> str | None:
 # What a ``--device`` option's default may name besides CUDA.
 # Names of lists of CUDA indices (an option of the pix2pix family, a launcher's list).
 _GPU_ID_LISTS = frozenset({"gpu_ids", "gpus", "device_ids"})
-_DEVICE_TYPES = frozenset({"cpu", "mps", "xpu", "hpu", "npu", "xla", "meta", "cuda"})
+DEVICE_TYPES = frozenset({"cpu", "mps", "xpu", "hpu", "npu", "xla", "meta", "cuda"})
 
 # The targets' device calls: a migrated file places on its device.
 _DEVICE_CALLS = spelled_callees("device")
@@ -630,7 +630,7 @@ class Facts:
             if default is None or self.file_values.option_kind(node) is None:
                 return False
             return default == "cuda" or default.startswith("cuda:") or (
-                node.attr.value == "device" and default.partition(":")[0] in _DEVICE_TYPES)
+                node.attr.value == "device" and default.partition(":")[0] in DEVICE_TYPES)
         if kind is cst.IfExp:
             # ``"cuda" if torch.cuda.is_available() else "cpu"`` and ``"cuda:0" if n_gpu > 0 else
             # "cpu"`` choose a device; nanoGPT's ``"cuda" if "cuda" in device else "cpu"``, which

@@ -1175,6 +1175,18 @@ class ScopeValues:
         after = self._after.get(id(statement))
         return frozenset() if type(after) is _Ended else _bindings_in(after, name)
 
+    def passed_string(self, name: str, statement: cst.CSTNode) -> bool:
+        """Whether ``name`` may hold at ``statement`` what a caller passed for a parameter
+        annotated ``str`` (``def main(device: str)``, before the function makes a device of it)."""
+        scope = self.scope
+        if scope is None or scope not in self.bindings_at(name, statement):
+            return False
+        params = scope.params
+        param = next((p for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+                      if p.name.value == name), None)
+        return param is not None and param.annotation is not None and \
+            self.file.annotation_kind(param.annotation.annotation) is Kind.STR
+
     def binds(self, name: str) -> bool:
         """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""
         return name in self._local or self.scope is not None and name in self.file.functions[self.scope].params
