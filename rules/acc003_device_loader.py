@@ -26,7 +26,9 @@ class DeviceLoader(Rule):
 
     Which loops: those whose batches reach the device. A loop that moves a batch value
     (`x.to(device)`, `.cuda()`) is fed, and so is one that trains or calls a model in a file
-    that places something on a device (DataParallel moved its inputs itself). A loop that only
+    that places something on a device (DataParallel moved its inputs itself), unless each model
+    it calls is one the file builds and never moves (a course's first model, trained on the
+    CPU before the next is placed: `.to("cpu")` keeps it there): its batches stay on the host. A loop that only
     looks at a batch (`for x, y in loader: print(x.shape); break`, a plot) keeps the loader,
     and a tensor the loop makes itself (`z = torch.randn(n, d).to(device)`) keeps its move.
     So does a loop that works on a batch element on the host before it moves it, which it
@@ -242,6 +244,48 @@ class DeviceLoader(Rule):
                     optimizer.step()
             """,
             diagnostics=("ACC003:5",),
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            from torch.utils.data import DataLoader
+
+            loader = DataLoader(dataset, batch_size=32)
+            model_0 = torch.nn.Linear(4, 2)
+            model_0.to("cpu")  # the first model trains on the CPU
+            for X, y in loader:
+                loss = loss_fn(model_0(X), y)
+                loss.backward()
+                optimizer_0.step()
+
+            device = torch.device("cuda")
+            model_1 = torch.nn.Linear(4, 2).to(device)
+            for X, y in loader:
+                loss = loss_fn(model_1(X), y)
+                loss.backward()
+                optimizer_1.step()
+            """,
+            after="""
+            import torch
+            from torch.utils.data import DataLoader
+            import torch_xla.distributed.parallel_loader as pl
+
+            loader = DataLoader(dataset, batch_size=32)
+            model_0 = torch.nn.Linear(4, 2)
+            model_0.to("cpu")  # the first model trains on the CPU
+            for X, y in loader:
+                loss = loss_fn(model_0(X), y)
+                loss.backward()
+                optimizer_0.step()
+
+            device = torch.device("cuda")
+            model_1 = torch.nn.Linear(4, 2).to(device)
+            for X, y in pl.MpDeviceLoader(loader, device):
+                loss = loss_fn(model_1(X), y)
+                loss.backward()
+                optimizer_1.step()
+            """,
         ),
         Example(
             target="torch_xla",

@@ -55,6 +55,8 @@ RUNNABLE = {
     # tensors it built by hand
     "host_cuda_seed": True,
     "host_hand_built": True,
+    # a first model trained on the host on purpose, a second placed on the device
+    "host_first_model": True,
 }
 TOLERANCE = 1e-4
 _LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)
