@@ -1857,6 +1857,11 @@ class FileValues:
             param = None if found is None else next((p for p, value in found[1].items() if value is name), None)
             if param is None or param in handled.get(found[0], ()):
                 moved.add(name.value)
+        # Another name for the module (``model = model_0``, ``models = [model_0]``) may move it.
+        for values in self.facts.assignments.values():
+            for value in values:
+                parts = [e.value for e in value.elements] if type(value) in (cst.Tuple, cst.List, cst.Set) else [value]
+                moved.update(part.value for part in parts if type(part) is cst.Name)
         return frozenset(moved)
 
     def option_calls(self) -> list[cst.Call]:
