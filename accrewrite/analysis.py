@@ -112,13 +112,19 @@ def managed_by(module: str) -> str | None:
 # What a ``--device`` option's default may name besides CUDA.
 # Names of lists of CUDA indices (an option of the pix2pix family, a launcher's list).
 _GPU_ID_LISTS = frozenset({"gpu_ids", "gpus", "device_ids"})
-_DEVICE_TYPES = frozenset({"cpu", "mps", "xpu", "hpu", "npu", "xla", "meta", "cuda"})
+DEVICE_TYPES = frozenset({"cpu", "mps", "xpu", "hpu", "npu", "xla", "meta", "cuda"})
 
 # The targets' device calls: a migrated file places on its device.
 _DEVICE_CALLS = spelled_callees("device")
 
-# torch.cuda/accelerator calls that only ask (``pin_memory=torch.cuda.is_available()``): they place nothing.
-_QUERIES = frozenset({"is_available", "device_count", "is_bf16_supported", "get_device_name", "get_device_capability"})
+# torch.cuda/accelerator calls that place nothing: they ask (``pin_memory=torch.cuda.is_available()``),
+# seed the device's generators (a host script's ``set_seed`` helper), or keep its memory's books.
+_QUERIES = frozenset({"is_available", "device_count", "is_bf16_supported", "get_device_name", "get_device_capability",
+                      "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+                      "get_rng_state_all", "set_rng_state", "set_rng_state_all", "empty_cache",
+                      "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+                      "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                      "memory_cached", "max_memory_cached", "memory_stats", "memory_summary", "mem_get_info"})
 
 _COLLECTIVES = frozenset({"torch.distributed.all_reduce", "torch.distributed.reduce_scatter", "torch.distributed.reduce",
                 "torch.distributed.all_reduce_coalesced"})
@@ -637,7 +643,7 @@ class Facts:
             if default is None or self.file_values.option_kind(node) is None:
                 return False
             return default == "cuda" or default.startswith("cuda:") or (
-                node.attr.value == "device" and default.partition(":")[0] in _DEVICE_TYPES)
+                node.attr.value == "device" and default.partition(":")[0] in DEVICE_TYPES)
         if kind is cst.IfExp:
             # ``"cuda" if torch.cuda.is_available() else "cpu"`` and ``"cuda:0" if n_gpu > 0 else
             # "cpu"`` choose a device; nanoGPT's ``"cuda" if "cuda" in device else "cpu"``, which

@@ -29,7 +29,7 @@ from types import MappingProxyType
 
 import libcst as cst
 
-from accrewrite.nodes import children, descendants, dotted, node_types, walk
+from accrewrite.nodes import children, descendants, dotted, node_types, string_value, walk
 from accrewrite.persistent import PersistentMap, merge
 from accrewrite.targets import spelled_callees
 
@@ -1175,6 +1175,18 @@ class ScopeValues:
         after = self._after.get(id(statement))
         return frozenset() if type(after) is _Ended else _bindings_in(after, name)
 
+    def passed_string(self, name: str, statement: cst.CSTNode) -> bool:
+        """Whether ``name`` may hold at ``statement`` what a caller passed for a parameter
+        annotated ``str`` (``def main(device: str)``, before the function makes a device of it)."""
+        scope = self.scope
+        if scope is None or scope not in self.bindings_at(name, statement):
+            return False
+        params = scope.params
+        param = next((p for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+                      if p.name.value == name), None)
+        return param is not None and param.annotation is not None and \
+            self.file.annotation_kind(param.annotation.annotation) is Kind.STR
+
     def binds(self, name: str) -> bool:
         """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""
         return name in self._local or self.scope is not None and name in self.file.functions[self.scope].params
@@ -1519,6 +1531,15 @@ def parses_options(assign: cst.Assign) -> bool:
 _NESTED_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
 
+def _moves(call: cst.Call) -> bool:
+    """``x.to(...)`` or ``x.cuda()``, but for ``x.to("cpu")`` (a course's "keep the model on
+    the CPU")."""
+    func = call.func
+    if type(func) is not cst.Attribute or func.attr.value not in ("to", "cuda"):
+        return False
+    return func.attr.value == "cuda" or not call.args or string_value(call.args[0].value) != "cpu"
+
+
 def _binary_of(operator: cst.BaseAugOp) -> cst.BaseBinaryOp:
     name = type(operator).__name__.replace("Assign", "")
     return getattr(cst, name)()
@@ -1553,6 +1574,8 @@ class FileValues:
         self._walking = 0
         # Per function, what ``_joined`` gives (a provisional scope's walk runs again, and asks).
         self._joined_names: dict[cst.FunctionDef, frozenset[str]] = {}
+        # The names a ``.to()``/``.cuda()`` may move (``kept_on_host``), found when first asked.
+        self._handed: frozenset[str] | None = None
 
     def forget(self) -> None:
         """Drop the scopes' values, which refer back to this analysis."""
@@ -1787,6 +1810,59 @@ class FileValues:
             elif kind is cst.Assign and parses_options(child):
                 self._parsing.append(child)
             self._find_calls(child, scope)
+
+    def kept_on_host(self, name: str) -> bool:
+        """Whether the module ``name`` stays on the host where the file builds it (a course's
+        first model, trained on the CPU before others are placed): each assignment of it builds
+        one (no ``.to()``, no ``device=``, no other model inside), no ``.to()``/``.cuda()`` is
+        called on it, and it is passed only to functions of this file that neither move nor
+        pass on that parameter (a wrapper or a helper of another file may move it)."""
+        if self._handed is None:
+            self._handed = self._moved_or_passed()
+        built = self.facts.assignments.get(name)
+        return bool(built) and name not in self._handed and all(self._builds_on_host(value) for value in built)
+
+    def _builds_on_host(self, value: cst.BaseExpression) -> bool:
+        if type(value) is not cst.Call:
+            return False
+        for node in (value, *descendants(value, _NESTED_SCOPES)):
+            if type(node) is cst.Arg and node.keyword is not None and node.keyword.value == "device":
+                return False
+            if type(node) is cst.Call and _moves(node):
+                return False
+            if type(node) is cst.Name and node.value in self.facts.models:
+                return False
+        return True
+
+    def _moved_or_passed(self) -> frozenset[str]:
+        """The names of the file that a ``.to()``/``.cuda()`` may move: in place, or in a
+        function they are passed to (or in anything of another file)."""
+        moved: set[str] = set()
+        handled: dict[cst.FunctionDef | None, set[str]] = {}  # per scope: names moved or passed on
+        passing: list[tuple[cst.Call, cst.FunctionDef | None, str]] = []
+        for call, scope in self._calls_in_file():
+            if _moves(call):
+                receiver = call.func.value
+                while type(receiver) in (cst.Attribute, cst.Subscript):
+                    receiver = receiver.value
+                if type(receiver) is cst.Name:
+                    moved.add(receiver.value)
+                    handled.setdefault(scope, set()).add(receiver.value)
+            for arg in call.args:
+                if type(arg.value) is cst.Name:
+                    handled.setdefault(scope, set()).add(arg.value.value)
+                    passing.append((call, scope, arg.value))
+        for call, scope, name in passing:
+            found = self.callee(call, scope)
+            param = None if found is None else next((p for p, value in found[1].items() if value is name), None)
+            if param is None or param in handled.get(found[0], ()):
+                moved.add(name.value)
+        # Another name for the module (``model = model_0``, ``models = [model_0]``) may move it.
+        for values in self.facts.assignments.values():
+            for value in values:
+                parts = [e.value for e in value.elements] if type(value) in (cst.Tuple, cst.List, cst.Set) else [value]
+                moved.update(part.value for part in parts if type(part) is cst.Name)
+        return frozenset(moved)
 
     def option_calls(self) -> list[cst.Call]:
         """The file's ``parser.add_argument(...)`` calls, in source order."""

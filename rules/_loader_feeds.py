@@ -3,7 +3,8 @@
 A loop over a loader *feeds the device* when its batches reach it: it moves a batch value
 (``x = x.to(device)``, ``.cuda()``), or it runs a model (trains, calls one, hands one to a
 helper) that is placed on a device: in a file that places something on a device (DataParallel
-moved its inputs itself), or given by a caller that may have placed it. A loop that only looks
+moved its inputs itself), but for models the file builds and never moves (``kept_on_host`` of
+the data flow), or given by a caller that may have placed it. A loop that only looks
 at a batch (its shape, a plot) keeps the loader: its batches stay on the host, as the original's
 did; so does one that works on a batch element on the host before it moves it
 (``rules/_host_uses.py``): ``left``. A file that trains models of its own and places nothing
@@ -231,7 +232,7 @@ class Planner:
             values = self.facts.values(scope)
             runs = loop in self._training or calls_a_model(loop.body, values) or _hands_a_model(loop.body, values)
             found = self._moves_a_batch(loop) or runs and (
-                self.facts.places_on_device or self._model_from_caller(loop, scope))
+                self._model_from_caller(loop, scope) or self.facts.places_on_device and not self._on_host(loop, scope))
             if found:
                 used = self._host_uses.in_loop(loop, scope)
                 if used is not None:
@@ -243,11 +244,20 @@ class Planner:
     def _model_from_caller(self, loop: cst.For | cst.While, scope) -> bool:
         """Whether the model a loop runs may be placed by code this file does not show: it is a
         parameter of the loop's function or an attribute of ``self`` (a training helper that
-        another file calls), or no model is named in the loop at all."""
+        another file calls), or no model is named in a loop of a function that is given
+        arguments. A loop that names none where nothing is passed in (makemore's tensors built
+        by hand, updated by hand) trains what this file made."""
         values = self.facts.values(scope)
         params = set(values.file.functions[scope].params) if scope is not None else set()
         roots = {root(name) for name in _names(loop.body) if values.kind(name) is Kind.MODEL}
-        return not roots or bool(roots & (params | {"self"}))
+        return bool(roots & (params | {"self"})) if roots else bool(params)
+
+    def _on_host(self, loop: cst.For, scope) -> bool:
+        """Whether every model the loop runs is one of this file that stays on the host where
+        it is built (a course's first model, trained on the CPU before others are placed)."""
+        values = self.facts.values(scope)
+        roots = {root(name) for name in _names(loop.body) if values.kind(name) is Kind.MODEL}
+        return bool(roots) and all(values.file.kept_on_host(name) for name in roots)
 
     def _moves_a_batch(self, loop: cst.For) -> bool:
         """Whether the loop moves a value read from its batch to the device; records, for each

@@ -3,7 +3,7 @@ import sys
 
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, placed_model
+from accrewrite.analysis import DEVICE_TYPES, WRAPPER_NAMES, placed_model
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import (
@@ -72,7 +72,10 @@ class DevicePlacement(Rule):
       DataParallel, which pin them to CUDA;
     - `"cuda" in device` (nanoGPT's device type) tests `str(device)`, and `device == "cpu"` its
       `device.type`: the target's device is an object, not a string; `assert device == "cuda"`
-      goes where the target's device is an accelerator.
+      goes where the target's device is an accelerator. A comparison with a string that is no
+      device type (`device == "auto"`) stays, as does one of a parameter annotated `str` that
+      still holds the caller's string; where it may hold either, `str(device).partition(":")[0]`
+      is compared.
 
     Where the target's move gives a module new Parameter objects (XLA), the first model move is
     preceded by PyTorch's setting that keeps them, so weights tied before the move stay tied
@@ -233,6 +236,34 @@ class DevicePlacement(Rule):
             device = xm.xla_device()
             xm.set_replication(device, [device])
             mask = torch.ones(8, device=device)
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            def main(device: str):
+                if device == "cuda":
+                    torch.backends.cudnn.benchmark = True
+                if device == "auto":
+                    device = "cuda" if torch.cuda.is_available() else "cpu"
+                model = Net().to(device)
+                if device == "cuda":
+                    model = torch.compile(model)
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            def main(device: str):
+                if device == "cuda":
+                    torch.backends.cudnn.benchmark = True
+                if device == "auto":
+                    device = xm.xla_device()
+                    xm.set_replication(device, [device])
+                model = Net().to(device)
+                if str(device).partition(":")[0] == "cuda":
+                    model = torch.compile(model)
             """,
         ),
     )
@@ -488,14 +519,30 @@ class DevicePlacement(Rule):
                 return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=as_string)])
         compared = string_value(comparison.comparator)
         if isinstance(comparison.operator, (cst.Equal, cst.NotEqual)) and compared is not None:
-            if self._device_name(original_node.left):
-                if ":" in compared:
-                    self.ctx.fix(original_node, "a device object on the target: its string is compared")
-                    return updated_node.with_changes(left=_string_of(updated_node.left))
-                # torch.device("cuda") == "cuda" holds, str() of the target's "cuda:0" would not
-                self.ctx.fix(original_node, "a device object on the target: its type is compared")
-                return updated_node.with_changes(left=cst.Attribute(updated_node.left, cst.Name("type")))
+            if self._device_name(original_node.left) and compared.partition(":")[0] in DEVICE_TYPES:
+                return self._compare_device(original_node, updated_node, compared)
         return updated_node
+
+    def _compare_device(self, original_node: cst.Comparison, updated_node: cst.Comparison, compared: str):
+        """``device == "cuda"``: the device's type is compared, or its string where the compared
+        string names an index. Where the name may still hold the string a parameter annotated
+        ``str`` was given, its string's type is (``str(device).partition(":")[0]``, right for
+        both), and where it holds only that string, the comparison stays."""
+        values = self.ctx.facts.values(self.ctx.scope)
+        statement = values.statement_of(original_node)
+        name = dotted(original_node.left)
+        given = statement is not None and values.passed_string(name, statement)
+        if given and values.bindings_at(name, statement) == {self.ctx.scope}:
+            return updated_node
+        if ":" in compared:
+            self.ctx.fix(original_node, "a device object on the target: its string is compared")
+            return updated_node.with_changes(left=_string_of(updated_node.left))
+        if given:
+            self.ctx.fix(original_node, "a device object on the target, or the string given: its string's type is compared")
+            return updated_node.with_changes(left=cst.parse_expression(f'str({name}).partition(":")[0]'))
+        # torch.device("cuda") == "cuda" holds, str() of the target's "cuda:0" would not
+        self.ctx.fix(original_node, "a device object on the target: its type is compared")
+        return updated_node.with_changes(left=cst.Attribute(updated_node.left, cst.Name("type")))
 
     def _asserts_cuda(self, statement: cst.CSTNode) -> bool:
         """``assert device == "cuda", "GPU not available"``: the script asks for an accelerator,

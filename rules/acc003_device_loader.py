@@ -26,7 +26,9 @@ class DeviceLoader(Rule):
 
     Which loops: those whose batches reach the device. A loop that moves a batch value
     (`x.to(device)`, `.cuda()`) is fed, and so is one that trains or calls a model in a file
-    that places something on a device (DataParallel moved its inputs itself). A loop that only
+    that places something on a device (DataParallel moved its inputs itself), unless each model
+    it calls is one the file builds and never moves (a course's first model, trained on the
+    CPU before the next is placed: `.to("cpu")` keeps it there): its batches stay on the host. A loop that only
     looks at a batch (`for x, y in loader: print(x.shape); break`, a plot) keeps the loader,
     and a tensor the loop makes itself (`z = torch.randn(n, d).to(device)`) keeps its move.
     So does a loop that works on a batch element on the host before it moves it, which it
@@ -39,9 +41,11 @@ class DeviceLoader(Rule):
     permutation made on the host, and any use after its move work on the device. Such a
     loop keeps its loader and its moves, and the finding names the use: move that work after
     the move, onto the device or into the dataset, and migrate again.
-    A file that trains models of its own and places nothing on a device trains on the host:
-    it is left as it is, and its first training loop says so (batches on the device beside a
-    model on the host would fail, as would the target's collectives on host tensors).
+    A file that trains models of its own (or tensors it made, updated by hand) and places
+    nothing on a device trains on the host (seeding the device's generators or emptying its
+    cache places nothing): it is left as it is, and its first training loop says so (batches
+    on the device beside a model on the host would fail, as would the target's collectives on
+    host tensors).
 
     Where the wrap goes: a `DataLoader` is rebound to the device loader at one point, after
     the loader and a device variable exist (after the device's statement when the device is
@@ -232,13 +236,71 @@ class DeviceLoader(Rule):
             import torch
 
             model = torch.nn.Linear(20, 3)
+            torch.cuda.manual_seed_all(0)
             for epoch in range(2):
                 for inputs, labels in train_loader:
                     loss = criterion(model(inputs), labels)
                     loss.backward()
                     optimizer.step()
             """,
-            diagnostics=("ACC003:4",),
+            diagnostics=("ACC003:5",),
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            from torch.utils.data import DataLoader
+
+            loader = DataLoader(dataset, batch_size=32)
+            model_0 = torch.nn.Linear(4, 2)
+            model_0.to("cpu")  # the first model trains on the CPU
+            for X, y in loader:
+                loss = loss_fn(model_0(X), y)
+                loss.backward()
+                optimizer_0.step()
+
+            device = torch.device("cuda")
+            model_1 = torch.nn.Linear(4, 2).to(device)
+            for X, y in loader:
+                loss = loss_fn(model_1(X), y)
+                loss.backward()
+                optimizer_1.step()
+            """,
+            after="""
+            import torch
+            from torch.utils.data import DataLoader
+            import torch_xla.distributed.parallel_loader as pl
+
+            loader = DataLoader(dataset, batch_size=32)
+            model_0 = torch.nn.Linear(4, 2)
+            model_0.to("cpu")  # the first model trains on the CPU
+            for X, y in loader:
+                loss = loss_fn(model_0(X), y)
+                loss.backward()
+                optimizer_0.step()
+
+            device = torch.device("cuda")
+            model_1 = torch.nn.Linear(4, 2).to(device)
+            for X, y in pl.MpDeviceLoader(loader, device):
+                loss = loss_fn(model_1(X), y)
+                loss.backward()
+                optimizer_1.step()
+            """,
+        ),
+        Example(
+            target="torch_xla",
+            before="""
+            import torch
+            import torch.nn.functional as F
+
+            W = torch.randn((12, 27), requires_grad=True)
+            for i in range(100):
+                loss = F.cross_entropy(X @ W, Y)
+                W.grad = None
+                loss.backward()
+                W.data += -0.1 * W.grad
+            """,
+            diagnostics=("ACC003:5",),
         ),
     )
 

@@ -505,3 +505,36 @@ def test_where_every_path_bound_a_name_last():
     assert values.bindings_after("log", logging) == {logging}
     assert values.bindings_at("loc", last) == frozenset()
     assert values.bindings_at("args", last) == {main}  # a parameter
+
+
+def test_a_module_built_and_never_moved_stays_on_the_host():
+    code = textwrap.dedent("""
+        import torch
+
+        def look(model):
+            return model.weight.shape
+
+        def place(model, device):
+            model.to(device)
+
+        on_host = torch.nn.Linear(2, 2)
+        to_cpu = torch.nn.Linear(2, 2)
+        to_cpu.to("cpu")
+        looked_at = torch.nn.Linear(2, 2)
+        look(looked_at)
+        moved = torch.nn.Linear(2, 2).to("cuda")
+        built_there = torch.nn.Linear(2, 2, device="cuda")
+        placed = torch.nn.Linear(2, 2)
+        place(placed, "cuda")
+        aliased = torch.nn.Linear(2, 2)
+        other = aliased
+        other.cuda()
+        wrapped = torch.nn.Linear(2, 2)
+        parallel = torch.nn.DataParallel(wrapped).cuda()
+    """)
+    module = cst.parse_module(code)
+    facts = analyze(module)
+    facts.module = module
+    kept = facts.values(None).file.kept_on_host
+    assert [kept(name) for name in ("on_host", "to_cpu", "looked_at")] == [True, True, True]
+    assert not any(kept(name) for name in ("moved", "built_there", "placed", "aliased", "wrapped", "unbound"))

@@ -49,6 +49,14 @@ RUNNABLE = {
     "optimizer_before_move": True,
     # the pix2pix family's init_net: an assertion of CUDA, a move to the first of --gpu_ids
     "init_net_gpu_ids": False,
+    # a --device option whose "auto" the script resolves itself, compared while still a string
+    "device_auto_option": True,
+    # scripts that train on the host, left as they are: one seeds CUDA's generators, one updates
+    # tensors it built by hand
+    "host_cuda_seed": True,
+    "host_hand_built": True,
+    # a first model trained on the host on purpose, a second placed on the device
+    "host_first_model": True,
 }
 TOLERANCE = 1e-4
 _LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)
