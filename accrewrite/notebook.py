@@ -19,6 +19,8 @@ as version 4, for a preview); it is imported only when a notebook is given.
 
 from __future__ import annotations
 
+import codecs
+import functools
 import io
 import itertools
 import json
@@ -84,17 +86,19 @@ class Notebook:
     text: str  # the file's JSON
     cells: list[Cell]  # its code cells
     sources: list[str]  # every cell's source, markdown too, as nbformat reads it
+    bom: bytes = b""  # a UTF-8 byte order mark the file starts with, written back
 
     @classmethod
     def read(cls, data: bytes) -> Notebook:
         """The notebook in ``data``, or a MigrationError that says what is wrong with it."""
+        bom = codecs.BOM_UTF8 if data.startswith(codecs.BOM_UTF8) else b""
         try:
-            text = data.decode("utf-8-sig")
+            text = data[len(bom):].decode("utf-8")
         except UnicodeDecodeError as exc:
             raise MigrationError(FileError(f"cannot decode the notebook as UTF-8: byte {data[exc.start]:#04x} "
                                            "is invalid; Jupyter writes notebooks in UTF-8")) from None
         cells = _cells(text)
-        notebook = cls(text, [], [source for _, source in cells])
+        notebook = cls(text, [], [source for _, source in cells], bom)
         markers = itertools.count()
         for number, (kind, source) in enumerate(cells, start=1):
             if kind == "code":
@@ -107,8 +111,7 @@ class Notebook:
 
     def migrated(self, output: bytes) -> bytes:
         """The notebook's bytes once its script is migrated to ``output``."""
-        changed = self.migrated_sources(output)
-        return self.with_sources(changed) if changed else self.text.encode()
+        return self.with_sources(self.migrated_sources(output))
 
     def runnable(self) -> tuple[bytes, list[str]]:
         """The code cells as a script Python runs, as Jupyter would run them in order, and the
@@ -120,7 +123,7 @@ class Notebook:
                 if match is None:
                     lines.append(line)
                     continue
-                indent, taken = cell.ipython[int(match.group(2))]
+                _, taken = cell.ipython[int(match.group(2))]
                 if line.lstrip().startswith("pass"):
                     skipped.append(taken[0].strip())
                     lines.append(f"{match.group(1)}pass  # IPython, not run: {taken[0].strip()}\n")
@@ -131,6 +134,8 @@ class Notebook:
 
     def position(self, line: int) -> tuple[int, int]:
         """(cell number, line in the cell) of a line of the script (1-based); (0, 0) for none."""
+        if line < 1:
+            return 0, 0
         for cell in self.cells:
             if line <= len(cell.script):
                 return cell.number, line
@@ -167,20 +172,23 @@ class Notebook:
         """The file's bytes with the sources of the cells in ``changed`` replaced, each spelled
         as the file spells it, and nothing else touched."""
         text, pieces, at = self.text, [], 0
-        spans = _source_spans(text, self.sources)
         for number in sorted(changed):
-            start, end = spans[number - 1]
+            start, end = self._spans[number - 1]
             pieces += [text[at:start], _spelled(changed[number], text, start, end, _ascii_only(text))]
             at = end
         pieces.append(text[at:])
-        return "".join(pieces).encode()
+        return self.bom + "".join(pieces).encode()
+
+    @functools.cached_property
+    def _spans(self) -> list[tuple[int, int]]:
+        return _source_spans(self.text, self.sources)
 
     def file_line(self, number: int, line: int) -> int:
         """The line of the file where line ``line`` of cell ``number`` is written (a source
         written as a list of lines puts one on each), for the formats that point into the
         file."""
         try:
-            start, end = _source_spans(self.text, self.sources)[number - 1]
+            start, end = self._spans[number - 1]
         except MigrationError:
             return 1
         first = self.text.count("\n", 0, start) + 1

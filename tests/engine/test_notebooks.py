@@ -335,3 +335,10 @@ def test_a_line_a_message_names_is_a_line_of_a_cell():
     outcome, _ = migrated(runtime, target="torch_xla")
     assert (outcome.error.cell, outcome.error.line) == (2, 3)
     assert "written for target 'runtime', not 'torch_xla' (cell 2, line 3: `import accrewrite" in outcome.error.reason
+
+
+def test_a_byte_order_mark_is_kept():
+    data = nbformat.writes(lesson()).encode()
+    _, plain = migrated(data)
+    _, marked = migrated(b"\xef\xbb\xbf" + data)
+    assert marked == b"\xef\xbb\xbf" + plain
