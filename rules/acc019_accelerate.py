@@ -149,7 +149,7 @@ class AccelerateConfig(Rule):
         return updated.with_changes(args=args)
 
     def _unseen(self, node: cst.Call, source: str, bf16: str) -> None:
-        self.ctx.diagnose(node, f"the Accelerator's mixed_precision comes from {source}: give it {bf16}, not 'fp16'",
+        self.ctx.diagnose(node, f"mixed_precision is {source}: give the Accelerator {bf16}, not 'fp16'",
                           f"Accelerate's fp16 does not run on the target's device (no loss scaling there): pass "
                           f"{bf16} (or \"no\") there, or choose it in `accelerate config`.")
 

@@ -287,7 +287,7 @@ class HostSync(LoopDiagnostic, Rule):
         if not self.in_loop:
             return
         if self._reduced_on_the_host(node):
-            self.report(node, _message(self.ctx.code(node), "sync_dist reduces it on the host"), _SYNC_DIST_HELP)
+            self.report(node, _message(self.ctx.code(node), "sync_dist=True"), _SYNC_DIST_HELP)
             return
         tensors = self.tensors()
         how = tensors.sync(node)
