@@ -21,8 +21,11 @@ import libcst as cst
 from accrewrite.nodes import (
     NODE_TYPES, STATEMENT_TYPES, call_arg, children, descendants, dotted, node_types, string_value, walk,
 )
-from accrewrite.targets import modules_imported_as_named, spelled_callees, written_for
-from accrewrite.values import Definitions, FileValues, Kind, ScopeValues, parses_options, returned_read, target_names
+from accrewrite.targets import spelled_callees, written_for
+from accrewrite.file_model import Definitions, FileFacts, qualname
+from accrewrite.values import (
+    CommandLineOptions, FileValues, Kind, ScopeValues, Spawn, parses_options, returned_read, target_names,
+)
 
 # A trigger word that stands for the calls of the file's functions that return an argument read
 # on the host (``to_python_float(t)``, see ``Facts.returned_reads``): the statements holding
@@ -42,27 +45,12 @@ SCALER_NAMES = frozenset({
 })
 LOADER_NAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # torch.multiprocessing.spawn, and the targets' spellings of it (a migrated file still spawns).
-SPAWN_NAMES = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", *spelled_callees("spawn")})
 WRAPPER_NAMES = frozenset({
     "torch.nn.parallel.DistributedDataParallel",
     "torch.nn.parallel.distributed.DistributedDataParallel",
     "torch.nn.DataParallel",
     "torch.nn.parallel.DataParallel",
 })
-
-
-def _string_defaults(option_calls: list[cst.Call]) -> dict[str, str]:
-    """``parser.add_argument("--device", default="cuda")`` -> {"device": "cuda"}."""
-    found = {}
-    for node in reversed(option_calls):  # later ones come first: the first one wins
-        default = call_arg(node, 99, "default")
-        value = string_value(default.value) if default is not None else None
-        flags = [string_value(arg.value) for arg in node.args if arg.keyword is None]
-        dest = call_arg(node, 99, "dest")
-        names = [string_value(dest.value)] if dest is not None else [f for f in flags if f and f.startswith("--")] or flags
-        if value is not None and names and names[0]:
-            found[names[0].lstrip("-").replace("-", "_")] = value
-    return found
 
 
 # Frameworks that place the model and reduce gradients themselves (ACC018 and ACC019 migrate them
@@ -181,22 +169,6 @@ class Binding:
     order: int
 
 
-@dataclass(frozen=True, eq=False)
-class Spawn:
-    """``mp.spawn(fn, args=(...), nprocs=n)``: ``fn(index, *args)`` in ``n`` new processes."""
-
-    call: cst.Call
-    scope: cst.FunctionDef | None
-    # The functions of the file it runs: ``fn``, or what the callers of the function that holds
-    # the call pass as ``fn`` (the DDP tutorial's ``run_demo(demo_fn, world_size)``).
-    workers: tuple[cst.FunctionDef, ...]
-    # Where the workers receive the number of processes: (position of a parameter, the
-    # attributes read from it), for an argument that is ``nprocs`` itself (``args=(world_size,),
-    # nprocs=world_size``: ``(1, "")``) or holds it (``args=(args,), nprocs=args.nprocs``:
-    # ``(1, ".nprocs")``).
-    counted: tuple[tuple[int, str], ...]
-
-
 @dataclass(frozen=True)
 class Triggers:
     """What makes a statement worth walking, rule by rule (``Rule.triggers`` and
@@ -234,10 +206,6 @@ class Triggers:
 class Facts:
     """What one analysis pass learns about a file."""
 
-    # Local name -> fully qualified name, from the file's imports.
-    imports: dict[str, str] = field(default_factory=dict)
-    # Modules imported without an alias (``import a.b.c``), in full.
-    imported_modules: set[str] = field(default_factory=set)
     # Each target whose modules the file imports (one migrated to it, or written for it by
     # hand), with the first import that does.
     target_imports: dict[str, cst.Import | cst.ImportFrom] = field(default_factory=dict)
@@ -245,18 +213,10 @@ class Facts:
     devices: list[Binding] = field(default_factory=list)
     # The values of those assignments (so that a rule rewrites the assignment, not the value).
     device_values: set[cst.CSTNode] = field(default_factory=set)
-    models: set[str] = field(default_factory=set)
     optimizers: dict[str, cst.Call] = field(default_factory=dict)
     scalers: set[str] = field(default_factory=set)
-    loaders: set[str] = field(default_factory=set)
     loader_bindings: list[Binding] = field(default_factory=list)
     optimizer_bindings: list[Binding] = field(default_factory=list)
-    # Every plain ``name = value`` of the file (anywhere): name -> the values, in order.
-    assignments: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
-    # Every ``name = call(...)`` of the file: target -> the callee's qualified name.
-    assigned_calls: dict[str, str] = field(default_factory=dict)
-    # Qualified names of everything the file calls.
-    called: set[str] = field(default_factory=set)
     # Names already assigned a device loader (a migrated file).
     device_loaders: set[str] = field(default_factory=set)
     loops: list[TrainingLoop] = field(default_factory=list)
@@ -291,34 +251,19 @@ class Facts:
     iter_calls: list[tuple[cst.Call, cst.FunctionDef | None, cst.CSTNode]] = field(default_factory=list)
     # ``next(it)`` calls: the name read, its function and the loops around the call.
     next_calls: list[tuple[str, cst.FunctionDef | None, tuple[cst.CSTNode, ...]]] = field(default_factory=list)
-    # The class each method is defined in.
-    method_class: dict[cst.FunctionDef, cst.ClassDef] = field(default_factory=dict)
     # The rules each statement concerns (a mask of ``triggers``): those whose trigger words it
     # mentions, and of the statements in it. None: every statement concerns every rule.
     hot: dict[cst.CSTNode, int] | None = None
     triggers: Triggers | None = None
-    # Module-level functions that return a parameter's value read on the host (apex's
-    # ``def to_python_float(t): return t.float().item()``): name -> those parameters.
-    returned_reads: dict[str, frozenset[str]] = field(default_factory=dict)
     # The ids of the nodes whose subtree holds no node of the types the rule walk acts on
     # (``analyze``'s ``walked``): the walk need not enter them. (Ids: a node hashes by a Python
     # method of libcst's, and this is asked of nearly every node; the tree outlives the set.)
     inert: set[int] = field(default_factory=set)
-    module: cst.Module | None = None
-    # Every call of the file in source order, with the function it is in (None outside any), and
-    # the assignments of parsed command-line options (``args = parser.parse_args()``), for the
-    # data-flow analysis; None until the walk has ended.
-    calls: list[tuple[cst.Call, cst.FunctionDef | None]] | None = None
-    option_parses: list[cst.Assign] = field(default_factory=list)
-    # The file's functions and classes, and the names each function's body (and the module)
-    # binds, which are local to it throughout.
-    definitions: Definitions = field(default_factory=Definitions)
-    local_names: dict[cst.CSTNode, frozenset[str]] = field(default_factory=dict)
-    # The file's text, where the engine gives it: a word it lacks is named nowhere in the file.
-    text: str | None = None
+    # What the file declares (its imports, definitions, assignments, calls), once the walk has
+    # ended; and its command-line options, read when first asked.
+    file: FileFacts | None = None
+    _options: CommandLineOptions | None = None
     _values: FileValues | None = None
-    _option_defaults: dict[str, str] | None = None
-    _spawns: list[Spawn] | None = None
     _launched: set[cst.FunctionDef] | None = None
     _reduces_gradients: bool | None = None
 
@@ -345,8 +290,16 @@ class Facts:
         """The data-flow analysis's per-file part: what it reads from the syntax alone (the
         functions, their calls, the options), no scope's values computed for it."""
         if self._values is None:
-            self._values = FileValues(self.module, self)
+            self._values = FileValues(self.file, self.options)
         return self._values
+
+    @property
+    def options(self) -> CommandLineOptions:
+        """The file's command-line options (``parser.add_argument``)."""
+        if self._options is None:
+            self._options = CommandLineOptions(
+                (call for call, _ in self.file.calls), self.file.option_parses, self.file.text)
+        return self._options
 
     def passed(self, function: cst.FunctionDef) -> list[tuple[cst.FunctionDef | None, cst.Call, dict]]:
         """What each call of ``function`` in this file passes: (calling scope, the call,
@@ -367,9 +320,9 @@ class Facts:
         return self._reduces_gradients
 
     def _in_autograd_backward(self, scope: cst.FunctionDef | None) -> bool:
-        owner = self.method_class.get(scope)
+        owner = self.file.method_class.get(scope)
         return owner is not None and scope.name.value == "backward" and any(
-            self.qualname(base.value) in _AUTOGRAD_FUNCTIONS for base in owner.bases)
+            self.file.qualname(base.value) in _AUTOGRAD_FUNCTIONS for base in owner.bases)
 
     def _holds_gradients(self, value: cst.BaseExpression, scope: cst.FunctionDef | None, seen: set) -> bool:
         """Whether ``value`` (in ``scope``) is parameters' gradients: ``p.grad``, a view or a
@@ -389,7 +342,7 @@ class Facts:
             if type(func) is cst.Attribute and func.attr.value in _GRADIENT_VIEWS:
                 return self._holds_gradients(func.value, scope, seen)
             first = call_arg(value, 0, "tensors")
-            return (self.qualname(func) in _GRADIENT_BUFFERS and first is not None
+            return (self.file.qualname(func) in _GRADIENT_BUFFERS and first is not None
                     and self._holds_gradients(first.value, scope, seen))
         if kind is not cst.Name or (value.value, scope) in seen:
             return False
@@ -413,7 +366,7 @@ class Facts:
         """A name holds gradients that it is assigned, iterates over, or (a parameter) is passed;
         a helper that no call of this file passes anything reduces what its parameter's name
         says (``def all_reduce_grads(grads)``)."""
-        if any(self._holds_gradients(assigned, scope, seen) for assigned in self.assignments.get(name, ())):
+        if any(self._holds_gradients(assigned, scope, seen) for assigned in self.file.assignments.get(name, ())):
             return True
         if any(loop_scope is scope and name in target_names(loop.target)
                and self._holds_gradients(loop.iter, scope, seen) for loop, loop_scope in self.for_loops):
@@ -428,41 +381,11 @@ class Facts:
 
     def spawns(self) -> list[Spawn]:
         """The file's ``torch.multiprocessing.spawn`` calls (or a target's spelling of one)."""
-        if self._spawns is None:
-            self._spawns = []
-            if self.called & SPAWN_NAMES:
-                self._find_spawns(self.module, None)
-        return self._spawns
-
-    def _find_spawns(self, node: cst.CSTNode, scope: cst.FunctionDef | None) -> None:
-        for child in children(node):
-            if isinstance(child, cst.Call) and self.qualname(child.func) in SPAWN_NAMES:
-                self._spawns.append(self._spawn(child, scope))
-            self._find_spawns(child, child if isinstance(child, cst.FunctionDef) else scope)
-
-    def _spawn(self, call: cst.Call, scope: cst.FunctionDef | None) -> Spawn:
-        fn, args, nprocs = call_arg(call, 0, "fn"), call_arg(call, 1, "args"), call_arg(call, 2, "nprocs")
-        named = [fn.value] if fn is not None else []
-        if scope is not None and named and isinstance(named[0], cst.Name) and named[0].value not in self._defined():
-            named = [arguments[named[0].value] for _, _, arguments in self.passed(scope) if named[0].value in arguments]
-        workers = tuple(self._defined()[n.value] for n in named
-                        if isinstance(n, cst.Name) and isinstance(self._defined().get(n.value), cst.FunctionDef))
-        counted = ()
-        if args is not None and nprocs is not None and isinstance(args.value, (cst.Tuple, cst.List)):
-            count = self.module.code_for_node(nprocs.value)
-            for position, element in enumerate(args.value.elements):
-                passed = self.module.code_for_node(element.value)
-                if count == passed or count.startswith(passed + ".") and dotted(element.value) is not None:
-                    counted += ((position + 1, count[len(passed):]),)
-        return Spawn(call, scope, workers, counted)
-
-    def _defined(self) -> dict[str, cst.CSTNode]:
-        self.values(None)
-        return self._values.defined
+        return self.file_values.spawns()
 
     def defines(self, func: cst.BaseExpression) -> bool:
         """Whether a call of ``func`` calls a function or class of this file."""
-        return isinstance(func, cst.Name) and func.value in self._defined()
+        return isinstance(func, cst.Name) and func.value in self.file.definitions.defined
 
     def in_launcher(self, scopes: list[cst.FunctionDef]) -> bool:
         """Whether code in ``scopes`` (nested functions, innermost last; none at module level)
@@ -484,8 +407,9 @@ class Facts:
         return scope in self._launched
 
     def _callees(self, function: cst.FunctionDef) -> list[cst.FunctionDef]:
-        defined, found = self._defined(), []
-        owner = self.method_class.get(function)
+        defined, found = self.file.definitions.defined, []
+        method_class = self.file.method_class
+        owner = method_class.get(function)
 
         def enter(node):
             if isinstance(node, cst.FunctionDef) and node is not function:
@@ -495,37 +419,20 @@ class Facts:
                 if isinstance(called, cst.FunctionDef):
                     found.append(called)
                 elif isinstance(called, cst.ClassDef):
-                    found.extend(m for m, c in self.method_class.items() if c is called)
+                    found.extend(m for m, c in method_class.items() if c is called)
             elif isinstance(node, cst.Call) and owner is not None and dotted(node.func) is not None \
                     and dotted(node.func).startswith("self."):
-                found.extend(m for m, c in self.method_class.items() if c is owner and
+                found.extend(m for m, c in method_class.items() if c is owner and
                              m.name.value == node.func.attr.value)
             return True
 
         walk(function, enter)
         return found
 
-    def qualname(self, node: cst.CSTNode) -> str | None:
-        """The fully qualified name ``node`` refers to, through the imports; None when its root
-        is not an imported name. A module that the file reads without importing it (``torch``
-        brought by ``from modeling.deeplab import *``) is the module of that name where a
-        target's import line binds it so (``import torch``): once the migration adds that line,
-        a second run reads the name through it, and must read it as the first did."""
-        name = dotted(node)
-        if name is None:
-            return None
-        root, _, rest = name.partition(".")
-        base = self.imports.get(root)
-        if base is None:
-            if root not in modules_imported_as_named():
-                return None
-            base = root
-        return f"{base}.{rest}" if rest else base
-
     @property
     def uses_grad_scaler(self) -> bool:
         """Whether the file trains with a GradScaler (AMP with loss scaling)."""
-        return bool(self.scalers or self.called & SCALER_NAMES)
+        return bool(self.scalers or self.file.called & SCALER_NAMES)
 
     def device_at(self, scope: cst.FunctionDef | None, statement: cst.CSTNode | None) -> str | None:
         """The device variable bound where ``statement`` of ``scope`` (a function, or None for
@@ -542,11 +449,12 @@ class Facts:
         for param in scope.params.params:
             if param.name.value == "device":
                 self.values(None)
-                if self._values.param_kind(scope, param) is not Kind.INT:
+                if self.file_values.param_kind(scope, param) is not Kind.INT:
                     return "device"
-        owner = self.method_class.get(scope)
+        method_class = self.file.method_class
+        owner = method_class.get(scope)
         for device in self.devices:
-            if owner is not None and device.name.startswith("self.") and self.method_class.get(device.scope) is owner:
+            if owner is not None and device.name.startswith("self.") and method_class.get(device.scope) is owner:
                 return device.name
         for device in self.devices:
             if device.scope is None and self._runs_after(scope, device):
@@ -559,7 +467,7 @@ class Facts:
         a function that runs so; a function this file never calls (a callback) must be defined
         so (its module-level statement: a class's, the outermost function's)."""
         module = self.values(None)
-        calls = self._values.calls_of(function)
+        calls = self.file_values.calls_of(function)
         if not calls:
             return self._chosen_at(None, device.name, self._module_statement(function))
         for call, caller, _ in calls:
@@ -595,13 +503,6 @@ class Facts:
             found = info.owner if info.owner is not None else info.parent
         return found
 
-    def option_defaults(self) -> dict[str, str]:
-        """The string defaults of the file's command-line options (``parser.add_argument``), by
-        destination."""
-        if self._option_defaults is None:
-            self._option_defaults = _string_defaults(self.file_values.option_calls()) if self.module is not None else {}
-        return self._option_defaults
-
     def lists_device_ids(self, chain: str | None) -> bool:
         """Whether ``chain`` names a list of CUDA indices: one given to a wrapper as its
         device_ids (``DataParallel(net, gpu_ids)``), or one named for GPU ids (the pix2pix
@@ -609,52 +510,8 @@ class Facts:
         return chain is not None and (chain in self.device_id_lists or chain.rpartition(".")[2] in _GPU_ID_LISTS)
 
     def is_cuda_device(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` selects a CUDA device: ``"cuda"``, ``"cuda:0"``, ``f"cuda:{r}"``,
-        ``"cuda:{}".format(r)``, ``"cuda:" + str(r)``, ``torch.device("cuda", r)``, ``"cuda" if
-        torch.cuda.is_available() else "cpu"``. (An integer ordinal is a CUDA device too, but only
-        where it is passed as one: see ACC002.)"""
-        kind = type(node)
-        if kind is cst.Name or kind is cst.Integer:
-            return False  # none of the cases below, and what most callers ask about
-        text = string_value(node)
-        if text is not None:
-            return text == "cuda" or text.startswith("cuda:")
-        if kind is cst.FormattedString:
-            first = node.parts[0] if node.parts else None
-            if isinstance(first, cst.FormattedStringExpression) and len(node.parts) > 1:
-                # f"{acc}:{rank}": an index put after a device
-                after = node.parts[1]
-                return (isinstance(after, cst.FormattedStringText) and after.value.startswith(":")
-                        and dotted(first.expression) in {binding.name for binding in self.devices})
-            return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
-        if kind is cst.Call and self.qualname(node.func) == "torch.device":
-            first = call_arg(node, 0, "type")
-            return first is not None and self.is_cuda_device(first.value)
-        if kind is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "format":
-            template = string_value(node.func.value)  # "cuda:{}".format(args.gpu)
-            return template is not None and template.startswith("cuda")
-        if kind is cst.Call and self.qualname(node.func) == "torch.accelerator.current_accelerator":
-            return True
-        if kind is cst.Attribute and type(node.value) is cst.Name:
-            # args.device, default "cuda"; or named device with a default of another device
-            # ("cpu", "mps"): the option chooses the device, which the target's now is. (Not
-            # ``x.device``, a tensor's.)
-            default = self.option_defaults().get(node.attr.value)
-            if default is None or self.file_values.option_kind(node) is None:
-                return False
-            return default == "cuda" or default.startswith("cuda:") or (
-                node.attr.value == "device" and default.partition(":")[0] in DEVICE_TYPES)
-        if kind is cst.IfExp:
-            # ``"cuda" if torch.cuda.is_available() else "cpu"`` and ``"cuda:0" if n_gpu > 0 else
-            # "cpu"`` choose a device; nanoGPT's ``"cuda" if "cuda" in device else "cpu"``, which
-            # compares a string, names a device's type. (``"mps" if ... else "cuda" if ... else
-            # "cpu"`` chooses one too.)
-            return not _compares_string(node.test) and (
-                self.is_cuda_device(node.body) or self.is_cuda_device(node.orelse))
-        if kind is cst.BinaryOperation and type(node.operator) is cst.Add:
-            prefix = string_value(node.left)  # "cuda:" + str(args.gpu_to_work_on), swav's
-            return prefix is not None and prefix.startswith("cuda:")
-        return False
+        """Whether ``node`` selects a CUDA device (see ``selects_cuda``)."""
+        return selects_cuda(node, self.file.qualname, self.devices, lambda: self.options)
 
 
 _walk_methods_cache: dict[tuple[type, type], tuple] = {}
@@ -747,6 +604,47 @@ class _Analyzer:
         # function's, or the module), innermost last; None inside a nested scope (a class, a
         # lambda, a comprehension, a function's header), whose names are its own.
         self._binders: list[tuple[set[str], set[str], cst.CSTNode] | None] = []
+        # What the file declares, as ``FileFacts`` holds it once the walk has ended.
+        self._imports: dict[str, str] = {}
+        self._imported_modules: set[str] = set()
+        self._definitions = Definitions()
+        self._local_names: dict[cst.CSTNode, frozenset[str]] = {}
+        self._method_class: dict[cst.FunctionDef, cst.ClassDef] = {}
+        self._models: set[str] = set()
+        self._loaders: set[str] = set()
+        self._assignments: dict[str, list[cst.BaseExpression]] = {}
+        self._assigned_calls: dict[str, str] = {}
+        self._called: set[str] = set()
+        self._option_parses: list[cst.Assign] = []
+        self._returned_reads: dict[str, frozenset[str]] = {}
+        self._module: cst.Module | None = None
+        self._text: str | None = None
+        self._scanned_options: CommandLineOptions | None = None
+
+    def _qualname(self, node: cst.CSTNode) -> str | None:
+        return qualname(self._imports, node)
+
+    def _is_cuda_device(self, node: cst.CSTNode) -> bool:
+        return selects_cuda(node, self._qualname, self.facts.devices, self._options)
+
+    def _options(self) -> CommandLineOptions:
+        """The file's options, asked before the walk has seen them all: a walk of their own."""
+        if self._scanned_options is None:
+            self._scanned_options = CommandLineOptions.scanned(self._module, self._text)
+        return self._scanned_options
+
+    def file_facts(self) -> FileFacts:
+        """What the walk has learnt the file declares, once it has ended."""
+        return FileFacts(
+            module=self._module, text=self._text, imports=MappingProxyType(self._imports),
+            imported_modules=frozenset(self._imported_modules), definitions=self._definitions.frozen(),
+            local_names=MappingProxyType(self._local_names), method_class=MappingProxyType(self._method_class),
+            models=frozenset(self._models), loaders=frozenset(self._loaders),
+            assignments=MappingProxyType({name: tuple(values) for name, values in self._assignments.items()}),
+            assigned_calls=MappingProxyType(self._assigned_calls), called=frozenset(self._called),
+            calls=tuple(self._calls), option_parses=tuple(self._option_parses),
+            returned_reads=MappingProxyType(self._returned_reads),
+        )
 
     @property
     def _scope(self) -> cst.FunctionDef | None:
@@ -848,11 +746,11 @@ class _Analyzer:
             self._note_framework(full)
             self._note_target(full, node)
             if alias.asname is not None:
-                self.facts.imports[alias.asname.name.value] = full
+                self._imports[alias.asname.name.value] = full
             else:
                 root = full.split(".")[0]
-                self.facts.imports[root] = root
-                self.facts.imported_modules.add(full)
+                self._imports[root] = root
+                self._imported_modules.add(full)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
@@ -864,7 +762,7 @@ class _Analyzer:
             self._note_framework(f"{module}.{name}")  # from torch.distributed import rpc
             self._note_target(f"{module}.{name}", node)
             local = alias.asname.name.value if alias.asname is not None else name
-            self.facts.imports[local] = f"{module}.{name}"
+            self._imports[local] = f"{module}.{name}"
             if name in self._words and local != name:
                 self._words[local] = self._words.get(local, 0) | self._words[name]  # the alias stands for the word
 
@@ -903,13 +801,13 @@ class _Analyzer:
             framework = self._trainer_of(base.value)
             if framework is not None:
                 self._trainers[node.name.value] = framework
-            if framework is not None or self.facts.qualname(base.value) in TRAINER_CALLBACKS:
+            if framework is not None or self._qualname(base.value) in TRAINER_CALLBACKS:
                 self._trainer_classes.append(node)
                 return
 
     def _trainer_of(self, name: cst.BaseExpression) -> str | None:
         """The framework of the Trainer that ``name`` names (transformers', a subclass of the file's)."""
-        return trainer_framework(self.facts.qualname(name)) or self._trainers.get(dotted(name))
+        return trainer_framework(self._qualname(name)) or self._trainers.get(dotted(name))
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
         self._containers.pop()
@@ -917,7 +815,7 @@ class _Analyzer:
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if self._containers and isinstance(self._containers[-1], cst.ClassDef):
-            self.facts.method_class[node] = self._containers[-1]
+            self._method_class[node] = self._containers[-1]
         self._define(node)
         self._containers.append(node)
         self._functions.append(node)
@@ -930,7 +828,7 @@ class _Analyzer:
         if backward or step:
             self._step_functions[original_node.name.value] = (backward, step, original_node)
             self.facts.step_functions.add(original_node)
-        elif original_node in self.facts.method_class and \
+        elif original_node in self._method_class and \
                 original_node.name.value == FRAMEWORK_STEPS.get(self.facts.framework or ""):
             self.facts.step_functions.add(original_node)  # the framework steps around it
 
@@ -939,7 +837,7 @@ class _Analyzer:
     def _define(self, node: cst.FunctionDef | cst.ClassDef) -> None:
         """Note a function or class, which binds its name where it is; what it holds binds
         names of its own (its body's, see ``_open_body``)."""
-        self.facts.definitions.note(node, self._containers[-1] if self._containers else None)
+        self._definitions.note(node, self._containers[-1] if self._containers else None)
         self._bind({node.name.value})
         self._binders.append(None)
 
@@ -952,7 +850,7 @@ class _Analyzer:
         binder = self._binders[-1]
         if binder is not None and binder[2] is node:
             found, declared, _ = self._binders.pop()
-            self.facts.local_names[node] = frozenset(found - declared)
+            self._local_names[node] = frozenset(found - declared)
 
     def _bind(self, names: set[str]) -> None:
         binder = self._binders[-1]  # the module's at the bottom
@@ -1003,7 +901,7 @@ class _Analyzer:
         read = returned_read(node, params)
         if read:
             name = function.name.value
-            self.facts.returned_reads[name] = self.facts.returned_reads.get(name, frozenset()) | read
+            self._returned_reads[name] = self._returned_reads.get(name, frozenset()) | read
 
     def _enter_loop(self, node) -> None:
         self._loops.append(TrainingLoop(node=node, scope=self._scope))
@@ -1041,9 +939,9 @@ class _Analyzer:
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             if type(target.target) is cst.Name:
-                self.facts.assignments.setdefault(target.target.value, []).append(node.value)
+                self._assignments.setdefault(target.target.value, []).append(node.value)
         if parses_options(node):
-            self.facts.option_parses.append(node)
+            self._option_parses.append(node)
         if len(node.targets) != 1:
             return
         target = dotted(node.targets[0].target)
@@ -1051,31 +949,31 @@ class _Analyzer:
             return
         value = node.value
         binding = Binding(target, self._statements[-1], self._scope, self._order)
-        if self.facts.is_cuda_device(value) and not target.lower().endswith("type"):
+        if self._is_cuda_device(value) and not target.lower().endswith("type"):
             # (``device_type = "cuda" if ... else "cpu"`` names a kind of device, a string that
             # autocast and comparisons read: it is not the device)
             self.facts.devices.append(binding)
             self.facts.device_values.add(value)
             return
         if isinstance(value, cst.IfExp) and all(isinstance(v, cst.Call) for v in (value.body, value.orelse)):
-            made = {self.facts.qualname(v.func) for v in (value.body, value.orelse)}
+            made = {self._qualname(v.func) for v in (value.body, value.orelse)}
             if len(made) == 1 and None not in made:  # Accelerator(log_with=...) if tracking else Accelerator()
-                self.facts.assigned_calls.setdefault(target, made.pop())
+                self._assigned_calls.setdefault(target, made.pop())
         if not isinstance(value, cst.Call):
             return
-        callee = self.facts.qualname(value.func) or ""
+        callee = self._qualname(value.func) or ""
         if callee:
-            self.facts.assigned_calls.setdefault(target, callee)
+            self._assigned_calls.setdefault(target, callee)
         if callee in SCALER_NAMES or "Scaler" in callee.rpartition(".")[2]:
             # (a script's or a library's loss scaler wraps a GradScaler: MAE's NativeScaler)
             self.facts.scalers.add(target)
         elif callee in LOADER_NAMES:
-            self.facts.loaders.add(target)
+            self._loaders.add(target)
             self.facts.loader_bindings.append(binding)
         elif callee in spelled_callees("device_loader"):
             self.facts.device_loaders.add(target)
         elif callee in WRAPPER_NAMES:
-            self.facts.models.add(target)
+            self._models.add(target)
         elif callee.startswith(OPTIMIZER_MODULES) and ".lr_scheduler." not in callee:
             self.facts.optimizers[target] = value
             self.facts.optimizer_bindings.append(binding)
@@ -1090,16 +988,16 @@ class _Analyzer:
             if value.func.attr.value in ("parameters", "named_parameters"):
                 owner = dotted(value.func.value)
                 if owner:
-                    self.facts.models.add(owner)
+                    self._models.add(owner)
 
     # Calls -----------------------------------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
         self._calls.append((node, self._scope))
         func = node.func
-        callee = self.facts.qualname(func)
+        callee = self._qualname(func)
         if callee:
-            self.facts.called.add(callee)
+            self._called.add(callee)
         if callee in _COLLECTIVES and node.args:
             self.facts.collectives.append((node.args[0].value, self._scope))
         if callee == "torch.manual_seed":
@@ -1132,11 +1030,11 @@ class _Analyzer:
         if method in ("train", "eval") and not node.args:
             owner = dotted(func.value)
             if owner:
-                self.facts.models.add(owner)
+                self._models.add(owner)
 
     def _note_iteration(self, node: cst.Call, name: str) -> None:
         """``iter(x)`` and ``next(it)``: where a loader may be read outside a ``for`` loop."""
-        if len(node.args) != 1 or name not in ("iter", "next") or name in self.facts.imports:
+        if len(node.args) != 1 or name not in ("iter", "next") or name in self._imports:
             return
         if name == "iter":
             self.facts.iter_calls.append((node, self._scope, self._statements[-1]))
@@ -1165,7 +1063,7 @@ class _Analyzer:
                 self._indexed_moves.add(dotted(node.args[0].value.value))
             where = dotted(node.args[0].value) or string_value(node.args[0].value) or ""
             return any(word in where.lower() for word in ("device", "cuda", "gpu", "rank")) or \
-                self.facts.is_cuda_device(node.args[0].value)
+                self._is_cuda_device(node.args[0].value)
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value in ("device", "map_location"):
                 return string_value(arg.value) != "cpu"
@@ -1190,12 +1088,12 @@ class _Analyzer:
 
     def leave_Module(self, original_node: cst.Module) -> None:
         self._close_body(original_node)
-        if self._trainers or any(map(trainer_framework, self.facts.called)):
+        if self._trainers or any(map(trainer_framework, self._called)):
             self._note_trainer()
         if any(self.facts.lists_device_ids(chain) for chain in self._indexed_moves):
             self.facts.places_on_device = True
         for name, statements in self._name_calls or ():
-            if name in self.facts.returned_reads:
+            if name in self._returned_reads:
                 self._concern(statements, self._words[HOST_READ_CALLS])
         known = {loop.node for loop in self.facts.loops}
         # Functions that hold a step loop of their own (``train()`` looping over its loader).
@@ -1224,7 +1122,7 @@ class _Analyzer:
         if facts.framework in (None, "accelerate"):
             facts.framework = self._trainer_of(builds[0][0].func)
             facts.places_on_device = True
-        methods = facts.definitions.methods
+        methods = self._definitions.methods
         for owner in self._trainer_classes:
             facts.step_functions.update(m for name, m in methods.get(owner, {}).items() if name != "__init__")
         for call, scope in builds:
@@ -1237,13 +1135,13 @@ class _Analyzer:
         """The file's functions that ``value``, given to a Trainer, runs: a function, or the
         ``__call__`` of a collator class of the file (``MyCollator(tokenizer)``, or a name bound
         to one)."""
-        definitions = self.facts.definitions
+        definitions = self._definitions
         if type(value) is cst.Name:
             name = value.value
             found = definitions.nested.get((scope, name)) or definitions.defined.get(name)
             if type(found) is cst.FunctionDef:
                 return [found]
-            made = [v for v in self.facts.assignments.get(name, ()) if type(v) is cst.Call]
+            made = [v for v in self._assignments.get(name, ()) if type(v) is cst.Call]
             return [f for v in made for f in self._called_each_step(v, scope)]
         if type(value) is cst.Call and type(value.func) is cst.Name:
             made = definitions.classes.get(value.func.value)
@@ -1261,7 +1159,7 @@ def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozen
     (whitespace and punctuation fields aside, which the analysis does not walk). ``text``, the
     file's, spares a search of the tree for a word it lacks."""
     analyzer = _Analyzer(triggers, walked)
-    analyzer.facts.module, analyzer.facts.text = module, text
+    analyzer._module, analyzer._text = module, text
     # The imports first, in order: a function above them (or a file that imports at its end)
     # calls what they import, and the second run finds the imports the first added at the top.
     # (Where they all open the file, the walk meets them first anyway.)
@@ -1272,8 +1170,61 @@ def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozen
             else:
                 analyzer.visit_ImportFrom(statement)
     analyzer.walk(module)
-    analyzer.facts.calls = analyzer._calls
+    analyzer.facts.file = analyzer.file_facts()
     return analyzer.facts
+
+
+def selects_cuda(node: cst.CSTNode, qualname: Callable[[cst.CSTNode], str | None], devices: list[Binding],
+                 options: Callable[[], CommandLineOptions]) -> bool:
+    """Whether ``node`` selects a CUDA device: ``"cuda"``, ``"cuda:0"``, ``f"cuda:{r}"``,
+    ``"cuda:{}".format(r)``, ``"cuda:" + str(r)``, ``torch.device("cuda", r)``, ``"cuda" if
+    torch.cuda.is_available() else "cpu"``, an option whose default is one. (An integer ordinal is
+    a CUDA device too, but only where it is passed as one: see ACC002.) ``qualname`` resolves the
+    file's names, ``devices`` are its device variables, ``options()`` its command-line options:
+    the analysis walk asks before it has seen the whole file."""
+    kind = type(node)
+    if kind is cst.Name or kind is cst.Integer:
+        return False  # none of the cases below, and what most callers ask about
+    text = string_value(node)
+    if text is not None:
+        return text == "cuda" or text.startswith("cuda:")
+    if kind is cst.FormattedString:
+        first = node.parts[0] if node.parts else None
+        if isinstance(first, cst.FormattedStringExpression) and len(node.parts) > 1:
+            # f"{acc}:{rank}": an index put after a device
+            after = node.parts[1]
+            return (isinstance(after, cst.FormattedStringText) and after.value.startswith(":")
+                    and dotted(first.expression) in {binding.name for binding in devices})
+        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
+    if kind is cst.Call and qualname(node.func) == "torch.device":
+        first = call_arg(node, 0, "type")
+        return first is not None and selects_cuda(first.value, qualname, devices, options)
+    if kind is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "format":
+        template = string_value(node.func.value)  # "cuda:{}".format(args.gpu)
+        return template is not None and template.startswith("cuda")
+    if kind is cst.Call and qualname(node.func) == "torch.accelerator.current_accelerator":
+        return True
+    if kind is cst.Attribute and type(node.value) is cst.Name:
+        # args.device, default "cuda"; or named device with a default of another device
+        # ("cpu", "mps"): the option chooses the device, which the target's now is. (Not
+        # ``x.device``, a tensor's.)
+        default = options().string_defaults().get(node.attr.value)
+        if default is None or options().kind(node) is None:
+            return False
+        return default == "cuda" or default.startswith("cuda:") or (
+            node.attr.value == "device" and default.partition(":")[0] in DEVICE_TYPES)
+    if kind is cst.IfExp:
+        # ``"cuda" if torch.cuda.is_available() else "cpu"`` and ``"cuda:0" if n_gpu > 0 else
+        # "cpu"`` choose a device; nanoGPT's ``"cuda" if "cuda" in device else "cpu"``, which
+        # compares a string, names a device's type. (``"mps" if ... else "cuda" if ... else
+        # "cpu"`` chooses one too.)
+        return not _compares_string(node.test) and (
+            selects_cuda(node.body, qualname, devices, options)
+            or selects_cuda(node.orelse, qualname, devices, options))
+    if kind is cst.BinaryOperation and type(node.operator) is cst.Add:
+        prefix = string_value(node.left)  # "cuda:" + str(args.gpu_to_work_on), swav's
+        return prefix is not None and prefix.startswith("cuda:")
+    return False
 
 
 def _compares_string(test: cst.BaseExpression) -> bool:

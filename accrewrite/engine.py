@@ -276,8 +276,8 @@ def _migrate_tree(original: bytes, options: Options, selection: Selection) -> tu
     facts = analyze(module, Triggers.of(tuple(selection.rules)), walked_types(tuple(selection.rules)), text)
     _written_for_this_target(module, facts, options.target)
     # Names a function binds (``autocast = ...``) would shadow a target's import of that name.
-    in_functions = frozenset().union(*(names for body, names in facts.local_names.items() if body is not module))
-    target = get_target(options.target).clear_of(facts.imports, in_functions)
+    in_functions = frozenset().union(*(names for body, names in facts.file.local_names.items() if body is not module))
+    target = get_target(options.target).clear_of(facts.file.imports, in_functions)
     running = frozenset(rule.code for rule in selection.rules if _runs_on(rule, target))
     ctx = RuleContext(module=module, facts=facts, target=target, source_text=text, parallel=options.parallel,
                       keep_ddp=options.keep_ddp, running=running)

@@ -93,7 +93,7 @@ class Guard:
         early = top < len(body) and isinstance(body[top], cst.If) and self.branch(body[top].test) is not None
         position = self._imports_end(body, top)
         switch = []
-        if early or facts.imports.get("os") != "os":
+        if early or facts.file.imports.get("os") != "os":
             switch.append(cst.parse_statement("import os\n", config=config))
         if not _defines(module, self.function):
             switch.append(

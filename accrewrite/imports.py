@@ -44,9 +44,9 @@ def _present(facts: Facts, line: str, statement: cst.SimpleStatementLine) -> boo
     if isinstance(node, cst.Import) and node.names[0].asname is None:
         # ``import a.b.c`` loads a.b.c (its side effects matter: a backend registers itself),
         # which ``import a`` does not.
-        return dotted(node.names[0].name) in facts.imported_modules
+        return dotted(node.names[0].name) in facts.file.imported_modules
     ((local, qualified),) = import_bindings(line)
-    return facts.imports.get(local) == qualified
+    return facts.file.imports.get(local) == qualified
 
 
 def leading_imports_end(body) -> int:

@@ -103,7 +103,7 @@ def placement_arguments(facts: Facts, call: cst.Call) -> list[cst.BaseExpression
     where they name CUDA: every one of ``x.cuda(...)``, the first of ``x.to(...)`` and
     ``torch.device(...)``, and ``device=`` and ``map_location=`` where ``places_by_keyword``."""
     func = call.func
-    callee = facts.qualname(func)
+    callee = facts.file.qualname(func)
     method = func.attr.value if isinstance(func, cst.Attribute) and callee is None else None
     if method == "cuda":
         return [arg.value for arg in call.args]
@@ -119,7 +119,7 @@ def places_by_keyword(facts: Facts, call: cst.Call) -> bool:
     """Whether an index ``call`` takes as ``device=`` is a device to place on: not where a
     function of this file takes it (it may read it as a rank), nor one of torch.cuda's, which
     asks about a CUDA device (ACC010 migrates it with its arguments)."""
-    return not facts.defines(call.func) and not (facts.qualname(call.func) or "").startswith("torch.cuda.")
+    return not facts.defines(call.func) and not (facts.file.qualname(call.func) or "").startswith("torch.cuda.")
 
 
 def moves_to_cuda(facts: Facts, call: cst.Call) -> bool:
@@ -127,7 +127,7 @@ def moves_to_cuda(facts: Facts, call: cst.Call) -> bool:
     CUDA device given as ``device=`` (``torch.zeros(n, device="cuda")``). In a script that a
     framework trains (Lightning, Accelerate), each fails where CUDA is absent."""
     func = call.func
-    if type(func) is cst.Attribute and facts.qualname(func) is None:
+    if type(func) is cst.Attribute and facts.file.qualname(func) is None:
         if func.attr.value == "cuda":
             return True
         if func.attr.value == "to" and call.args and facts.is_cuda_device(call.args[0].value):
@@ -138,7 +138,7 @@ def moves_to_cuda(facts: Facts, call: cst.Call) -> bool:
 
 def wraps_model(facts: Facts, node: cst.CSTNode) -> bool:
     """Whether ``node`` is a DistributedDataParallel/DataParallel call, however imported."""
-    return isinstance(node, cst.Call) and facts.qualname(node.func) in WRAPPER_NAMES
+    return isinstance(node, cst.Call) and facts.file.qualname(node.func) in WRAPPER_NAMES
 
 
 def wrapped_module(ctx, original: cst.Call, updated: cst.Call, by_hand: str) -> cst.Arg | None:
@@ -232,9 +232,9 @@ def _wrappers(ctx) -> Wrappers:
     facts = ctx.facts
     assignments = _wrapping_assignments(facts, ctx.module)
     assigned = {id(call): node for node, calls in assignments for call in calls}
-    scopes = {id(call): scope for call, scope in facts.calls if id(call) in assigned}
+    scopes = {id(call): scope for call, scope in facts.file.calls if id(call) in assigned}
     unfollowed, names, escaped = {}, set(), {}
-    for call, scope in facts.calls:
+    for call, scope in facts.file.calls:
         if not wraps_model(facts, call):
             continue
         node = assigned.get(id(call))
@@ -275,7 +275,7 @@ def _escape(ctx, where: cst.CSTNode, name: str) -> str | None:
 
     def local(function: cst.FunctionDef) -> bool:  # a function's own ``model``, not the wrapped one
         params = function.params
-        return "." not in name and (name in ctx.facts.local_names.get(function.body, ()) or any(
+        return "." not in name and (name in ctx.facts.file.local_names.get(function.body, ()) or any(
             param.name.value == name for param in (*params.posonly_params, *params.params, *params.kwonly_params)))
 
     def escapes(node, kind) -> bool:
@@ -378,10 +378,10 @@ def stepped_optimizer(facts: Facts, call: cst.Call, in_training: bool) -> str | 
 
 def _built_by_own_optimizer_class(facts: Facts, name: str) -> bool:
     """Whether ``name`` is assigned an instance of a ``torch.optim.Optimizer`` subclass of the file."""
-    for value in facts.assignments.get(name, ()):
+    for value in facts.file.assignments.get(name, ()):
         if type(value) is cst.Call and type(value.func) is cst.Name:
-            built = facts.definitions.classes.get(value.func.value)
-            if built is not None and any((facts.qualname(base.value) or "").startswith("torch.optim.")
+            built = facts.file.definitions.classes.get(value.func.value)
+            if built is not None and any((facts.file.qualname(base.value) or "").startswith("torch.optim.")
                                          for base in built.bases):
                 return True
     return False
@@ -403,7 +403,7 @@ def reduces_like_a_target(facts: Facts, statement) -> bool:
     def enter(node):
         nonlocal found
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in names:
-            qualified = facts.qualname(node.func)
+            qualified = facts.file.qualname(node.func)
             found = found or qualified is None or qualified in reductions  # an alias added by this run
         return not found
 
@@ -489,7 +489,7 @@ def ddp_kept(ctx) -> str | None:
     if "DistributedDataParallel" not in ctx.source_text:
         return None
     if "ddp_kept" not in ctx.shared:
-        ctx.shared["ddp_kept"] = _why_ddp_stays(ctx) if ctx.facts.called & DDP_NAMES else None
+        ctx.shared["ddp_kept"] = _why_ddp_stays(ctx) if ctx.facts.file.called & DDP_NAMES else None
     return ctx.shared["ddp_kept"]
 
 
@@ -497,10 +497,10 @@ def _why_ddp_stays(ctx) -> str | None:
     facts = ctx.facts
     if ctx.keep_ddp is not None:
         return ctx.keep_ddp
-    opaque = sorted(facts.called & OPAQUE_STEPPERS)
+    opaque = sorted(facts.file.called & OPAQUE_STEPPERS)
     if opaque:
         return f"{opaque[0]} steps the optimizer where no all-reduce can go"
-    if any(callee.startswith(SHARDING) for callee in facts.called):
+    if any(callee.startswith(SHARDING) for callee in facts.file.called):
         return "the file also shards a model, and its steps are left as they are"
     if facts.reduces_gradients:
         return "the script all-reduces gradients itself"
@@ -518,8 +518,8 @@ def _why_ddp_stays(ctx) -> str | None:
 def _unfollowed_ddp(ctx) -> str | None:
     """The code that takes a DDP-wrapped model where ACC005 cannot follow it, or None."""
     unfollowed = wrappers_of(ctx).unfollowed
-    return next((unfollowed[id(call)] for call, _ in ctx.facts.calls
-                 if id(call) in unfollowed and ctx.facts.qualname(call.func) in DDP_NAMES), None)
+    return next((unfollowed[id(call)] for call, _ in ctx.facts.file.calls
+                 if id(call) in unfollowed and ctx.facts.file.qualname(call.func) in DDP_NAMES), None)
 
 
 def steps_an_optimizer(facts: Facts, call: cst.Call) -> bool:
@@ -539,7 +539,7 @@ def steps_an_optimizer(facts: Facts, call: cst.Call) -> bool:
 def _unreduced_step(facts: Facts, module: cst.Module, reducing: bool) -> cst.Call | None:
     """The first optimizer step of the file that the reduction's rule (where ``reducing``: it
     runs) leaves without the target's all-reduce."""
-    steps = [call for call, _ in facts.calls if steps_an_optimizer(facts, call)]
+    steps = [call for call, _ in facts.file.calls if steps_an_optimizer(facts, call)]
     if not steps or not reducing or not (facts.loops or facts.step_functions):
         return steps[0] if steps else None
     reduced = _reduced_steps(facts, module)

@@ -22,7 +22,7 @@ class ConstructorSwap(Rule):
     keeps_arguments: ClassVar[bool] = True
 
     def applies(self) -> bool:
-        return bool(self.ctx.facts.called & set(self.swaps))
+        return bool(self.ctx.facts.file.called & set(self.swaps))
 
     def wanted(self, call: cst.Call) -> bool:
         """Whether this call may be replaced (a subclass narrows it)."""
@@ -32,7 +32,7 @@ class ConstructorSwap(Rule):
         """The hook form: statements once, before the file's imports."""
         done = set()
         for original, concept in self.swaps.items():
-            if original not in self.ctx.facts.called or not self.ctx.target.has(concept) or concept in done:
+            if original not in self.ctx.facts.file.called or not self.ctx.target.has(concept) or concept in done:
                 continue  # a target without the concept reports it at each call
             if self.ctx.concept(concept).expr is not None:
                 continue
@@ -49,7 +49,7 @@ class ConstructorSwap(Rule):
 
     def leave_Call(self, original_node, updated_node):
         """The expression form: each call."""
-        original = self.ctx.facts.qualname(original_node.func)
+        original = self.ctx.facts.file.qualname(original_node.func)
         concept = self.swaps.get(original)
         if concept is None or self.ctx.concept(concept).expr is None or not self.wanted(original_node):
             return updated_node

@@ -36,7 +36,7 @@ def grown_sequence(facts, loop: cst.For | cst.While, values) -> str | None:
 
 def concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> bool:
     """``idx = torch.cat((idx, idx_next), dim=1)``."""
-    if facts.qualname(call.func) not in _CONCATENATE or not call.args:
+    if facts.file.qualname(call.func) not in _CONCATENATE or not call.args:
         return False
     parts = call.args[0].value
     name = dotted(target)

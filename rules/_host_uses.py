@@ -61,7 +61,7 @@ class HostUses:
 
     def after_next(self, scope, iterator: str) -> HostUse | None:
         """In ``scope`` (a function, None for module level), of the values ``next(iterator)`` gives."""
-        body = scope.body if scope is not None else self.facts.module
+        body = scope.body if scope is not None else self.facts.file.module
         return _Follow(self, scope, iterator, 0).first(body, set())
 
     def in_function(self, function: cst.FunctionDef, param: str, depth: int) -> HostUse | None:

@@ -190,7 +190,7 @@ class Planner:
     def _device_loader(self, loop: cst.For, scope) -> bool:
         """Whether a loop reads a target's device loader already (a migrated file)."""
         return self._source(loop, scope) in self.facts.device_loaders or any(
-            self.facts.qualname(call.func) in _DEVICE_LOADERS for call in calls_in(loop.iter))
+            self.facts.file.qualname(call.func) in _DEVICE_LOADERS for call in calls_in(loop.iter))
 
     def _loader_loop(self, loop: cst.For, scope) -> str | None:
         """The dotted name a loop iterates when it is a loader (not a device loader already)."""
@@ -216,7 +216,7 @@ class Planner:
         """Whether an assignment of ``name`` in the file gives it another iterable's batches: a
         name, an attribute, or a call that iterates its first argument (``tqdm(loader)``).
         Where none does, a loop over ``name`` reads ``name``, without the function's values."""
-        for value in self.facts.assignments.get(name, ()):
+        for value in self.facts.file.assignments.get(name, ()):
             if type(value) in (cst.Name, cst.Attribute):
                 return True
             if type(value) is cst.Call:

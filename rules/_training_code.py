@@ -46,17 +46,17 @@ def is_logging_call(facts, call: cst.Call) -> bool:
     ``accelerator.log``, or a known logging helper of the script."""
     func = call.func
     if isinstance(func, cst.Name):
-        return func.value in _LOG_FUNCTIONS and (func.value != "log" or func.value in facts.imports)
+        return func.value in _LOG_FUNCTIONS and (func.value != "log" or func.value in facts.file.imports)
     if not isinstance(func, cst.Attribute):
         return False
     method = func.attr.value
-    callee = facts.qualname(func) or ""
+    callee = facts.file.qualname(func) or ""
     owner = dotted(func.value) or ""
     if callee.startswith("logging.") or callee in ("wandb.log", "wandb.run.log"):
         return method in _LOG_LEVELS
     if method in _WRITER_METHODS or method in _PROGRESS_METHODS and method != "write":
         return True
-    if method == "log" and facts.assigned_calls.get(owner) == "accelerate.Accelerator":
+    if method == "log" and facts.file.assigned_calls.get(owner) == "accelerate.Accelerator":
         return True  # accelerator.log({...}) hands its values to the trackers
     if method in _LOG_LEVELS:
         return bool(_LOGGER_OWNER.search(owner.split(".")[-1])) or owner.split(".")[-1] in ("run", "wandb")
@@ -69,7 +69,7 @@ def records_only(facts, call: cst.Call) -> bool:
     func = call.func
     if not isinstance(func, cst.Attribute):
         return False
-    callee = facts.qualname(func) or ""
+    callee = facts.file.qualname(func) or ""
     owner = (dotted(func.value) or "").split(".")[-1]
     method = func.attr.value
     return (method in _WRITER_METHODS or method in _PROGRESS_METHODS and method != "write"
@@ -250,7 +250,7 @@ def ends_the_run(ctx, line) -> bool:
     if isinstance(small, cst.Raise):
         return True
     call = small.value if isinstance(small, cst.Expr) else None
-    return isinstance(call, cst.Call) and (ctx.facts.qualname(call.func) in _EXITS or dotted(call.func) in _EXITS)
+    return isinstance(call, cst.Call) and (ctx.facts.file.qualname(call.func) in _EXITS or dotted(call.func) in _EXITS)
 
 
 def _on_error_path(ctx, statement) -> bool:

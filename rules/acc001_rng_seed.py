@@ -152,7 +152,7 @@ class RngSeed(Rule):
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         facts = self.ctx.facts
-        if facts.torch_seeds or facts.called & _SEEDS or not facts.called & WRAPPER_NAMES:
+        if facts.torch_seeds or facts.file.called & _SEEDS or not facts.file.called & WRAPPER_NAMES:
             return  # seeded (by a target's call too: a migrated file), or nothing to broadcast
         if self.ctx.target.has("broadcast_master_param") or ddp_kept(self.ctx) is not None:
             return  # ACC005 broadcasts rank 0's weights as the wrapper did, or keeps it: no seed is needed
@@ -170,7 +170,7 @@ class RngSeed(Rule):
         through ``functools.partial``)."""
         if self._inits is None:
             names = set()
-            for call, _ in self.ctx.facts.calls:
+            for call, _ in self.ctx.facts.file.calls:
                 given = call_arg(call, 99, "worker_init_fn")
                 value = given.value if given is not None else None
                 if isinstance(value, cst.Call) and value.args:  # partial(_worker_init, ...)
@@ -184,7 +184,7 @@ class RngSeed(Rule):
         if len(line.body) != 1 or not isinstance(line.body[0], cst.Expr):
             return False
         call = line.body[0].value
-        return isinstance(call, cst.Call) and self.ctx.facts.qualname(call.func) == _INIT
+        return isinstance(call, cst.Call) and self.ctx.facts.file.qualname(call.func) == _INIT
 
     def _seed_statements(self, seed: str, kept) -> list:
         """The target's seed call; where the target keeps torch's own seed, ``kept`` (or a new
@@ -203,7 +203,7 @@ class RngSeed(Rule):
         call = line.body[0].value
         if not isinstance(call, cst.Call):
             return None
-        callee = self.ctx.facts.qualname(call.func)
+        callee = self.ctx.facts.file.qualname(call.func)
         if callee != "torch.manual_seed" and callee not in _CUDA_SEEDS:
             return None
         seed = call_arg(call, 0, "seed")

@@ -331,7 +331,7 @@ class DevicePlacement(Rule):
         a safe reordering."""
         facts = self.ctx.facts
         optimizer = binding.name.partition(".")[0]
-        reads = {*read_names(binding.statement), optimizer} - facts.imports.keys()
+        reads = {*read_names(binding.statement), optimizer} - facts.file.imports.keys()
         statement = facts.next_statement.get(binding.statement)
         while statement is not None:
             used = read_names(statement) | bound_names(statement)
@@ -373,7 +373,7 @@ class DevicePlacement(Rule):
         not known, a move whose result is dropped (a tensor's move returns its copy, a module
         moves in place) or kept on ``self`` (SimCLR's ``self.model = kwargs['model'].to(d)``):
         the setting changes nothing for a tensor."""
-        if placed_model(line, self.ctx.facts.models) is not None:
+        if placed_model(line, self.ctx.facts.file.models) is not None:
             return True
         values = self.ctx.facts.values(scope)
         moves = [call for call in _calls_in(line)
@@ -396,7 +396,7 @@ class DevicePlacement(Rule):
             return updated_node
         statement = original_node.body[0]
         if isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call):
-            callee = self.ctx.facts.qualname(statement.value.func)
+            callee = self.ctx.facts.file.qualname(statement.value.func)
             if callee in _SET_DEVICE:
                 self.ctx.fix(original_node, f"removed {callee}(): the target chooses the device per process")
                 return cst.RemoveFromParent()
@@ -430,7 +430,7 @@ class DevicePlacement(Rule):
 
     def _device_context(self, item: cst.WithItem) -> bool:
         return item.asname is None and isinstance(item.item, cst.Call) \
-            and self.ctx.facts.qualname(item.item.func) in _DEVICE_CONTEXTS
+            and self.ctx.facts.file.qualname(item.item.func) in _DEVICE_CONTEXTS
 
     def _before_configurator(self, line) -> bool:
         order = self.ctx.facts.order
@@ -561,7 +561,7 @@ class DevicePlacement(Rule):
         """``assert(torch.cuda.is_available())`` (the pix2pix family's ``init_net``, before moving
         the network to ``gpu_ids[0]``): the script runs on the target's device instead."""
         return isinstance(statement, cst.Assert) and isinstance(statement.test, cst.Call) \
-            and self.ctx.facts.qualname(statement.test.func) in _AVAILABLE
+            and self.ctx.facts.file.qualname(statement.test.func) in _AVAILABLE
 
     def leave_If(self, original_node, updated_node):
         """``if not torch.cuda.is_available():`` (MoCo's ``print("using CPU")``) fails where the
@@ -600,7 +600,7 @@ class DevicePlacement(Rule):
         """``Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor``: a legacy CUDA
         tensor type makes tensors on CUDA, and has no spelling for the device of a target whose
         availability test holds (``cuda`` is true there)."""
-        name = self.ctx.facts.qualname(node) or ""
+        name = self.ctx.facts.file.qualname(node) or ""
         if self.ctx.target.has("accelerator_available") and _CUDA_TENSOR_TYPE.fullmatch(name):
             self.ctx.refuse(
                 node, f"`{name}` makes CUDA tensors, unlike this target; file left as it is",
@@ -693,7 +693,7 @@ class DevicePlacement(Rule):
 
         def places(call: cst.Call) -> bool:
             func = call.func
-            if not isinstance(func, cst.Attribute) or facts.qualname(func) is not None:
+            if not isinstance(func, cst.Attribute) or facts.file.qualname(func) is not None:
                 return False
             if func.attr.value == "cuda":
                 return True
@@ -712,7 +712,7 @@ class DevicePlacement(Rule):
         )
 
     def _availability(self, original_node, updated_node):
-        callee = self.ctx.facts.qualname(original_node.func)
+        callee = self.ctx.facts.file.qualname(original_node.func)
         if callee == "torch.accelerator.is_available" or (callee in _AVAILABLE and original_node in self._gates):
             self.ctx.fix(original_node, f"{callee}() -> the target's device is there")
             # (its parentheses kept: ``assert(torch.cuda.is_available())`` needs them)
@@ -755,7 +755,7 @@ class DevicePlacement(Rule):
                 return available
         func = updated_node.func
         facts = self.ctx.facts
-        callee = facts.qualname(func)
+        callee = facts.file.qualname(func)
         if callee == "torch.accelerator.current_accelerator" and original_node not in facts.device_values:
             return self._current_accelerator(original_node)
         if callee == "torch.device" and (facts.is_cuda_device(original_node) or self._ordinal_device(original_node)):
@@ -810,7 +810,7 @@ class DevicePlacement(Rule):
         values = {}
         for index, arg in enumerate(original_node.args):
             value = arg.value
-            if isinstance(value, cst.Call) and self.ctx.facts.qualname(value.func) in _FACTORIES \
+            if isinstance(value, cst.Call) and self.ctx.facts.file.qualname(value.func) in _FACTORIES \
                     and call_arg(value, 99, "device") is None:
                 made = updated_node.args[index].value
                 device = cst.Arg(keyword=cst.Name("device"), value=self._device(), equal=_EQUAL)
@@ -874,7 +874,7 @@ class DevicePlacement(Rule):
             self._moves = set()
             if "map_location" in self.ctx.source_text:
                 self._moves = {
-                    arg.value.body for call, _ in self.ctx.facts.calls for arg in call.args
+                    arg.value.body for call, _ in self.ctx.facts.file.calls for arg in call.args
                     if arg.keyword is not None and arg.keyword.value == "map_location"
                     and _restores_on_cuda(arg.value)
                 }
@@ -900,8 +900,8 @@ class DevicePlacement(Rule):
         """What reads the parsed options out of this file's sight: a function of another module
         (not torch's) that the file passes them to, or the caller they are returned to."""
         facts = self.ctx.facts
-        for call, _ in facts.calls:
-            callee = facts.qualname(call.func)
+        for call, _ in facts.file.calls:
+            callee = facts.file.qualname(call.func)
             if callee is not None and callee.partition(".")[0] not in _NOT_READERS \
                     and not callee.startswith(self.ctx.target.package + ".") and any(
                     self._names_options(arg.value) for arg in call.args):
@@ -912,7 +912,7 @@ class DevicePlacement(Rule):
         return "the parsed options are returned" if returned else None
 
     def _names_options(self, node: cst.BaseExpression | None) -> bool:
-        return type(node) is cst.Name and self.ctx.facts.file_values.names_options(node.value)
+        return type(node) is cst.Name and self.ctx.facts.options.names_options(node.value)
 
     def _with_values(self, original_node, updated_node, values: dict[int, cst.BaseExpression], message: str):
         """``updated_node`` with the arguments at ``values``' positions given those values, and

@@ -311,7 +311,7 @@ class DeviceLoader(Rule):
         self._open: list[cst.For] = []
 
     def applies(self) -> bool:
-        return bool(self.ctx.facts.loaders or self.ctx.facts.loops or self.ctx.target.has("lazy_execution"))
+        return bool(self.ctx.facts.file.loaders or self.ctx.facts.loops or self.ctx.target.has("lazy_execution"))
 
     @property
     def _plan(self) -> Plan:
@@ -492,7 +492,7 @@ class DeviceLoader(Rule):
             return False
         facts = self.ctx.facts
         name = dotted(where.value) or ""
-        if (facts.qualname(where.value) or "").startswith(_DTYPE_PREFIX):
+        if (facts.file.qualname(where.value) or "").startswith(_DTYPE_PREFIX):
             return False
         devices = {device.name for device in facts.devices}
         return (

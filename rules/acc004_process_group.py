@@ -207,7 +207,7 @@ class ProcessGroup(Rule):
         self._recounted: dict[cst.FunctionDef, list[str]] = {}
         if ctx.target.has("spawn_owns_devices", "spawn", "device_count"):
             for spawn in ctx.facts.spawns():
-                if ctx.facts.qualname(spawn.call.func) in _SPAWN and self._launchable(spawn.call):
+                if ctx.facts.file.qualname(spawn.call.func) in _SPAWN and self._launchable(spawn.call):
                     for worker in spawn.workers:
                         params = [p.name.value for p in (*worker.params.posonly_params, *worker.params.params)]
                         self._recounted.setdefault(worker, []).extend(
@@ -223,7 +223,7 @@ class ProcessGroup(Rule):
         found = []
 
         def enter(node):
-            if isinstance(node, cst.Call) and self.ctx.facts.qualname(node.func) in _INIT:
+            if isinstance(node, cst.Call) and self.ctx.facts.file.qualname(node.func) in _INIT:
                 size = call_arg(node, _PARAMETERS.index("world_size"), "world_size")
                 name = dotted(size.value) if size is not None else None
                 if name is not None and name.partition(".")[0] in passed:
@@ -251,7 +251,7 @@ class ProcessGroup(Rule):
                            "(its launcher picks the number of processes)")
 
     def leave_Call(self, original_node, updated_node):
-        callee = self.ctx.facts.qualname(original_node.func)
+        callee = self.ctx.facts.file.qualname(original_node.func)
         if callee in _SPAWN:
             return self._spawn(original_node, updated_node)
         if callee in _BACKEND_FOR_DEVICE:

@@ -271,7 +271,7 @@ class DdpUnwrap(Rule):
         )
 
     def _report_kept(self, call: cst.Call) -> None:
-        if self.ctx.facts.qualname(call.func) in DDP_NAMES:
+        if self.ctx.facts.file.qualname(call.func) in DDP_NAMES:
             self.ctx.diagnose(
                 call,
                 f"DistributedDataParallel kept: {self._kept}",
@@ -360,7 +360,7 @@ class DdpUnwrap(Rule):
         split that batch over every GPU."""
         facts = self.ctx.facts
         # Where the file also runs DDP, the count is that of its processes, each with its share.
-        if "device_count" not in self.ctx.source_text or not facts.called & _DATA_PARALLEL or facts.called & DDP_NAMES:
+        if "device_count" not in self.ctx.source_text or not facts.file.called & _DATA_PARALLEL or facts.file.called & DDP_NAMES:
             return []
         counts, scaled = set(), []
         for small in small_statements(self.ctx.module):
@@ -444,7 +444,7 @@ class DdpUnwrap(Rule):
         only the first started its ranks from rank 0's weights."""
         calls = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
         return any(
-            isinstance(call, cst.Call) and "DistributedDataParallel" in (self.ctx.facts.qualname(call.func) or "")
+            isinstance(call, cst.Call) and "DistributedDataParallel" in (self.ctx.facts.file.qualname(call.func) or "")
             for call in calls
         )
 
@@ -548,7 +548,7 @@ def _renames_wrapper_keys(ctx, state_dict: cst.BaseExpression) -> bool:
 
 
 def _counts_devices(facts, value: cst.BaseExpression) -> bool:
-    return type(value) is cst.Call and facts.qualname(value.func) in _DEVICE_COUNTS
+    return type(value) is cst.Call and facts.file.qualname(value.func) in _DEVICE_COUNTS
 
 
 def _multiplies_by(facts, statement, counts: set[str]) -> bool:

@@ -103,7 +103,7 @@ class GradientAllReduce(Rule):
 
     def applies(self) -> bool:
         facts = self.ctx.facts
-        if any(callee.startswith(SHARDING) for callee in facts.called):
+        if any(callee.startswith(SHARDING) for callee in facts.file.called):
             return False
         # Where DistributedDataParallel stays (ACC005 says why), it reduces: nothing else may.
         return bool(facts.loops or facts.step_functions) and not facts.reduces_gradients and ddp_kept(self.ctx) is None

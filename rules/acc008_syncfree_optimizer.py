@@ -127,7 +127,7 @@ class SyncfreeOptimizer(Rule):
         if target.has("lazy_execution") and not target.has("fused_adam") and (facts.loops or facts.step_functions):
             return True  # (a target's fused Adam, TorchAcc's, keeps its step count on the device too)
         return facts.uses_grad_scaler or any(
-            name in SCALER_NAMES or name.endswith(".amp.GradScaler") for name in facts.imports.values()
+            name in SCALER_NAMES or name.endswith(".amp.GradScaler") for name in facts.file.imports.values()
         )
 
     def leave_Call(self, original_node, updated_node):
@@ -135,7 +135,7 @@ class SyncfreeOptimizer(Rule):
         if isinstance(func, cst.Attribute) and func.attr.value == "step":
             self._check_scaler_step(original_node)
             return updated_node
-        kind = _SYNCFREE.get(self.ctx.facts.qualname(func) or "")
+        kind = _SYNCFREE.get(self.ctx.facts.file.qualname(func) or "")
         if kind is None:
             return updated_node
         code = self.ctx.code(func)

@@ -414,7 +414,7 @@ class StepClosure(LoopDiagnostic, Rule):
 
     def _passed(self, node: cst.CSTNode, bound: set[str]) -> bool:
         """Whether ``node`` reads a variable (rather than only literals, imports and builtins)."""
-        imports = self.ctx.facts.imports
+        imports = self.ctx.facts.file.imports
         return any(
             name not in imports and name not in BUILTIN_NAMES and name not in bound for name in read_names(node)
         )
@@ -454,7 +454,7 @@ class _Extract(cst.CSTTransformer):
                 self._kept.add(func)
             elif isinstance(func, cst.Attribute):
                 receiver = func.value
-                if root_name(receiver) in self.rule.ctx.facts.imports or not self._is_value(receiver):
+                if root_name(receiver) in self.rule.ctx.facts.file.imports or not self._is_value(receiver):
                     self._kept.add(func)
                 else:
                     self._method.add(func)  # the receiver is a value; the method call stays

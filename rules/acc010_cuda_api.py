@@ -215,7 +215,7 @@ class CudaApi(Rule):
         # ``torch.cuda.current_device()`` calls that name a device, which ACC002 replaces: those
         # in a device variable's value, and those found as the walk reaches the calls they are
         # arguments of.
-        self._asks_current_device = _CURRENT_DEVICE in ctx.facts.called
+        self._asks_current_device = _CURRENT_DEVICE in ctx.facts.file.called
         self._placing: set[cst.Call] = set()
         if self._asks_current_device:
             for value in ctx.facts.device_values:
@@ -244,7 +244,7 @@ class CudaApi(Rule):
         facts = self.ctx.facts
         found = []
         for value in placement_arguments(facts, call):
-            if isinstance(value, cst.Call) and facts.qualname(value.func) == _CURRENT_DEVICE:
+            if isinstance(value, cst.Call) and facts.file.qualname(value.func) == _CURRENT_DEVICE:
                 found.append(value)
             elif facts.is_cuda_device(value):
                 found += self._current_devices_in(value)
@@ -253,14 +253,14 @@ class CudaApi(Rule):
     def _current_devices_in(self, value: cst.BaseExpression) -> list[cst.Call]:
         found = []
         walk(value, lambda node: found.append(node) if isinstance(node, cst.Call)
-             and self.ctx.facts.qualname(node.func) == _CURRENT_DEVICE else None)
+             and self.ctx.facts.file.qualname(node.func) == _CURRENT_DEVICE else None)
         return found
 
     def leave_Call(self, original_node, updated_node):
         self._selecting -= self._selects_device(original_node)
         if original_node in self._placing:
             return updated_node
-        callee = self.ctx.facts.qualname(original_node.func)
+        callee = self.ctx.facts.file.qualname(original_node.func)
         if callee in _SYNCHRONIZE:
             self.ctx.fix(original_node, "torch.cuda.synchronize() -> the target's wait for the device")
             return self.ctx.expr("synchronize")
@@ -345,7 +345,7 @@ class CudaApi(Rule):
             else:
                 continue
             for target in targets:
-                name = self.ctx.facts.qualname(target) if dotted(target) else None
+                name = self.ctx.facts.file.qualname(target) if dotted(target) else None
                 if name and name.startswith(_CUDNN):
                     self.ctx.diagnose(
                         original_node,

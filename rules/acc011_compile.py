@@ -51,10 +51,10 @@ class Compile(Rule):
         self._compiled: set[str] = set()
 
     def applies(self) -> bool:
-        return self.ctx.target.has("compile") and bool(self.ctx.facts.models)
+        return self.ctx.target.has("compile") and bool(self.ctx.facts.file.models)
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        model = placed_model(node, self.ctx.facts.models)
+        model = placed_model(node, self.ctx.facts.file.models)
         if model is None or model in self._compiled:
             return
         self._compiled.add(model)

@@ -45,10 +45,10 @@ class LoaderPinMemory(Rule):
     )
 
     def applies(self) -> bool:
-        return self.ctx.target.has("pin_memory") and bool(self.ctx.facts.called & LOADER_NAMES)
+        return self.ctx.target.has("pin_memory") and bool(self.ctx.facts.file.called & LOADER_NAMES)
 
     def leave_Call(self, original_node, updated_node):
-        if self.ctx.facts.qualname(original_node.func) not in LOADER_NAMES:
+        if self.ctx.facts.file.qualname(original_node.func) not in LOADER_NAMES:
             return updated_node
         # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, ...)
         workers = call_arg(original_node, 5, "num_workers")

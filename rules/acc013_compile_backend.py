@@ -44,14 +44,14 @@ class CompileBackend(Rule):
 
     def leave_Call(self, original_node, updated_node):
         func = original_node.func
-        compiles = self.ctx.facts.qualname(func) == "torch.compile" or (
+        compiles = self.ctx.facts.file.qualname(func) == "torch.compile" or (
             isinstance(func, cst.Attribute) and func.attr.value == "compile"
-            and self.ctx.facts.qualname(func) is None and not original_node.args
+            and self.ctx.facts.file.qualname(func) is None and not original_node.args
             and self.ctx.facts.values(self.ctx.scope).is_model(func.value)
         )
         if not compiles or call_arg(original_node, 99, "backend") is not None:
             return updated_node
-        if self.ctx.facts.qualname(func) == "torch.compile" and len(original_node.args) > 1 and \
+        if self.ctx.facts.file.qualname(func) == "torch.compile" and len(original_node.args) > 1 and \
                 original_node.args[1].keyword is None:
             return updated_node  # torch.compile(model, "inductor"): a backend named by position
         backend = cst.Arg(

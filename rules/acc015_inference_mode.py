@@ -56,7 +56,7 @@ class InferenceMode(Rule):
     )
 
     def _names_inference_mode(self, node: cst.CSTNode) -> bool:
-        return self.ctx.facts.qualname(node) == "torch.inference_mode"
+        return self.ctx.facts.file.qualname(node) == "torch.inference_mode"
 
     def leave_Call(self, original_node, updated_node):
         if not self._names_inference_mode(original_node.func):

@@ -139,7 +139,7 @@ class SyncBatchNorm(Rule):
         return _CLASS_NAME in self.ctx.source_text
 
     def _is_class(self, node: cst.CSTNode) -> bool:
-        return self.ctx.facts.qualname(node) in _CLASS
+        return self.ctx.facts.file.qualname(node) in _CLASS
 
     def visit_Call(self, node) -> None:
         self._naming += _tests_type(node)
@@ -226,7 +226,7 @@ class SyncBatchNorm(Rule):
     def _import_by_name(self, original_node, updated_node, node: cst.ImportFrom):
         """``from torch.nn import SyncBatchNorm``: every use of the name is the target's class,
         imported from where the target spells it; or, without one, a finding."""
-        imports = self.ctx.facts.imports
+        imports = self.ctx.facts.file.imports
         moved = [alias for alias in node.names if imports.get(_local_name(alias)) in _CLASS]
         if not moved:
             return updated_node

@@ -155,8 +155,8 @@ class HfTrainer(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._settings = self._needed_settings()
-        calls = [call for call, _ in self.ctx.facts.calls]
-        self._arguments = {call for call in calls if _holds_settings(self.ctx.facts.qualname(call.func))}
+        calls = [call for call, _ in self.ctx.facts.file.calls]
+        self._arguments = {call for call in calls if _holds_settings(self.ctx.facts.file.qualname(call.func))}
         self._set_up(node)
         if not self._settings:
             if not self.ctx.target.has("trainer_setup"):
@@ -199,7 +199,7 @@ class HfTrainer(Rule):
         the Trainer built with its defaults or with settings made elsewhere."""
         flags = " ".join(_flag(keyword, value) for keyword, value in self._settings.items())
         keywords, names = self._keywords()
-        parser = next((call for call in calls if self.ctx.facts.qualname(call.func) in _PARSERS), None)
+        parser = next((call for call in calls if self.ctx.facts.file.qualname(call.func) in _PARSERS), None)
         build = self.ctx.facts.trainer_builds[0]
         if parser is None and call_arg(build, 1, "args") is None:
             message = f"the Trainer takes default TrainingArguments: set {names}"
@@ -233,7 +233,7 @@ class HfTrainer(Rule):
             return ""
         spawn = self.ctx.concept("spawn").render_expr()
         help = f" On many devices, start the script's `main` in a process per device with `{spawn}(_mp_fn)`"
-        help += "." if "_mp_fn" in self.ctx.facts.definitions.defined else ", where `def _mp_fn(index): main()`."
+        help += "." if "_mp_fn" in self.ctx.facts.file.definitions.defined else ", where `def _mp_fn(index): main()`."
         return help + (" FSDP on an XLA device is XLA's own: add `fsdp_config={\"xla\": True}`." if fsdp else "")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:

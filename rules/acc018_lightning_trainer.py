@@ -181,7 +181,7 @@ class LightningTrainer(Rule):
     def _lightning_name(self, func: cst.BaseExpression) -> str | None:
         """``Trainer``, ``from_argparse_args`` (of the Trainer) or ``LightningCLI`` where ``func``
         names Lightning's."""
-        parts = (self.ctx.facts.qualname(func) or "").split(".")
+        parts = (self.ctx.facts.file.qualname(func) or "").split(".")
         if parts[0] not in _FRAMEWORKS:
             return None
         if parts[-1] == "from_argparse_args":
@@ -277,7 +277,7 @@ class LightningTrainer(Rule):
 
     def _is_gpu_accelerator(self, value: cst.BaseExpression) -> bool:
         if isinstance(value, cst.Call):
-            return (self.ctx.facts.qualname(value.func) or "").split(".")[-1] == _GPU_ACCELERATOR_CLASS
+            return (self.ctx.facts.file.qualname(value.func) or "").split(".")[-1] == _GPU_ACCELERATOR_CLASS
         return _literal(value) in _GPU_ACCELERATORS
 
     def _is_target_accelerator(self, value: cst.BaseExpression) -> bool:
@@ -287,11 +287,11 @@ class LightningTrainer(Rule):
         """A DDP strategy: by name, built (``DDPStrategy(...)``), or a variable the file binds only
         to those (or to Lightning's choice)."""
         if isinstance(value, cst.Call):
-            return (self.ctx.facts.qualname(value.func) or "").split(".")[-1] == "DDPStrategy"
+            return (self.ctx.facts.file.qualname(value.func) or "").split(".")[-1] == "DDPStrategy"
         if isinstance(value, cst.IfExp):
             return all(self._is_ddp(branch) or _kept_strategy(branch) for branch in (value.body, value.orelse))
         if isinstance(value, cst.Name):
-            bound = self.ctx.facts.assignments.get(value.value, ())
+            bound = self.ctx.facts.file.assignments.get(value.value, ())
             return bool(bound) and all(self._is_ddp(v) or _kept_strategy(v) for v in bound if v is not value)
         literal = _literal(value)
         return isinstance(literal, str) and literal.startswith("ddp")

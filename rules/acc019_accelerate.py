@@ -105,7 +105,7 @@ class AccelerateConfig(Rule):
 
     def leave_Call(self, original_node, updated_node):
         func = original_node.func
-        if self.ctx.facts.qualname(func) in _ACCELERATOR:
+        if self.ctx.facts.file.qualname(func) in _ACCELERATOR:
             return self._accelerator(original_node, updated_node)
         if self._has_precision() and moves_to_cuda(self.ctx.facts, original_node):
             self.ctx.diagnose(original_node, f"`{excerpt(self.ctx.code(original_node))}` needs CUDA, which the "

@@ -65,10 +65,10 @@ class FusedDropoutAdd(Rule):
     )
 
     def applies(self) -> bool:
-        return _DROPOUT in self.ctx.facts.assigned_calls.values()
+        return _DROPOUT in self.ctx.facts.file.assigned_calls.values()
 
     def leave_BinaryOperation(self, original_node, updated_node):
-        if not isinstance(original_node.operator, cst.Add) or self.ctx.scope not in self.ctx.facts.method_class:
+        if not isinstance(original_node.operator, cst.Add) or self.ctx.scope not in self.ctx.facts.file.method_class:
             return updated_node
         for dropped, residual in ((updated_node.right, updated_node.left), (updated_node.left, updated_node.right)):
             dropout = self._dropout_module(dropped)
@@ -87,6 +87,6 @@ class FusedDropoutAdd(Rule):
         if not isinstance(node, cst.Call) or len(node.args) != 1 or node.args[0].keyword or node.args[0].star:
             return None
         name = dotted(node.func)
-        if name and name.startswith("self.") and self.ctx.facts.assigned_calls.get(name) == _DROPOUT:
+        if name and name.startswith("self.") and self.ctx.facts.file.assigned_calls.get(name) == _DROPOUT:
             return name
         return None

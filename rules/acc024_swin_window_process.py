@@ -75,7 +75,7 @@ class SwinWindowProcess(Rule):
         self._replaced: dict[cst.CSTNode, tuple[str, dict]] = {}
 
     def applies(self) -> bool:
-        return "torch.roll" in self.ctx.facts.called
+        return "torch.roll" in self.ctx.facts.file.called
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if not set(_DIMENSIONS) <= _assigned_names(node):
@@ -110,7 +110,7 @@ class SwinWindowProcess(Rule):
 
     def _roll(self, call: cst.Call):
         """(rolled tensor, shift) for ``torch.roll(x, shifts=(s, s), dims=(1, 2))``."""
-        if self.ctx.facts.qualname(call.func) != "torch.roll":
+        if self.ctx.facts.file.qualname(call.func) != "torch.roll":
             return None
         tensor, shifts, dims = call_arg(call, 0, "input"), call_arg(call, 1, "shifts"), call_arg(call, 2, "dims")
         if tensor is None or shifts is None or dims is None or self.ctx.code(dims.value).replace(" ", "") != "(1,2)":

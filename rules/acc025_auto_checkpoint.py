@@ -67,7 +67,7 @@ class AutoCheckpoint(Rule):
         self._done: set[str] = set()
 
     def applies(self) -> bool:
-        return bool(self.ctx.facts.models) and not any(name.endswith("auto_checkpoint") for name in self.ctx.facts.called)
+        return bool(self.ctx.facts.file.models) and not any(name.endswith("auto_checkpoint") for name in self.ctx.facts.file.called)
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if len(node.body) != 1 or not isinstance(node.body[0], cst.Assign) or len(node.body[0].targets) != 1:
@@ -75,11 +75,11 @@ class AutoCheckpoint(Rule):
         assign = node.body[0]
         model = dotted(assign.targets[0].target)
         call = assign.value
-        if model not in self.ctx.facts.models or model in self._done or not isinstance(call, cst.Call):
+        if model not in self.ctx.facts.file.models or model in self._done or not isinstance(call, cst.Call):
             return
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in _NOT_CONSTRUCTORS:
             return
-        if self.ctx.facts.qualname(call.func) in WRAPPER_NAMES:
+        if self.ctx.facts.file.qualname(call.func) in WRAPPER_NAMES:
             return
         self._done.add(model)
         self.ctx.insert_after(node, self.ctx.statements("auto_checkpoint", model=model))

@@ -143,7 +143,7 @@ class ParallelWrap(Rule):
             name = dotted(assign.targets[0].target) if assign is not None else None
             if name not in self.ctx.facts.optimizers:
                 continue
-            models = read_chains(assign.value) & (self.ctx.facts.models | self._wrapped)
+            models = read_chains(assign.value) & (self.ctx.facts.file.models | self._wrapped)
             for j in range(i + 1, len(statements)):
                 if not models & set(self._wrapped_in(statements[j])):
                     continue
@@ -188,7 +188,7 @@ class ParallelWrap(Rule):
     # Expressions -----------------------------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
-        if "tp" in self._kind.split(",") and self.ctx.facts.qualname(node.func) in _SAMPLERS:
+        if "tp" in self._kind.split(",") and self.ctx.facts.file.qualname(node.func) in _SAMPLERS:
             self.ctx.diagnose(
                 node, "a sampler over every rank: tensor-parallel ranks would read different batches",
                 "The ranks of one tensor-parallel group must read the same batches. Pass the loader to "

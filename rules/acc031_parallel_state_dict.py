@@ -73,7 +73,7 @@ class ParallelStateDict(Rule):
         self._handled: set[cst.CSTNode] = set()  # state_dict calls inside a torch.save
 
     def applies(self) -> bool:
-        self._models = self.ctx.facts.models | wrapped_models(self.ctx.facts, self.ctx.module)
+        self._models = self.ctx.facts.file.models | wrapped_models(self.ctx.facts, self.ctx.module)
         return bool(self._models)
 
     def _saved_model(self, node: cst.CSTNode) -> str | None:
@@ -92,7 +92,7 @@ class ParallelStateDict(Rule):
         if len(statement.body) != 1 or not isinstance(statement.body[0], cst.Expr):
             return None
         call = statement.body[0].value
-        if not isinstance(call, cst.Call) or self.ctx.facts.qualname(call.func) != "torch.save":
+        if not isinstance(call, cst.Call) or self.ctx.facts.file.qualname(call.func) != "torch.save":
             return None
         saved, path = call_arg(call, 0, "obj"), call_arg(call, 1, "f")
         return None if saved is None or path is None else (saved, path)

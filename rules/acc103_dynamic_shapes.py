@@ -201,7 +201,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
 
     def check_call(self, node: cst.Call) -> None:
         func = node.func
-        callee = self.ctx.facts.qualname(func) or dotted(func) or ""
+        callee = self.ctx.facts.file.qualname(func) or dotted(func) or ""
         last = callee.split(".")[-1]
         if node in self.ctx.facts.trainer_builds:
             self._default_collator(node)
@@ -228,7 +228,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
         if not self.in_loop:
             return
         tensors = self.tensors()
-        is_method = isinstance(func, cst.Attribute) and self.ctx.facts.qualname(func) is None
+        is_method = isinstance(func, cst.Attribute) and self.ctx.facts.file.qualname(func) is None
         if last in _DATA_SIZED and (callee.startswith("torch.") or is_method and tensors.is_tensor(func.value)):
             self._data_sized(node, f"`{last}()`")
         elif callee == "torch.where" and len(node.args) == 1:

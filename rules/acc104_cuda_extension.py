@@ -48,12 +48,12 @@ class CudaExtension(Rule):
         self._extension_calls = 0
 
     def visit_Call(self, node: cst.Call) -> None:
-        callee = self.ctx.facts.qualname(node.func) or ""
+        callee = self.ctx.facts.file.qualname(node.func) or ""
         if callee.startswith(_CPP_EXTENSION):
             self._extension_calls += 1
 
     def leave_Call(self, original_node, updated_node):
-        callee = self.ctx.facts.qualname(original_node.func) or ""
+        callee = self.ctx.facts.file.qualname(original_node.func) or ""
         if callee.startswith(_CPP_EXTENSION):
             self._extension_calls -= 1
             what = callee[len(_CPP_EXTENSION):]

@@ -67,7 +67,7 @@ class UnsafeFix(Rule):
         if target is None or not target.split(".")[-1].lower().endswith(_OPTIMIZER_NAMES):
             return updated_node
         call = original_node.value
-        callee = self.ctx.facts.qualname(call.func)
+        callee = self.ctx.facts.file.qualname(call.func)
         if callee is not None and callee.startswith("torch.optim."):
             return updated_node  # built from torch.optim in plain sight: ACC021 handles it
         how = self._how(call)

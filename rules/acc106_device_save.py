@@ -53,7 +53,7 @@ class DeviceSave(Rule):
         return self.ctx.target.has("device_save")
 
     def leave_Call(self, original_node, updated_node):
-        if self.ctx.facts.qualname(original_node.func) != "torch.save":
+        if self.ctx.facts.file.qualname(original_node.func) != "torch.save":
             return updated_node
         obj = call_arg(original_node, 0, "obj")
         path = call_arg(original_node, 1, "f")

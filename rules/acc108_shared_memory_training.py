@@ -53,7 +53,7 @@ class SharedMemoryTraining(Rule):
         if not isinstance(func, cst.Attribute) or func.attr.value not in _SHARE or original_node.args:
             return updated_node
         kind = self.ctx.facts.values(self.ctx.scope).kind(func.value)
-        if self.ctx.facts.qualname(func) is not None or kind in HOST or kind is Kind.CPU:
+        if self.ctx.facts.file.qualname(func) is not None or kind in HOST or kind is Kind.CPU:
             return updated_node  # a module's function, or memory that stays on the host (a counter)
         shared = excerpt(self.ctx.code(func.value))
         self.ctx.refuse(

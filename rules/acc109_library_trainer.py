@@ -65,10 +65,10 @@ class LibraryTrainer(Rule):
             return
         owner = func.value
         if isinstance(owner, cst.Call):  # d2l.Trainer(...).fit(...)
-            made = self.ctx.facts.qualname(owner.func) or dotted(owner.func)
+            made = self.ctx.facts.file.qualname(owner.func) or dotted(owner.func)
         else:
             name = dotted(owner)
-            made = self.ctx.facts.assigned_calls.get(name) if name else None
+            made = self.ctx.facts.file.assigned_calls.get(name) if name else None
             if made is None and isinstance(owner, cst.Name):
                 made = self._factory(owner.value)
         if not made or not _trainer(made) or made.split(".")[0] in _HANDLED:
@@ -86,7 +86,7 @@ class LibraryTrainer(Rule):
     def _factory(self, name: str) -> str | None:
         """The callee a name is assigned the result of, where an import the migration cannot
         follow (``from fastai.vision.all import *``) leaves it unresolved."""
-        for value in self.ctx.facts.assignments.get(name, ()):
+        for value in self.ctx.facts.file.assignments.get(name, ()):
             if isinstance(value, cst.Call) and dotted(value.func):
                 return dotted(value.func)
         return None

@@ -34,7 +34,7 @@ def test_names_resolve_through_aliases_and_from_imports():
         "a = optim.Adam\nb = W\nc = nn.LayerNorm\nd = torch.distributed.init_process_group\ne = cuda.manual_seed\n"
         "f = unknown.thing\n"
     )
-    resolved = {text: facts.qualname(expression(module, text)) for text in
+    resolved = {text: facts.file.qualname(expression(module, text)) for text in
                 ("optim.Adam", "W", "nn.LayerNorm", "torch.distributed.init_process_group", "cuda.manual_seed",
                  "unknown.thing")}
     assert resolved == {
@@ -91,16 +91,16 @@ def test_the_imports_are_noted_first_unless_every_one_opens_the_file(monkeypatch
     monkeypatch.setattr(analysis, "_import_statements", lambda module: noted.append(1) or [])
     facts = analyze(cst.parse_module(source), text=source)
     assert bool(noted) == first
-    assert facts.imports["torch"] == "torch"
+    assert facts.file.imports["torch"] == "torch"
 
 
 def test_training_facts():
     module, facts = facts_of(TRAINING)
     assert [device.name for device in facts.devices] == ["device"]
-    assert facts.loaders == {"train_loader"}
+    assert facts.file.loaders == {"train_loader"}
     assert set(facts.optimizers) == {"optimizer"}  # the scheduler is not an optimizer
     assert facts.scalers == {"scaler"}
-    assert facts.models == {"net", "ddp"}
+    assert facts.file.models == {"net", "ddp"}
     loops = {module.code_for_node(loop.node.iter) for loop in facts.loops}
     assert loops == {"train_loader", "range(3)"}  # the eval loop trains nothing
 
@@ -119,7 +119,7 @@ def test_imports_below_their_use_resolve_too():
         "    import torch\n"
         "    from torch.utils.data import DataLoader\n"
     )
-    assert facts.scalers == {"scaler"} and facts.loaders == {"loader"} and set(facts.optimizers) == {"optimizer"}
+    assert facts.scalers == {"scaler"} and facts.file.loaders == {"loader"} and set(facts.optimizers) == {"optimizer"}
     assert facts.uses_grad_scaler
 
 
@@ -135,7 +135,7 @@ def test_direct_training_loop_and_methods():
     (loop,) = facts.loops
     assert loop.calls_backward and loop.calls_step and isinstance(loop.node, cst.While)
     assert loop.scope.name.value == "run"
-    assert "self.model" in facts.models and "self.optimizer" in facts.optimizers
+    assert "self.model" in facts.file.models and "self.optimizer" in facts.optimizers
 
 
 class _Cuda:
@@ -256,15 +256,15 @@ def outer():
 def test_the_walk_notes_each_bodys_local_names_and_the_files_functions_and_classes():
     module = cst.parse_module(SCOPES)
     facts = analyze(module)
-    functions = {function.name.value: function for function in facts.definitions.functions}
-    local = {name: facts.local_names[function.body] for name, function in functions.items()}
-    assert facts.local_names[module] == {
+    functions = {function.name.value: function for function in facts.file.definitions.functions}
+    local = {name: facts.file.local_names[function.body] for name, function in functions.items()}
+    assert facts.file.local_names[module] == {
         "os", "np", "tnn", "total", "head", "rest", "last", "found", "handle", "train", "Trainer", "outer",
     }
     assert local["train"] == {"step", "batch", "target", "loss", "error", "squares", "scale", "helper", "Local"}
     assert local["helper"] == set() and local["method"] == {"local"} and local["fit"] == set()
     assert local["outer"] == {"middle"} and local["middle"] == {"inner"}
-    definitions = facts.definitions
+    definitions = facts.file.definitions
     assert list(definitions.defined) == ["train", "Trainer", "outer"]
     assert definitions.classes == {"Trainer": definitions.defined["Trainer"]}
     trainer = definitions.defined["Trainer"]
@@ -275,9 +275,9 @@ def test_the_walk_notes_each_bodys_local_names_and_the_files_functions_and_class
         (functions["middle"], "inner"): functions["inner"],
     }
     train = definitions.functions[functions["train"]]
-    assert (train.owner, train.parent, train.params) == (None, None, ["model"])  # the positional ones
+    assert (train.owner, train.parent, train.params) == (None, None, ("model",))  # the positional ones
     method = definitions.functions[functions["method"]]
-    assert (method.owner.name.value, method.parent, method.params) == ("Local", None, ["self"])
+    assert (method.owner.name.value, method.parent, method.params) == ("Local", None, ("self",))
 
 
 _REDUCES = {

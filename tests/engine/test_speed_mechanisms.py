@@ -4,6 +4,7 @@ the depth walk measures what ``ast.iter_child_nodes`` walks (past the limit, whe
 and several workers give each file its own outcome in order."""
 
 import ast
+import dataclasses
 import gc
 import multiprocessing
 import os
@@ -432,11 +433,11 @@ def test_a_node_on_one_line_nests_within_the_bound_the_depth_walk_skips_by(expre
 def test_a_file_is_searched_for_its_options_only_where_its_text_spells_add_argument(monkeypatch, options):
     source = options + "args = parser.parse_args()\ndevice = args.device\nx.to(device)\n"
     searched = []
-    find_calls = values.FileValues._find_calls
-    monkeypatch.setattr(values.FileValues, "_find_calls", lambda self, *a: searched.append(1) or find_calls(self, *a))
+    walk = nodes.walk
+    monkeypatch.setattr(values.options, "walk", lambda *a: searched.append(1) or walk(*a))
     facts = analyze(cst.parse_module(source), text=source)
     assert bool(searched) == bool(options)
-    assert facts.option_defaults() == ({"device": "cuda"} if options else {})
+    assert facts.options.string_defaults() == ({"device": "cuda"} if options else {})
     assert [binding.name for binding in facts.devices] == (["device"] if options else [])
 
 
@@ -450,21 +451,24 @@ CALLS = (
 
 
 @pytest.mark.parametrize("source", [CALLS, *_sources()], ids=lambda source: str(len(source)))
-def test_the_calls_that_the_analysis_records_are_those_a_walk_of_their_own_finds(source):
+def test_the_options_read_from_the_recorded_calls_are_those_a_walk_of_their_own_finds(source):
     module = cst.parse_module(source)
     facts = analyze(module)
-    walked = values.FileValues(module, facts)
-    walked._every_call = []
-    walked._find_calls(module, None)
-    assert [(id(call), scope) for call, scope in facts.calls] == [(id(call), scope) for call, scope in walked._every_call]
-    assert facts.option_parses == walked._parsing
+    scanned = values.CommandLineOptions.scanned(module, None)
+    recorded = facts.options
+    assert [id(call) for call in recorded.calls] == [id(call) for call in scanned.calls]
+    assert list(recorded._parses) == list(scanned._parses)
+    assert recorded.string_defaults() == scanned.string_defaults()
 
 
-def test_the_data_flow_analysis_reads_the_recorded_calls_once_the_walk_has_ended(monkeypatch):
-    monkeypatch.setattr(values.FileValues, "_find_calls", None)  # a walk of their own would fail
+def test_the_file_facts_are_read_only_once_the_walk_has_ended():
     facts = analyze(cst.parse_module(CALLS))
-    train = next(scope for _, scope in facts.calls if scope is not None)
+    train = next(scope for _, scope in facts.file.calls if scope is not None)
     assert [call.func.value for call, _, _ in facts.file_values.calls_of(train)] == ["train"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        facts.file.imports = {}
+    with pytest.raises(TypeError):
+        facts.file.imports["argparse"] = "os"
 
 
 def test_several_workers_give_each_file_its_outcome_in_the_order_given(tmp_path):

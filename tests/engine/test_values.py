@@ -412,7 +412,7 @@ def test_a_helper_returning_its_argument_read_on_the_host_syncs_where_called():
         other = scaled(loss, 2)
     """))
     facts = analyze(module)
-    assert facts.returned_reads == {"to_python_float": frozenset({"t"})}
+    assert facts.file.returned_reads == {"to_python_float": frozenset({"t"})}
     loop = module.body[-1]
     calls = [line.body[0].value for line in loop.body.body[1:]]
     values = facts.values(None)
@@ -534,7 +534,6 @@ def test_a_module_built_and_never_moved_stays_on_the_host():
     """)
     module = cst.parse_module(code)
     facts = analyze(module)
-    facts.module = module
     kept = facts.values(None).file.kept_on_host
     assert [kept(name) for name in ("on_host", "to_cpu", "looked_at")] == [True, True, True]
     assert not any(kept(name) for name in ("moved", "built_there", "placed", "aliased", "wrapped", "unbound"))

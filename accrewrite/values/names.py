@@ -1,0 +1,65 @@
+"""The names an expression reads, and those an assignment target or an expression binds."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accrewrite.nodes import children, dotted, walk
+
+
+# Names ----------------------------------------------------------------------------------------
+
+
+def read_names(node: cst.CSTNode) -> set[str]:
+    """The names an expression reads: ``a`` and ``c`` of ``a.b(k=c)`` (not attribute names or keywords)."""
+    return _reads(node, chains=False)
+
+
+def read_chains(node: cst.CSTNode) -> set[str]:
+    """The names and dotted chains an expression reads: ``a``, ``a.b`` and ``c`` of ``a.b(k=c)``."""
+    return _reads(node, chains=True)
+
+
+def _reads(node: cst.CSTNode, chains: bool) -> set[str]:
+    found: set[str] = set()
+    pending = [node]
+    while pending:
+        child = pending.pop()
+        kind = type(child)
+        if kind is cst.Name:
+            found.add(child.value)
+        elif kind is cst.Attribute or kind is cst.Arg:
+            if chains and kind is cst.Attribute:
+                chain = dotted(child)
+                if chain:
+                    found.add(chain)
+            pending.append(child.value)  # not the attribute's name, nor the argument's keyword
+        else:
+            pending.extend(children(child))
+    return found
+
+
+def target_names(target: cst.CSTNode) -> set[str]:
+    """The plain names an assignment target binds (``a``, ``a, (b, *c)``; not ``a.b`` or ``a[i]``)."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(target_names(e.value) for e in target.elements)) if target.elements else set()
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    return set()
+
+
+def bound_names(node: cst.CSTNode) -> set[str]:
+    """The names an expression binds for itself: comprehension targets and lambda parameters."""
+    found: set[str] = set()
+
+    def enter(child):
+        if isinstance(child, cst.CompFor):
+            found.update(target_names(child.target))
+        elif isinstance(child, cst.Lambda):
+            found.update(p.name.value for p in child.params.params)
+        return True
+
+    walk(node, enter)
+    return found
