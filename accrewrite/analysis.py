@@ -19,7 +19,7 @@ from typing import Callable
 import libcst as cst
 
 from accrewrite.nodes import (
-    NODE_TYPES, STATEMENT_TYPES, call_arg, children, descendants, dotted, node_types, string_value, walk,
+    NODE_TYPES, STATEMENT_TYPES, call_arg, descendants, dotted, node_types, string_value, walk,
 )
 from accrewrite.targets import spelled_callees, written_for
 from accrewrite.file_model import Definitions, FileFacts, qualname
@@ -514,47 +514,6 @@ class Facts:
         return selects_cuda(node, self.file.qualname, self.devices, lambda: self.options)
 
 
-_walk_methods_cache: dict[tuple[type, type], tuple] = {}
-
-
-def _walk_methods(walker: type, kind: type) -> tuple:
-    """A walker class's ``visit_`` and ``leave_`` functions for a node type (None where it has
-    none), looked up once."""
-    found = _walk_methods_cache.get((walker, kind))
-    if found is None:
-        name = kind.__name__
-        found = (getattr(walker, "visit_" + name, None), getattr(walker, "leave_" + name, None))
-        _walk_methods_cache[walker, kind] = found
-    return found
-
-
-class Walker:
-    """A read-only walk with ``visit_<Node>``/``leave_<Node>`` dispatch.
-
-    libcst's own visitor walk rebuilds every node as it goes (its ``visit`` is shared with
-    transformers); reading the dataclass fields directly skips that and the whitespace nodes,
-    several times faster for a pass that only looks.
-    """
-
-    def walk(self, node: cst.CSTNode) -> None:
-        kind = type(node)
-        self.on_visit(node)
-        visit, leave = _walk_methods(type(self), kind)
-        if visit is not None:
-            visit(self, node)
-        for child in children(node):
-            self.walk(child)
-        if leave is not None:
-            leave(self, node)
-        self.on_leave(node)
-
-    def on_visit(self, node: cst.CSTNode) -> None:
-        pass
-
-    def on_leave(self, node: cst.CSTNode) -> None:
-        pass
-
-
 @functools.lru_cache(maxsize=64)
 def _types_named(names: frozenset[str]) -> frozenset[type]:
     """The node types of ``names`` (cached: every file of a run walks the same types)."""
@@ -572,6 +531,9 @@ class _Analyzer:
         self._steps: dict[type, tuple] = {}
         # The rules that each open statement concerns so far, innermost last.
         self._masks: list[int] = []
+        # Per node entered and not yet left, innermost last: whether its subtree holds a node of
+        # the types the rules' walk acts on.
+        self._live: list[bool] = []
         self._walked_types = None if walked is None else _types_named(walked)
         self._statements: list[cst.CSTNode] = []
         self._order = 0
@@ -654,17 +616,18 @@ class _Analyzer:
 
     def _steps_at(self, kind: type) -> tuple:
         """At a node of ``kind``: whether it is a statement, the rules its type concerns, the
-        analysis's visit and leave functions, and whether the rules' walk acts on it."""
-        visit, leave = _walk_methods(_Analyzer, kind)
+        analysis's ``visit_``/``leave_`` functions for it, and whether the rules' walk acts on it."""
+        name = kind.__name__
+        visit, leave = getattr(_Analyzer, "visit_" + name, None), getattr(_Analyzer, "leave_" + name, None)
         live = self._walked_types is None or kind in self._walked_types
         found = self._steps[kind] = (kind in STATEMENT_TYPES, self._trigger_types.get(kind, 0), visit, leave, live)
         return found
 
-    def walk(self, node: cst.CSTNode) -> bool:
-        """``Walker.walk`` with the analysis's own steps written in (it enters every node of the
-        file): whether ``node``'s subtree holds a node of a walked type."""
+    def enter(self, node: cst.CSTNode) -> None:
+        """The walk's step into ``node`` (it enters every node of the file): the statements
+        open and their order, the rules its type concerns, the node's ``visit_`` function."""
         kind = type(node)
-        statement, concerns, visit, leave, live = self._steps.get(kind) or self._steps_at(kind)
+        statement, concerns, visit, _, live = self._steps.get(kind) or self._steps_at(kind)
         if statement:
             self._statements.append(node)
             self._masks.append(0)
@@ -678,13 +641,19 @@ class _Analyzer:
             self._mark_hot(concerns)
         if visit is not None:
             visit(self, node)
-        for child in children(node):
-            if self.walk(child):
-                live = True
+        self._live.append(live)
+
+    def leave(self, node: cst.CSTNode) -> None:
+        """The walk's step out of ``node``, after the nodes under it: its ``leave_`` function,
+        whether its subtree holds a node the rules' walk acts on, the rules it concerns."""
+        statement, _, _, leave, _ = self._steps[type(node)]
         if leave is not None:
             leave(self, node)
+        live = self._live.pop()
         if not live:
             self.facts.inert.add(id(node))
+        elif self._live:
+            self._live[-1] = True
         if statement:
             self._statements.pop()
             mask = self._masks.pop()
@@ -693,7 +662,6 @@ class _Analyzer:
                 self._concerning.append(node)
                 if self._masks:
                     self._masks[-1] |= mask  # a statement concerns the rules of those in it
-        return live
 
     def _mark_hot(self, mask: int) -> None:
         if self._masks:
@@ -1169,7 +1137,7 @@ def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozen
                 analyzer.visit_Import(statement)
             else:
                 analyzer.visit_ImportFrom(statement)
-    analyzer.walk(module)
+    walk(module, analyzer.enter, analyzer.leave)
     analyzer.facts.file = analyzer.file_facts()
     return analyzer.facts
 

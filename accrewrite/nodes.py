@@ -196,16 +196,28 @@ class Replacing(cst.CSTTransformer):
         pass
 
 
-def walk(node: cst.CSTNode, enter) -> None:
+def walk(node: cst.CSTNode, enter, leave=None) -> None:
     """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
-    rebuilding visit (see ``accrewrite.analysis.Walker``); ``enter`` returning False skips a
-    node's children."""
+    rebuilding visit (which rebuilds every node, and enters whitespace and punctuation);
+    ``enter`` returning False skips a node's children. ``leave``, where given, is called on each
+    node after the nodes under it."""
     stack = [node]
     while stack:
         current = stack.pop()
-        if enter(current) is False:
-            continue
-        stack.extend(reversed(children(current)))
+        if current is _LEAVING:
+            leave(stack.pop())
+        elif enter(current) is False:
+            if leave is not None:
+                leave(current)
+        else:
+            if leave is not None:
+                stack.append(current)
+                stack.append(_LEAVING)
+            stack.extend(reversed(children(current)))
+
+
+# On ``walk``'s stack, above a node whose children are below it: leave that node next.
+_LEAVING = object()
 
 
 def descendants(node: cst.CSTNode, prune: frozenset[type] = frozenset()):

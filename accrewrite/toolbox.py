@@ -14,7 +14,7 @@ import libcst as cst
 from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
 from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, string_value, walk
 from accrewrite.reduction import named_like_optimizer
-from accrewrite.rule import excerpt
+from accrewrite.rule import RuleContext, excerpt
 from accrewrite.targets import called_names, spelled_callees
 
 # Keywords that name where tensors go.
@@ -141,7 +141,7 @@ def wraps_model(facts: Facts, node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Call) and facts.file.qualname(node.func) in WRAPPER_NAMES
 
 
-def wrapped_module(ctx, original: cst.Call, updated: cst.Call, by_hand: str) -> cst.Arg | None:
+def wrapped_module(ctx: RuleContext, original: cst.Call, updated: cst.Call, by_hand: str) -> cst.Arg | None:
     """The argument holding the module a DDP/DataParallel call wraps, or None, after a finding
     that says what to do ``by_hand``, where star arguments or its absence hide it."""
     module = call_arg(updated, 0, "module")
@@ -151,7 +151,7 @@ def wrapped_module(ctx, original: cst.Call, updated: cst.Call, by_hand: str) -> 
     return module
 
 
-def wrapped_models_of(ctx) -> set[str] | None:
+def wrapped_models_of(ctx: RuleContext) -> set[str] | None:
     """``wrapped_models`` of the rule context's file, or None where the file never names
     DataParallel (a cheap gate before any name is resolved)."""
     if "DataParallel" not in ctx.source_text:
@@ -211,7 +211,7 @@ _CONTAINERS = frozenset({"dict", "list", "tuple", "set", "setattr", "Munch", "Ea
 _DISPLAYS = (cst.List, cst.Tuple, cst.Set)
 
 
-def wrappers_of(ctx) -> Wrappers | None:
+def wrappers_of(ctx: RuleContext) -> Wrappers | None:
     """``Wrappers`` of the rule context's file, worked out once; None where the file never
     names DataParallel.
 
@@ -228,7 +228,7 @@ def wrappers_of(ctx) -> Wrappers | None:
     return ctx.shared["wrappers"]
 
 
-def _wrappers(ctx) -> Wrappers:
+def _wrappers(ctx: RuleContext) -> Wrappers:
     facts = ctx.facts
     assignments = _wrapping_assignments(facts, ctx.module)
     assigned = {id(call): node for node, calls in assignments for call in calls}
@@ -254,13 +254,13 @@ def _wrappers(ctx) -> Wrappers:
     return Wrappers(frozenset(names - kept), unfollowed)
 
 
-def _statement_code(ctx, call: cst.Call, scope) -> str:
+def _statement_code(ctx: RuleContext, call: cst.Call, scope) -> str:
     """The code of the statement that holds ``call``, quoted."""
     statement = ctx.facts.values(scope).statement_of(call)
     return excerpt(ctx.code(statement if statement is not None else call), 32)
 
 
-def _escape(ctx, where: cst.CSTNode, name: str) -> str | None:
+def _escape(ctx: RuleContext, where: cst.CSTNode, name: str) -> str | None:
     """The code under ``where`` that takes the model ``name`` holds out of reach, quoted: a
     return, a yield, a list, tuple, set or dict that holds it, a container call or ``setattr``
     given it, a subscript assigned it, a ``getattr`` of its owner by a computed name; None where
@@ -480,7 +480,7 @@ class _FirstMention:
         return self.found
 
 
-def ddp_kept(ctx) -> str | None:
+def ddp_kept(ctx: RuleContext) -> str | None:
     """Why DistributedDataParallel stays in this file, or None where it goes. It goes only
     together with the reduction that takes its place: the target's all-reduce at each of the
     file's optimizer steps (``REDUCING_RULE``), or, for a file whose steps live in another
@@ -493,7 +493,7 @@ def ddp_kept(ctx) -> str | None:
     return ctx.shared["ddp_kept"]
 
 
-def _why_ddp_stays(ctx) -> str | None:
+def _why_ddp_stays(ctx: RuleContext) -> str | None:
     facts = ctx.facts
     if ctx.keep_ddp is not None:
         return ctx.keep_ddp
@@ -515,7 +515,7 @@ def _why_ddp_stays(ctx) -> str | None:
     return f"`{excerpt(ctx.code(unreduced), 40)}` steps where no all-reduce can go"
 
 
-def _unfollowed_ddp(ctx) -> str | None:
+def _unfollowed_ddp(ctx: RuleContext) -> str | None:
     """The code that takes a DDP-wrapped model where ACC005 cannot follow it, or None."""
     unfollowed = wrappers_of(ctx).unfollowed
     return next((unfollowed[id(call)] for call, _ in ctx.facts.file.calls

@@ -11,12 +11,13 @@ from __future__ import annotations
 import libcst as cst
 
 from accrewrite.nodes import dotted, walk
-from accrewrite.values import Kind
+from accrewrite.analysis import Facts
+from accrewrite.values import Kind, ScopeValues
 
 _CONCATENATE = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 
 
-def grown_sequence(facts, loop: cst.For | cst.While, values) -> str | None:
+def grown_sequence(facts: Facts, loop: cst.For | cst.While, values: ScopeValues) -> str | None:
     """The name that ``loop`` (in the scope whose ``values`` are given) grows by concatenating
     onto it every iteration, when the loop also calls a model; None for any other loop."""
     grown = None
@@ -34,7 +35,7 @@ def grown_sequence(facts, loop: cst.For | cst.While, values) -> str | None:
     return grown if grown is not None and calls_a_model(loop.body, values) else None
 
 
-def concatenates_itself(facts, target: cst.BaseExpression, call: cst.Call) -> bool:
+def concatenates_itself(facts: Facts, target: cst.BaseExpression, call: cst.Call) -> bool:
     """``idx = torch.cat((idx, idx_next), dim=1)``."""
     if facts.file.qualname(call.func) not in _CONCATENATE or not call.args:
         return False

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import libcst as cst
 
+from accrewrite.analysis import Facts
 from accrewrite.nodes import children, dotted, node_types, walk
 from accrewrite.values import HOST_USE_NODES, read_names, target_names
 
@@ -50,7 +51,7 @@ class HostUses:
     """The first host-side use of a batch element before its move, in a loop over a loader or
     after the ``next()`` calls of an iterator, from the file's analysis (``Facts``)."""
 
-    def __init__(self, facts):
+    def __init__(self, facts: Facts):
         self.facts = facts
         # (function, parameter) -> the function's first host-side use of what it is given there.
         self._in_functions: dict[tuple, HostUse | None] = {}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from accrewrite.analysis import Facts
 from accrewrite.nodes import dotted, walk
 from accrewrite.rules._generation import calls_a_model
 from accrewrite.rules._host_uses import HostUse, HostUses
@@ -108,7 +109,7 @@ class Planner:
     """Builds the plan from the file's analysis (``Facts``): its loops, loader assignments,
     devices and the data-flow values of each function."""
 
-    def __init__(self, facts, move, rebind: bool):
+    def __init__(self, facts: Facts, move, rebind: bool):
         self.facts = facts
         self.is_move = move  # (call, batch names) -> whether it moves a batch to the device
         self.rebind = rebind
@@ -501,7 +502,7 @@ def bind_batch(batch: set[str], target: cst.BaseExpression, value: cst.BaseExpre
         for part, part_value in zip(target.elements, value.elements):
             bind_batch(batch, part.value, part_value.value)
         return
-    names = _bound(target)
+    names = target_names(target)
     if _from_batch(value, batch):
         batch.update(names)
     else:
@@ -518,14 +519,3 @@ def _from_batch(value: cst.BaseExpression, batch: set[str]) -> bool:
     if isinstance(value, (cst.Tuple, cst.List)) and value.elements:
         return all(_from_batch(element.value, batch) for element in value.elements)
     return root(value) in batch
-
-
-def _bound(target: cst.BaseExpression) -> set[str]:
-    """The plain names an assignment target binds (not ``a.b`` or ``a[i]``, which keep ``a``)."""
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return set().union(*(_bound(element.value) for element in target.elements))
-    if isinstance(target, cst.StarredElement):
-        return _bound(target.value)
-    return set()

@@ -14,6 +14,7 @@ import re
 
 import libcst as cst
 
+from accrewrite.analysis import Facts
 from accrewrite.nodes import dotted, walk
 from accrewrite.targets import called_names
 
@@ -41,7 +42,7 @@ _LOGGER_OWNER = re.compile(r"log", re.IGNORECASE)
 LOGGING_WORDS = frozenset(_LOG_FUNCTIONS | _LOG_LEVELS | _WRITER_METHODS | _PROGRESS_METHODS)
 
 
-def is_logging_call(facts, call: cst.Call) -> bool:
+def is_logging_call(facts: Facts, call: cst.Call) -> bool:
     """Whether ``call`` logs: print, logging/logger, SummaryWriter, wandb, tqdm, Accelerate's
     ``accelerator.log``, or a known logging helper of the script."""
     func = call.func
@@ -63,7 +64,7 @@ def is_logging_call(facts, call: cst.Call) -> bool:
     return method in ("print", "master_print") and callee == ""
 
 
-def records_only(facts, call: cst.Call) -> bool:
+def records_only(facts: Facts, call: cst.Call) -> bool:
     """A logging call that records (TensorBoard, wandb) or updates a progress bar rather than
     prints a line: where it falls among printed lines does not matter."""
     func = call.func

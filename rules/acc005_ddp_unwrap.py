@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, small_statements
+from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
 from accrewrite.nodes import call_arg, dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import DDP_NAMES, assigned_wrappers, ddp_kept, wrapped_module, wrappers_of, wraps_model
@@ -547,11 +547,11 @@ def _renames_wrapper_keys(ctx, state_dict: cst.BaseExpression) -> bool:
     return type(state_dict) is cst.DictComp and 'module."' in ctx.code(state_dict.key)
 
 
-def _counts_devices(facts, value: cst.BaseExpression) -> bool:
+def _counts_devices(facts: Facts, value: cst.BaseExpression) -> bool:
     return type(value) is cst.Call and facts.file.qualname(value.func) in _DEVICE_COUNTS
 
 
-def _multiplies_by(facts, statement, counts: set[str]) -> bool:
+def _multiplies_by(facts: Facts, statement, counts: set[str]) -> bool:
     """Whether ``statement`` multiplies by the device count (a name assigned it, or the call)."""
     if type(statement) is cst.AugAssign:
         return type(statement.operator) is cst.MultiplyAssign and (

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.rule import Example, Rule
+from accrewrite.rule import Example, Rule, RuleContext
 from accrewrite.toolbox import (
     GRADIENT_READERS, SHARDING, block_reduction, ddp_kept, stepped_optimizer, steps_through_target,
 )
@@ -97,7 +97,7 @@ class GradientAllReduce(Rule):
         ),
     )
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: RuleContext):
         super().__init__(ctx)
         self._reduced_steps: set[cst.CSTNode] = set()
 

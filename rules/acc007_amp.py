@@ -2,7 +2,6 @@ from types import MappingProxyType
 
 import libcst as cst
 
-from accrewrite.analysis import Walker
 from accrewrite.nodes import call_arg, children, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import with_commas
@@ -147,9 +146,7 @@ class Amp(Rule):
             elif local == self.ctx.target.concept(_CONCEPT_OF[name]).expr:
                 self._clashes.add(local)
         if self._generic:
-            calls = _Calls(set(self._generic))
-            calls.walk(ctx.module)
-            for local, found in calls.found.items():
+            for local, found in _calls_of(ctx.module, set(self._generic)).items():
                 keyword = "device_type" if self._generic[local] in _AUTOCAST else "device"
                 if not all(self._on_cuda(call, keyword) for call in found):
                     self._clashes.add(local)
@@ -439,15 +436,16 @@ def _local(alias: cst.ImportAlias) -> str | None:
     return alias.asname.name.value if alias.asname is not None else _name(alias)
 
 
-class _Calls(Walker):
-    """The calls of some bare names in a module."""
+def _calls_of(module: cst.Module, names: set[str]) -> dict[str, list[cst.Call]]:
+    """The calls of some bare names in a module, by name."""
+    found: dict[str, list[cst.Call]] = {name: [] for name in names}
 
-    def __init__(self, names: set[str]) -> None:
-        self.found: dict[str, list[cst.Call]] = {name: [] for name in names}
+    def enter(node):
+        if type(node) is cst.Call and type(node.func) is cst.Name and node.func.value in found:
+            found[node.func.value].append(node)
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Name) and node.func.value in self.found:
-            self.found[node.func.value].append(node)
+    walk(module, enter)
+    return found
 
 
 def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:

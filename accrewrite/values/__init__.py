@@ -3,18 +3,15 @@ loader, or something unknown.
 
 One data-flow analysis per function (and one for module level), owned by the engine and read by
 every rule through ``Facts.values(scope)``. It reads the file through its ``FileFacts``
-(``accrewrite.file_model``), and is split by concern: ``kinds`` (the kinds and what is known of
-libraries), ``names`` (names read and bound), ``options`` (command-line options), ``flow`` (the
-walk of one scope), ``expressions`` (an expression's kind), ``host_reads`` (reads of a tensor on
-the host), ``scope`` (the three as one object), ``calls`` (calls across the file's functions). It is a forward pass over a function's bindings
-(assignments, loop targets, ``with ... as``), repeated until the kinds settle, so a name
-assigned after its first use in a loop is known there too. Its kinds are flow-insensitive: a
-name has one kind in a function, the join of what it is bound to, where a literal initialiser
-(``total = 0``, ``best = 1e9``, ``out = {}``, ``scaler = None``) takes the kind of the other
-bindings (``total += loss`` makes ``total`` a tensor). Where a name is bound follows the paths:
-the statements that every path to a statement bound it in last (``bindings_at``), none where a
-path binds it nowhere (only one arm of an ``if``, a loop's body, a ``try`` body whose handler
-goes on, after a ``del``); ``return``, ``raise``, ``break`` and ``continue`` end their path.
+(``accrewrite.file_model``) and is a forward pass over a function's bindings (assignments, loop
+targets, ``with ... as``), repeated until the kinds settle, so a name assigned after its first
+use in a loop is known there too. Its kinds are flow-insensitive: a name has one kind in a
+function, the join of what it is bound to, where a literal initialiser (``total = 0``, ``best =
+1e9``, ``out = {}``, ``scaler = None``) takes the kind of the other bindings (``total += loss``
+makes ``total`` a tensor). Where a name is bound follows the paths: the statements that every
+path to a statement bound it in last (``bindings_at``), none where a path binds it nowhere (only
+one arm of an ``if``, a loop's body, a ``try`` body whose handler goes on, after a ``del``);
+``return``, ``raise``, ``break`` and ``continue`` end their path.
 
 Kinds come from what PyTorch code is made of, never from names alone where something better is
 known: a batch from a loader, a model's output, ``torch.*`` results and tensor methods are
@@ -23,6 +20,12 @@ tensors; ``.item()``, ``len()``, ``int(...)``, argparse options, loop counters, 
 returns what its ``return`` statements give, and its parameters hold what its callers in the file
 pass (an annotation wins). What cannot be known is ``UNKNOWN``, and rules report only what is known:
 a diagnostic on a Python number is worse than none.
+
+One module per concern: ``kinds`` (the kinds, and what is known of torch, Python and host
+libraries), ``names`` (the names an expression reads or binds), ``options`` (command-line
+options), ``flow`` (the walk of one scope's statements), ``expressions`` (an expression's kind
+where it is), ``host_reads`` (what reads a tensor's value on the host), ``scope`` (those three as
+the one object rules ask), ``calls`` (calls across the file's functions, and each scope's values).
 """
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accrewrite.nodes import children, descendants, dotted
+from accrewrite.nodes import descendants, dotted, walk
 from accrewrite.values.flow import DEFINED_CODE
 from accrewrite.values.kinds import (
     HOST, HOST_ARRAY_CALLS, META_ATTRS, METRIC_LOADERS, METRIC_READS, NOT_ITS_VALUES, NUMBER_MODULES, SYNC_BUILTINS,
@@ -96,23 +96,29 @@ class HostReads:
         through what is known of a tensor without them (``x.size(0)``, ``x.shape``, ``len(x)``),
         a number read from it (``x.item()``) or a copy elsewhere (``x.to(device)``, ``x.cpu()``);
         a name that holds a Python value here (a loop counter) reads none."""
-        pending = [node]
-        while pending:
-            child = pending.pop()
+        found = None
+        labels: set[int] = set()  # the attribute names and keywords met: they name nothing read
+
+        def enter(child):
+            nonlocal found
             kind = type(child)
+            if found is not None:
+                return False
             if kind is cst.Name:
-                if child.value in names and self.kind(child) not in HOST:
-                    return child.value
-            elif kind is cst.Attribute:
-                if child.attr.value not in META_ATTRS:
-                    pending.append(child.value)
-            elif kind is cst.Arg:
-                pending.append(child.value)  # not its keyword
-            elif kind is cst.Call and self._not_its_values(child):
-                continue
-            elif kind not in DEFINED_CODE:
-                pending.extend(reversed(children(child)))
-        return None
+                if id(child) not in labels and child.value in names and self.kind(child) not in HOST:
+                    found = child.value
+                return False
+            if kind is cst.Attribute:
+                labels.add(id(child.attr))
+                return child.attr.value not in META_ATTRS
+            if kind is cst.Arg:
+                if child.keyword is not None:
+                    labels.add(id(child.keyword))
+                return True
+            return not (kind is cst.Call and self._not_its_values(child)) and kind not in DEFINED_CODE
+
+        walk(node, enter)
+        return found
 
     def carries(self, node: cst.CSTNode, names) -> bool:
         """Whether ``node`` gives one of ``names``' tensors or one computed from it where it is:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accrewrite.nodes import children, dotted, walk
+from accrewrite.nodes import dotted, walk
 
 
 # Names ----------------------------------------------------------------------------------------
@@ -22,20 +22,22 @@ def read_chains(node: cst.CSTNode) -> set[str]:
 
 def _reads(node: cst.CSTNode, chains: bool) -> set[str]:
     found: set[str] = set()
-    pending = [node]
-    while pending:
-        child = pending.pop()
+    labels: set[int] = set()  # the attribute names and keywords met: they name nothing read
+
+    def enter(child):
         kind = type(child)
         if kind is cst.Name:
-            found.add(child.value)
-        elif kind is cst.Attribute or kind is cst.Arg:
-            if chains and kind is cst.Attribute:
-                chain = dotted(child)
-                if chain:
-                    found.add(chain)
-            pending.append(child.value)  # not the attribute's name, nor the argument's keyword
-        else:
-            pending.extend(children(child))
+            if id(child) not in labels:
+                found.add(child.value)
+        elif kind is cst.Attribute:
+            labels.add(id(child.attr))
+            chain = dotted(child) if chains else None
+            if chain:
+                found.add(chain)
+        elif kind is cst.Arg and child.keyword is not None:
+            labels.add(id(child.keyword))
+
+    walk(node, enter)
     return found
 
 
