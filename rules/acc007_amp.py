@@ -2,8 +2,7 @@ from types import MappingProxyType
 
 import libcst as cst
 
-from accrewrite.analysis import Walker
-from accrewrite.nodes import call_arg, children, dotted, string_value, walk
+from accrewrite.nodes import call_arg, descendants, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import with_commas
 
@@ -147,9 +146,7 @@ class Amp(Rule):
             elif local == self.ctx.target.concept(_CONCEPT_OF[name]).expr:
                 self._clashes.add(local)
         if self._generic:
-            calls = _Calls(set(self._generic))
-            calls.walk(ctx.module)
-            for local, found in calls.found.items():
+            for local, found in _calls_of(ctx.module, set(self._generic)).items():
                 keyword = "device_type" if self._generic[local] in _AUTOCAST else "device"
                 if not all(self._on_cuda(call, keyword) for call in found):
                     self._clashes.add(local)
@@ -439,37 +436,34 @@ def _local(alias: cst.ImportAlias) -> str | None:
     return alias.asname.name.value if alias.asname is not None else _name(alias)
 
 
-class _Calls(Walker):
+def _calls_of(module: cst.Module, names: set[str]) -> dict[str, list[cst.Call]]:
     """The calls of some bare names in a module."""
-
-    def __init__(self, names: set[str]) -> None:
-        self.found: dict[str, list[cst.Call]] = {name: [] for name in names}
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Name) and node.func.value in self.found:
-            self.found[node.func.value].append(node)
+    found: dict[str, list[cst.Call]] = {name: [] for name in names}
+    for node in descendants(module):
+        if type(node) is cst.Call and type(node.func) is cst.Name and node.func.value in found:
+            found[node.func.value].append(node)
+    return found
 
 
 def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:
     """Which of ``names`` the module uses other than by calling them (``return autocast``)."""
     if not names:
         return set()
-    callees: set[cst.CSTNode] = set()
+    # Names that are no uses: the functions called, and ``autocast`` of ``x.autocast``.
+    others: set[cst.CSTNode] = set()
     used: list[cst.Name] = []
-    pending: list[cst.CSTNode] = [module]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            continue
-        if isinstance(node, cst.Call):
-            callees.add(node.func)
-        elif isinstance(node, cst.Name) and node.value in names:
+    for node in descendants(module, _IMPORTS):
+        kind = type(node)
+        if kind is cst.Call:
+            others.add(node.func)
+        elif kind is cst.Attribute:
+            others.add(node.attr)
+        elif kind is cst.Name and node.value in names:
             used.append(node)
-        elif isinstance(node, cst.Attribute):
-            pending.append(node.value)  # ``x.autocast`` is another name
-            continue
-        pending.extend(children(node))
-    return {name.value for name in used if name not in callees}
+    return {name.value for name in used if name not in others}
+
+
+_IMPORTS = frozenset({cst.Import, cst.ImportFrom})
 
 
 def _only_amp(module: cst.Module, local: str) -> bool:
