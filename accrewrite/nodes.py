@@ -200,9 +200,9 @@ class Replacing(cst.CSTTransformer):
 
 
 def walk(node: cst.CSTNode, enter) -> None:
-    """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
-    rebuilding visit (see ``accrewrite.analysis.Walker``); ``enter`` returning False skips a
-    node's children."""
+    """Call ``enter`` on ``node`` and its descendants in source order, without libcst's visit
+    (shared with its transformers, it rebuilds every node it passes); ``enter`` returning False
+    skips a node's children."""
     stack = [node]
     while stack:
         current = stack.pop()
