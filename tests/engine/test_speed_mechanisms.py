@@ -291,6 +291,31 @@ def test_descendants_are_the_nodes_walk_enters_each_before_those_under_it_and_st
     assert function in pruned and not any(nodes.holds(function, node) for node in pruned if node is not function)
 
 
+def test_rebuilt_rewrites_as_a_libcst_transformer_does_and_keeps_what_it_leaves_unchanged():
+    def leave(original_node, updated_node):
+        if type(updated_node) is cst.Name and updated_node.value == "x":
+            return updated_node.with_changes(value="X")
+        if type(updated_node) is cst.BinaryOperation:
+            return updated_node.left  # its left side as rewritten: the rewrite goes bottom up
+        return updated_node
+
+    class Transformer(cst.CSTTransformer):
+        def on_visit(self, node):
+            return type(node) is not cst.FunctionDef
+
+        def on_leave(self, original_node, updated_node):
+            return leave(original_node, updated_node)
+
+    module = cst.parse_module(ODD)
+    rebuilt = nodes.rebuilt(module, leave, lambda node: type(node) is not cst.FunctionDef)
+    assert rebuilt.code == module.visit(Transformer()).code != module.code
+    assert "t = -~X  # a comment" in rebuilt.code
+    kept = [new for old, new in zip(module.body, rebuilt.body) if new is old]
+    assert [type(statement) for statement in kept] == [cst.With, cst.Match, cst.SimpleStatementLine]
+    function = next(node for node in nodes.descendants(module) if type(node) is cst.FunctionDef)
+    assert nodes.holds(rebuilt, function)  # not entered: the very node
+
+
 @pytest.mark.parametrize("literal", [
     "'cuda'", '"cuda:0"', "u'x'", "U'x'", r"r'a\nb'", r"R'a\'b'", r"'a\nb'", r"'\x41'", "'''a\r\nb'''",
     "r'''a\r\nb'''", '"""a\nb"""', "''", r"'\N{DIGIT ONE}'", "b'x'", "rb'x'", "'a' 'b'", "'a' u'b'",
