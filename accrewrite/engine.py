@@ -159,6 +159,7 @@ def _syntax(code: bytes, path: str) -> ast.Module:
     return compile(code, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
 
 
+@limits.on_deep_stack
 def _checked(source: bytes, tree: ast.Module, output: bytes, path: str, options: Options,
              selection: Selection, fixes: list[Finding]) -> bool:
     """The rewrite compiles where the source did (``_verify``), reads no name unbound that the
@@ -236,11 +237,11 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
             return result
         tree = limits.check(source, path)
         selection = options.selection()
-        migrated = limits.deep_stack(_migrate, source, options, selection)
+        migrated = _migrate(source, options, selection)
         if migrated is not None:
             output, ctx = migrated
             if output != source:
-                checked = limits.deep_stack(_checked, source, tree, output, path, options, selection, ctx.fixes)
+                checked = _checked(source, tree, output, path, options, selection, ctx.fixes)
                 result.drops_ddp_alone = checked
             result.output = output
             result.fixes, result.diagnostics, result.withheld = ctx.fixes, ctx.diagnostics, ctx.withheld
@@ -263,6 +264,7 @@ def _runs_on(rule: type[Rule], target: Target) -> bool:
     return rule.parallel or target.has(*rule.concepts)
 
 
+@limits.on_deep_stack
 def _migrate(original: bytes, options: Options, selection: Selection) -> tuple[bytes, RuleContext] | None:
     """The migrated bytes and the rules' findings, or None when no rule applies."""
     with remembering_children():

@@ -19,6 +19,7 @@ both), restored after each call; the thread is kept while calls keep coming.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import queue
 import sys
@@ -100,10 +101,21 @@ def _depth(tree: ast.AST, depth: int = 1, line: int = 0, bounded: bool = True) -
     return deepest, where
 
 
-def deep_stack(function, *args):
-    """``function(*args)`` on a thread whose stack and recursion limit fit MAX_DEPTH. The thread
-    is kept while calls keep coming (it ends after ``_IDLE_SECONDS`` without one): libcst's
-    native parser sets itself up anew on each thread it runs on, half a millisecond a file."""
+def on_deep_stack(function):
+    """``function``, made to run on a thread whose stack and recursion limit fit MAX_DEPTH (a
+    decorator: its callers call it directly)."""
+
+    @functools.wraps(function)
+    def on_the_thread(*args):
+        return _call_on_the_thread(function, args)
+
+    return on_the_thread
+
+
+def _call_on_the_thread(function, args: tuple):
+    """``function(*args)`` on the deep-stack thread. The thread is kept while calls keep coming
+    (it ends after ``_IDLE_SECONDS`` without one): libcst's native parser sets itself up anew on
+    each thread it runs on, half a millisecond a file."""
     global _inbox
     if threading.current_thread().name == _THREAD_NAME:
         return function(*args)  # already there (a call made from one): waiting for itself would hang

@@ -1,5 +1,6 @@
 """Small helpers over libcst nodes that the analysis and the rules share: dotted names, string
-values, call arguments, and a fast read-only listing of a node's children with the walks over it."""
+values, call arguments, a fast listing of a node's children, and the walks over it: read-only
+(``walk``, ``descendants``) and rewriting (``rebuilt``)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ NODE_TYPES = node_types(cst.CSTNode)
 STATEMENT_TYPES = node_types(cst.SimpleStatementLine, cst.BaseCompoundStatement)
 
 
+# A libcst visitor, not a walk: it learns the order in which libcst's visit reads the fields.
 class _FieldOrder(cst.CSTVisitor):
     """The fields that libcst visits, in the order it visits them: source order, which a
     class's dataclass fields do not keep (``FunctionDef`` lists its decorators after its body)."""
@@ -175,6 +177,7 @@ def remembering_children():
         _memo = outer
 
 
+# A libcst transformer, not a walk: the rebuilding of one node is libcst's own.
 class Replacing(cst.CSTTransformer):
     """Rebuilds one node with some of its children replaced: libcst's own rebuilding (removals,
     flattening, the checks on what may be removed), entering no child."""
@@ -197,10 +200,10 @@ class Replacing(cst.CSTTransformer):
 
 
 def walk(node: cst.CSTNode, enter, leave=None) -> None:
-    """Call ``enter`` on ``node`` and its descendants in source order, without libcst's
-    rebuilding visit (which rebuilds every node, and enters whitespace and punctuation);
-    ``enter`` returning False skips a node's children. ``leave``, where given, is called on each
-    node after the nodes under it."""
+    """Call ``enter`` on ``node`` and its descendants in source order, without libcst's visit
+    (shared with its transformers, it rebuilds every node it passes); ``enter`` returning False
+    skips a node's children. ``leave``, where given, is called on each node after the nodes
+    under it."""
     stack = [node]
     while stack:
         current = stack.pop()
@@ -230,6 +233,25 @@ def descendants(node: cst.CSTNode, prune: frozenset[type] = frozenset()):
         yield current
         if type(current) not in prune:
             stack.extend(children(current))
+
+
+def rebuilt(node: cst.CSTNode, leave, enter=None):
+    """``node`` rewritten from the bottom up, as a libcst transformer's visit rewrites it:
+    ``enter(node)`` first (False: its children stay as they are), then ``leave(original,
+    updated)`` gives what stands for the node, ``updated`` being it with its children so
+    rewritten. A node none of whose children changed is kept rather than copied. Whitespace,
+    parentheses and punctuation are neither entered nor left (``children``)."""
+    updated = node
+    if enter is None or enter(node) is not False:
+        changed = None
+        for child in children(node):
+            new = rebuilt(child, leave, enter)
+            if new is not child:
+                changed = changed or {}
+                changed[child] = new
+        if changed:
+            updated = node._visit_and_replace_children(Replacing(changed))
+    return leave(node, updated)
 
 
 def holds(tree: cst.CSTNode, wanted) -> bool:

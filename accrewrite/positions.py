@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
-from accrewrite.nodes import STATEMENT_TYPES, Replacing, children, node_types
+from accrewrite.nodes import STATEMENT_TYPES, node_types, rebuilt
 
 
 class _Nothing:
@@ -123,19 +123,16 @@ _HOLDERS = node_types(cst.BaseCompoundStatement, cst.IndentedBlock, cst.Else, cs
 def _reprinted(statement: cst.CSTNode, printed: Printed) -> cst.CSTNode:
     """``statement`` to print: the whole print's tokens where it was kept, else the statement
     with the statements kept inside it so (the nodes around them rebuilt)."""
-    span = printed.spans.get(id(statement))
-    if span is not None:
-        return _Kept(statement, printed.tokens, *span)
-    if type(statement) not in _HOLDERS:
-        return statement
-    replaced = {}
-    blocks = type(statement) is cst.IndentedBlock
-    for child in children(statement):
-        if blocks or type(child) in _HOLDERS:  # a block's statements; an elif's ``If`` is no block's
-            new = _reprinted(child, printed)
-            if new is not child:
-                replaced[child] = new
-    return statement._visit_and_replace_children(Replacing(replaced)) if replaced else statement
+    spans = printed.spans
+
+    def enter(node):
+        return type(node) in _HOLDERS and id(node) not in spans
+
+    def leave(original_node, updated_node):
+        span = spans.get(id(original_node))
+        return updated_node if span is None else _Kept(original_node, printed.tokens, *span)
+
+    return rebuilt(statement, leave, enter)
 
 
 @dataclass(frozen=True)

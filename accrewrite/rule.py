@@ -139,6 +139,7 @@ def excerpt(code: str, width: int = 40) -> str:
     return code if len(code) <= width else code[: width - 3] + "..."
 
 
+# A libcst visitor, not a walk: comments lie in the whitespace, which ``nodes.children`` leaves out.
 class _Comments(cst.CSTVisitor):
     """The comments of a module (a string that reads "# noqa" is not one)."""
 

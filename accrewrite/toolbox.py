@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
-from accrewrite.nodes import STATEMENT_TYPES, call_arg, children, dotted, string_value, walk
+from accrewrite.nodes import STATEMENT_TYPES, call_arg, dotted, node_types, string_value, walk
 from accrewrite.reduction import named_like_optimizer
 from accrewrite.rule import RuleContext, excerpt
 from accrewrite.targets import called_names, spelled_callees
@@ -556,13 +556,15 @@ def _reduced_steps(facts: Facts, module: cst.Module) -> set[int]:
         if facts.triggers is not None else -1
     loops = {id(loop.node) for loop in facts.loops}
     reduced: set[int] = set()
-    pending = [(module, False)]
-    while pending:
-        node, in_training = pending.pop()
+    training: list[cst.CSTNode] = []
+
+    def enter(node, in_training=False):
         kind = type(node)
-        if kind in STATEMENT_TYPES and not facts.concerned(node) & bit:
-            continue
-        in_training = in_training or id(node) in loops or kind is cst.FunctionDef and node in facts.step_functions
+        if kind in _EXPRESSION_TYPES or kind in STATEMENT_TYPES and not facts.concerned(node) & bit:
+            return False
+        if not in_training and (id(node) in loops or kind is cst.FunctionDef and node in facts.step_functions):
+            training.append(node)  # walked below, as training code
+            return False
         if kind is cst.Module or kind is cst.IndentedBlock:
             planned = block_reduction(facts, node.body, in_training)
             if planned is not None:
@@ -573,6 +575,13 @@ def _reduced_steps(facts: Facts, module: cst.Module) -> set[int]:
                 if (call is not None and type(call.func) is cst.Attribute and steps_through_target(call)
                         and stepped_optimizer(facts, call, in_training) is not None):
                     reduced.add(id(call))
-            continue
-        pending.extend((child, in_training) for child in children(node) if not isinstance(child, cst.BaseExpression))
+            return False
+        return True
+
+    walk(module, enter)
+    for node in training:
+        walk(node, lambda child: enter(child, in_training=True))
     return reduced
+
+
+_EXPRESSION_TYPES = node_types(cst.BaseExpression)

@@ -82,6 +82,7 @@ class RuleBug(RuntimeError):
     """A rule changed code without recording a fix: it could not be reported or guarded."""
 
 
+# A libcst transformer: its visit is the rewrite where a rule visits what ``children`` leaves out.
 class BatchedTransformer(cst.CSTTransformer):
     def __init__(
         self, ctx: RuleContext, rules: list[Rule], withheld: frozenset[type[Rule]], guard: Guard | None = None

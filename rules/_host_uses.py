@@ -180,22 +180,33 @@ class _Follow:
     def innermost(self, node: cst.CSTNode, names: set[str], taken: dict[str, str]) -> HostUse | None:
         """The first host-side use in ``node``, the innermost of those inside one another
         (``y.numpy()`` in ``counts += np.bincount(y.numpy())``): it says best what to change."""
-        found = None
+        found, at = self.first_use(node, names, taken)
+        while at is not None:
+            inner, at = self.first_use(at, names, taken, below=True)
+            if inner is not None:
+                found = inner
+        return found
+
+    def first_use(self, node: cst.CSTNode, names: set[str], taken: dict[str, str],
+                  below: bool = False) -> tuple[HostUse | None, cst.CSTNode | None]:
+        """The first host-side use in ``node`` (``below``: under it) and the node it is at."""
+        found = at = None
 
         def enter(child):
-            nonlocal found
+            nonlocal found, at
             kind = type(child)
             if found is not None or kind in _DEFINED:
                 return False
+            if below and child is node:
+                return True
             if kind in _COMPREHENSIONS:
                 self.take(child, names, taken)
             found = self.use_at(child, names)
-            if found is not None:
-                found = next(filter(None, (self.innermost(c, names, taken) for c in children(child))), found)
+            at = child if found is not None else None
             return found is None
 
         walk(node, enter)
-        return found
+        return found, at
 
     def use_at(self, node: cst.CSTNode, names: set[str]) -> HostUse | None:
         """``node``'s own host-side use of the names, or that of the file's function it calls."""

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from accrewrite.nodes import call_arg, descendants, dotted
+from accrewrite.nodes import call_arg, descendants, dotted, rebuilt
 from accrewrite.positions import starts
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import grown_sequence
@@ -430,7 +430,7 @@ class DeviceLoader(Rule):
         loader, device = wrap
         wrapped = self.ctx.expr("device_loader", loader=loader, device=self._device(device))
         self.ctx.fix(original_node, f"the loop over {loader} reads from the target's device loader")
-        return updated_node.with_changes(iter=_Replace(loader, wrapped).visit_expr(updated_node.iter))
+        return updated_node.with_changes(iter=_replaced(updated_node.iter, loader, wrapped))
 
     # Per-batch moves --------------------------------------------------------------------------
 
@@ -464,7 +464,7 @@ class DeviceLoader(Rule):
         if not isinstance(statement, cst.Assign) or len(statement.targets) != 1 or not _calls_a_move(statement.value):
             return updated_node
         strip = _StripMoves(self, batch)
-        stripped = strip.visit_expr(statement.value)
+        stripped = strip.stripped(statement.value)
         if stripped.deep_equals(statement.value):
             return updated_node
         kept = ", keeping its conversion" if strip.converts else ""
@@ -557,27 +557,25 @@ def _is_false(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "False"
 
 
-class _StripMoves(cst.CSTTransformer):
+class _StripMoves:
     """Replaces each move of a batch value by what it does besides moving (``_without_move``):
     the value itself, or its conversion (in a comprehension over the batch, of its elements
     too). ``converts``: whether a conversion stays."""
 
     def __init__(self, rule: DeviceLoader, batch: set[str]):
-        super().__init__()
         self.rule = rule
         self.batch = set(batch)
         self.converts = False
 
-    def visit_expr(self, node):
-        return node.visit(self)
+    def stripped(self, value: cst.BaseExpression) -> cst.BaseExpression:
+        return rebuilt(value, self._leave, self._enter)
 
-    def on_visit(self, node):
+    def _enter(self, node):
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
             bind_comprehension(self.batch, node)
-        return super().on_visit(node)
 
-    def leave_Call(self, original_node, updated_node):
-        if not self.rule._is_move(original_node, self.batch):
+    def _leave(self, original_node, updated_node):
+        if type(original_node) is not cst.Call or not self.rule._is_move(original_node, self.batch):
             return updated_node
         remains = _without_move(updated_node)
         if remains is None:
@@ -586,20 +584,14 @@ class _StripMoves(cst.CSTTransformer):
         return remains
 
 
-class _Replace(cst.CSTTransformer):
-    def __init__(self, name: str, replacement: cst.BaseExpression):
-        super().__init__()
-        self.name = name
-        self.replacement = replacement
+def _replaced(value: cst.BaseExpression, name: str, replacement: cst.BaseExpression) -> cst.BaseExpression:
+    """``value`` with each ``name`` (a name or a dotted one) in it replaced by ``replacement``."""
 
-    def visit_expr(self, node):
-        return node.visit(self)
+    def leave(original_node, updated_node):
+        named = type(original_node) in (cst.Name, cst.Attribute) and dotted(original_node) == name
+        return replacement if named else updated_node
 
-    def leave_Name(self, original_node, updated_node):
-        return self.replacement if original_node.value == self.name else updated_node
-
-    def leave_Attribute(self, original_node, updated_node):
-        return self.replacement if dotted(original_node) == self.name else updated_node
+    return rebuilt(value, leave)
 
 
 def _rebinds_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bool:

@@ -2,7 +2,7 @@ from types import MappingProxyType
 
 import libcst as cst
 
-from accrewrite.nodes import call_arg, children, dotted, string_value, walk
+from accrewrite.nodes import call_arg, descendants, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import with_commas
 
@@ -132,10 +132,10 @@ class Amp(Rule):
         self._clashes: set[str] = set()
         self._called: set[cst.CSTNode] = set()  # callees seen, to tell names passed around
         self._uncalled = _uncalled_names(ctx.module, {
-            local for local, qualified in ctx.facts.file.imports.items()
+            local for local, qualified in ctx.facts.imports.items()
             if qualified.rpartition(".")[0] in _CUDA_AMP_MODULES
         })
-        for local, qualified in ctx.facts.file.imports.items():
+        for local, qualified in ctx.facts.imports.items():
             module, _, name = qualified.rpartition(".")
             if name not in _CONCEPT_OF or self._bare(name) is None:
                 continue
@@ -182,7 +182,7 @@ class Amp(Rule):
         if not name.isidentifier() or name in self._repointed or name in self._generic:
             return False
         line = self._bare(name) if name in _CONCEPT_OF else None
-        bound = self.ctx.facts.file.imports.get(name)
+        bound = self.ctx.facts.imports.get(name)
         if bound is None or line is None:
             return False
         module = line[len("from "):line.index(" import ")]
@@ -209,7 +209,7 @@ class Amp(Rule):
             return self._drop_amp_module(original_node, updated_node, node)
         generic = module_name not in _CUDA_AMP_MODULES
         if generic and not any(
-            self.ctx.facts.file.imports.get(_local(alias)) == f"{module_name}.{_name(alias)}" and _local(alias) in self._generic
+            self.ctx.facts.imports.get(_local(alias)) == f"{module_name}.{_name(alias)}" and _local(alias) in self._generic
             for alias in node.names
         ):
             return updated_node
@@ -274,7 +274,7 @@ class Amp(Rule):
         amp else nullcontext``): the target's callable where it has one by name."""
         if original_node in self._called:
             return updated_node
-        callee = self.ctx.facts.file.qualname(original_node)
+        callee = self.ctx.facts.qualname(original_node)
         concept = "autocast" if callee in _CUDA_AUTOCAST else "grad_scaler" if callee in _CUDA_SCALER else None
         if concept is None:
             return updated_node
@@ -291,7 +291,7 @@ class Amp(Rule):
         return self._callee(concept)
 
     def leave_Call(self, original_node, updated_node):
-        callee = self.ctx.facts.file.qualname(original_node.func)
+        callee = self.ctx.facts.qualname(original_node.func)
         if callee is None:
             return updated_node
         local = original_node.func.value if isinstance(original_node.func, cst.Name) else None
@@ -437,14 +437,11 @@ def _local(alias: cst.ImportAlias) -> str | None:
 
 
 def _calls_of(module: cst.Module, names: set[str]) -> dict[str, list[cst.Call]]:
-    """The calls of some bare names in a module, by name."""
+    """The calls of some bare names in a module."""
     found: dict[str, list[cst.Call]] = {name: [] for name in names}
-
-    def enter(node):
+    for node in descendants(module):
         if type(node) is cst.Call and type(node.func) is cst.Name and node.func.value in found:
             found[node.func.value].append(node)
-
-    walk(module, enter)
     return found
 
 
@@ -452,22 +449,21 @@ def _uncalled_names(module: cst.Module, names: set[str]) -> set[str]:
     """Which of ``names`` the module uses other than by calling them (``return autocast``)."""
     if not names:
         return set()
-    callees: set[cst.CSTNode] = set()
+    # Names that are no uses: the functions called, and ``autocast`` of ``x.autocast``.
+    others: set[cst.CSTNode] = set()
     used: list[cst.Name] = []
-    pending: list[cst.CSTNode] = [module]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
-            continue
-        if isinstance(node, cst.Call):
-            callees.add(node.func)
-        elif isinstance(node, cst.Name) and node.value in names:
+    for node in descendants(module, _IMPORTS):
+        kind = type(node)
+        if kind is cst.Call:
+            others.add(node.func)
+        elif kind is cst.Attribute:
+            others.add(node.attr)
+        elif kind is cst.Name and node.value in names:
             used.append(node)
-        elif isinstance(node, cst.Attribute):
-            pending.append(node.value)  # ``x.autocast`` is another name
-            continue
-        pending.extend(children(node))
-    return {name.value for name in used if name not in callees}
+    return {name.value for name in used if name not in others}
+
+
+_IMPORTS = frozenset({cst.Import, cst.ImportFrom})
 
 
 def _only_amp(module: cst.Module, local: str) -> bool:

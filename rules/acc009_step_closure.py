@@ -2,7 +2,7 @@ from functools import cached_property
 
 import libcst as cst
 
-from accrewrite.nodes import children, dotted, walk
+from accrewrite.nodes import children, dotted, rebuilt, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._training_code import (
     BUILTIN_NAMES,
@@ -397,7 +397,7 @@ class StepClosure(LoopDiagnostic, Rule):
         if plain and all(self._eager(arg.value, tensors, bound) for arg in call.args) and len(updated.args) == len(call.args):
             return self.ctx.code(updated.func), [arg.value for arg in updated.args]
         extract = _Extract(self, tensors, bound, updated, origins)
-        body = updated.visit(extract)
+        body = extract.extracted(updated)
         params = ", ".join(extract.params)
         head = f"lambda {params}" if params else "lambda"
         read = _read_through_methods(body)
@@ -420,13 +420,12 @@ class StepClosure(LoopDiagnostic, Rule):
         )
 
 
-class _Extract(cst.CSTTransformer):
+class _Extract:
     """Replaces the values a logging call reads by the closure's parameters. The call walked is
     the updated one; what is a value is asked of the original node each node stands for
     (`origins`), or of the node itself where another rule made it."""
 
     def __init__(self, rule: StepClosure, tensors, bound: set[str], call: cst.Call, origins: dict):
-        super().__init__()
         self.rule = rule
         self.tensors = tensors
         self.bound = bound
@@ -441,7 +440,10 @@ class _Extract(cst.CSTTransformer):
         self._parts: set[cst.CSTNode] = set()
         self._taken = read_names(call) | bound
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
+    def extracted(self, call: cst.Call) -> cst.Call:
+        return rebuilt(call, self._leave, self._enter)
+
+    def _enter(self, node: cst.CSTNode) -> bool:
         if node in self._kept:
             return False
         if isinstance(node, cst.Attribute):
@@ -472,7 +474,7 @@ class _Extract(cst.CSTTransformer):
         node = self.origins.get(node, node)
         return self.rule._eager(node, self.tensors, self.bound) and self.rule._passed(node, self.bound)
 
-    def on_leave(self, original_node, updated_node):
+    def _leave(self, original_node, updated_node):
         name = self._replace.get(original_node)
         if name is not None:
             return cst.Name(name).with_changes(lpar=(), rpar=())
@@ -499,7 +501,7 @@ def _origins(original: cst.CSTNode, updated: cst.CSTNode) -> dict[cst.CSTNode, c
     have the same shape: a subtree that another rule rewrote (``x.cuda()`` -> ``x.to(device)``)
     stands for the original as a whole, and the nodes new inside it for nothing."""
     origins = {}
-    pairs = [(original, updated)]
+    pairs = [(original, updated)]  # two trees in step, which ``walk`` (one tree's) cannot follow
     while pairs:
         before, after = pairs.pop()
         if type(before) is not type(after):

@@ -292,6 +292,31 @@ def test_descendants_are_the_nodes_walk_enters_each_before_those_under_it_and_st
     assert function in pruned and not any(nodes.holds(function, node) for node in pruned if node is not function)
 
 
+def test_rebuilt_rewrites_as_a_libcst_transformer_does_and_keeps_what_it_leaves_unchanged():
+    def leave(original_node, updated_node):
+        if type(updated_node) is cst.Name and updated_node.value == "x":
+            return updated_node.with_changes(value="X")
+        if type(updated_node) is cst.BinaryOperation:
+            return updated_node.left  # its left side as rewritten: the rewrite goes bottom up
+        return updated_node
+
+    class Transformer(cst.CSTTransformer):
+        def on_visit(self, node):
+            return type(node) is not cst.FunctionDef
+
+        def on_leave(self, original_node, updated_node):
+            return leave(original_node, updated_node)
+
+    module = cst.parse_module(ODD)
+    rebuilt = nodes.rebuilt(module, leave, lambda node: type(node) is not cst.FunctionDef)
+    assert rebuilt.code == module.visit(Transformer()).code != module.code
+    assert "t = -~X  # a comment" in rebuilt.code
+    kept = [new for old, new in zip(module.body, rebuilt.body) if new is old]
+    assert [type(statement) for statement in kept] == [cst.With, cst.Match, cst.SimpleStatementLine]
+    function = next(node for node in nodes.descendants(module) if type(node) is cst.FunctionDef)
+    assert nodes.holds(rebuilt, function)  # not entered: the very node
+
+
 @pytest.mark.parametrize("literal", [
     "'cuda'", '"cuda:0"', "u'x'", "U'x'", r"r'a\nb'", r"R'a\'b'", r"'a\nb'", r"'\x41'", "'''a\r\nb'''",
     "r'''a\r\nb'''", '"""a\nb"""', "''", r"'\N{DIGIT ONE}'", "b'x'", "rb'x'", "'a' 'b'", "'a' u'b'",
@@ -329,18 +354,18 @@ def _deep_threads():
 
 def test_deep_calls_share_one_thread_which_ends_when_idle_and_raise_where_called(monkeypatch):
     monkeypatch.setattr(limits, "_IDLE_SECONDS", 0.2)
-    idents = {limits.deep_stack(threading.get_ident) for _ in range(20)}
+    idents = {limits.on_deep_stack(threading.get_ident)() for _ in range(20)}
     assert len(idents) == 1 and threading.get_ident() not in idents
-    assert limits.deep_stack(sys.getrecursionlimit) >= limits._RECURSION_LIMIT > sys.getrecursionlimit()
+    assert limits.on_deep_stack(sys.getrecursionlimit)() >= limits._RECURSION_LIMIT > sys.getrecursionlimit()
     with pytest.raises(ZeroDivisionError):
-        limits.deep_stack(lambda: 1 / 0)
-    assert limits.deep_stack(threading.get_ident) in idents  # an error does not end it
-    assert limits.deep_stack(limits.deep_stack, lambda: 5) == 5  # a call from the thread runs there
+        limits.on_deep_stack(lambda: 1 / 0)()
+    assert limits.on_deep_stack(threading.get_ident)() in idents  # an error does not end it
+    assert limits.on_deep_stack(limits.on_deep_stack(lambda: 5))() == 5  # a call from the thread runs there
     deadline = time.monotonic() + 5
     while _deep_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _deep_threads()
-    assert limits.deep_stack(lambda: 7) == 7  # a new one starts
+    assert limits.on_deep_stack(lambda: 7)() == 7  # a new one starts
 
 
 def test_a_deep_call_keeps_nothing_of_its_arguments_or_error_once_returned():
@@ -352,13 +377,13 @@ def test_a_deep_call_keeps_nothing_of_its_arguments_or_error_once_returned():
     def fails(tree):
         raise ValueError(tree)
 
-    limits.deep_stack(lambda: None)
+    limits.on_deep_stack(lambda: None)()
     gc.collect()
     gc.disable()
     try:
-        limits.deep_stack(len, [Tree()])
+        limits.on_deep_stack(len)([Tree()])
         with pytest.raises(ValueError):
-            limits.deep_stack(fails, Tree())
+            limits.on_deep_stack(fails)(Tree())
         gc.set_debug(gc.DEBUG_SAVEALL)
         gc.collect()
         left = [kind for kind in map(type, gc.garbage) if kind is Tree or kind is ValueError]
@@ -371,11 +396,11 @@ def test_a_deep_call_keeps_nothing_of_its_arguments_or_error_once_returned():
 
 
 def test_a_child_forked_while_the_deep_thread_runs_starts_its_own():
-    limits.deep_stack(lambda: None)
+    limits.on_deep_stack(lambda: None)()
     assert _deep_threads()
     child = os.fork()
     if child == 0:  # the thread is not copied into the child: a call must not wait for it
-        os._exit(0 if limits.deep_stack(lambda: 41) + 1 == 42 else 1)
+        os._exit(0 if limits.on_deep_stack(lambda: 41)() + 1 == 42 else 1)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         done, status = os.waitpid(child, os.WNOHANG)
