@@ -132,10 +132,10 @@ class Amp(Rule):
         self._clashes: set[str] = set()
         self._called: set[cst.CSTNode] = set()  # callees seen, to tell names passed around
         self._uncalled = _uncalled_names(ctx.module, {
-            local for local, qualified in ctx.facts.imports.items()
+            local for local, qualified in ctx.facts.file.imports.items()
             if qualified.rpartition(".")[0] in _CUDA_AMP_MODULES
         })
-        for local, qualified in ctx.facts.imports.items():
+        for local, qualified in ctx.facts.file.imports.items():
             module, _, name = qualified.rpartition(".")
             if name not in _CONCEPT_OF or self._bare(name) is None:
                 continue
@@ -182,7 +182,7 @@ class Amp(Rule):
         if not name.isidentifier() or name in self._repointed or name in self._generic:
             return False
         line = self._bare(name) if name in _CONCEPT_OF else None
-        bound = self.ctx.facts.imports.get(name)
+        bound = self.ctx.facts.file.imports.get(name)
         if bound is None or line is None:
             return False
         module = line[len("from "):line.index(" import ")]
@@ -209,7 +209,7 @@ class Amp(Rule):
             return self._drop_amp_module(original_node, updated_node, node)
         generic = module_name not in _CUDA_AMP_MODULES
         if generic and not any(
-            self.ctx.facts.imports.get(_local(alias)) == f"{module_name}.{_name(alias)}" and _local(alias) in self._generic
+            self.ctx.facts.file.imports.get(_local(alias)) == f"{module_name}.{_name(alias)}" and _local(alias) in self._generic
             for alias in node.names
         ):
             return updated_node
@@ -274,7 +274,7 @@ class Amp(Rule):
         amp else nullcontext``): the target's callable where it has one by name."""
         if original_node in self._called:
             return updated_node
-        callee = self.ctx.facts.qualname(original_node)
+        callee = self.ctx.facts.file.qualname(original_node)
         concept = "autocast" if callee in _CUDA_AUTOCAST else "grad_scaler" if callee in _CUDA_SCALER else None
         if concept is None:
             return updated_node
@@ -291,7 +291,7 @@ class Amp(Rule):
         return self._callee(concept)
 
     def leave_Call(self, original_node, updated_node):
-        callee = self.ctx.facts.qualname(original_node.func)
+        callee = self.ctx.facts.file.qualname(original_node.func)
         if callee is None:
             return updated_node
         local = original_node.func.value if isinstance(original_node.func, cst.Name) else None
