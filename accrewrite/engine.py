@@ -18,7 +18,8 @@ from io import BytesIO
 import libcst as cst
 
 from accrewrite import limits, normalize, parsing, reduction, unbound
-from accrewrite.analysis import Facts, Triggers, analyze
+from accrewrite.analysis import analyze
+from accrewrite.facts import Facts, Triggers
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.guard import Guard
 from accrewrite.imports import add_imports

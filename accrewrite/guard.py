@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.analysis import Facts
+from accrewrite.facts import Facts
 from accrewrite.imports import leading_imports_end, missing
 
 

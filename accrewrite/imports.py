@@ -11,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accrewrite import snippets
-from accrewrite.analysis import Facts
+from accrewrite.facts import Facts
 from accrewrite.nodes import dotted
 from accrewrite.targets import import_bindings
 

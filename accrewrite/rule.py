@@ -19,7 +19,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accrewrite import snippets
-from accrewrite.analysis import Facts
+from accrewrite.facts import Facts
 from accrewrite.positions import Printed, code, starts, starts_and_code
 from accrewrite.targets import Concept, Target, all_targets
 
@@ -210,7 +210,7 @@ class RuleContext:
 
     @property
     def loop(self):
-        """The innermost training loop (``analysis.TrainingLoop``) being walked, else None."""
+        """The innermost training loop (``facts.TrainingLoop``) being walked, else None."""
         return self.loops[-1] if self.loops else None
 
     @property

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
+from accrewrite.analysis import WRAPPER_NAMES, small_statements
+from accrewrite.facts import Facts
 from accrewrite.nodes import STATEMENT_TYPES, call_arg, dotted, node_types, string_value, walk
 from accrewrite.reduction import named_like_optimizer
 from accrewrite.rule import RuleContext, excerpt

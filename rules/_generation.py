@@ -11,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accrewrite.nodes import dotted, walk
-from accrewrite.analysis import Facts
+from accrewrite.facts import Facts
 from accrewrite.values import Kind, ScopeValues
 
 _CONCATENATE = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import libcst as cst
 
-from accrewrite.analysis import Facts
+from accrewrite.facts import Facts
 from accrewrite.nodes import children, dotted, node_types, walk
 from accrewrite.values import HOST_USE_NODES, read_names, target_names
 

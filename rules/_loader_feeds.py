@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.analysis import Facts
+from accrewrite.facts import Facts
 from accrewrite.nodes import dotted, walk
 from accrewrite.rules._generation import calls_a_model
 from accrewrite.rules._host_uses import HostUse, HostUses

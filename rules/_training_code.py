@@ -14,7 +14,7 @@ import re
 
 import libcst as cst
 
-from accrewrite.analysis import Facts
+from accrewrite.facts import Facts
 from accrewrite.nodes import dotted, walk
 from accrewrite.targets import called_names
 

@@ -3,7 +3,8 @@ import sys
 
 import libcst as cst
 
-from accrewrite.analysis import DEVICE_TYPES, WRAPPER_NAMES, placed_model
+from accrewrite.analysis import WRAPPER_NAMES, placed_model
+from accrewrite.facts import DEVICE_TYPES
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import (

@@ -1,6 +1,7 @@
 import libcst as cst
 
-from accrewrite.analysis import WRAPPER_NAMES, Facts, small_statements
+from accrewrite.analysis import WRAPPER_NAMES, small_statements
+from accrewrite.facts import Facts
 from accrewrite.nodes import call_arg, dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import DDP_NAMES, assigned_wrappers, ddp_kept, wrapped_module, wrappers_of, wraps_model

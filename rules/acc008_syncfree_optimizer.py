@@ -2,7 +2,7 @@ from types import MappingProxyType
 
 import libcst as cst
 
-from accrewrite.analysis import SCALER_NAMES
+from accrewrite.facts import SCALER_NAMES
 from accrewrite.nodes import call_arg, dotted
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.toolbox import with_commas

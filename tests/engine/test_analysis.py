@@ -4,7 +4,8 @@ import libcst as cst
 import pytest
 
 from accrewrite import analysis
-from accrewrite.analysis import Triggers, analyze
+from accrewrite.analysis import analyze
+from accrewrite.facts import Triggers
 from accrewrite.nodes import walk
 
 
