@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from accrewrite.discovery import excluded, real
-from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS  # the runtime's table; torch-free
+from accrewrite.base.parallel_kinds import PARALLEL_KINDS  # the runtime's table too; torch-free
 from accrewrite.targets import all_targets, unknown_target
 
 if sys.version_info >= (3, 11):

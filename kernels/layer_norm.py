@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
-from accrewrite.runtime import accelerator
+from accrewrite.base import accelerator
 
 if triton_available():
     import triton

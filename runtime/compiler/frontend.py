@@ -5,7 +5,7 @@ import weakref
 import torch
 from torch import nn
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 from accrewrite.runtime.blocks import repeated_blocks
 from accrewrite.runtime.compiler.backend import Backend, CompileReport
 from accrewrite.runtime.compiler.core.regional import CompiledCalls, batch_norm_blocks, block_names

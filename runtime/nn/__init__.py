@@ -4,7 +4,7 @@ elsewhere; DCN/DCNv2 take torchvision's compiled kernel where it loads. Each nam
 submodule the guide imports it from. ``SyncBatchNorm`` is torch's, on every device the runtime
 trains on."""
 
-from accrewrite.lazy import lazy_attributes
+from accrewrite.base.lazy import lazy_attributes
 
 __all__, __getattr__ = lazy_attributes(__name__, {
     "FusedLayerNorm": "layer_norm:FusedLayerNorm",

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 from accrewrite.runtime.compiler.core import registry, selection
 
 log = logging.getLogger(__name__)
