@@ -8,6 +8,7 @@ function too) and relative imports resolved.
 """
 
 import ast
+import collections
 import pathlib
 
 import pytest
@@ -122,3 +123,10 @@ def test_relative_and_function_level_imports_are_resolved(tmp_path):
         (1, "accrewrite.runtime"), (1, "accrewrite.runtime.accelerator"),
         (4, "accrewrite.runtime.compiler.nn"), (4, "accrewrite.runtime.compiler.nn._impl"),
     ]
+
+
+def test_no_module_name_is_used_by_more_than_two_modules():
+    """A file name says what a module holds: at most two modules share one (the kernel and its
+    nn module, say), so that a name found in a traceback or a search is not a guess."""
+    counts = collections.Counter(path.name for path in modules().values())
+    assert [name for name, count in counts.items() if count > 2 and name != "__init__.py"] == []
