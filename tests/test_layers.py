@@ -47,8 +47,6 @@ def modules() -> dict[str, pathlib.Path]:
     for folder, package in ROOTS.items():
         for path in (REPOSITORY / folder).rglob("*.py"):
             parts = path.relative_to(REPOSITORY / folder).with_suffix("").parts
-            if "fixtures" in parts or "hooks" in parts:  # test inputs, a side's sitecustomize
-                continue
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join((package, *parts))] = path

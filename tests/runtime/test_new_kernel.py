@@ -231,7 +231,7 @@ class WrittenOut(Block):
 
 def _copy_with_the_new_kernel(root: pathlib.Path) -> None:
     """The package as it installs, under ``root``, with Mish added."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "fixtures")
+    ignore = shutil.ignore_patterns("__pycache__")
     for folder, installed in LAYOUT.items():
         shutil.copytree(REPOSITORY / folder, root / installed, ignore=ignore, dirs_exist_ok=True)
     for name, text in NEW_FILES.items():
