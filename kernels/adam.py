@@ -30,9 +30,9 @@ from typing import Optional
 
 import torch
 
-from accrewrite.kernels.dispatch import triton_available, use_triton
-from accrewrite.base import torch_compat as compat
 from accrewrite.base import accelerator
+from accrewrite.base import torch_compat as compat
+from accrewrite.kernels.dispatch import triton_available, use_triton
 
 if triton_available():
     import triton
