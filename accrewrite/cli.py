@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accrewrite import __version__
+from accrewrite.base.parallel_kinds import PARALLEL_KINDS  # the runtime's table too; torch-free
 from accrewrite.choices import FORMATS, ORIGINAL, positive
-from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS  # the runtime's table; torch-free
 from accrewrite.targets import DEFAULT_TARGET, ProfileError, all_targets, unknown_target
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from accrewrite.base.parallel_kinds import PARALLEL_KINDS  # the runtime's table too; torch-free
 from accrewrite.discovery import excluded, real
-from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS  # the runtime's table; torch-free
 from accrewrite.targets import all_targets, unknown_target
 
 if sys.version_info >= (3, 11):

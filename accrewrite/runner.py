@@ -24,7 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from accrewrite import parsing, project
-from accrewrite.atomic_file import is_temporary, remove_orphans, write_atomically
+from accrewrite.base.atomic_file import is_temporary, remove_orphans, write_atomically
 from accrewrite.engine import Options, migrate_source
 from accrewrite.errors import FileError, MigrationError
 from accrewrite.notebook import Notebook, is_notebook

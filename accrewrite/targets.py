@@ -199,8 +199,9 @@ def _parse(data: dict, origin: str) -> Target:
         raise ProfileError(f"{origin}: no name = \"...\": the target's name, as --target takes it")
     if not str(data.get("guard_function", "_")).isidentifier():
         raise ProfileError(f"{origin}: guard_function = {data['guard_function']!r} is not a Python name")
-    imports = _imports(_table(data, "imports", origin), origin)
-    concepts = {name: _concept(name, spec, imports, origin) for name, spec in _table(data, "concepts", origin).items()}
+    specs = _table(data, "concepts", origin)
+    imports = {**_imports(_table(data, "imports", origin), origin), **_written_in_concepts(specs)}
+    concepts = {name: _concept(name, spec, imports, origin) for name, spec in specs.items()}
     capabilities = _capabilities(_table(data, "capabilities", origin), origin)
     _check_complete({*concepts, *capabilities}, origin)
     return Target(
@@ -218,13 +219,24 @@ def _parse(data: dict, origin: str) -> Target:
 def _imports(table: dict, origin: str) -> dict[str, str]:
     """``[imports]``: each line one import statement (``import a.b as c``, ``from a import b``)."""
     for key, line in table.items():
-        try:
-            statement = ast.parse(line).body if isinstance(line, str) else None
-        except SyntaxError:
-            statement = None
-        if not statement or len(statement) != 1 or not isinstance(statement[0], (ast.Import, ast.ImportFrom)):
+        if not _is_one_import(line):
             raise ProfileError(f"{origin}: [imports] {key} = {line!r} is not one import statement")
     return dict(table)
+
+
+def _is_one_import(line) -> bool:
+    try:
+        statement = ast.parse(line).body if isinstance(line, str) else None
+    except SyntaxError:
+        return False
+    return bool(statement) and len(statement) == 1 and isinstance(statement[0], (ast.Import, ast.ImportFrom))
+
+
+def _written_in_concepts(specs: dict) -> dict[str, str]:
+    """The import statements that concepts name in place of an ``[imports]`` key, each its own
+    key: a spelling on one line, ``name = { expr = "...", imports = ["from a import b"] }``."""
+    return {line: line for spec in specs.values() if isinstance(spec, dict)
+            for line in spec.get("imports", ()) if _is_one_import(line)}
 
 
 def _concept(name: str, spec, imports: dict[str, str], origin: str) -> Concept:

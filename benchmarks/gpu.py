@@ -115,7 +115,7 @@ def missing_prerequisites() -> list[str]:
 def machine() -> dict:
     import torch
 
-    from accrewrite.runtime._torch_compat import check_version
+    from accrewrite.base.torch_compat import check_version
 
     triton = importlib.util.find_spec("triton") and importlib.import_module("triton")
     return {

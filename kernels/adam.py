@@ -30,9 +30,9 @@ from typing import Optional
 
 import torch
 
+from accrewrite.base import accelerator
+from accrewrite.base import torch_compat as compat
 from accrewrite.kernels.dispatch import triton_available, use_triton
-from accrewrite.runtime import _torch_compat as compat
-from accrewrite.runtime import accelerator
 
 if triton_available():
     import triton

@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from accrewrite.kernels.compiler_op import CompilerOp, Pattern, left_to_inductor
 from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
 
 if triton_available():
@@ -175,6 +176,79 @@ def _grads(ctx, dout):
 
 
 bias_dropout_add_op.register_autograd(_grads, setup_context=_setup_context)
+
+
+# The op as a compiled graph has it: ``residual + dropout(x + bias, p)``, with a bias and without
+# (a Linear's bias is inside its matmul: most models write residual + dropout(proj(h))), and with
+# the residual on either side of the sum (the matcher does not take the sum as commutative);
+# with its bias first, so that a match is the longest one. The residual is traced without a
+# gradient: its gradient is the incoming one, which the pattern then need not contain, so it
+# matches either way. Inductor draws its dropout mask inside its fused kernel as well, so the
+# cost rule leaves it to inductor, as for a pointwise kernel.
+
+
+def _written(x, residual, p, bias=None):
+    return residual + F.dropout(x if bias is None else x + bias, p, training=True)
+
+
+def _dropout_add_search(residual_first: bool):
+    def search(x, residual, p):
+        dropped = F.dropout(x, p, training=True)
+        return residual + dropped if residual_first else dropped + residual
+
+    return search
+
+
+def _bias_dropout_add_search(residual_first: bool):
+    dropout_add = _dropout_add_search(residual_first)
+
+    def search(x, bias, residual, p):
+        return dropout_add(x + bias, residual, p)
+
+    return search
+
+
+def _dropout_add_inputs(dtype, grad):
+    return [
+        torch.empty(2, 3, 8, dtype=dtype, requires_grad=grad),
+        torch.empty(2, 3, 8, dtype=dtype),
+    ]
+
+
+def _bias_dropout_add_inputs(dtype, grad):
+    x, residual = _dropout_add_inputs(dtype, grad)
+    return [x, torch.empty(8, dtype=dtype, requires_grad=grad), residual]
+
+
+def _compiled_unsupported(args):
+    x, bias, residual = args["x"], args.get("bias"), args["residual"]
+    if residual.shape != x.shape:
+        return f"residual {list(residual.shape)} is broadcast to x {list(x.shape)}"
+    if bias is not None and bias.shape != x.shape[-1:]:
+        return f"bias {list(bias.shape)} is not over x's last dimension only"
+    return None
+
+
+def _compiled(x, residual, p, bias=None):
+    # The graph draws the seed at every call, on x's device (no host sync); the op's backward
+    # draws the same mask again from it.
+    seed = torch.randint(2**31 - 1, (), device=x.device)
+    return bias_dropout_add_op(x, bias, residual, p, seed)
+
+
+COMPILER_OP = CompilerOp(
+    "bias_dropout_add", "x", _written,
+    patterns=tuple(
+        Pattern("bias_dropout_add", search(residual_first), inputs, scalars={"p": 0.113377})
+        for search, inputs in (
+            (_bias_dropout_add_search, _bias_dropout_add_inputs),
+            (_dropout_add_search, _dropout_add_inputs),
+        )
+        for residual_first in (True, False)
+    ),
+    kernel=_compiled, cost=left_to_inductor, unsupported=_compiled_unsupported,
+    default="inductor's code, the mask drawn inside its fused kernel",
+)
 
 
 if triton_available():

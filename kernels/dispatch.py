@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from accrewrite.runtime import accelerator
+from accrewrite.base import accelerator
 
 MODE_ENV = "ACCREWRITE_KERNELS"
 _MODES = ("auto", "reference", "triton")

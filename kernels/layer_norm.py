@@ -25,8 +25,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from accrewrite.base import accelerator
+from accrewrite.kernels.compiler_op import CompilerOp, Cost, Pattern, never
 from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
-from accrewrite.runtime import accelerator
 
 if triton_available():
     import triton
@@ -249,6 +250,43 @@ def _backward_programs(device: torch.device, rows: int) -> int:
     if accelerator.supports_triton(device):
         slots = accelerator.multiprocessor_count(device)
     return max(1, min(rows, slots))
+
+
+# The op as a compiled graph has it (``F.layer_norm`` over the last dimension, with a weight and
+# a bias), which the compiler replaces by the operator where the cost rule says so.
+
+
+def _written(x, weight, bias, eps):
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def _example_inputs(dtype, grad):
+    return [
+        torch.empty(2, 3, 8, dtype=dtype, requires_grad=grad),
+        torch.empty(8, dtype=dtype, requires_grad=grad),
+        torch.empty(8, dtype=dtype, requires_grad=grad),
+    ]
+
+
+_MIN_HIDDEN = 4096
+
+
+def _cost(args) -> Cost:
+    hidden = args["x"].shape[-1]
+    if hidden >= _MIN_HIDDEN:
+        return Cost(0.9, f"hidden size {hidden} >= {_MIN_HIDDEN}")
+    return never(f"hidden size {hidden} < {_MIN_HIDDEN}")
+
+
+def _compiled(x, weight, bias, eps):
+    return layer_norm_op(x, list(x.shape[-1:]), weight, bias, eps)[0]
+
+
+COMPILER_OP = CompilerOp(
+    "layer_norm", "x", _written,
+    patterns=(Pattern("layer_norm", _written, _example_inputs, scalars={"eps": 1e-5}),),
+    kernel=_compiled, cost=_cost,
+)
 
 
 if triton_available():

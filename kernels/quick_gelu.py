@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from accrewrite.kernels.compiler_op import CompilerOp, Pattern, left_to_inductor
 from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
 
 if triton_available():
@@ -93,6 +94,24 @@ def _launch(kernel, x, dy=None):
         else:
             kernel[grid](x, dy.contiguous(), out, n, ALPHA, BLOCK=_BLOCK)
     return out
+
+
+# The op as a compiled graph has it (CLIP's ``x * sigmoid(1.702 * x)``), which the compiler
+# leaves to inductor's fused code unless asked for the operator.
+
+
+def _written(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _example_inputs(dtype, grad):
+    return [torch.empty(2, 3, 8, dtype=dtype, requires_grad=grad)]
+
+
+COMPILER_OP = CompilerOp(
+    "quick_gelu", "x", _written, patterns=(Pattern("quick_gelu", _written, _example_inputs),),
+    kernel=quick_gelu_op, cost=left_to_inductor,
+)
 
 
 if triton_available():

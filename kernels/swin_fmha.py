@@ -22,10 +22,12 @@ accumulated in fp32 inside the kernel. Where the Triton kernel does not run
 calls there run the reference directly.
 """
 
+import functools
 from typing import Optional
 
 import torch
 
+from accrewrite.kernels.compiler_op import CompilerOp, Cost, Pattern, never
 from accrewrite.kernels.dispatch import triton_available, use_triton
 
 if triton_available():  # without triton only the reference path exists
@@ -188,6 +190,97 @@ def _launch(attn, bias, mask, out, lse, grad_probs=None):
         WIDE_FP64=lse.dtype == torch.float64,
     )
     return partial
+
+
+# The op as a compiled graph has it: Swin's WindowAttention from the relative position bias to
+# the softmax, without and with the shifted windows' mask. Swin's own code (and torchvision)
+# writes the image count of the first view as B_ // nW, timm as -1, and either count and the
+# number of windows per image may be symbolic: the masked form matches any sizes of its views and
+# checks their shapes.
+#
+# The kernel holds each row of N scores in registers and sums the relative position bias's
+# gradient over the windows inside its backward, where inductor runs a reduction of its own over
+# the whole gradient: that should pay where many windows (images * windows per image) share the
+# bias and rows are short (Swin's windows have 7x7 to 12x12 tokens).
+
+
+def _search(attn, relative_pos_bias):
+    return torch.softmax(attn + relative_pos_bias.unsqueeze(0), dim=-1)
+
+
+def _masked_search(attn, relative_pos_bias, attn_mask):
+    _, heads, n, _ = attn.shape
+    scores = (attn + relative_pos_bias.unsqueeze(0)).view(-1, attn_mask.shape[0], heads, n, n)
+    scores = scores + attn_mask.unsqueeze(1).unsqueeze(0)
+    return torch.softmax(scores.view(-1, heads, n, n), dim=-1)
+
+
+def _written(attn, relative_pos_bias, attn_mask=None):
+    if attn_mask is None:
+        return _search(attn, relative_pos_bias)
+    return _masked_search(attn, relative_pos_bias, attn_mask)
+
+
+def _masked_views(args):
+    attn, windows_per_image = args["attn"], args["attn_mask"].shape[0]
+    if attn.dim() != 4:
+        return []  # not Swin's scores: no views fit
+    windows, heads, n, _ = attn.shape
+    return [(windows // windows_per_image, windows_per_image, heads, n, n), tuple(attn.shape)]
+
+
+def _example_inputs(dtype, grad):
+    return [
+        torch.empty(4, 2, 5, 5, dtype=dtype, requires_grad=grad),
+        torch.empty(2, 5, 5, dtype=dtype, requires_grad=grad),
+    ]
+
+
+def _masked_example_inputs(dtype, grad):
+    return [*_example_inputs(dtype, grad), torch.empty(2, 5, 5, dtype=dtype)]
+
+
+_MIN_WINDOWS = 512
+_MAX_TOKENS = 256
+
+
+def _cost(args) -> Cost:
+    windows, tokens = args["attn"].shape[0], args["attn"].shape[-1]
+    reason = (
+        f"{windows} windows of {tokens} tokens; the kernel takes >= {_MIN_WINDOWS} "
+        f"windows of <= {_MAX_TOKENS} tokens"
+    )
+    fits = windows >= _MIN_WINDOWS and tokens <= _MAX_TOKENS
+    return Cost(0.9, reason) if fits else never(reason)
+
+
+def _compiled_unsupported(args):
+    attn, bias, mask = args["attn"], args["relative_pos_bias"], args.get("attn_mask")
+    if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        return f"attn {list(attn.shape)} is not (windows, heads, N, N)"
+    if bias.shape != attn.shape[1:]:
+        return f"relative_pos_bias {list(bias.shape)} is not (heads, N, N)"
+    if mask is not None and (mask.dim() != 3 or mask.shape[1:] != attn.shape[2:]):
+        return f"attn_mask {list(mask.shape)} is not (windows per image, N, N)"
+    return None
+
+
+def _compiled(attn, relative_pos_bias, attn_mask=None):
+    # Eager Swin adds in the promoted dtype (under autocast a bf16 attn plus the fp32 bias gives
+    # fp32 probabilities), the kernel in fp32 returning attn's dtype: give it the promoted one.
+    dtypes = [t.dtype for t in (attn, relative_pos_bias, attn_mask) if t is not None]
+    attn = attn.to(functools.reduce(torch.promote_types, dtypes))
+    return swin_fmha_op(attn, relative_pos_bias, attn_mask)[0]
+
+
+COMPILER_OP = CompilerOp(
+    "swin_fmha", "attn", _written,
+    patterns=(
+        Pattern("swin_fmha", _search, _example_inputs),
+        Pattern("swin_fmha", _masked_search, _masked_example_inputs, view_shapes=_masked_views),
+    ),
+    kernel=_compiled, cost=_cost, unsupported=_compiled_unsupported,
+)
 
 
 if triton_available():

@@ -5,7 +5,7 @@ Members load on first use, so ``import accrewrite.runtime.xla_model as xm`` does
 graph compiler or the kernels.
 """
 
-from accrewrite.lazy import lazy_attributes
+from accrewrite.base.lazy import lazy_attributes
 
 from . import _process_exit  # noqa: F401 - first registered exit handler, so it runs last
 

@@ -9,7 +9,7 @@ without side streams) the batch is moved with a plain ``.to(device)``.
 
 import torch
 
-from . import accelerator
+from accrewrite.base import accelerator
 from ._tensor_tree import map_tensors, tensors_in
 
 

@@ -44,8 +44,8 @@ from torch.utils.checkpoint import (
     noop_context_fn,
 )
 
-from . import _torch_compat as compat
-from . import accelerator
+from accrewrite.base import torch_compat as compat
+from accrewrite.base import accelerator
 from .blocks import repeated_blocks
 
 logger = logging.getLogger(__name__)

@@ -24,9 +24,10 @@ from types import MappingProxyType
 import torch
 import torch.distributed as dist
 
-from accrewrite.atomic_file import write_atomically
+from accrewrite.base import accelerator, torch_compat
+from accrewrite.base.atomic_file import write_atomically
 
-from . import _collectives, _torch_compat, accelerator
+from . import _collectives
 from ._closures import STEP_CLOSURES
 from ._tensor_tree import map_tensors
 
@@ -432,7 +433,7 @@ _LOOPBACK = collections.defaultdict(collections.deque)  # channel_id -> values s
 
 
 def _channel_peer(direction, channel_id):
-    store = _torch_compat.default_store()
+    store = torch_compat.default_store()
     use = _CHANNEL_USES[direction, channel_id]
     _CHANNEL_USES[direction, channel_id] += 1
     store.set(f"accrewrite.xm.{direction}/{channel_id}/{use}", str(get_ordinal()))
@@ -572,7 +573,7 @@ def save(data, file_or_path, master_only=True, global_master=False):
     ``master_only`` is False. As in torch_xla, the other processes do not wait: a script that
     reads the file on every process calls ``rendezvous`` first.
 
-    A path is replaced atomically (``accrewrite.atomic_file``): a process loading the checkpoint
+    A path is replaced atomically (``accrewrite.base.atomic_file``): a process loading the checkpoint
     while it is saved reads the previous one or the new one, and a save killed midway leaves
     the previous one. A file object is written directly."""
     if master_only is False or is_master_ordinal(local=not global_master):

@@ -12,7 +12,7 @@ import os
 
 import torch.distributed as dist
 
-from . import accelerator
+from accrewrite.base import accelerator
 from . import xla_model as xm
 
 

@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 from accrewrite.runtime.compiler.core import regional
 from accrewrite.runtime.compiler.core.memory_budget import activation_budget, check_budget
 from accrewrite.runtime.compiler.core.selection_pass import NodeSelectionPass
@@ -110,7 +110,7 @@ def _compile_inner(gm, example_inputs, **kwargs):
 def _check_torch() -> None:
     unsupported = compat.check_version()
     if unsupported:
-        log.warning("%s: its private APIs may have moved (runtime/_torch_compat.py)", unsupported)
+        log.warning("%s: its private APIs may have moved (accrewrite/base/torch_compat.py)", unsupported)
 
 
 @compat.register_backend(name="accrewrite")

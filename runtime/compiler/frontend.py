@@ -5,7 +5,7 @@ import weakref
 import torch
 from torch import nn
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 from accrewrite.runtime.blocks import repeated_blocks
 from accrewrite.runtime.compiler.backend import Backend, CompileReport
 from accrewrite.runtime.compiler.core.regional import CompiledCalls, batch_norm_blocks, block_names
@@ -39,10 +39,10 @@ def compile(
     False compiles the whole graph at once. ``mode`` and ``dynamic`` are ``torch.compile``'s.
     ``memory_budget``: None or a fraction in [0, 1] of the activation memory the compiled
     training graph may keep (see ``core/memory_budget.py``). ``kernels``: how each op the compiler
-    knows (``ops/``) gets its implementation (``core/selection.py``): "auto" by the
-    implementations' cost rules for the device and shape, "autotune" by timing them on the
-    shapes compiled (once per machine and shape), "accrewrite" always by accrewrite's kernels
-    where one takes the op, "inductor" never by them.
+    knows (``ops/``, the kernels' ``COMPILER_OP``) gets its implementation
+    (``core/selection.py``): "auto" by the implementations' cost rules for the device and shape,
+    "autotune" by timing them on the shapes compiled (once per machine and shape), "accrewrite"
+    always by accrewrite's kernels where one takes the op, "inductor" never by them.
 
     An optimizer (``torch.optim.Optimizer``) may be passed instead of a model, right after it is
     built, so that the optimizer step is not left to per-parameter eager loops: Adam, AdamW and

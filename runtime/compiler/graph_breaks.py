@@ -8,7 +8,7 @@ dynamo's explain on the example inputs and reports each break at the user's line
 import dataclasses
 from types import MappingProxyType
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,8 @@ here ``new_xla_process_group`` is a function of its own.)
 
 import torch.distributed as dist
 
-from .. import _torch_compat as compat
-from .. import accelerator
+from accrewrite.base import torch_compat as compat
+from accrewrite.base import accelerator
 from .. import xla_model as xm
 
 

@@ -1,6 +1,6 @@
 """Data reading (TorchAcc's data reading): prefetching, packed datasets, a preprocessing cache."""
 
-from accrewrite.lazy import lazy_attributes
+from accrewrite.base.lazy import lazy_attributes
 
 __all__, __getattr__ = lazy_attributes(__name__, {
     "Prefetcher": "prefetcher:Prefetcher",

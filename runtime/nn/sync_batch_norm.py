@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 
 __all__ = ["SyncBatchNorm"]
 

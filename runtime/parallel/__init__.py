@@ -4,8 +4,6 @@ accelerate API):
 - ``accelerate.py``: ``accelerate(model, dataloader, config)``: checks the config, builds the
   mesh and applies the parts in order.
 - ``config.py``: ``Config``, laid out like TorchAcc 2.x's; ``parallel_config``.
-- ``kinds.py``: the kinds of ``migrate --parallel`` and the sizes each sets (torch-free: the
-  codemod reads it too).
 - ``parallel_dims.py``: ``ParallelDims``: the ``dp``, ``fsdp`` and ``tp`` degrees checked against
   the world, the DeviceMesh and the slices of it that the parts take.
 - ``apply.py``: ``apply_tp``, ``apply_ac``, ``apply_compile``, ``apply_fsdp``, each usable on its
@@ -16,6 +14,7 @@ accelerate API):
 - ``loader.py``: the dataloader split over the data-parallel ranks.
 - ``checkpoint.py``: ``save_checkpoint``/``load_checkpoint``: sharded, resharding, atomic
   checkpoints through torch.distributed.checkpoint, and the full-state export.
-- the torch private names used here are in ``runtime/_torch_compat.py``, with the rest of the
-  runtime's.
+- the kinds of ``migrate --parallel`` and the sizes each sets are ``accrewrite.base.parallel_kinds``
+  (torch-free: the codemod reads them too); the torch private names used here are in
+  ``accrewrite.base.torch_compat``, with the rest of the runtime's.
 """

@@ -49,9 +49,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from accrewrite.atomic_file import write_atomically
+from accrewrite.base.atomic_file import write_atomically
 
-from .._torch_compat import StridedShard, flatten_state_dict
+from accrewrite.base.torch_compat import StridedShard, flatten_state_dict
 
 _EXTRA = "extra.pt"
 _SHOWN = 5  # keys a mismatch names

@@ -17,7 +17,7 @@ and the world (the sizes by ``ParallelDims``), and a mistake is reported with wh
 import os
 from dataclasses import dataclass, field
 
-from .kinds import KINDS, PARALLEL_KINDS
+from accrewrite.base.parallel_kinds import KINDS, PARALLEL_KINDS
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Config:
 
 def parallel_config(kind: str) -> Config:
     """The ``Config`` that ``migrate --parallel KIND`` writes into a DDP script, sized from
-    torchrun's ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` by the table of kinds (``kinds.py``):
+    torchrun's ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` by the table of kinds (``accrewrite.base.parallel_kinds``):
     ``"fsdp"`` shards over every rank; ``"tp"`` splits every block over every rank;
     ``"fsdp,tp"`` splits blocks over the ranks of a machine and shards over the machines."""
     if kind not in PARALLEL_KINDS:

@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
-from .._torch_compat import StridedShard
+from accrewrite.base.torch_compat import StridedShard
 from .mha import SplitQKVMultiheadAttention
 from .tp_plan import (ATTENTION_INPUT_NAMES, COLWISE, COLWISE_FUSED, HEADS, OUT_IN, ROWWISE, derive_plan,
                       projection_layout)

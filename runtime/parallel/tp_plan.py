@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import _torch_compat
+from accrewrite.base import torch_compat
 from .mha import SplitQKVMultiheadAttention
 
 COLWISE, COLWISE_FUSED, ROWWISE, HEADS = "colwise", "colwise_fused", "rowwise", "heads"
@@ -100,7 +100,7 @@ def projection_layout(module: nn.Module) -> str | None:
 
 def _traced_layout(module: nn.Module) -> str | None:
     try:
-        graph = _torch_compat.trace_forward(module, lambda m, default: default)
+        graph = torch_compat.trace_forward(module, lambda m, default: default)
     except Exception:  # a module fx cannot trace is not one we can split
         return None
     for node in graph.nodes:
@@ -123,7 +123,7 @@ def derive_plan(block: nn.Module) -> dict:
     """``{submodule name: style}`` for ``block`` (see the module docstring); raises a
     ``ValueError`` naming the block, the op and the fix where nothing can be split."""
     try:
-        graph = _torch_compat.trace_forward(
+        graph = torch_compat.trace_forward(
             block, lambda m, default: (default and not isinstance(m, (nn.TransformerEncoderLayer,
                                                                       nn.TransformerDecoderLayer)))
             or projection_layout(m) is not None or _is_attention_module(m))

@@ -16,8 +16,8 @@ from functools import partial
 
 import torch
 
-from accrewrite.runtime import _torch_compat as compat
-from accrewrite.runtime import accelerator
+from accrewrite.base import torch_compat as compat
+from accrewrite.base import accelerator
 
 __all__ = ["multi_apply_multi_stream"]
 

@@ -295,7 +295,7 @@ def test_version_imports_neither_libcst_nor_the_rules_and_reads_no_installed_pac
 
 def test_the_codemod_reads_the_runtimes_parallel_kinds_without_torch():
     code = ("import sys, accrewrite.cli, accrewrite.config, accrewrite.engine\n"
-            "from accrewrite.runtime.parallel.kinds import PARALLEL_KINDS\n"
+            "from accrewrite.base.parallel_kinds import PARALLEL_KINDS\n"
             "assert accrewrite.cli.PARALLEL_KINDS is accrewrite.config.PARALLEL_KINDS is PARALLEL_KINDS\n"
             "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torch'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

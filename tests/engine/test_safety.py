@@ -117,7 +117,7 @@ def test_a_failed_write_leaves_the_original(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("accrewrite.atomic_file.os.replace", fail)
+    monkeypatch.setattr("accrewrite.base.atomic_file.os.replace", fail)
     outcome = process(Job(path), Options(), "in-place")
     assert "No space left" in outcome.error.reason
     assert path.read_bytes() == original

@@ -106,6 +106,14 @@ def test_a_profile_is_checked_against_the_catalogue_when_it_loads(data, message)
     assert message in str(raised.value)
 
 
+def test_a_concept_may_name_its_import_line_in_place_of_a_key():
+    line = "from xpu_kernels import synchronize"
+    target = targets._parse(profile(synchronize={"expr": "synchronize()", "imports": [line]}), "xpu.toml")
+    assert target.concept("synchronize").imports == (line,)
+    assert target.import_line(line) == line
+    assert target.imports["torch"] == "import torch"
+
+
 def test_capabilities_and_the_verify_table_load():
     data = {**profile(mark_step={"stmts": ["torch.xpu.synchronize()"]}), "capabilities": {"lazy_execution": True,
                                                                                           "shared_memory": False},

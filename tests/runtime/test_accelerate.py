@@ -367,4 +367,6 @@ def test_the_config_reads_the_kinds_without_the_codemod():
             "print(sorted(name for name in sys.modules if name.startswith('accrewrite.')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = {name.strip("[]',") for name in done.stdout.split()}
-    assert {name for name in loaded if not name.startswith("accrewrite.runtime")} == {"accrewrite.lazy"}
+    assert {name for name in loaded if not name.startswith("accrewrite.runtime")} == {
+        "accrewrite.base", "accrewrite.base.lazy", "accrewrite.base.parallel_kinds",
+    }

@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 import accrewrite.runtime.xla_model as xm
 import accrewrite.runtime.xla_runtime as xr
+from accrewrite.base import torch_compat as compat
 from accrewrite.kernels import dispatch
-from accrewrite.runtime import _torch_compat as compat
 from accrewrite.runtime import accelerator, amp
 from accrewrite.runtime.compiler.core import patterns, registry
 from accrewrite.runtime.distributed import xla_backend

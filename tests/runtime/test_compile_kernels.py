@@ -22,7 +22,7 @@ from accrewrite.kernels.bias_dropout_add import bias_dropout_add_backward_op, bi
 from accrewrite.kernels.layer_norm import layer_norm_backward_op, layer_norm_op
 from accrewrite.kernels.quick_gelu import quick_gelu_backward_op, quick_gelu_op
 from accrewrite.kernels.swin_fmha import swin_fmha_backward_op, swin_fmha_op
-from accrewrite.runtime.compiler.core import triton_kernels as triton_implementations
+from accrewrite.runtime.compiler.cuda import triton_kernels as triton_implementations
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compiles")

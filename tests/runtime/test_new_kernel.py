@@ -1,16 +1,21 @@
-"""A new fused kernel is three new files: the kernel (``kernels/<op>.py``: its torch.library
-operator), its compiler implementation (``runtime/compiler/cuda/<op>.py``) and its rule
-(``rules/accNNN_<op>.py``), plus its spelling in the target profile. Nothing else is edited:
-the compiler's registry and the rule registry find the new modules by themselves.
+"""A new fused kernel is three new files, its kernel (``kernels/<op>.py``: its torch.library
+operator and, beside it, its op as the graph compiler knows it, ``COMPILER_OP``), its nn module
+(``runtime/nn/<op>.py``) and its rule (``rules/accNNN_<op>.py``), plus its spelling in the
+target profile (one line) and its concept's line in the catalogue. Nothing else is edited: the
+compiler's registry, the nn package's exports and the rule registry find the new modules by
+themselves.
 
-The test writes a toy kernel, Mish ``x * tanh(softplus(x))``, as those three files in folders of its
-own, adds the folders to the three packages (as if the files were in the source tree) and
-checks, in a fresh process (the Triton interpreter must be on before triton is imported), that
-the kernel runs eagerly, that a compiled graph calls its operator in place of the code written
-as users write it, and that the migration rewrites ``F.mish`` into a call of it.
+The test copies the package as it installs into a temporary folder, adds a toy kernel there,
+Mish ``x * tanh(softplus(x))``, and checks which files of the copy differ from the source, then,
+in a fresh process that imports the copy (the Triton interpreter must be on before triton is
+imported), that the kernel matches its reference, that the registry and ``runtime.nn`` picked it
+up, and that the migration rewrites ``nn.Mish()`` into the fused module.
 """
 
+import filecmp
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,12 +24,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
+# the source folders as they install (setup.py's mapping)
+LAYOUT = {"accrewrite": "accrewrite", "rules": "accrewrite/rules",
+          "runtime": "accrewrite/runtime", "kernels": "accrewrite/kernels"}
+
 KERNEL = '''
 """Mish, ``x * tanh(softplus(x))``: one Triton kernel each way, computed in float32."""
 
 import torch
 import torch.nn.functional as F
 
+from accrewrite.kernels.compiler_op import CompilerOp, Pattern, left_to_inductor
 from accrewrite.kernels.dispatch import KERNEL_DTYPES, triton_available, use_triton
 
 if triton_available():
@@ -94,6 +105,21 @@ def _launch(x, dy=None):
     return out
 
 
+# The op as YOLOv4's code writes it out, which a compiled graph finds.
+def _written(x):
+    return x * torch.tanh(F.softplus(x))
+
+
+def _example_inputs(dtype, grad):
+    return [torch.empty(2, 3, 8, dtype=dtype, requires_grad=grad)]
+
+
+COMPILER_OP = CompilerOp(
+    "mish", "x", _written, patterns=(Pattern("mish", _written, _example_inputs),),
+    kernel=mish_op, cost=left_to_inductor,
+)
+
+
 if triton_available():
 
     @triton.jit
@@ -118,158 +144,249 @@ if triton_available():
         tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=offs < n)
 '''
 
-COMPILER = '''
-"""mish: the op, written out as YOLOv4's code writes it, and its Triton kernel as the
-implementation "triton"."""
+NN_MODULE = '''
+"""``Mish``: ``nn.Mish`` on the fused kernel."""
 
 import torch
-import torch.nn.functional as F
 
-from accrewrite.kernels.mish import mish_op
-from accrewrite.runtime.compiler.core.patterns import Pattern
-from accrewrite.runtime.compiler.core.registry import Op, inductors_code, register
-from accrewrite.runtime.compiler.core.triton_kernels import left_to_inductor, triton_implementation
+from accrewrite.kernels.mish import mish
+
+__all__ = ["Mish"]
 
 
-def reference(x):
-    return x * torch.tanh(F.softplus(x))
-
-
-def _inputs(dtype, grad):
-    return [torch.empty(2, 3, 8, dtype=dtype, requires_grad=grad)]
-
-
-register(Op("mish", "x", reference, patterns=(Pattern("mish", reference, _inputs),)))
-register(inductors_code("mish"))
-register(triton_implementation("mish", "x", mish_op, left_to_inductor))
+class Mish(torch.nn.Module):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return mish(input)
 '''
 
 RULE = '''
 from accrewrite.rule import Example
-from accrewrite.rules._constructor_swap import ConstructorSwap
+
+from ._constructor_swap import ConstructorSwap
 
 
 class FusedMish(ConstructorSwap):
-    """`F.mish(x)` calls the fused Mish kernel."""
+    """`nn.Mish()` becomes the fused Mish module."""
 
     code = "ACC990"
     name = "fused-mish"
-    summary = "F.mish -> the fused Mish kernel"
-    swaps = {"torch.nn.functional.mish": "mish"}
+    summary = "nn.Mish -> the fused Mish module"
+    swaps = {"torch.nn.Mish": "mish"}
     concepts = ("mish",)
-    triggers = frozenset({"mish"})
+    triggers = frozenset({"Mish"})
     examples = (
         Example(
             before="""
-            import torch.nn.functional as F
+            from torch import nn
 
-            y = F.mish(x)
+            act = nn.Mish()
             """,
             after="""
-            import torch.nn.functional as F
-            from accrewrite.kernels.mish import mish
+            from torch import nn
+            from accrewrite.runtime.nn import Mish
 
-            y = mish(x)
+            act = Mish()
             """,
         ),
     )
 '''
 
-# The kernel's spelling in rules/targets/runtime.toml: an import line and a concept.
-PROFILE_IMPORT = 'mish_kernel = "from accrewrite.kernels.mish import mish"'
-PROFILE_CONCEPT = '[concepts.mish]\nexpr = "mish"\nimports = ["mish_kernel"]\n'
+NEW_FILES = {
+    "accrewrite/kernels/mish.py": KERNEL,
+    "accrewrite/runtime/nn/mish.py": NN_MODULE,
+    "accrewrite/rules/acc990_mish.py": RULE,
+}
+# The edits to existing files: the kernel's spelling in the runtime's profile, one line with
+# its import line, and the concept's line in the catalogue.
+PROFILE = "accrewrite/rules/targets/runtime.toml"
+PROFILE_SLOT = "[concepts]\n"
+PROFILE_LINE = 'mish = { expr = "Mish", imports = ["from accrewrite.runtime.nn import Mish"] }\n'
+CATALOGUE = "accrewrite/concepts.py"
+CATALOGUE_ANCHOR = "_DEFINITIONS = (\n"
+CATALOGUE_LINE = '    Definition("mish", SPELLING, "torch.nn.Mish, fused"),\n'
 
-# A script with Mish both ways: written out (as YOLOv4's code does), which a compiled graph
-# finds, and as F.mish, which the migration rewrites.
+# nn.Mish in a model, which the migration rewrites, and Mish written out (as YOLOv4's code does),
+# which a compiled graph finds
 SCRIPT = '''
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
-class Block(torch.nn.Module):
+class Block(nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = torch.nn.Linear(12, 12)
+        self.fc = nn.Linear(12, 12)
+        self.act = nn.Mish()
 
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class WrittenOut(Block):
     def forward(self, x):
         h = self.fc(x)
         return h * torch.tanh(F.softplus(h))
-
-
-class Head(Block):
-    def forward(self, x):
-        return F.mish(self.fc(x))
 '''
 
 
-@pytest.mark.slow
-def test_a_new_kernel_is_three_files(tmp_path):
-    pytest.importorskip("triton")
-    folders = {}
-    for folder, name, text in (("kernels", "mish.py", KERNEL),
-                               ("compiler_cuda", "mish.py", COMPILER),
-                               ("rules", "acc990_mish.py", RULE)):
-        (tmp_path / folder).mkdir()
-        (tmp_path / folder / name).write_text(textwrap.dedent(text).lstrip())
-        folders[folder] = str(tmp_path / folder)
-    env = dict(os.environ, ACCREWRITE_KERNELS="triton")
+def _copy_with_the_new_kernel(root: pathlib.Path) -> None:
+    """The package as it installs, under ``root``, with Mish added."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    for folder, installed in LAYOUT.items():
+        shutil.copytree(REPOSITORY / folder, root / installed, ignore=ignore, dirs_exist_ok=True)
+    for name, text in NEW_FILES.items():
+        (root / name).write_text(textwrap.dedent(text).lstrip())
+    profile = root / PROFILE
+    profile.write_text(profile.read_text().replace(PROFILE_SLOT, PROFILE_SLOT + PROFILE_LINE))
+    catalogue = root / CATALOGUE
+    catalogue.write_text(catalogue.read_text().replace(CATALOGUE_ANCHOR,
+                                                       CATALOGUE_ANCHOR + CATALOGUE_LINE))
+
+
+def _source(name: str) -> pathlib.Path:
+    """The source file of an installed path, by the innermost folder of the layout it is in."""
+    for folder, installed in sorted(LAYOUT.items(), key=lambda item: -len(item[1])):
+        if name.startswith(installed + "/"):
+            return REPOSITORY / folder / name.removeprefix(installed + "/")
+    raise AssertionError(f"{name} is outside the package")
+
+
+def _changes(root: pathlib.Path) -> tuple[set[str], dict[str, int]]:
+    """The files of the copy that the source does not have, and the edited ones with the number
+    of lines each gained."""
+    created, edited = set(), {}
+    for path in root.rglob("*"):
+        name = path.relative_to(root).as_posix()
+        if not path.is_file() or "__pycache__" in name:
+            continue
+        source = _source(name)
+        if not source.exists():
+            created.add(name)
+        elif not filecmp.cmp(path, source, shallow=False):
+            edited[name] = len(path.read_text().splitlines()) - len(source.read_text().splitlines())
+    return created, edited
+
+
+def _run(root: pathlib.Path, check: str) -> str:
+    env = dict(os.environ, ACCREWRITE_KERNELS="triton", PYTHONPATH=str(root))
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
-    code = (
-        f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
-        f"import test_new_kernel as t; t.check_new_kernel({folders!r})"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
+    code = (f"import sys; sys.path.insert(1, {os.path.dirname(__file__)!r}); "
+            f"import test_new_kernel as t; t.{check}()")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=600, cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["eager", "ok", "compiled", "ok", "migrated", "ok"]
+    return result.stdout
 
 
-def check_new_kernel(folders):
-    """The three checks, in a process whose packages also hold ``folders``."""
-    import tomllib
-    from importlib import resources
+@pytest.fixture
+def package_with_mish(tmp_path):
+    pytest.importorskip("triton")
+    _copy_with_the_new_kernel(tmp_path)
+    return tmp_path
 
-    import accrewrite.kernels
-    import accrewrite.rules
-    import accrewrite.runtime.compiler.cuda
-    from accrewrite import targets
 
-    accrewrite.kernels.__path__.append(folders["kernels"])
-    accrewrite.runtime.compiler.cuda.__path__.append(folders["compiler_cuda"])
-    accrewrite.rules.__path__.append(folders["rules"])
+def test_a_new_kernel_is_three_new_files_and_its_spelling(package_with_mish):
+    created, edited = _changes(package_with_mish)
+    assert created == set(NEW_FILES)
+    assert edited == {PROFILE: 1, CATALOGUE: 1}
+    assert _run(package_with_mish, "check_new_kernel").split() == [
+        "eager", "ok", "registry", "ok", "nn", "ok", "migrated", "ok",
+    ]
+
+
+@pytest.mark.slow
+def test_a_compiled_graph_calls_the_new_kernel(package_with_mish):
+    assert _run(package_with_mish, "check_compiled").split() == ["compiled", "ok"]
+
+
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _reference(x):
+    return x * torch.tanh(torch.nn.functional.softplus(x))
+
+
+def _kernel_only():
+    """The new kernel's module, its reference made to fail: every check below runs the kernel."""
+    import accrewrite
+
+    assert pathlib.Path(accrewrite.__file__).parent == pathlib.Path.cwd() / "accrewrite"
     from accrewrite.kernels import mish as kernel
 
     def must_not_run(*args):
         raise AssertionError("the reference ran instead of the Triton kernel")
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    kernel.mish_reference = must_not_run  # every check below runs the kernel
+    kernel.mish_reference = must_not_run
+    return kernel
 
-    def reference(x):
-        return x * torch.tanh(torch.nn.functional.softplus(x))
 
-    # eagerly
+def check_new_kernel():
+    """In a process that imports the copy: the kernel, the registry, runtime.nn, the migration."""
+    kernel = _kernel_only()
+    device = _device()
+
     x = torch.randn(3, 1025, device=device, requires_grad=True)
     x2 = x.detach().clone().requires_grad_()
     out = kernel.mish(x)
-    torch.testing.assert_close(out, reference(x2))
+    torch.testing.assert_close(out, _reference(x2))
     out.square().sum().backward()
-    reference(x2).square().sum().backward()
+    _reference(x2).square().sum().backward()
     torch.testing.assert_close(x.grad, x2.grad)
     print("eager ok")
 
-    # under torch.compile: the compiler's registry found the implementation by itself
+    from accrewrite.runtime.compiler.core import registry
+
+    assert [p.search for p in registry.ops()["mish"].patterns] == [kernel._written]
+    assert [i.name for i in registry.implementations("mish")] == ["inductor", "triton"]
+    triton = registry.implementations("mish")[1]
+    torch.testing.assert_close(triton.kernel(x.detach()), _reference(x.detach()))
+    assert kernel.__file__ in registry.source_files()  # part of inductor's cache key
+    print("registry ok")
+
+    import accrewrite.runtime.nn
+
+    assert "Mish" in accrewrite.runtime.nn.__all__
+    from accrewrite.runtime.nn import Mish
+
+    torch.testing.assert_close(Mish()(x.detach()), torch.nn.Mish()(x.detach()))
+    print("nn ok")
+
+    from accrewrite.engine import Options, migrate_source
+    from accrewrite.registry import find_rule
+
+    (example,) = find_rule("fused-mish").examples
+    options = Options(select=("ACC990",))
+    assert migrate_source(example.before.encode(), options=options).output.decode() == example.after
+    migrated = migrate_source(SCRIPT.encode(), "block.py", options).output.decode()
+    assert "from accrewrite.runtime.nn import Mish" in migrated
+    assert "self.act = Mish()" in migrated
+    original, namespace = {}, {}
+    exec(SCRIPT, original)
+    exec(migrated, namespace)
+    before, after = original["Block"]().to(device), namespace["Block"]().to(device)
+    after.load_state_dict(before.state_dict())
+    inputs = torch.randn(5, 12, device=device)
+    torch.testing.assert_close(after(inputs), before(inputs))
+    print("migrated ok")
+
+
+def check_compiled():
+    """In a process that imports the copy: a compiled graph calls the kernel's operator where
+    the model writes Mish out."""
+    _kernel_only()
     from torch._inductor.utils import run_and_get_code
 
     from accrewrite.runtime.compiler.backend import Backend
 
+    device = _device()
     torch._inductor.config.force_disable_caches = True  # the pass runs, whatever ran before
     namespace = {}
     exec(SCRIPT, namespace)
     torch.manual_seed(0)
-    eager = namespace["Block"]().to(device)
+    eager = namespace["WrittenOut"]().to(device)
     backend = Backend(kernels="accrewrite")
     compiled = torch.compile(eager, backend=backend)
     x = torch.randn(5, 12, device=device, requires_grad=True)
@@ -289,31 +406,3 @@ def check_new_kernel(folders):
     for op in ("mish", "mish_backward"):
         assert f"torch.ops.accrewrite.{op}.default" in "".join(codes)
     print("compiled ok")
-
-    # by the migration: the rule registry found the rule by itself; the profile has the
-    # kernel's spelling (the lines a new kernel adds to rules/targets/runtime.toml) and the
-    # catalogue its concept (the line it adds to accrewrite/concepts.py)
-    from accrewrite.concepts import CATALOGUE, SPELLING, Definition
-    from accrewrite.engine import Options, migrate_source
-
-    CATALOGUE["mish"] = Definition("mish", SPELLING, "torch.nn.functional.mish, fused")
-
-    profile = resources.files("accrewrite.rules").joinpath("targets/runtime.toml").read_text()
-    profile = profile.replace("[imports]\n", f"[imports]\n{PROFILE_IMPORT}\n") + PROFILE_CONCEPT
-    runtime = targets._parse(tomllib.loads(profile), "runtime.toml")
-    targets.all_targets()["runtime"] = runtime
-    from accrewrite.registry import find_rule
-
-    (example,) = find_rule("fused-mish").examples
-    options = Options(select=("ACC990",))
-    assert migrate_source(example.before.encode(), options=options).output.decode() == example.after
-    result = migrate_source(SCRIPT.encode(), "block.py", options)
-    migrated = result.output.decode()
-    assert "from accrewrite.kernels.mish import mish" in migrated
-    assert "return mish(self.fc(x))" in migrated
-    namespace = {}
-    exec(migrated, namespace)
-    head = namespace["Head"]().to(device)
-    head.load_state_dict(eager.state_dict())
-    torch.testing.assert_close(head(x), eager(x))
-    print("migrated ok")

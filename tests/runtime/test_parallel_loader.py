@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 import accrewrite.runtime.parallel_loader as pl
 import accrewrite.runtime.xla_model as xm
-from accrewrite.runtime import accelerator
+from accrewrite.base import accelerator
 
 import _forked
 

@@ -6,7 +6,7 @@ from functools import partial
 import pytest
 import torch
 
-from accrewrite.runtime import accelerator
+from accrewrite.base import accelerator
 from accrewrite.runtime.utils import multi_apply_multi_stream
 from accrewrite.runtime.utils.misc import multi_apply_multi_stream as from_misc
 

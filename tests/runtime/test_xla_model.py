@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import accrewrite.runtime.xla_model as xm
-from accrewrite.runtime import accelerator
+from accrewrite.base import accelerator
 
 import _forked
 

@@ -21,8 +21,8 @@ import types
 
 import torch
 
-from accrewrite.runtime import _torch_compat as compat
-from accrewrite.runtime import accelerator
+from accrewrite.base import torch_compat as compat
+from accrewrite.base import accelerator
 
 ENV = "ACCREWRITE_AUTOTUNE_CACHE"
 _RUNS = 7

@@ -11,7 +11,7 @@ trades compute for a larger batch.
 
 import contextlib
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 
 
 def check_budget(budget) -> float | None:

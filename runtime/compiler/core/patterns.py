@@ -1,5 +1,6 @@
-"""The kernel-selection pass on the joint graph: finds the ops that have patterns (``ops/``) and
-lets the selector (``selection.py``) choose each match's implementation.
+"""The kernel-selection pass on the joint graph: finds the ops that have patterns (``ops/``, and
+the kernels' declared ``COMPILER_OP``) and lets the selector (``selection.py``) choose each
+match's implementation.
 
 AOTAutograd's joint (forward + backward) graph is searched with the pattern set of its device:
 the patterns of the ops that have an implementation replacing the graph's code there. A match
@@ -18,35 +19,15 @@ import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Callable
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
+from accrewrite.kernels.compiler_op import Pattern
 from accrewrite.runtime.compiler.core import registry, selection
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Pattern:
-    """A subgraph that is the op ``op``: ``search`` written as users write it, traced with the
-    example tensors ``inputs(dtype, requires_grad)`` and the example values ``scalars`` of its
-    scalar arguments (values that occur nowhere else in the trace, which is how the matcher tells
-    the argument from a constant). Its arguments, by name, are the op's.
-
-    The matcher re-traces a pattern at each match's shapes and compares the sizes given to its
-    views, which it cannot do where a size comes from a second symbolic dimension (it binds only
-    the first as a graph input). A pattern with ``view_shapes`` leaves its views' sizes
-    uncompared instead; ``view_shapes(args)`` gives the shapes the matched views must have, in
-    graph order."""
-
-    op: str
-    search: Callable
-    inputs: Callable
-    scalars: dict = dataclasses.field(default_factory=dict)
-    view_shapes: Callable | None = None
 
 
 @dataclasses.dataclass

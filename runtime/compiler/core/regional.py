@@ -35,7 +35,7 @@ from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 from torch.utils.flop_counter import FlopCounterMode
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 
 
 def call_module(module: nn.Module, *args, **kwargs):

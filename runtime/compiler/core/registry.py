@@ -1,25 +1,27 @@
 """The registry of kernel implementations, RAF's operator dialects: for each op, every
 implementation that can run it, each with the devices, dtypes and shapes it takes and a cost rule.
 
-An op (``ops/<op>.py``) says how the compiler finds it in a graph (patterns written as users
-write the op, or the aten nodes it is) and which implementation leaves the graph as it is
-(inductor's generated code, or the ATen kernel that inductor calls). Every other implementation
-(``cpu/``, ``cuda/``) brings a kernel that replaces it. Modules register with ``register`` when
-they are imported; ``load`` imports every module of the packages in ``_PACKAGES``, so a new
-implementation is one new module there. The selector (``selection.py``) chooses among them and
-the compile report lists each choice.
+An op says how the compiler finds it in a graph (patterns written as users write the op, or
+the aten nodes it is) and which implementation leaves the graph as it is (inductor's generated
+code, or the ATen kernel that inductor calls). Every other implementation brings a kernel that
+replaces it. Modules register with ``register`` when they are imported; ``load`` imports every
+module of the packages in ``_PACKAGES``: ``ops/`` (the ops that are not accrewrite's kernels),
+``cpu/``, and ``cuda/``, whose ``triton_kernels.py`` registers the op that each module of
+``accrewrite.kernels`` declares (``COMPILER_OP``), so that a new kernel is its own module only.
+The selector (``selection.py``) chooses among them and the compile report lists each choice.
 """
 
 import dataclasses
 import functools
 import importlib
-import math
 import pathlib
 import pkgutil
 import sys
 from collections.abc import Callable
 
 import torch
+
+from accrewrite.kernels.compiler_op import Cost, never  # noqa: F401 - the cost rules' vocabulary
 
 # the packages whose modules register ops and implementations
 _PACKAGES = ("ops", "cpu", "cuda")
@@ -31,16 +33,6 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 EVERY_DEVICE = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Cost:
-    """A cost rule's estimate: the implementation's time relative to the op's default
-    implementation's (1.0), and why. ``math.inf``: the rule never picks it (not measured where
-    it would pay, or known to be slower); kernels="accrewrite" or "autotune" still may."""
-
-    relative: float
-    reason: str
-
-
 def same_cost(reason: str) -> Callable[[dict], Cost]:
     """The cost rule of an op's default implementation."""
     return lambda args: Cost(1.0, reason)
@@ -50,10 +42,6 @@ def inductors_code(op: str, reason="inductor's code, fused with its neighbours")
     """The default implementation of an op whose code inductor generates on every device."""
     return Implementation(op, "inductor", EVERY_DEVICE, FLOATS, same_cost(reason),
                           generated=True)
-
-
-def never(reason: str) -> Cost:
-    return Cost(math.inf, reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +106,12 @@ _IMPLEMENTATIONS: dict[str, list[Implementation]] = {}
 _FILES: set[str] = set()  # the modules that registered
 
 
-def register(entry: Op | Implementation) -> None:
-    """Register an op or an implementation; called by the module that defines it, on import."""
+def register(entry: Op | Implementation, source: str | None = None) -> None:
+    """Register an op or an implementation; called on import by the module that defines it, or
+    that registers it for ``source``, the file that declares it (both are part of the cache key)."""
     _FILES.add(sys._getframe(1).f_code.co_filename)
+    if source is not None:
+        _FILES.add(source)
     if isinstance(entry, Op):
         _OPS[entry.name] = entry
     else:
@@ -134,6 +125,10 @@ def load() -> None:
         module = importlib.import_module(f"{_COMPILER}.{package}")
         for info in pkgutil.iter_modules(module.__path__):
             importlib.import_module(f"{_COMPILER}.{package}.{info.name}")
+    # the passes try the ops in name order, whichever module registered them
+    ordered = sorted(_OPS.items())
+    _OPS.clear()
+    _OPS.update(ordered)
 
 
 def ops() -> dict[str, Op]:

@@ -10,7 +10,7 @@ alone and not listed.
 
 import torch
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 from accrewrite.runtime.compiler.core import registry, selection
 
 

@@ -26,7 +26,7 @@ import logging
 import re
 from concurrent.futures import Future
 
-from accrewrite.runtime import _torch_compat as compat
+from accrewrite.base import torch_compat as compat
 
 log = logging.getLogger(__name__)
 

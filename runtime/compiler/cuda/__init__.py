@@ -1,11 +1,7 @@
-"""Implementations for CUDA: one module per Triton kernel of ``accrewrite.kernels``
-(``layer_norm.py``, ``quick_gelu.py``, ``bias_dropout_add.py``, ``swin_fmha.py``) and causal
-attention (``attention.py``).
+"""Implementations for CUDA: accrewrite's Triton kernels (``triton_kernels.py``, which registers
+the op each module of ``accrewrite.kernels`` declares) and causal attention (``attention.py``).
 
-A new kernel's compiler side is one new module here, which the registry imports by itself: it
-calls ``register(core.triton_kernels.triton_implementation(op, input, kernel, cost rule))``,
-where ``kernel`` calls the kernel's ``torch.library`` operator (the one eager code calls), for
-an op of ``ops/``; a kernel for an op that the compiler does not know yet registers that ``Op``
-(its patterns) and its default ``inductors_code`` in the same module. The selector weighs it
-against the op's other implementations, the compile report names it where chosen, and
-inductor's cache key covers the module."""
+A new kernel's compiler side is its ``COMPILER_OP`` declaration
+(``accrewrite.kernels.compiler_op``), in its own module: the registry finds it by itself. The selector weighs the kernel against the
+op's other implementations, the compile report names it where chosen, and inductor's cache key
+covers the kernel's module."""

@@ -1,5 +1,7 @@
-"""How one of accrewrite's Triton kernels (``accrewrite.kernels``) becomes the implementation
-"triton" of an op: ``triton_implementation``, called by the kernel's own module in ``cuda/``.
+"""accrewrite's Triton kernels (``accrewrite.kernels``) as implementations: each kernel module
+that declares a ``COMPILER_OP`` (``accrewrite.kernels.compiler_op``) registers, on import of
+this module, that op with its patterns, inductor's code as its default and the kernel as its
+implementation "triton" (``triton_implementation``).
 
 The kernel is its ``torch.library`` operator, the one that eager code calls too. Off CUDA the
 operator runs the kernel's PyTorch reference, so the cost rules never pick it there;
@@ -9,10 +11,16 @@ target GPU: an operator is opaque to inductor, so it only pays where the hand-wr
 beats inductor's code by more than the fusion it prevents.
 """
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 
+import accrewrite.kernels
+from accrewrite.kernels.compiler_op import CompilerOp
 from accrewrite.kernels.dispatch import triton_available
-from accrewrite.runtime.compiler.core.registry import FLOATS, Cost, Implementation, never
+from accrewrite.runtime.compiler.core.registry import (
+    FLOATS, Cost, Implementation, Op, inductors_code, never, register,
+)
 
 
 def triton_implementation(
@@ -42,6 +50,21 @@ def triton_implementation(
                           unsupported=why_not, ours=True)
 
 
-def left_to_inductor(args) -> Cost:
-    """The cost rule of a pointwise kernel."""
-    return never("pointwise: inductor fuses it into the neighbouring kernels")
+def declared_ops() -> list[tuple[CompilerOp, str]]:
+    """Each op that a module of ``accrewrite.kernels`` declares, with the module's file."""
+    found = []
+    for info in pkgutil.iter_modules(accrewrite.kernels.__path__):
+        module = importlib.import_module(f"accrewrite.kernels.{info.name}")
+        if isinstance(getattr(module, "COMPILER_OP", None), CompilerOp):
+            found.append((module.COMPILER_OP, module.__file__))
+    return found
+
+
+def register_declared(op: CompilerOp, source: str) -> None:
+    register(Op(op.name, op.input, op.reference, patterns=op.patterns), source)
+    register(inductors_code(op.name, op.default), source)
+    register(triton_implementation(op.name, op.input, op.kernel, op.cost, op.unsupported), source)
+
+
+for _op, _source in declared_ops():
+    register_declared(_op, _source)

@@ -1,5 +1,5 @@
-"""The torch private names the runtime relies on, in one place, so that a torch upgrade that
-moves them breaks here and nowhere else.
+"""The torch private names the runtime and the kernels rely on, in one place, so that a torch
+upgrade that moves them breaks here and nowhere else.
 
 Supported torch: from ``SUPPORTED[0]`` up to, not including, ``SUPPORTED[1]`` (what the
 compiler's passes and the parallel layouts are tested with); ``check_version`` says why a
