@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                 "explain": lambda: _explain(args, out, err), "verify": lambda: _verify(args, out, err)}
     try:
         return commands[args.command]()
+    except ProfileError as exc:  # a spelling of a rule's own concept, checked once the rules load
+        return _error(err, str(exc))
     except BrokenPipeError:
         # The reader went away (`| head`): not an error of ours. Silence the flush at exit.
         _to_devnull(sys.stdout)

@@ -130,19 +130,9 @@ _DEFINITIONS = (
     Definition("sync_batch_norm", SPELLING,
                "torch.nn.SyncBatchNorm's replacement, synchronized on the target's device: a subclass with the "
                "same constructor and convert_sync_batchnorm"),
-    # Fused kernels and memory (ACC020-ACC025)
-    Definition("fused_layer_norm", SPELLING, "torch.nn.LayerNorm's fused replacement", hook=True),
+    # Fused optimizers and memory (ACC021, ACC025)
     Definition("fused_adam", SPELLING, "torch.optim.Adam's fused replacement", hook=True),
     Definition("fused_adamw", SPELLING, "torch.optim.AdamW's fused replacement", hook=True),
-    Definition("quick_gelu", SPELLING, "torch.nn.GELU's faster approximation (unsafe: numerics change)", hook=True),
-    Definition("dropout_add", EXPRESSION, "residual + dropout(x), fused", ("x", "residual", "p", "training")),
-    Definition("window_process", EXPRESSION, "Swin's shift and window partition, fused",
-               ("x", "shift", "window_size", "target")),
-    Definition("window_process_reverse", EXPRESSION, "Swin's window merge and reverse shift, fused",
-               ("x", "shift", "window_size", "target")),
-    Definition("dcn", EXPRESSION, "dcn_v2's DCN: a modulated deformable convolution with its own offsets"),
-    Definition("dcnv2", EXPRESSION, "dcn_v2's DCNv2: a deformable convolution given offsets and a mask"),
-    Definition("dcn_v2_conv", EXPRESSION, "dcn_v2's functional modulated deformable convolution"),
     Definition("auto_checkpoint", STATEMENTS, "activation checkpointing chosen for a model", ("model",)),
     # migrate --parallel (ACC030, ACC031)
     Definition("parallel_accelerate", EXPRESSION,

@@ -20,11 +20,13 @@ def _code_block(code: str) -> str:
 
 
 def _needs(rule: type[Rule]) -> str:
-    """The concepts a target must have for the rule to run there, as the catalogue says them."""
+    """The concepts a target must have for the rule to run there, as the catalogue or the rule
+    defines them."""
     if not rule.concepts:
         return ""
+    definitions = {**CATALOGUE, **{definition.name: definition for definition in rule.defines}}
     return "*Runs on a target that has " + "; ".join(
-        f"`{name}`: {CATALOGUE[name].meaning}" for name in rule.concepts) + ".*"
+        f"`{name}`: {definitions[name].meaning}" for name in rule.concepts) + ".*"
 
 
 def markdown(rule: type[Rule]) -> str:

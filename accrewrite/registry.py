@@ -14,9 +14,10 @@ import inspect
 import pkgutil
 from dataclasses import dataclass
 
-from accrewrite.concepts import CATALOGUE
+from accrewrite.concepts import CATALOGUE, Definition
 from accrewrite.plugins import entry_points
 from accrewrite.rule import Rule
+from accrewrite.targets import check_defined
 
 ENTRY_POINT_GROUP = "accrewrite.rules"
 
@@ -50,20 +51,41 @@ def all_rules() -> dict[str, type[Rule]]:
     for entry_point in entry_points(group=ENTRY_POINT_GROUP):
         loaded = entry_point.load()
         found += _rules_in(loaded) if inspect.ismodule(loaded) else [loaded]
+    defined = _definitions(found)
     by_code: dict[str, type[Rule]] = {}
     by_name: dict[str, type[Rule]] = {}
     for rule in found:
+        own = {definition.name for definition in rule.defines}
         for concept in rule.concepts:
-            if concept not in CATALOGUE:
-                close = difflib.get_close_matches(concept, list(CATALOGUE), n=1)
+            if concept not in CATALOGUE and concept not in own:
+                close = difflib.get_close_matches(concept, [*CATALOGUE, *own], n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise RuntimeError(f"rule {rule.code} ({rule.__module__}) needs concept {concept!r}, which is not in "
-                                   f"the catalogue (accrewrite/concepts.py){hint}")
+                                   f"the catalogue (accrewrite/concepts.py) or its `defines`{hint}")
         for table, key in ((by_code, rule.code), (by_name, rule.name)):
             clash = table.setdefault(key, rule)
             if clash is not rule:
                 raise RuntimeError(f"rules {clash.__module__} and {rule.__module__} both claim {key!r}")
+    check_defined(defined)  # the profiles' spellings of the rules' own concepts
     return dict(sorted(by_code.items()))
+
+
+def _definitions(rules: list[type[Rule]]) -> dict[str, Definition]:
+    """The concepts the rules define themselves (``Rule.defines``), by name: each one rule's, and
+    none the catalogue's."""
+    defined: dict[str, Definition] = {}
+    owners: dict[str, type[Rule]] = {}
+    for rule in rules:
+        for definition in rule.defines:
+            name = definition.name
+            if name in CATALOGUE:
+                raise RuntimeError(f"rule {rule.code} ({rule.__module__}) defines concept {name!r}, which the "
+                                   "catalogue (accrewrite/concepts.py) defines already")
+            owner = owners.setdefault(name, rule)
+            if owner is not rule:
+                raise RuntimeError(f"rules {owner.__module__} and {rule.__module__} both define concept {name!r}")
+            defined[name] = definition
+    return defined
 
 
 def find_rule(code_or_name: str) -> type[Rule]:

@@ -19,6 +19,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accrewrite import snippets
+from accrewrite.concepts import Definition
 from accrewrite.facts import Facts
 from accrewrite.positions import Printed, code, starts, starts_and_code
 from accrewrite.targets import Concept, Target, all_targets
@@ -68,6 +69,9 @@ class Rule:
     # the rule, which does not run there (selected by its exact code, the command line says so
     # once per run).
     concepts: ClassVar[tuple[str, ...]] = ()
+    # The concepts that only this rule asks for (a fused kernel's spelling), defined beside it
+    # in place of the catalogue (``accrewrite.concepts``); ``concepts`` may name them.
+    defines: ClassVar[tuple[Definition, ...]] = ()
     # The frameworks that manage their own training (``Facts.framework``) whose files the rule
     # migrates: the engine leaves such a file to the diagnostics and to the rules that manage it.
     manages: ClassVar[frozenset[str]] = frozenset()

@@ -4,7 +4,8 @@ Rules decide *where* a change goes and *which concept* it needs ("the device", "
 a target's profile, one TOML file, decides the spelling: a code template and the import lines it
 needs, the capabilities its device has, and what ``accrewrite verify`` needs of it. A concept
 missing from a profile means the target lacks it. Profiles are checked against the catalogue of
-concepts (``accrewrite.concepts``) when they load.
+concepts (``accrewrite.concepts``) when they load, and their spellings of the concepts that only
+a rule defines (a fused kernel's, ``Rule.defines``) once the rules load.
 
 The bundled profiles are ``rules/targets/<name>.toml``. An installed package adds a target
 through the ``accrewrite.targets`` entry-point group: the entry point's name is the target's,
@@ -96,6 +97,16 @@ class Verification:
 
 
 @dataclass(frozen=True)
+class Unchecked:
+    """A profile's spelling of a concept the catalogue lacks, as the profile wrote it: a rule
+    may define the concept (``Rule.defines``), which the rules' registry checks it against."""
+
+    name: str
+    spec: dict
+    origin: str
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     summary: str
@@ -108,6 +119,8 @@ class Target:
     # written for this target. Empty for a target spelled with torch alone.
     package: str = ""
     verify: Verification = field(default_factory=Verification)
+    # The spellings of concepts that only a rule defines, checked once the rules load.
+    unchecked: tuple[Unchecked, ...] = ()
 
     def has(self, *concepts: str) -> bool:
         """Whether the target spells each concept or holds each capability."""
@@ -201,7 +214,7 @@ def _parse(data: dict, origin: str) -> Target:
         raise ProfileError(f"{origin}: guard_function = {data['guard_function']!r} is not a Python name")
     specs = _table(data, "concepts", origin)
     imports = {**_imports(_table(data, "imports", origin), origin), **_written_in_concepts(specs)}
-    concepts = {name: _concept(name, spec, imports, origin) for name, spec in specs.items()}
+    concepts = {name: _concept(name, spec, imports, origin, CATALOGUE.get(name)) for name, spec in specs.items()}
     capabilities = _capabilities(_table(data, "capabilities", origin), origin)
     _check_complete({*concepts, *capabilities}, origin)
     return Target(
@@ -213,6 +226,7 @@ def _parse(data: dict, origin: str) -> Target:
         capabilities=capabilities,
         package=_package(imports.values(), origin),
         verify=_verification(_table(data, "verify", origin), origin),
+        unchecked=tuple(Unchecked(name, spec, origin) for name, spec in specs.items() if name not in CATALOGUE),
     )
 
 
@@ -239,25 +253,24 @@ def _written_in_concepts(specs: dict) -> dict[str, str]:
             for line in spec.get("imports", ()) if _is_one_import(line)}
 
 
-def _concept(name: str, spec, imports: dict[str, str], origin: str) -> Concept:
-    """One ``[concepts.NAME]`` table, checked against the catalogue."""
+def _concept(name: str, spec, imports: dict[str, str], origin: str, definition: Definition | None) -> Concept:
+    """One ``[concepts.NAME]`` table, checked against its definition. Without one (a concept the
+    catalogue lacks, which a rule may define) it is read as a spelling only: ``check_defined``
+    checks it against the rules' definitions once they load."""
     where = f"{origin}: [concepts.{name}]"
-    definition = CATALOGUE.get(name)
-    if definition is None:
-        raise ProfileError(f"{where}: {name!r} is no concept a rule asks for{_closest(name, CATALOGUE)} "
-                           "(the catalogue is accrewrite/concepts.py)")
-    if definition.kind is Kind.CAPABILITY:
+    if definition is not None and definition.kind is Kind.CAPABILITY:
         raise ProfileError(f"{where}: {name!r} is a capability, which has no spelling: list it under "
                            f"[capabilities] as {name} = true")
     if not isinstance(spec, dict):
         raise ProfileError(f"{where}: a table of {', '.join(_SPELLING_KEYS)}, not {spec!r}")
     _unknown_keys(spec, _SPELLING_KEYS, where)
     forms = [key for key in ("expr", "stmts") if key in spec]
-    if len(forms) != 1 or forms[0] not in definition.forms:
-        raise ProfileError(f"{where}: {name!r} is {_article(definition.kind.value)}, spelled with "
-                           f"{' or '.join(definition.forms)} (one of them)")
+    allowed = definition.forms if definition is not None else ("expr", "stmts")
+    if len(forms) != 1 or forms[0] not in allowed:
+        kind = f"{name!r} is {_article(definition.kind.value)}, spelled" if definition is not None else "spelled"
+        raise ProfileError(f"{where}: {kind} with {' or '.join(allowed)} (one of them)")
     for flag in ("keep", "rebind"):
-        if flag in spec and flag not in definition.flags:
+        if flag in spec and definition is not None and flag not in definition.flags:
             raise ProfileError(f"{where}: {flag!r} means nothing for {name!r}")
     for key in spec.get("imports", ()):
         if key not in imports:
@@ -265,7 +278,7 @@ def _concept(name: str, spec, imports: dict[str, str], origin: str) -> Concept:
     texts = [spec["expr"]] if "expr" in spec else spec["stmts"]
     if isinstance(texts, str) or not texts or not all(isinstance(text, str) for text in texts):
         raise ProfileError(f"{where}: {forms[0]} is {'a string' if forms[0] == 'expr' else 'a list of strings'}")
-    for text in texts:
+    for text in texts if definition is not None else ():
         _check_template(text, definition, "eval" if forms[0] == "expr" else "exec", where)
     return Concept(
         name=name,
@@ -316,17 +329,18 @@ def _capabilities(table, origin: str) -> frozenset[str]:
     return frozenset(held)
 
 
-def _check_complete(held: set[str], origin: str) -> None:
+def _check_complete(held: set[str], origin: str, definitions: dict[str, Definition] = CATALOGUE) -> None:
     """Every target has the required concepts, and each concept comes with what the rules that
     use it read unasked."""
-    for name, definition in CATALOGUE.items():
+    meanings = {**CATALOGUE, **definitions}
+    for name, definition in definitions.items():
         if definition.required and name not in held:
             raise ProfileError(f"{origin}: no [concepts.{name}] ({definition.meaning}): every target spells it")
         if name not in held:
             continue
         for needed in definition.needs:
             if needed not in held:
-                raise ProfileError(f"{origin}: {name!r} needs {needed!r} too ({CATALOGUE[needed].meaning}): "
+                raise ProfileError(f"{origin}: {name!r} needs {needed!r} too ({meanings[needed].meaning}): "
                                    f"the rules that use {name!r} write it; add it")
         if definition.needs_one_of and not held & set(definition.needs_one_of):
             raise ProfileError(f"{origin}: {name!r} needs one of {', '.join(map(repr, definition.needs_one_of))} "
@@ -423,6 +437,21 @@ def all_targets() -> dict[str, Target]:
             raise ProfileError(f"{origin} and {origins[target.name]} both define target {target.name!r}")
         targets[target.name], origins[target.name] = target, origin
     return targets
+
+
+def check_defined(definitions: dict[str, Definition]) -> None:
+    """Checks each profile's spellings of concepts that the catalogue lacks against the rules'
+    own definitions (``definitions``, by name), as those of the catalogue's are checked when a
+    profile loads: a name no rule defines is an error, and so is a spelling of the wrong kind."""
+    for target in all_targets().values():
+        for spelled in target.unchecked:
+            definition = definitions.get(spelled.name)
+            if definition is None:
+                raise ProfileError(f"{spelled.origin}: [concepts.{spelled.name}]: {spelled.name!r} is no concept a rule "
+                                   f"asks for{_closest(spelled.name, {**CATALOGUE, **definitions})} (the catalogue is "
+                                   "accrewrite/concepts.py, or a rule's `defines`)")
+            _concept(spelled.name, spelled.spec, target.imports, spelled.origin, definition)
+            _check_complete({*target.concepts, *target.capabilities}, spelled.origin, {spelled.name: definition})
 
 
 def get_target(name: str) -> Target:

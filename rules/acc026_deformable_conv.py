@@ -2,6 +2,7 @@ from types import MappingProxyType
 
 import libcst as cst
 
+from accrewrite.concepts import EXPRESSION, Definition
 from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 from accrewrite.toolbox import with_commas
@@ -51,6 +52,11 @@ class DeformableConv(Rule):
     name = "deformable-conv"
     summary = "from dcn_v2 import DCN, DCNv2 (a compiled CUDA extension) -> the target's DCN/DCNv2"
     triggers = frozenset({"dcn_v2", "DCNv2", "mmcv", "mmdet"})
+    defines = (
+        Definition("dcn", EXPRESSION, "dcn_v2's DCN: a modulated deformable convolution with its own offsets"),
+        Definition("dcnv2", EXPRESSION, "dcn_v2's DCNv2: a deformable convolution given offsets and a mask"),
+        Definition("dcn_v2_conv", EXPRESSION, "dcn_v2's functional modulated deformable convolution"),
+    )
     examples = (
         Example(
             before="""
