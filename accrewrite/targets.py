@@ -447,8 +447,9 @@ def check_defined(definitions: dict[str, Definition]) -> None:
         for spelled in target.unchecked:
             definition = definitions.get(spelled.name)
             if definition is None:
-                raise ProfileError(f"{spelled.origin}: [concepts.{spelled.name}]: {spelled.name!r} is no concept a rule "
-                                   f"asks for{_closest(spelled.name, {**CATALOGUE, **definitions})} (the catalogue is "
+                known = {**CATALOGUE, **definitions}
+                raise ProfileError(f"{spelled.origin}: [concepts.{spelled.name}]: {spelled.name!r} is no concept a "
+                                   f"rule asks for{_closest(spelled.name, known)} (the catalogue is "
                                    "accrewrite/concepts.py, or a rule's `defines`)")
             _concept(spelled.name, spelled.spec, target.imports, spelled.origin, definition)
             _check_complete({*target.concepts, *target.capabilities}, spelled.origin, {spelled.name: definition})

@@ -1,3 +1,4 @@
+from accrewrite.concepts import SPELLING, Definition
 from accrewrite.rule import Example
 
 from ._constructor_swap import ConstructorSwap
@@ -19,6 +20,7 @@ class FusedLayerNorm(ConstructorSwap):
     summary = "nn.LayerNorm -> the target's FusedLayerNorm"
     swaps = {"torch.nn.LayerNorm": "fused_layer_norm", "torch.nn.modules.normalization.LayerNorm": "fused_layer_norm"}
     concepts = ("fused_layer_norm",)
+    defines = (Definition("fused_layer_norm", SPELLING, "torch.nn.LayerNorm's fused replacement", hook=True),)
     triggers = frozenset({"LayerNorm"})
     examples = (
         Example(

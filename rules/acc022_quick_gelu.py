@@ -1,3 +1,4 @@
+from accrewrite.concepts import SPELLING, Definition
 from accrewrite.rule import Example
 
 from ._constructor_swap import ConstructorSwap
@@ -19,6 +20,8 @@ class QuickGelu(ConstructorSwap):
     keeps_arguments = False
     swaps = {"torch.nn.GELU": "quick_gelu"}
     concepts = ("quick_gelu",)
+    defines = (Definition("quick_gelu", SPELLING, "torch.nn.GELU's faster approximation (unsafe: numerics change)",
+                          hook=True),)
     triggers = frozenset({"GELU"})
     examples = (
         Example(

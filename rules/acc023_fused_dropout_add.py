@@ -1,5 +1,6 @@
 import libcst as cst
 
+from accrewrite.concepts import EXPRESSION, Definition
 from accrewrite.nodes import dotted
 from accrewrite.rule import Example, Rule
 
@@ -24,6 +25,9 @@ class FusedDropoutAdd(Rule):
     summary = "residual + dropout(x) -> dropout_add_fused_train (unsafe: another RNG stream)"
     safe = False
     concepts = ("dropout_add",)
+    defines = (
+        Definition("dropout_add", EXPRESSION, "residual + dropout(x), fused", ("x", "residual", "p", "training")),
+    )
     # The names dropout submodules usually have (nanoGPT, Hugging Face, timm, Megatron): a
     # dropout attribute with another name is not looked for, so its addition stays unfused.
     triggers = frozenset(

@@ -1,5 +1,6 @@
 import libcst as cst
 
+from accrewrite.concepts import EXPRESSION, Definition
 from accrewrite.nodes import call_arg, dotted, walk
 from accrewrite.rule import Example, Rule
 
@@ -34,6 +35,12 @@ class SwinWindowProcess(Rule):
     name = "swin-window-process"
     summary = "torch.roll + window_partition (and the reverse) -> WindowProcess(.Reverse).apply"
     concepts = ("window_process", "window_process_reverse")
+    defines = (
+        Definition("window_process", EXPRESSION, "Swin's shift and window partition, fused",
+                   ("x", "shift", "window_size", "target")),
+        Definition("window_process_reverse", EXPRESSION, "Swin's window merge and reverse shift, fused",
+                   ("x", "shift", "window_size", "target")),
+    )
     triggers = frozenset({"roll", "window_partition", "window_reverse"})
     examples = (
         Example(
