@@ -1,5 +1,6 @@
-"""Target profiles: the catalogue of concepts they are checked against, and targets that
-installed packages add through the ``accrewrite.targets`` entry-point group."""
+"""Target profiles: the catalogue of concepts and the rules' own definitions they are checked
+against, and targets that installed packages add through the ``accrewrite.targets`` entry-point
+group."""
 
 import ast
 import os
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from accrewrite import cli, registry, targets
-from accrewrite.concepts import CATALOGUE, Kind
+from accrewrite import cli, explain, registry, targets
+from accrewrite.concepts import CATALOGUE, SPELLING, Definition, Kind
 from accrewrite.engine import Options, migrate_source
 from accrewrite.rule import Rule
 
@@ -42,20 +43,28 @@ def _named_concepts() -> dict[str, set[str]]:
     return found
 
 
-def test_the_catalogue_holds_every_concept_a_rule_reads_and_nothing_else():
-    named = _named_concepts()
+def _definitions() -> dict[str, Definition]:
+    """The catalogue's definitions and the rules' own."""
+    defined = {d.name: d for rule in registry.all_rules().values() for d in rule.defines}
+    return {**CATALOGUE, **defined}
+
+
+def test_the_catalogue_and_the_rules_define_every_concept_a_rule_reads_and_nothing_else():
+    named, known = _named_concepts(), set(_definitions())
     for where, names in named.items():
-        assert names <= set(CATALOGUE), f"{where} reads {sorted(names - set(CATALOGUE))}, not in the catalogue"
+        assert names <= known, f"{where} reads {sorted(names - known)}, defined neither in the catalogue nor by a rule"
     read = set().union(*named.values())
-    assert set(CATALOGUE) - read == set()
+    assert known - read == set()
     assert {"gradient_allreduce", "device_loader", "lazy_execution", "accelerator_available"} <= read
+    assert {"fused_layer_norm", "window_process", "dcn"} <= known - set(CATALOGUE)
 
 
-def test_each_bundled_profile_spells_its_concepts_as_the_catalogue_says():
+def test_each_bundled_profile_spells_its_concepts_as_their_definitions_say():
+    definitions = _definitions()
     for target in targets.all_targets().values():
         for name, concept in target.concepts.items():
-            assert ("expr" if concept.expr is not None else "stmts") in CATALOGUE[name].forms
-        assert all(CATALOGUE[name].kind is Kind.CAPABILITY for name in target.capabilities)
+            assert ("expr" if concept.expr is not None else "stmts") in definitions[name].forms
+        assert all(definitions[name].kind is Kind.CAPABILITY for name in target.capabilities)
     assert targets.get_target("torch_xla").has("lazy_execution", "device")
     assert not targets.get_target("runtime").has("lazy_execution")
 
@@ -68,8 +77,6 @@ def profile(**concepts):
 
 
 @pytest.mark.parametrize("data, message", [
-    (profile(devcie={"expr": "1"}), "xpu.toml: [concepts.devcie]: 'devcie' is no concept a rule asks for; did you "
-                                    "mean 'device'?"),
     (profile(lazy_execution={"expr": "True"}), "'lazy_execution' is a capability, which has no spelling: list it "
                                                 "under [capabilities] as lazy_execution = true"),
     (profile(seed={"expr": "torch.xpu.manual_seed({seed})"}), "[concepts.seed]: 'seed' is statements, spelled with "
@@ -104,6 +111,12 @@ def test_a_profile_is_checked_against_the_catalogue_when_it_loads(data, message)
     with pytest.raises(targets.ProfileError) as raised:
         targets._parse(data, "xpu.toml")
     assert message in str(raised.value)
+
+
+def test_a_concept_the_catalogue_lacks_is_kept_unchecked_until_the_rules_load():
+    target = targets._parse(profile(mish={"expr": "Mish", "imports": ["torch"]}), "xpu.toml")
+    assert target.concept("mish").expr == "Mish"
+    assert target.unchecked == (targets.Unchecked("mish", {"expr": "Mish", "imports": ["torch"]}, "xpu.toml"),)
 
 
 def test_a_concept_may_name_its_import_line_in_place_of_a_key():
@@ -142,7 +155,7 @@ def installed(monkeypatch):
         found.append(EntryPoint(name, package.__name__, package))
 
     monkeypatch.setattr(targets, "entry_points", lambda group: found if group == targets.ENTRY_POINT_GROUP else [])
-    caches = (targets.all_targets, targets.spelled_callees, targets.called_names)
+    caches = (targets.all_targets, targets.spelled_callees, targets.called_names, registry.all_rules)
     for cache in caches:
         cache.cache_clear()
     yield install
@@ -215,10 +228,83 @@ def test_a_rule_that_needs_an_uncatalogued_concept_is_refused(monkeypatch):
     registry.all_rules.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="rule XYZ002 .* needs concept 'devcie', which is not in the catalogue "
-                                               r"\(accrewrite/concepts.py\); did you mean 'device'\?"):
+                                               r"\(accrewrite/concepts.py\) or its `defines`; did you mean 'device'\?"):
             registry.all_rules()
     finally:
         registry.all_rules.cache_clear()
+
+
+class Mish(Rule):
+    code, name, summary, concepts = "XYZ003", "mish", "demo", ("mish",)
+    defines = (Definition("mish", SPELLING, "torch.nn.Mish, fused"),)
+
+
+@pytest.fixture
+def rules(monkeypatch):
+    """Adds rules as entry points would (``rules(Rule, ...)``), for this test."""
+    added = []
+    monkeypatch.setattr(registry, "entry_points", lambda group: [EntryPoint(r.name, "x", r) for r in added]
+                        if group == registry.ENTRY_POINT_GROUP else [])
+    registry.all_rules.cache_clear()
+    yield added.extend
+    registry.all_rules.cache_clear()
+
+
+def installed_spelling(installed, tmp_path, monkeypatch, **spellings):
+    """Installs the target `xpu` with ``spellings`` (concept -> TOML table) added to its profile."""
+    xpu = (XPU / "acc_xpu" / "xpu.toml").read_text()
+    added = "".join(f"\n[concepts.{name}]\n{table}\n" for name, table in spellings.items())
+    name = f"acc_{tmp_path.name}"  # a package of its own: each test's profile, not the one imported first
+    installed("xpu", package(tmp_path, monkeypatch, name, xpu=xpu + added))
+    return name
+
+
+def test_a_rule_defines_its_own_concept_which_a_profile_spells(installed, rules, tmp_path, monkeypatch):
+    installed_spelling(installed, tmp_path, monkeypatch, mish='expr = "torch.nn.Mish"\nimports = ["torch"]')
+    rules([Mish])
+    assert registry.all_rules()["XYZ003"] is Mish
+    assert Mish.supported_targets() == ["xpu"]
+    assert "`mish`: torch.nn.Mish, fused" in explain.markdown(Mish)
+
+
+def test_a_profile_naming_a_concept_no_rule_defines_fails_once_the_rules_load(installed, rules, tmp_path,
+                                                                               monkeypatch, capsys):
+    name = installed_spelling(installed, tmp_path, monkeypatch, mihs='expr = "torch.nn.Mish"\nimports = ["torch"]')
+    rules([Mish])
+    assert "mihs" in targets.get_target("xpu").concepts  # loaded without the rules
+    assert cli.main(["migrate", "-", "--target", "xpu"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"error: {tmp_path / name / 'xpu.toml'} (accrewrite.targets entry point 'xpu' = "
+            f"'{name}'): [concepts.mihs]: 'mihs' is no concept a rule asks for; did you mean 'mish'? (the "
+            "catalogue is accrewrite/concepts.py, or a rule's `defines`)") in err
+
+
+def test_a_rule_defined_concept_spelled_with_the_wrong_form_fails(installed, rules, tmp_path, monkeypatch):
+    installed_spelling(installed, tmp_path, monkeypatch, mish='stmts = ["torch.nn.Mish"]\nimports = ["torch"]')
+    rules([Mish])
+    with pytest.raises(targets.ProfileError, match=r"\[concepts.mish\]: 'mish' is a spelling, spelled with expr"):
+        registry.all_rules()
+
+
+def test_two_rules_defining_one_concept_are_refused(rules):
+    class OtherMish(Rule):
+        code, name, summary = "XYZ004", "other-mish", "demo"
+        defines = (Definition("mish", SPELLING, "torch.nn.Mish, another"),)
+
+    rules([Mish, OtherMish])
+    with pytest.raises(RuntimeError, match=f"rules {__name__} and {__name__} both define concept 'mish'"):
+        registry.all_rules()
+
+
+def test_a_rule_defining_a_catalogue_concept_is_refused(rules):
+    class Device(Rule):
+        code, name, summary, concepts = "XYZ005", "device", "demo", ("device",)
+        defines = (Definition("device", SPELLING, "the device, again"),)
+
+    rules([Device])
+    with pytest.raises(RuntimeError, match=r"rule XYZ005 .* defines concept 'device', which the catalogue "
+                                           r"\(accrewrite/concepts.py\) defines already"):
+        registry.all_rules()
 
 
 @pytest.mark.slow
