@@ -1,9 +1,9 @@
 """A new fused kernel is three new files, its kernel (``kernels/<op>.py``: its torch.library
 operator and, beside it, its op as the graph compiler knows it, ``COMPILER_OP``), its nn module
-(``runtime/nn/<op>.py``) and its rule (``rules/accNNN_<op>.py``), plus its spelling in the
-target profile (one line) and its concept's line in the catalogue. Nothing else is edited: the
+(``runtime/nn/<op>.py``) and its rule (``rules/accNNN_<op>.py``, which defines its concept,
+``defines``), plus its spelling in the target profile (one line). Nothing else is edited: the
 compiler's registry, the nn package's exports and the rule registry find the new modules by
-themselves.
+themselves, and the profile's spelling is checked against the rule's definition.
 
 The test copies the package as it installs into a temporary folder, adds a toy kernel there,
 Mish ``x * tanh(softplus(x))``, and checks which files of the copy differ from the source, then,
@@ -160,6 +160,7 @@ class Mish(torch.nn.Module):
 '''
 
 RULE = '''
+from accrewrite.concepts import SPELLING, Definition
 from accrewrite.rule import Example
 
 from ._constructor_swap import ConstructorSwap
@@ -173,6 +174,7 @@ class FusedMish(ConstructorSwap):
     summary = "nn.Mish -> the fused Mish module"
     swaps = {"torch.nn.Mish": "mish"}
     concepts = ("mish",)
+    defines = (Definition("mish", SPELLING, "torch.nn.Mish, fused"),)
     triggers = frozenset({"Mish"})
     examples = (
         Example(
@@ -196,14 +198,11 @@ NEW_FILES = {
     "accrewrite/runtime/nn/mish.py": NN_MODULE,
     "accrewrite/rules/acc990_mish.py": RULE,
 }
-# The edits to existing files: the kernel's spelling in the runtime's profile, one line with
-# its import line, and the concept's line in the catalogue.
+# The one edit to an existing file: the kernel's spelling in the runtime's profile, one line
+# with its import line.
 PROFILE = "accrewrite/rules/targets/runtime.toml"
 PROFILE_SLOT = "[concepts]\n"
 PROFILE_LINE = 'mish = { expr = "Mish", imports = ["from accrewrite.runtime.nn import Mish"] }\n'
-CATALOGUE = "accrewrite/concepts.py"
-CATALOGUE_ANCHOR = "_DEFINITIONS = (\n"
-CATALOGUE_LINE = '    Definition("mish", SPELLING, "torch.nn.Mish, fused"),\n'
 
 # nn.Mish in a model, which the migration rewrites, and Mish written out (as YOLOv4's code does),
 # which a compiled graph finds
@@ -239,9 +238,6 @@ def _copy_with_the_new_kernel(root: pathlib.Path) -> None:
         (root / name).write_text(textwrap.dedent(text).lstrip())
     profile = root / PROFILE
     profile.write_text(profile.read_text().replace(PROFILE_SLOT, PROFILE_SLOT + PROFILE_LINE))
-    catalogue = root / CATALOGUE
-    catalogue.write_text(catalogue.read_text().replace(CATALOGUE_ANCHOR,
-                                                       CATALOGUE_ANCHOR + CATALOGUE_LINE))
 
 
 def _source(name: str) -> pathlib.Path:
@@ -290,7 +286,7 @@ def package_with_mish(tmp_path):
 def test_a_new_kernel_is_three_new_files_and_its_spelling(package_with_mish):
     created, edited = _changes(package_with_mish)
     assert created == set(NEW_FILES)
-    assert edited == {PROFILE: 1, CATALOGUE: 1}
+    assert edited == {PROFILE: 1}
     assert _run(package_with_mish, "check_new_kernel").split() == [
         "eager", "ok", "registry", "ok", "nn", "ok", "migrated", "ok",
     ]
