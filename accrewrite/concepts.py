@@ -1,6 +1,8 @@
-"""The catalogue of concepts: everything a rule may ask a target for, what it means, and how a
+"""The catalogue of concepts: what the rules may ask a target for, what it means, and how a
 profile (``rules/targets/*.toml``, or an installed package's) may spell it. A profile is checked
-against it when it loads.
+against it when it loads. A concept that only one rule asks for (a fused kernel's spelling) is
+defined by that rule, ``Rule.defines``, with the same ``Definition``; a profile's spelling of it
+is checked once the rules load.
 
 Kinds:
 
