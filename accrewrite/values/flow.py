@@ -15,6 +15,7 @@ from accrewrite.values.kinds import (
 from accrewrite.values.names import target_names
 
 if TYPE_CHECKING:
+    from accrewrite.file_model import FileFacts
     from accrewrite.values.calls import FileValues
     from accrewrite.values.scope import ScopeValues
 
@@ -128,7 +129,7 @@ class ScopeFlow:
     def __init__(self, file: "FileValues", scope: cst.FunctionDef | None, parent: "ScopeValues | None" = None):
         self.file = file
         self.scope = scope
-        self.facts = file.facts
+        self.facts: FileFacts = file.facts
         self._parent = parent
         # The environment the expression being evaluated sees.
         self._env = _Env()
