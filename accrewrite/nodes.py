@@ -205,18 +205,26 @@ def walk(node: cst.CSTNode, enter, leave=None) -> None:
     skips a node's children. ``leave``, where given, is called on each node after the nodes
     under it."""
     stack = [node]
+    if leave is None:
+        while stack:
+            current = stack.pop()
+            if enter(current) is not False:
+                stack.extend(reversed(children(current)))
+        return
+    pop, push = stack.pop, stack.append
     while stack:
-        current = stack.pop()
+        current = pop()
         if current is _LEAVING:
-            leave(stack.pop())
-        elif enter(current) is False:
-            if leave is not None:
-                leave(current)
-        else:
-            if leave is not None:
-                stack.append(current)
-                stack.append(_LEAVING)
-            stack.extend(reversed(children(current)))
+            leave(pop())
+            continue
+        if enter(current) is not False:
+            below = children(current)
+            if below:
+                push(current)
+                push(_LEAVING)
+                stack.extend(reversed(below))
+                continue
+        leave(current)
 
 
 # On ``walk``'s stack, above a node whose children are below it: leave that node next.
