@@ -8,7 +8,10 @@ Every figure is a fresh process's wall time, start-up included:
   that ``accrewrite migrate`` finds under DIR (a notebook's code cells as one script), which is
   what any libcst codemod started from the command line pays;
 - ``accrewrite migrate DIR --diff --format json`` with ``--jobs 1`` and ``--jobs 2``;
-- the one-file cold start: ``accrewrite migrate FILE --diff`` on an example script.
+- the one-file cold start: ``accrewrite migrate FILE --diff`` on an example script;
+- the machine's own ceiling for ``--jobs 2``: a fixed count of pure-Python work done by one
+  process, and split between two at once (on a machine shared with others, or whose two CPUs
+  are one core's two threads, two processes do not run twice as fast as one).
 
 With ``--base CHECKOUT`` (a source tree, e.g. ``git archive REV | tar -x -C CHECKOUT``) each run
 of ours is followed by the same run importing that tree, so that a drift of the machine's speed
@@ -47,6 +50,19 @@ for path in discover(sys.argv[1:]).files:
     libcst.parse_module(Notebook.read(data).script() if is_notebook(str(path)) else data).code
 """
 
+# The ceiling's process: 30 million decrements, by as many processes at once as its argument says.
+_BUSY = """
+import sys
+from multiprocessing import get_context
+def count_down(count):
+    while count:
+        count -= 1
+if __name__ == "__main__":
+    processes = int(sys.argv[1])
+    with get_context("fork").Pool(processes) as pool:
+        pool.map(count_down, [30_000_000 // processes] * processes)
+"""
+
 
 def timed(command: list[str], env: dict[str, str], cwd: str) -> float:
     """Wall seconds of ``command`` in a fresh process; its output is thrown away."""
@@ -66,7 +82,12 @@ def commands(directories: list[str]) -> dict[str, list[str]]:
         "jobs 1": [*migrate, "--format", "json", "--jobs", "1", *directories],
         "jobs 2": [*migrate, "--format", "json", "--jobs", "2", *directories],
         "one file": [*migrate, str(_LONE)],
+        "busy 1": [sys.executable, "-c", _BUSY, "1"],
+        "busy 2": [sys.executable, "-c", _BUSY, "2"],
     }
+
+
+_MACHINE = ("floor", "busy 1", "busy 2")  # what no tree of accrewrite runs
 
 
 def measure(directories: list[str], repeat: int, trees: dict[str, Path]) -> dict:
@@ -81,7 +102,7 @@ def measure(directories: list[str], repeat: int, trees: dict[str, Path]) -> dict
         for _ in range(repeat):
             for what, command in commands(directories).items():
                 for name, env in envs.items():
-                    if what != "floor" or name == "ours":  # one floor: libcst's, whichever tree
+                    if name == "ours" or what not in _MACHINE:  # one floor and ceiling, whichever tree
                         runs.setdefault((name, what), []).append(timed(command, env, scratch))
     return {key: statistics.median(seconds) for key, seconds in runs.items()}
 
@@ -100,6 +121,7 @@ def print_table(medians: dict, names: list[str]) -> None:
             print(line)
     for name in names:
         print(f"{name:<5} --jobs 2 speed-up over --jobs 1  {medians[name, 'jobs 1'] / medians[name, 'jobs 2']:.2f}x")
+    print(f"the machine: two busy processes against one   {medians['ours', 'busy 1'] / medians['ours', 'busy 2']:.2f}x")
 
 
 def main() -> None:
