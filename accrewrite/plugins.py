@@ -39,6 +39,8 @@ def _declared() -> bool:
     if any(hasattr(finder, "find_distributions") for finder in sys.meta_path if finder is not PathFinder):
         return True
     for entry in sys.path:
+        if entry.lower().endswith(".egg"):  # an egg's metadata is its EGG-INFO folder
+            return True
         try:
             with os.scandir(entry or ".") as children:
                 if any(_declares(child) for child in children):

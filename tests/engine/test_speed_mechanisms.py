@@ -553,9 +553,14 @@ def test_entry_points_are_what_importlib_metadata_reads_and_read_only_where_a_pa
         plugins._installed.cache_clear()
 
 
-def test_a_zip_on_the_path_has_importlib_metadata_read_the_entry_points(tmp_path, monkeypatch):
+@pytest.mark.parametrize("entry", ["packages.zip", "pack-1.0.egg"])
+def test_a_zip_or_an_egg_on_the_path_has_importlib_metadata_read_the_entry_points(tmp_path, monkeypatch, entry):
     from accrewrite import plugins
 
-    (tmp_path / "packages.zip").write_bytes(b"")
-    monkeypatch.syspath_prepend(str(tmp_path / "packages.zip"))
+    assert not plugins._declared()
+    if entry.endswith(".zip"):
+        (tmp_path / entry).write_bytes(b"")
+    else:
+        (tmp_path / entry / "EGG-INFO").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path / entry))
     assert plugins._declared()
