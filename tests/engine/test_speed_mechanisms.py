@@ -551,3 +551,45 @@ def test_a_rule_is_called_only_in_statements_that_mention_its_trigger_words(rule
     assert _SeesCuda.seen == ["torch.ones(2)", "torch.ones(2).cuda()"]
     # not in the statement that mentions only cuda, which the other rule walks
     assert _SeesSave.seen == ["torch.save(x, 'x.pt')", "torch.save(y, p)"]
+
+
+def _distribution(site: Path, name: str, entry_points: str) -> None:
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_entry_points_are_what_importlib_metadata_reads_and_read_only_where_a_package_declares_ours(
+        tmp_path, monkeypatch, declared):
+    import importlib.metadata
+
+    from accrewrite import plugins
+
+    _distribution(tmp_path, "other", "[console_scripts]\nother = other:main\n")
+    if declared:
+        _distribution(tmp_path, "acc_pack", "[accrewrite.targets]\npack = acc_pack\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins._installed.cache_clear()
+    if not declared:  # no package names a group of ours: none's entry points are parsed
+        monkeypatch.setattr(importlib.metadata, "entry_points", lambda: pytest.fail("parsed every package's entry points"))
+    try:
+        found = [(point.name, point.value) for point in plugins.entry_points("accrewrite.targets")]
+        assert found == ([("pack", "acc_pack")] if declared else [])
+        assert plugins.entry_points("accrewrite.rules") == ()
+    finally:
+        plugins._installed.cache_clear()
+
+
+@pytest.mark.parametrize("entry", ["packages.zip", "pack-1.0.egg"])
+def test_a_zip_or_an_egg_on_the_path_has_importlib_metadata_read_the_entry_points(tmp_path, monkeypatch, entry):
+    from accrewrite import plugins
+
+    assert not plugins._declared()
+    if entry.endswith(".zip"):
+        (tmp_path / entry).write_bytes(b"")
+    else:
+        (tmp_path / entry / "EGG-INFO").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path / entry))
+    assert plugins._declared()
