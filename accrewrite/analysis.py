@@ -26,7 +26,7 @@ from accrewrite.targets import spelled_callees, written_for
 from accrewrite.values import CommandLineOptions, parses_options, returned_read, target_names
 
 # A trigger word that stands for the calls of the file's functions that return an argument read
-# on the host (``to_python_float(t)``, see ``Facts.returned_reads``): the statements holding
+# on the host (``to_python_float(t)``, see ``FileFacts.returned_reads``): the statements holding
 # such a call are walked for a rule that lists it.
 HOST_READ_CALLS = "<calls returning a host read>"
 _BUILTINS = frozenset(dir(builtins))
@@ -124,7 +124,8 @@ def _types_named(names: frozenset[str]) -> frozenset[type]:
 
 
 class _Analyzer:
-    def __init__(self, triggers: Triggers | None, walked: frozenset[str] | None) -> None:
+    def __init__(self, module: cst.Module, text: str | None, triggers: Triggers | None,
+                 walked: frozenset[str] | None) -> None:
         self.facts = Facts(hot=None if triggers is None else {}, triggers=triggers)
         self._words = dict(triggers.words) if triggers is not None else {}
         self._in_text = triggers.search if triggers is not None else None
@@ -182,8 +183,7 @@ class _Analyzer:
         self._called: set[str] = set()
         self._option_parses: list[cst.Assign] = []
         self._returned_reads: dict[str, frozenset[str]] = {}
-        self._module: cst.Module | None = None
-        self._text: str | None = None
+        self._module, self._text = module, text
         self._scanned_options: CommandLineOptions | None = None
 
     def _qualname(self, node: cst.CSTNode) -> str | None:
@@ -729,8 +729,7 @@ def analyze(module: cst.Module, triggers: Triggers | None = None, walked: frozen
     (names of node types), ``facts.inert`` holds the ids of the nodes whose subtree has none of those types
     (whitespace and punctuation fields aside, which the analysis does not walk). ``text``, the
     file's, spares a search of the tree for a word it lacks."""
-    analyzer = _Analyzer(triggers, walked)
-    analyzer._module, analyzer._text = module, text
+    analyzer = _Analyzer(module, text, triggers, walked)
     # The imports first, in order: a function above them (or a file that imports at its end)
     # calls what they import, and the second run finds the imports the first added at the top.
     # (Where they all open the file, the walk meets them first anyway.)
