@@ -247,11 +247,14 @@ def _masked(number: int, source: str, markers) -> Cell:
             cell.writes = magic[1]
         return cell
     rows = [line.rstrip("\r\n") for line in lines]
-    continuing = _continuation_rows(source)
+    continuing = None  # tokenized only where a line looks like IPython's: most cells have none
     index = 0
     while index < len(rows):
         row = rows[index]
-        if index + 1 not in continuing and _IPYTHON.match(row):
+        ipython = _IPYTHON.match(row)
+        if ipython and continuing is None:
+            continuing = _continuation_rows(source)
+        if ipython and index + 1 not in continuing:
             marker = next(markers)
             taken = [row]
             while taken[-1].endswith("\\") and index + len(taken) < len(rows):  # continued on the next line
