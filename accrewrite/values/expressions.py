@@ -15,7 +15,8 @@ from accrewrite.values.kinds import (
 
 
 class ExpressionKinds:
-    # Kinds of expressions ---------------------------------------------------------------------
+    """``ScopeValues``' answer to what an expression holds where it is, in the environment the
+    flow (``ScopeFlow``) left at its statement; and the questions rules ask of that kind."""
 
     def kind(self, node: cst.CSTNode) -> Kind:
         """What ``node`` evaluates to, where it is in the scope. (Asked while the scope is still

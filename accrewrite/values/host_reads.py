@@ -14,6 +14,9 @@ from accrewrite.values.kinds import (
 
 
 class HostReads:
+    """``ScopeValues``' questions about reading tensors on the host: where an expression waits
+    for the device, and where a name's tensor values are used on the host."""
+
     def sync(self, node: cst.CSTNode) -> str | None:
         """How ``node`` itself (not its children) reads a tensor's value on the host, else None."""
         if isinstance(node, cst.Call):
