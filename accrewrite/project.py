@@ -224,6 +224,7 @@ class _Graph:
     def __init__(self, roots: list[Path]):
         self.roots = [_real(root) for root in roots]
         self._imports: dict[Path, set[Path]] = {}
+        self._raw: dict[Path, bytes] = {}
         self._texts: dict[Path, bytes] = {}
         self._first_lines: dict[Path, str] = {}
 
@@ -272,18 +273,28 @@ class _Graph:
     def _importers(self, path: Path, among: list[Path]) -> list[Path]:
         """The files of ``among`` whose imports name ``path``: only those with an import line
         that names its module (its package's, for an ``__init__.py``) are parsed."""
-        name = re.escape((path.parent.name if path.name == "__init__.py" else path.stem).encode())
+        module = (path.parent.name if path.name == "__init__.py" else path.stem).encode()
+        name = re.escape(module)
         word = re.compile(rb"^[ \t]*(?:from|import)[ \t][^\n]*\b" + name + rb"\b|^[ \t]*from[ \t][^\n(]*\([^)]*\b"
                           + name + rb"\b", re.MULTILINE)
+        # A file whose bytes lack the name cannot import it: a notebook is read only where they
+        # have it (its JSON spells an ASCII name as the script does).
+        spelled = module.isascii()
         return sorted(other for other in among
-                      if other != path and word.search(self._text(other)) and path in self.imports(other))
+                      if other != path and (not spelled or module in self._bytes(other))
+                      and word.search(self._text(other)) and path in self.imports(other))
+
+    def _bytes(self, path: Path) -> bytes:
+        if path not in self._raw:
+            try:
+                self._raw[path] = path.read_bytes()
+            except OSError:
+                self._raw[path] = b""
+        return self._raw[path]
 
     def _text(self, path: Path) -> bytes:
         if path not in self._texts:
-            try:
-                self._texts[path] = python_of(path, path.read_bytes())
-            except OSError:
-                self._texts[path] = b""
+            self._texts[path] = python_of(path, self._bytes(path))
         return self._texts[path]
 
     def first_line(self, path: Path) -> str:
