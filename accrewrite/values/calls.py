@@ -18,6 +18,7 @@ from accrewrite.values.kinds import (
 from accrewrite.values.options import CommandLineOptions
 from accrewrite.values.scope import ScopeValues
 
+# torch.multiprocessing.spawn, and the targets' spellings of it (a migrated file still spawns).
 SPAWN_NAMES = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", *spelled_callees("spawn")})
 _NESTED_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 
