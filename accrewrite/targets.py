@@ -90,10 +90,20 @@ class Verification:
     # Set in each side's processes where the user has not set them.
     environment: dict[str, str] = field(default_factory=dict)
     # A module whose ``metric_data(name)`` gives (count, ...) as torch_xla's metrics do, and the
-    # metrics that count the graphs a side compiled and executed; empty: not counted.
+    # metrics that count the graphs a side compiled and executed and its transfers to the host;
+    # empty: not counted.
     metrics: str = ""
     compile_metric: str = ""
     execution_metric: str = ""
+    transfer_metric: str = ""
+    # ``module:function`` that waits until the graphs launched so far have run, where the target
+    # counts an execution when it runs (on a thread of its own), not when it is launched.
+    wait: str = ""
+    # Set in each side's processes to have the target write, for every compilation, the Python
+    # frames that triggered it (torch_xla's debug analysis); ``analysis_file`` names the variable
+    # that says where, which the probe sets to a file of its own.
+    analysis: dict[str, str] = field(default_factory=dict)
+    analysis_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -185,7 +195,8 @@ ENTRY_POINT_GROUP = "accrewrite.targets"
 _PROFILE_KEYS = ("name", "summary", "guard_function", "imports", "concepts", "capabilities", "verify")
 _SPELLING_KEYS = ("expr", "stmts", "imports", "keep", "rebind")
 _VERIFY_KEYS = ("device", "host_random", "paced_loader", "device_finders", "environment", "executions")
-_EXECUTION_KEYS = ("metrics", "compiles", "executions")
+_EXECUTION_KEYS = ("metrics", "compiles", "executions")  # and, optional:
+_EXECUTION_EXTRAS = ("transfers", "wait", "analysis", "analysis_file")
 
 
 def _closest(name: str, known) -> str:
@@ -354,9 +365,15 @@ def _verification(table, origin: str) -> Verification:
     if not isinstance(environment, dict) or not all(isinstance(v, str) for v in environment.values()):
         raise ProfileError(f"{where}: environment is a table of strings (NAME = \"value\")")
     executions = _table(table, "executions", where)
-    _unknown_keys(executions, _EXECUTION_KEYS, f"{where} executions")
-    if executions and set(executions) != set(_EXECUTION_KEYS):
+    _unknown_keys(executions, _EXECUTION_KEYS + _EXECUTION_EXTRAS, f"{where} executions")
+    if executions and not set(_EXECUTION_KEYS) <= set(executions):
         raise ProfileError(f"{where}: executions names {', '.join(_EXECUTION_KEYS)}, all three")
+    analysis = executions.get("analysis", {})
+    if not isinstance(analysis, dict) or not all(isinstance(v, str) for v in analysis.values()):
+        raise ProfileError(f"{where}: executions' analysis is a table of strings (NAME = \"value\")")
+    wait = executions.get("wait", "")
+    if wait and not _is_class_path(wait):
+        raise ProfileError(f"{where}: executions' wait names a function as module:function, not {wait!r}")
     device = table.get("device", "")
     if (executions or table.get("host_random")) and not device:
         raise ProfileError(f"{where}: host_random and executions are about the device: name it (device = \"...\")")
@@ -375,6 +392,10 @@ def _verification(table, origin: str) -> Verification:
         metrics=executions.get("metrics", ""),
         compile_metric=executions.get("compiles", ""),
         execution_metric=executions.get("executions", ""),
+        transfer_metric=executions.get("transfers", ""),
+        wait=wait,
+        analysis=dict(analysis),
+        analysis_file=executions.get("analysis_file", ""),
     )
 
 

@@ -162,4 +162,5 @@ def _compare(run: Run, pair: list[Side], rtol: float | None, out: Console, err: 
         if verdict.compare(first, second, tuple(floors), rtol).over is None:
             break
     comparison = verdict.compare(first, second, tuple(floors), rtol)
-    return report.conclude(out, err, first, second, comparison, floors, failures, rtol, run.steps)
+    return report.conclude(out, err, first, second, comparison, floors, failures, rtol, run.steps,
+                           run.workspace.users_line)

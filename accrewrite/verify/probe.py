@@ -17,10 +17,16 @@ A step's line holds:
   signs (the same on every side), so two runs that apply the same updates agree and any other
   update shows; ``change``: that change's norm, the scale the checksums are compared at;
 * ``time``: when the step ended (seconds since the epoch);
-* ``graphs``: where the target counts them (``ACCREWRITE_VERIFY_EXECUTIONS=MODULE:COMPILES:EXECUTIONS``,
+* ``graphs``: where the target counts them (``ACCREWRITE_VERIFY_EXECUTIONS=MODULE:COMPILES:EXECUTIONS[:TRANSFERS]``,
   from its profile's ``[verify.executions]``), how many graphs the process has compiled and
-  executed so far: MODULE's ``metric_data`` of those two metrics, read once the script has
-  imported MODULE's package.
+  executed and how many times it moved values to the host so far, the probe's own reads of the
+  loss and checksum left out (``Graphs``): MODULE's ``metric_data`` of those metrics, read once
+  the script has imported MODULE's package, before and after those reads, each time after
+  ``ACCREWRITE_VERIFY_DEVICE_WAIT`` (``module:function``) has waited for the graphs launched so
+  far to run. ``probe`` holds the counts of the probe's reads; ``compiled_at``, where the target
+  writes the Python frames that triggered each compilation to the file named by the variable
+  ``ACCREWRITE_VERIFY_ANALYSIS_FILE`` names (the probe sets it to ``RECORDS/compilations.<PID>.txt``),
+  the script's line (``path:line``) of each compilation since the previous step.
 
 With ``ACCREWRITE_VERIFY_STEPS=N`` the process ends after N steps (``SystemExit(0)`` from the
 optimizer step, so ``finally`` blocks and launchers see an orderly end), with a last line
@@ -50,7 +56,9 @@ import inspect
 import json
 import os
 import random
+import re
 import sys
+import sysconfig
 import threading
 import time
 
@@ -64,6 +72,8 @@ EXECUTIONS = "ACCREWRITE_VERIFY_EXECUTIONS"
 PACED_LOADER = "ACCREWRITE_VERIFY_PACED_LOADER"
 DEVICE_FINDERS = "ACCREWRITE_VERIFY_DEVICE_FINDERS"
 EXIT_GRACE = "ACCREWRITE_VERIFY_EXIT_GRACE"  # the runtime's _process_exit.py, by its path
+DEVICE_WAIT = "ACCREWRITE_VERIFY_DEVICE_WAIT"
+ANALYSIS_FILE = "ACCREWRITE_VERIFY_ANALYSIS_FILE"
 
 
 class Recorder:
@@ -76,6 +86,7 @@ class Recorder:
         self.nudge_seed = int(os.environ.get(NUDGE) or 0)
         self.nudged: set | None = set() if self.nudge_seed else None  # parameters nudged
         self.nudging = None  # the module forward pre-hook that nudges, until the first step
+        self.graphs = Graphs.from_environment(folder)
         self._begin()
 
     def _begin(self) -> None:
@@ -146,6 +157,7 @@ class Recorder:
 
     def after_step(self, optimizer, args, kwargs) -> None:
         torch = self.torch
+        graphs = self.graphs.before_reads() if self.graphs else None
         with torch.no_grad():
             changes = [
                 (parameter.detach().float() - first.float(), signs)
@@ -157,10 +169,11 @@ class Recorder:
             else:
                 checksum, squares = 0.0, 0.0
             losses = [float(loss.cpu()) for loss in self.losses]
+        if graphs is not None:
+            self.graphs.after_reads()
         self.step += 1
         record = {"step": self.step, "loss": sum(losses) / len(losses) if losses else None, "checksum": checksum,
                   "change": squares ** 0.5, "time": time.time()}
-        graphs = _graph_counts()
         if graphs is not None:
             record["graphs"] = graphs
         self.losses = []
@@ -188,23 +201,106 @@ def _parameters(optimizer):
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _graph_counts() -> dict | None:
-    """The graphs compiled and executed so far, where the target counts them and the script has
-    imported its package (importing it here would start its runtime in a process that does
-    not use it)."""
-    spec = os.environ.get(EXECUTIONS)
-    if not spec:
-        return None
-    module, compiles, executions = spec.split(":")
-    if module.split(".")[0] not in sys.modules:
-        return None
-    metrics = importlib.import_module(module)
+KINDS = ("compiles", "executions", "transfers")  # what ACCREWRITE_VERIFY_EXECUTIONS names, in order
 
-    def count(name):
-        data = metrics.metric_data(name)
-        return data[0] if data else 0
 
-    return {"compiles": count(compiles), "executions": count(executions)}
+class Graphs:
+    """A process's graphs compiled and executed and its transfers to the host, counted apart from
+    the probe's own reads: ``before_reads()`` gives the script's counts so far, ``after_reads()``
+    adds what the reads between them did to the probe's own. Nothing is asked of the target until
+    the script has imported its package (importing it here would start its runtime in a process
+    that does not use it)."""
+
+    def __init__(self, module: str, names: list[str], wait: str, analysis: str):
+        self.module = module
+        self.names = dict(zip(KINDS, names))
+        self.wait = wait
+        self.analysis = analysis  # the file the target writes its compilations' frames to; "" none
+        self.read = 0  # how far that file is read
+        self.own = dict.fromkeys(self.names, 0)  # the probe's reads, so far
+        self.total: dict | None = None  # every count, before the probe's reads
+
+    @classmethod
+    def from_environment(cls, folder: str):
+        spec = os.environ.get(EXECUTIONS)
+        if not spec:
+            return None
+        module, *names = spec.split(":")
+        analysis = ""
+        if os.environ.get(ANALYSIS_FILE):
+            analysis = os.path.join(folder, f"compilations.{os.getpid()}.txt")
+            os.environ[os.environ[ANALYSIS_FILE]] = analysis  # read by the target when the script imports it
+        return cls(module, names, os.environ.get(DEVICE_WAIT, ""), analysis)
+
+    def _counts(self) -> dict:
+        if self.wait:
+            module, _, function = self.wait.partition(":")
+            getattr(importlib.import_module(module), function)()
+        metrics = importlib.import_module(self.module)
+        return {kind: (metrics.metric_data(name) or (0,))[0] for kind, name in self.names.items()}
+
+    def before_reads(self) -> dict | None:
+        """The script's counts so far, the probe's own, and the script's lines that triggered the
+        compilations since the previous call; None before the script imports the package."""
+        if self.module.split(".")[0] not in sys.modules:
+            self.total = None
+            return None
+        self.total = self._counts()
+        counts = {kind: self.total[kind] - self.own[kind] for kind in self.names}
+        counts["probe"] = dict(self.own)
+        if self.analysis:
+            counts["compiled_at"] = [site for site in compilation_sites(self._unread(), _LIBRARIES) if site]
+        return counts
+
+    def after_reads(self) -> None:
+        if self.total is None:
+            return
+        now = self._counts()
+        for kind in self.names:
+            self.own[kind] += now[kind] - self.total[kind]
+        self._unread()  # what the probe's reads compiled
+
+    def _unread(self) -> str:
+        try:
+            with open(self.analysis, encoding="utf-8", errors="replace") as analysis:
+                analysis.seek(self.read)
+                text = analysis.read()
+        except FileNotFoundError:  # nothing compiled yet
+            return ""
+        self.read += len(text.encode("utf-8", errors="replace"))
+        return text
+
+
+# Where a frame is not the script's: the interpreter's libraries (torch, torch_xla) and accrewrite's
+# own package (the probe's hooks).
+_LIBRARIES = tuple({os.path.join(path, "") for key, path in sysconfig.get_paths().items()
+                    if key in ("stdlib", "platstdlib", "purelib", "platlib")}
+                   | {os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")})
+_ANALYSIS = "Compilation Analysis:"
+_FRAME = re.compile(r"\s+\S+ \((?P<path>.+):(?P<line>\d+)\)$")
+
+
+def compilation_sites(text: str, libraries: tuple[str, ...]) -> list[str]:
+    """For each compilation that torch_xla's debug analysis describes in ``text`` (a block of
+    ``Compilation Analysis:`` lines whose ``Python Frame Triggered Execution:`` lists the frames,
+    innermost first), the innermost frame outside ``libraries`` as ``path:line``: the script's line
+    that ran the graph that compiled (``""`` where no frame is given)."""
+    sites, frames = [], None
+    for line in text.splitlines():
+        if not line.startswith(_ANALYSIS):
+            continue
+        rest = line[len(_ANALYSIS):]
+        if rest.strip() == "Python Frame Triggered Execution:":
+            frames = []
+        elif frames is not None:
+            frame = _FRAME.match(rest)
+            if frame:
+                frames.append(f"{frame['path']}:{frame['line']}")
+                continue
+            users = [site for site in frames if not site.startswith(libraries)]
+            sites.append((users or frames[-1:] or [""])[0])  # else the outermost: nearest the script
+            frames = None
+    return sites
 
 
 def install(recorder: Recorder) -> None:

@@ -5,6 +5,7 @@ exit code."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from accrewrite.plural import counted
 from accrewrite.targets import all_targets
+from accrewrite.verify import profile
 from accrewrite.verify.probe import NUDGE_SIZE
 from accrewrite.verify.sides import Side, read_records
 from accrewrite.verify.verdict import CHAOTIC, FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
@@ -141,14 +143,16 @@ def _noise(floors: list[Side], failures: list[Side], rtol: float | None) -> str:
 
 
 def conclude(out: Console, err: Console, first: Side, second: Side, comparison: Comparison, floors: list[Side],
-            failures: list[Side], rtol: float | None, steps: int | None) -> int:
+            failures: list[Side], rtol: float | None, steps: int | None, name: Callable[[str], str] = str) -> int:
+    """The verdict; ``name`` gives the user's name of a line a side ran (``path:line``, for its
+    profile)."""
     out.print(_table(first, second, comparison), soft_wrap=True)
     problems = []
     for side in (first, second):
         needs = all_targets()[side.target].verify if side.target is not None else None
         if needs is not None and needs.metrics:
-            summary, problem = check_graphs(side, needs.device)
-            out.print(summary, highlight=False)
+            summary, problem = check_graphs(side, needs.device, name)
+            out.print(summary, highlight=False, soft_wrap=True)
             problems += [problem] if problem else []
     noise = _noise(floors, failures, rtol)
     if comparison.over is not None:
@@ -190,21 +194,11 @@ def _number(value) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def check_graphs(side: Side, device: str) -> tuple[str, str | None]:
-    """What a side whose target counts its graphs (``[verify.executions]``) ran on the device,
-    and why it failed although its numbers may match: no graph executed (it trained on the
-    CPU), or a compilation in every step of the second half (recompiling per step)."""
-    counts = [step.get("graphs") or {"compiles": 0, "executions": 0} for step in side.records[min(side.records)]]
-    last = counts[-1]
-    settled = next((i + 1 for i, c in enumerate(counts) if c["compiles"] == last["compiles"]), len(counts))
-    summary = (f"{side.name}: {counted(last['executions'], 'graph execution')} on the {device} device, "
-               f"{counted(last['compiles'], 'compilation')} (the last in step {settled} of {len(counts)})")
-    if last["executions"] == 0:
-        return summary, f"{side.name} ran no graph on the {device} device: it trained on the CPU"
-    half = counts[len(counts) // 2:]
-    if len(half) >= 3 and all(later["compiles"] > earlier["compiles"] for earlier, later in zip(half, half[1:])):
-        return summary, f"{side.name} compiles a new graph every step ({last['compiles']} in {len(counts)} steps)"
-    return summary, None
+def check_graphs(side: Side, device: str, name: Callable[[str], str] = str) -> tuple[str, str | None]:
+    """The profile of a side whose target counts its graphs (``[verify.executions]``), rank 0's,
+    and why it fails although its numbers may match (``profile.problem``)."""
+    found = profile.profile(side.records[min(side.records)], name)
+    return profile.describe(side.name, device, found), profile.problem(side.name, device, found)
 
 
 class Progress:

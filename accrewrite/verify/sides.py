@@ -76,7 +76,13 @@ def environment(side: Side, records: Path, steps: int | None, nproc: int) -> dic
         if needs.device_finders:
             env[probe.DEVICE_FINDERS] = ",".join(needs.device_finders)
         if needs.metrics:
-            env[probe.EXECUTIONS] = f"{needs.metrics}:{needs.compile_metric}:{needs.execution_metric}"
+            names = (needs.compile_metric, needs.execution_metric, needs.transfer_metric)
+            env[probe.EXECUTIONS] = ":".join((needs.metrics, *filter(None, names)))
+        if needs.wait:
+            env[probe.DEVICE_WAIT] = needs.wait
+        if needs.analysis_file:
+            env.update(needs.analysis)
+            env[probe.ANALYSIS_FILE] = needs.analysis_file
     return env
 
 

@@ -13,6 +13,7 @@ No side is given a path of the user's, and the workspace never copies itself.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import shutil
@@ -178,6 +179,46 @@ class Workspace:
         else:
             script = home / self.trees[1].name / self.script.name
         return cwd, _runnable(script) if is_notebook(script.name) else script
+
+
+    def users_line(self, site: str) -> str:
+        """A line a side ran (``path:line``, in its view) as the user knows it: ``train.py:12``
+        where the side's copy holds the user's line unchanged, relative to the working directory
+        where it is inside; else the migrated line and what it says. A path outside the views as
+        it is."""
+        path, _, line = site.rpartition(":")
+        try:
+            _, tree, *rest = Path(path).relative_to(self.root).parts
+            number = int(line)
+        except ValueError:
+            return site
+        source = next((t.source for t in self.trees if t.name == tree), None)
+        if source is None or not rest:
+            return site
+        users = source.joinpath(*rest)
+        name = str(users.relative_to(self.cwd)) if users.is_relative_to(self.cwd) else str(users)
+        migrated = _lines(Path(path))
+        original = _original_line(_lines(self.snapshot.joinpath(tree, *rest)), migrated, number)
+        if original is not None:
+            return f"{name}:{original}"
+        said = migrated[number - 1].strip() if 0 < number <= len(migrated) else ""
+        return f"line {number} of the migrated {name}" + (f" (`{said}`)" if said else "")
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def _original_line(original: list[str], migrated: list[str], number: int) -> int | None:
+    """The line of ``original`` that line ``number`` of ``migrated`` copies unchanged; None where
+    the migration wrote it."""
+    for tag, first, _, start, end in difflib.SequenceMatcher(None, original, migrated, autojunk=False).get_opcodes():
+        if tag == "equal" and start < number <= end:
+            return first + number - start
+    return None
 
 
 def _runnable(notebook: Path) -> Path:

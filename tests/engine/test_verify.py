@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import threading
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from accrewrite.cli import main
-from accrewrite.verify import probe
+from accrewrite.verify import probe, profile
 from accrewrite.verify.report import check_graphs
 from accrewrite.verify.sides import Side, environment, read_records
 from accrewrite.verify.verdict import ROUNDING, compare, tolerance
@@ -243,27 +244,107 @@ def test_what_a_side_needs_of_its_target_comes_from_the_profiles_verify_table(tm
     monkeypatch.delenv("PJRT_DEVICE", raising=False)
     xla = environment(Side("torch_xla", "torch_xla"), tmp_path, None, 1)
     assert xla["PJRT_DEVICE"] == "CPU" and xla[probe.HOST_RANDOM] == "xla"
-    assert xla[probe.EXECUTIONS] == "torch_xla.debug.metrics:CompileTime:ExecuteTime"
+    assert xla[probe.EXECUTIONS] == "torch_xla.debug.metrics:CompileTime:ExecuteTime:TransferFromDeviceTime"
+    assert xla[probe.DEVICE_WAIT] == "torch_xla.core.xla_model:wait_device_ops"
+    assert xla[probe.ANALYSIS_FILE] == "PT_XLA_DEBUG_FILE" and xla["PT_XLA_DEBUG_LEVEL"] == "1"
     assert xla[probe.PACED_LOADER] == "torch_xla.distributed.parallel_loader:ParallelLoader"
     assert xla[probe.DEVICE_FINDERS] == "lightning.fabric.accelerators.xla:XLAAccelerator"
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     assert environment(Side("torch_xla", "torch_xla"), tmp_path, None, 1)["PJRT_DEVICE"] == "TPU"  # the user's
     plain = environment(Side("runtime", "runtime"), tmp_path, None, 1)
     assert probe.HOST_RANDOM not in plain and probe.EXECUTIONS not in plain and probe.PACED_LOADER not in plain
+    assert probe.DEVICE_WAIT not in plain and probe.ANALYSIS_FILE not in plain
     assert probe.DEVICE_FINDERS not in plain
 
 
-def test_the_probe_counts_graphs_through_the_targets_metrics_once_the_script_imports_its_package(monkeypatch):
-    counts = {"Compiled": (3, 0.5), "Executed": (7, 1.5)}
+def test_the_probe_counts_graphs_through_the_targets_metrics_once_the_script_imports_its_package(
+        monkeypatch, tmp_path):
+    counts = {"Compiled": (3, 0.5), "Executed": (7, 1.5), "Moved": (2, 0.1)}
+    waits = []
     metrics = types.ModuleType("vendor.metrics")
     metrics.metric_data = counts.get
-    monkeypatch.setenv(probe.EXECUTIONS, "vendor.metrics:Compiled:Executed")
+    metrics.wait = lambda: waits.append(True)
+    monkeypatch.setenv(probe.EXECUTIONS, "vendor.metrics:Compiled:Executed:Moved")
+    monkeypatch.setenv(probe.DEVICE_WAIT, "vendor.metrics:wait")
     monkeypatch.setitem(sys.modules, "vendor.metrics", metrics)
-    assert probe._graph_counts() is None  # the script has not imported vendor: nothing is asked of it
+    graphs = probe.Graphs.from_environment(str(tmp_path))
+    assert graphs.before_reads() is None  # the script has not imported vendor: nothing is asked of it
+    assert not waits
     monkeypatch.setitem(sys.modules, "vendor", types.ModuleType("vendor"))
-    assert probe._graph_counts() == {"compiles": 3, "executions": 7}
-    counts.clear()
-    assert probe._graph_counts() == {"compiles": 0, "executions": 0}
+    own = {"compiles": 0, "executions": 0, "transfers": 0}
+    assert graphs.before_reads() == {"compiles": 3, "executions": 7, "transfers": 2, "probe": own}
+    counts.update({"Compiled": (4, 0.6), "Executed": (9, 1.6), "Moved": (4, 0.2)})  # the probe's reads
+    graphs.after_reads()
+    counts.update({"Executed": (10, 1.7), "Moved": (5, 0.3)})  # the script's next step
+    assert graphs.before_reads() == {"compiles": 3, "executions": 8, "transfers": 3,
+                                     "probe": {"compiles": 1, "executions": 2, "transfers": 2}}
+    assert len(waits) == 3  # before and after the reads: the target counts an execution when it has run
+
+
+# torch_xla 2.9's debug analysis (PT_XLA_DEBUG_LEVEL=1) of two compilations, as written to PT_XLA_DEBUG_FILE.
+ANALYSIS = """
+Compilation Analysis: ================================================================================
+Compilation Analysis: Compilation Cause
+Compilation Analysis:   user torch_xla.sync
+Compilation Analysis: Graph Info: 
+Compilation Analysis:   Graph Hash: 1f0199c167bc150ca2f6028ea5c65ede
+Compilation Analysis:   Number of Graph Inputs: 6
+Compilation Analysis:   Number of Graph Outputs: 8
+Compilation Analysis: Python Frame Triggered Execution: 
+Compilation Analysis:   sync (/venv/lib/python3.11/site-packages/torch_xla/torch_xla.py:87)
+Compilation Analysis:   mark_step (/venv/lib/python3.11/site-packages/torch_xla/core/xla_model.py:1032)
+Compilation Analysis:   <module> (/work/train.py:33)
+Compilation Analysis: --------------------------------------------------------------------------------
+Compilation Analysis: ================================================================================
+
+Computation hash: 6af663d32048f7a5061bfcef1c7e2c8a
+
+Post Compilation Analysis: ================================================================================
+Post Compilation Analysis: Graph input size: 0.000001 GB
+Post Compilation Analysis: --------------------------------------------------------------------------------
+
+Compilation Analysis: ================================================================================
+Compilation Analysis: Compilation Cause
+Compilation Analysis:   most likely user code trying to access tensor value before torch_xla.sync
+Compilation Analysis: Python Frame Triggered Execution: 
+Compilation Analysis:   __torch_function__ (/work/accrewrite/verify/probe.py:365)
+Compilation Analysis:   step (/work/train.py:20)
+Compilation Analysis:   <module> (/work/train.py:40)
+Compilation Analysis: --------------------------------------------------------------------------------
+"""
+
+
+def test_the_script_line_that_ran_each_compiled_graph_is_read_from_the_targets_debug_analysis():
+    # Frames innermost first: the first outside the interpreter's libraries and accrewrite's own.
+    libraries = ("/venv/lib/python3.11/", "/work/accrewrite/")
+    assert probe.compilation_sites(ANALYSIS, libraries) == ["/work/train.py:33", "/work/train.py:20"]
+    assert probe.compilation_sites(ANALYSIS, ("/venv/", "/work/")) == ["/work/train.py:33", "/work/train.py:40"]
+    assert probe.compilation_sites(ANALYSIS[:ANALYSIS.index("Post")], libraries) == ["/work/train.py:33"]
+
+
+def test_the_probe_reads_the_analysis_of_the_scripts_compilations_and_skips_its_own(monkeypatch, tmp_path):
+    counts = {"Compiled": (1, 0.1), "Executed": (1, 0.1)}
+    metrics = types.ModuleType("vendor.metrics")
+    metrics.metric_data = counts.get
+    for name, module in (("vendor", types.ModuleType("vendor")), ("vendor.metrics", metrics)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv(probe.EXECUTIONS, "vendor.metrics:Compiled:Executed")
+    monkeypatch.setenv(probe.ANALYSIS_FILE, "VENDOR_DEBUG_FILE")
+    monkeypatch.delenv("VENDOR_DEBUG_FILE", raising=False)
+    graphs = probe.Graphs.from_environment(str(tmp_path))
+    analysis = Path(os.environ["VENDOR_DEBUG_FILE"])  # set for the target to read: a file of the probe's
+    assert analysis.parent == tmp_path and str(os.getpid()) in analysis.name
+    assert graphs.before_reads()["compiled_at"] == []  # nothing compiled: no file yet
+    first, second = ANALYSIS.split("\nComputation hash")
+    script = first.replace("/venv/", sysconfig.get_paths()["purelib"] + "/")
+    analysis.write_text(script)
+    assert graphs.before_reads()["compiled_at"] == ["/work/train.py:33"]
+    with analysis.open("a") as more:
+        more.write(second)  # compiled by the probe's own reads
+    graphs.after_reads()
+    with analysis.open("a") as more:
+        more.write(script)
+    assert graphs.before_reads()["compiled_at"] == ["/work/train.py:33"]
 
 
 READ_AHEAD = """\
@@ -382,18 +463,51 @@ def test_a_device_finder_finds_the_one_device_of_the_side_once_the_script_import
     assert Subclass.is_available() and Subclass.auto_device_count() == 1  # the framework's subclass too
 
 
-def test_a_side_that_ran_no_graph_or_compiles_every_step_fails():
-    def counted(*pairs):
-        return Side("torch_xla", "torch_xla", records={0: [{"step": i + 1, "graphs": {"compiles": c, "executions": e}}
-                                                          for i, (c, e) in enumerate(pairs)]})
+def graphs(*steps, probe_executions=3):
+    """A torch_xla side's records, each step's counts so far given as (compiles, executions,
+    transfers[, compiled_at])."""
+    return Side("torch_xla", "torch_xla", records={0: [
+        {"step": i + 1, "graphs": {"compiles": c, "executions": e, "transfers": t, "compiled_at": list(at[0] if at else ()),
+                                   "probe": {"compiles": 1, "executions": probe_executions * (i + 1), "transfers": 0}}}
+        for i, (c, e, t, *at) in enumerate(steps)]})
 
-    summary, problem = check_graphs(counted((1, 1), (1, 2), (1, 3), (1, 4)), "xla")
-    assert summary == "torch_xla: 4 graph executions on the xla device, 1 compilation (the last in step 1 of 4)"
+
+def test_the_profile_counts_each_step_up_to_the_next_optimizer_step_after_warm_up():
+    # The graph that ends step N runs after its optimizer step: it is in step N+1's record.
+    side = graphs((0, 0, 0), (1, 1, 1), (2, 2, 2), (2, 3, 3), (2, 4, 4), (2, 5, 5))
+    summary, problem = check_graphs(side, "xla")
+    assert summary == ("torch_xla: 5 graph executions on the xla device and 2 compilations, verify's own reads not "
+                       "counted; per step after warm-up (steps 3-5): 1 graph execution, 1 host transfer, 0 compilations")
     assert problem is None
-    assert check_graphs(counted((0, 0), (0, 0)), "xla")[1] == ("torch_xla ran no graph on the xla device: it trained "
-                                                                "on the CPU")
-    assert check_graphs(counted(*((i, i) for i in range(1, 9))), "xla")[1] == (
-        "torch_xla compiles a new graph every step (8 in 8 steps)")
+    found = profile.profile(side.records[0])
+    assert (found.steps, found.executions, found.compiles, found.transfers) == ([3, 4, 5], [1, 1, 1], [0, 0, 0],
+                                                                                [1, 1, 1])
+    assert profile.profile(graphs((0, 0, 0), (1, 2, 0), (2, 4, 0), (2, 7, 0), (2, 9, 0)).records[0]).executions == [3, 2]
+    assert check_graphs(graphs((0, 0, 0), (1, 1, 1), (2, 2, 2)), "xla")[0].endswith(
+        "no step after warm-up to profile (the graphs of a step are counted up to the next step's optimizer step: "
+        "--steps 4 at least)")
+
+
+def test_a_compilation_after_warm_up_names_the_line_and_one_in_every_step_fails():
+    late = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 3, 0), (3, 4, 0, ["/w/train.py:31"]), (3, 5, 0))
+    summary, problem = check_graphs(late, "xla", lambda site: site.replace("/w/", ""))
+    assert summary.endswith("per step after warm-up (steps 3-5): 1 graph execution, 0 host transfers, "
+                            "0.33 compilations; compiled after warm-up when train.py:31 (step 4) ran its graph")
+    assert problem is None
+    sites = ["/w/train.py:31"]
+    every = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 3, 0, sites), (4, 4, 0, sites), (5, 5, 0, sites))
+    assert check_graphs(every, "xla")[1] == (
+        "torch_xla compiles a new graph in every step after warm-up (3 in 3 steps) when /w/train.py:31 (steps 3, 4, 5) "
+        "ran it: a shape or a Python number in the step's graph changes from step to step, and each new graph is "
+        "compiled again")
+    # In warm-up, a compilation per step is the graphs settling, not a fault.
+    assert check_graphs(graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 3, 0)), "xla")[1] is None
+
+
+def test_a_side_that_ran_no_graph_fails_and_the_probes_reads_count_as_graphs_ran():
+    assert check_graphs(graphs((0, 0, 0), (0, 0, 0), probe_executions=0), "xla")[1] == (
+        "torch_xla ran no graph on the xla device: it trained on the CPU")
+    assert check_graphs(graphs((0, 0, 0), (0, 0, 0)), "xla")[1] is None  # the script's graphs ran in the probe's reads
 
 
 def test_records_are_kept_per_rank_and_process_and_a_rank_held_twice_at_once_is_a_collision(tmp_path):
