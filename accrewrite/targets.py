@@ -104,6 +104,10 @@ class Verification:
     # that says where, which the probe sets to a file of its own.
     analysis: dict[str, str] = field(default_factory=dict)
     analysis_file: str = ""
+    # ``module:function`` each: a lazy graph's hash and its text as HLO, for the tensors given;
+    # where a step's graph is new, the lines that made the operations the previous step's lacks.
+    graph_hash: str = ""
+    graph_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ _PROFILE_KEYS = ("name", "summary", "guard_function", "imports", "concepts", "ca
 _SPELLING_KEYS = ("expr", "stmts", "imports", "keep", "rebind")
 _VERIFY_KEYS = ("device", "host_random", "paced_loader", "device_finders", "environment", "executions")
 _EXECUTION_KEYS = ("metrics", "compiles", "executions")  # and, optional:
-_EXECUTION_EXTRAS = ("transfers", "wait", "analysis", "analysis_file")
+_EXECUTION_EXTRAS = ("transfers", "wait", "analysis", "analysis_file", "graph_hash", "graph_text")
 
 
 def _closest(name: str, known) -> str:
@@ -371,9 +375,12 @@ def _verification(table, origin: str) -> Verification:
     analysis = executions.get("analysis", {})
     if not isinstance(analysis, dict) or not all(isinstance(v, str) for v in analysis.values()):
         raise ProfileError(f"{where}: executions' analysis is a table of strings (NAME = \"value\")")
-    wait = executions.get("wait", "")
-    if wait and not _is_class_path(wait):
-        raise ProfileError(f"{where}: executions' wait names a function as module:function, not {wait!r}")
+    for key in ("wait", "graph_hash", "graph_text"):
+        function = executions.get(key, "")
+        if function and not _is_class_path(function):
+            raise ProfileError(f"{where}: executions' {key} names a function as module:function, not {function!r}")
+    if bool(executions.get("graph_hash")) != bool(executions.get("graph_text")):
+        raise ProfileError(f"{where}: executions names graph_hash and graph_text, both or neither")
     device = table.get("device", "")
     if (executions or table.get("host_random")) and not device:
         raise ProfileError(f"{where}: host_random and executions are about the device: name it (device = \"...\")")
@@ -393,9 +400,11 @@ def _verification(table, origin: str) -> Verification:
         compile_metric=executions.get("compiles", ""),
         execution_metric=executions.get("executions", ""),
         transfer_metric=executions.get("transfers", ""),
-        wait=wait,
+        wait=executions.get("wait", ""),
         analysis=dict(analysis),
         analysis_file=executions.get("analysis_file", ""),
+        graph_hash=executions.get("graph_hash", ""),
+        graph_text=executions.get("graph_text", ""),
     )
 
 

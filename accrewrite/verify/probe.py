@@ -49,6 +49,7 @@ the target's package, say), and does nothing in a process that has no torch.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import importlib.abc
 import importlib.util
@@ -73,6 +74,7 @@ PACED_LOADER = "ACCREWRITE_VERIFY_PACED_LOADER"
 DEVICE_FINDERS = "ACCREWRITE_VERIFY_DEVICE_FINDERS"
 EXIT_GRACE = "ACCREWRITE_VERIFY_EXIT_GRACE"  # the runtime's _process_exit.py, by its path
 DEVICE_WAIT = "ACCREWRITE_VERIFY_DEVICE_WAIT"
+GRAPH = "ACCREWRITE_VERIFY_GRAPH"  # module:function,module:function: what hashes and what prints a graph
 ANALYSIS_FILE = "ACCREWRITE_VERIFY_ANALYSIS_FILE"
 
 
@@ -170,6 +172,7 @@ class Recorder:
                 checksum, squares = 0.0, 0.0
             losses = [float(loss.cpu()) for loss in self.losses]
         if graphs is not None:
+            graphs["changed_at"] = self.graphs.changed(_parameters(optimizer))
             self.graphs.after_reads()
         self.step += 1
         record = {"step": self.step, "loss": sum(losses) / len(losses) if losses else None, "checksum": checksum,
@@ -211,7 +214,7 @@ class Graphs:
     the script has imported its package (importing it here would start its runtime in a process
     that does not use it)."""
 
-    def __init__(self, module: str, names: list[str], wait: str, analysis: str):
+    def __init__(self, module: str, names: list[str], wait: str, analysis: str, graph: str = ""):
         self.module = module
         self.names = dict(zip(KINDS, names))
         self.wait = wait
@@ -219,6 +222,8 @@ class Graphs:
         self.read = 0  # how far that file is read
         self.own = dict.fromkeys(self.names, 0)  # the probe's reads, so far
         self.total: dict | None = None  # every count, before the probe's reads
+        self.graph = graph  # as GRAPH says; "" none
+        self.last: tuple = (None, None)  # the hash of the previous step's graph, and its operations
 
     @classmethod
     def from_environment(cls, folder: str):
@@ -230,12 +235,11 @@ class Graphs:
         if os.environ.get(ANALYSIS_FILE):
             analysis = os.path.join(folder, f"compilations.{os.getpid()}.txt")
             os.environ[os.environ[ANALYSIS_FILE]] = analysis  # read by the target when the script imports it
-        return cls(module, names, os.environ.get(DEVICE_WAIT, ""), analysis)
+        return cls(module, names, os.environ.get(DEVICE_WAIT, ""), analysis, os.environ.get(GRAPH, ""))
 
     def _counts(self) -> dict:
         if self.wait:
-            module, _, function = self.wait.partition(":")
-            getattr(importlib.import_module(module), function)()
+            _function(self.wait)()
         metrics = importlib.import_module(self.module)
         return {kind: (metrics.metric_data(name) or (0,))[0] for kind, name in self.names.items()}
 
@@ -251,6 +255,27 @@ class Graphs:
         if self.analysis:
             counts["compiled_at"] = [site for site in compilation_sites(self._unread(), _LIBRARIES) if site]
         return counts
+
+    def changed(self, tensors: list) -> list[str]:
+        """The script's lines (``path:line``) that made the operations of the graph computing
+        ``tensors`` (the step's parameters, before the step's sync runs it) that the previous
+        step's graph lacks, in the graph's order: the first made the first operation that differs,
+        the others may only take its new shape. The graph is printed only when its hash is new."""
+        if not self.graph or self.total is None or not tensors:
+            return []
+        hashing, printing = (_function(spec) for spec in self.graph.split(","))
+        key = hashing(tensors)
+        if key == self.last[0]:
+            return []
+        operations = _operations(printing(tensors))
+        counts = collections.Counter(operations)
+        previous = self.last[1]
+        self.last = (key, counts)
+        if previous is None:
+            return []
+        new = counts - previous
+        return list(dict.fromkeys(site for operation in operations if operation in new
+                                  for site in operation[1:] if site and not site.startswith(_LIBRARIES)))
 
     def after_reads(self) -> None:
         if self.total is None:
@@ -271,6 +296,12 @@ class Graphs:
         return text
 
 
+def _function(spec: str):
+    """``module:function``'s function."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 # Where a frame is not the script's: the interpreter's libraries (torch, torch_xla) and accrewrite's
 # own package (the probe's hooks).
 _LIBRARIES = tuple({os.path.join(path, "") for key, path in sysconfig.get_paths().items()
@@ -278,6 +309,23 @@ _LIBRARIES = tuple({os.path.join(path, "") for key, path in sysconfig.get_paths(
                    | {os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")})
 _ANALYSIS = "Compilation Analysis:"
 _FRAME = re.compile(r"\s+\S+ \((?P<path>.+):(?P<line>\d+)\)$")
+
+
+_METADATA = re.compile(r", metadata=\{.*\}")
+_SOURCE = re.compile(r'source_file="(?P<path>[^"]+)" source_line=(?P<line>\d+)')
+_NUMBERED = re.compile(r"(%[\w-]+)\.\d+")
+
+
+def _operations(text: str) -> list[tuple[str, str]]:
+    """A graph printed as HLO, as its operations in order: each line, its names' numbers and
+    metadata left out, with the line that made it (``path:line`` from the metadata, ``""`` where
+    none is given). Two graphs that differ in one slice's bounds differ in that slice alone."""
+    found = []
+    for line in text.splitlines():
+        source = _SOURCE.search(line)
+        found.append((_NUMBERED.sub(r"\1", _METADATA.sub("", line)).strip(),
+                      f"{source['path']}:{source['line']}" if source else ""))
+    return found
 
 
 def compilation_sites(text: str, libraries: tuple[str, ...]) -> list[str]:
@@ -330,11 +378,13 @@ def install(recorder: Recorder) -> None:
     os.register_at_fork(after_in_child=recorder._begin)  # born at the fork, not at its first step
 
 
-def host_random(torch, device_type: str):
+def host_random(torch, device_type: str, as_caller: bool = False):
     """A torch function mode in which what draws random numbers for devices of ``device_type``
     draws them on the CPU generator and moves them there (attention's dropout as the CPU's
     attention draws its mask); to a lazy device's graph they are an input, as a batch is. Every other call goes through untouched (a dispatch mode would change
-    XLA's lowering)."""
+    XLA's lowering); with ``as_caller``, from a frame that carries its caller's file and line
+    (``_pass``), so that what records the Python frame that made an operation (XLA_IR_DEBUG)
+    records the script's line, not this mode's."""
     from torch.overrides import TorchFunctionMode
 
     F, T = torch.nn.functional, torch.Tensor
@@ -362,7 +412,7 @@ def host_random(torch, device_type: str):
                 return self.initialise(func, *args, **kwargs)
             device = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
             if func not in draws or not on_device(device):
-                return func(*args, **kwargs)
+                return _pass(func, args, kwargs) if as_caller else func(*args, **kwargs)
             host = [torch.empty(a.shape, dtype=a.dtype) if i == 0 and func in shaped
                     else a.cpu() if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
             drawn = func(*host, **{**kwargs, **({"device": "cpu"} if "device" in kwargs else {})})
@@ -409,6 +459,23 @@ def host_random(torch, device_type: str):
             return (weights * noise) @ value
 
     return HostRandom()
+
+
+_PASSES: dict = {}  # (file, line) -> a function whose one line is that line of that file
+
+
+def _pass(func, args, kwargs):
+    """``func(*args, **kwargs)``, called from a function compiled as the line of the frame below
+    the caller's (the frame that called the mode), once per line."""
+    frame = sys._getframe(2)
+    where = (frame.f_code.co_filename, frame.f_lineno)
+    passing = _PASSES.get(where)
+    if passing is None:
+        names: dict = {}
+        exec(compile("\n" * (where[1] - 1) + "def passing(func, args, kwargs): return func(*args, **kwargs)",
+                     where[0], "exec"), names)
+        passing = _PASSES[where] = names["passing"]
+    return passing(func, args, kwargs)
 
 
 # torch.nn.functional.scaled_dot_product_attention's parameters, in order.
@@ -552,7 +619,8 @@ def start() -> None:
     recorder.torch.manual_seed(SEED)
     install(recorder)
     if os.environ.get(HOST_RANDOM):
-        host_random(recorder.torch, os.environ[HOST_RANDOM]).__enter__()  # for the life of the process
+        mode = host_random(recorder.torch, os.environ[HOST_RANDOM], as_caller=bool(os.environ.get(GRAPH)))
+        mode.__enter__()  # for the life of the process
     if os.environ.get(PACED_LOADER):
         _when_imported(os.environ[PACED_LOADER], lambda loader: pace_loader(recorder.torch, loader))
     for finder in filter(None, os.environ.get(DEVICE_FINDERS, "").split(",")):

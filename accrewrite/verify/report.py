@@ -14,7 +14,7 @@ from rich.table import Table
 
 from accrewrite.plural import counted
 from accrewrite.targets import all_targets
-from accrewrite.verify import profile
+from accrewrite.verify import graphs
 from accrewrite.verify.probe import NUDGE_SIZE
 from accrewrite.verify.sides import Side, read_records
 from accrewrite.verify.verdict import CHAOTIC, FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
@@ -196,9 +196,9 @@ def _number(value) -> str:
 
 def check_graphs(side: Side, device: str, name: Callable[[str], str] = str) -> tuple[str, str | None]:
     """The profile of a side whose target counts its graphs (``[verify.executions]``), rank 0's,
-    and why it fails although its numbers may match (``profile.problem``)."""
-    found = profile.profile(side.records[min(side.records)], name)
-    return profile.describe(side.name, device, found), profile.problem(side.name, device, found)
+    and why it fails although its numbers may match (``graphs.problem``)."""
+    found = graphs.profile(side.records[min(side.records)], name)
+    return graphs.describe(side.name, device, found), graphs.problem(side.name, device, found)
 
 
 class Progress:

@@ -83,6 +83,8 @@ def environment(side: Side, records: Path, steps: int | None, nproc: int) -> dic
         if needs.analysis_file:
             env.update(needs.analysis)
             env[probe.ANALYSIS_FILE] = needs.analysis_file
+        if needs.graph_hash:
+            env[probe.GRAPH] = f"{needs.graph_hash},{needs.graph_text}"
     return env
 
 

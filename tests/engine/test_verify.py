@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from accrewrite.cli import main
-from accrewrite.verify import probe, profile
+from accrewrite.verify import graphs as profile, probe
 from accrewrite.verify.report import check_graphs
 from accrewrite.verify.sides import Side, environment, read_records
 from accrewrite.verify.verdict import ROUNDING, compare, tolerance
@@ -314,6 +314,45 @@ Compilation Analysis: ----------------------------------------------------------
 """
 
 
+# The HLO of a step's graph (XLA_IR_DEBUG, XLA_HLO_DEBUG): each operation with the line that made it.
+HLO = """\
+HloModule IrToHlo.48, entry_computation_layout={(f32[40,4]{1,0})->(f32[2,4]{1,0})}
+
+ENTRY %IrToHlo.48 (p4.7: f32[40,4]) -> (f32[2,4]) {
+  %p4.7 = f32[40,4]{1,0} parameter(4), metadata={op_type="xla__device_data" source_file="/w/train.py" source_line=5}
+  %slice.8 = f32[8,4]{1,0} slice(f32[40,4]{1,0} %p4.7), slice={[0:8], [0:4]}, metadata={op_type="xla__select" \
+op_name="xla__select" source_file="/w/train.py" source_line=7}
+  %tanh.9 = f32[8,4]{1,0} tanh(f32[8,4]{1,0} %slice.8), metadata={op_type="aten__tanh" source_file="/w/train.py" \
+source_line=8}
+  %transpose.29 = f32[4,8]{0,1} transpose(f32[8,4]{1,0} %tanh.9), dimensions={1,0}, metadata={op_type="aten__permute" \
+op_name="aten__permute.3" source_file="/venv/torch/nn/modules/linear.py" source_line=134}
+}
+"""
+
+
+def test_where_a_steps_graph_differs_from_the_previous_steps_the_lines_that_made_it_are_named(monkeypatch):
+    printed, hashed = {}, {}
+    functions = types.ModuleType("vendor_graphs")
+    functions.hash, functions.text = (lambda tensors: hashed["now"]), (lambda tensors: printed["now"])
+    monkeypatch.setitem(sys.modules, "vendor_graphs", functions)
+    monkeypatch.setattr(probe, "_LIBRARIES", ("/venv/",))
+    graphs = probe.Graphs("vendor.metrics", [], "", "", "vendor_graphs:hash,vendor_graphs:text")
+    graphs.total = {}  # as before_reads leaves it once the script has imported the package
+
+    def step(key, text):
+        hashed["now"], printed["now"] = key, text
+        return graphs.changed(["parameter"])
+
+    assert step(1, HLO) == []  # the first graph: nothing to compare with
+    assert step(1, "not printed again: the same hash") == []
+    # The slice at another offset, the numbers in names and the metadata's op names differ:
+    # only the slice's line changed the graph; the tanh of its result is no new operation.
+    moved = HLO.replace("[0:8]", "[1:9]").replace(".29", ".31").replace("aten__permute.3", "aten__permute.5")
+    assert step(2, moved) == ["/w/train.py:7"]
+    grown = moved.replace("[1:9]", "[1:10]").replace("f32[8,4]", "f32[9,4]").replace("f32[4,8]", "f32[4,9]")
+    assert step(3, grown) == ["/w/train.py:7", "/w/train.py:8"]  # in the graph's order; linear.py's is a library's
+
+
 def test_the_script_line_that_ran_each_compiled_graph_is_read_from_the_targets_debug_analysis():
     # Frames innermost first: the first outside the interpreter's libraries and accrewrite's own.
     libraries = ("/venv/lib/python3.11/", "/work/accrewrite/")
@@ -465,9 +504,10 @@ def test_a_device_finder_finds_the_one_device_of_the_side_once_the_script_import
 
 def graphs(*steps, probe_executions=3):
     """A torch_xla side's records, each step's counts so far given as (compiles, executions,
-    transfers[, compiled_at])."""
+    transfers[, compiled_at[, changed_at]])."""
     return Side("torch_xla", "torch_xla", records={0: [
-        {"step": i + 1, "graphs": {"compiles": c, "executions": e, "transfers": t, "compiled_at": list(at[0] if at else ()),
+        {"step": i + 1, "graphs": {"compiles": c, "executions": e, "transfers": t, "compiled_at": [*(at[:1] or [()])[0]],
+                                   "changed_at": [*(at[1:] or [()])[0]],
                                    "probe": {"compiles": 1, "executions": probe_executions * (i + 1), "transfers": 0}}}
         for i, (c, e, t, *at) in enumerate(steps)]})
 
@@ -488,17 +528,21 @@ def test_the_profile_counts_each_step_up_to_the_next_optimizer_step_after_warm_u
         "--steps 4 at least)")
 
 
-def test_a_compilation_after_warm_up_names_the_line_and_one_in_every_step_fails():
-    late = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 3, 0), (3, 4, 0, ["/w/train.py:31"]), (3, 5, 0))
+def test_a_compilation_after_warm_up_names_the_lines_that_changed_and_ran_it_and_one_in_every_step_fails():
+    # Step 5's graph, as the probe saw it before its sync (in step 5's record), differs from step
+    # 4's at train.py:17; its sync (counted up to step 6's record) at train.py:31 compiled it.
+    late = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 3, 0), (2, 4, 0, [], ["/w/train.py:17", "/w/train.py:18"]),
+                  (3, 5, 0, ["/w/train.py:31"]), (3, 6, 0))
     summary, problem = check_graphs(late, "xla", lambda site: site.replace("/w/", ""))
-    assert summary.endswith("per step after warm-up (steps 3-5): 1 graph execution, 0 host transfers, "
-                            "0.33 compilations; compiled after warm-up when train.py:31 (step 4) ran its graph")
+    assert summary.endswith("per step after warm-up (steps 3-6): 1 graph execution, 0 host transfers, "
+                            "0.25 compilations; compiled after warm-up: train.py:17 changed the step's graph, "
+                            "train.py:31 ran it (step 5)")
     assert problem is None
-    sites = ["/w/train.py:31"]
-    every = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 3, 0, sites), (4, 4, 0, sites), (5, 5, 0, sites))
+    ran = ["/w/train.py:31"]
+    every = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 3, 0, ran), (4, 4, 0, ran), (5, 5, 0, ran))
     assert check_graphs(every, "xla")[1] == (
-        "torch_xla compiles a new graph in every step after warm-up (3 in 3 steps) when /w/train.py:31 (steps 3, 4, 5) "
-        "ran it: a shape or a Python number in the step's graph changes from step to step, and each new graph is "
+        "torch_xla compiles a new graph in every step after warm-up (3 in 3 steps: /w/train.py:31 ran it (steps 3, 4, 5)"
+        "): a shape or a Python number in the step's graph changes from step to step, and each new graph is "
         "compiled again")
     # In warm-up, a compilation per step is the graphs settling, not a fault.
     assert check_graphs(graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 3, 0)), "xla")[1] is None

@@ -1,7 +1,8 @@
 """The graph profile of a side whose target counts its graphs (``[verify.executions]``), from the
 ``graphs`` of its steps' records (``probe.Graphs``): per step after warm-up, the graphs it
 executed, those it compiled and its transfers to the host, the probe's own reads left out, and
-the script's line that ran each graph compiled after warm-up.
+for each graph compiled after warm-up, the script's line that changed it (made the first
+operation the previous step's graph lacks) and the line that ran it.
 
 A step is counted from its optimizer step to the next one's, as that is where the sync that ends
 it (the device loader's or the script's) runs its graph; so the last step recorded is not
@@ -30,7 +31,7 @@ class Profile:
     executions: list[int] = field(default_factory=list)
     compiles: list[int] = field(default_factory=list)
     transfers: list[int] | None = None
-    late: dict[str, list[int]] = field(default_factory=dict)  # the script's line -> the steps it compiled in
+    late: dict[str, list[int]] = field(default_factory=dict)  # what changed and ran a graph -> the steps it compiled in
     executions_in_all: int = 0  # every step's, the last's included
     compiles_in_all: int = 0
     ran: int = 0  # graphs executed in all, the probe's included: none, and the side trained on the CPU
@@ -57,10 +58,18 @@ def profile(records: list[dict], name: Callable[[str], str] = str) -> Profile:
         found.executions.append(after.get("executions", 0) - before.get("executions", 0))
         if found.transfers is not None:
             found.transfers.append(after.get("transfers", 0) - before.get("transfers", 0))
-        for site in after.get("compiled_at", ()):
-            steps = found.late.setdefault(name(site), [])
-            steps += [] if step in steps else [step]
+        if found.compiles[-1]:
+            # The step's graph as the probe saw it before the step's sync: in the step's own record.
+            found.late.setdefault(_late(before.get("changed_at", ()), after.get("compiled_at", ()), name), []).append(step)
     return found
+
+
+def _late(changed: list[str], ran: list[str], name: Callable[[str], str]) -> str:
+    """The line that changed a step's graph and the lines that ran the graphs compiled."""
+    said = [f"{name(changed[0])} changed the step's graph"] if changed else []
+    if ran:
+        said.append(f"{' and '.join(dict.fromkeys(map(name, ran)))} ran it")
+    return ", ".join(said) or "no line is known"
 
 
 def per_step(values: list[int], noun: str) -> str:
@@ -84,14 +93,14 @@ def describe(side: str, device: str, found: Profile) -> str:
     what.append(per_step(found.compiles, "compilation"))
     text += f"per step after warm-up ({span}): {', '.join(what)}"
     if found.late:
-        text += f"; compiled after warm-up when {sites(found)} ran its graph"
+        text += f"; compiled after warm-up: {sites(found)}"
     return text
 
 
 def sites(found: Profile) -> str:
-    """Each line of the migrated script that ran a graph compiled after warm-up, with its steps."""
-    return ", ".join(f"{site} (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})"
-                     for site, steps in found.late.items())
+    """What changed and ran each graph compiled after warm-up, with its steps."""
+    return "; ".join(f"{what} (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})"
+                     for what, steps in found.late.items())
 
 
 def problem(side: str, device: str, found: Profile) -> str | None:
@@ -100,8 +109,7 @@ def problem(side: str, device: str, found: Profile) -> str | None:
     if not found.ran:
         return f"{side} ran no graph on the {device} device: it trained on the CPU"
     if found.every_step:
-        where = f" when {sites(found)} ran it" if found.late else ""
         return (f"{side} compiles a new graph in every step after warm-up ({sum(found.compiles)} in "
-                f"{counted(len(found.steps), 'step')}){where}: a shape or a Python number in the step's graph changes "
-                "from step to step, and each new graph is compiled again")
+                f"{counted(len(found.steps), 'step')}: {sites(found)}): a shape or a Python number in the step's "
+                "graph changes from step to step, and each new graph is compiled again")
     return None
