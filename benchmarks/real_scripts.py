@@ -72,7 +72,9 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
    stays inside it; verify runs a notebook's code cells in order) and synthetic data (no network):
    ``original,runtime`` and ``original,torch_xla``, or ``runtime,torch_xla`` (counted for both)
    where the original needs CUDA, or only ``original,runtime`` where it places nothing on a
-   device. ``--python`` runs ``-m accrewrite.cli verify`` and with it the original and the
+   device. Each verdict comes with the torch_xla side's graph profile that verify prints: per
+   step after warm-up, graph executions and host transfers, the compilations after warm-up and
+   what changed and ran the first of them. ``--python`` runs ``-m accrewrite.cli verify`` and with it the original and the
    runtime side; ``--xla-python`` (default ``$ACCREWRITE_XLA_PYTHON``) the
    torch_xla side, which is skipped without one. A recipe whose original cannot run here is not
    counted as verified. Then, unless ``--no-end``, each side (the original where it runs here,
@@ -1608,6 +1610,31 @@ class VerifyResult:
     code: int | None  # accrewrite verify's exit status; None when it did not run
     verdict: str
     seconds: float = 0.0
+    profile: GraphProfile | None = None  # the torch_xla side's, where verify printed one
+
+
+@dataclass
+class GraphProfile:
+    """A torch_xla side's graph profile as verify prints it, per step after warm-up (verify's own
+    reads not counted)."""
+
+    graphs: str  # graph executions per step
+    transfers: str  # host transfers per step
+    compilations: int  # compilations after warm-up
+    line: str = ""  # what changed and ran the first graph compiled after warm-up
+
+
+_PROFILE = re.compile(r"torch_xla: .*; per step after warm-up \([^)]*\): (?P<graphs>[\d.]+) graph executions?, "
+                      r"(?P<transfers>[\d.]+) host transfers?; (?P<compilations>\d+) compilations? after warm-up"
+                      r"(?:: (?P<line>.*?) \(steps? [\d, ]+\)(?:;|$))?")
+
+
+def graph_profile(stdout: str) -> GraphProfile | None:
+    """The torch_xla side's profile in verify's output, None where it printed none."""
+    found = next((match for match in map(_PROFILE.match, stdout.splitlines()) if match), None)
+    if found is None:
+        return None
+    return GraphProfile(found["graphs"], found["transfers"], int(found["compilations"]), found["line"] or "")
 
 
 @dataclass
@@ -1729,24 +1756,25 @@ def run_verify(script: Path, relative: str, recipe: Recipe, args) -> list[Verify
         try:
             verdict = _verify_once(script, recipe, sides, args)
         except Exception as exc:  # noqa: BLE001 - one recipe never stops the run
-            verdict = (None, f"could not run accrewrite verify: {type(exc).__name__}: {exc}", 0.0)
+            verdict = (None, f"could not run accrewrite verify: {type(exc).__name__}: {exc}", 0.0, None)
         results.append(VerifyResult(relative, sides, counts_for, *verdict))
     return results
 
 
-def _verify_once(script: Path, recipe: Recipe, sides: str, args) -> tuple[int | None, str, float]:
-    """(exit status or None, verdict, seconds) of one ``accrewrite verify --compare SIDES``."""
+def _verify_once(script: Path, recipe: Recipe, sides: str, args) -> tuple[int | None, str, float, GraphProfile | None]:
+    """(exit status or None, verdict, seconds, the torch_xla side's profile) of one
+    ``accrewrite verify --compare SIDES``."""
     if "torch_xla" in sides and not args.xla_python:
-        return None, "skipped: no --xla-python (or $ACCREWRITE_XLA_PYTHON)", 0.0
+        return None, "skipped: no --xla-python (or $ACCREWRITE_XLA_PYTHON)", 0.0, None
     missing = _missing(recipe, [args.python, *([args.xla_python] if "torch_xla" in sides else [])])
     if missing:
-        return None, missing, 0.0
+        return None, missing, 0.0, None
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="real-scripts-") as scratch:
         try:
             ready = prepare(script, recipe, Path(scratch), args.python)
         except Exception as exc:  # noqa: BLE001 - one recipe never stops the run
-            return None, f"could not prepare the data: {type(exc).__name__}: {exc}", 0.0
+            return None, f"could not prepare the data: {type(exc).__name__}: {exc}", 0.0, None
         command = [args.python, "-m", "accrewrite.cli", "verify", str(ready.script), "--compare", sides,
                    "--steps", str(recipe.steps or args.steps), "--timeout", str(args.timeout),
                    *(["--rtol", str(args.rtol)] if args.rtol else []), "--nproc", str(recipe.nproc),
@@ -1757,8 +1785,8 @@ def _verify_once(script: Path, recipe: Recipe, sides: str, args) -> tuple[int | 
             done = subprocess.run(command, cwd=ready.cwd, env=env, capture_output=True, text=True,
                                   timeout=2 * args.timeout + 120)
         except subprocess.TimeoutExpired:
-            return None, "accrewrite verify itself did not finish", time.monotonic() - start
-    return done.returncode, verdict_line(done), time.monotonic() - start
+            return None, "accrewrite verify itself did not finish", time.monotonic() - start, None
+    return done.returncode, verdict_line(done), time.monotonic() - start, graph_profile(done.stdout)
 
 
 _EXCEPTION = re.compile(r"[\w.]*(Error|Exception|Interrupt|Exit)\b.*")
@@ -2047,10 +2075,18 @@ def print_verify(outcomes: list[Outcome]) -> None:
     ends = [e for o in outcomes for e in o.ends]
     print("\n== 5. accrewrite verify ==")
     width = max((len(r.script) for r in results), default=10)
-    print(f"{'script':<{width}}  {'comparison':<18}  exit  {'time':>6}  verdict")
+    print("(xla, per step after warm-up, verify's own reads not counted: graph executions/step, compilations "
+          "after warm-up, host transfers/step, what changed and ran a graph compiled after warm-up)")
+    print(f"{'script':<{width}}  {'comparison':<18}  exit  {'time':>6}  {'graphs':>6}  {'late':>4}  "
+          f"{'moves':>5}  verdict")
     for r in results:
         code = "-" if r.code is None else str(r.code)
-        print(f"{r.script:<{width}}  {r.comparison:<18}  {code:>4}  {r.seconds:>5.0f}s  {r.verdict}")
+        graphs, late, moves = ((r.profile.graphs, str(r.profile.compilations), r.profile.transfers) if r.profile
+                               else ("-", "-", "-"))
+        print(f"{r.script:<{width}}  {r.comparison:<18}  {code:>4}  {r.seconds:>5.0f}s  {graphs:>6}  {late:>4}  "
+              f"{moves:>5}  {r.verdict}")
+        if r.profile and r.profile.line:
+            print(f"{'':<{width}}  late compilation: {r.profile.line}")
     if ends:
         print("\n== 6. to the end: each side run as a user runs it, with the recipe's arguments ==")
         print(f"{'script':<{width}}  {'side':<9}  exit  {'time':>6}  xla (executions/compilations/fallbacks)  why not")

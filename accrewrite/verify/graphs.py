@@ -90,11 +90,8 @@ def describe(side: str, device: str, found: Profile) -> str:
     what = [per_step(found.executions, "graph execution")]
     if found.transfers is not None:
         what.append(per_step(found.transfers, "host transfer"))
-    what.append(per_step(found.compiles, "compilation"))
-    text += f"per step after warm-up ({span}): {', '.join(what)}"
-    if found.late:
-        text += f"; compiled after warm-up: {sites(found)}"
-    return text
+    text += f"per step after warm-up ({span}): {', '.join(what)}; {counted(sum(found.compiles), 'compilation')} after warm-up"
+    return text + (f": {sites(found)}" if found.late else "")
 
 
 def sites(found: Profile) -> str:

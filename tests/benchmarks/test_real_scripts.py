@@ -16,6 +16,7 @@ import pytest
 from benchmark_module import load
 
 from accrewrite.unbound import REFUSAL
+from accrewrite.verify import graphs
 
 rs = load("real_scripts")
 
@@ -417,6 +418,27 @@ def test_the_scorecard_of_a_script():
     row = rs.scorecard(rs.Outcome(verify, ends))
     assert row == {"script": "a.py", "runtime verify": "yes", "torch_xla verify": "no", "original to end": "yes",
                    "runtime to end": "no", "torch_xla to end": "yes", "xla executions": "0"}
+
+
+def test_the_verify_table_reads_the_torch_xla_sides_graph_profile_as_verify_prints_it(capsys):
+    def printed(**found):
+        return graphs.describe("torch_xla", "xla", graphs.Profile(**{"executions_in_all": 9, "compiles_in_all": 2,
+                                                                     "ran": 12, **found}))
+
+    clean = printed(steps=[3, 4], executions=[1, 1], compiles=[0, 0], transfers=[1, 1])
+    assert rs.graph_profile(f"┃ table ┃\n{clean}\nmatch: 5 steps") == rs.GraphProfile("1", "1", 0)
+    late = printed(steps=[3, 4, 5], executions=[2, 1, 1], compiles=[0, 1, 0], transfers=[0, 0, 0],
+                   late={"train.py:17 changed the step's graph, train.py:30 ran it": [4],
+                         "train.py:40 ran it": [5]})
+    assert rs.graph_profile(late) == rs.GraphProfile("1.33", "0", 1, "train.py:17 changed the step's graph, "
+                                                                       "train.py:30 ran it")
+    assert rs.graph_profile("match: 5 steps") is None  # no torch_xla side
+    result = rs.VerifyResult("a.py", "original,torch_xla", ("torch_xla",), 0, "match",
+                             profile=rs.graph_profile(late))
+    rs.print_verify([rs.Outcome([result], [])])
+    table = capsys.readouterr().out
+    assert "a.py  original,torch_xla     0      0s    1.33     1      0  match" in table
+    assert "late compilation: train.py:17 changed the step's graph, train.py:30 ran it" in table
 
 
 def test_a_framework_script_changed_for_something_else_is_listed_as_never_naming_its_framework():

@@ -517,7 +517,7 @@ def test_the_profile_counts_each_step_up_to_the_next_optimizer_step_after_warm_u
     side = graphs((0, 0, 0), (1, 1, 1), (2, 2, 2), (2, 3, 3), (2, 4, 4), (2, 5, 5))
     summary, problem = check_graphs(side, "xla")
     assert summary == ("torch_xla: 5 graph executions on the xla device and 2 compilations, verify's own reads not "
-                       "counted; per step after warm-up (steps 3-5): 1 graph execution, 1 host transfer, 0 compilations")
+                       "counted; per step after warm-up (steps 3-5): 1 graph execution, 1 host transfer; 0 compilations after warm-up")
     assert problem is None
     found = profile.profile(side.records[0])
     assert (found.steps, found.executions, found.compiles, found.transfers) == ([3, 4, 5], [1, 1, 1], [0, 0, 0],
@@ -534,9 +534,9 @@ def test_a_compilation_after_warm_up_names_the_lines_that_changed_and_ran_it_and
     late = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 3, 0), (2, 4, 0, [], ["/w/train.py:17", "/w/train.py:18"]),
                   (3, 5, 0, ["/w/train.py:31"]), (3, 6, 0))
     summary, problem = check_graphs(late, "xla", lambda site: site.replace("/w/", ""))
-    assert summary.endswith("per step after warm-up (steps 3-6): 1 graph execution, 0 host transfers, "
-                            "0.25 compilations; compiled after warm-up: train.py:17 changed the step's graph, "
-                            "train.py:31 ran it (step 5)")
+    assert summary.endswith("per step after warm-up (steps 3-6): 1 graph execution, 0 host transfers; "
+                            "1 compilation after warm-up: train.py:17 changed the step's graph, train.py:31 ran it "
+                            "(step 5)")
     assert problem is None
     ran = ["/w/train.py:31"]
     every = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 3, 0, ran), (4, 4, 0, ran), (5, 5, 0, ran))
@@ -720,7 +720,8 @@ def test_a_migrated_step_runs_one_graph_per_step_and_compiles_nothing_after_warm
     code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python", f"torch_xla={xla_python}")
     assert code == 0, out + err
     # Its loss.item() moves to a step closure, which reads the loss once the step's graph has run.
-    assert ("per step after warm-up (steps 3-6): 1 graph execution, 1 host transfer, 0 compilations" in out), out
+    assert "per step after warm-up (steps 3-6): 1 graph execution, 1 host transfer; 0 compilations after warm-up" \
+        in out, out
 
 
 @pytest.mark.xla
@@ -729,7 +730,8 @@ def test_a_batch_sliced_at_a_python_offset_compiles_every_step_and_names_the_sli
     code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python", f"torch_xla={xla_python}",
                             "--", "--offset", "3")
     assert code == 1, out + err
-    assert "per step after warm-up (steps 3-6): 1 graph execution, 1 host transfer, 1 compilation" in out, out
+    assert ("per step after warm-up (steps 3-6): 1 graph execution, 1 host transfer; 4 compilations after warm-up: "
+            in out), out
     sliced = SLICED.splitlines().index("    batch = corpus[step * args.offset:step * args.offset + 8]") + 1
     assert (f"diverge: torch_xla compiles a new graph in every step after warm-up (4 in 4 steps: train.py:{sliced} "
             "changed the step's graph, line " in out), out
