@@ -10,8 +10,8 @@ noise that each step's tolerance is made of (``verdict``).
 
 Exit codes: 0 every step of every rank within its tolerance, and both sides ended well; 1 the
 second side failed, went non-finite or differs beyond a tolerance (the first such step is named),
-or a side whose target counts its graphs (torch_xla's) trained on the CPU or recompiled every
-step; 2 the first side (the original)
+or a side whose target counts its graphs (torch_xla's) trained on the CPU or compiled in every
+step after warm-up (``graphs``); 2 the first side (the original)
 cannot run, or verify cannot set up (its error and what to do are printed); 129, 130, 143
 stopped by SIGHUP, SIGINT, SIGTERM, after ending every process of the sides and removing the
 workspace.
