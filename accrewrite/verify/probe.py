@@ -26,7 +26,10 @@ A step's line holds:
   far to run. ``probe`` holds the counts of the probe's reads; ``compiled_at``, where the target
   writes the Python frames that triggered each compilation to the file named by the variable
   ``ACCREWRITE_VERIFY_ANALYSIS_FILE`` names (the probe sets it to ``RECORDS/compilations.<PID>.txt``),
-  the script's line (``path:line``) of each compilation since the previous step.
+  the script's line (``path:line``) that ran each graph compiled since the previous step;
+  ``changed_at``, where ``ACCREWRITE_VERIFY_GRAPH`` names what hashes and prints a graph, the
+  script's lines that made the operations of this step's graph (its parameters' update, before
+  the step's sync runs it) that the previous step's graph lacks.
 
 With ``ACCREWRITE_VERIFY_STEPS=N`` the process ends after N steps (``SystemExit(0)`` from the
 optimizer step, so ``finally`` blocks and launchers see an orderly end), with a last line
@@ -274,8 +277,8 @@ class Graphs:
         if previous is None:
             return []
         new = counts - previous
-        return list(dict.fromkeys(site for operation in operations if operation in new
-                                  for site in operation[1:] if site and not site.startswith(_LIBRARIES)))
+        return list(dict.fromkeys(site for text, site in operations
+                                  if (text, site) in new and site and not site.startswith(_LIBRARIES)))
 
     def after_reads(self) -> None:
         if self.total is None:
@@ -287,13 +290,13 @@ class Graphs:
 
     def _unread(self) -> str:
         try:
-            with open(self.analysis, encoding="utf-8", errors="replace") as analysis:
+            with open(self.analysis, "rb") as analysis:
                 analysis.seek(self.read)
-                text = analysis.read()
+                written = analysis.read()
         except FileNotFoundError:  # nothing compiled yet
             return ""
-        self.read += len(text.encode("utf-8", errors="replace"))
-        return text
+        self.read += len(written)
+        return written.decode(errors="replace")
 
 
 def _function(spec: str):
@@ -307,10 +310,6 @@ def _function(spec: str):
 _LIBRARIES = tuple({os.path.join(path, "") for key, path in sysconfig.get_paths().items()
                     if key in ("stdlib", "platstdlib", "purelib", "platlib")}
                    | {os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")})
-_ANALYSIS = "Compilation Analysis:"
-_FRAME = re.compile(r"\s+\S+ \((?P<path>.+):(?P<line>\d+)\)$")
-
-
 _METADATA = re.compile(r", metadata=\{.*\}")
 _SOURCE = re.compile(r'source_file="(?P<path>[^"]+)" source_line=(?P<line>\d+)')
 _NUMBERED = re.compile(r"(%[\w-]+)\.\d+")
@@ -326,6 +325,10 @@ def _operations(text: str) -> list[tuple[str, str]]:
         found.append((_NUMBERED.sub(r"\1", _METADATA.sub("", line)).strip(),
                       f"{source['path']}:{source['line']}" if source else ""))
     return found
+
+
+_ANALYSIS = "Compilation Analysis:"
+_FRAME = re.compile(r"\s+\S+ \((?P<path>.+):(?P<line>\d+)\)$")
 
 
 def compilation_sites(text: str, libraries: tuple[str, ...]) -> list[str]:

@@ -2,6 +2,7 @@
 verdict is the exit code (0 match, 1 diverge or the migrated side fails, 2 the original cannot run).
 What a side may touch and how its processes end: test_verify_isolation.py."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -351,6 +352,18 @@ def test_where_a_steps_graph_differs_from_the_previous_steps_the_lines_that_made
     assert step(2, moved) == ["/w/train.py:7"]
     grown = moved.replace("[1:9]", "[1:10]").replace("f32[8,4]", "f32[9,4]").replace("f32[4,8]", "f32[4,9]")
     assert step(3, grown) == ["/w/train.py:7", "/w/train.py:8"]  # in the graph's order; linear.py's is a library's
+
+
+def test_a_call_the_host_random_mode_passes_through_is_made_from_its_callers_line():
+    # What records the Python frame that made an operation (XLA_IR_DEBUG) sees the script's line,
+    # not the mode's: the mode's handler is the frame between.
+    def handler(func):
+        return probe._pass(func, (), {})
+
+    made = handler(lambda: sys._getframe(1))  # the frame that called func
+    line = inspect.currentframe().f_lineno - 1
+    assert (made.f_code.co_filename, made.f_lineno) == (__file__, line)
+    assert handler(lambda: sys._getframe(1)).f_code is not made.f_code  # another line, another function
 
 
 def test_the_script_line_that_ran_each_compiled_graph_is_read_from_the_targets_debug_analysis():
