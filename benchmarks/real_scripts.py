@@ -74,8 +74,8 @@ read: migrations happen in memory, and verify runs work on copies in temporary d
    where the original needs CUDA, or only ``original,runtime`` where it places nothing on a
    device. Each verdict comes with the torch_xla side's graph profile that verify prints: per
    step after warm-up, graph executions and host transfers, the compilations after warm-up and
-   what changed and ran the first of them. ``--python`` runs ``-m accrewrite.cli verify`` and with it the original and the
-   runtime side; ``--xla-python`` (default ``$ACCREWRITE_XLA_PYTHON``) the
+   what changed and ran the first of them. ``--python`` runs ``-m accrewrite.cli verify`` and
+   with it the original and the runtime side; ``--xla-python`` (default ``$ACCREWRITE_XLA_PYTHON``) the
    torch_xla side, which is skipped without one. A recipe whose original cannot run here is not
    counted as verified. Then, unless ``--no-end``, each side (the original where it runs here,
    runtime, torch_xla on PJRT_DEVICE=CPU) is run as a user runs it, with the recipe's arguments,

@@ -49,18 +49,17 @@ def profile(records: list[dict], name: Callable[[str], str] = str) -> Profile:
     found = Profile(executions_in_all=last.get("executions", 0), compiles_in_all=last.get("compiles", 0),
                     ran=last.get("executions", 0) + (last.get("probe") or {}).get("executions", 0))
     found.transfers = [] if "transfers" in last else None
-    for step in range(1, len(counts)):  # step's counts: from its record to the next one's
+    for step in range(WARM_UP + 1, len(counts)):  # step's counts: from its record to the next one's
         before, after = counts[step - 1], counts[step]
-        if step <= WARM_UP:
-            continue
         found.steps.append(step)
         found.compiles.append(after.get("compiles", 0) - before.get("compiles", 0))
         found.executions.append(after.get("executions", 0) - before.get("executions", 0))
         if found.transfers is not None:
             found.transfers.append(after.get("transfers", 0) - before.get("transfers", 0))
         if found.compiles[-1]:
-            # The step's graph as the probe saw it before the step's sync: in the step's own record.
-            found.late.setdefault(_late(before.get("changed_at", ()), after.get("compiled_at", ()), name), []).append(step)
+            # The step's graph as the probe saw it before the step's sync is in the step's own record.
+            what = _late(before.get("changed_at", ()), after.get("compiled_at", ()), name)
+            found.late.setdefault(what, []).append(step)
     return found
 
 
@@ -90,7 +89,8 @@ def describe(side: str, device: str, found: Profile) -> str:
     what = [per_step(found.executions, "graph execution")]
     if found.transfers is not None:
         what.append(per_step(found.transfers, "host transfer"))
-    text += f"per step after warm-up ({span}): {', '.join(what)}; {counted(sum(found.compiles), 'compilation')} after warm-up"
+    text += f"per step after warm-up ({span}): {', '.join(what)}; "
+    text += f"{counted(sum(found.compiles), 'compilation')} after warm-up"
     return text + (f": {sites(found)}" if found.late else "")
 
 

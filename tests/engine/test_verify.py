@@ -518,11 +518,13 @@ def test_a_device_finder_finds_the_one_device_of_the_side_once_the_script_import
 def graphs(*steps, probe_executions=3):
     """A torch_xla side's records, each step's counts so far given as (compiles, executions,
     transfers[, compiled_at[, changed_at]])."""
-    return Side("torch_xla", "torch_xla", records={0: [
-        {"step": i + 1, "graphs": {"compiles": c, "executions": e, "transfers": t, "compiled_at": [*(at[:1] or [()])[0]],
-                                   "changed_at": [*(at[1:] or [()])[0]],
-                                   "probe": {"compiles": 1, "executions": probe_executions * (i + 1), "transfers": 0}}}
-        for i, (c, e, t, *at) in enumerate(steps)]})
+    def record(i, compiles, executions, transfers, compiled_at=(), changed_at=()):
+        return {"step": i + 1, "graphs": {
+            "compiles": compiles, "executions": executions, "transfers": transfers, "compiled_at": [*compiled_at],
+            "changed_at": [*changed_at], "probe": {"compiles": 1, "executions": probe_executions * (i + 1),
+                                                   "transfers": 0}}}
+
+    return Side("torch_xla", "torch_xla", records={0: [record(i, *counts) for i, counts in enumerate(steps)]})
 
 
 def test_the_profile_counts_each_step_up_to_the_next_optimizer_step_after_warm_up():
@@ -530,12 +532,14 @@ def test_the_profile_counts_each_step_up_to_the_next_optimizer_step_after_warm_u
     side = graphs((0, 0, 0), (1, 1, 1), (2, 2, 2), (2, 3, 3), (2, 4, 4), (2, 5, 5))
     summary, problem = check_graphs(side, "xla")
     assert summary == ("torch_xla: 5 graph executions on the xla device and 2 compilations, verify's own reads not "
-                       "counted; per step after warm-up (steps 3-5): 1 graph execution, 1 host transfer; 0 compilations after warm-up")
+                       "counted; per step after warm-up (steps 3-5): 1 graph execution, 1 host transfer; "
+                       "0 compilations after warm-up")
     assert problem is None
     found = profile.profile(side.records[0])
     assert (found.steps, found.executions, found.compiles, found.transfers) == ([3, 4, 5], [1, 1, 1], [0, 0, 0],
                                                                                 [1, 1, 1])
-    assert profile.profile(graphs((0, 0, 0), (1, 2, 0), (2, 4, 0), (2, 7, 0), (2, 9, 0)).records[0]).executions == [3, 2]
+    uneven = graphs((0, 0, 0), (1, 2, 0), (2, 4, 0), (2, 7, 0), (2, 9, 0))
+    assert profile.profile(uneven.records[0]).executions == [3, 2]
     assert check_graphs(graphs((0, 0, 0), (1, 1, 1), (2, 2, 2)), "xla")[0].endswith(
         "no step after warm-up to profile (the graphs of a step are counted up to the next step's optimizer step: "
         "--steps 4 at least)")
@@ -554,9 +558,9 @@ def test_a_compilation_after_warm_up_names_the_lines_that_changed_and_ran_it_and
     ran = ["/w/train.py:31"]
     every = graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 3, 0, ran), (4, 4, 0, ran), (5, 5, 0, ran))
     assert check_graphs(every, "xla")[1] == (
-        "torch_xla compiles a new graph in every step after warm-up (3 in 3 steps: /w/train.py:31 ran it (steps 3, 4, 5)"
-        "): a shape or a Python number in the step's graph changes from step to step, and each new graph is "
-        "compiled again")
+        "torch_xla compiles a new graph in every step after warm-up (3 in 3 steps: /w/train.py:31 ran it "
+        "(steps 3, 4, 5)): a shape or a Python number in the step's graph changes from step to step, and each new "
+        "graph is compiled again")
     # In warm-up, a compilation per step is the graphs settling, not a fault.
     assert check_graphs(graphs((0, 0, 0), (1, 1, 0), (2, 2, 0), (2, 3, 0)), "xla")[1] is None
 
@@ -713,8 +717,8 @@ SLICED = script().replace("for step, (x, y) in enumerate(loader):\n    x, y = x.
 @pytest.mark.xla
 def test_a_migrated_step_runs_one_graph_per_step_and_compiles_nothing_after_warm_up(project, capsys, xla_python):
     write(project, "train.py", script())
-    code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python", f"torch_xla={xla_python}",
-                            "--", "--steps", "6")
+    code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python",
+                            f"torch_xla={xla_python}", "--", "--steps", "6")
     assert code == 0, out + err
     # Its loss.item() moves to a step closure, which reads the loss once the step's graph has run.
     assert "per step after warm-up (steps 3-5): 1 graph execution, 1 host transfer; 0 compilations after warm-up" \
@@ -724,8 +728,8 @@ def test_a_migrated_step_runs_one_graph_per_step_and_compiles_nothing_after_warm
 @pytest.mark.xla
 def test_a_batch_sliced_at_a_python_offset_compiles_every_step_and_names_the_slice(project, capsys, xla_python):
     write(project, "train.py", SLICED)
-    code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python", f"torch_xla={xla_python}",
-                            "--", "--steps", "6")
+    code, out, err = verify(capsys, "train.py", "--compare", "original,torch_xla", "--python",
+                            f"torch_xla={xla_python}", "--", "--steps", "6")
     assert code == 1, out + err
     assert ("per step after warm-up (steps 3-5): 1 graph execution, 1 host transfer; 3 compilations after warm-up: "
             in out), out
