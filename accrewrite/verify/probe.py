@@ -236,6 +236,7 @@ class Graphs:
         module, *names = spec.split(":")
         analysis = ""
         if os.environ.get(ANALYSIS_FILE):
+            os.makedirs(folder, exist_ok=True)  # the target writes there from the first compilation on
             analysis = os.path.join(folder, f"compilations.{os.getpid()}.txt")
             os.environ[os.environ[ANALYSIS_FILE]] = analysis  # read by the target when the script imports it
         return cls(module, names, os.environ.get(DEVICE_WAIT, ""), analysis, os.environ.get(GRAPH, ""))
