@@ -68,6 +68,7 @@ class Use:
 
     kind: str
     dtype: str
+    device: str | None = None  # ``mu.device`` where the type followed a tensor's; None: the device
 
 
 @dataclass(eq=False)
@@ -93,14 +94,25 @@ def legacy_types(ctx: RuleContext) -> LegacyTypes:
     return found
 
 
+@dataclass(eq=False)
+class _Alias:
+    """A name the file assigns a legacy CUDA type: its assignments (statement lines, and the
+    functions they are in), the dtype they agree on (None where they do not), and the tensor whose
+    device chose the type (``mu`` of ``torch.cuda.FloatTensor if mu.is_cuda else ...``)."""
+
+    dtype: str | None
+    tensor: str | None
+    statements: list[cst.CSTNode] = field(default_factory=list)
+    scopes: set = field(default_factory=set)
+
+
 class _Finder:
     def __init__(self, ctx: RuleContext) -> None:
         self.ctx = ctx
         self.file = ctx.facts.file
         self.aliases = self._aliases()
-        self.refs: list[cst.CSTNode] = []
+        self.refs: dict[cst.CSTNode, cst.FunctionDef | None] = {}  # each name of a type -> its function
         self.calls: list[tuple[cst.Call, cst.FunctionDef | None]] = []
-        self.statements: dict[str, list[cst.CSTNode]] = {}
 
     def found(self) -> LegacyTypes:
         self._walk()
@@ -109,54 +121,66 @@ class _Finder:
         for call, scope in self.calls:
             if self.file.qualname(call.func) in _VARIABLE:
                 result.variables.append(call)
-            elif call.func in self._ref_set:
+            elif call.func in self.refs:
                 kind = self._arguments(call, scope)
                 explained[call.func] = call
                 if kind is None:
                     result.left.append((call, f"`{excerpt(self.ctx.code(call))}` may take sizes or data", _EITHER))
                 else:
-                    result.uses[call] = Use(kind, self._dtype(call.func))
+                    result.uses[call] = self._use(kind, call.func)
             elif self._converts(call):
                 explained[call.args[0].value] = call
-                result.uses[call] = Use("conversion", self._dtype(call.args[0].value))
+                result.uses[call] = self._use("conversion", call.args[0].value)
         for ref in self.refs:
             if ref not in explained:
                 result.left.append((ref, f"`{self.ctx.code(ref)}` is used where no device can be given to it", _USED))
-        for name, (statements, dtype) in self.aliases.items():
+        for name, alias in self.aliases.items():
             reads = [ref for ref in self.refs if type(ref) is cst.Name and ref.value == name]
-            why = self._alias_left(name, statements, reads, explained, result.uses)
+            why = self._alias_left(name, alias, reads, explained, result.uses)
             if why is None:
-                result.aliases.update(statements)
+                result.aliases.update(alias.statements)
                 continue
             for read in reads:
                 result.uses.pop(explained.get(read), None)
-            if statements:
-                result.left.append((statements[0], why, _ALIAS))
+            if alias.statements:
+                result.left.append((alias.statements[0], why, _ALIAS))
         return result
+
+    def _use(self, kind: str, ref: cst.CSTNode) -> Use:
+        name = self._cuda_type(ref)
+        if name:
+            return Use(kind, DTYPES[name])
+        alias = self.aliases[ref.value]
+        return Use(kind, alias.dtype, f"{alias.tensor}.device" if alias.tensor else None)
 
     # The file's names of legacy types ----------------------------------------------------
 
-    def _aliases(self) -> dict[str, tuple[list[cst.CSTNode], str]]:
-        """Names assigned a legacy CUDA type (every assignment of the name, one dtype): name ->
-        (their statements, filled by the walk; the dtype)."""
+    def _aliases(self) -> dict[str, _Alias]:
+        """Names assigned a legacy CUDA type, their statements filled by the walk."""
         found = {}
         for name, values in self.file.assignments.items():
-            dtypes = {self._alias_dtype(value) for value in values}
-            if "." not in name and any(dtypes):
-                found[name] = ([], dtypes.pop() if len(dtypes) == 1 else None)
+            chosen = {self._alias_choice(value) for value in values}
+            if "." not in name and any(chosen):
+                found[name] = _Alias(*chosen.pop()) if len(chosen) == 1 else _Alias(None, None)
         return found
 
-    def _alias_dtype(self, value: cst.BaseExpression) -> str | None:
+    def _alias_choice(self, value: cst.BaseExpression) -> tuple[str, str | None] | None:
         """``torch.cuda.FloatTensor``, and ``torch.cuda.FloatTensor if cuda else
         torch.FloatTensor`` (``torch.Tensor``, the default type, beside the float type) where
-        ``cuda`` tests CUDA's availability: the dtype, else None."""
-        if type(value) is cst.IfExp:
-            name = self._cuda_type(value.body)
-            other = self.file.qualname(value.orelse)
-            cpu = {f"torch.{name}"} | ({"torch.Tensor"} if name == "FloatTensor" and not self._default_changed() else set())
-            return DTYPES[name] if name and other in cpu and self._tests_cuda(value.test) else None
-        name = self._cuda_type(value)
-        return DTYPES[name] if name else None
+        ``cuda`` tests CUDA's availability or a tensor's ``is_cuda``: the dtype and that tensor
+        (None: the device's), else None."""
+        if type(value) is not cst.IfExp:
+            name = self._cuda_type(value)
+            return (DTYPES[name], None) if name else None
+        name = self._cuda_type(value.body)
+        other = self.file.qualname(value.orelse)
+        cpu = {f"torch.{name}"} | ({"torch.Tensor"} if name == "FloatTensor" and not self._default_changed() else set())
+        if not name or other not in cpu:
+            return None
+        test = value.test
+        if type(test) is cst.Attribute and test.attr.value == "is_cuda" and type(test.value) is cst.Name:
+            return DTYPES[name], test.value.value
+        return (DTYPES[name], None) if self._tests_cuda(test) else None
 
     def _default_changed(self) -> bool:
         text = self.file.text
@@ -182,10 +206,6 @@ class _Finder:
         module, _, name = (self.file.qualname(node) or "").rpartition(".")
         return name if module == "torch.cuda" and name in DTYPES else None
 
-    def _dtype(self, ref: cst.CSTNode) -> str:
-        name = self._cuda_type(ref)
-        return DTYPES[name] if name else self.aliases[ref.value][1]
-
     def _walk(self) -> None:
         """The names of legacy types (not the targets their aliases are assigned to), the calls,
         the alias assignments; in source order."""
@@ -193,9 +213,10 @@ class _Finder:
 
         def enter(node):
             kind = type(node)
+            scope = scopes[-1] if scopes else None
             if kind is cst.Name or kind is cst.Attribute:
                 if self._cuda_type(node) or kind is cst.Name and node.value in self.aliases:
-                    self.refs.append(node)
+                    self.refs[node] = scope
                     return False
                 if kind is cst.Attribute:
                     walk(node.value, enter, leave)
@@ -204,11 +225,13 @@ class _Finder:
                 walk(node.value, enter, leave)
                 return False
             elif kind is cst.Call:
-                self.calls.append((node, scopes[-1] if scopes else None))
+                self.calls.append((node, scope))
             elif kind is cst.FunctionDef:
                 scopes.append(node)
             elif kind is cst.SimpleStatementLine and self._alias_line(node):
-                self.aliases[node.body[0].targets[0].target.value][0].append(node)
+                alias = self.aliases[node.body[0].targets[0].target.value]
+                alias.statements.append(node)
+                alias.scopes.add(scope)
                 return False  # its value names the type, which goes or stays with the alias
             return kind is not cst.Import and kind is not cst.ImportFrom
 
@@ -217,31 +240,40 @@ class _Finder:
                 scopes.pop()
 
         walk(self.ctx.module, enter, leave)
-        self._ref_set = set(self.refs)
 
     def _alias_line(self, line: cst.SimpleStatementLine) -> bool:
         small = line.body[0] if len(line.body) == 1 else None
         return (type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name
                 and small.targets[0].target.value in self.aliases)
 
-    def _alias_left(self, name, statements, reads, explained, uses) -> str | None:
+    def _alias_left(self, name: str, alias: _Alias, reads, explained, uses) -> str | None:
         """Why an alias stays, or None where it goes with its uses."""
-        values = self.file.assignments[name]
-        if self.aliases[name][1] is None or len(statements) != len(values) or not all(
-                self._alias_dtype(value) for value in values):
+        if alias.dtype is None or len(alias.statements) != len(self.file.assignments[name]):
             return f"`{name}` is not always one legacy type chosen by CUDA's availability"
         if name not in WORDS:
             return f"`{name}` names a legacy type under a name the migration does not follow"
         if any(read not in explained or explained[read] not in uses for read in reads):
             return f"`{name}` stays a legacy type: one of its uses cannot be given a device"
+        if alias.tensor is not None and not self._same_tensor(alias, reads):
+            return f"`{name}` follows `{alias.tensor}`, which may be another tensor where it is used"
         return None
+
+    def _same_tensor(self, alias: _Alias, reads) -> bool:
+        """Whether the tensor whose device chose the alias is a parameter of the one function that
+        assigns and reads the alias, never assigned there: its device is the type's at every read."""
+        if len(alias.scopes) != 1 or None in alias.scopes:
+            return False
+        scope = next(iter(alias.scopes))
+        values = self.ctx.facts.values(scope)
+        return all(self.refs[read] is scope and values.bindings_at(alias.tensor, values.statement_of(read)) == {scope}
+                   for read in reads)
 
     # What a call does with its type ------------------------------------------------------------
 
     def _converts(self, call: cst.Call) -> bool:
         """``x.type(T)``."""
         return (type(call.func) is cst.Attribute and call.func.attr.value == "type" and len(call.args) == 1
-                and call.args[0].keyword is None and not call.args[0].star and call.args[0].value in self._ref_set)
+                and call.args[0].keyword is None and not call.args[0].star and call.args[0].value in self.refs)
 
     def _arguments(self, call: cst.Call, scope) -> str | None:
         """"sizes" or "data", as a legacy constructor reads its arguments; None where that cannot
@@ -264,11 +296,14 @@ class _Finder:
         return "data" if self._data(arg.value, values) else None
 
     def _size(self, node: cst.BaseExpression, values) -> bool:
-        """An int: ``imgs.size(0)``, ``imgs.shape[0]``, ``len(x)``, one the analysis knows."""
+        """An int: ``imgs.size(0)``, ``imgs.shape[0]``, ``len(x)``, one the analysis knows, a name
+        that every path here assigned one last."""
         if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "size":
             return len(node.args) == 1
         if type(node) is cst.Subscript and len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
             return self._shape(node.value)
+        if type(node) is cst.Name and values.kind(node) is not Kind.INT:
+            return _reaching(node, values, lambda value: self._size(value, values))
         return type(node) is cst.Integer or values.kind(node) is Kind.INT
 
     def _shape(self, node: cst.BaseExpression) -> bool:
@@ -290,10 +325,16 @@ class _Finder:
         if type(node) is cst.Call:
             return (self.file.qualname(node.func) or "").partition(".")[0] == "numpy"
         if type(node) is cst.Name:
-            statement = values.statement_of(node)
-            bindings = values.bindings_at(node.value, statement) if statement is not None else ()
-            return bool(bindings) and all(self._data(_assigned(binding, node.value), values) for binding in bindings)
+            return _reaching(node, values, lambda value: self._data(value, values))
         return False
+
+
+def _reaching(name: cst.Name, values, test) -> bool:
+    """Whether every path to ``name``'s read assigned it last a value that passes ``test``."""
+    statement = values.statement_of(name)
+    bindings = values.bindings_at(name.value, statement) if statement is not None else ()
+    assigned = [_assigned(binding, name.value) for binding in bindings]
+    return bool(assigned) and all(value is not None and test(value) for value in assigned)
 
 
 def _assigned(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:

@@ -155,13 +155,14 @@ class LegacyTensorTypes(Rule):
 
     def _made_on_device(self, original_node: cst.Call, updated_node: cst.Call, use: Use) -> cst.Call:
         dtype = cst.parse_expression(f"torch.{use.dtype}")
+        device = cst.parse_expression(use.device) if use.device else device_here(self.ctx)
         if use.kind == "conversion":
             self.ctx.fix(original_node, f".type({self.ctx.code(original_node.args[0].value)}) -> .to(the device, torch.{use.dtype})")
             return updated_node.with_changes(func=updated_node.func.with_changes(attr=cst.Name("to")),
-                                             args=with_commas([cst.Arg(device_here(self.ctx)), cst.Arg(dtype)]))
+                                             args=with_commas([cst.Arg(device), cst.Arg(dtype)]))
         factory = "empty" if use.kind == "sizes" else "tensor"
         keywords = [cst.Arg(keyword=cst.Name("dtype"), value=dtype, equal=_EQUAL),
-                    cst.Arg(keyword=cst.Name("device"), value=device_here(self.ctx), equal=_EQUAL)]
+                    cst.Arg(keyword=cst.Name("device"), value=device, equal=_EQUAL)]
         self.ctx.fix(original_node, f"{self.ctx.code(original_node.func)}(...) -> torch.{factory}(..., dtype=torch.{use.dtype}, device=...)")
         return updated_node.with_changes(func=cst.parse_expression(f"torch.{factory}"),
                                          args=with_commas([*updated_node.args, *keywords]))
@@ -174,13 +175,14 @@ class LegacyTensorTypes(Rule):
         grad = args.pop("requires_grad", None)
         if data is None or args or data.star:
             return updated_node
-        value = data.value
+        value, shown = data.value, "t"
         if not fresh(self.ctx, call_arg(original_node, 0, "data").value, uses):
-            value = cst.Call(cst.Attribute(_parenthesized(value), cst.Name("detach")))
+            value, shown = cst.Call(cst.Attribute(_parenthesized(value), cst.Name("detach"))), "t.detach()"
         if grad is not None and not (type(grad.value) is cst.Name and grad.value.value == "False"):
             given = [] if type(grad.value) is cst.Name and grad.value.value == "True" else [cst.Arg(grad.value)]
             value = cst.Call(cst.Attribute(_parenthesized(value), cst.Name("requires_grad_")), given)
-        self.ctx.fix(original_node, "Variable(t) -> t: a Variable is the tensor itself")
+            shown += ".requires_grad_()"
+        self.ctx.fix(original_node, f"Variable(t) -> {shown}: a Variable is a detached tensor")
         return value.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar) if not value.lpar else value
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
