@@ -345,16 +345,19 @@ def _assigned(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     return None
 
 
-def fresh(ctx: RuleContext, node: cst.BaseExpression, uses: dict[cst.Call, Use]) -> bool:
-    """Whether ``node`` (an original expression) makes a new tensor without a graph: a legacy
-    constructor, a torch factory, an in-place fill of one, a conversion of one."""
+def fresh(ctx: RuleContext, node: cst.BaseExpression, uses: dict[cst.Call, Use], made: bool = False) -> bool:
+    """Whether ``node`` (an original expression) is a tensor without a graph: a legacy
+    constructor's, a torch factory's, an in-place fill of one, a conversion of one, a loader's
+    batch, a name every path here assigned one last. With ``made``, only a tensor made there: a
+    conversion may return the tensor it converts, which a name still holds."""
     while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _IN_PLACE:
         node = node.func.value
     if type(node) is not cst.Call:
-        return _batch(ctx, node)
+        return not made and (_batch(ctx, node) or type(node) is cst.Name and _reaching(
+            node, ctx.facts.values(ctx.scope), lambda value: fresh(ctx, value, uses)))
     use = uses.get(node)
     if use is not None and use.kind == "conversion":
-        return fresh(ctx, node.func.value, uses)
+        return not made and fresh(ctx, node.func.value, uses)
     return use is not None or ctx.facts.file.qualname(node.func) in _FACTORIES
 
 

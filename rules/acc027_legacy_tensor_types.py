@@ -168,17 +168,19 @@ class LegacyTensorTypes(Rule):
                                          args=with_commas([*updated_node.args, *keywords]))
 
     def _unwrapped(self, original_node: cst.Call, updated_node: cst.Call, uses) -> cst.Call:
-        """``Variable(t, requires_grad=r)`` is ``t.detach().requires_grad_(r)``, the detach left
-        out where ``t`` is made there, the ``requires_grad_`` where ``r`` is absent or False."""
+        """``Variable(t, requires_grad=r)`` is ``t.detach().requires_grad_(r)``: the detach left out
+        where ``t`` has no graph (and, where ``r`` is given, is a tensor made there, which no name
+        holds), the ``requires_grad_`` where ``r`` is absent or False."""
         args = {arg.keyword.value if arg.keyword else index: arg for index, arg in enumerate(updated_node.args)}
         data = args.pop(0, None) or args.pop("data", None)
         grad = args.pop("requires_grad", None)
         if data is None or args or data.star:
             return updated_node
+        wants_grad = grad is not None and not (type(grad.value) is cst.Name and grad.value.value == "False")
         value, shown = data.value, "t"
-        if not fresh(self.ctx, call_arg(original_node, 0, "data").value, uses):
+        if not fresh(self.ctx, call_arg(original_node, 0, "data").value, uses, made=wants_grad):
             value, shown = cst.Call(cst.Attribute(_parenthesized(value), cst.Name("detach"))), "t.detach()"
-        if grad is not None and not (type(grad.value) is cst.Name and grad.value.value == "False"):
+        if wants_grad:
             given = [] if type(grad.value) is cst.Name and grad.value.value == "True" else [cst.Arg(grad.value)]
             value = cst.Call(cst.Attribute(_parenthesized(value), cst.Name("requires_grad_")), given)
             shown += ".requires_grad_()"
