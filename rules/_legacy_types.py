@@ -40,6 +40,7 @@ DTYPES = {
 WORDS = frozenset({"cuda", "type", "Variable", "Tensor", *DTYPES})
 _NAMED = re.compile(r"cuda\.[A-Z][A-Za-z0-9]*Tensor|from torch\.cuda import")
 _AVAILABLE = "torch.cuda.is_available"
+_SEQUENCES = frozenset({"list", "tuple"})
 _VARIABLE = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
 # Methods that return the tensor they are called on, changed in place and without a graph.
 _IN_PLACE = frozenset({"fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_", "exponential_"})
@@ -316,13 +317,15 @@ class _Finder:
         return (dotted(node) or "").endswith("shape")
 
     def _data(self, node: cst.BaseExpression, values) -> bool:
-        """Data: a numpy call, a list or tuple written out, arithmetic on those, or a name that
-        every path here assigned one last."""
+        """Data: a numpy call, a list or tuple written out or built (``tuple(map(...))``),
+        arithmetic on those, or a name that every path here assigned one last."""
         if type(node) in (cst.List, cst.Tuple, cst.ListComp):
             return True
         if type(node) is cst.BinaryOperation:
             return self._data(node.left, values) or self._data(node.right, values)
         if type(node) is cst.Call:
+            if dotted(node.func) in _SEQUENCES and self.file.qualname(node.func) is None:
+                return True  # a tuple or list, never a torch.Size
             return (self.file.qualname(node.func) or "").partition(".")[0] == "numpy"
         if type(node) is cst.Name:
             return _reaching(node, values, lambda value: self._data(value, values))

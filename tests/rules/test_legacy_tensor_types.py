@@ -50,6 +50,8 @@ def made(source: str) -> dict:
      "t = torch.empty(n, dtype=torch.int64, device=xm.xla_device()).fill_(7)"),
     ("t = Variable(LongTensor(np.random.randint(0, 10, 5)))",
      "t = torch.tensor(np.random.randint(0, 10, 5), dtype=torch.int64, device=xm.xla_device())"),
+    ("t = LongTensor(tuple(map(lambda s: s is not None, [1, None, 2])))",
+     "t = torch.tensor(tuple(map(lambda s: s is not None, [1, None, 2])), dtype=torch.int64, device=xm.xla_device())"),
     ("t = Tensor([[1, 2], [3, 4]])",
      "t = torch.tensor([[1, 2], [3, 4]], dtype=torch.float32, device=xm.xla_device())"),
     ("t = Variable(torch.arange(4).type(Tensor))", "t = torch.arange(4).to(xm.xla_device(), torch.float32)"),
