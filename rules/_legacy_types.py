@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import call_arg, dotted, walk
+from accrewrite.nodes import dotted, walk
 from accrewrite.rule import RuleContext, excerpt
 from accrewrite.values import Kind
 
@@ -58,8 +58,9 @@ _USED = ("A legacy CUDA tensor type makes CUDA tensors and has no spelling for a
          "a device (`torch.ones(n, 1, device=device)`, `torch.as_tensor(array, device=device)`, `x.to(device, "
          "torch.float32)`) and migrate again.")
 _ALIAS = ("Its uses are spelled with a device only where every one is a constructor call or `x.type(...)` and the "
-          "alias is one CUDA type, or chosen by `torch.cuda.is_available()` beside its CPU type. Make the tensors "
-          "with a device and dtype (`torch.empty(n, m, dtype=torch.float32, device=device)`) and migrate again.")
+          "alias is one CUDA type, or one chosen by `torch.cuda.is_available()` or a tensor's `is_cuda` beside its "
+          "CPU type. Make the tensors with a device and dtype (`torch.empty(n, m, dtype=torch.float32, "
+          "device=device)`) and migrate again.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,12 +86,16 @@ class LegacyTypes:
     variables: list[cst.Call] = field(default_factory=list)
 
 
+def names_legacy_types(text: str | None) -> bool:
+    """Whether a file's text (None: not known) may name a legacy CUDA tensor type."""
+    return text is None or _NAMED.search(text) is not None
+
+
 def legacy_types(ctx: RuleContext) -> LegacyTypes:
     """The file's legacy CUDA tensor types, worked out once for the rules that ask."""
     found = ctx.shared.get("legacy_types")
     if found is None:
-        text = ctx.facts.file.text
-        found = _Finder(ctx).found() if text is None or _NAMED.search(text) else LegacyTypes()
+        found = _Finder(ctx).found() if names_legacy_types(ctx.facts.file.text) else LegacyTypes()
         ctx.shared["legacy_types"] = found
     return found
 
@@ -108,6 +113,8 @@ class _Alias:
 
 
 class _Finder:
+    """One walk of the file for the names of legacy types and the calls, then what each is."""
+
     def __init__(self, ctx: RuleContext) -> None:
         self.ctx = ctx
         self.file = ctx.facts.file

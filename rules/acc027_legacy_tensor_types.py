@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.rule import Example, Rule
 from accrewrite.nodes import call_arg
-from accrewrite.rules._legacy_types import WORDS, Use, fresh, legacy_types
+from accrewrite.rules._legacy_types import WORDS, Use, fresh, legacy_types, names_legacy_types
 from accrewrite.toolbox import device_here, with_commas
 
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
@@ -41,7 +41,7 @@ class LegacyTensorTypes(Rule):
 
     code = "ACC027"
     name = "legacy-tensor-types"
-    summary = "Tensor = torch.cuda.FloatTensor ...; Tensor(n, 1), x.type(Tensor), Variable(t) -> tensors made on the device"
+    summary = "torch.cuda.FloatTensor aliases: Tensor(n, 1), x.type(Tensor), Variable(t) -> tensors made on the device"
     concepts = ("device",)
     triggers = WORDS
     examples = (
@@ -144,6 +144,9 @@ class LegacyTensorTypes(Rule):
         ),
     )
 
+    def applies(self) -> bool:
+        return names_legacy_types(self.ctx.facts.file.text)
+
     def leave_Call(self, original_node, updated_node):
         found = legacy_types(self.ctx)
         use = found.uses.get(original_node)
@@ -157,13 +160,15 @@ class LegacyTensorTypes(Rule):
         dtype = cst.parse_expression(f"torch.{use.dtype}")
         device = cst.parse_expression(use.device) if use.device else device_here(self.ctx)
         if use.kind == "conversion":
-            self.ctx.fix(original_node, f".type({self.ctx.code(original_node.args[0].value)}) -> .to(the device, torch.{use.dtype})")
+            legacy = self.ctx.code(original_node.args[0].value)
+            self.ctx.fix(original_node, f".type({legacy}) -> .to(the device, torch.{use.dtype})")
             return updated_node.with_changes(func=updated_node.func.with_changes(attr=cst.Name("to")),
                                              args=with_commas([cst.Arg(device), cst.Arg(dtype)]))
         factory = "empty" if use.kind == "sizes" else "tensor"
         keywords = [cst.Arg(keyword=cst.Name("dtype"), value=dtype, equal=_EQUAL),
                     cst.Arg(keyword=cst.Name("device"), value=device, equal=_EQUAL)]
-        self.ctx.fix(original_node, f"{self.ctx.code(original_node.func)}(...) -> torch.{factory}(..., dtype=torch.{use.dtype}, device=...)")
+        made = f"torch.{factory}(..., dtype=torch.{use.dtype}, device=...)"
+        self.ctx.fix(original_node, f"{self.ctx.code(original_node.func)}(...) -> {made}")
         return updated_node.with_changes(func=cst.parse_expression(f"torch.{factory}"),
                                          args=with_commas([*updated_node.args, *keywords]))
 
