@@ -1,4 +1,3 @@
-import re
 import sys
 
 import libcst as cst
@@ -12,6 +11,7 @@ from accrewrite.toolbox import (
     PLACEMENT_KEYWORDS, device_here, places_by_keyword, quoted_like, with_commas, without_items, wrapped_models_of,
 )
 from accrewrite.values import Kind, bound_names, read_chains, read_names
+from accrewrite.values.kinds import CUDA_TENSOR_TYPE
 
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
@@ -606,7 +606,7 @@ class DevicePlacement(Rule):
         if LEGACY_RULE in self.ctx.running:
             return
         name = self.ctx.facts.file.qualname(node) or ""
-        if self.ctx.target.has("accelerator_available") and _CUDA_TENSOR_TYPE.fullmatch(name):
+        if self.ctx.target.has("accelerator_available") and CUDA_TENSOR_TYPE.fullmatch(name):
             self.ctx.refuse(
                 node, f"`{name}` makes CUDA tensors, unlike this target; file left as it is",
                 "Legacy tensor types have no spelling for another device, and the script's CUDA check holds on "
@@ -941,7 +941,6 @@ _NOT_READERS = frozenset({"torch", *sys.stdlib_module_names})
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
 # Statements whose blocks a run may skip, or leave before their end.
 _BRANCHING = frozenset({cst.If, cst.For, cst.While, cst.Try, cst.TryStar, cst.Match})
-_CUDA_TENSOR_TYPE = re.compile(r"torch\.cuda\.[A-Z][A-Za-z]*Tensor")
 
 
 def _string_of(node: cst.BaseExpression) -> cst.Call:
