@@ -126,3 +126,19 @@ def test_on_the_cpu_the_runtime_makes_cpu_tensors_as_the_original_did():
     """The runtime's device is the CPU where CUDA is not available, as the original's types were."""
     output = migrated("t = Tensor(2, 3).fill_(0.5)\n").output.decode()
     assert made(output)["t"][1] == torch.device("cpu") == made(HEADER + "t = Tensor(2, 3).fill_(0.5)\n")["t"][1]
+
+
+def test_a_conversion_to_a_cuda_type_is_a_move_for_the_device_loader():
+    """``imgs.type(Tensor)`` copies the batch onto CUDA, as the ``.to(device, torch.float32)`` it
+    becomes does: a host tensor mixed with it afterwards (clustergan's gradient penalty) is no use
+    of the batch on the host, and the loop reads the device loader from the first migration on."""
+    source = HEADER + (
+        "from torch.utils.data import DataLoader\n"
+        "def penalty(real):\n    alpha = torch.rand(real.size(0), 1)\n    return alpha.expand_as(real).cuda() * real\n"
+        "model = torch.nn.Linear(2, 1).cuda()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(dataset, batch_size=4)\nfor imgs, _ in loader:\n    real_imgs = Variable(imgs.type(Tensor))\n"
+        "    model(penalty(real_imgs)).sum().backward()\n    optimizer.step()\n")
+    once = migrate_source(source.encode(), "gan.py", Options(target="torch_xla"))
+    assert "    real_imgs = imgs.to(torch.float32)" in once.output.decode().splitlines()
+    assert "for imgs, _ in pl.MpDeviceLoader(loader, torch_xla.device()):" in once.output.decode().splitlines()
+    assert migrate_source(once.output, "gan.py", Options(target="torch_xla")).output == once.output
