@@ -20,23 +20,25 @@ class LegacyTensorTypes(Rule):
     - `Tensor(imgs.size(0), 1)` (sizes: ints, a size, a shape, several arguments) is
       `torch.empty(imgs.size(0), 1, dtype=torch.float32, device=device)`, uninitialised as
       the legacy constructor's tensor is (its `.fill_(1.0)` stays);
-    - `Tensor(np.random.normal(...))` (data: a numpy call, a list written out, a name only
-      ever assigned one) is `torch.tensor(..., dtype=torch.float32, device=device)`: the draw
-      stays on the host, as before;
+    - `Tensor(np.random.normal(...))` (data: a numpy call, a list or tuple written out or built,
+      a name every path there assigned one last) is `torch.tensor(..., dtype=torch.float32,
+      device=device)`: the draw stays on the host, as before;
     - `imgs.type(Tensor)` is `imgs.to(device, torch.float32)`; `LongTensor` keeps int64,
       `ByteTensor` uint8, and so on; `torch.cuda.FloatTensor(...)` named directly likewise;
     - the alias's assignment goes once every use of it is so written;
-    - `Variable(t)` detaches `t` (torch's `Variable` is a detached copy, `requires_grad` as
-      given): it is `t` where `t` is made there (a constructor, a factory, a loader's batch),
-      `t.detach()` elsewhere, and `requires_grad=True` is `.requires_grad_()` after it.
+    - `Variable(t)` detaches `t` (torch's `Variable` is a detached tensor, `requires_grad` as
+      given): it is `t` where `t` has no graph (a constructor's, a factory's, a loader's batch),
+      `t.detach()` elsewhere, and `requires_grad=True` is `.requires_grad_()` after it, the
+      detach kept unless `t` is made there (a name or a conversion may hold the tensor still).
 
     Where CUDA is available the script's tensors were on CUDA, as the target's device is
     there; the condition of the alias must be that availability test (`torch.cuda.is_available()`
     or a flag only ever assigned it), since a flag of the script's own could keep the models on
-    the host. Where a use cannot be so written (a constructor whose one argument may be sizes or
-    data, a type passed to a function or compared), the type stays, with a diagnostic saying
-    which; on a target whose device is not CUDA, where the type would make CUDA tensors, the
-    file is left as it is.
+    the host. A type chosen by a tensor's `mu.is_cuda` in a function whose parameter `mu` is
+    makes its tensors on `mu.device`. Where a use cannot be so written (a constructor whose one
+    argument may be sizes or data, a type passed to a function or compared), the type stays,
+    with a diagnostic saying which; on a target whose device is not CUDA, where the type would
+    make CUDA tensors, the file is left as it is.
     """
 
     code = "ACC027"
