@@ -36,6 +36,13 @@ def with_commas(args: list[cst.Arg | cst.Element]) -> list[cst.Arg | cst.Element
     return fixed
 
 
+def device_here(ctx: RuleContext) -> cst.BaseExpression:
+    """The device variable bound where the current statement runs (``Facts.device_at``), else the
+    target's device."""
+    name = ctx.facts.device_at(ctx.scope, ctx.statement)
+    return cst.parse_expression(name) if name else ctx.expr("device")
+
+
 def with_keywords(call: cst.Call, keywords: list[tuple[str, cst.BaseExpression]]) -> cst.Call:
     """``call`` with keyword arguments added after its last, laid out as its arguments are (one a
     line where they are, a trailing comma kept). The comments of the arguments stay with them:

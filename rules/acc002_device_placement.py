@@ -1,4 +1,3 @@
-import re
 import sys
 
 import libcst as cst
@@ -7,10 +6,12 @@ from accrewrite.analysis import WRAPPER_NAMES, placed_model
 from accrewrite.facts import DEVICE_TYPES
 from accrewrite.nodes import call_arg, dotted, holds, string_value, walk
 from accrewrite.rule import Example, Rule
+from accrewrite.rules._legacy_types import LEGACY_RULE
 from accrewrite.toolbox import (
-    PLACEMENT_KEYWORDS, places_by_keyword, quoted_like, with_commas, without_items, wrapped_models_of,
+    PLACEMENT_KEYWORDS, device_here, places_by_keyword, quoted_like, with_commas, without_items, wrapped_models_of,
 )
 from accrewrite.values import Kind, bound_names, read_chains, read_names
+from accrewrite.values.kinds import CUDA_TENSOR_TYPE
 
 # Keywords that pin a wrapper (DDP, DataParallel) to CUDA devices.
 _CUDA_ONLY_KEYWORDS = ("device_ids", "output_device")
@@ -600,9 +601,12 @@ class DevicePlacement(Rule):
     def _refuse_cuda_tensor_type(self, node: cst.Attribute) -> None:
         """``Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor``: a legacy CUDA
         tensor type makes tensors on CUDA, and has no spelling for the device of a target whose
-        availability test holds (``cuda`` is true there)."""
+        availability test holds (``cuda`` is true there). ACC027, where it runs, spells them with
+        the device, or leaves the file as it is itself."""
+        if LEGACY_RULE in self.ctx.running:
+            return
         name = self.ctx.facts.file.qualname(node) or ""
-        if self.ctx.target.has("accelerator_available") and _CUDA_TENSOR_TYPE.fullmatch(name):
+        if self.ctx.target.has("accelerator_available") and CUDA_TENSOR_TYPE.fullmatch(name):
             self.ctx.refuse(
                 node, f"`{name}` makes CUDA tensors, unlike this target; file left as it is",
                 "Legacy tensor types have no spelling for another device, and the script's CUDA check holds on "
@@ -744,11 +748,6 @@ class DevicePlacement(Rule):
             return True
         return self.ctx.facts.values(self.ctx.scope).is_int(node)
 
-    def _device(self) -> cst.BaseExpression:
-        """The device variable bound here (``Facts.device_at``), else the target's device."""
-        name = self.ctx.facts.device_at(self.ctx.scope, self.ctx.statement)
-        return cst.parse_expression(name) if name else self.ctx.expr("device")
-
     def leave_Call(self, original_node, updated_node):
         if self.ctx.target.has("accelerator_available"):
             available = self._availability(original_node, updated_node)
@@ -785,7 +784,7 @@ class DevicePlacement(Rule):
     def _current_accelerator(self, call: cst.Call):
         """``torch.accelerator.current_accelerator()`` is the target's device; assigned to a
         device *type* (``device_type = ...``, then ``f"{device_type}:{rank}"``), its type."""
-        device = self._device()
+        device = device_here(self.ctx)
         statement = self.ctx.statement
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
         typed = isinstance(small, cst.Assign) and small.value is call and (
@@ -814,7 +813,7 @@ class DevicePlacement(Rule):
             if isinstance(value, cst.Call) and self.ctx.facts.file.qualname(value.func) in _FACTORIES \
                     and call_arg(value, 99, "device") is None:
                 made = updated_node.args[index].value
-                device = cst.Arg(keyword=cst.Name("device"), value=self._device(), equal=_EQUAL)
+                device = cst.Arg(keyword=cst.Name("device"), value=device_here(self.ctx), equal=_EQUAL)
                 made_args = list(made.args)
                 if made_args:
                     made_args[-1] = made_args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
@@ -826,7 +825,7 @@ class DevicePlacement(Rule):
             arg for arg in updated_node.args
             if arg.keyword is not None and arg.keyword.value in ("non_blocking", "memory_format")
         ]
-        args = [cst.Arg(self._device()), *kept]
+        args = [cst.Arg(device_here(self.ctx)), *kept]
         self.ctx.fix(original_node, ".cuda() -> .to(the target device)")
         return updated_node.with_changes(
             func=updated_node.func.with_changes(attr=cst.Name("to")), args=with_commas(args)
@@ -836,7 +835,7 @@ class DevicePlacement(Rule):
         first = call_arg(original_node, 0, "device")
         if first is None or not (self.ctx.facts.is_cuda_device(first.value) or self._ordinal(first.value)):
             return updated_node
-        values = {original_node.args.index(first): self._device()}
+        values = {original_node.args.index(first): device_here(self.ctx)}
         return self._with_values(original_node, updated_node, values, ".to('cuda') -> .to(the target device)")
 
     def _device_keywords(self, original_node, updated_node):
@@ -850,7 +849,7 @@ class DevicePlacement(Rule):
                 if cuda or dotted(arg.value) in devices:
                     values[index] = self.ctx.expr("load_location")
             elif cuda:
-                values[index] = self._device()
+                values[index] = device_here(self.ctx)
         return self._with_values(original_node, updated_node, values, "device='cuda' -> the target device")
 
     def _names_cuda(self, call: cst.Call, arg: cst.Arg) -> bool:
@@ -942,7 +941,6 @@ _NOT_READERS = frozenset({"torch", *sys.stdlib_module_names})
 _STRING_METHODS = frozenset({"startswith", "endswith", "split", "lower", "upper", "replace"})
 # Statements whose blocks a run may skip, or leave before their end.
 _BRANCHING = frozenset({cst.If, cst.For, cst.While, cst.Try, cst.TryStar, cst.Match})
-_CUDA_TENSOR_TYPE = re.compile(r"torch\.cuda\.[A-Z][A-Za-z]*Tensor")
 
 
 def _string_of(node: cst.BaseExpression) -> cst.Call:

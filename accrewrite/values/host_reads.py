@@ -8,7 +8,7 @@ import libcst as cst
 from accrewrite.nodes import descendants, dotted, walk
 from accrewrite.values.flow import DEFINED_CODE
 from accrewrite.values.kinds import (
-    HOST, HOST_ARRAY_CALLS, META_ATTRS, METRIC_LOADERS, METRIC_READS, NOT_ITS_VALUES, NUMBER_MODULES, SYNC_BUILTINS,
+    CUDA_TENSOR_TYPE, HOST, HOST_ARRAY_CALLS, META_ATTRS, METRIC_LOADERS, METRIC_READS, NOT_ITS_VALUES, NUMBER_MODULES, SYNC_BUILTINS,
     SYNC_METHODS, TENSORS, WAITS, Kind,
 )
 
@@ -155,8 +155,18 @@ class HostReads:
         func = call.func
         if type(func) is cst.Name:
             return func.value == "len" and "len" not in self.facts.imports
+        if type(func) is cst.Attribute and func.attr.value == "type" and len(call.args) == 1:
+            return self._cuda_tensor_type(call.args[0].value)
         return type(func) is cst.Attribute and func.attr.value in NOT_ITS_VALUES and not (
             func.attr.value == "to" and self._casts_only(call))
+
+    def _cuda_tensor_type(self, node: cst.CSTNode) -> bool:
+        """``torch.cuda.FloatTensor``, or a name assigned one (``Tensor = torch.cuda.FloatTensor if
+        cuda else torch.FloatTensor``): ``x.type(Tensor)`` copies ``x`` onto CUDA, as a move does."""
+        if type(node) is cst.Name and node.value not in self.facts.imports:
+            return any(self._cuda_tensor_type(value.body if type(value) is cst.IfExp else value)
+                       for value in self.facts.assignments.get(node.value, ()))
+        return bool(CUDA_TENSOR_TYPE.fullmatch(self.facts.qualname(node) or ""))
 
     def host_use(self, node: cst.CSTNode, names) -> tuple[str, str] | None:
         """How ``node`` itself (not its children) works on the tensor values of one of ``names``

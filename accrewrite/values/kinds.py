@@ -5,6 +5,7 @@ which read a tensor's value on the host."""
 from __future__ import annotations
 
 import enum
+import re
 from types import MappingProxyType
 
 import libcst as cst
@@ -101,6 +102,8 @@ HOST_ARRAY_CALLS = ("numpy.", "PIL.", "cv2.", "scipy.", "sklearn.", "skimage.", 
 # Tensor methods that give what is known without the tensor's values, a number read from it or
 # a copy elsewhere: what they give is no longer the tensor (``.to(dtype)`` alone converts it).
 NOT_ITS_VALUES = frozenset({*META_METHODS, "item", "tolist", "cpu", "cuda", "to"})
+# A legacy CUDA tensor type (``torch.cuda.FloatTensor``), whose ``x.type(...)`` moves ``x`` to CUDA.
+CUDA_TENSOR_TYPE = re.compile(r"torch\.cuda\.[A-Z][A-Za-z0-9]*Tensor")
 # The nodes ``ScopeValues.host_use`` answers for; it gives None for any other.
 HOST_USE_NODES = frozenset({cst.Call, cst.Subscript, cst.BinaryOperation, cst.Comparison, cst.AugAssign, cst.Assign})
 MODEL_ANNOTATIONS = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})

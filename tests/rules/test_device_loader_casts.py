@@ -150,11 +150,13 @@ def test_a_move_in_a_comprehension_alone_feeds_the_loop():
     assert loop in output
 
 
-def test_a_legacy_tensor_type_is_left_to_acc002():
-    """``x.type(torch.cuda.HalfTensor)`` is no move ACC003 removes; on the XLA targets ACC002
-    refuses the file, as the type has no spelling for their device."""
+def test_a_legacy_tensor_type_is_left_to_acc027():
+    """``x.type(torch.cuda.HalfTensor)`` is no move ACC003 removes; ACC027 makes it one
+    (``x.to(device, torch.float16)``), whose move ACC003 then removes, and without ACC027 ACC002
+    refuses the file on the XLA targets, as the type has no spelling for their device."""
     line = "x = x.type(torch.cuda.HalfTensor)"
     assert loop_body(migrated(line).output.decode()) == line
-    result = migrated(line, select=())
+    assert loop_body(migrated(line, select=()).output.decode()) == "x = x.to(torch.float16)"
+    result = migrated(line, select=("ACC002", "ACC003"))
     assert result.output == (HEADER + f"    {line}\n" + STEP).encode()
     assert [d.code for d in result.diagnostics] == ["ACC002"]

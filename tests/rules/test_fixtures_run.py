@@ -29,6 +29,8 @@ RUNNABLE = {
     "device_param_rank": False,
     "late_device": True,
     "cuda_tensor_types": True,
+    # conditional and Wasserstein GANs made of legacy CUDA tensor types, sampled at the end
+    "gan_legacy_types": True,
     # a device variable bound on some paths only: in one arm of an if, in a try body, below a loop
     "branch_device": True,
     "try_device": True,
