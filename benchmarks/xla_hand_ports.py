@@ -47,7 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling benchmark modules
 
-from real_scripts import SITE, Recipe, image_folder, mnist, mnist_above, no_data, prepare, wikitext  # noqa: E402
+from real_scripts import (SITE, XLA_MARK, Recipe, image_folder, mnist, mnist_above, no_data, prepare,  # noqa: E402
+                          wikitext)
 
 WARM_UP = 2  # steps whose compilations are expected: the first step's graph, and the second's (its optimizer state)
 
@@ -67,7 +68,10 @@ def _profile_steps():
     marks, first = [], []
 
     def mark():
+        import torch_xla.core.xla_model as xm
         import torch_xla.debug.metrics as met
+
+        xm.wait_device_ops()  # the graphs launched so far have run: their counts land in this step
 
         def metric(name):
             found = met.metric_data(name)
@@ -209,7 +213,8 @@ PAIRS = (
                      ("FLAGS['batch_size'] = 128", "FLAGS['batch_size'] = 16"),
                      ("FLAGS['num_workers'] = 4", "FLAGS['num_workers'] = 0"),
                      ("FLAGS['num_cores'] = 8", "FLAGS['num_cores'] = 1"),
-                     ("xm.xrt_world_size()", "torch_xla.runtime.world_size()"))),
+                     ("xm.xrt_world_size()", "torch_xla.runtime.world_size()"),
+                     ("xm.get_ordinal()", "torch_xla.runtime.global_ordinal()"))),
          Side("examples", "dcgan/main.py",
               ("--dataset", "fake", "--niter", "1", "--batchSize", "4", "--imageSize", "64", "--workers", "0",
                "--outf", "out", "--accel"), migrate=True),
@@ -333,7 +338,7 @@ def run(side: Side, roots: dict[str, Path], args) -> Profile:
         try:
             done = subprocess.run([args.xla_python, str(script), *side.args], cwd=ready.cwd, env=env,
                                   capture_output=True, text=True, timeout=args.timeout)
-            tail = done.stderr.strip().splitlines()[-3:]
+            tail = [line for line in done.stderr.strip().splitlines() if not line.startswith(XLA_MARK)][-2:]
         except subprocess.TimeoutExpired:
             tail = [f"still running after {args.timeout} s (--timeout)"]
         written = sorted(out.glob("*.json"))
@@ -350,7 +355,7 @@ COLUMNS = ("warm-up compile s", "graphs/step", "compilations after warm-up", "ho
 def row(name: str, side: str, profile: Profile) -> str:
     summary = profile.summary()
     if "error" in summary:
-        return f"| {name} | {side} | {summary['error']} |" + " |" * (len(COLUMNS) - 1)
+        return f"| {name} | {side} | {summary['error'].replace('|', '/')} |" + " |" * (len(COLUMNS) - 1)
     return f"| {name} | {side} | " + " | ".join(str(summary[c]) for c in COLUMNS) + " |"
 
 
