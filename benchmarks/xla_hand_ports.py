@@ -9,7 +9,7 @@ XLA is a checkout of pytorch/xla, EXAMPLES one of pytorch/examples and DIR2 the 
 synthetic data written beside it. The hand ports (``PAIRS``) are XLA's ``test/test_train_mp_mnist.py``,
 ``test/test_train_mp_imagenet.py`` on fake data, ``examples/train_decoder_only_base.py`` and the
 DC-GAN notebook that ``contrib/colab/`` held until torch_xla 2.0 (git's history has it:
-``git show acdb371f^:contrib/colab/DC-GAN.ipynb > XLA/contrib/colab/DC-GAN.ipynb``). Each is paired
+``git -C XLA show acdb371f^:contrib/colab/DC-GAN.ipynb > XLA/contrib/colab/DC-GAN.ipynb``). Each is paired
 with the pytorch/examples script it ports (mnist, imagenet, word_language_model, dcgan), migrated
 by ``accrewrite migrate --target torch_xla`` with the interpreter running this benchmark. The
 recurrent models (``RECURRENT``), migrated the same way, have no hand port: pytorch/examples'
