@@ -387,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             print(row(pair.name, label, profile), flush=True)
             results.append({"name": pair.name, "side": label, "script": f"{side.root}/{side.path}",
                             "summary": profile.summary(), "steps": profile.steps(), "findings": profile.findings})
+    print("".join(f"\n{pair.name}: {pair.note}" for pair in chosen if pair.note))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
