@@ -84,5 +84,5 @@ def test_a_migrated_script_runs_its_steps_on_torch_xla_and_its_host_read_counts(
     assert "error" not in summary, summary
     assert len(profile.steps()) == 4
     assert summary["compilations after warm-up"] == 0
-    assert summary["host transfers/step"] == "1"  # loss.item()
-    assert any("ACC101" in finding for finding in profile.findings)
+    assert int(summary["graphs/step"]) >= 1  # the same count in every step after warm-up
+    assert summary["host transfers/step"] == "1"  # print(loss.item())
