@@ -6,11 +6,12 @@ CUDA scripts they port, and recurrent models as accrewrite migrates them.
 
 XLA is a checkout of pytorch/xla, EXAMPLES one of pytorch/examples and DIR2 the tutorial corpus
 (docs/benchmarks.md), each only read: every script runs in a scratch copy of its folder, with
-synthetic data written beside it. The hand ports (``PAIRS``) are XLA's ``test/test_train_mp_mnist.py``,
-``test/test_train_mp_imagenet.py`` on fake data, ``examples/train_decoder_only_base.py`` and the
-DC-GAN notebook that ``contrib/colab/`` held until torch_xla 2.0 (git's history has it:
-``git -C XLA show acdb371f^:contrib/colab/DC-GAN.ipynb > XLA/contrib/colab/DC-GAN.ipynb``). Each is paired
-with the pytorch/examples script it ports (mnist, imagenet, word_language_model, dcgan), migrated
+synthetic data written beside it. The hand ports (``PAIRS``) are XLA's
+``test/test_train_mp_mnist.py``, ``test/test_train_mp_imagenet.py`` on fake data,
+``examples/train_resnet_base.py``, ``examples/train_decoder_only_base.py`` and the DC-GAN notebook
+that ``contrib/colab/`` held until torch_xla 2.0 (git's history has it: ``git -C XLA show
+acdb371f^:contrib/colab/DC-GAN.ipynb > XLA/contrib/colab/DC-GAN.ipynb``). Each is paired with the
+pytorch/examples script it ports (mnist, imagenet twice, word_language_model, dcgan), migrated
 by ``accrewrite migrate --target torch_xla`` with the interpreter running this benchmark. The
 recurrent models (``RECURRENT``), migrated the same way, have no hand port: pytorch/examples'
 ``mnist_rnn`` and yunjey's RNN (an ``nn.LSTM`` over the 28 rows of an image) and ``CHAR_RNN``, a
@@ -201,6 +202,11 @@ PAIRS = (
          Side("examples", "imagenet/main.py",
               ("-a", "resnet18", "--epochs", "1", "-b", "2", "-j", "0", "-p", "100", "images"), images, migrate=True),
          note="224-pixel images of two classes on both sides (the hand port's zeros, the original's image folder)"),
+    Pair("ImageNet ResNet-50",
+         Side("xla", "examples/train_resnet_base.py", (), edits=(("self.batch_size = 128", "self.batch_size = 2"),)),
+         Side("examples", "imagenet/main.py",
+              ("-a", "resnet50", "--epochs", "1", "-b", "2", "-j", "0", "-p", "100", "images"), images, migrate=True),
+         note="torch_xla's example compiles its step with torch_xla.compile; batches of 2 on both sides"),
     Pair("Transformer language model",
          _DECODER,
          Side("examples", "word_language_model/main.py",
