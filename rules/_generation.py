@@ -8,9 +8,11 @@ No class here derives from ``Rule``: the registry registers every Rule subclass 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
-from accrewrite.nodes import dotted, walk
+from accrewrite.nodes import call_arg, descendants, dotted, string_value, walk
 from accrewrite.facts import Facts
 from accrewrite.values import Kind, ScopeValues
 
@@ -55,3 +57,424 @@ def calls_a_model(body: cst.CSTNode, values) -> bool:
 
     walk(body, enter)
     return found
+
+
+# The model's context padded to a bucket length already (a migrated file): nothing to do.
+BUCKETED = "the context is padded to a bucket length already"
+_PAD = "torch.nn.functional.pad"
+# Layers that compute each position from that position alone.
+_POSITIONWISE = frozenset(
+    {"Embedding", "Linear", "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "SiLU", "Tanh", "Sigmoid",
+     "LeakyReLU", "Mish", "Softplus", "Identity", "Sequential", "ModuleList", "ModuleDict", "Parameter"}
+)
+_RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
+_SDPA = "torch.nn.functional.scaled_dot_product_attention"
+_SOFTMAX = frozenset({"torch.softmax", "torch.nn.functional.softmax"})
+
+
+@dataclass(frozen=True, eq=False)
+class Generation:
+    """A generation loop whose model may run on its context padded on the right: the nodes of
+    the loop that the padding changes."""
+
+    grown: str
+    call: cst.Call  # the model's call
+    limit: cst.BaseExpression | None  # N where the context is cropped to the last N (``idx[:, -N:]``)
+    reads: tuple[cst.Subscript, ...]  # the logits read at the last position (``logits[:, -1, :]``)
+    cat: cst.Call
+    new: cst.BaseExpression  # what the cat appends (``idx_next``)
+
+
+def generation(facts: Facts, loop: cst.For | cst.While, values: ScopeValues,
+               scope: cst.FunctionDef | None) -> Generation | str | None:
+    """How ``loop`` generates: None where it does not (``grown_sequence``); a Generation where
+    its model can be run on the context padded on the right, its logits read at the last real
+    position, exactly as on the context itself; otherwise why not (``BUCKETED`` where it is
+    padded already)."""
+    grown = grown_sequence(facts, loop, values)
+    if grown is None:
+        return None
+    calls = _model_calls(loop.body, values)
+    growth = _concatenation(facts, loop.body, grown)
+    if "." in grown or len(calls) != 1 or growth is None:
+        return f"the loop's model call and `{grown}`'s growth are not those of one sampling step"
+    [call] = calls
+    context = call_arg(call, 0)
+    if context is None:
+        return "the model is called without a context"
+    if _padded(facts, context.value):
+        return BUCKETED
+    limit = _limit(facts, loop.body, context.value, grown)
+    if isinstance(limit, str):
+        return limit
+    reads = _last_position_reads(loop.body, call)
+    if isinstance(reads, str):
+        return reads
+    stray = _stray_reads(loop.body, grown, allowed=_context_nodes(loop.body, context.value, grown) | {growth})
+    if stray:
+        return f"`{grown}` is read elsewhere in the loop, where it would be on the host"
+    model = model_class(facts, call.func, scope)
+    if model is None:
+        return "the model's class is not defined in this file, so it cannot be shown causal"
+    why = not_causal(facts, model, cropped=limit is not _UNCROPPED)
+    if why is not None:
+        return why
+    cat = growth.value
+    return Generation(grown, call, None if limit is _UNCROPPED else limit, reads, cat, cat.args[0].value.elements[1].value)
+
+
+def planned_generation(ctx, loop: cst.For | cst.While) -> Generation | str | None:
+    """``generation`` of a loop of the file being migrated, worked out once for the rules that
+    ask (ACC028 pads it, ACC103 reports it where it cannot be padded)."""
+    plans = ctx.shared.setdefault("generation", {})
+    if loop not in plans:
+        plans[loop] = generation(ctx.facts, loop, ctx.facts.values(ctx.scope), ctx.scope)
+    return plans[loop]
+
+
+_UNCROPPED = cst.Name("None")  # the context is the whole sequence
+
+
+def _model_calls(body: cst.CSTNode, values: ScopeValues) -> list[cst.Call]:
+    found = []
+
+    def enter(child):
+        if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(child, cst.Call) and values.kind(child.func) is Kind.MODEL:
+            found.append(child)
+        return True
+
+    walk(body, enter)
+    return found
+
+
+def _concatenation(facts: Facts, body: cst.CSTNode, grown: str) -> cst.Assign | None:
+    """``grown = torch.cat((grown, new), dim=1)``: the one growth, which the padding keeps on
+    the host."""
+    found = []
+
+    def enter(child):
+        if isinstance(child, cst.Assign) and isinstance(child.value, cst.Call) and len(child.targets) == 1 \
+                and concatenates_itself(facts, child.targets[0].target, child.value):
+            found.append(child)
+        return not isinstance(child, (cst.FunctionDef, cst.ClassDef))
+
+    walk(body, enter)
+    if len(found) != 1:
+        return None
+    call = found[0].value
+    parts = call.args[0].value.elements
+    dim = call_arg(call, 1, "dim")
+    if len(parts) != 2 or dotted(parts[0].value) != grown or dim is None or not _is_int(dim.value, 1):
+        return None
+    return found[0]
+
+
+def _padded(facts: Facts, context: cst.BaseExpression) -> bool:
+    """``F.pad(window, ...).to(device)``: the form this module's loops are rewritten to."""
+    return isinstance(context, cst.Call) and isinstance(context.func, cst.Attribute) \
+        and isinstance(context.func.value, cst.Call) and facts.file.qualname(context.func.value.func) == _PAD
+
+
+def _limit(facts, body, context, grown: str):
+    """N where the model's context is the last N of ``grown`` (``idx[:, -N:]``, maybe through a
+    name bound in the loop, maybe as minGPT's ``idx if idx.size(1) <= N else idx[:, -N:]``),
+    ``_UNCROPPED`` where it is ``grown`` itself; a string says why neither."""
+    if dotted(context) == grown:
+        return _UNCROPPED
+    value = context
+    if isinstance(context, cst.Name):
+        value = _bound_in(body, context.value)
+        if value is None or len(_stray_reads(body, context.value, allowed=set())) != 2:
+            return f"the model's context `{context.value}` is not only the model's input"
+    if isinstance(value, cst.IfExp) and dotted(value.body) == grown:
+        value = value.orelse
+    limit = _cropped(value, grown)
+    return limit if limit is not None else f"the model's context is not the last tokens of `{grown}`"
+
+
+def _bound_in(body: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """The value of the one ``name = value`` in ``body``."""
+    values = []
+
+    def enter(child):
+        if isinstance(child, cst.Assign) and any(dotted(t.target) == name for t in child.targets):
+            values.append(child.value)
+        return not isinstance(child, (cst.FunctionDef, cst.ClassDef))
+
+    walk(body, enter)
+    return values[0] if len(values) == 1 else None
+
+
+def _cropped(value: cst.BaseExpression, grown: str) -> cst.BaseExpression | None:
+    """N of ``grown[:, -N:]``."""
+    if not isinstance(value, cst.Subscript) or dotted(value.value) != grown or len(value.slice) != 2:
+        return None
+    batch, time = (element.slice for element in value.slice)
+    if not _whole(batch) or not isinstance(time, cst.Slice) or time.upper is not None or time.step is not None:
+        return None
+    lower = time.lower
+    if isinstance(lower, cst.UnaryOperation) and isinstance(lower.operator, cst.Minus):
+        return lower.expression
+    return None
+
+
+def _context_nodes(body, context, grown: str) -> set[cst.CSTNode]:
+    """The nodes that read ``grown`` for the model's context: its crop, or the context itself."""
+    if isinstance(context, cst.Name) and dotted(context) != grown:
+        return {_bound_in(body, context.value)}
+    return {context}
+
+
+def _stray_reads(body: cst.CSTNode, name: str, allowed: set[cst.CSTNode]) -> list[cst.Name]:
+    """The places ``body`` names ``name`` (read or bound) outside the nodes ``allowed``."""
+    found = []
+    labels: set[int] = set()
+
+    def enter(child):
+        if child in allowed or isinstance(child, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        if isinstance(child, cst.Attribute):
+            labels.add(id(child.attr))
+        elif isinstance(child, cst.Arg) and child.keyword is not None:
+            labels.add(id(child.keyword))
+        elif isinstance(child, cst.Name) and child.value == name and id(child) not in labels:
+            found.append(child)
+        return True
+
+    walk(body, enter)
+    return found
+
+
+def _last_position_reads(body: cst.CSTNode, call: cst.Call) -> tuple[cst.Subscript, ...] | str:
+    """Where the model's logits are read at the last position: on the call itself
+    (``model(x)[:, -1, :]``) or on the name it binds, in the statements after it up to the one
+    that binds the name again (``logits = logits[:, -1, :] / temperature``)."""
+    block, index = _statement_of(body, call)
+    statement = block[index]
+    direct = [s for s in _subscripts(statement) if s.value is call]
+    if direct:
+        return tuple(direct) if all(_last_position(s) for s in direct) else _NOT_LAST
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if not isinstance(small, cst.Assign) or small.value is not call or len(small.targets) != 1:
+        return _NOT_LAST
+    target = small.targets[0].target
+    if isinstance(target, cst.Tuple) and target.elements:
+        target = target.elements[0].value
+    if not isinstance(target, cst.Name):
+        return _NOT_LAST
+    reads: list[cst.Subscript] = []
+    for later in block[index + 1:]:
+        named = [s for s in _subscripts(later) if dotted(s.value) == target.value]
+        if not all(_last_position(s) for s in named) or len(_stray_reads(later, target.value, allowed=set(named))) \
+                > _binds(later, target.value):
+            return _NOT_LAST
+        reads += named
+        if _binds(later, target.value):
+            break
+    return tuple(reads) if reads else _NOT_LAST
+
+
+_NOT_LAST = "the model's logits are read elsewhere than at the last position"
+
+
+def _statement_of(body: cst.CSTNode, call: cst.Call) -> tuple[list, int]:
+    """The block holding the simple statement line that makes ``call``, and its index there."""
+    found = []
+
+    def enter(child):
+        if found:
+            return False
+        if isinstance(child, cst.IndentedBlock):
+            for index, statement in enumerate(child.body):
+                if isinstance(statement, cst.SimpleStatementLine) and _holds(statement, call):
+                    found.append((list(child.body), index))
+        return True
+
+    walk(body, enter)
+    return found[0]
+
+
+def _holds(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
+    return any(child is node for child in descendants(tree))
+
+
+def _subscripts(tree: cst.CSTNode) -> list[cst.Subscript]:
+    return [node for node in descendants(tree) if isinstance(node, cst.Subscript)]
+
+
+def _binds(statement: cst.CSTNode, name: str) -> int:
+    """1 where ``statement`` is ``name = ...``, else 0."""
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    return int(isinstance(small, cst.Assign) and any(dotted(t.target) == name for t in small.targets))
+
+
+def _last_position(subscript: cst.Subscript) -> bool:
+    """``x[:, -1, :]``, ``x[:, -1]`` or ``x[:, [-1], :]``: the last position of each row."""
+    elements = [element.slice for element in subscript.slice]
+    if len(elements) not in (2, 3) or not all(_whole(e) for e in elements[:1] + elements[2:]):
+        return False
+    index = elements[1]
+    if not isinstance(index, cst.Index):
+        return False
+    value = index.value
+    if isinstance(value, cst.List) and len(value.elements) == 1:
+        value = value.elements[0].value
+    return _is_int(value, -1)
+
+
+def keeps_dimension(subscript: cst.Subscript) -> bool:
+    """Whether a last-position read keeps the position's dimension (``x[:, [-1], :]``)."""
+    return isinstance(subscript.slice[1].slice.value, cst.List)
+
+
+def _whole(piece) -> bool:
+    return isinstance(piece, cst.Slice) and piece.lower is None and piece.upper is None and piece.step is None
+
+
+def _is_int(node: cst.BaseExpression, number: int) -> bool:
+    if number < 0:
+        return isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) \
+            and _is_int(node.expression, -number)
+    return isinstance(node, cst.Integer) and node.evaluated_value == number
+
+
+def model_class(facts: Facts, func: cst.BaseExpression, scope: cst.FunctionDef | None,
+                depth: int = 0) -> cst.ClassDef | None:
+    """The file's class of the model that ``func`` calls: ``self`` in a method of the class, or a
+    name bound once to an instance (``GPT(config)``, ``model.to(device)``)."""
+    file = facts.file
+    if isinstance(func, cst.Name) and func.value == "self" and scope is not None:
+        return file.method_class.get(scope)
+    name = dotted(func)
+    bound = file.assignments.get(name, ()) if name is not None and depth < 4 else ()
+    if len(bound) != 1 or not isinstance(bound[0], cst.Call):
+        return None
+    made = bound[0].func
+    if isinstance(made, cst.Name):
+        return file.definitions.classes.get(made.value)
+    if isinstance(made, cst.Attribute) and made.attr.value in ("to", "cuda", "eval", "train"):
+        return model_class(facts, made.value, None, depth + 1)
+    return None
+
+
+def not_causal(facts: Facts, model: cst.ClassDef, cropped: bool) -> str | None:
+    """Why running ``model`` on a context padded on the right could change its logits at the
+    real positions, or None where its ``__init__`` and ``forward`` show it causal: each position
+    computed from the positions before it (layers of one position, attention masked with a
+    lower-triangular buffer or ``is_causal=True``, one-directional RNNs), every position's logits
+    returned, and, where the context is not cropped to a fixed length, no positions of a fixed
+    number (``arange``, an ``assert`` on the length)."""
+    classes = _model_classes(facts, model)
+    masks = _triangular_buffers(facts, classes)
+    for cls in classes:
+        methods = facts.file.definitions.methods.get(cls, {})
+        forward = methods.get("forward")
+        for method in filter(None, (methods.get("__init__"), forward)):
+            why = _layers_not_causal(facts, method)
+            if why is not None:
+                return why
+        if forward is None:
+            continue
+        if _attends(facts, forward) and not _masks_causally(facts, forward, masks):
+            return f"`{cls.name.value}` attends to every position (no causal mask)"
+        if any(_last_position(s) for s in _subscripts(forward)):
+            return "the model returns only its last position's logits"
+        if not cropped and any(isinstance(n, cst.Assert) or isinstance(n, cst.Call) and dotted(n.func) is not None
+                               and dotted(n.func).endswith("arange") for n in descendants(forward)):
+            return "the model has positions up to a fixed length and the context is not cropped to it"
+    return None
+
+
+def _model_classes(facts: Facts, model: cst.ClassDef) -> list[cst.ClassDef]:
+    """``model`` and the file's classes it derives from or builds, at any depth."""
+    classes = facts.file.definitions.classes
+    found = [model]
+    for cls in found:
+        named = [base.value for base in cls.bases]
+        named += [n.func for n in descendants(cls) if isinstance(n, cst.Call)]
+        for node in named:
+            other = classes.get(dotted(node) or "")
+            if other is not None and other not in found:
+                found.append(other)
+    return found
+
+
+def _triangular_buffers(facts: Facts, classes: list[cst.ClassDef]) -> set[str]:
+    """The attributes the model's classes hold a lower-triangular matrix in (``tril``)."""
+    names = set()
+    for cls in classes:
+        for node in descendants(cls):
+            if isinstance(node, cst.Call) and dotted(node.func) == "self.register_buffer" and len(node.args) >= 2 \
+                    and _makes_triangle(facts, node.args[1].value):
+                names.add(string_value(node.args[0].value))
+            elif isinstance(node, cst.Assign) and _makes_triangle(facts, node.value):
+                names.update(dotted(t.target)[5:] for t in node.targets if (dotted(t.target) or "").startswith("self."))
+    return names
+
+
+def _makes_triangle(facts: Facts, value: cst.BaseExpression) -> bool:
+    return any(isinstance(n, cst.Call) and facts.file.qualname(n.func) == "torch.tril" for n in (value, *descendants(value)))
+
+
+def _layers_not_causal(facts: Facts, method: cst.FunctionDef) -> str | None:
+    for node in descendants(method):
+        if not isinstance(node, cst.Call):
+            continue
+        qualified = facts.file.qualname(node.func) or ""
+        layer = qualified.rpartition(".")[2]
+        if qualified == _SDPA and not _causal_attention_call(node):
+            return "its `scaled_dot_product_attention` is not given is_causal=True"
+        if not qualified.startswith("torch.nn.") or not layer[:1].isupper() or layer in _POSITIONWISE:
+            continue
+        if layer not in _RECURRENT:
+            return f"`{layer}` may read later positions"
+        both = call_arg(node, 99, "bidirectional")
+        if both is not None and not (isinstance(both.value, cst.Name) and both.value.value == "False"):
+            return f"its `{layer}` may be bidirectional"
+    return None
+
+
+def _causal_attention_call(call: cst.Call) -> bool:
+    causal = call_arg(call, 6, "is_causal")
+    mask = call_arg(call, 3, "attn_mask")
+    return causal is not None and dotted(causal.value) == "True" and (mask is None or dotted(mask.value) == "None")
+
+
+def _attends(facts: Facts, forward: cst.FunctionDef) -> bool:
+    """Whether ``forward`` weighs positions against each other (a product of matrices, a
+    softmax, a scaled-dot-product attention)."""
+    for node in descendants(forward):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+            return True
+        if isinstance(node, cst.Call):
+            qualified = facts.file.qualname(node.func)
+            if qualified in _SOFTMAX or qualified == _SDPA or qualified in ("torch.matmul", "torch.bmm", "torch.einsum") \
+                    or isinstance(node.func, cst.Attribute) and node.func.attr.value in ("softmax", "matmul", "bmm"):
+                return True
+    return False
+
+
+def _masks_causally(facts: Facts, forward: cst.FunctionDef, masks: set[str]) -> bool:
+    """Whether ``forward`` masks its attention causally: ``masked_fill(self.tril[...] == 0, ...)``
+    with a lower-triangular buffer, or ``scaled_dot_product_attention(..., is_causal=True)``."""
+    for node in descendants(forward):
+        if not isinstance(node, cst.Call):
+            continue
+        if facts.file.qualname(node.func) == _SDPA:
+            return _causal_attention_call(node)
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("masked_fill", "masked_fill_") \
+                and node.args and _upper_triangle(node.args[0].value, masks):
+            return True
+    return False
+
+
+def _upper_triangle(mask: cst.BaseExpression, masks: set[str]) -> bool:
+    """``self.tril[:T, :T] == 0``: the positions after each one."""
+    if not isinstance(mask, cst.Comparison) or len(mask.comparisons) != 1:
+        return False
+    [compared] = mask.comparisons
+    left = mask.left.value if isinstance(mask.left, cst.Subscript) else mask.left
+    return isinstance(compared.operator, cst.Equal) and _is_int(compared.comparator, 0) \
+        and dotted(left) in {f"self.{name}" for name in masks}
