@@ -104,21 +104,20 @@ def generation(facts: Facts, loop: cst.For | cst.While, values: ScopeValues,
         return "the model is called without a context"
     if _padded(facts, context.value):
         return BUCKETED
-    limit = _limit(facts, loop.body, context.value, grown)
-    if isinstance(limit, str):
-        return limit
-    reads = _last_position_reads(loop.body, call)
-    if isinstance(reads, str):
-        return reads
-    stray = _stray_reads(loop.body, grown, allowed=_context_nodes(loop.body, context.value, grown) | {growth})
-    if stray:
-        return f"`{grown}` is read elsewhere in the loop, where it would be on the host"
     model = model_class(facts, call.func, scope)
     if model is None:
         return "the model's class is not defined in this file, so it cannot be shown causal"
+    limit = _limit(facts, loop.body, context.value, grown)
+    if isinstance(limit, str):
+        return limit
     why = not_causal(facts, model, cropped=limit is not _UNCROPPED)
     if why is not None:
         return why
+    reads = _last_position_reads(loop.body, call)
+    if isinstance(reads, str):
+        return reads
+    if _stray_reads(loop.body, grown, allowed=_context_nodes(loop.body, context.value, grown) | {growth}):
+        return f"`{grown}` is read elsewhere in the loop, where it would be on the host"
     cat = growth.value
     return Generation(grown, call, None if limit is _UNCROPPED else limit, reads, cat, cat.args[0].value.elements[1].value)
 
@@ -388,17 +387,20 @@ def not_causal(facts: Facts, model: cst.ClassDef, cropped: bool) -> str | None:
 
 
 def _model_classes(facts: Facts, model: cst.ClassDef) -> list[cst.ClassDef]:
-    """``model`` and the file's classes it derives from or builds, at any depth."""
+    """``model``, the file's classes it derives from or builds, at any depth, and those that
+    derive from any of these (``self`` in a method may be an instance of a subclass)."""
     classes = facts.file.definitions.classes
     found = [model]
     for cls in found:
-        named = [base.value for base in cls.bases]
-        named += [n.func for n in descendants(cls) if isinstance(n, cst.Call)]
-        for node in named:
-            other = classes.get(dotted(node) or "")
-            if other is not None and other not in found:
-                found.append(other)
+        named = {dotted(base.value) for base in cls.bases}
+        named |= {dotted(n.func) for n in descendants(cls) if isinstance(n, cst.Call)}
+        named |= {name for name, other in classes.items() if _derives(other, found)}
+        found += [classes[name] for name in sorted(named & classes.keys()) if classes[name] not in found]
     return found
+
+
+def _derives(cls: cst.ClassDef, classes: list[cst.ClassDef]) -> bool:
+    return any(dotted(base.value) == other.name.value for base in cls.bases for other in classes)
 
 
 def _triangular_buffers(facts: Facts, classes: list[cst.ClassDef]) -> set[str]:
@@ -419,7 +421,13 @@ def _makes_triangle(facts: Facts, value: cst.BaseExpression) -> bool:
 
 
 def _layers_not_causal(facts: Facts, method: cst.FunctionDef) -> str | None:
+    """Why a layer ``method`` builds or calls may read later positions."""
     for node in descendants(method):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) \
+                and any((dotted(t.target) or "").startswith("self.") for t in node.targets):
+            built = _unknown_builder(facts, node.value.func)
+            if built is not None:
+                return f"`{built}` builds a layer whose positions the file does not show"
         if not isinstance(node, cst.Call):
             continue
         qualified = facts.file.qualname(node.func) or ""
@@ -434,6 +442,24 @@ def _layers_not_causal(facts: Facts, method: cst.FunctionDef) -> str | None:
         if both is not None and not (isinstance(both.value, cst.Name) and both.value.value == "False"):
             return f"its `{layer}` may be bidirectional"
     return None
+
+
+def _unknown_builder(facts: Facts, func: cst.BaseExpression) -> str | None:
+    """``func``'s name where what it makes, kept as a module's attribute, may be a layer that is
+    neither the file's own class nor torch's: a parameter, a factory, another library's class."""
+    name = dotted(func)
+    qualified = facts.file.qualname(func)
+    if name in facts.file.definitions.classes or name in _HARMLESS_BUILTINS:
+        return None
+    if qualified is not None and qualified.startswith("torch.") or isinstance(func, cst.Attribute) \
+            and func.attr.value in ("to", "cuda", "float", "half", "bool", "view", "type_as"):
+        return None
+    return name or "a call"
+
+
+# Builtins whose results, kept by a module, are no layer.
+_HARMLESS_BUILTINS = frozenset({"hasattr", "getattr", "isinstance", "int", "float", "bool", "len", "max", "min",
+                                "sum", "dict", "list", "tuple", "range", "str"})
 
 
 def _causal_attention_call(call: cst.Call) -> bool:
