@@ -61,6 +61,7 @@ def calls_a_model(body: cst.CSTNode, values) -> bool:
 
 # The model's context padded to a bucket length already (a migrated file): nothing to do.
 BUCKETED = "the context is padded to a bucket length already"
+_UNCROPPED = cst.Name("None")  # the model's context is the whole sequence
 _PAD = "torch.nn.functional.pad"
 # Layers that compute each position from that position alone.
 _POSITIONWISE = frozenset(
@@ -81,8 +82,7 @@ class Generation:
     call: cst.Call  # the model's call
     limit: cst.BaseExpression | None  # N where the context is cropped to the last N (``idx[:, -N:]``)
     reads: tuple[cst.Subscript, ...]  # the logits read at the last position (``logits[:, -1, :]``)
-    cat: cst.Call
-    new: cst.BaseExpression  # what the cat appends (``idx_next``)
+    cat: cst.Call  # ``torch.cat((idx, idx_next), dim=1)``
 
 
 def generation(facts: Facts, loop: cst.For | cst.While, values: ScopeValues,
@@ -100,8 +100,8 @@ def generation(facts: Facts, loop: cst.For | cst.While, values: ScopeValues,
         return f"the loop's model call and `{grown}`'s growth are not those of one sampling step"
     [call] = calls
     context = call_arg(call, 0)
-    if context is None:
-        return "the model is called without a context"
+    if context is None or len(call.args) != 1:
+        return "the model is given more than its context"
     if _padded(facts, context.value):
         return BUCKETED
     model = model_class(facts, call.func, scope)
@@ -118,8 +118,7 @@ def generation(facts: Facts, loop: cst.For | cst.While, values: ScopeValues,
         return reads
     if _stray_reads(loop.body, grown, allowed=_context_nodes(loop.body, context.value, grown) | {growth}):
         return f"`{grown}` is read elsewhere in the loop, where it would be on the host"
-    cat = growth.value
-    return Generation(grown, call, None if limit is _UNCROPPED else limit, reads, cat, cat.args[0].value.elements[1].value)
+    return Generation(grown, call, None if limit is _UNCROPPED else limit, reads, growth.value)
 
 
 def planned_generation(ctx, loop: cst.For | cst.While) -> Generation | str | None:
@@ -129,9 +128,6 @@ def planned_generation(ctx, loop: cst.For | cst.While) -> Generation | str | Non
     if loop not in plans:
         plans[loop] = generation(ctx.facts, loop, ctx.facts.values(ctx.scope), ctx.scope)
     return plans[loop]
-
-
-_UNCROPPED = cst.Name("None")  # the context is the whole sequence
 
 
 def _model_calls(body: cst.CSTNode, values: ScopeValues) -> list[cst.Call]:
@@ -339,22 +335,27 @@ def _is_int(node: cst.BaseExpression, number: int) -> bool:
     return isinstance(node, cst.Integer) and node.evaluated_value == number
 
 
-def model_class(facts: Facts, func: cst.BaseExpression, scope: cst.FunctionDef | None,
-                depth: int = 0) -> cst.ClassDef | None:
+def model_class(facts: Facts, func: cst.BaseExpression, scope: cst.FunctionDef | None) -> cst.ClassDef | None:
     """The file's class of the model that ``func`` calls: ``self`` in a method of the class, or a
-    name bound once to an instance (``GPT(config)``, ``model.to(device)``)."""
-    file = facts.file
+    name bound once to an instance (``GPT(config)``, ``GPT(config).to(device)``, ``model.to(device)``)."""
     if isinstance(func, cst.Name) and func.value == "self" and scope is not None:
-        return file.method_class.get(scope)
-    name = dotted(func)
-    bound = file.assignments.get(name, ()) if name is not None and depth < 4 else ()
-    if len(bound) != 1 or not isinstance(bound[0], cst.Call):
+        return facts.file.method_class.get(scope)
+    return _instance_class(facts, func, depth=0)
+
+
+def _instance_class(facts: Facts, value: cst.BaseExpression, depth: int) -> cst.ClassDef | None:
+    if depth > 4:
         return None
-    made = bound[0].func
+    if isinstance(value, cst.Name):
+        bound = facts.file.assignments.get(value.value, ())
+        return _instance_class(facts, bound[0], depth + 1) if len(bound) == 1 else None
+    if not isinstance(value, cst.Call):
+        return None
+    made = value.func
     if isinstance(made, cst.Name):
-        return file.definitions.classes.get(made.value)
+        return facts.file.definitions.classes.get(made.value)
     if isinstance(made, cst.Attribute) and made.attr.value in ("to", "cuda", "eval", "train"):
-        return model_class(facts, made.value, None, depth + 1)
+        return _instance_class(facts, made.value, depth + 1)
     return None
 
 

@@ -95,6 +95,55 @@ class BucketedGeneration(Rule):
                     return idx
             """,
         ),
+        # A one-directional GRU, its context cropped to the last `window` tokens, its logits read on the call.
+        Example(
+            target="torchacc",
+            before="""
+            import torch
+            from torch import nn
+
+            class CharRNN(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.embed = nn.Embedding(65, 32)
+                    self.rnn = nn.GRU(32, 64, batch_first=True)
+                    self.head = nn.Linear(64, 65)
+
+                def forward(self, idx):
+                    return self.head(self.rnn(self.embed(idx))[0])
+
+            model = CharRNN().to(device)
+            idx = torch.zeros((1, 1), dtype=torch.long, device=device)
+            while idx.size(1) < 100:
+                nxt = model(idx[:, -window:])[:, [-1]].argmax(-1)
+                idx = torch.cat([idx, nxt], dim=1)
+            """,
+            after="""
+            import torch
+            from torch import nn
+
+            class CharRNN(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.embed = nn.Embedding(65, 32)
+                    self.rnn = nn.GRU(32, 64, batch_first=True)
+                    self.head = nn.Linear(64, 65)
+
+                def forward(self, idx):
+                    return self.head(self.rnn(self.embed(idx))[0])
+
+            model = CharRNN().to(device)
+            idx = torch.zeros((1, 1), dtype=torch.long, device=device)
+            idx_device = idx.device
+            idx = idx.cpu()
+            while idx.size(1) < 100:
+                idx_window = idx[:, -window:].size(1)
+                idx_last = torch.tensor([idx_window - 1], device=idx_device)
+                nxt = model(torch.nn.functional.pad(idx[:, -window:], (0, min(1 << (idx_window - 1).bit_length(), window) - idx_window)).to(idx_device))[:, idx_last].argmax(-1)
+                idx = torch.cat([idx, nxt.cpu()], dim=1)
+            idx = idx.to(idx_device)
+            """,
+        ),
     )
 
     def leave_For(self, original_node, updated_node):
