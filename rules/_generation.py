@@ -62,6 +62,7 @@ def calls_a_model(body: cst.CSTNode, values) -> bool:
 # The model's context padded to a bucket length already (a migrated file): nothing to do.
 BUCKETED = "the context is padded to a bucket length already"
 _UNCROPPED = cst.Name("None")  # the model's context is the whole sequence
+_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 _PAD = "torch.nn.functional.pad"
 # Layers that compute each position from that position alone.
 _POSITIONWISE = frozenset(
@@ -98,6 +99,8 @@ def generation(facts: Facts, loop: cst.For | cst.While, values: ScopeValues,
     growth = _concatenation(facts, loop.body, grown)
     if "." in grown or len(calls) != 1 or growth is None:
         return f"the loop's model call and `{grown}`'s growth are not those of one sampling step"
+    if any(isinstance(node, cst.Return) for node in descendants(loop.body, prune=_SCOPES)):
+        return f"the loop returns from inside, where `{grown}` would be on the host"
     [call] = calls
     context = call_arg(call, 0)
     if context is None or len(call.args) != 1:
@@ -183,10 +186,13 @@ def _limit(facts, body, context, grown: str):
         value = _bound_in(body, context.value)
         if value is None or len(_stray_reads(body, context.value, allowed=set())) != 2:
             return f"the model's context `{context.value}` is not only the model's input"
+    whole = None
     if isinstance(value, cst.IfExp) and dotted(value.body) == grown:
-        value = value.orelse
+        value, whole = value.orelse, value.test
     limit = _cropped(value, grown)
-    return limit if limit is not None else f"the model's context is not the last tokens of `{grown}`"
+    if limit is None or whole is not None and not _no_longer_than(whole, grown, limit):
+        return f"the model's context is not the last tokens of `{grown}`"
+    return limit
 
 
 def _bound_in(body: cst.CSTNode, name: str) -> cst.BaseExpression | None:
@@ -213,6 +219,17 @@ def _cropped(value: cst.BaseExpression, grown: str) -> cst.BaseExpression | None
     if isinstance(lower, cst.UnaryOperation) and isinstance(lower.operator, cst.Minus):
         return lower.expression
     return None
+
+
+def _no_longer_than(test: cst.BaseExpression, grown: str, limit: cst.BaseExpression) -> bool:
+    """``idx.size(1) <= N``: the test under which minGPT's context is the whole sequence."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    [compared] = test.comparisons
+    left = test.left
+    return isinstance(compared.operator, cst.LessThanEqual) and compared.comparator.deep_equals(limit) \
+        and isinstance(left, cst.Call) and dotted(left.func) == f"{grown}.size" and len(left.args) == 1 \
+        and _is_int(left.args[0].value, 1)
 
 
 def _context_nodes(body, context, grown: str) -> set[cst.CSTNode]:
