@@ -92,3 +92,73 @@ def test_torch_xla_samples_many_tokens_with_few_compilations(tmp_path, xla_pytho
     assert done.returncode == 0, done.stderr[-3000:]
     length, compiles = map(int, done.stdout.split()[-2:])
     assert length == 65 and compiles <= 12
+
+
+_MODEL = '''
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.register_buffer("tril", torch.tril(torch.ones(8, 8)))
+
+    def forward(self, x):
+        T = x.size(1)
+        q, k, v = self.qkv(x).split(16, dim=2)
+        wei = (q @ k.transpose(-2, -1)).masked_fill(self.tril[:T, :T] == 0, float("-inf"))
+        return F.softmax(wei, dim=-1) @ v
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(11, 16)
+        self.attn = Attention()
+        self.head = nn.Linear(16, 11)
+
+    def forward(self, idx):
+        return self.head(self.attn(self.tok(idx)))
+
+    def generate(self, idx, max_new_tokens):
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -8:]
+            logits = self(idx_cond)
+            idx_next = torch.multinomial(F.softmax(logits[:, -1, :], dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+'''
+
+
+@pytest.mark.parametrize("change, reason", [
+    (("== 0", "== 1"), "`Attention` attends to every position"),
+    (("self.attn = Attention()", "self.attn = nn.MultiheadAttention(16, 2)"), "`MultiheadAttention` may read"),
+    (("self.attn = Attention()", "self.attn = attention_layer()"), "`attention_layer` builds a layer"),
+    # `self` in generate may be a subclass's, which builds another layer
+    (("        return idx\n", "        return idx\n\nclass OpenGPT(GPT):\n    def __init__(self):\n"
+      "        super().__init__()\n        self.attn = nn.TransformerEncoderLayer(16, 2)\n"), "`TransformerEncoderLayer` may read"),
+    (("idx_cond = idx[:, -8:]", "idx_cond = idx if idx.size(1) < 99 else idx[:, -8:]"), "not the last tokens"),
+    (("idx_cond = idx[:, -8:]", "idx_cond = idx"), "not the last tokens"),
+    (("        return self.head(self.attn(self.tok(idx)))\n",
+      "        assert idx.size(1) <= 8\n        return self.head(self.attn(self.tok(idx)))\n"), None),
+    (("logits[:, -1, :]", "logits[:, -2, :]"), "read elsewhere than at the last position"),
+    (("idx = torch.cat((idx, idx_next), dim=1)", "idx = torch.cat((idx, idx_next), dim=1)\n"
+      "            if idx_next.item() == 0:\n                return idx"), "returns from inside"),
+    (("logits = self(idx_cond)", "logits = self(idx_cond, idx)"), "more than its context"),
+])
+def test_loops_that_padding_could_change_are_left_with_the_reason(change, reason):
+    source = _MODEL.replace(*change)
+    if reason is None:  # the whole sequence given to a model of a fixed number of positions
+        source = source.replace("idx_cond = idx[:, -8:]\n            logits = self(idx_cond)", "logits = self(idx)")
+        reason = "positions up to a fixed length"
+    assert source != _MODEL
+    result = migrate_source(source.encode(), "gpt.py", Options(target="torch_xla", select=("ACC028", "ACC103")))
+    assert result.output == source.encode()
+    [left] = [d for d in result.diagnostics if d.code == "ACC103"]
+    assert reason in left.help
+
+
+def test_the_model_itself_is_padded():
+    result = migrate_source(_MODEL.encode(), "gpt.py", Options(target="torch_xla", select=("ACC028", "ACC103")))
+    assert b"idx = idx.cpu()" in result.output and not result.diagnostics
