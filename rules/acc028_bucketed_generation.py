@@ -172,9 +172,9 @@ class BucketedGeneration(Rule):
 
     def _fresh(self, *wanted: str) -> list[str]:
         """``wanted``, each with a number added where the scope or the module binds it already."""
-        values = self.ctx.facts.file.local_names
+        bound = self.ctx.facts.file.local_names
         scope = self.ctx.scope
-        taken = set(values.get(self.ctx.module, ())) | set(values.get(scope.body, ()) if scope is not None else ())
+        taken = set(bound.get(self.ctx.module, ())) | set(bound.get(scope.body, ()) if scope is not None else ())
         names = []
         for name in wanted:
             fresh, number = name, 1
@@ -198,7 +198,7 @@ class _Rewrite:
 
     @property
     def complete(self) -> bool:
-        return self.done == {"call", "cat", "line"} | ({"read"} if self.plan.reads else set())
+        return self.done == {"call", "cat", "line", "read"}
 
     def leave(self, node, updated):
         plan = self.plan
