@@ -263,7 +263,10 @@ def _last_position_reads(body: cst.CSTNode, call: cst.Call) -> tuple[cst.Subscri
     """Where the model's logits are read at the last position: on the call itself
     (``model(x)[:, -1, :]``) or on the name it binds, in the statements after it up to the one
     that binds the name again (``logits = logits[:, -1, :] / temperature``)."""
-    block, index = _statement_of(body, call)
+    found = _statement_of(body, call)
+    if found is None:
+        return _NOT_LAST
+    block, index = found
     statement = block[index]
     direct = [s for s in _subscripts(statement) if s.value is call]
     if direct:
@@ -291,8 +294,9 @@ def _last_position_reads(body: cst.CSTNode, call: cst.Call) -> tuple[cst.Subscri
 _NOT_LAST = "the model's logits are read elsewhere than at the last position"
 
 
-def _statement_of(body: cst.CSTNode, call: cst.Call) -> tuple[list, int]:
-    """The block holding the simple statement line that makes ``call``, and its index there."""
+def _statement_of(body: cst.CSTNode, call: cst.Call) -> tuple[list, int] | None:
+    """The block holding the simple statement line that makes ``call``, and its index there
+    (None where the call is in a one-line suite, ``if x: logits = model(idx)``)."""
     found = []
 
     def enter(child):
@@ -305,7 +309,7 @@ def _statement_of(body: cst.CSTNode, call: cst.Call) -> tuple[list, int]:
         return True
 
     walk(body, enter)
-    return found[0]
+    return found[0] if found else None
 
 
 def _holds(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
