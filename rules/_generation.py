@@ -265,7 +265,7 @@ def _last_position_reads(body: cst.CSTNode, call: cst.Call) -> tuple[cst.Subscri
     that binds the name again (``logits = logits[:, -1, :] / temperature``)."""
     found = _statement_of(body, call)
     if found is None:
-        return _NOT_LAST
+        return "the model is called in a one-line suite (`if x: logits = model(idx)`)"
     block, index = found
     statement = block[index]
     direct = [s for s in _subscripts(statement) if s.value is call]

@@ -146,6 +146,7 @@ class GPT(nn.Module):
     (("idx = torch.cat((idx, idx_next), dim=1)", "idx = torch.cat((idx, idx_next), dim=1)\n"
       "            if idx_next.item() == 0:\n                return idx"), "returns from inside"),
     (("logits = self(idx_cond)", "logits = self(idx_cond, idx)"), "more than its context"),
+    (("logits = self(idx_cond)", "if True: logits = self(idx_cond)"), "one-line suite"),
 ])
 def test_loops_that_padding_could_change_are_left_with_the_reason(change, reason):
     source = _MODEL.replace(*change)
