@@ -5,7 +5,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.rules._generation import grown_sequence
+from accrewrite.rules._generation import BUCKETED, Generation, grown_sequence, planned_generation
 from accrewrite.rules._training_code import LoopDiagnostic
 from accrewrite.values import read_names
 
@@ -25,9 +25,12 @@ _PADDED = (
 )
 _GROWING_HELP = (
     "On a lazy device every new shape compiles a new graph, so N generated tokens compile N graphs "
-    "(minutes where eager takes seconds). Write the tokens into a buffer of the final length made "
-    "once (torch.full((B, T + N), pad), filled at position t, the model run on a fixed window and "
-    "the logits read at t), or generate on the host: move the model to the CPU for sampling."
+    "(minutes where eager takes seconds). ACC028 pads the context of a causal model to a few bucket "
+    "lengths, but not here: {why}. Where the model is causal, make that visible to ACC028 (its "
+    "forward returning every position's logits, a lower-triangular mask or is_causal=True, the logits "
+    "read at [:, -1, :]); or grow the tokens on the host and run the model on the context padded on "
+    "the right to a few fixed lengths, reading the logits at the last real position through an index "
+    "tensor; or generate on the host: move the model to the CPU for sampling."
 )
 _DATA_SIZED_HELP = (
     "The size is known only after the device computes it (an XLA sync), and each size compiles a "
@@ -63,11 +66,14 @@ class DynamicShapes(LoopDiagnostic, Rule):
       a slice moved at once is not reported;
     - on a lazy target (torchacc, torch_xla), token-by-token generation in any function of the
       file, a model's `generate` included: a loop that calls a model and grows a tensor by
-      concatenating onto it (`idx = torch.cat((idx, idx_next), dim=1)`). Every token is a new
-      length and compiles a new graph. What to do: write the tokens into a buffer of the final
-      length, made once, and run the model on a fixed window; or generate on the host (the
-      model moved to the CPU for sampling). ACC003 ends each token's step, so that the graph
-      does not also grow across tokens.
+      concatenating onto it (`idx = torch.cat((idx, idx_next), dim=1)`), where ACC028 cannot pad
+      its context to bucket lengths (the model not shown causal, its forward returning only the
+      last position's logits, the logits read elsewhere; the help says which). Every token is a
+      new length and compiles a new graph. What to do: make the model's causality visible to
+      ACC028; or grow the tokens on the host and run the model on the context padded on the
+      right to a few lengths, reading the logits at the last real position through an index
+      tensor; or generate on the host (the model moved to the CPU for sampling). ACC003 ends
+      each token's step, so that the graph does not also grow across tokens.
     """
 
     code = "ACC103"
@@ -188,9 +194,13 @@ class DynamicShapes(LoopDiagnostic, Rule):
         grown = grown_sequence(self.ctx.facts, loop, values)
         if grown is None or any(grown_sequence(self.ctx.facts, inner, values) for inner in _loops_in(loop.body)):
             return  # not generation, or an outer loop around the one that generates
+        plan = planned_generation(self.ctx, loop)
+        if plan is BUCKETED or isinstance(plan, Generation) and "ACC028" in self.ctx.running:
+            return  # padded to bucket lengths
+        why = "ACC028 is not selected" if isinstance(plan, Generation) else plan
         self.ctx.diagnose(
             loop, f"`{grown}` grows by one step per iteration of this loop: each length compiles a new graph",
-            _GROWING_HELP,
+            _GROWING_HELP.format(why=why),
         )
 
     def visit_Call(self, node: cst.Call) -> None:

@@ -60,8 +60,8 @@ def _concise(outcome: Outcome, console: Console) -> None:
 
 def _full(outcome: Outcome, console: Console) -> None:
     """As ruff's full format: the finding, its source line with a caret, then its help (once for
-    a finding that repeats)."""
-    told: dict[tuple[str, str], int] = {}
+    a finding that repeats, message and help)."""
+    told: dict[tuple[str, str, str], int] = {}
     for d in outcome.diagnostics:
         console.print(f"{_location(outcome, d)} [bold red]{d.code}[/] {escape(d.message)}",
                       highlight=False, soft_wrap=True)
@@ -70,7 +70,7 @@ def _full(outcome: Outcome, console: Console) -> None:
             gutter = " " * len(str(d.line))
             console.print(f"{gutter} |\n{d.line} | {escape(source)}\n{gutter} | {' ' * d.col}[bold red]^[/]",
                           highlight=False, soft_wrap=True)
-        key = (d.code, d.message)
+        key = (d.code, d.message, d.help)
         if key in told:
             console.print(f"  = help: as on line {told[key]}", highlight=False, soft_wrap=True)
         else:

@@ -2,7 +2,8 @@
 runs where it is migrated: the runtime form on this CPU, the torch_xla form under torch_xla on
 PJRT's CPU device, where slicing the last block_size tokens of a shorter sequence raises unless
 ACC014 clamps the bound. Both train exactly like the original and sample the whole length; on
-the lazy targets ACC103 names the generation loop, whose every token compiles a new graph."""
+the lazy targets ACC028 pads the context of the generation loop to power-of-two lengths, so that
+its tokens do not compile a graph each."""
 
 import os
 import re
@@ -38,12 +39,13 @@ def _migrated(target):
 
 
 @pytest.mark.parametrize("target", ["torch_xla", "torchacc"])
-def test_lazy_targets_clamp_the_slice_and_name_the_generation_loop(target):
+def test_lazy_targets_clamp_the_slice_and_pad_the_generation_loop(target):
     result = _migrated(target)
     assert b"idx[:, -min(block_size, idx.size(1)):]" in result.output
-    [generation] = [d for d in result.diagnostics if d.code == "ACC103"]
-    assert generation.line == _LOOP_LINE and "`idx` grows" in generation.message
-    assert "buffer" in generation.help and "CPU" in generation.help
+    assert b"self(torch.nn.functional.pad(idx_cond, " in result.output
+    [padded] = [f for f in result.fixes if f.code == "ACC028"]
+    assert padded.line == _LOOP_LINE and "`idx` grows on the host" in padded.message
+    assert not [d for d in result.diagnostics if d.code == "ACC103"]
 
 
 @pytest.mark.slow
