@@ -1,0 +1,243 @@
+"""A corpus moved to the device once and sliced every step (pytorch/examples' word_language_model:
+``batchify`` returns ``data.to(device)``, ``get_batch`` returns ``source[i:i + seq_len]``), which
+ACC029 keeps on the host, moving each slice instead, and ACC103 reports where ACC029 does not run.
+
+The move can go only where the corpus is never needed on the device whole: every read of it, and
+of each parameter of the file's functions that it is passed to, is a slice (moved where it is
+made), its size (``.size()``, ``.shape``, ``len()``), or an argument of such a function that every
+caller passes a corpus. Anything else (a model called on it, an in-place write, a function that
+receives another tensor too) leaves the file as it is.
+
+No class here derives from ``Rule``: the registry registers every Rule subclass of a module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from accrewrite.nodes import walk
+from accrewrite.rule import RuleContext
+
+# The rule that keeps such a corpus on the host; ACC103 leaves its slices to it when it runs.
+HOST_CORPUS_RULE = "ACC029"
+# What may be read of a corpus on the host with the same result as on the device.
+_SIZE_METHODS = frozenset({"size", "dim", "numel"})
+_SIZE_ATTRIBUTES = frozenset({"shape", "ndim"})
+# Statements whose targets bind or write: a corpus named there is rebound or written in place.
+_BINDING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del, cst.WithItem, cst.CompFor, cst.NamedExpr)
+
+
+@dataclass
+class HostCorpus:
+    """What keeping the file's corpora on the host changes: each move to the device that goes
+    (``data.to(device)`` -> ``data``), each slice that is moved instead, and the device name
+    the corpora were moved with, which the slices are moved with."""
+
+    moves: dict[cst.Call, cst.BaseExpression] = field(default_factory=dict)
+    slices: set[cst.Subscript] = field(default_factory=set)
+    device: cst.Name | None = None
+
+
+def host_corpus(ctx: RuleContext) -> HostCorpus:
+    """The file's ``HostCorpus``, worked out once; empty where no corpus can be kept on the host."""
+    if "host_corpus" not in ctx.shared:
+        ctx.shared["host_corpus"] = _Search(ctx).run() if ".to(" in ctx.source_text else HostCorpus()
+    return ctx.shared["host_corpus"]
+
+
+class _Unsound(Exception):
+    """A corpus is read where the host copy would not do."""
+
+
+class _Search:
+    def __init__(self, ctx: RuleContext) -> None:
+        self.facts = ctx.facts
+        self.module = ctx.module
+        self.found = HostCorpus()
+        self.own: set[cst.Assign] = set()  # the corpora's module-level bindings
+        # Scopes (a function, or None for module level) -> the names that hold a corpus there;
+        # functions -> their parameters that receive one.
+        self.holders: dict[cst.FunctionDef | None, set[str]] = {}
+        self.received: dict[cst.FunctionDef, set[str]] = {}
+
+    def run(self) -> HostCorpus:
+        bindings = self._bindings()
+        if not bindings:
+            return HostCorpus()
+        self.own = set(bindings.values())
+        try:
+            self._check_reads(self.module, None, set(bindings))
+            self._check_callers()
+        except _Unsound:
+            return HostCorpus()
+        return self.found
+
+    def _bindings(self) -> dict[str, cst.Assign]:
+        """Module-level ``name = value.to(device)`` and ``name = f(...)`` where the file's
+        function ``f`` returns ``value.to(device)`` and every call of ``f`` is such a binding:
+        name -> its assignment, the moves noted. Each name is bound once in the file, and every
+        move names the same device, a module-level name that no function binds."""
+        bindings, moves, makers = {}, set(), {}
+        for name, assign in _module_assignments(self.module).items():
+            if len(self.facts.file.assignments.get(name, ())) != 1:
+                continue
+            maker = self._maker(assign.value)
+            if _moves(assign.value):
+                bindings[name] = assign
+                moves.add(assign.value)
+            elif maker is not None:
+                makers.setdefault(maker, {})[name] = assign
+        for maker, made in makers.items():
+            if len(self.facts.file_values.calls_of(maker)) == len(made):
+                bindings.update(made)
+                moves.add(_returned(maker))
+        devices = {move.args[0].value.value for move in moves}
+        if len(devices) != 1 or not self._module_level_name(*devices):
+            return {}
+        self.found.moves = {move: move.func.value for move in moves}
+        self.found.device = next(iter(moves)).args[0].value
+        return bindings
+
+    def _maker(self, value: cst.BaseExpression) -> cst.FunctionDef | None:
+        if not isinstance(value, cst.Call):
+            return None
+        called = self.facts.file_values.callee(value, None)
+        if called is None or self.facts.file.definitions.functions[called[0]].owner is not None:
+            return None
+        return called[0] if _moves(_returned(called[0])) else None
+
+    def _module_level_name(self, name: str) -> bool:
+        return name in self.facts.file.local_names.get(self.module, ()) and not any(
+            name in self._locals(function) for function in self.facts.file.definitions.functions)
+
+    def _locals(self, function: cst.FunctionDef) -> frozenset[str]:
+        """The names local to ``function``: its parameters and what its body binds."""
+        return self.facts.file.local_names[function.body] | _names_in(function.params)
+
+    def _check_reads(self, node: cst.CSTNode, scope: cst.FunctionDef | None, names: set[str]) -> None:
+        """Every read of ``names`` (corpora) under ``node`` is one the host copy answers alike;
+        raises ``_Unsound`` at the first that is not."""
+        self.holders.setdefault(scope, set()).update(names)
+
+        def enter(child):
+            if isinstance(child, cst.FunctionDef):
+                inner = names - self._locals(child)
+                if inner:
+                    self._check_reads(child.body, child, inner)
+                return False
+            if isinstance(child, (cst.Lambda, cst.ClassDef)) and _names_in(child) & names:
+                raise _Unsound  # read where this walk does not follow
+            if child in self.own:
+                walk(child.value, enter)
+                return False
+            if isinstance(child, _BINDING) and _bound_names(child) & names:
+                raise _Unsound  # rebound, or written in place
+            return self._read(child, scope, names)
+
+        walk(node, enter)
+
+    def _read(self, node: cst.CSTNode, scope: cst.FunctionDef | None, names: set[str]) -> bool:
+        """Note a read of a corpus that ``node`` makes; False where its children need no look."""
+        if isinstance(node, cst.Name) and node.value in names:
+            raise _Unsound  # a read that is none of those below
+        if isinstance(node, cst.Subscript) and _is_name(node.value, names):
+            self.found.slices.add(node)
+            return self._read_parts([e.slice for e in node.slice], scope, names)
+        if isinstance(node, cst.Attribute) and _is_name(node.value, names) and node.attr.value in _SIZE_ATTRIBUTES:
+            return False
+        if not isinstance(node, cst.Call):
+            return True
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and isinstance(func.value, cst.Subscript) \
+                and _is_name(func.value.value, names):
+            # a slice moved where it is made already
+            return self._read_parts([*(e.slice for e in func.value.slice), *(a.value for a in node.args)], scope, names)
+        if isinstance(func, cst.Attribute) and _is_name(func.value, names) and func.attr.value in _SIZE_METHODS \
+                or isinstance(func, cst.Name) and func.value == "len" and len(node.args) == 1:
+            return self._read_parts([a.value for a in node.args if not _is_name(a.value, names)], scope, names)
+        if not any(_is_name(arg.value, names) for arg in node.args):
+            return True
+        self._pass(node, scope, names)
+        return self._read_parts([func, *(a.value for a in node.args if not _is_name(a.value, names))], scope, names)
+
+    def _read_parts(self, parts: list[cst.CSTNode], scope, names: set[str]) -> bool:
+        for part in parts:
+            walk(part, lambda n: self._read(n, scope, names))
+        return False
+
+    def _pass(self, call: cst.Call, scope: cst.FunctionDef | None, names: set[str]) -> None:
+        """A corpus passed to a function of the file: its parameter is read as a corpus is."""
+        called = self.facts.file_values.callee(call, scope)
+        if called is None or any(a.star for a in call.args):
+            raise _Unsound
+        function, arguments = called
+        params = {param for param, argument in arguments.items() if _is_name(argument, names)}
+        if len(params) != sum(1 for a in call.args if _is_name(a.value, names)):
+            raise _Unsound
+        new = params - self.received.get(function, set())
+        if new:
+            self.received.setdefault(function, set()).update(new)
+            self._check_reads(function.body, function, new)
+
+    def _check_callers(self) -> None:
+        """Every call of a function that receives a corpus passes one there: a slice of any
+        other tensor would be moved too."""
+        for function, params in self.received.items():
+            for caller, _, arguments in self.facts.passed(function):
+                held = self.holders.get(caller, set())
+                if any(not _is_name(arguments.get(param), held) for param in params):
+                    raise _Unsound
+
+
+def _module_assignments(module: cst.Module) -> dict[str, cst.Assign]:
+    """The module body's own ``name = value`` statements (not those in a block)."""
+    found = {}
+    for statement in module.body:
+        for small in getattr(statement, "body", ()) if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+                found[small.targets[0].target.value] = small
+    return found
+
+
+def _moves(value: cst.BaseExpression | None) -> bool:
+    """``x.to(device)``: one argument, a name."""
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "to" \
+        and len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star \
+        and isinstance(value.args[0].value, cst.Name)
+
+
+def _returned(function: cst.FunctionDef) -> cst.BaseExpression | None:
+    """The value of ``function``'s one ``return``, the last statement of its body; else None."""
+    returns = []
+    walk(function.body, lambda n: returns.append(n) if isinstance(n, cst.Return)
+         else not isinstance(n, (cst.FunctionDef, cst.ClassDef, cst.Lambda)))
+    last = function.body.body[-1] if function.body.body else None
+    if len(returns) != 1 or not isinstance(last, cst.SimpleStatementLine) or last.body[-1] is not returns[0]:
+        return None
+    return returns[0].value
+
+
+def _is_name(node: cst.CSTNode | None, names: set[str]) -> bool:
+    return isinstance(node, cst.Name) and node.value in names
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    found = set()
+    walk(node, lambda n: found.add(n.value) if isinstance(n, cst.Name) else None)
+    return found
+
+
+def _bound_names(node: cst.CSTNode) -> set[str]:
+    if isinstance(node, cst.Assign):
+        targets = [t.target for t in node.targets]
+    elif isinstance(node, cst.WithItem):
+        targets = [node.asname.name] if node.asname else []
+    else:
+        targets = [getattr(node, "target", None) or getattr(node, "targets", None)]
+    found = set()
+    for target in targets:
+        if target is not None:
+            found |= _names_in(target) if isinstance(target, cst.CSTNode) else set()
+    return found

@@ -1,0 +1,73 @@
+"""ACC029 beyond its example: where a corpus sliced every step cannot stay on the host, the file
+is left as it is and ACC103 names the slice; where it can, every slice of it is moved."""
+
+import textwrap
+
+import pytest
+
+from accrewrite.engine import Options, migrate_source
+
+HEADER = """\
+import torch
+
+device = torch.device("cuda")
+"""
+LOOP = """
+for i in range(0, data.size(0) - 1, bptt):
+    model(window(data, i)).sum().backward()
+    optimizer.step()
+"""
+WINDOW = """
+def window(source, i):
+    return source[i:i + bptt]
+"""
+
+
+def migrated(body: str, target: str = "torch_xla"):
+    source = HEADER + textwrap.dedent(body)
+    result = migrate_source(source.encode(), "lm.py", Options(target=target, select=("ACC029", "ACC103")))
+    assert result.error is None
+    return source, result
+
+
+@pytest.mark.parametrize("body", [
+    # fed to the model whole
+    "data = tokens.to(device)\nwarmup = model(data)\n" + WINDOW + LOOP,
+    # a helper also given a tensor that is no corpus, whose slice would be moved too
+    "data = tokens.to(device)\n" + WINDOW + LOOP + "print(window(tokens, 0))\n",
+    # written in place
+    "data = tokens.to(device)\ndata[0] = 1\n" + WINDOW + LOOP,
+    # bound twice
+    "data = tokens.to(device)\nif flip:\n    data = tokens.flip(0).to(device)\n" + WINDOW + LOOP,
+    # a helper that makes the corpus, also called for a tensor that is no corpus's binding
+    "def batchify(x):\n    return x.view(4, -1).t().contiguous().to(device)\n\ndata = batchify(tokens)\n"
+    "print(batchify(tokens).sum())\n" + WINDOW + LOOP,
+    # moved to a device that a function names as its own
+    "data = tokens.to(device)\n\ndef window(source, i, device='cpu'):\n    return source[i:i + bptt]\n" + LOOP,
+])
+def test_a_corpus_needed_on_the_device_stays_there_and_its_slice_is_reported(body):
+    source, result = migrated(body)
+    assert result.output.decode() == source
+    assert [d.code for d in result.diagnostics] == ["ACC103"]
+    assert "source[i:i + bptt]" in result.diagnostics[0].message
+
+
+def test_every_slice_of_the_corpus_is_moved_and_a_moved_one_once():
+    _, result = migrated("""
+        data = tokens.to(device)
+        first = data[0]
+        for i in range(0, len(data) - 1, bptt):
+            model(data[i:i + bptt], data[i + 1:i + 1 + bptt].to(device)).sum().backward()
+            optimizer.step()
+        print(data.shape, data.size(0))
+    """)
+    output = result.output.decode()
+    assert "data = tokens\n" in output and "first = data[0].to(device)" in output
+    assert "model(data[i:i + bptt].to(device), data[i + 1:i + 1 + bptt].to(device))" in output
+    assert not result.diagnostics
+
+
+def test_a_target_that_runs_eagerly_keeps_the_corpus_on_the_device():
+    source, result = migrated("data = tokens.to(device)\n" + WINDOW + LOOP, target="runtime")
+    assert "data = tokens.to(device)" in result.output.decode()
+    assert not result.fixes
