@@ -51,54 +51,52 @@ class _Unsound(Exception):
     """A corpus is read where the host copy would not do."""
 
 
+@dataclass(frozen=True)
+class _Group:
+    """Corpora that go to the host together: a name bound to ``value.to(device)``, or every name
+    bound to a call of the file's function that returns ``value.to(device)``, and that move."""
+
+    bindings: dict[str, cst.Assign]
+    move: cst.Call
+
+
 class _Search:
     def __init__(self, ctx: RuleContext) -> None:
         self.facts = ctx.facts
         self.module = ctx.module
-        self.found = HostCorpus()
-        self.own: set[cst.Assign] = set()  # the corpora's module-level bindings
-        # Scopes (a function, or None for module level) -> the names that hold a corpus there;
-        # functions -> their parameters that receive one.
-        self.holders: dict[cst.FunctionDef | None, set[str]] = {}
-        self.received: dict[cst.FunctionDef, set[str]] = {}
 
     def run(self) -> HostCorpus:
-        bindings = self._bindings()
-        if not bindings:
-            return HostCorpus()
-        self.own = set(bindings.values())
-        try:
-            self._check_reads(self.module, None, set(bindings))
-            self._check_callers()
-        except _Unsound:
-            return HostCorpus()
-        return self.found
+        """The groups kept on the host, each taken where the file reads it and those taken
+        before it soundly and it adds slices to move; all moved to the same device."""
+        found, taken = HostCorpus(), []
+        for group in self._groups():
+            device = group.move.args[0].value
+            if found.device is not None and device.value != found.device.value or not self._module_level_name(device.value):
+                continue
+            try:
+                slices = _Reads(self, [*taken, group]).slices()
+            except _Unsound:
+                continue
+            if len(slices) > len(found.slices):
+                taken.append(group)
+                found = HostCorpus({g.move: g.move.func.value for g in taken}, slices, device)
+        return found
 
-    def _bindings(self) -> dict[str, cst.Assign]:
+    def _groups(self) -> list[_Group]:
         """Module-level ``name = value.to(device)`` and ``name = f(...)`` where the file's
-        function ``f`` returns ``value.to(device)`` and every call of ``f`` is such a binding:
-        name -> its assignment, the moves noted. Each name is bound once in the file, and every
-        move names the same device, a module-level name that no function binds."""
-        bindings, moves, makers = {}, set(), {}
+        function ``f`` returns ``value.to(device)`` and every call of ``f`` is such a binding;
+        each name bound once in the file."""
+        groups, makers = [], {}
         for name, assign in _module_assignments(self.module).items():
             if len(self.facts.file.assignments.get(name, ())) != 1:
                 continue
-            maker = self._maker(assign.value)
             if _moves(assign.value):
-                bindings[name] = assign
-                moves.add(assign.value)
-            elif maker is not None:
+                groups.append(_Group({name: assign}, assign.value))
+            elif (maker := self._maker(assign.value)) is not None:
                 makers.setdefault(maker, {})[name] = assign
-        for maker, made in makers.items():
-            if len(self.facts.file_values.calls_of(maker)) == len(made):
-                bindings.update(made)
-                moves.add(_returned(maker))
-        devices = {move.args[0].value.value for move in moves}
-        if len(devices) != 1 or not self._module_level_name(*devices):
-            return {}
-        self.found.moves = {move: move.func.value for move in moves}
-        self.found.device = next(iter(moves)).args[0].value
-        return bindings
+        groups += [_Group(made, _returned(maker)) for maker, made in makers.items()
+                   if len(self.facts.file_values.calls_of(maker)) == len(made)]
+        return groups
 
     def _maker(self, value: cst.BaseExpression) -> cst.FunctionDef | None:
         if not isinstance(value, cst.Call):
@@ -110,11 +108,33 @@ class _Search:
 
     def _module_level_name(self, name: str) -> bool:
         return name in self.facts.file.local_names.get(self.module, ()) and not any(
-            name in self._locals(function) for function in self.facts.file.definitions.functions)
+            name in self.locals(function) for function in self.facts.file.definitions.functions)
 
-    def _locals(self, function: cst.FunctionDef) -> frozenset[str]:
+    def locals(self, function: cst.FunctionDef) -> frozenset[str]:
         """The names local to ``function``: its parameters and what its body binds."""
         return self.facts.file.local_names[function.body] | _names_in(function.params)
+
+
+class _Reads:
+    """Whether the host copies of some groups' corpora answer every read of them as the device
+    copies do, and the slices to move."""
+
+    def __init__(self, search: _Search, groups: list[_Group]) -> None:
+        self.search = search
+        self.facts = search.facts
+        self.groups = groups
+        self.own = {assign for group in groups for assign in group.bindings.values()}
+        self.found: set[cst.Subscript] = set()
+        # Scopes (a function, or None for module level) -> the names that hold a corpus there;
+        # functions -> their parameters that receive one.
+        self.holders: dict[cst.FunctionDef | None, set[str]] = {}
+        self.received: dict[cst.FunctionDef, set[str]] = {}
+
+    def slices(self) -> set[cst.Subscript]:
+        """The corpora's slices; raises ``_Unsound`` where a read needs the device copy."""
+        self._check_reads(self.search.module, None, {name for group in self.groups for name in group.bindings})
+        self._check_callers()
+        return self.found
 
     def _check_reads(self, node: cst.CSTNode, scope: cst.FunctionDef | None, names: set[str]) -> None:
         """Every read of ``names`` (corpora) under ``node`` is one the host copy answers alike;
@@ -123,7 +143,7 @@ class _Search:
 
         def enter(child):
             if isinstance(child, cst.FunctionDef):
-                inner = names - self._locals(child)
+                inner = names - self.search.locals(child)
                 if inner:
                     self._check_reads(child.body, child, inner)
                 return False
@@ -143,7 +163,7 @@ class _Search:
         if isinstance(node, cst.Name) and node.value in names:
             raise _Unsound  # a read that is none of those below
         if isinstance(node, cst.Subscript) and _is_name(node.value, names):
-            self.found.slices.add(node)
+            self.found.add(node)
             return self._read_parts([e.slice for e in node.slice], scope, names)
         if isinstance(node, cst.Attribute) and _is_name(node.value, names) and node.attr.value in _SIZE_ATTRIBUTES:
             return False
