@@ -1,11 +1,17 @@
 """ACC029 beyond its example: where a corpus sliced every step cannot stay on the host, the file
 is left as it is and ACC103 names the slice; where it can, every slice of it is moved."""
 
+import os
+import re
+import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from accrewrite.engine import Options, migrate_source
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 HEADER = """\
 import torch
@@ -71,3 +77,28 @@ def test_a_target_that_runs_eagerly_keeps_the_corpus_on_the_device():
     source, result = migrated("data = tokens.to(device)\n" + WINDOW + LOOP, target="runtime")
     assert "data = tokens.to(device)" in result.output.decode()
     assert not result.fixes
+
+
+# Runs a script as `python script.py` would, then prints how many graphs torch_xla compiled.
+_COUNTING = (
+    "import runpy, sys; path = sys.argv[1]; sys.argv = sys.argv[1:]; runpy.run_path(path, run_name='__main__'); "
+    "import torch_xla.debug.metrics as m; data = m.metric_data('CompileTime'); "
+    "print('xla compilations', data[0] if data else 0)"
+)
+
+
+@pytest.mark.xla
+def test_the_corpus_on_the_host_compiles_the_same_graphs_every_step(xla_python, tmp_path):
+    source = (FIXTURES / "word_lm_corpus.in.py").read_bytes()
+    compilations = {}
+    for ignore in ((), ("ACC029",)):
+        path = tmp_path / f"lm{len(ignore)}.py"
+        path.write_bytes(migrate_source(source, "lm.py", Options(target="torch_xla", ignore=ignore)).output)
+        done = subprocess.run([xla_python, "-c", _COUNTING, str(path)], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "PJRT_DEVICE": "CPU", "OMP_NUM_THREADS": "1"}, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        steps = done.stdout.count("loss ")
+        compilations[ignore] = int(re.search(r"^xla compilations (\d+)$", done.stdout, re.MULTILINE).group(1))
+    # A training step and an evaluation step, each full and last short; sliced on the device,
+    # every offset is a graph of its own.
+    assert compilations[()] <= 4 < steps // 2 < compilations[("ACC029",)]
