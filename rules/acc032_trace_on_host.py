@@ -1,7 +1,7 @@
 import libcst as cst
 
 from accrewrite.concepts import EXPRESSION, Definition
-from accrewrite.nodes import call_arg, dotted, walk
+from accrewrite.nodes import call_arg, descendants, dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.values import TENSORS
 
@@ -11,6 +11,7 @@ _ADD_GRAPH = ("model", "input_to_model")
 # What a traced module may be used for on the host: written to a file.
 _JIT_SAVE = "torch.jit.save"
 _INPUT_NODES = (cst.Name, cst.Attribute, cst.Subscript, cst.Call)
+_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef})
 _HELP = (
     "Tracing a model on a lazy device records its parameters as constants, and those require grad "
     "(`RuntimeError: Cannot insert a Tensor that requires grad as a constant`). Trace a copy on the "
@@ -28,7 +29,10 @@ class TraceOnHost(Rule):
     constant`). As a hand port does, they are given a copy of the model on the host and the
     inputs moved there: `writer.add_graph(copy.deepcopy(net).cpu(), input_tensor.cpu())`. The
     model itself, and the inputs, stay on the device; the graph, the traced module and the ONNX
-    file are those of the same model.
+    file are those of the same model, traced in eval mode as the original is (add_graph and
+    onnx.export set it themselves; a `torch.jit.trace` is moved only below the model's
+    `.eval()`: a copy traced in train mode would update its batch norm statistics in the
+    model's place and draw its dropout masks from the host's generator).
 
     Reported instead, and left as it is: a model that is not a name (`make_model()`, whose copy
     would build another), an input that the analysis cannot show is a tensor or a tuple or list
@@ -58,6 +62,7 @@ class TraceOnHost(Rule):
             writer = SummaryWriter(log_dir)
             input_tensor = torch.Tensor(1, 3, 32, 32).cuda()
             writer.add_graph(net, input_tensor)
+            net.eval()
             torch.jit.trace(net, (input_tensor,)).save("net.pt")
             torch.onnx.export(net, input_tensor, "net.onnx")
             """,
@@ -67,10 +72,12 @@ class TraceOnHost(Rule):
             import torch_xla
             import copy
 
+            torch.__future__.set_swap_module_params_on_conversion(True)
             net = Net().to(torch_xla.device())
             writer = SummaryWriter(log_dir)
             input_tensor = torch.Tensor(1, 3, 32, 32).to(torch_xla.device())
             writer.add_graph(copy.deepcopy(net).cpu(), input_tensor.cpu())
+            net.eval()
             torch.jit.trace(copy.deepcopy(net).cpu(), (input_tensor.cpu(),)).save("net.pt")
             torch.onnx.export(copy.deepcopy(net).cpu(), input_tensor.cpu(), "net.onnx")
             """,
@@ -100,7 +107,8 @@ class TraceOnHost(Rule):
             return updated_node
         tool = excerpt(self.ctx.code(original_node.func), 30)
         host_inputs = self._on_host(inputs.value)
-        if dotted(model.value) is None or host_inputs is None or not self._result_stays_on_host(original_node):
+        if dotted(model.value) is None or host_inputs is None or not self._result_stays_on_host(original_node) \
+                or not self._traces_in_eval_mode(original_node, model.value):
             self.ctx.diagnose(original_node, f"`{tool}` traces the model on the device, where tracing fails", _HELP)
             return updated_node
         self.ctx.fix(original_node, f"`{tool}` traces a host copy of the model")
@@ -128,6 +136,22 @@ class TraceOnHost(Rule):
         if not isinstance(inputs, _INPUT_NODES) or values.kind(inputs) not in TENSORS:
             return None
         return self.ctx.expr("host_tensor", tensor=self.ctx.code(inputs))
+
+    def _traces_in_eval_mode(self, call: cst.Call, model: cst.BaseExpression) -> bool:
+        """Whether the model is traced in eval mode, as the original is: add_graph and
+        onnx.export set it themselves (unless told to export training); for jit.trace, the
+        last mode this scope set on the model above the call is eval. A copy traced in train
+        mode would update its batch norm statistics in the original's place, and draw its
+        dropout masks from the host's generator."""
+        if self.ctx.facts.file.qualname(call.func) != "torch.jit.trace":
+            return call_arg(call, 99, "training") is None
+        order = self.ctx.facts.order
+        here, mode = order.get(self.ctx.statement, 0), None
+        body = self.ctx.scope.body if self.ctx.scope is not None else self.ctx.module
+        for node in descendants(body, prune=_SCOPES):
+            if isinstance(node, cst.SimpleStatementLine) and order.get(node, here) < here:
+                mode = _mode_set(node, dotted(model)) or mode
+        return mode == "eval"
 
     def _result_stays_on_host(self, call: cst.Call) -> bool:
         """Whether what ``call`` returns is dropped or only saved: a traced module made on the
@@ -158,6 +182,19 @@ class TraceOnHost(Rule):
 
         walk(body, enter)
         return len(reads) == 1  # the assignment's own target
+
+
+def _mode_set(line: cst.SimpleStatementLine, model: str) -> str | None:
+    """"eval" or "train" where ``line`` is ``model.eval()`` or ``model.train(...)``."""
+    small = line.body[0] if len(line.body) == 1 else None
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute) or dotted(call.func.value) != model:
+        return None
+    if call.func.attr.value == "eval":
+        return "eval"
+    if call.func.attr.value == "train":
+        return "eval" if call.args and dotted(call.args[0].value) == "False" else "train"
+    return None
 
 
 def _saves(rule: Rule, node: cst.CSTNode, saved: cst.CSTNode, by_name: bool = False) -> bool:
