@@ -146,12 +146,12 @@ class TraceOnHost(Rule):
         if self.ctx.facts.file.qualname(call.func) != "torch.jit.trace":
             return call_arg(call, 99, "training") is None
         order = self.ctx.facts.order
-        here, mode = order.get(self.ctx.statement, 0), None
+        here = order.get(self.ctx.statement, 0)
         body = self.ctx.scope.body if self.ctx.scope is not None else self.ctx.module
-        for node in descendants(body, prune=_SCOPES):
-            if isinstance(node, cst.SimpleStatementLine) and order.get(node, here) < here:
-                mode = _mode_set(node, dotted(model)) or mode
-        return mode == "eval"
+        modes = [(order[node], mode) for node in descendants(body, prune=_SCOPES)
+                 if isinstance(node, cst.SimpleStatementLine) and order.get(node, here) < here
+                 and (mode := _mode_set(node, dotted(model))) is not None]
+        return max(modes, default=(0, None))[1] == "eval"
 
     def _result_stays_on_host(self, call: cst.Call) -> bool:
         """Whether what ``call`` returns is dropped or only saved: a traced module made on the
