@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import walk
+from accrewrite.nodes import descendants, walk
 from accrewrite.rule import RuleContext
 
 # The rule that keeps such a corpus on the host; ACC103 leaves its slices to it when it runs.
@@ -26,6 +26,7 @@ HOST_CORPUS_RULE = "ACC029"
 _SIZE_METHODS = frozenset({"size", "dim", "numel"})
 _SIZE_ATTRIBUTES = frozenset({"shape", "ndim"})
 # Statements whose targets bind or write: a corpus named there is rebound or written in place.
+_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 _BINDING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del, cst.WithItem, cst.CompFor, cst.NamedExpr)
 
 
@@ -134,6 +135,8 @@ class _Reads:
         """The corpora's slices; raises ``_Unsound`` where a read needs the device copy."""
         self._check_reads(self.search.module, None, {name for group in self.groups for name in group.bindings})
         self._check_callers()
+        for scope in self.holders:
+            self._check_batches(scope)
         return self.found
 
     def _check_reads(self, node: cst.CSTNode, scope: cst.FunctionDef | None, names: set[str]) -> None:
@@ -209,6 +212,33 @@ class _Reads:
                 held = self.holders.get(caller, set())
                 if any(not _is_name(arguments.get(param), held) for param in params):
                     raise _Unsound
+
+
+    def _check_batches(self, scope: cst.FunctionDef | None) -> None:
+        """No batch sliced out of a corpus in ``scope`` is written in place (``data += 1``,
+        ``data[mask] = 0``, ``data.clamp_(...)``): on the device that wrote the corpus too, while
+        a moved slice is a copy. A batch is a name bound to a slice, or to what a function that
+        receives a corpus returns."""
+        body = scope.body if scope is not None else self.search.module
+        batches = set()
+        for node in descendants(body, prune=_SCOPES):
+            if isinstance(node, cst.Assign) and (node.value in self.found or self._returns_a_slice(node.value, scope)):
+                batches |= {name for target in node.targets for name in _names_in(target.target)}
+        if not batches:
+            return
+        for node in descendants(body, prune=_SCOPES):
+            if isinstance(node, (cst.Assign, cst.AugAssign)):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                if any(isinstance(t, cst.Subscript) and _names_in(t.value) & batches for t in targets) \
+                        or isinstance(node, cst.AugAssign) and _is_name(node.target, batches):
+                    raise _Unsound
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and _is_name(node.func.value, batches) \
+                    and node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_"):
+                raise _Unsound
+
+    def _returns_a_slice(self, value: cst.BaseExpression, scope: cst.FunctionDef | None) -> bool:
+        called = self.facts.file_values.callee(value, scope) if isinstance(value, cst.Call) else None
+        return called is not None and called[0] in self.received
 
 
 def _module_assignments(module: cst.Module) -> dict[str, cst.Assign]:
