@@ -19,12 +19,15 @@ import libcst as cst
 
 from accrewrite.nodes import descendants, walk
 from accrewrite.rule import RuleContext
+from accrewrite.values import TENSORS, Kind
 
 # The rule that keeps such a corpus on the host; ACC103 leaves its slices to it when it runs.
 HOST_CORPUS_RULE = "ACC029"
 # What may be read of a corpus on the host with the same result as on the device.
 _SIZE_METHODS = frozenset({"size", "dim", "numel"})
 _SIZE_ATTRIBUTES = frozenset({"shape", "ndim"})
+# What a corpus may be, as the value analysis knows it (a helper's result is often unknown).
+_CORPUS_KINDS = frozenset({*TENSORS, Kind.UNKNOWN})
 # Statements whose targets bind or write: a corpus named there is rebound or written in place.
 _SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 _BINDING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del, cst.WithItem, cst.CompFor, cst.NamedExpr)
@@ -70,7 +73,10 @@ class _Search:
         """The groups kept on the host, each taken where the file reads it and those taken
         before it soundly and it adds slices to move; all moved to the same device."""
         found, taken = HostCorpus(), []
+        kinds = self.facts.values(None)
         for group in self._groups():
+            if any(kinds.summary_kind(name) not in _CORPUS_KINDS for name in group.bindings):
+                continue  # a model moved to the device, say
             device = group.move.args[0].value
             if found.device is not None and device.value != found.device.value or not self._module_level_name(device.value):
                 continue
