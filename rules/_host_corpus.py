@@ -28,8 +28,9 @@ _SIZE_METHODS = frozenset({"size", "dim", "numel"})
 _SIZE_ATTRIBUTES = frozenset({"shape", "ndim"})
 # What a corpus may be, as the value analysis knows it (a helper's result is often unknown).
 _CORPUS_KINDS = frozenset({*TENSORS, Kind.UNKNOWN})
-# Statements whose targets bind or write: a corpus named there is rebound or written in place.
+# What has names of its own, which a walk of one scope does not enter.
 _SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
+# Statements whose targets bind or write: a corpus named there is rebound or written in place.
 _BINDING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del, cst.WithItem, cst.CompFor, cst.NamedExpr)
 
 
@@ -78,7 +79,8 @@ class _Search:
             if any(kinds.summary_kind(name) not in _CORPUS_KINDS for name in group.bindings):
                 continue  # a model moved to the device, say
             device = group.move.args[0].value
-            if found.device is not None and device.value != found.device.value or not self._module_level_name(device.value):
+            other_device = found.device is not None and device.value != found.device.value
+            if other_device or not self._module_level_name(device.value):
                 continue
             try:
                 slices = _Reads(self, [*taken, group]).slices()
@@ -179,8 +181,8 @@ class _Reads:
         if not isinstance(node, cst.Call):
             return True
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") and isinstance(func.value, cst.Subscript) \
-                and _is_name(func.value.value, names):
+        if isinstance(func, cst.Attribute) and func.attr.value in ("to", "cuda") \
+                and isinstance(func.value, cst.Subscript) and _is_name(func.value.value, names):
             # a slice moved where it is made already
             return self._read_parts([*(e.slice for e in func.value.slice), *(a.value for a in node.args)], scope, names)
         if isinstance(func, cst.Attribute) and _is_name(func.value, names) and func.attr.value in _SIZE_METHODS \
@@ -219,7 +221,6 @@ class _Reads:
                 if any(not _is_name(arguments.get(param), held) for param in params):
                     raise _Unsound
 
-
     def _check_batches(self, scope: cst.FunctionDef | None) -> None:
         """No batch sliced out of a corpus in ``scope`` is written in place (``data += 1``,
         ``data[mask] = 0``, ``data.clamp_(...)``): on the device that wrote the corpus too, while
@@ -238,8 +239,8 @@ class _Reads:
                 if any(isinstance(t, cst.Subscript) and _names_in(t.value) & batches for t in targets) \
                         or isinstance(node, cst.AugAssign) and _is_name(node.target, batches):
                     raise _Unsound
-            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and _is_name(node.func.value, batches) \
-                    and node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_"):
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                    and _is_name(node.func.value, batches) and _in_place(node.func.attr.value):
                 raise _Unsound
 
     def _returns_a_slice(self, value: cst.BaseExpression, scope: cst.FunctionDef | None) -> bool:
@@ -252,8 +253,9 @@ def _module_assignments(module: cst.Module) -> dict[str, cst.Assign]:
     found = {}
     for statement in module.body:
         for small in getattr(statement, "body", ()) if isinstance(statement, cst.SimpleStatementLine) else ():
-            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-                found[small.targets[0].target.value] = small
+            target = small.targets[0].target if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+            if isinstance(target, cst.Name):
+                found[target.value] = small
     return found
 
 
@@ -266,13 +268,16 @@ def _moves(value: cst.BaseExpression | None) -> bool:
 
 def _returned(function: cst.FunctionDef) -> cst.BaseExpression | None:
     """The value of ``function``'s one ``return``, the last statement of its body; else None."""
-    returns = []
-    walk(function.body, lambda n: returns.append(n) if isinstance(n, cst.Return)
-         else not isinstance(n, (cst.FunctionDef, cst.ClassDef, cst.Lambda)))
+    returns = [node for node in descendants(function.body, prune=_SCOPES) if isinstance(node, cst.Return)]
     last = function.body.body[-1] if function.body.body else None
     if len(returns) != 1 or not isinstance(last, cst.SimpleStatementLine) or last.body[-1] is not returns[0]:
         return None
     return returns[0].value
+
+
+def _in_place(method: str) -> bool:
+    """``add_``, ``clamp_``: a tensor method that writes the tensor."""
+    return method.endswith("_") and not method.startswith("_")
 
 
 def _is_name(node: cst.CSTNode | None, names: set[str]) -> bool:
@@ -286,14 +291,9 @@ def _names_in(node: cst.CSTNode) -> set[str]:
 
 
 def _bound_names(node: cst.CSTNode) -> set[str]:
+    """The names ``node``'s targets bind or write (``x`` of ``x = v``, ``x[i] = v``, ``for x in``)."""
     if isinstance(node, cst.Assign):
-        targets = [t.target for t in node.targets]
-    elif isinstance(node, cst.WithItem):
-        targets = [node.asname.name] if node.asname else []
-    else:
-        targets = [getattr(node, "target", None) or getattr(node, "targets", None)]
-    found = set()
-    for target in targets:
-        if target is not None:
-            found |= _names_in(target) if isinstance(target, cst.CSTNode) else set()
-    return found
+        return {name for target in node.targets for name in _names_in(target.target)}
+    if isinstance(node, cst.WithItem):
+        return _names_in(node.asname.name) if node.asname else set()
+    return _names_in(node.target)

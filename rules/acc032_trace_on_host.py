@@ -129,7 +129,8 @@ class TraceOnHost(Rule):
         them; None where one cannot be shown to be a tensor."""
         if isinstance(inputs, (cst.Tuple, cst.List)):
             elements = [self._on_host(element.value) for element in inputs.elements]
-            if any(element is None for element in elements) or any(isinstance(e, cst.StarredElement) for e in inputs.elements):
+            starred = any(isinstance(element, cst.StarredElement) for element in inputs.elements)
+            if starred or any(element is None for element in elements):
                 return None
             return inputs.with_changes(elements=[e.with_changes(value=v) for e, v in zip(inputs.elements, elements)])
         values = self.ctx.facts.values(self.ctx.scope)
@@ -158,7 +159,9 @@ class TraceOnHost(Rule):
         host cannot take the device's tensors."""
         line = self.ctx.statement
         statement = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
-        if not isinstance(statement, (cst.Expr, cst.Assign)) or statement.value is not call and not _saves(self, statement.value, call):
+        if not isinstance(statement, (cst.Expr, cst.Assign)):
+            return False
+        if statement.value is not call and not _saves(self, statement.value, call):
             return False
         if isinstance(statement, cst.Expr):
             return True

@@ -49,9 +49,10 @@ def migrated(body: str, target: str = "torch_xla"):
     "def batchify(x):\n    return x.view(4, -1).t().contiguous().to(device)\n\ndata = batchify(tokens)\n"
     "print(batchify(tokens).sum())\n" + WINDOW + LOOP,
     # a batch written in place, which wrote the corpus too
-    "data = tokens.to(device)\n" + WINDOW + LOOP.replace("    model(", "    batch = window(data, i)\n    batch[batch == 0] = 1\n    model("),
-    "data = torch.tensor(ids).to(device)\n\nfor i in range(0, len(data), bptt):\n    x = data[i:i + bptt]\n    x.clamp_(max=9)\n"
-    "    model(x).sum().backward()\n    optimizer.step()\n",
+    "data = tokens.to(device)\n" + WINDOW
+    + LOOP.replace("    model(", "    batch = window(data, i)\n    batch[batch == 0] = 1\n    model("),
+    "data = torch.tensor(ids).to(device)\n\nfor i in range(0, len(data), bptt):\n"
+    "    x = data[i:i + bptt]\n    x.clamp_(max=9)\n    model(x).sum().backward()\n    optimizer.step()\n",
     # moved to a device that a function names as its own
     "data = tokens.to(device)\n\ndef window(source, i, device='cpu'):\n    return source[i:i + bptt]\n" + LOOP,
 ])
