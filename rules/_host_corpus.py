@@ -161,7 +161,7 @@ class _Reads:
             if isinstance(child, (cst.Lambda, cst.ClassDef)) and _names_in(child) & names:
                 raise _Unsound  # read where this walk does not follow
             if child in self.own:
-                walk(child.value, enter)
+                self._check_reads(child.value, scope, names)
                 return False
             if isinstance(child, _BINDING) and _bound_names(child) & names:
                 raise _Unsound  # rebound, or written in place
