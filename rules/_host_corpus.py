@@ -46,9 +46,14 @@ class HostCorpus:
 
 
 def host_corpus(ctx: RuleContext) -> HostCorpus:
-    """The file's ``HostCorpus``, worked out once; empty where no corpus can be kept on the host."""
+    """The file's ``HostCorpus``, worked out once; empty where no corpus can be kept on the host,
+    or where a ``# noqa`` for the rule covers one of its changes (the corpus on the host and a
+    slice left unmoved would not run)."""
     if "host_corpus" not in ctx.shared:
-        ctx.shared["host_corpus"] = _Search(ctx).run() if ".to(" in ctx.source_text else HostCorpus()
+        found = _Search(ctx).run() if ".to(" in ctx.source_text else HostCorpus()
+        if any(ctx.suppressed(HOST_CORPUS_RULE, node) for node in (*found.moves, *found.slices)):
+            found = HostCorpus()
+        ctx.shared["host_corpus"] = found
     return ctx.shared["host_corpus"]
 
 

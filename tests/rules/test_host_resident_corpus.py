@@ -78,6 +78,13 @@ def test_every_slice_of_the_corpus_is_moved_and_a_moved_one_once():
     assert not result.diagnostics
 
 
+def test_a_noqa_on_one_slice_keeps_the_whole_corpus_on_the_device():
+    body = "data = tokens.to(device)\n" + WINDOW.replace("bptt]", "bptt]  # noqa: ACC029") + LOOP
+    source, result = migrated(body)
+    assert result.output.decode() == source and not result.fixes
+    assert [d.code for d in result.diagnostics] == ["ACC103"]
+
+
 def test_a_target_that_runs_eagerly_keeps_the_corpus_on_the_device():
     source, result = migrated("data = tokens.to(device)\n" + WINDOW + LOOP, target="runtime")
     assert "data = tokens.to(device)" in result.output.decode()
