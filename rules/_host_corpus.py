@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from accrewrite.nodes import descendants, walk
+from accrewrite.nodes import descendants, dotted, walk
 from accrewrite.rule import RuleContext
 from accrewrite.values import TENSORS, Kind
 
@@ -37,8 +37,9 @@ _BINDING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del, cst.With
 @dataclass
 class HostCorpus:
     """What keeping the file's corpora on the host changes: each move to the device that goes
-    (``data.to(device)`` -> ``data``), each slice that is moved instead, and the device name
-    the corpora were moved with, which the slices are moved with."""
+    (``data.to(device)`` -> ``data``, ``data.cuda()`` -> ``data``), each slice that is moved
+    instead, and the device name the corpora were moved with, which the slices are moved with
+    (None where they were moved with ``.cuda()``: the slices go to the target's device)."""
 
     moves: dict[cst.Call, cst.BaseExpression] = field(default_factory=dict)
     slices: set[cst.Subscript] = field(default_factory=set)
@@ -50,7 +51,8 @@ def host_corpus(ctx: RuleContext) -> HostCorpus:
     or where a ``# noqa`` for the rule covers one of its changes (the corpus on the host and a
     slice left unmoved would not run)."""
     if "host_corpus" not in ctx.shared:
-        found = _Search(ctx).run() if ".to(" in ctx.source_text else HostCorpus()
+        moves = ".to(" in ctx.source_text or ".cuda()" in ctx.source_text
+        found = _Search(ctx).run() if moves else HostCorpus()
         if any(ctx.suppressed(HOST_CORPUS_RULE, node) for node in (*found.moves, *found.slices)):
             found = HostCorpus()
         ctx.shared["host_corpus"] = found
@@ -63,8 +65,9 @@ class _Unsound(Exception):
 
 @dataclass(frozen=True)
 class _Group:
-    """Corpora that go to the host together: a name bound to ``value.to(device)``, or every name
-    bound to a call of the file's function that returns ``value.to(device)``, and that move."""
+    """Corpora that go to the host together: a name bound to ``value.to(device)`` (or
+    ``value.cuda()``), or every name bound to a call of the file's function that returns such a
+    move, and that move."""
 
     bindings: dict[str, cst.Assign]
     move: cst.Call
@@ -83,9 +86,9 @@ class _Search:
         for group in self._groups():
             if any(kinds.summary_kind(name) not in _CORPUS_KINDS for name in group.bindings):
                 continue  # a model moved to the device, say
-            device = group.move.args[0].value
-            other_device = found.device is not None and device.value != found.device.value
-            if other_device or not self._module_level_name(device.value):
+            device = group.move.args[0].value if group.move.args else None
+            if taken and dotted(device) != dotted(found.device) \
+                    or device is not None and not self._module_level_name(device.value):
                 continue
             try:
                 slices = _Reads(self, [*taken, group]).slices()
@@ -265,10 +268,13 @@ def _module_assignments(module: cst.Module) -> dict[str, cst.Assign]:
 
 
 def _moves(value: cst.BaseExpression | None) -> bool:
-    """``x.to(device)``: one argument, a name."""
-    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "to" \
-        and len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star \
-        and isinstance(value.args[0].value, cst.Name)
+    """``x.to(device)`` (one argument, a name) or ``x.cuda()``."""
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
+        return False
+    if value.func.attr.value == "cuda":
+        return not value.args
+    return value.func.attr.value == "to" and len(value.args) == 1 and value.args[0].keyword is None \
+        and not value.args[0].star and isinstance(value.args[0].value, cst.Name)
 
 
 def _returned(function: cst.FunctionDef) -> cst.BaseExpression | None:

@@ -18,16 +18,17 @@ class HostResidentCorpus(Rule):
     Done only where the corpus is not needed on the device whole: every read of it (and of the
     parameters of the file's functions it is passed to) is a slice, its size (`.size()`,
     `.shape`, `len()`) or an argument of such a function that every caller passes a corpus; it
-    is bound once, at module level, from `x.to(device)` or from a function of the file that
-    returns `x.to(device)` and is called only so. Elsewhere the file is left as it is and
+    is bound once, at module level, from `x.to(device)` or `x.cuda()` (whose slices go to the
+    target's device), or from a function of the file that returns such a move and is called
+    only so. Elsewhere the file is left as it is and
     ACC103 reports the slices.
     """
 
     code = "ACC029"
     name = "host-resident-corpus"
     summary = "a corpus sliced every step stays on the host; each slice is moved to the device"
-    concepts = ("lazy_execution",)
-    triggers = frozenset({"to"})
+    concepts = ("lazy_execution", "device")
+    triggers = frozenset({"to", "cuda"})
     trigger_nodes = (cst.Subscript,)  # a slice of the corpus names no word of its own
     examples = (
         Example(
@@ -106,4 +107,5 @@ class HostResidentCorpus(Rule):
         if original_node not in found.slices:
             return updated_node
         self.ctx.fix(original_node, "a slice of the host corpus is moved to the device where it is made")
-        return cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("to")), args=[cst.Arg(found.device)])
+        device = found.device if found.device is not None else self.ctx.expr("device")
+        return cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("to")), args=[cst.Arg(device)])

@@ -114,3 +114,12 @@ def test_the_corpus_on_the_host_compiles_the_same_graphs_every_step(xla_python, 
     # A training step and an evaluation step, each full and last short; sliced on the device,
     # every offset is a graph of its own.
     assert compilations[()] <= 4 < steps // 2 < compilations[("ACC029",)]
+
+
+def test_a_corpus_moved_with_cuda_has_its_slices_moved_to_the_target_s_device():
+    source = "import torch\n\ndata = torch.tensor(ids).view(4, -1).t().contiguous().cuda()\n" + WINDOW + LOOP
+    result = migrate_source(source.encode(), "lm.py", Options(target="torch_xla", select=("ACC002", "ACC029", "ACC103")))
+    output = result.output.decode()
+    assert "data = torch.tensor(ids).view(4, -1).t().contiguous()\n" in output
+    assert "return source[i:i + bptt].to(torch_xla.device())" in output
+    assert not result.diagnostics
