@@ -3,7 +3,7 @@ import libcst as cst
 from accrewrite.concepts import EXPRESSION, Definition
 from accrewrite.nodes import call_arg, descendants, dotted, walk
 from accrewrite.rule import Example, Rule, excerpt
-from accrewrite.values import TENSORS
+from accrewrite.values import TENSORS, Kind
 
 # The tools that trace a model by running it, and the keywords of their model and its inputs.
 _TRACERS = {"torch.jit.trace": ("func", "example_inputs"), "torch.onnx.export": ("model", "args")}
@@ -12,6 +12,8 @@ _ADD_GRAPH = ("model", "input_to_model")
 _JIT_SAVE = "torch.jit.save"
 _INPUT_NODES = (cst.Name, cst.Attribute, cst.Subscript, cst.Call)
 _SCOPES = frozenset({cst.FunctionDef, cst.ClassDef})
+# Inputs known to be tensors: on the device, or on the host already (where `.cpu()` is the tensor).
+_INPUT_KINDS = frozenset({*TENSORS, Kind.CPU})
 _HELP = (
     "Tracing a model on a lazy device records its parameters as constants, and those require grad "
     "(`RuntimeError: Cannot insert a Tensor that requires grad as a constant`). Trace a copy on the "
@@ -134,7 +136,7 @@ class TraceOnHost(Rule):
                 return None
             return inputs.with_changes(elements=[e.with_changes(value=v) for e, v in zip(inputs.elements, elements)])
         values = self.ctx.facts.values(self.ctx.scope)
-        if not isinstance(inputs, _INPUT_NODES) or values.kind(inputs) not in TENSORS:
+        if not isinstance(inputs, _INPUT_NODES) or values.kind(inputs) not in _INPUT_KINDS:
             return None
         return self.ctx.expr("host_tensor", tensor=self.ctx.code(inputs))
 
