@@ -6,6 +6,7 @@ import libcst as cst
 from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import BUCKETED, Generation, grown_sequence, planned_generation
+from accrewrite.rules._host_corpus import HOST_CORPUS_RULE, host_corpus
 from accrewrite.rules._training_code import LoopDiagnostic
 from accrewrite.values import read_names
 
@@ -63,7 +64,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
       the counter to (`source[i:i + bptt]` in a language model's `get_batch`). The shape
       stays, but on XLA the offset is a constant of the graph, so every step compiles a new one.
       What to do: keep the tensor on the host and move each slice (`source[i:i + bptt].to(device)`);
-      a slice moved at once is not reported;
+      a slice moved at once is not reported, nor one that ACC029 moves so;
     - on a lazy target (torchacc, torch_xla), token-by-token generation in any function of the
       file, a model's `generate` included: a loop that calls a model and grows a tensor by
       concatenating onto it (`idx = torch.cat((idx, idx_next), dim=1)`), where ACC028 cannot pad
@@ -272,7 +273,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
 
     def _sliced_at_the_step(self, node: cst.Subscript) -> None:
         bounds = [e.slice.lower for e in node.slice if isinstance(e.slice, cst.Slice) and e.slice.lower is not None]
-        if not bounds or node in self._moved or self.in_closure:
+        if not bounds or node in self._moved or self.in_closure or self._moved_by_its_rule(node):
             return
         counters = self._step_counters()
         offset = next((bound for bound in bounds if read_names(bound) & counters), None)
@@ -290,6 +291,10 @@ class DynamicShapes(LoopDiagnostic, Rule):
             f"compiles a new graph. Keep `{value}` on the host and move each slice to the device "
             f"(`{code}.to(device)`).",
         )
+
+    def _moved_by_its_rule(self, node: cst.Subscript) -> bool:
+        """A slice of a corpus that ACC029 keeps on the host, moved where it is made."""
+        return HOST_CORPUS_RULE in self.ctx.running and node in host_corpus(self.ctx).slices
 
     @functools.cached_property
     def _moved(self) -> set:

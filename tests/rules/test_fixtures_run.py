@@ -59,6 +59,10 @@ RUNNABLE = {
     "host_hand_built": True,
     # a first model trained on the host on purpose, a second placed on the device
     "host_first_model": True,
+    # a language model's corpus moved to the device once and sliced at the step's offset
+    "word_lm_corpus": True,
+    # a network traced before training on the device it was moved to, the traced module saved
+    "trace_tools": True,
 }
 TOLERANCE = 1e-4
 _LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)
