@@ -1322,7 +1322,7 @@ RECIPES = (
            ("--n_epochs", "1", "--batch_size", "16"), mnist("../../data/mnist", train=160, test=10), needs=_MNIST),
     *(Recipe(f"eriklindernoren+PyTorch-GAN/implementations/{name}/{name}.py", ("--n_epochs", "1", "--batch_size", "16"),
              mnist("../../data/mnist", train=96, test=10), needs=_MNIST, steps=6)
-      for name in ("lsgan", "wgan", "bgan", "softmax_gan", "began", "infogan")),
+      for name in ("lsgan", "wgan", "infogan", "aae", "wgan_div")),
     Recipe("MorvanZhou+PyTorch-Tutorial/tutorial-contents/401_CNN.py", (), mnist("mnist", train=200, test=64),
            needs=_MNIST, on_device=False, steps=4, note="it places nothing on a device"),
     Recipe("MorvanZhou+PyTorch-Tutorial/tutorial-contents/402_RNN_classifier.py", (),
