@@ -121,6 +121,7 @@ class _Finder:
         self.aliases = self._aliases()
         self.refs: dict[cst.CSTNode, cst.FunctionDef | None] = {}  # each name of a type -> its function
         self.calls: list[tuple[cst.Call, cst.FunctionDef | None]] = []
+        self._scopes: list[cst.FunctionDef] = []
 
     def found(self) -> LegacyTypes:
         self._walk()
@@ -217,37 +218,37 @@ class _Finder:
     def _walk(self) -> None:
         """The names of legacy types (not the targets their aliases are assigned to), the calls,
         the alias assignments; in source order."""
-        scopes: list[cst.FunctionDef] = []
+        walk(self.ctx.module, self._enter, self._leave)
 
-        def enter(node):
-            kind = type(node)
-            scope = scopes[-1] if scopes else None
-            if kind is cst.Name or kind is cst.Attribute:
-                if self._cuda_type(node) or kind is cst.Name and node.value in self.aliases:
-                    self.refs[node] = scope
-                    return False
-                if kind is cst.Attribute:
-                    walk(node.value, enter, leave)
-                    return False
-            elif kind is cst.Arg:
-                walk(node.value, enter, leave)
+    # Methods, not closures: a closure that walks with itself is a reference cycle, which would
+    # keep the file's tree until the cycle collector runs.
+    def _enter(self, node) -> bool:
+        kind = type(node)
+        scope = self._scopes[-1] if self._scopes else None
+        if kind is cst.Name or kind is cst.Attribute:
+            if self._cuda_type(node) or kind is cst.Name and node.value in self.aliases:
+                self.refs[node] = scope
                 return False
-            elif kind is cst.Call:
-                self.calls.append((node, scope))
-            elif kind is cst.FunctionDef:
-                scopes.append(node)
-            elif kind is cst.SimpleStatementLine and self._alias_line(node):
-                alias = self.aliases[node.body[0].targets[0].target.value]
-                alias.statements.append(node)
-                alias.scopes.add(scope)
-                return False  # its value names the type, which goes or stays with the alias
-            return kind is not cst.Import and kind is not cst.ImportFrom
+            if kind is cst.Attribute:
+                walk(node.value, self._enter, self._leave)
+                return False
+        elif kind is cst.Arg:
+            walk(node.value, self._enter, self._leave)
+            return False
+        elif kind is cst.Call:
+            self.calls.append((node, scope))
+        elif kind is cst.FunctionDef:
+            self._scopes.append(node)
+        elif kind is cst.SimpleStatementLine and self._alias_line(node):
+            alias = self.aliases[node.body[0].targets[0].target.value]
+            alias.statements.append(node)
+            alias.scopes.add(scope)
+            return False  # its value names the type, which goes or stays with the alias
+        return kind is not cst.Import and kind is not cst.ImportFrom
 
-        def leave(node):
-            if type(node) is cst.FunctionDef:
-                scopes.pop()
-
-        walk(self.ctx.module, enter, leave)
+    def _leave(self, node) -> None:
+        if type(node) is cst.FunctionDef:
+            self._scopes.pop()
 
     def _alias_line(self, line: cst.SimpleStatementLine) -> bool:
         small = line.body[0] if len(line.body) == 1 else None
