@@ -262,6 +262,23 @@ def rebuilt(node: cst.CSTNode, leave, enter=None):
     return leave(node, updated)
 
 
+def origins(original: cst.CSTNode, updated: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
+    """Each node of ``updated`` -> the node of ``original`` it was made from, as far as the two
+    have the same shape: a subtree that another rule rewrote (``x.cuda()`` -> ``x.to(device)``)
+    stands for the original as a whole, and the nodes new inside it for nothing."""
+    found = {}
+    pairs = [(original, updated)]  # two trees in step, which ``walk`` (one tree's) cannot follow
+    while pairs:
+        before, after = pairs.pop()
+        if type(before) is not type(after):
+            continue
+        found[after] = before
+        inside, made = children(before), children(after)
+        if len(inside) == len(made):
+            pairs.extend(zip(inside, made))
+    return found
+
+
 def holds(tree: cst.CSTNode, wanted) -> bool:
     """Whether ``tree`` is, or has inside it, a node of ``wanted`` (a node, or a set of nodes)."""
     targets = wanted if isinstance(wanted, (set, frozenset)) else {wanted}

@@ -2,7 +2,7 @@ from functools import cached_property
 
 import libcst as cst
 
-from accrewrite.nodes import children, dotted, rebuilt, walk
+from accrewrite.nodes import dotted, origins, rebuilt, walk
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._training_code import (
     BUILTIN_NAMES,
@@ -391,18 +391,18 @@ class StepClosure(LoopDiagnostic, Rule):
         other rules' changes). A tensor the closure only reads through its methods
         (``loss.item()``) is passed detached: its autograd graph would stay alive until the step
         ends. One that is printed whole keeps it (its text shows ``grad_fn``)."""
-        origins = _origins(call, updated)
+        found = origins(call, updated)
         bound = bound_names(call)
         plain = all(arg.keyword is None and not arg.star for arg in call.args) and dotted(call.func) is not None
         if plain and all(self._eager(arg.value, tensors, bound) for arg in call.args) and len(updated.args) == len(call.args):
             return self.ctx.code(updated.func), [arg.value for arg in updated.args]
-        extract = _Extract(self, tensors, bound, updated, origins)
+        extract = _Extract(self, tensors, bound, updated, found)
         body = extract.extracted(updated)
         params = ", ".join(extract.params)
         head = f"lambda {params}" if params else "lambda"
         read = _read_through_methods(body)
         values = [
-            _detached(value) if param in read and tensors.is_tensor(origins.get(value, value)) else value
+            _detached(value) if param in read and tensors.is_tensor(found.get(value, value)) else value
             for param, value in zip(extract.params, extract.values)
         ]
         return f"{head}: {self.ctx.code(body)}", values
@@ -494,23 +494,6 @@ class _Extract:
         return candidate
 
 
-
-
-def _origins(original: cst.CSTNode, updated: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
-    """Each node of ``updated`` -> the node of ``original`` it was made from, as far as the two
-    have the same shape: a subtree that another rule rewrote (``x.cuda()`` -> ``x.to(device)``)
-    stands for the original as a whole, and the nodes new inside it for nothing."""
-    origins = {}
-    pairs = [(original, updated)]  # two trees in step, which ``walk`` (one tree's) cannot follow
-    while pairs:
-        before, after = pairs.pop()
-        if type(before) is not type(after):
-            continue
-        origins[after] = before
-        inside, made = children(before), children(after)
-        if len(inside) == len(made):
-            pairs.extend(zip(inside, made))
-    return origins
 
 
 def _detached(value: cst.BaseExpression) -> cst.BaseExpression:

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite import snippets
 from accrewrite.concepts import EXPRESSION, Definition
-from accrewrite.nodes import rebuilt
+from accrewrite.nodes import origins, rebuilt
 from accrewrite.rule import Example, Rule
 from accrewrite.rules._generation import Generation, keeps_dimension, planned_generation
 
@@ -158,7 +158,7 @@ class BucketedGeneration(Rule):
             return updated
         grown = plan.grown
         device, window, last = self._fresh(f"{grown}_device", f"{grown}_window", f"{grown}_last")
-        rewrite = _Rewrite(self.ctx, plan, device, window, last)
+        rewrite = _Rewrite(self.ctx, plan, device, window, last, origins(loop, updated))
         result = rebuilt(updated, rewrite.leave)
         if not rewrite.complete:
             self.ctx.diagnose(loop, f"`{grown}`'s generation loop was changed by another rule; not padded to buckets",
@@ -189,10 +189,13 @@ class BucketedGeneration(Rule):
 
 class _Rewrite:
     """The loop's nodes rewritten, bottom up: found by a child no other rule changes (the call's
-    function, the read's index), since another rule may have rebuilt the nodes around it."""
+    function, the read's index), since another rule may have rebuilt the nodes around it, and
+    through ``origins`` (the loop as the rules left it -> the loop as written), since a rebuilt
+    node is a new object."""
 
-    def __init__(self, ctx, plan: Generation, device: str, window: str, last: str) -> None:
+    def __init__(self, ctx, plan: Generation, device: str, window: str, last: str, origins) -> None:
         self.ctx, self.plan, self.device, self.window, self.last = ctx, plan, device, window, last
+        self.origins = origins
         self.done: set[str] = set()
         self._lines: list[cst.BaseStatement] | None = None
 
@@ -202,13 +205,13 @@ class _Rewrite:
 
     def leave(self, node, updated):
         plan = self.plan
-        if isinstance(node, cst.Call) and node.func is plan.call.func and "call" not in self.done:
+        if isinstance(node, cst.Call) and self._was(node.func, plan.call.func) and "call" not in self.done:
             return self._padded_call(updated)
-        if isinstance(node, cst.Call) and node.func is plan.cat.func:
+        if isinstance(node, cst.Call) and self._was(node.func, plan.cat.func):
             self.done.add("cat")
             return _with_element(updated, 1, self._host(updated.args[0].value.elements[1].value))
         if isinstance(node, cst.Subscript) and any(
-                len(node.slice) > 1 and node.slice[1] is read.slice[1] for read in plan.reads):
+                len(node.slice) > 1 and self._was(node.slice[1], read.slice[1]) for read in plan.reads):
             self.done.add("read")
             return self._read_at_last(node, updated)
         if isinstance(node, cst.SimpleStatementLine) and self._lines is not None:
@@ -216,6 +219,9 @@ class _Rewrite:
             self.done.add("line")
             return cst.FlattenSentinel([*lines, updated])
         return updated
+
+    def _was(self, node: cst.CSTNode, written: cst.CSTNode) -> bool:
+        return self.origins.get(node) is written
 
     def _padded_call(self, call: cst.Call) -> cst.Call:
         ctx, plan = self.ctx, self.plan
