@@ -221,15 +221,16 @@ class StepClosure(LoopDiagnostic, Rule):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        # Per loop (or helper function): the order numbers of its logging statements that stay
-        # as they are, because they read no tensor.
-        self._plain: dict[cst.CSTNode, list[int]] = {}
+        # Per loop (or helper function): the order numbers of its logging statements that read
+        # no tensor, and the names each reads (one that reads a name kept on the device moves).
+        self._plain: dict[cst.CSTNode, list[tuple[int, set[str]]]] = {}
         # Loops in which a logging call moved into a step closure: they flush at their exit.
         self._flushed: set[cst.CSTNode] = set()
         self._exit_flush = False
         # Per training loop: the names assigned a host read (``D_x = output.mean().item()``) that
         # only the loop's moved logging reads -> how they were read (``item``, ``tolist``, ``float``).
         self._on_device: dict[cst.CSTNode, dict[str, str]] = {}
+        self._kept_lines: set[cst.CSTNode] = set()  # their assignments (the original lines)
 
     @cached_property
     def _loop_helpers(self) -> dict[cst.FunctionDef, frozenset[str]]:
@@ -285,7 +286,7 @@ class StepClosure(LoopDiagnostic, Rule):
         if records_only(self.ctx.facts, call):
             return True
         here = self.ctx.facts.order.get(line, 0)
-        later = any(order > here for order in self._plain_logging(region))
+        later = any(order > here for order in self._plain_logging(region, on_device))
         return not later and not ends_the_run(self.ctx, self.ctx.facts.next_statement.get(line))
 
     # Host reads made only for logging ------------------------------------------------------------
@@ -297,7 +298,8 @@ class StepClosure(LoopDiagnostic, Rule):
         if read is None or self.ctx.loop is None or not self.in_loop:
             return None
         name, form, receiver = read
-        if self._device_reads(self.ctx.loop.node).get(name) != form:
+        self._device_reads(self.ctx.loop.node)
+        if line not in self._kept_lines:
             return None
         assign = updated_line.body[0] if len(updated_line.body) == 1 else None
         updated = host_read(assign.value) if isinstance(assign, cst.Assign) else None
@@ -354,12 +356,14 @@ class StepClosure(LoopDiagnostic, Rule):
                 break
             names = kept
         self._on_device[loop] = names
+        self._kept_lines.update(line for name in names for line in assigned[name])
         return names
 
     # Keeping the output's order -----------------------------------------------------------------
 
-    def _plain_logging(self, region: cst.CSTNode | None) -> list[int]:
-        """Where ``region`` (a loop, or a helper function) logs Python values only."""
+    def _plain_logging(self, region: cst.CSTNode | None, on_device: dict[str, str]) -> list[int]:
+        """Where ``region`` (a loop, or a helper function) logs Python values only, with the
+        names ``on_device`` kept there (so read in a step closure)."""
         if region is None:
             return []
         found = self._plain.get(region)
@@ -373,11 +377,11 @@ class StepClosure(LoopDiagnostic, Rule):
                 call = self._logging_call(child)
                 if (call is not None and not records_only(self.ctx.facts, call)
                         and not self._reads_tensors(call, tensors) and not is_step_closure_call(call)):
-                    found.append(self.ctx.facts.order.get(child, 0))
+                    found.append((self.ctx.facts.order.get(child, 0), read_names(call)))
                 return True
 
             walk(region, enter)
-        return found
+        return [order for order, names in found if not names & on_device.keys()]
 
     def _flush_at_exit(self) -> None:
         """Where the target does not run pending closures at interpreter exit (torch_xla), the
@@ -636,14 +640,15 @@ def _own_lines(loop: cst.CSTNode) -> list[cst.SimpleStatementLine]:
 
 def _only_read_in(tensors, name: str, bindings: dict[cst.CSTNode, str], statements: set[cst.CSTNode]) -> bool:
     """Whether every read of ``name`` that one of ``bindings`` reaches is in one of ``statements``,
-    and reaches it through those bindings only."""
+    and every path to it comes through those bindings."""
     for binding in bindings:
         reads = tensors.reads_reached(name, binding)
         if reads is None:
             return False
         for read in reads:
             statement = tensors.statement_of(read)  # the small statement: a logging line's only one
-            if statement not in statements or not tensors.bindings_at(name, statement) <= bindings.keys():
+            reaching = tensors.bindings_at(name, statement)  # none: a path may bring a value from elsewhere
+            if statement not in statements or not reaching or not reaching <= bindings.keys():
                 return False
     return True
 
