@@ -112,6 +112,47 @@ class StepClosure(LoopDiagnostic, Rule):
             """,
         ),
         Example(
+            before="""
+            import torch
+
+            netD = Discriminator().to(device)
+            for epoch in range(epochs):
+                for i, (x, y) in enumerate(loader):
+                    output = netD(x)
+                    errD = criterion(output, y)
+                    errD.backward()
+                    optimizerD.step()
+                    D_x = output.mean().item()
+                    accuracy = float((output > 0.5).float().mean())
+                    score = output.max().item()
+                    scores.append(score)
+                    best = min(best, errD.item())
+                    print(f"[{i}] Loss_D: {errD.item():.4f} D(x): {D_x:.4f} acc {accuracy:.1%} best {best:.4f}")
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            netD = Discriminator().to(device)
+            for epoch in range(epochs):
+                for i, (x, y) in enumerate(loader):
+                    output = netD(x)
+                    errD = criterion(output, y)
+                    errD.backward()
+                    optimizerD.step()
+                    D_x = output.mean().detach()
+                    accuracy = (output > 0.5).float().mean().detach()
+                    score = output.max().item()
+                    scores.append(score)
+                    best = min(best, errD.item())
+                    xm.add_step_closure(
+                        lambda i, errD, D_x, accuracy, best: print(f"[{i}] Loss_D: {errD.item():.4f} D(x): {D_x.item():.4f} acc {float(accuracy):.1%} best {best:.4f}"),
+                        args=(i, errD.detach(), D_x, accuracy, best),
+                        run_async=False)
+                xm.mark_step()
+            """,
+        ),
+        Example(
             target="torchacc",
             before="""
             import logging
