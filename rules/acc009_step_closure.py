@@ -57,6 +57,17 @@ class StepClosure(LoopDiagnostic, Rule):
       is registered to run then (`atexit.register(torch_xla.sync)`), for a loop left by an
       exception.
 
+    A name the loop assigns a host read of a tensor (`D_x = output.mean().item()`,
+    `float(t)`, `t.tolist()`) only to log it, as pytorch/examples' dcgan does, stays a tensor
+    (`D_x = output.mean().detach()`) and the closure reads it where the call did
+    (`D_x.item()`), so the step neither waits for the device there nor cuts its graph, and the
+    line is printed as before. Only where every read of the name that the assignment reaches
+    is in logging that moves into a step closure: one appended to a list, compared, computed
+    with, returned, read after the loop or by a function keeps its number, as does one that a
+    path may reach from another assignment. A read of a tensor that may change in place before
+    the closure runs (`loss.item()`) is copied (`loss.detach().clone()`); a new one
+    (`output.mean()`, `a - b`) is not.
+
     Objects are passed by reference, as Python passes them: a tensor or a meter (imagenet's
     `AverageMeter`) that the loop updates in place after the call is read when the closure
     runs. Pass a copy (`running.clone()`) where the exact value at that line matters.
