@@ -154,6 +154,8 @@ class ScopeFlow:
         # Whether the walk used a placeholder for the return of a function still being computed
         # (that function asked this scope what it passes): walked again once it is known.
         self.provisional = False
+        # Each name asked of ``reads_reached``: its reads, and whether nested code reads it.
+        self._reads_of: dict[str, tuple[list[cst.Name], bool]] = {}
         # Plain ``name = value`` assignments, in order (for loops over such a name).
         self._assignments: dict[str, list[cst.BaseExpression]] = {}
         # The statement whose bindings are being walked (a statement line, a compound header,
@@ -555,6 +557,21 @@ class ScopeFlow:
         line) bound it to: every read that some path reaches through ``binding``, or through no
         binding this walk knows. None where a function, lambda or class in the scope reads it:
         it runs at a time this walk does not know."""
+        found, nested = self._reads_of.get(name) or self._find_reads(name)
+        if nested:
+            return None
+        reached = []
+        for read in found:
+            statement = self.statement_of(read)
+            if statement is None:
+                return None
+            bindings = self.bindings_at(name, statement)
+            if not bindings or binding in bindings:
+                reached.append(read)
+        return reached
+
+    def _find_reads(self, name: str) -> tuple[list[cst.Name], bool]:
+        """The reads of ``name`` in this scope's own code, and whether nested code reads it."""
         body = self.scope.body if self.scope is not None else self.file.module
         found: list[cst.Name] = []
         labels: set[int] = set()  # attribute names, keywords and assignment targets: not reads
@@ -579,17 +596,8 @@ class ScopeFlow:
             return True
 
         walk(body, enter)
-        if nested:
-            return None
-        reached = []
-        for read in found:
-            statement = self.statement_of(read)
-            if statement is None:
-                return None
-            bindings = self.bindings_at(name, statement)
-            if not bindings or binding in bindings:
-                reached.append(read)
-        return reached
+        self._reads_of[name] = found, nested
+        return found, nested
 
     def binds(self, name: str) -> bool:
         """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""
