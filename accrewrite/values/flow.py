@@ -555,8 +555,8 @@ class ScopeFlow:
     def reads_reached(self, name: str, binding: cst.CSTNode) -> list[cst.Name] | None:
         """The reads of ``name`` in this scope that may see the value ``binding`` (a statement
         line) bound it to: every read that some path reaches through ``binding``, or through no
-        binding this walk knows. None where a function, lambda or class in the scope reads it:
-        it runs at a time this walk does not know."""
+        binding this walk knows. None where a function, lambda or class in the scope reads it
+        (it runs at a time this walk does not know) or the scope declares it ``global``."""
         found, nested = self._reads_of.get(name) or self._find_reads(name)
         if nested:
             return None
@@ -571,7 +571,8 @@ class ScopeFlow:
         return reached
 
     def _find_reads(self, name: str) -> tuple[list[cst.Name], bool]:
-        """The reads of ``name`` in this scope's own code, and whether nested code reads it."""
+        """The reads of ``name`` in this scope's own code, and whether other code may read it
+        (nested code that names it, or a ``global`` or ``nonlocal`` declaration of it)."""
         body = self.scope.body if self.scope is not None else self.file.module
         found: list[cst.Name] = []
         labels: set[int] = set()  # attribute names, keywords and assignment targets: not reads
@@ -582,6 +583,9 @@ class ScopeFlow:
             kind = type(node)
             if kind in _NESTED_CODE:
                 nested = nested or name in read_names(node)
+                return False
+            if kind is cst.Global or kind is cst.Nonlocal:  # other functions read it too
+                nested = nested or any(item.name.value == name for item in node.names)
                 return False
             if kind is cst.Name:
                 if node.value == name and id(node) not in labels:

@@ -536,6 +536,9 @@ def test_the_reads_a_binding_reaches():
     callback = cst.parse_module("def main(loader):\n    for x in loader:\n        s = x.item()\n        f = lambda: s\n")
     line = callback.body[0].body.body[0].body.body[0]
     assert analyze(callback).values(callback.body[0]).reads_reached("s", line) is None
+    shared = cst.parse_module("def main(loader):\n    global s\n    for x in loader:\n        s = x.item()\n")
+    line = shared.body[0].body.body[1].body.body[0]
+    assert analyze(shared).values(shared.body[0]).reads_reached("s", line) is None
 
 
 def test_a_module_built_and_never_moved_stays_on_the_host():
