@@ -179,6 +179,7 @@ def images(cwd: Path, python: str) -> None:
 
 
 def names(cwd: Path, python: str) -> None:
+    """``data/names.txt``, the text CHAR_RNN reads: 400 random lowercase names."""
     rng = random.Random(0)
     (cwd / "data").mkdir()
     (cwd / "data" / "names.txt").write_text(" ".join(

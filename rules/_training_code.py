@@ -96,6 +96,35 @@ def is_step_closure_line(node: cst.CSTNode) -> bool:
     )
 
 
+def host_read(value: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    """How ``value`` reads a value on the host, and what it reads: ``("item", x)`` for
+    ``x.item()``, ``("tolist", x)`` for ``x.tolist()``, ``("float", x)`` for ``float(x)``."""
+    if not isinstance(value, cst.Call):
+        return None
+    func = value.func
+    if isinstance(func, cst.Attribute) and func.attr.value in ("item", "tolist") and not value.args:
+        return func.attr.value, func.value
+    if isinstance(func, cst.Name) and func.value == "float" and len(value.args) == 1:
+        arg = value.args[0]
+        if arg.keyword is None and not arg.star:
+            return "float", arg.value
+    return None
+
+
+def keeps_on_device(original: cst.CSTNode, updated: cst.CSTNode) -> bool:
+    """A statement line ``name = x.item()`` that ACC009 made ``name = x.detach()``: the value
+    stays on the device, and its step closure reads it."""
+    assigns = [line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+               for line in (original, updated)]
+    if not all(isinstance(assign, cst.Assign) for assign in assigns):
+        return False
+    value = assigns[1].value
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "clone":
+        value = value.func.value
+    detached = isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "detach"
+    return detached and host_read(assigns[0].value) is not None
+
+
 def root_name(node: cst.CSTNode) -> str | None:
     """``a`` for ``a.b[c].d``; None when the chain starts with something else."""
     while isinstance(node, (cst.Attribute, cst.Subscript)):
@@ -225,7 +254,7 @@ class LoopDiagnostic:
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         pending = self._closure_state()["pending"].pop(original_node, ())
-        if not is_step_closure_line(updated_node):
+        if not is_step_closure_line(updated_node) and not keeps_on_device(original_node, updated_node):
             for node, message, help in pending:
                 self.ctx.diagnose(node, message, help)
         return updated_node

@@ -13,6 +13,7 @@ from accrewrite.rules._training_code import (
     is_step_closure_call,
     loop_helpers,
     ends_the_run,
+    host_read,
     records_only,
     root_name,
 )
@@ -56,6 +57,17 @@ class StepClosure(LoopDiagnostic, Rule):
       is registered to run then (`atexit.register(torch_xla.sync)`), for a loop left by an
       exception.
 
+    A name the loop assigns a host read of a tensor (`D_x = output.mean().item()`,
+    `float(t)`, `t.tolist()`) only to log it, as pytorch/examples' dcgan does, stays a tensor
+    (`D_x = output.mean().detach()`) and the closure reads it where the call did
+    (`D_x.item()`), so the step neither waits for the device there nor cuts its graph, and the
+    line is printed as before. Only where every read of the name that the assignment reaches
+    is in logging that moves into a step closure: one appended to a list, compared, computed
+    with, returned, read after the loop or by a function keeps its number, as does one that a
+    path may reach from another assignment. A read of a tensor that may change in place before
+    the closure runs (`loss.item()`) is copied (`loss.detach().clone()`); a new one
+    (`output.mean()`, `a - b`) is not.
+
     Objects are passed by reference, as Python passes them: a tensor or a meter (imagenet's
     `AverageMeter`) that the loop updates in place after the call is read when the closure
     runs. Pass a copy (`running.clone()`) where the exact value at that line matters.
@@ -70,7 +82,7 @@ class StepClosure(LoopDiagnostic, Rule):
     name = "step-closure"
     summary = "logging that reads tensor values in the loop -> xm.add_step_closure(fn, args=(...)), output order kept"
     concepts = ("step_closure",)
-    triggers = LOGGING_WORDS
+    triggers = LOGGING_WORDS | {"item", "tolist", "float"}  # and the host reads it keeps on the device
     examples = (
         Example(
             before="""
@@ -108,6 +120,47 @@ class StepClosure(LoopDiagnostic, Rule):
                             run_async=True)
                 xm.mark_step()
                 print(f"epoch {epoch} done")
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            netD = Discriminator().to(device)
+            for epoch in range(epochs):
+                for i, (x, y) in enumerate(loader):
+                    output = netD(x)
+                    errD = criterion(output, y)
+                    errD.backward()
+                    optimizerD.step()
+                    D_x = output.mean().item()
+                    accuracy = float((output > 0.5).float().mean())
+                    score = output.max().item()
+                    scores.append(score)
+                    best = min(best, errD.item())
+                    print(f"[{i}] Loss_D: {errD.item():.4f} D(x): {D_x:.4f} acc {accuracy:.1%} best {best:.4f}")
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime.xla_model as xm
+
+            netD = Discriminator().to(device)
+            for epoch in range(epochs):
+                for i, (x, y) in enumerate(loader):
+                    output = netD(x)
+                    errD = criterion(output, y)
+                    errD.backward()
+                    optimizerD.step()
+                    D_x = output.mean().detach()
+                    accuracy = (output > 0.5).float().mean().detach()
+                    score = output.max().item()
+                    scores.append(score)
+                    best = min(best, errD.item())
+                    xm.add_step_closure(
+                        lambda i, errD, D_x, accuracy, best: print(f"[{i}] Loss_D: {errD.item():.4f} D(x): {D_x.item():.4f} acc {float(accuracy):.1%} best {best:.4f}"),
+                        args=(i, errD.detach(), D_x, accuracy, best),
+                        run_async=False)
+                xm.mark_step()
             """,
         ),
         Example(
@@ -220,12 +273,16 @@ class StepClosure(LoopDiagnostic, Rule):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        # Per loop (or helper function): the order numbers of its logging statements that stay
-        # as they are, because they read no tensor.
-        self._plain: dict[cst.CSTNode, list[int]] = {}
+        # Per loop (or helper function): the order numbers of its logging statements that read
+        # no tensor, and the names each reads (one that reads a name kept on the device moves).
+        self._plain: dict[cst.CSTNode, list[tuple[int, set[str]]]] = {}
         # Loops in which a logging call moved into a step closure: they flush at their exit.
         self._flushed: set[cst.CSTNode] = set()
         self._exit_flush = False
+        # Per training loop: the names assigned a host read (``D_x = output.mean().item()``) that
+        # only the loop's moved logging reads -> how they were read (``item``, ``tolist``, ``float``).
+        self._on_device: dict[cst.CSTNode, dict[str, str]] = {}
+        self._kept_lines: set[cst.CSTNode] = set()  # their assignments (the original lines)
 
     @cached_property
     def _loop_helpers(self) -> dict[cst.FunctionDef, frozenset[str]]:
@@ -233,6 +290,9 @@ class StepClosure(LoopDiagnostic, Rule):
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         self._flush_before_return(original_node)
+        kept = self._kept_on_device(original_node, updated_node)
+        if kept is not None:
+            return kept
         call = self._logging_call(original_node)
         if call is None:
             return updated_node
@@ -247,15 +307,12 @@ class StepClosure(LoopDiagnostic, Rule):
         elif self.in_closure or self.ctx.scope not in self._loop_helpers:
             return updated_node
         tensors = self.tensors()
-        if not self._reads_tensors(call, tensors):
-            return updated_node
-        here = self.ctx.facts.order.get(original_node, 0)
         region = self.ctx.loop.node if self.ctx.loop is not None else self.ctx.scope
-        plain = self._plain_logging(region)
+        on_device = self._device_reads(region) if self.ctx.loop is not None and self.in_loop else {}
+        if not self._moves(original_node, call, tensors, region, on_device):
+            return updated_node
         prints = not records_only(self.ctx.facts, call)
-        if prints and (any(order > here for order in plain) or ends_the_run(self.ctx, self.ctx.facts.next_statement.get(original_node))):
-            return updated_node  # a later line of the step prints at once: this one must print first
-        closure, values = self._closure(call, updated, tensors)
+        closure, values = self._closure(call, updated, tensors, on_device)
         args = ", ".join(self.ctx.code(value) for value in values) + ("," if len(values) == 1 else "")
         # A closure that prints runs on the calling thread: the order of lines printed by two
         # threads is not kept. Recording has no order to keep.
@@ -273,10 +330,92 @@ class StepClosure(LoopDiagnostic, Rule):
         )
         return updated_node.with_changes(body=[updated_node.body[0].with_changes(value=replacement)])
 
+    def _moves(self, line, call: cst.Call, tensors, region, on_device: dict[str, str]) -> bool:
+        """Whether the logging ``call`` (the whole of ``line``) moves into a step closure: it reads
+        tensor values (or names kept on the device), and no later line of the step prints at once."""
+        if not self._reads_tensors(call, tensors) and not read_names(call) & on_device.keys():
+            return False
+        if records_only(self.ctx.facts, call):
+            return True
+        here = self.ctx.facts.order.get(line, 0)
+        later = any(order > here for order in self._plain_logging(region, on_device))
+        return not later and not ends_the_run(self.ctx, self.ctx.facts.next_statement.get(line))
+
+    # Host reads made only for logging ------------------------------------------------------------
+
+    def _kept_on_device(self, line, updated_line):
+        """``D_x = output.mean().item()`` -> ``D_x = output.mean().detach()`` where every read of
+        ``D_x`` is in logging that moves into the step closure, which reads its value there."""
+        read = self._host_read_assignment(line)
+        if read is None or self.ctx.loop is None or not self.in_loop:
+            return None
+        name, form, receiver = read
+        self._device_reads(self.ctx.loop.node)
+        if line not in self._kept_lines:
+            return None
+        assign = updated_line.body[0] if len(updated_line.body) == 1 else None
+        updated = host_read(assign.value) if isinstance(assign, cst.Assign) else None
+        if updated is None or updated[0] != form:
+            return None
+        kept = _detached(updated[1])
+        if not _fresh(receiver):  # it may share its storage with a tensor changed in place before the closure runs
+            kept = cst.Call(func=cst.Attribute(value=kept, attr=cst.Name("clone")))
+        self.ctx.fix(line, f"`{name}` is read only by logging in a step closure: it stays a tensor, read there")
+        return updated_line.with_changes(body=[assign.with_changes(value=kept)])
+
+    def _host_read_assignment(self, line) -> tuple[str, str, cst.BaseExpression] | None:
+        """(name, how it is read, the tensor read) for a line ``name = x.item()``, ``name = x.tolist()`` or
+        ``name = float(x)`` where ``x`` is known to be a tensor."""
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            return None
+        assign = line.body[0]
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+            return None
+        read = host_read(assign.value)
+        if read is None or read[0] == "float" and "float" in self.ctx.facts.file.imports:
+            return None
+        form, receiver = read
+        if not self.tensors().is_tensor(receiver):
+            return None
+        return assign.targets[0].target.value, form, receiver
+
+    def _device_reads(self, loop: cst.CSTNode) -> dict[str, str]:
+        """The names ``loop`` assigns a host read whose every read is in logging that moves into
+        the step closure: the loop's own lines, not a nested loop's, function's or class's. A
+        name kept on the device makes the logging that reads it move, so the names are narrowed
+        until each one's logging moves."""
+        found = self._on_device.get(loop)
+        if found is not None:
+            return found
+        tensors = self.tensors()
+        lines = _own_lines(loop)
+        assigned: dict[str, dict[cst.CSTNode, str]] = {}
+        for line in lines:
+            read = self._host_read_assignment(line)
+            if read is not None:
+                assigned.setdefault(read[0], {})[line] = read[1]
+        names = {name: next(iter(forms.values())) for name, forms in assigned.items() if len(set(forms.values())) == 1}
+        logging = {}
+        if names:
+            for line in lines:
+                call = self._logging_call(line)
+                if call is not None and not self._helper_logs_inside(call):
+                    logging[line] = call
+        while names:
+            moving = {line.body[0] for line, call in logging.items() if self._moves(line, call, tensors, loop, names)}
+            kept = {name: form for name, form in names.items() if _only_read_in(tensors, name, assigned[name], moving)}
+            if kept == names:
+                break
+            names = kept
+        self._on_device[loop] = names
+        self._kept_lines.update(line for name in names for line in assigned[name])
+        return names
+
     # Keeping the output's order -----------------------------------------------------------------
 
-    def _plain_logging(self, region: cst.CSTNode | None) -> list[int]:
-        """Where ``region`` (a loop, or a helper function) logs Python values only."""
+    def _plain_logging(self, region: cst.CSTNode | None, on_device: dict[str, str]) -> list[int]:
+        """Where ``region`` (a loop, or a helper function) logs Python values only, with the
+        names ``on_device`` kept there (so read in a step closure)."""
         if region is None:
             return []
         found = self._plain.get(region)
@@ -290,11 +429,11 @@ class StepClosure(LoopDiagnostic, Rule):
                 call = self._logging_call(child)
                 if (call is not None and not records_only(self.ctx.facts, call)
                         and not self._reads_tensors(call, tensors) and not is_step_closure_call(call)):
-                    found.append(self.ctx.facts.order.get(child, 0))
+                    found.append((self.ctx.facts.order.get(child, 0), read_names(call)))
                 return True
 
             walk(region, enter)
-        return found
+        return [order for order, names in found if not names & on_device.keys()]
 
     def _flush_at_exit(self) -> None:
         """Where the target does not run pending closures at interpreter exit (torch_xla), the
@@ -386,23 +525,28 @@ class StepClosure(LoopDiagnostic, Rule):
 
     # The closure -----------------------------------------------------------------------------
 
-    def _closure(self, call: cst.Call, updated: cst.Call, tensors) -> tuple[str, list[cst.BaseExpression]]:
+    def _closure(self, call: cst.Call, updated: cst.Call, tensors,
+                 on_device: dict[str, str]) -> tuple[str, list[cst.BaseExpression]]:
         """The closure's code and the values passed to it, made of ``updated`` (``call`` with the
         other rules' changes). A tensor the closure only reads through its methods
         (``loss.item()``) is passed detached: its autograd graph would stay alive until the step
-        ends. One that is printed whole keeps it (its text shows ``grad_fn``)."""
-        found = origins(call, updated)
+        ends. One that is printed whole keeps it (its text shows ``grad_fn``). A name kept on
+        the device (``on_device``) is passed as its tensor and read where the call read it
+        (``D_x.item()``), so the call is given the same value."""
+        made_from = origins(call, updated)
         bound = bound_names(call)
+        on_device = {name: form for name, form in on_device.items() if name in read_names(call)}
         plain = all(arg.keyword is None and not arg.star for arg in call.args) and dotted(call.func) is not None
-        if plain and all(self._eager(arg.value, tensors, bound) for arg in call.args) and len(updated.args) == len(call.args):
+        if (plain and not on_device and all(self._eager(arg.value, tensors, bound) for arg in call.args)
+                and len(updated.args) == len(call.args)):
             return self.ctx.code(updated.func), [arg.value for arg in updated.args]
-        extract = _Extract(self, tensors, bound, updated, found)
+        extract = _Extract(self, tensors, bound, updated, made_from, on_device)
         body = extract.extracted(updated)
         params = ", ".join(extract.params)
         head = f"lambda {params}" if params else "lambda"
         read = _read_through_methods(body)
         values = [
-            _detached(value) if param in read and tensors.is_tensor(found.get(value, value)) else value
+            _detached(value) if param in read and tensors.is_tensor(made_from.get(value, value)) else value
             for param, value in zip(extract.params, extract.values)
         ]
         return f"{head}: {self.ctx.code(body)}", values
@@ -425,8 +569,11 @@ class _Extract:
     the updated one; what is a value is asked of the original node each node stands for
     (`origins`), or of the node itself where another rule made it."""
 
-    def __init__(self, rule: StepClosure, tensors, bound: set[str], call: cst.Call, origins: dict):
+    def __init__(self, rule: StepClosure, tensors, bound: set[str], call: cst.Call, origins: dict,
+                 on_device: dict[str, str]):
         self.rule = rule
+        self.on_device = on_device
+        self._host_reads: dict[cst.CSTNode, str] = {}  # a name kept on the device -> how the call read it
         self.tensors = tensors
         self.bound = bound
         self.origins = origins
@@ -465,6 +612,11 @@ class _Extract:
             self._parts.update((node.left, node.right))
         if node in self._method or node in self._parts or isinstance(node, cst.StarredElement):
             return True  # a starred element's value is replaced, the star stays
+        origin = self.origins.get(node, node)
+        if type(origin) is cst.Name and origin.value in self.on_device:
+            self._replace[node] = self._param(node)
+            self._host_reads[node] = self.on_device[origin.value]
+            return False
         if isinstance(node, cst.BaseExpression) and node is not self._call and self._is_value(node):
             self._replace[node] = self._param(node)
             return False
@@ -472,13 +624,21 @@ class _Extract:
 
     def _is_value(self, node: cst.CSTNode) -> bool:
         node = self.origins.get(node, node)
+        if self.on_device and read_names(node) & self.on_device.keys():
+            return False  # its names kept on the device are read inside the closure
         return self.rule._eager(node, self.tensors, self.bound) and self.rule._passed(node, self.bound)
 
     def _leave(self, original_node, updated_node):
         name = self._replace.get(original_node)
-        if name is not None:
-            return cst.Name(name).with_changes(lpar=(), rpar=())
-        return updated_node
+        if name is None:
+            return updated_node
+        param = cst.Name(name)
+        form = self._host_reads.get(original_node)
+        if form == "float":
+            return cst.Call(func=cst.Name("float"), args=[cst.Arg(param)])
+        if form is not None:
+            return cst.Call(func=cst.Attribute(value=param, attr=cst.Name(form)))
+        return param.with_changes(lpar=(), rpar=())
 
     def _param(self, node: cst.CSTNode) -> str:
         code = self.rule.ctx.code(node).strip()
@@ -494,6 +654,51 @@ class _Extract:
         return candidate
 
 
+
+
+def _own_lines(loop: cst.CSTNode) -> list[cst.SimpleStatementLine]:
+    """The statement lines of ``loop``'s body, in order, also under its ``if``/``with``/``try``;
+    not those of a loop, function or class inside it."""
+    found = []
+
+    def enter(node):
+        if node is not loop and isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef)):
+            return False
+        if isinstance(node, cst.SimpleStatementLine):
+            found.append(node)
+            return False
+        return not isinstance(node, cst.BaseExpression)
+
+    walk(loop.body, enter)
+    return found
+
+
+def _only_read_in(tensors, name: str, bindings: dict[cst.CSTNode, str], statements: set[cst.CSTNode]) -> bool:
+    """Whether every read of ``name`` that one of ``bindings`` reaches is in one of ``statements``,
+    and every path to it comes through those bindings."""
+    for binding in bindings:
+        reads = tensors.reads_reached(name, binding)
+        if reads is None:
+            return False
+        for read in reads:
+            statement = tensors.statement_of(read)  # the small statement: a logging line's only one
+            reaching = tensors.bindings_at(name, statement)  # none: a path may bring a value from elsewhere
+            if statement not in statements or not reaching or not reaching <= bindings.keys():
+                return False
+    return True
+
+
+# Methods that give a new tensor, never a view of their receiver: a host read of one can wait
+# for the step closure without a copy.
+_FRESH_METHODS = frozenset({"mean", "sum", "std", "var", "norm", "prod", "argmax", "argmin"})
+
+
+def _fresh(tensor: cst.BaseExpression) -> bool:
+    """Whether ``tensor`` is computed here into storage of its own (``output.mean()``, ``a - b``)."""
+    if isinstance(tensor, (cst.BinaryOperation, cst.UnaryOperation)):
+        return True
+    func = tensor.func if isinstance(tensor, cst.Call) else None
+    return isinstance(func, cst.Attribute) and func.attr.value in _FRESH_METHODS
 
 
 def _detached(value: cst.BaseExpression) -> cst.BaseExpression:

@@ -12,7 +12,7 @@ from accrewrite.persistent import PersistentMap, merge
 from accrewrite.values.kinds import (
     ADDS, HOST, ITERATE_THROUGH, NAMED_ITEMS, TENSORS, Kind, element_kind, is_initialiser, join,
 )
-from accrewrite.values.names import target_names
+from accrewrite.values.names import read_names, target_names
 
 if TYPE_CHECKING:
     from accrewrite.file_model import FileFacts
@@ -154,6 +154,8 @@ class ScopeFlow:
         # Whether the walk used a placeholder for the return of a function still being computed
         # (that function asked this scope what it passes): walked again once it is known.
         self.provisional = False
+        # Each name asked of ``reads_reached``: its reads, and whether nested code reads it.
+        self._reads_of: dict[str, tuple[list[cst.Name], bool]] = {}
         # Plain ``name = value`` assignments, in order (for loops over such a name).
         self._assignments: dict[str, list[cst.BaseExpression]] = {}
         # The statement whose bindings are being walked (a statement line, a compound header,
@@ -550,6 +552,57 @@ class ScopeFlow:
         return param is not None and param.annotation is not None and \
             self.file.annotation_kind(param.annotation.annotation) is Kind.STR
 
+    def reads_reached(self, name: str, binding: cst.CSTNode) -> list[cst.Name] | None:
+        """The reads of ``name`` in this scope that may see the value ``binding`` (a statement
+        line) bound it to: every read that some path reaches through ``binding``, or through no
+        binding this walk knows. None where a function, lambda or class in the scope reads it
+        (it runs at a time this walk does not know) or the scope declares it ``global``."""
+        found, nested = self._reads_of.get(name) or self._find_reads(name)
+        if nested:
+            return None
+        reached = []
+        for read in found:
+            statement = self.statement_of(read)
+            if statement is None:
+                return None
+            bindings = self.bindings_at(name, statement)
+            if not bindings or binding in bindings:
+                reached.append(read)
+        return reached
+
+    def _find_reads(self, name: str) -> tuple[list[cst.Name], bool]:
+        """The reads of ``name`` in this scope's own code, and whether other code may read it
+        (nested code that names it, or a ``global`` or ``nonlocal`` declaration of it)."""
+        body = self.scope.body if self.scope is not None else self.file.module
+        found: list[cst.Name] = []
+        labels: set[int] = set()  # attribute names, keywords and assignment targets: not reads
+        nested = False
+
+        def enter(node):
+            nonlocal nested
+            kind = type(node)
+            if kind in _NESTED_CODE:
+                nested = nested or name in read_names(node)
+                return False
+            if kind is cst.Global or kind is cst.Nonlocal:  # other functions read it too
+                nested = nested or any(item.name.value == name for item in node.names)
+                return False
+            if kind is cst.Name:
+                if node.value == name and id(node) not in labels:
+                    found.append(node)
+                return False
+            if kind is cst.Attribute:
+                labels.add(id(node.attr))
+            elif kind is cst.Arg and node.keyword is not None:
+                labels.add(id(node.keyword))
+            elif kind in _BINDING_TARGETS:
+                labels.update(id(target) for target in _target_nodes(node.target))
+            return True
+
+        walk(body, enter)
+        self._reads_of[name] = found, nested
+        return found, nested
+
     def binds(self, name: str) -> bool:
         """Whether this scope binds ``name`` itself (an assignment, a parameter, a loop target)."""
         return name in self._local or self.scope is not None and name in self.file.functions[self.scope].params
@@ -560,6 +613,23 @@ DEFINED_CODE = frozenset({cst.Lambda, cst.FunctionDef})
 # A statement or block nested in a compound statement (not part of its header).
 _BLOCK_TYPES = node_types(cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStatement, cst.Else, cst.Finally,
                           cst.ExceptHandler)
+
+
+# Code that runs when it is called, not where it is written.
+_NESTED_CODE = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
+# The nodes whose ``target`` binds names (an augmented assignment's reads its name too).
+_BINDING_TARGETS = frozenset({cst.AssignTarget, cst.AnnAssign, cst.For, cst.CompFor})
+
+
+def _target_nodes(target: cst.CSTNode) -> list[cst.Name]:
+    """The ``Name`` nodes an assignment target binds (``a``, ``a, (b, *c)``)."""
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _target_nodes(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_nodes(target.value)
+    return []
 
 
 def _bindings_in(env: _Env | None, name: str) -> frozenset[cst.CSTNode]:

@@ -507,6 +507,40 @@ def test_where_every_path_bound_a_name_last():
     assert values.bindings_at("args", last) == {main}  # a parameter
 
 
+def test_the_reads_a_binding_reaches():
+    """``reads_reached``: the reads of a name that may see one binding's value (through it, or
+    through no binding known), not an assignment's target nor an attribute of the same name;
+    None where a function or lambda reads the name."""
+    module = cst.parse_module(textwrap.dedent("""
+    def main(loader, log):
+        score = 0.0
+        for x in loader:
+            print(score)
+            score = x.mean().item()
+            log.score = score
+            if x.ndim:
+                score = 1.0
+            print(score)
+        return score
+    """))
+    main = module.body[0]
+    values = analyze(module).values(main)
+    first, loop, returned = main.body.body
+    before, inside, stored, branch, after = loop.body.body
+    in_loop = values.reads_reached("score", inside)
+    assert [values.statement_of(read) for read in in_loop] == [
+        before.body[0], stored.body[0], after.body[0], returned.body[0]]
+    # (the loop's own binding comes before its second print on every path)
+    assert [values.statement_of(read) for read in values.reads_reached("score", first)] == [
+        before.body[0], returned.body[0]]
+    callback = cst.parse_module("def main(loader):\n    for x in loader:\n        s = x.item()\n        f = lambda: s\n")
+    line = callback.body[0].body.body[0].body.body[0]
+    assert analyze(callback).values(callback.body[0]).reads_reached("s", line) is None
+    shared = cst.parse_module("def main(loader):\n    global s\n    for x in loader:\n        s = x.item()\n")
+    line = shared.body[0].body.body[1].body.body[0]
+    assert analyze(shared).values(shared.body[0]).reads_reached("s", line) is None
+
+
 def test_a_module_built_and_never_moved_stays_on_the_host():
     code = textwrap.dedent("""
         import torch

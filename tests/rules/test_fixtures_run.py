@@ -24,6 +24,8 @@ RUNNABLE = {
     "gan_created_tensors": True,
     "gan_onehot_labels": True,
     "gan_label_shuffle": True,
+    # a DCGAN loop whose discriminator scores are read on the host only to be printed
+    "gan_logged_reads": True,
     "no_device": True,
     "device_option_cpu": True,
     "device_param_rank": False,

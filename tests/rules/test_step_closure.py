@@ -68,3 +68,61 @@ for x, y in loader:
     output = migrate_source(source, "t.py", Options(target="torch_xla")).output.decode()
     assert 'lambda grid, step: writer.add_image("fake", grid, global_step=step),' in output
     assert "args=(grid, step)," in output
+
+
+_LOGGED_READ = '''import torch
+def train(model, loader, optimizer):
+    D_x = 0.0
+    for i, (x, y) in enumerate(loader):
+        output = model(x)
+        loss = output.sum()
+        loss.backward()
+        optimizer.step()
+        {assign}
+        {other}
+        print(f"step {{i}} loss {{loss.item():.4f}} D(x) {{D_x:.4f}}")
+    {after}
+'''
+
+
+def _logged_read(assign="D_x = output.mean().item()", other="", after=""):
+    source = _LOGGED_READ.format(assign=assign, other=other or "pass", after=after or "pass").encode()
+    result = migrate_source(source, "t.py", Options(select=("ACC009",)))
+    assert result.error is None
+    compile(result.output, "t.py", "exec")
+    return result.output.decode()
+
+
+def test_a_host_read_only_logged_stays_on_the_device_and_is_read_in_the_closure():
+    output = _logged_read()
+    assert "D_x = output.mean().detach()" in output
+    assert 'print(f"step {i} loss {loss.item():.4f} D(x) {D_x.item():.4f}")' in output
+    assert "args=(i, loss.detach(), D_x)" in output
+    output = _logged_read(assign="D_x = float(output.mean())")
+    assert "D_x = output.mean().detach()" in output and "{float(D_x):.4f}" in output
+
+
+def test_a_host_read_of_a_tensor_that_may_change_in_place_is_copied():
+    output = _logged_read(assign="D_x = loss.item()")
+    assert "D_x = loss.detach().clone()" in output and "{D_x.item():.4f}" in output
+
+
+def test_a_host_read_used_elsewhere_stays_a_number():
+    for other, after in (
+        ("history.append(D_x)", ""),
+        ("best = max(best, D_x)", ""),
+        ("total = total + D_x", ""),
+        ("", "return D_x"),
+        ("", "print(D_x)"),
+        ("callbacks.append(lambda: D_x)", ""),
+    ):
+        output = _logged_read(other=other, after=after)
+        assert "D_x = output.mean().item()" in output, (other, after)
+        assert "D_x.item()" not in output and "{D_x:.4f}" in output, (other, after)
+
+
+def test_a_host_read_that_another_binding_reaches_stays_a_number():
+    """The print may read the number bound before the loop (a first step that skips the read),
+    which ``.item()`` in the closure could not read."""
+    output = _logged_read(assign="if i % 2:\n            D_x = output.mean().item()")
+    assert "D_x = output.mean().item()" in output and "{D_x:.4f}" in output

@@ -4,6 +4,7 @@ values are those of the step that logged them (evaluated where the call was), in
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,21 @@ def test_migrated_logging_prints_the_same_lines(tmp_path):
     # last step's at exit, writes alone.
     assert after == original
     assert len(original) == 30
+
+
+@pytest.mark.slow
+def test_host_reads_kept_on_the_device_print_the_same_lines(tmp_path):
+    """The DCGAN loop's ``D_x = output.mean().item()`` and ``float(output.mean())`` stay tensors,
+    read in the closure: its lines are the original's, byte for byte."""
+    fixture = Path(__file__).parent / "fixtures" / "gan_logged_reads.in.py"
+    result = migrate_source(fixture.read_bytes(), "train.py", Options(target="runtime"))
+    assert result.error is None
+    migrated = result.output.decode()
+    assert "D_x = output.mean().detach()" in migrated and "D_G_z1 = output.mean().detach()" in migrated
+    assert "scores.append(score)" in migrated and ".item()" in migrated.split("score = ")[1].split("\n")[0]
+    migrated_path = tmp_path / "migrated.py"
+    migrated_path.write_text(migrated)
+    # (the original's float() of a tensor that requires grad also warns, on stderr)
+    original, after = ([line for line in _run(path) if line.startswith("loss")] for path in (fixture, migrated_path))
+    assert after == original
+    assert len(original) == 17
