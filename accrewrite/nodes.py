@@ -5,6 +5,7 @@ values, call arguments, a fast listing of a node's children, and the walks over 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import operator
 import typing
 from contextlib import contextmanager
@@ -265,7 +266,8 @@ def rebuilt(node: cst.CSTNode, leave, enter=None):
 def origins(original: cst.CSTNode, updated: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
     """Each node of ``updated`` -> the node of ``original`` it was made from, as far as the two
     have the same shape: a subtree that another rule rewrote (``x.cuda()`` -> ``x.to(device)``)
-    stands for the original as a whole, and the nodes new inside it for nothing."""
+    stands for the original as a whole, and the nodes new inside it for nothing. Where a rule
+    inserted or removed statements, the children are aligned by their code."""
     found = {}
     pairs = [(original, updated)]  # two trees in step, which ``walk`` (one tree's) cannot follow
     while pairs:
@@ -274,9 +276,18 @@ def origins(original: cst.CSTNode, updated: cst.CSTNode) -> dict[cst.CSTNode, cs
             continue
         found[after] = before
         inside, made = children(before), children(after)
-        if len(inside) == len(made):
-            pairs.extend(zip(inside, made))
+        pairs.extend(zip(inside, made) if len(inside) == len(made) else _aligned(inside, made))
     return found
+
+
+def _aligned(inside: list[cst.CSTNode], made: list[cst.CSTNode]):
+    """The pairs of ``inside`` and ``made`` that a diff of their code lines up: unchanged ones,
+    and changed ones where as many stand in the same place."""
+    code = cst.Module([]).code_for_node
+    matcher = difflib.SequenceMatcher(None, [code(node) for node in inside], [code(node) for node in made], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal" or tag == "replace" and i2 - i1 == j2 - j1:
+            yield from zip(inside[i1:i2], made[j1:j2])
 
 
 def holds(tree: cst.CSTNode, wanted) -> bool:
