@@ -23,7 +23,7 @@ LEFT = "ACC108 left as it is: main.py, which imports it, is left as it is (ACC10
 # PyTorch-YOLOv3's shape: train.py hands its model to evaluate.py, which casts each batch to a
 # legacy CUDA tensor type (ACC002 leaves it as it is on torch_xla and torchacc).
 EVALUATOR = FIXTURES / "evaluator_project"
-LEFT_IMPORTER = "ACC002 left as it is: it imports evaluate.py, which is left as it is (ACC002)"
+LEFT_IMPORTER = "ACC027 left as it is: it imports evaluate.py, which is left as it is (ACC027)"
 # Each project: its folder, and the diagnostic of train.py, which the decision leaves as it is.
 PROJECTS = {"hogwild": (HOGWILD, LEFT), "evaluator": (EVALUATOR, LEFT_IMPORTER)}
 
@@ -67,7 +67,7 @@ def test_the_script_that_imports_a_refused_module_is_left_with_a_diagnostic(tmp_
     text = " ".join(out.split())
     assert code == 0 and "+++" not in out
     assert f"{folder / 'train.py'}:1:1: {LEFT_IMPORTER}" in text
-    assert f"{folder / 'evaluate.py'}:8:14: ACC002 `torch.cuda.FloatTensor` makes CUDA tensors" in text
+    assert f"{folder / 'evaluate.py'}:12:5: ACC027 `Tensor` stays a legacy type" in text
 
 
 def test_given_alone_train_py_is_left_for_the_file_beside_it_left_as_it_is(decided, cli):

@@ -119,7 +119,7 @@ def test_a_hogwild_project_left_as_it_is_runs_on_torch_xla_as_published(tmp_path
 
 @pytest.mark.xla
 def test_a_trainer_whose_evaluator_is_left_as_it_is_runs_on_torch_xla_as_published(tmp_path, xla_python):
-    """ACC002 leaves evaluate.py as it is on torch_xla, so train.py, which hands it the model, is
+    """ACC027 leaves evaluate.py as it is on torch_xla, so train.py, which hands it the model, is
     left too: the project runs there as on this CPU, where train.py migrated alone would feed
     the evaluator's host tensors to a model on the device."""
     original = tmp_path / "original"
