@@ -674,8 +674,10 @@ def _own_lines(loop: cst.CSTNode) -> list[cst.SimpleStatementLine]:
 
 
 def _only_read_in(tensors, name: str, bindings: dict[cst.CSTNode, str], statements: set[cst.CSTNode]) -> bool:
-    """Whether every read of ``name`` that one of ``bindings`` reaches is in one of ``statements``,
-    and every path to it comes through those bindings."""
+    """Whether ``name`` is read, and every read of it that one of ``bindings`` reaches is in one
+    of ``statements``, and every path to it comes through those bindings. (A value never read
+    stays as it is: no closure would read it.)"""
+    read_somewhere = False
     for binding in bindings:
         reads = tensors.reads_reached(name, binding)
         if reads is None:
@@ -685,7 +687,8 @@ def _only_read_in(tensors, name: str, bindings: dict[cst.CSTNode, str], statemen
             reaching = tensors.bindings_at(name, statement)  # none: a path may bring a value from elsewhere
             if statement not in statements or not reaching or not reaching <= bindings.keys():
                 return False
-    return True
+            read_somewhere = True
+    return read_somewhere
 
 
 # Methods that give a new tensor, never a view of their receiver: a host read of one can wait

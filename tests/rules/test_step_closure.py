@@ -126,3 +126,9 @@ def test_a_host_read_that_another_binding_reaches_stays_a_number():
     which ``.item()`` in the closure could not read."""
     output = _logged_read(assign="if i % 2:\n            D_x = output.mean().item()")
     assert "D_x = output.mean().item()" in output and "{D_x:.4f}" in output
+
+
+def test_a_host_read_never_read_stays_a_number():
+    """No closure reads it: the line is the script's own, a sync for ACC101 to report."""
+    output = _logged_read(assign="unread = output.mean().item()")
+    assert "unread = output.mean().item()" in output and "D_x = output" not in output
