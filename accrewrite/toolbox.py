@@ -15,6 +15,7 @@ from accrewrite.analysis import WRAPPER_NAMES, small_statements
 from accrewrite.facts import Facts
 from accrewrite.nodes import STATEMENT_TYPES, call_arg, dotted, node_types, string_value, walk
 from accrewrite.reduction import named_like_optimizer
+from accrewrite import snippets
 from accrewrite.rule import RuleContext, excerpt
 from accrewrite.targets import called_names, spelled_callees
 
@@ -40,7 +41,7 @@ def device_here(ctx: RuleContext) -> cst.BaseExpression:
     """The device variable bound where the current statement runs (``Facts.device_at``), else the
     target's device."""
     name = ctx.facts.device_at(ctx.scope, ctx.statement)
-    return cst.parse_expression(name) if name else ctx.expr("device")
+    return snippets.expression(name, ctx.module.config_for_parsing) if name else ctx.expr("device")
 
 
 def with_keywords(call: cst.Call, keywords: list[tuple[str, cst.BaseExpression]]) -> cst.Call:

@@ -12,7 +12,7 @@ from accrewrite.persistent import PersistentMap, merge
 from accrewrite.values.kinds import (
     ADDS, HOST, ITERATE_THROUGH, NAMED_ITEMS, TENSORS, Kind, element_kind, is_initialiser, join,
 )
-from accrewrite.values.names import read_names, target_names
+from accrewrite.values.names import read_names, target_names, target_nodes
 
 if TYPE_CHECKING:
     from accrewrite.file_model import FileFacts
@@ -596,7 +596,7 @@ class ScopeFlow:
             elif kind is cst.Arg and node.keyword is not None:
                 labels.add(id(node.keyword))
             elif kind in _BINDING_TARGETS:
-                labels.update(id(target) for target in _target_nodes(node.target))
+                labels.update(id(target) for target in target_nodes(node.target))
             return True
 
         walk(body, enter)
@@ -619,17 +619,6 @@ _BLOCK_TYPES = node_types(cst.BaseSuite, cst.BaseStatement, cst.BaseSmallStateme
 _NESTED_CODE = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 # The nodes whose ``target`` binds names (an augmented assignment's reads its name too).
 _BINDING_TARGETS = frozenset({cst.AssignTarget, cst.AnnAssign, cst.For, cst.CompFor})
-
-
-def _target_nodes(target: cst.CSTNode) -> list[cst.Name]:
-    """The ``Name`` nodes an assignment target binds (``a``, ``a, (b, *c)``)."""
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [name for element in target.elements for name in _target_nodes(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_nodes(target.value)
-    return []
 
 
 def _bindings_in(env: _Env | None, name: str) -> frozenset[cst.CSTNode]:
@@ -656,5 +645,3 @@ def wraps_iterable(node: cst.CSTNode) -> bool:
 def _binary_of(operator: cst.BaseAugOp) -> cst.BaseBinaryOp:
     name = type(operator).__name__.replace("Assign", "")
     return getattr(cst, name)()
-
-

@@ -43,13 +43,18 @@ def _reads(node: cst.CSTNode, chains: bool) -> set[str]:
 
 def target_names(target: cst.CSTNode) -> set[str]:
     """The plain names an assignment target binds (``a``, ``a, (b, *c)``; not ``a.b`` or ``a[i]``)."""
+    return {name.value for name in target_nodes(target)}
+
+
+def target_nodes(target: cst.CSTNode) -> list[cst.Name]:
+    """The ``Name`` nodes of the names an assignment target binds."""
     if isinstance(target, cst.Name):
-        return {target.value}
+        return [target]
     if isinstance(target, (cst.Tuple, cst.List)):
-        return set().union(*(target_names(e.value) for e in target.elements)) if target.elements else set()
+        return [name for element in target.elements for name in target_nodes(element.value)]
     if isinstance(target, cst.StarredElement):
-        return target_names(target.value)
-    return set()
+        return target_nodes(target.value)
+    return []
 
 
 def bound_names(node: cst.CSTNode) -> set[str]:
