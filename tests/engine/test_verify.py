@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from accrewrite.cli import main
-from accrewrite.verify import graphs as profile, probe
+from accrewrite.verify import graphs as profile, preflight, probe
 from accrewrite.verify.report import check_graphs
 from accrewrite.verify.sides import Side, environment, read_records
 from accrewrite.verify.verdict import ROUNDING, compare, tolerance
@@ -191,6 +191,34 @@ def test_a_missing_script_or_target_package_is_said_before_anything_runs(project
     assert code == 2 and "original: no interpreter at /no/such/python" in err
     code, _, err = verify(capsys, "train.py", "--python", "tpu=/usr/bin/python3")
     assert code == 2 and "no side 'tpu'" in err
+
+
+# What an interpreter answered on its last line of output: nothing failed to import.
+PRINTING_SITECUSTOMIZE = """\
+import atexit, sys
+print("site: start")
+print("site: start", file=sys.stderr)
+atexit.register(lambda: print("{}"))
+atexit.register(lambda: print("site: exit", file=sys.stderr))
+"""
+
+
+@pytest.mark.slow
+def test_an_environment_that_prints_at_start_and_exit_is_not_read_as_an_answer(project, capsys, tmp_path,
+                                                                                 monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    write(site, "sitecustomize.py", PRINTING_SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    printed = subprocess.run([sys.executable, "-c", "pass"], capture_output=True, text=True)
+    assert printed.stdout.splitlines() == ["site: start", "{}"]  # the test's premise
+    assert preflight.problems([("original", None, sys.executable)]) == []
+    failed = preflight.failed_imports(sys.executable, ["torch", "no_such_module"])
+    assert list(failed) == ["no_such_module"] and failed["no_such_module"].startswith("ModuleNotFoundError")
+    write(project, "train.py", script())
+    code, out, err = verify(capsys, "train.py", "--", "--steps", "3")
+    assert code == 0, out + err
+    assert "match: 3 steps within their tolerances" in out
 
 
 @pytest.mark.slow
