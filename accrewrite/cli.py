@@ -139,6 +139,11 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--timeout", type=positive(float), default=900, metavar="S",
                         help="seconds per side (default 900)")
     verify.add_argument("--keep", action="store_true", help="keep the workspace, records and logs")
+    verify.add_argument("--format", choices=("text", "json"), default="text",
+                        help="json: standard output holds one JSON object per line, each side's progress and the "
+                             "result last; the text goes to standard error")
+    verify.add_argument("--report", metavar="PATH.html",
+                        help="write the loss curves, deviations and verdict as one self-contained HTML page")
     return parser
 
 
@@ -377,8 +382,9 @@ def _verify(args, out: Console, err: Console) -> int:
         pythons[name] = path
     sides = [Side(name, None if name == ORIGINAL else name, pythons.get(name) or pythons.get("") or sys.executable)
              for name in names]
+    events = out.file if args.format == "json" else None  # then standard output holds only the events
     return verify(args.script, args.script_args, sides, args.steps, args.nproc, args.rtol, args.unsafe_fixes,
-                  args.timeout, args.keep, args.root, out, err)
+                  args.timeout, args.keep, args.root, err if events else out, err, events, args.report)
 
 
 def main(argv: list[str] | None = None) -> int:

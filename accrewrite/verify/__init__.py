@@ -20,18 +20,20 @@ workspace.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import signal
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
 
 from accrewrite.choices import ORIGINAL
 from accrewrite.errors import MigrationError
 from accrewrite.notebook import is_notebook
-from accrewrite.verify import preflight, report, sides, verdict
+from accrewrite.verify import html_report, preflight, report, sides, verdict
 from accrewrite.verify.sides import Side
 from accrewrite.verify.workspace import Workspace, WorkspaceError, project_root, skipped_in_notebook
 
@@ -76,8 +78,10 @@ class Run:
     nproc: int
     timeout: float
     progress: report.Progress
+    ran: list[Side] = field(default_factory=list)  # every side run, in order
 
     def run(self, side: Side) -> Side:
+        self.ran.append(side)
         root = self.workspace.root
         cwd, script = self.workspace.view(side.name, side.target, side.migration_errors)
         records = root / "records" / side.name
@@ -91,7 +95,25 @@ class Run:
 
 
 def verify(script: str, args: list[str], pair: list[Side], steps: int | None, nproc: int, rtol: float | None,
-           unsafe_fixes: bool, timeout: float, keep: bool, root: str | None, out: Console, err: Console) -> int:
+           unsafe_fixes: bool, timeout: float, keep: bool, root: str | None, out: Console, err: Console,
+           events: TextIO | None = None, html: str | None = None) -> int:
+    """``events``: where ``--format json`` writes its events; ``html``: where ``--report`` writes
+    the report."""
+    progress = report.Progress(err, steps, events)
+    ending = _verify(script, args, pair, steps, nproc, rtol, unsafe_fixes, timeout, keep, root, out, err, progress)
+    if html is not None:
+        try:
+            html_report.write(Path(html), ending, script)
+            err.print(f"report: {html}", highlight=False, soft_wrap=True)
+        except OSError as exc:
+            ending = report.error(err, f"cannot write the report {html}: {exc}")
+    progress.result(ending)
+    return ending.code
+
+
+def _verify(script: str, args: list[str], pair: list[Side], steps: int | None, nproc: int, rtol: float | None,
+            unsafe_fixes: bool, timeout: float, keep: bool, root: str | None, out: Console, err: Console,
+            progress: report.Progress) -> report.Ending:
     path = Path(script).resolve()
     if not path.is_file():
         return report.error(err, f"{script}: no such file")
@@ -113,7 +135,6 @@ def verify(script: str, args: list[str], pair: list[Side], steps: int | None, np
         folder = Path(tempfile.mkdtemp(prefix="accrewrite-verify-"))
     except OSError as exc:
         return report.error(err, f"cannot make the workspace: {exc}; set TMPDIR to a writable folder")
-    progress = report.Progress(err, steps)
     try:
         with _stoppable():
             try:
@@ -121,15 +142,17 @@ def verify(script: str, args: list[str], pair: list[Side], steps: int | None, np
                 err.print(workspace.copy(), highlight=False, soft_wrap=True)
             except (WorkspaceError, OSError) as exc:
                 return report.error(err, f"cannot make the workspace: {exc}")
+            run = Run(workspace, args, steps, nproc, timeout, progress)
             try:
-                return _compare(Run(workspace, args, steps, nproc, timeout, progress), pair, rtol, out, err)
+                ending = _compare(run, pair, rtol, out, err)
             except OSError as exc:  # the workspace's disk filled, say, while a side's view was made
                 return report.error(err, f"verify could not go on in {folder}: {exc}")
+            return dataclasses.replace(ending, sides=run.ran, name=workspace.users_line)
     except Stopped as stopped:
         progress.done()
-        err.print(f"stopped by {signal.Signals(stopped.signum).name}: the sides' processes are ended",
-                  highlight=False)
-        return 128 + stopped.signum
+        words = f"stopped by {signal.Signals(stopped.signum).name}: the sides' processes are ended"
+        err.print(words, highlight=False)
+        return report.Ending(128 + stopped.signum, words)
     finally:
         progress.done()
         if keep:
@@ -138,7 +161,7 @@ def verify(script: str, args: list[str], pair: list[Side], steps: int | None, np
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _compare(run: Run, pair: list[Side], rtol: float | None, out: Console, err: Console) -> int:
+def _compare(run: Run, pair: list[Side], rtol: float | None, out: Console, err: Console) -> report.Ending:
     first, second = pair
     run.run(first)
     if first.failed:

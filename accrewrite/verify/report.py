@@ -1,12 +1,17 @@
 """What ``accrewrite verify`` prints: progress, the step table, the verdict, and for a side that
 failed, how it ended and the end of its output. Each function that ends a verify returns its
-exit code."""
+``Ending``: the exit code and the verdict in words."""
 
 from __future__ import annotations
 
+import json
+import math
 import signal
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -20,12 +25,30 @@ from accrewrite.verify.sides import Side, read_records
 from accrewrite.verify.verdict import CHAOTIC, FLOOR_MARGIN, METRICS, ROUNDING, Comparison, not_finite
 
 MATCH, DIVERGE, CANNOT_RUN = 0, 1, 2
+VERDICTS = {MATCH: "match", DIVERGE: "diverge", CANNOT_RUN: "cannot run"}
 _TAIL = 25  # lines of a failed side's output to show
+_READ_EVERY = 1.0  # seconds between two reads of a running side's records
 
 
-def error(err: Console, message: str) -> int:
+@dataclass
+class Ending:
+    """How a verify ended: its exit code and verdict in words; where it got that far, every side
+    that ran (in order), the comparison of the two, and the user's name of a line a side ran."""
+
+    code: int
+    words: str
+    comparison: Comparison | None = None
+    sides: list[Side] = field(default_factory=list)
+    name: Callable[[str], str] = str
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS.get(self.code, "stopped")
+
+
+def error(err: Console, message: str) -> Ending:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    return CANNOT_RUN
+    return Ending(CANNOT_RUN, f"error: {message}")
 
 
 def notebook_note(skipped: list[str]) -> str:
@@ -69,7 +92,7 @@ def _collided(side: Side) -> str:
             "init_process_group cannot be compared step by step")
 
 
-def cannot_run(err: Console, side: Side, steps: int | None, timeout: float) -> int:
+def cannot_run(err: Console, side: Side, steps: int | None, timeout: float) -> Ending:
     """The first side failed: nothing to compare against."""
     if side.collisions:
         reason = _collided(side)
@@ -89,12 +112,12 @@ def cannot_run(err: Console, side: Side, steps: int | None, timeout: float) -> i
         hint = f"install the missing module for {side.python}, or name another interpreter with --python"
     elif side.returncode is None and steps is None:
         hint = "shorten the run with the script's own arguments (after `--`), or compare its first steps (--steps N)"
-    error(err, f"{side.name} cannot run: {reason}; {hint}.")
+    ending = error(err, f"{side.name} cannot run: {reason}; {hint}.")
     _tail(err, side)
-    return CANNOT_RUN
+    return ending
 
 
-def failed(out: Console, err: Console, first: Side, second: Side, timeout: float) -> int:
+def failed(out: Console, err: Console, first: Side, second: Side, timeout: float) -> Ending:
     """The second side failed where the first did not."""
     if second.collisions:
         how = f"cannot be compared: {_collided(second)}"
@@ -103,30 +126,31 @@ def failed(out: Console, err: Console, first: Side, second: Side, timeout: float
     else:
         how = f"{_ended(second, timeout)} after {_made(second)}"
     _tail(err, second)
-    out.print(f"[bold red]diverge: {second.name} {how}, where {first.name} made {_made(first)} and exited "
-              f"with status 0[/]", highlight=False, soft_wrap=True)
-    return DIVERGE
+    return _diverge(out, f"diverge: {second.name} {how}, where {first.name} made {_made(first)} and exited "
+                         f"with status 0")
 
 
-def non_finite(out: Console, first: Side, second: Side) -> int:
+def _diverge(out: Console, words: str, comparison: Comparison | None = None) -> Ending:
+    out.print(f"[bold red]{words}[/]", highlight=False, soft_wrap=True)
+    return Ending(DIVERGE, words, comparison)
+
+
+def non_finite(out: Console, first: Side, second: Side) -> Ending:
     where = {side.name: not_finite(side) for side in (first, second)}
     step, rank, what = min(value for value in where.values() if value)
     names = [name for name, value in where.items() if value and value[0] == step]
     whose = " and ".join(names)
     on = f" on rank {rank}" if len(first.records) > 1 else ""
     verb = "are" if what == "parameters" or len(names) > 1 else "is"
-    out.print(f"[bold red]diverge: the {what} of {whose} {verb} not finite (NaN or inf) at step {step}{on}[/]",
-              highlight=False, soft_wrap=True)
-    return DIVERGE
+    return _diverge(out, f"diverge: the {what} of {whose} {verb} not finite (NaN or inf) at step {step}{on}")
 
 
-def different_runs(out: Console, first: Side, second: Side) -> int:
+def different_runs(out: Console, first: Side, second: Side) -> Ending:
     if first.records.keys() != second.records.keys():
         text = (f"{first.name} recorded ranks {_ranks(first)}, {second.name} ranks {_ranks(second)}")
     else:
         text = f"{first.name} made {_made(first)}, {second.name} {_made(second)} (both exited with status 0)"
-    out.print(f"[bold red]diverge: {text}[/]", highlight=False, soft_wrap=True)
-    return DIVERGE
+    return _diverge(out, f"diverge: {text}")
 
 
 def _ranks(side: Side) -> str:
@@ -143,7 +167,7 @@ def _noise(floors: list[Side], failures: list[Side], rtol: float | None) -> str:
 
 
 def conclude(out: Console, err: Console, first: Side, second: Side, comparison: Comparison, floors: list[Side],
-            failures: list[Side], rtol: float | None, steps: int | None, name: Callable[[str], str] = str) -> int:
+            failures: list[Side], rtol: float | None, steps: int | None, name: Callable[[str], str] = str) -> Ending:
     """The verdict; ``name`` gives the user's name of a line a side ran (``path:line``, for its
     profile)."""
     out.print(_table(first, second, comparison), soft_wrap=True)
@@ -172,10 +196,10 @@ def conclude(out: Console, err: Console, first: Side, second: Side, comparison: 
         if comparison.chaotic_from is not None:
             message += (f"; from step {comparison.chaotic_from} a rerun nudged by {NUDGE_SIZE:.0e} drifts over "
                         f"{CHAOTIC:.0%}: the training is chaotic there, and those steps tell little")
-    code = DIVERGE if message.startswith("diverge") else MATCH
-    colour = "green" if code == MATCH else "red"
-    out.print(f"[bold {colour}]{message}[/]", highlight=False, soft_wrap=True)
-    return code
+    if message.startswith("diverge"):
+        return _diverge(out, message, comparison)
+    out.print(f"[bold green]{message}[/]", highlight=False, soft_wrap=True)
+    return Ending(MATCH, message, comparison)
 
 
 def _table(first: Side, second: Side, comparison: Comparison) -> Table:
@@ -202,22 +226,48 @@ def check_graphs(side: Side, device: str, name: Callable[[str], str] = str) -> t
 
 
 class Progress:
-    """Which side runs and how many of its steps are recorded: a live line on a terminal, a line
-    per side when it ends."""
+    """Which side runs, how far it is and how fast: a live line on a terminal (step N of M where
+    --steps says M, steps per second, time elapsed), nothing on a pipe, and a line per side when
+    it ends. With ``events`` (``--format json``), the same as one JSON object per line (``start``,
+    ``progress``, ``end``), and the verdict last (``result``)."""
 
-    def __init__(self, console: Console, steps: int | None):
+    def __init__(self, console: Console, steps: int | None, events: TextIO | None = None):
         self.console = console
         self.steps = steps
+        self.events = events
         self.status = None
+        self.began = 0.0  # when the side running started (time.monotonic)
+        self.read = -math.inf  # when its records were last read
+        self.made = 0
 
-    def _text(self, side: Side, records: dict[int, list[dict]]) -> str:
-        made = min((len(steps) for steps in records.values()), default=0)
-        return f"{side.name}: {made}/{self.steps} steps" if self.steps else f"{side.name}: {made} steps"
+    def started(self, side: Side) -> None:
+        self.began, self.read, self.made = time.monotonic(), -math.inf, 0
+        self._emit(event="start", side=side.name, of=self.steps)
 
     def running(self, side: Side, folder: Path) -> None:
-        if not self.console.is_terminal:
+        now = time.monotonic()
+        if not (self.console.is_terminal or self.events) or now - self.read < _READ_EVERY:
             return
-        text = self._text(side, read_records(folder)[0])
+        self.read = now
+        records = read_records(folder)[0]
+        made, rate = _made_and_rate(records)
+        if self.console.is_terminal:
+            self._show(self._live(side, made, rate, now - self.began))
+        if made != self.made:
+            self.made = made
+            self._emit(event="progress", side=side.name, step=made, of=self.steps, rate=rate,
+                       elapsed=round(now - self.began, 1))
+
+    def _live(self, side: Side, made: int, rate: float | None, elapsed: float) -> str:
+        text = f"{side.name}: step {made} of {self.steps}" if self.steps else f"{side.name}: step {made}"
+        if rate:
+            text += f", {rate:.3g} steps/s"
+        text += f", {_duration(elapsed)} elapsed"
+        if rate and self.steps and made < self.steps:
+            text += f", about {_duration((self.steps - made) / rate)} left"
+        return text
+
+    def _show(self, text: str) -> None:
         if self.status is None:
             self.status = self.console.status(text)
             self.status.start()
@@ -226,9 +276,53 @@ class Progress:
 
     def finished(self, side: Side) -> None:
         self.done()
-        self.console.print(self._text(side, side.records), highlight=False)
+        elapsed = time.monotonic() - self.began
+        made, rate = _made_and_rate(side.records)
+        text = f"{side.name}: {counted(made, 'step')} in {_duration(elapsed)}"
+        self.console.print(text + (f", {rate:.3g} steps/s" if rate else ""), highlight=False)
+        self._emit(event="end", side=side.name, steps=made, exit=side.returncode, rate=rate,
+                   elapsed=round(elapsed, 1))
+
+    def result(self, ending: Ending) -> None:
+        """The verdict, and per step of rank 0 each side's loss, deviations and tolerances."""
+        comparison = ending.comparison
+        rows = [{"step": row.step, "loss": [_finite(row.first), _finite(row.second)],
+                 **{f"{metric}_deviation": _finite(row.deviations[m]) for m, metric in enumerate(METRICS)},
+                 **{f"{metric}_tolerance": row.tolerances[m] for m, metric in enumerate(METRICS)}}
+                for row in (comparison.rows if comparison else ())]
+        self._emit(event="result", exit=ending.code, verdict=ending.verdict, message=ending.words,
+                   sides=[side.name for side in ending.sides[:2]], steps=rows)
+
+    def _emit(self, **event) -> None:
+        if self.events is not None:
+            self.events.write(json.dumps(event) + "\n")
+            self.events.flush()
 
     def done(self) -> None:
         if self.status is not None:
             self.status.stop()
             self.status = None
+
+
+def _made_and_rate(records: dict[int, list[dict]]) -> tuple[int, float | None]:
+    """The steps every rank has made, and rank 0's steps per second between its first and last
+    step (None before its second)."""
+    made = min((len(steps) for steps in records.values()), default=0)
+    steps = records[min(records)] if records else []
+    span = steps[-1]["time"] - steps[0]["time"] if len(steps) > 1 else 0.0
+    return made, round((len(steps) - 1) / span, 3) if span > 0 else None
+
+
+def _duration(seconds: float) -> str:
+    """``4.2 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _finite(value: float | None) -> float | str | None:
+    """A number as JSON has it: NaN and infinities, which JSON lacks, as their names."""
+    return value if value is None or math.isfinite(value) else str(value)

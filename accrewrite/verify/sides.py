@@ -92,6 +92,7 @@ def run(side: Side, argv: list[str], cwd: Path, env: dict[str, str], records: Pa
         timeout: float, progress) -> None:
     """Run the side to its end (or ``timeout`` seconds), then read its records."""
     mark = uuid.uuid4().hex
+    progress.started(side)
     with open(log, "wb") as output:
         process = subprocess.Popen(argv, cwd=cwd, env={**env, MARK: mark}, stdout=output,
                                    stderr=subprocess.STDOUT, start_new_session=True)
