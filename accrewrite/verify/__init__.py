@@ -100,15 +100,24 @@ def verify(script: str, args: list[str], pair: list[Side], steps: int | None, np
     """``events``: where ``--format json`` writes its events; ``html``: where ``--report`` writes
     the report."""
     progress = report.Progress(err, steps, events)
-    ending = _verify(script, args, pair, steps, nproc, rtol, unsafe_fixes, timeout, keep, root, out, err, progress)
-    if html is not None:
-        try:
-            html_report.write(Path(html), ending, script)
-            err.print(f"report: {html}", highlight=False, soft_wrap=True)
-        except OSError as exc:
-            ending = report.error(err, f"cannot write the report {html}: {exc}")
+    if html is not None and not Path(html).resolve().parent.is_dir():  # said before anything runs
+        ending = report.error(err, f"--report {html}: no folder {Path(html).resolve().parent} to write it in")
+    else:
+        ending = _verify(script, args, pair, steps, nproc, rtol, unsafe_fixes, timeout, keep, root, out, err,
+                         progress)
+        if html is not None:
+            ending = _write_report(Path(html), ending, script, err)
     progress.result(ending)
     return ending.code
+
+
+def _write_report(path: Path, ending: report.Ending, script: str, err: Console) -> report.Ending:
+    try:
+        html_report.write(path, ending, script)
+    except OSError as exc:
+        return report.error(err, f"cannot write the report {path}: {exc}")
+    err.print(f"report: {path}", highlight=False, soft_wrap=True)
+    return ending
 
 
 def _verify(script: str, args: list[str], pair: list[Side], steps: int | None, nproc: int, rtol: float | None,

@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 import pytest
 from rich.console import Console
 
+from accrewrite.cli import main
 from accrewrite.verify import html_report
 from accrewrite.verify.report import DIVERGE, MATCH, Ending, Progress
 from accrewrite.verify.sides import Side
@@ -217,3 +218,42 @@ def test_progress_on_a_terminal_shows_the_step_the_rate_the_time_and_what_is_lef
     progress.running(running, tmp_path)
     progress.done()
     assert "original: step 3 of 10, 4 steps/s, 0.0 s elapsed, about 1.8 s left" in shown.getvalue()
+
+
+TRAIN = """\
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"{{step}} {{loss.item()}}")  # what a script prints is never an event
+"""
+
+
+@pytest.mark.slow
+def test_format_json_writes_only_events_on_standard_output_and_report_writes_the_page(tmp_path, monkeypatch,
+                                                                                     capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(TRAIN)
+    code = main(["verify", "train.py", "--format", "json", "--report", "out/report.html"])
+    captured = capsys.readouterr()
+    assert code == 2 and "--report out/report.html: no folder" in captured.err  # said before anything runs
+    assert "original:" not in captured.err
+    assert [json.loads(line)["verdict"] for line in captured.out.splitlines()] == ["cannot run"]
+    (tmp_path / "out").mkdir()
+    code = main(["verify", "train.py", "--format", "json", "--report", "out/report.html"])
+    captured = capsys.readouterr()
+    events = [json.loads(line) for line in captured.out.splitlines()]  # nothing else on standard output
+    assert code == 0, captured.err
+    ends = [(event["side"], event["steps"], event["exit"]) for event in events if event["event"] == "end"]
+    assert ends == [("original", 5, 0), ("runtime", 5, 0), ("original-nudged-1", 5, 0)]
+    result = events[-1]
+    assert result["event"] == "result" and result["verdict"] == "match" and result["message"].startswith("match: 5")
+    assert [row["step"] for row in result["steps"]] == [1, 2, 3, 4, 5]
+    assert "match: 5 steps" in captured.err and "report: out/report.html" in captured.err
+    page = Page((tmp_path / "out" / "report.html").read_text())
+    assert {"original", "runtime", "original-nudged-1"} <= set(page.curves())
