@@ -3,11 +3,12 @@ at and to attach to a pull request.
 
 The page holds the verdict in words; the loss curves of every side that ran (the nudged reruns
 faint), the band of the first side's tolerance around its curve, and the step of the largest
-deviation (or of the first beyond its tolerance) marked; each step's checksum deviation against
-its tolerance; the step table; and for a side whose target counts its graphs (torch_xla's), its
-graph executions and compilations per step after warm-up. The charts are inline SVG drawn here,
-and the page fetches nothing: it has no external address, and its Content-Security-Policy
-forbids every fetch, so it opens the same offline, from a CI artifact or a mail.
+deviation (or of the first beyond its tolerance) marked; each step's loss and checksum
+deviations against their tolerances; the step table; and for a side whose target counts its
+graphs (torch_xla's), its graph executions, compilations and host transfers per step after
+warm-up. The charts are inline SVG drawn here, and the page fetches nothing: it has no external
+address, and its Content-Security-Policy forbids every fetch, so it opens the same offline, from
+a CI artifact or a mail.
 """
 
 from __future__ import annotations
@@ -156,12 +157,15 @@ def _counts_graphs(side: Side) -> bool:
 
 
 def _graphs(side: Side, name: Callable[[str], str]) -> str:
-    """The side's graph executions and compilations per step after warm-up, and its profile line."""
+    """The side's graph executions, compilations and host transfers per step after warm-up, and its
+    profile line."""
     device = all_targets()[side.target].verify.device
     found = graphs.profile(side.records[min(side.records)], name)
     summary, problem = check_graphs(side, device, name)
     curves = [Series("graph executions", list(zip(found.steps, found.executions)), COLOURS[0]),
               Series("compilations", list(zip(found.steps, found.compiles)), COLOURS[1])]
+    if found.transfers is not None:
+        curves.append(Series("host transfers", list(zip(found.steps, found.transfers)), FAINT, dashed=True))
     chart = _legend(curves, False) + _chart(curves, label="per step", zero=True) if found.steps else ""
     words = "".join(f"<p>{_text(line)}</p>" for line in (summary, problem) if line)
     return f"<h2>{_text(side.name)}: graphs per step after warm-up</h2>\n{chart}{words}"

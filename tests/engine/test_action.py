@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from engine_scripts import TRAIN
+from engine_scripts import SMALL_TRAINING, TRAIN
 from schemas import GITHUB_ACTION, validate
 from workflow_commands import parse
 
@@ -115,25 +115,11 @@ def test_the_action_passes_on_a_migrated_tree_and_takes_its_target(tmp_path, cli
     assert steps[-1].stdout == ""
 
 
-VERIFIED = """\
-import torch
-torch.manual_seed(0)
-device = "cuda" if torch.cuda.is_available() else "cpu"
-model = torch.nn.Linear(4, 1).to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(4):
-    loss = model(torch.randn(8, 4).to(device)).pow(2).mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-"""
-
-
 @pytest.mark.slow
 def test_the_action_verifies_a_script_with_its_verdict_and_a_link_to_its_report_in_the_summary(tmp_path):
     workspace, summary = tmp_path / "repo", tmp_path / "summary.md"
     workspace.mkdir()
-    (workspace / "train.py").write_text(VERIFIED)
+    (workspace / "train.py").write_text(SMALL_TRAINING)
     steps = run_action(workspace, summary, uploaded="https://github.invalid/artifacts/1", install="",
                        python=sys.executable, verify="train.py --steps 3")
     install, preview, check, verified, summarised = steps

@@ -11,6 +11,7 @@ import threading
 from html.parser import HTMLParser
 
 import pytest
+from engine_scripts import SMALL_TRAINING
 from rich.console import Console
 
 from accrewrite.cli import main
@@ -220,25 +221,11 @@ def test_progress_on_a_terminal_shows_the_step_the_rate_the_time_and_what_is_lef
     assert "original: step 3 of 10, 4 steps/s, 0.0 s elapsed, about 1.8 s left" in shown.getvalue()
 
 
-TRAIN = """\
-import torch
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(5):
-    loss = model(torch.randn(8, 4)).pow(2).mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    print(f"{{step}} {{loss.item()}}")  # what a script prints is never an event
-"""
-
-
 @pytest.mark.slow
 def test_format_json_writes_only_events_on_standard_output_and_report_writes_the_page(tmp_path, monkeypatch,
                                                                                      capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "train.py").write_text(SMALL_TRAINING)
     code = main(["verify", "train.py", "--format", "json", "--report", "out/report.html"])
     captured = capsys.readouterr()
     assert code == 2 and "--report out/report.html: no folder" in captured.err  # said before anything runs
