@@ -90,8 +90,8 @@ def _losses(ending: Ending) -> str:
     comparison = ending.comparison
     band = mark = None
     if comparison is not None and comparison.rows:
-        band = [(row.step, row.first - abs(row.first) * row.tolerances[0], row.first + abs(row.first) * row.tolerances[0])
-                for row in comparison.rows if _finite(row.first)]
+        band = [(row.step, row.first - margin, row.first + margin) for row in comparison.rows if _finite(row.first)
+                for margin in [abs(row.first) * row.tolerances[0]]]
         mark = _mark(comparison)
     note = (f"The band is {first.name}'s loss within each step's loss tolerance." if band else "")
     # The nudged reruns drawn first, under the two sides.

@@ -157,7 +157,9 @@ def read_records(folder: Path) -> tuple[dict[int, list[dict]], bool, dict[int, l
     stopped = False
     for path in folder.glob("rank*.jsonl") if folder.is_dir() else ():
         rank, pid = (int(part) for part in path.name[len("rank"):-len(".jsonl")].split("."))
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+        text = path.read_text()
+        complete = text[:text.rfind("\n") + 1]  # a line still being written (progress reads as it runs)
+        lines = [json.loads(line) for line in complete.splitlines() if line.endswith("}")]
         stopped = stopped or any("stopped" in line for line in lines)
         steps = [line for line in lines if "step" in line]
         if steps:

@@ -18,7 +18,8 @@ from schemas import GITHUB_ACTION, validate
 from workflow_commands import parse
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPRESSION = re.compile(r"\$\{\{\s*(inputs\.(\w+)|github\.action_path|runner\.temp|steps\.(\w+)\.outputs\.([\w-]+))\s*\}\}")
+EXPRESSION = re.compile(
+    r"\$\{\{\s*(inputs\.(\w+)|github\.action_path|runner\.temp|steps\.(\w+)\.outputs\.([\w-]+))\s*\}\}")
 
 
 def run_action(workspace: Path, summary: Path, uploaded: str = "", **given) -> list[subprocess.CompletedProcess]:

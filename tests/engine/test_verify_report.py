@@ -164,7 +164,8 @@ def test_the_report_renders_in_a_headless_browser_and_fetches_nothing(tmp_path):
     report = tmp_path / "report.html"
     html_report.write(report, ending(curve(21, 2e-4)), "train.py")
     fetching = tmp_path / "fetching.html"  # the proxy's control: a page that does fetch
-    fetching.write_text('<img src="http://verify-report.invalid/x.png"><script src="https://cdn.invalid/x.js"></script>')
+    fetching.write_text('<img src="http://verify-report.invalid/x.png">'
+                        '<script src="https://cdn.invalid/x.js"></script>')
     proxy = Proxy()
     try:
         browse(fetching, proxy, "--dump-dom")
@@ -182,10 +183,12 @@ def test_the_report_renders_in_a_headless_browser_and_fetches_nothing(tmp_path):
 
 
 def records(folder, steps, rank=0):
+    """A process's records of ``steps`` steps, and the start of the next one's, still being written."""
     folder.mkdir(exist_ok=True)
     lines = [{"born": 0.0}] + [{"step": step, "loss": 1.0, "checksum": 0.0, "time": 100.0 + step / 4}
                                for step in range(steps)]
-    (folder / f"rank{rank}.1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    written = '{"step": 9, "graphs": {"compiles": 1}'
+    (folder / f"rank{rank}.1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + written)
 
 
 def test_progress_on_a_pipe_is_silent_until_a_side_ends_and_json_events_say_the_same(tmp_path):
