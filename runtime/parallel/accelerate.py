@@ -68,7 +68,7 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
         )
     dims.build_mesh(device.type)
     for part in parts:
-        part.apply(model, layers, config, dims)
+        model, layers = part.apply(model, layers, config, dims) or (model, layers)
     model.accelerate_mesh = dims.mesh
     if dataloader is None:
         return model

@@ -22,7 +22,7 @@ from accrewrite.base.parallel_kinds import KINDS, PARALLEL_KINDS
 
 @dataclass
 class DataParallelConfig:
-    size: int | None = None  # None: world size // (fsdp.size * tp.size)
+    size: int | None = None  # None: world size // (fsdp.size * pp.size * tp.size)
 
 
 @dataclass
@@ -42,10 +42,25 @@ class TensorParallelConfig:
 
 
 @dataclass
+class PipelineParallelConfig:
+    size: int = 1
+    num_micro_batches: int = 1  # the batch is split along its first dim into this many
+    # Modules (or their names) the model is cut before, size - 1 of them; None: the repeated
+    # blocks in size even parts.
+    split_points: list | None = None
+    input_names: list | None = None  # the forward's inputs; None: its arguments without a default
+    broadcast_loss: bool = True  # forward_backward returns the loss on every rank, not the last stage only
+
+
+@dataclass
 class DistConfig:
     dp: DataParallelConfig = field(default_factory=DataParallelConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     tp: TensorParallelConfig = field(default_factory=TensorParallelConfig)
+    pp: PipelineParallelConfig = field(default_factory=PipelineParallelConfig)
+    # The order of the parallelisms over the ranks, outermost first: the last gets neighbouring
+    # ranks (one machine's fast links).
+    topology: list = field(default_factory=lambda: ["dp", "fsdp", "pp", "tp"])
 
 
 @dataclass

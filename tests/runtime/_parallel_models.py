@@ -86,9 +86,8 @@ class Llama(nn.Module):
 
     def forward(self, tokens, targets):
         x = self.embed_tokens(tokens)
-        rotation = self.rotation[:tokens.shape[1]]
         for layer in self.layers:
-            x = layer(x, rotation)
+            x = layer(x, self.rotation)  # the sequences are CONTEXT long
         logits = self.lm_head(self.norm(x))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
