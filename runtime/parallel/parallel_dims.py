@@ -10,8 +10,8 @@ reading ``model.accelerate_mesh`` finds the same names whatever the config:
 - ``tp``: tensor parallel: each wrapped layer's projections are split over it.
 
 Their order over the ranks is ``config.dist.topology`` (outermost first: the last dim's ranks
-are neighbours, ``0, 1, ...``, and get one machine's fast links); the mesh's dims are in that
-order. Each part takes its slice: ``tp_mesh``, ``pp_mesh``, ``shard_mesh`` (``dp`` and ``fsdp``,
+are neighbours, ``0, 1, ...``, and get one machine's fast links; ``dp`` before ``fsdp``, as
+FSDP2's hybrid mesh has them); the mesh's dims are in that order. Each part takes its slice: ``tp_mesh``, ``pp_mesh``, ``shard_mesh`` (``dp`` and ``fsdp``,
 FSDP2's hybrid mesh). A new parallelism adds its degree here, its dim to ``MESH_DIMS`` and the
 slice it works on.
 """
@@ -51,6 +51,9 @@ class ParallelDims:
         if sorted(self.topology) != sorted(MESH_DIMS):
             raise ValueError(f"config.dist.topology = {list(self.topology)} must order each of {list(MESH_DIMS)} "
                              f"once, outermost first")
+        if self.topology.index("fsdp") < self.topology.index("dp"):
+            raise ValueError(f"config.dist.topology = {list(self.topology)} puts fsdp before dp, but FSDP2 shards "
+                             f"within the replicas of dp; put dp before fsdp")
         rest, world = self.fsdp * self.pp * self.tp, self.world_size
         if self.dp is None:
             if world % rest:

@@ -1,7 +1,9 @@
 """``accelerate`` on models that hold parameters of their own at the top (``_parallel_models.py``:
 a GPT's positional embedding, a ViT's ``cls_token`` and ``pos_embed``), on real gloo processes:
 tensor parallel, pipeline parallel and their combinations with FSDP train as one process does
-on the same global batch: 10 SGD steps, losses and final parameters within 1e-5.
+on the same global batch: 10 SGD steps, losses and final parameters within 1e-5. In one
+process: how a model is cut into stages, and how ``config.dist.topology`` lays the
+parallelisms over the ranks.
 """
 
 import os
@@ -12,6 +14,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from accrewrite.runtime import Config, accelerate
+from accrewrite.runtime.parallel.apply import find_layers
+from accrewrite.runtime.parallel.config import PipelineParallelConfig
+from accrewrite.runtime.parallel.parallel_dims import ParallelDims
+from accrewrite.runtime.parallel.pipeline import split_point_names, split_stages
 
 import _parallel_models as models
 from _ranks import run_ranks
@@ -76,3 +82,99 @@ def test_tensor_parallel_splits_models_with_parameters_of_their_own():
 @pytest.mark.slow
 def test_pipeline_parallel_over_two_ranks_matches_one_process():
     _run([("gpt", {"pp": 2}), ("llama", {"pp": 2}), ("vit", {"pp": 2})], 2)
+
+
+# -- one process: stages and topology ------------------------------------------------------------
+
+
+def _stages(model, **pp):
+    layers = find_layers(model, None, "config.dist.fsdp.wrap_layer_cls")
+    pp = PipelineParallelConfig(**pp)
+    return split_stages(model, split_point_names(model, pp, layers), layers, pp.input_names)
+
+
+def _through(stages, inputs):
+    values = inputs
+    for stage in stages:
+        values = stage(*values)
+        values = values if isinstance(values, tuple) else (values,)
+    return values[0]
+
+
+@pytest.mark.parametrize("name, size", [("gpt", 3), ("llama", 2), ("vit", 4)])
+def test_stages_run_one_after_the_other_compute_the_forward_and_share_its_parameters(name, size):
+    model = models.build(name)
+    stages = _stages(model, size=size)
+    inputs = models.dataset(name)[:4]
+    assert torch.equal(_through(stages, inputs), model(*inputs))
+    held = [id(param) for stage in stages for param in stage.parameters()]
+    assert sorted(held) == sorted(id(param) for param in model.parameters())  # each in one stage, none copied
+
+
+def test_the_blocks_are_shared_evenly_the_first_stages_taking_one_more():
+    model = models.build("gpt")
+    layers = find_layers(model, None, "")
+    assert split_point_names(model, PipelineParallelConfig(size=3), layers) == ["h.2", "h.3"]
+    assert split_point_names(model, PipelineParallelConfig(size=2, split_points=[model.h[1]]), layers) == ["h.1"]
+    first, last = _stages(model, size=2, split_points=["h.3"])
+    assert {key.split(".")[0] for key in first.state_dict()} == {"wte", "pos", "h"}
+    assert {key.split(".")[0] for key in last.state_dict()} == {"h", "ln_f", "lm_head"}
+
+
+@pytest.mark.parametrize(
+    "pp, message",
+    [
+        ({"size": 2, "split_points": ["h.9"]}, r"split_points names 'h.9', which is not a module of GPT"),
+        ({"size": 3, "split_points": ["h.1"]}, r"gives 1 points for config.dist.pp.size = 3 stages; give 2"),
+        ({"size": 3, "split_points": ["h.3", "h.1"]}, r"not in the order GPT's forward calls them"),
+        ({"size": 2, "split_points": ["h.1.attn"]}, r"\['h.1.attn'\] are not called by GPT's forward"),
+        ({"size": 5}, r"GPT has 4 repeated blocks, too few for config.dist.pp.size = 5 stages"),
+    ],
+)
+def test_split_points_that_do_not_cut_the_forward_say_what_to_give(pp, message):
+    with pytest.raises(ValueError, match=message):
+        _stages(models.build("gpt"), **pp)
+
+
+def test_a_forward_that_cannot_be_traced_asks_for_its_inputs_or_traceable_code():
+    class Branching(models.GPT):
+        def forward(self, tokens, targets):
+            return super().forward(tokens, targets) if tokens.sum() > 0 else None
+
+    with pytest.raises(ValueError, match=r"traces Branching's forward with torch.fx, which failed .*input_names"):
+        _stages(Branching(), size=2)
+
+
+def _group_ranks(topology, rank, **sizes):
+    """The ranks of each dim's group of ``rank`` in an 8-rank mesh of ``topology``."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
+    try:
+        dims = ParallelDims(world_size=8, topology=topology, **sizes)
+        mesh = dims.build_mesh("cpu")
+        return dims.shape, {name: mesh[name].mesh.tolist() for name in topology}, dims.data_parallel_rank
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_topology_orders_the_parallelisms_over_the_ranks_the_last_on_neighbours():
+    shape, groups, data_rank = _group_ranks(("dp", "fsdp", "pp", "tp"), 5, dp=None, fsdp=2, pp=2, tp=2)
+    assert shape == (1, 2, 2, 2) and data_rank == 1
+    assert groups == {"dp": [5], "fsdp": [1, 5], "pp": [5, 7], "tp": [4, 5]}
+    shape, groups, data_rank = _group_ranks(("tp", "pp", "dp", "fsdp"), 5, dp=None, fsdp=2, pp=2, tp=2)
+    assert shape == (2, 2, 1, 2) and data_rank == 1
+    assert groups == {"tp": [1, 5], "pp": [5, 7], "dp": [5], "fsdp": [4, 5]}
+
+
+@pytest.mark.parametrize(
+    "topology, message",
+    [
+        (["dp", "fsdp", "tp"], r"must order each of \['dp', 'fsdp', 'pp', 'tp'\] once"),
+        (["dp", "fsdp", "pp", "tp", "tp"], r"must order each of"),
+        (["fsdp", "dp", "pp", "tp"], r"puts fsdp before dp, but FSDP2 shards within the replicas of dp"),
+    ],
+)
+def test_a_topology_that_is_not_an_order_of_the_dims_says_what_to_give(topology, message):
+    with pytest.raises(ValueError, match=message):
+        ParallelDims(dp=None, fsdp=1, tp=1, world_size=1, topology=topology)
