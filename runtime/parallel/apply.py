@@ -1,14 +1,15 @@
 """The parts that ``accelerate`` applies to a model, each usable on its own, and ``PARTS``, the
 order it applies them in (torchtitan's):
 
-0. ``apply_pp(model, layers, pp, mesh)``: the model cut into ``pp.size`` stages
-   (``pipeline.py``); this rank's stage, a ``PipelineModel``, is what the later parts apply to;
-1. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
+1. ``apply_pp(model, layers, pp, mesh)``: the model cut into one stage per rank of the 1-D
+   ``mesh`` (``pipeline.py``); this rank's stage, a ``PipelineModel``, and the layers it holds
+   are what the later parts get;
+2. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
    by DTensor's ``parallelize_module`` (``tensor_parallel.py``), the model's other parameters
    replicated on it;
-2. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``);
-3. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
-4. ``apply_fsdp(model, layers, fsdp, compute, mesh)``: FSDP2 over a ``dp x fsdp`` mesh, last,
+3. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``);
+4. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
+5. ``apply_fsdp(model, layers, fsdp, compute, mesh)``: FSDP2 over a ``dp x fsdp`` mesh, last,
    so that it shards the DTensors tensor parallel made and its all-gathers wrap what
    checkpointing and compilation made of each layer.
 

@@ -7,9 +7,12 @@
     config.memory.gc = True                         # activation checkpointing of those blocks
     config.compute.bf16 = True                      # FSDP2 mixed precision
     config.compute.compile = True                   # accrewrite.runtime.compile, per block
+    config.dist.pp.size = 2                         # two pipeline stages, cut at the middle block
+    config.dist.pp.num_micro_batches = 4            # model.forward_backward(*inputs) splits the batch
+    config.dist.topology = ["dp", "fsdp", "pp", "tp"]  # tp on neighbouring ranks
 
 The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
-``fsdp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
+``fsdp.size * pp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
 spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` against the model
 and the world (the sizes by ``ParallelDims``), and a mistake is reported with what to change.
 """
