@@ -162,7 +162,9 @@ def backward_step(model, inputs):
 
 
 def reference(name):
-    """One process's losses and final parameters."""
+    """One process's losses, final parameters and loss on the first batch after training."""
     model = build(name)
     losses = train(model, loader(name), backward_step)
-    return [loss.item() for loss in losses], model.state_dict()
+    with torch.no_grad():
+        evaluated = model(*next(iter(loader(name)))).item()
+    return [loss.item() for loss in losses], model.state_dict(), evaluated

@@ -39,27 +39,32 @@ def _pipeline_step(model, inputs):
 
 def _accelerated_rank(rank, cases):
     results = []
-    for name, sizes in cases:
+    for name, sizes, *topology in cases:
         config = Config()
         for section, size in sizes.items():
             getattr(config.dist, section).size = size
+        config.dist.topology = topology[0] if topology else config.dist.topology
         config.dist.pp.num_micro_batches = 2
         data_ranks = int(os.environ["WORLD_SIZE"]) // (sizes.get("tp", 1) * sizes.get("pp", 1))
         model, loader = accelerate(models.build(name), models.loader(name, models.GLOBAL_BATCH // data_ranks), config)
         losses = models.train(model, loader, _pipeline_step if "pp" in sizes else models.backward_step)
         losses = [_data_parallel_mean(loss, model.accelerate_mesh) for loss in losses]
-        results.append((losses, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))))
+        evaluate = model.forward if "pp" in sizes else model  # a pipeline's, as TorchAcc spells it
+        with torch.no_grad():
+            evaluated = _data_parallel_mean(evaluate(*next(iter(loader))), model.accelerate_mesh)
+        results.append((losses, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)), evaluated))
     return results
 
 
 def _assert_matches(rank_results, name):
     """Every rank's losses are one process's; the stages' parameters together are its own."""
-    want_losses, want_state = models.reference(name)
+    want_losses, want_state, want_evaluated = models.reference(name)
     # tensor parallel splits nn.MultiheadAttention's packed q/k/v into projections
     want_state = split_packed_attention(want_state)
     state = {}
-    for losses, stage_state in rank_results:
+    for losses, stage_state, evaluated in rank_results:
         assert losses == pytest.approx(want_losses, abs=1e-5)
+        assert evaluated == pytest.approx(want_evaluated, abs=1e-5)
         state.update(split_packed_attention(stage_state))
     assert state.keys() == want_state.keys()
     for key, value in want_state.items():
@@ -68,7 +73,7 @@ def _assert_matches(rank_results, name):
 
 def _run(cases, ranks):
     per_rank = run_ranks(_accelerated_rank, ranks, cases)
-    for index, (name, _) in enumerate(cases):
+    for index, (name, *_) in enumerate(cases):
         _assert_matches([results[index] for results in per_rank], name)
 
 
@@ -82,6 +87,22 @@ def test_tensor_parallel_splits_models_with_parameters_of_their_own():
 @pytest.mark.slow
 def test_pipeline_parallel_over_two_ranks_matches_one_process():
     _run([("gpt", {"pp": 2}), ("llama", {"pp": 2}), ("vit", {"pp": 2})], 2)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_pipeline_with_fsdp_or_tensor_parallel_over_four_ranks_matches_one_process():
+    pipeline_neighbours = ["tp", "dp", "fsdp", "pp"]
+    _run([("gpt", {"fsdp": 2, "pp": 2}), ("llama", {"fsdp": 2, "pp": 2}), ("vit", {"fsdp": 2, "pp": 2}),
+          ("gpt", {"tp": 2, "pp": 2}), ("llama", {"tp": 2, "pp": 2}), ("vit", {"tp": 2, "pp": 2}),
+          ("gpt", {"tp": 2, "pp": 2}, pipeline_neighbours)], 4)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_pipeline_fsdp_and_tensor_parallel_over_eight_ranks_match_one_process():
+    _run([("gpt", {"fsdp": 2, "tp": 2, "pp": 2}), ("llama", {"fsdp": 2, "tp": 2, "pp": 2}),
+          ("vit", {"fsdp": 2, "tp": 2, "pp": 2})], 8)
 
 
 # -- one process: stages and topology ------------------------------------------------------------
