@@ -156,8 +156,9 @@ def trace_forward(module: torch.nn.Module, is_leaf, inputs=None) -> "torch.fx.Gr
             return is_leaf(m, super().is_leaf_module(m, qualified_name))
 
     parameters = inspect.signature(module.forward).parameters.values()
+    given = set(inputs or ())
     fixed = {p.name: p.default for p in parameters
-             if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD and p.name not in (inputs or ())}
+             if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD and p.name not in given}
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:

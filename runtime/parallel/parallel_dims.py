@@ -11,9 +11,9 @@ reading ``model.accelerate_mesh`` finds the same names whatever the config:
 
 Their order over the ranks is ``config.dist.topology`` (outermost first: the last dim's ranks
 are neighbours, ``0, 1, ...``, and get one machine's fast links; ``dp`` before ``fsdp``, as
-FSDP2's hybrid mesh has them); the mesh's dims are in that order. Each part takes its slice: ``tp_mesh``, ``pp_mesh``, ``shard_mesh`` (``dp`` and ``fsdp``,
-FSDP2's hybrid mesh). A new parallelism adds its degree here, its dim to ``MESH_DIMS`` and the
-slice it works on.
+FSDP2's hybrid mesh has them); the mesh's dims are in that order. Each part takes its slice:
+``tp_mesh``, ``pp_mesh``, ``shard_mesh`` (``dp`` and ``fsdp``, FSDP2's hybrid mesh). A new
+parallelism adds its degree here, its dim to ``MESH_DIMS`` and the slice it works on.
 """
 
 from __future__ import annotations

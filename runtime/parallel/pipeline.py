@@ -43,10 +43,12 @@ def split_point_names(model: nn.Module, pp: PipelineParallelConfig, layers: list
     names = {id(module): name for name, module in model.named_modules()}
     if pp.split_points is not None:
         points = [point if isinstance(point, str) else names.get(id(point)) for point in pp.split_points]
-        unknown = [repr(given) for given, point in zip(pp.split_points, points) if point not in dict(model.named_modules())]
+        known = set(names.values())
+        unknown = [repr(given) for given, point in zip(pp.split_points, points) if point not in known]
         if unknown:
             raise ValueError(f"config.dist.pp.split_points names {', '.join(unknown)}, which is not a module of "
-                             f"{type(model).__name__}; give module names (as model.named_modules() lists them) or modules")
+                             f"{type(model).__name__}; give module names (as model.named_modules() lists them) "
+                             f"or modules")
         if len(points) != pp.size - 1:
             raise ValueError(f"config.dist.pp.split_points gives {len(points)} points for config.dist.pp.size = "
                              f"{pp.size} stages; give {pp.size - 1} (the model is cut before each)")
