@@ -350,8 +350,8 @@ def test_both_half_precisions_is_an_error():
 
 @pytest.mark.parametrize(
     "kind, environment, sizes",
-    [("fsdp", {"WORLD_SIZE": "4"}, (1, 4, 1)), ("tp", {"WORLD_SIZE": "4"}, (1, 1, 4)),
-     ("fsdp,tp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (1, 2, 4))],
+    [("fsdp", {"WORLD_SIZE": "4"}, (1, 4, 1, 1)), ("tp", {"WORLD_SIZE": "4"}, (1, 1, 1, 4)),
+     ("fsdp,tp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (1, 2, 1, 4))],
 )
 def test_the_configs_that_migrate_parallel_writes(kind, environment, sizes, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
