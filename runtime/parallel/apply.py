@@ -150,6 +150,10 @@ def _check_micro_batches(config: Config, dims: ParallelDims) -> None:
     micro = config.dist.pp.num_micro_batches
     if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
         raise ValueError(f"config.dist.pp.num_micro_batches must be a positive int, got {micro!r}")
+    if micro < dims.pp:
+        raise ValueError(f"config.dist.pp.num_micro_batches = {micro} is fewer than the config.dist.pp.size = "
+                         f"{dims.pp} stages, which the 1F1B schedule needs; give at least {dims.pp} (more keep "
+                         f"the stages busier)")
 
 
 def _nothing_to_check(config: Config, dims: ParallelDims) -> None:

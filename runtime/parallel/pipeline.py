@@ -16,7 +16,8 @@ shard them as they would the model's), named as in the model.
   or the forward's result itself when it is the loss), the gradients are those of the mean
   loss, and that mean is returned: on every rank with ``broadcast_loss``, on the last stage
   only (None elsewhere) without. The schedule is 1F1B (``Schedule1F1B``).
-- ``model(*inputs, **kwargs)`` (``forward``): the same, forward only (evaluation).
+- ``model.forward(*inputs, **kwargs)`` (TorchAcc's spelling): the same, forward only
+  (evaluation).
 
 The stages send each other tensors of shapes fixed in advance: the first call with inputs of
 new shapes passes a first micro-batch through the stages, one after the other, to learn them.
@@ -153,7 +154,8 @@ class PipelineModel(nn.Module):
 
     def forward(self, *inputs, **kwargs):
         """Run by the schedule: this stage's part of the forward. Called by the training
-        script: the whole pipeline, forward only (the loss as ``forward_backward`` gives it)."""
+        script (``model.forward(...)``): the whole pipeline, forward only (the loss as
+        ``forward_backward`` gives it)."""
         if self._in_schedule:
             outputs = self._stage_forward(self, *inputs, **kwargs)
             if not self._last:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from accrewrite.runtime import Config, accelerate
+from accrewrite.runtime.parallel import apply
 from accrewrite.runtime.parallel.apply import find_layers
 from accrewrite.runtime.parallel.config import PipelineParallelConfig
 from accrewrite.runtime.parallel.parallel_dims import ParallelDims
@@ -164,6 +165,20 @@ def test_a_forward_that_cannot_be_traced_asks_for_its_inputs_or_traceable_code()
 
     with pytest.raises(ValueError, match=r"traces Branching's forward with torch.fx, which failed .*input_names"):
         _stages(Branching(), size=2)
+
+
+@pytest.mark.parametrize(
+    "micro, message",
+    [(0, "num_micro_batches must be a positive int, got 0"),
+     (1, r"num_micro_batches = 1 is fewer than the config.dist.pp.size = 2 stages, which the 1F1B schedule needs")],
+)
+def test_too_few_micro_batches_for_the_stages_say_how_many_to_give(micro, message):
+    config = Config()
+    config.dist.pp.size, config.dist.pp.num_micro_batches = 2, micro
+    dims = ParallelDims.from_config(config, 2)
+    with pytest.raises(ValueError, match=message):
+        for part in apply.PARTS:
+            part.check(config, dims)
 
 
 def _group_ranks(topology, rank, **sizes):
