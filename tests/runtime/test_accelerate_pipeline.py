@@ -158,6 +158,19 @@ def test_split_points_that_do_not_cut_the_forward_say_what_to_give(pp, message):
         _stages(models.build("gpt"), **pp)
 
 
+def test_input_names_trace_arguments_with_a_default_as_inputs():
+    class OptionalTargets(models.GPT):
+        def forward(self, tokens, targets=None):
+            return super().forward(tokens, targets)
+
+    model = OptionalTargets()
+    tokens, targets = models.dataset("gpt")[:4]
+    with pytest.raises(ValueError, match=r"\(AttributeError: 'NoneType' object .*give config.dist.pp.input_names"):
+        _stages(model, size=2)  # targets fixed to None while tracing
+    stages = _stages(model, size=2, input_names=["tokens", "targets"])
+    assert torch.equal(_through(stages, (tokens, targets)), model(tokens, targets))
+
+
 def test_a_forward_that_cannot_be_traced_asks_for_its_inputs_or_traceable_code():
     class Branching(models.GPT):
         def forward(self, tokens, targets):
