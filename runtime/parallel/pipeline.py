@@ -77,8 +77,26 @@ def split_stages(model: nn.Module, cuts: list[str], layers: list[nn.Module],
     stage_of = _stages(traced, cuts, type(model).__name__)
     count = len(cuts) + 1
     crossing = [_crossing(traced, stage_of, cut) for cut in range(1, count)]
-    return [torch.fx.GraphModule(model, _stage_graph(traced, stage_of, stage, crossing, count))
-            for stage in range(count)]
+    stages = [torch.fx.GraphModule(model, _stage_graph(traced, stage_of, stage, crossing, count))
+              for stage in range(count)]
+    _check_unshared(model, stages)
+    return stages
+
+
+def _check_unshared(model: nn.Module, stages: list[nn.Module]) -> None:
+    """Each stage steps its own parameters: one read by two stages (tied embeddings) would be
+    two parameters, trained apart."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    holders = {}
+    for index, stage in enumerate(stages):
+        for param in stage.parameters():
+            holders.setdefault(id(param), []).append(index)
+    shared = {names[key]: found for key, found in holders.items() if len(found) > 1}
+    if shared:
+        name, found = next(iter(shared.items()))
+        raise ValueError(f"{type(model).__name__}.{name} is read by pipeline stages {found} (tied weights?); a stage "
+                         f"steps its own parameters, so they would be trained apart: untie them, or choose "
+                         f"config.dist.pp.split_points that keep their readers in one stage")
 
 
 def _stages(graph: torch.fx.Graph, cuts: list[str], model_name: str) -> dict:

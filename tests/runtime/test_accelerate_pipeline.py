@@ -158,6 +158,13 @@ def test_split_points_that_do_not_cut_the_forward_say_what_to_give(pp, message):
         _stages(models.build("gpt"), **pp)
 
 
+def test_a_parameter_read_by_two_stages_is_an_error_not_two_parameters():
+    model = models.build("gpt")
+    model.lm_head.weight = model.wte.weight  # tied embeddings
+    with pytest.raises(ValueError, match=r"GPT.wte.weight is read by pipeline stages \[0, 1\] \(tied weights\?\)"):
+        _stages(model, size=2)
+
+
 def test_input_names_trace_arguments_with_a_default_as_inputs():
     class OptionalTargets(models.GPT):
         def forward(self, tokens, targets=None):
