@@ -32,9 +32,9 @@ code that shards its own data or builds its own DTensors.
 
 With a ``dataloader``, the second return value is a loader over the same dataset and collate
 function that gives this data-parallel rank every ``dp * fsdp``-th batch of the original's batch
-order (the ranks of one pipeline or tensor-parallel group read the same batches; ``loader.py``). The
-original's order must be the same on every rank (one random state on all of them, as DDP scripts
-set); an uneven tail of batches is dropped so that every rank steps as often. A loader with a
+order (the ranks of one pipeline or tensor-parallel group read the same batches; ``loader.py``).
+The original's order must be the same on every rank (one random state on all of them, as DDP
+scripts set); an uneven tail of batches is dropped so that every rank steps as often. A loader with a
 ``DistributedSampler`` is returned as it is when that sampler already splits over the
 data-parallel ranks.
 """

@@ -124,10 +124,10 @@ def replicate_the_rest(model: nn.Module, mesh) -> None:
         own = list(module.parameters(recurse=False))
         if not own or any(isinstance(p, DTensor) for p in own):
             continue
-        replicate_own(module)
         if next(module.children(), None) is None:
-            distribute_module(module, mesh, input_fn=_Colwise._input, output_fn=_to_local)
+            distribute_module(module, mesh, lambda name, leaf, mesh: replicate_own(leaf), _Colwise._input, _to_local)
         else:
+            replicate_own(module)
             _read_own_parameters_locally(module)
 
 
