@@ -102,11 +102,16 @@ def _check_unshared(model: nn.Module, stages: list[nn.Module]) -> None:
 def _stages(graph: torch.fx.Graph, cuts: list[str], model_name: str) -> dict:
     """The stage of each node but ``get_attr`` nodes (copied into each stage that reads them):
     the inputs in the first, the result in the last, the others by how many cuts precede them."""
-    calls = {node.target: node for node in graph.nodes if node.op == "call_module" and node.target in cuts}
+    called = [node for node in graph.nodes if node.op == "call_module" and node.target in cuts]
+    calls = {node.target: node for node in called}
     missing = [name for name in cuts if name not in calls]
     if missing:
         raise ValueError(f"config.dist.pp.split_points {missing} are not called by {model_name}'s forward; "
                          f"cut before modules it calls (its blocks)")
+    if len(called) > len(cuts):
+        again = sorted({node.target for node in called if calls[node.target] is not node})
+        raise ValueError(f"config.dist.pp.split_points {again} are called more than once by {model_name}'s "
+                         f"forward, so a cut before them is not one place; cut before modules called once")
     order = {node: index for index, node in enumerate(graph.nodes)}
     if sorted(cuts, key=lambda name: order[calls[name]]) != cuts:
         raise ValueError(f"config.dist.pp.split_points {cuts} are not in the order {model_name}'s forward calls "

@@ -158,6 +158,18 @@ def test_split_points_that_do_not_cut_the_forward_say_what_to_give(pp, message):
         _stages(models.build("gpt"), **pp)
 
 
+def test_a_split_point_called_twice_is_not_one_place_to_cut():
+    class Twice(models.GPT):
+        def forward(self, tokens, targets):
+            x = self.wte(tokens) + self.pos
+            for block in (*self.h, self.h[1]):
+                x = block(x)
+            return torch.nn.functional.cross_entropy(self.lm_head(self.ln_f(x)).flatten(0, 1), targets.flatten())
+
+    with pytest.raises(ValueError, match=r"\['h.1'\] are called more than once by Twice's forward"):
+        _stages(Twice(), size=2, split_points=["h.1"])
+
+
 def test_a_parameter_read_by_two_stages_is_an_error_not_two_parameters():
     model = models.build("gpt")
     model.lm_head.weight = model.wte.weight  # tied embeddings
