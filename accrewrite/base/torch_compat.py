@@ -140,11 +140,11 @@ def check_version(version: str = torch.__version__) -> str | None:
     )
 
 
-def trace_forward(module: torch.nn.Module, is_leaf) -> "torch.fx.Graph":
+def trace_forward(module: torch.nn.Module, is_leaf, inputs=None) -> "torch.fx.Graph":
     """``module.forward`` as a torch.fx graph traced without inputs, the submodules for which
     ``is_leaf(submodule, default)`` holds kept as calls (``default``: fx's own choice, torch.nn's
-    modules). Arguments with a default are fixed to it: the plain path is traced, not the
-    branches taken on a mask's dtype. torch.nn's transformer layers pick their inference fast
+    modules). Arguments with a default are fixed to it, but those named in ``inputs``: the plain
+    path is traced, not the branches taken on a mask's dtype. torch.nn's transformer layers pick their inference fast
     path from the input's shape, which a symbolic trace cannot read: the fast path is off while
     tracing (raises what fx raises on code it cannot trace)."""
     import inspect
@@ -156,8 +156,9 @@ def trace_forward(module: torch.nn.Module, is_leaf) -> "torch.fx.Graph":
             return is_leaf(m, super().is_leaf_module(m, qualified_name))
 
     parameters = inspect.signature(module.forward).parameters.values()
+    given = set(inputs or ())
     fixed = {p.name: p.default for p in parameters
-             if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD}
+             if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD and p.name not in given}
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:

@@ -3,9 +3,15 @@ torch.distributed.
 
 It places the model on this process's device, copies rank 0's parameters and buffers to every
 rank (as DDP's constructor did: ranks may have built different weights), checks ``config``
-against the world (``ParallelDims``), builds the DeviceMesh of shape ``(dp, fsdp, tp)`` and
-applies, in order, the parts that ``config`` asks for (``apply.py``):
+against the world (``ParallelDims``), builds the DeviceMesh of dims ``dp``, ``fsdp``, ``pp``,
+``tp`` in the order of ``dist.topology`` and applies, in order, the parts that ``config`` asks
+for (``apply.py``):
 
+0. pipeline parallel (``dist.pp.size > 1``): the model cut before each ``dist.pp.split_points``
+   (None: evenly over its repeated blocks) into one stage per ``pp`` rank (``pipeline.py``);
+   what is returned, and what the parts below apply to, is this rank's stage, trained with
+   ``loss = model.forward_backward(*inputs, output_fn=None, **kwargs)`` on torch's 1F1B schedule
+   over ``dist.pp.num_micro_batches`` micro-batches;
 1. tensor parallel (``dist.tp.size > 1``): each wrapped layer's projections split over the
    ``tp`` ranks by DTensor's ``parallelize_module`` (``tensor_parallel.py``);
 2. activation checkpointing (``memory.gc``) of the ``memory.gc_cls`` layers (default: the
@@ -21,14 +27,14 @@ The wrapped layers are ``dist.fsdp.wrap_layer_cls`` (classes or class names), by
 repeated blocks of the model (``accrewrite.runtime.blocks``). The parameters become DTensors:
 build the optimizer after ``accelerate``; ``torch.nn.utils.clip_grad_norm_`` works on them.
 Checkpoints: ``save_checkpoint``/``load_checkpoint`` (``checkpoint.py``). The mesh is
-``model.accelerate_mesh`` (dims ``dp``, ``fsdp``, ``tp``; None with one process), for code that
-shards its own data or builds its own DTensors.
+``model.accelerate_mesh`` (dims ``dp``, ``fsdp``, ``pp``, ``tp``; None with one process), for
+code that shards its own data or builds its own DTensors.
 
 With a ``dataloader``, the second return value is a loader over the same dataset and collate
 function that gives this data-parallel rank every ``dp * fsdp``-th batch of the original's batch
-order (the ranks of one tensor-parallel group read the same batches; ``loader.py``). The
-original's order must be the same on every rank (one random state on all of them, as DDP scripts
-set); an uneven tail of batches is dropped so that every rank steps as often. A loader with a
+order (the ranks of one pipeline or tensor-parallel group read the same batches; ``loader.py``).
+The original's order must be the same on every rank (one random state on all of them, as DDP
+scripts set); an uneven tail of batches is dropped so that every rank steps as often. A loader with a
 ``DistributedSampler`` is returned as it is when that sampler already splits over the
 data-parallel ranks.
 """
@@ -68,7 +74,7 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
         )
     dims.build_mesh(device.type)
     for part in parts:
-        part.apply(model, layers, config, dims)
+        model, layers = part.apply(model, layers, config, dims) or (model, layers)
     model.accelerate_mesh = dims.mesh
     if dataloader is None:
         return model

@@ -1,12 +1,15 @@
 """The parts that ``accelerate`` applies to a model, each usable on its own, and ``PARTS``, the
 order it applies them in (torchtitan's):
 
-1. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
+1. ``apply_pp(model, layers, pp, mesh)``: the model cut into one stage per rank of the 1-D
+   ``mesh`` (``pipeline.py``); this rank's stage, a ``PipelineModel``, and the layers it holds
+   are what the later parts get;
+2. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
    by DTensor's ``parallelize_module`` (``tensor_parallel.py``), the model's other parameters
    replicated on it;
-2. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``);
-3. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
-4. ``apply_fsdp(model, layers, fsdp, compute, mesh)``: FSDP2 over a ``dp x fsdp`` mesh, last,
+3. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``);
+4. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
+5. ``apply_fsdp(model, layers, fsdp, compute, mesh)``: FSDP2 over a ``dp x fsdp`` mesh, last,
    so that it shards the DTensors tensor parallel made and its all-gathers wrap what
    checkpointing and compilation made of each layer.
 
@@ -14,7 +17,8 @@ order it applies them in (torchtitan's):
 checkpointed, compiled and sharded one by one.
 
 A new parallelism is its ``apply_*`` function, its ``Config`` field, and its ``Part`` in
-``PARTS`` at its place in the order; ``accelerate`` applies what ``PARTS`` holds.
+``PARTS`` at its place in the order; ``accelerate`` applies what ``PARTS`` holds. A part that
+returns a ``(model, layers)`` pair hands those to the parts after it.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ..blocks import repeated_blocks
 from ..activation_checkpoint import checkpoint_modules
-from .config import ComputeConfig, Config, FSDPConfig, MemoryConfig, TensorParallelConfig
+from .config import ComputeConfig, Config, FSDPConfig, MemoryConfig, PipelineParallelConfig, TensorParallelConfig
 from .parallel_dims import ParallelDims
+from .pipeline import PipelineModel, split_point_names, split_stages
 from .tensor_parallel import derive_plan, parallelize_block, replicate_the_rest
 
 
@@ -48,6 +53,18 @@ def find_layers(model: nn.Module, classes, setting: str) -> list[nn.Module]:
         raise ValueError(f"{setting} = {sorted(wanted)} matches no module of {type(model).__name__}; "
                          f"its module classes are {present}")
     return found
+
+
+def apply_pp(model: nn.Module, layers: list[nn.Module], pp: PipelineParallelConfig,
+             mesh) -> tuple[PipelineModel, list[nn.Module]]:
+    """``model`` cut before each of ``pp.split_points`` (None: into even parts of ``layers``)
+    into one stage per rank of the 1-D ``mesh``: this rank's stage and the ``layers`` it holds."""
+    stages = split_stages(model, split_point_names(model, pp, layers), layers, pp.input_names)
+    index = mesh.get_local_rank()
+    device = next(model.parameters()).device
+    stage = PipelineModel(stages[index], index, pp, mesh, device)
+    held = {id(module) for module in stage.modules()}
+    return stage, [layer for layer in layers if id(layer) in held]
 
 
 def apply_tp(model: nn.Module, layers: list[nn.Module], tp: TensorParallelConfig, mesh) -> None:
@@ -129,6 +146,16 @@ def _fsdp_wanted(config: Config, dims: ParallelDims) -> bool:
     return dims.fsdp_enabled or (dims.distributed and (config.compute.bf16 or config.compute.fp16))
 
 
+def _check_micro_batches(config: Config, dims: ParallelDims) -> None:
+    micro = config.dist.pp.num_micro_batches
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise ValueError(f"config.dist.pp.num_micro_batches must be a positive int, got {micro!r}")
+    if micro < dims.pp:
+        raise ValueError(f"config.dist.pp.num_micro_batches = {micro} is fewer than the config.dist.pp.size = "
+                         f"{dims.pp} stages, which the 1F1B schedule needs; give at least {dims.pp} (more keep "
+                         f"the stages busier)")
+
+
 def _nothing_to_check(config: Config, dims: ParallelDims) -> None:
     pass
 
@@ -137,17 +164,21 @@ def _nothing_to_check(config: Config, dims: ParallelDims) -> None:
 class Part:
     """One step of ``accelerate``. Before anything is applied, ``check(config, dims)`` of every
     part raises on settings it cannot honour; then, in order, each part that is ``wanted``
-    gets ``apply(model, layers, config, dims)`` (``dims.mesh`` built). ``name`` says in errors
+    gets ``apply(model, layers, config, dims)`` (``dims.mesh`` built), which may return the
+    ``(model, layers)`` that the next parts get. ``name`` says in errors
     what asked for it; a part ``per_layer`` needs the model to have wrapped layers."""
 
     name: str
     wanted: Callable[[Config, ParallelDims], bool]
-    apply: Callable[[nn.Module, list, Config, ParallelDims], None]
+    apply: Callable[[nn.Module, list, Config, ParallelDims], tuple[nn.Module, list] | None]
     per_layer: bool = True
     check: Callable[[Config, ParallelDims], None] = _nothing_to_check
 
 
 PARTS = [
+    Part("pipeline parallel (config.dist.pp.size > 1)", per_layer=False, check=_check_micro_batches,
+         wanted=lambda config, dims: dims.pp_enabled,
+         apply=lambda model, layers, config, dims: apply_pp(model, layers, config.dist.pp, dims.pp_mesh)),
     Part("tensor parallel (config.dist.tp.size > 1)",
          wanted=lambda config, dims: dims.tp_enabled,
          apply=lambda model, layers, config, dims: apply_tp(model, layers, config.dist.tp, dims.tp_mesh)),

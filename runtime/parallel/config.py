@@ -7,9 +7,12 @@
     config.memory.gc = True                         # activation checkpointing of those blocks
     config.compute.bf16 = True                      # FSDP2 mixed precision
     config.compute.compile = True                   # accrewrite.runtime.compile, per block
+    config.dist.pp.size = 2                         # two pipeline stages, cut at the middle block
+    config.dist.pp.num_micro_batches = 4            # model.forward_backward(*inputs) splits the batch
+    config.dist.topology = ["dp", "fsdp", "pp", "tp"]  # tp on neighbouring ranks
 
 The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
-``fsdp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
+``fsdp.size * pp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
 spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` against the model
 and the world (the sizes by ``ParallelDims``), and a mistake is reported with what to change.
 """
@@ -22,7 +25,7 @@ from accrewrite.base.parallel_kinds import KINDS, PARALLEL_KINDS
 
 @dataclass
 class DataParallelConfig:
-    size: int | None = None  # None: world size // (fsdp.size * tp.size)
+    size: int | None = None  # None: world size // (fsdp.size * pp.size * tp.size)
 
 
 @dataclass
@@ -42,10 +45,25 @@ class TensorParallelConfig:
 
 
 @dataclass
+class PipelineParallelConfig:
+    size: int = 1
+    num_micro_batches: int = 1  # the batch is split along its first dim into this many
+    # Modules (or their names) the model is cut before, size - 1 of them; None: the repeated
+    # blocks in size even parts.
+    split_points: list | None = None
+    input_names: list | None = None  # the forward's inputs; None: its arguments without a default
+    broadcast_loss: bool = True  # forward_backward returns the loss on every rank, not the last stage only
+
+
+@dataclass
 class DistConfig:
     dp: DataParallelConfig = field(default_factory=DataParallelConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     tp: TensorParallelConfig = field(default_factory=TensorParallelConfig)
+    pp: PipelineParallelConfig = field(default_factory=PipelineParallelConfig)
+    # The order of the parallelisms over the ranks, outermost first: the last gets neighbouring
+    # ranks (one machine's fast links).
+    topology: list = field(default_factory=lambda: ["dp", "fsdp", "pp", "tp"])
 
 
 @dataclass

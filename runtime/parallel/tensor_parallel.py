@@ -104,14 +104,17 @@ def _style(module: nn.Module, style: str, where: str) -> ParallelStyle:
 
 
 def replicate_the_rest(model: nn.Module, mesh) -> None:
-    """Make the parameters that no plan split (embeddings, norms, the head) replicated DTensors
-    on the tensor-parallel ``mesh``, their modules' inputs and outputs converted as for a split
-    projection. Every parameter of the model is then a DTensor on one mesh, as
-    ``clip_grad_norm_`` and the checkpoints need. Parameters shared between modules (tied
-    embeddings) stay shared."""
+    """Make the parameters that no plan split (embeddings, norms, the head, a top module's own
+    ``pos_embed``) replicated DTensors on the tensor-parallel ``mesh``. Every parameter of the
+    model is then a DTensor on one mesh, as ``clip_grad_norm_`` and the checkpoints need.
+    Parameters shared between modules (tied embeddings) stay shared.
+
+    A leaf module computes on DTensors, its inputs and outputs converted as for a split
+    projection. A module with children cannot have its inputs converted (each child converts
+    its own), so its forward reads its own parameters as their local tensors instead."""
     replicated = {}
 
-    def partition(name, module, mesh):
+    def replicate_own(module):
         for key, param in list(module.named_parameters(recurse=False)):
             if id(param) not in replicated:
                 replicated[id(param)] = _replicate(param, mesh)
@@ -119,8 +122,33 @@ def replicate_the_rest(model: nn.Module, mesh) -> None:
 
     for module in list(model.modules()):
         own = list(module.parameters(recurse=False))
-        if own and not any(isinstance(p, DTensor) for p in own):
-            distribute_module(module, mesh, partition, _Colwise._input, _to_local)
+        if not own or any(isinstance(p, DTensor) for p in own):
+            continue
+        if next(module.children(), None) is None:
+            distribute_module(module, mesh, lambda name, leaf, mesh: replicate_own(leaf), _Colwise._input, _to_local)
+        else:
+            replicate_own(module)
+            _read_own_parameters_locally(module)
+
+
+def _read_own_parameters_locally(module: nn.Module) -> None:
+    """For the time of ``module``'s forward, its own DTensor parameters are their local tensors
+    (through ``to_local``, so their gradients reach the DTensors). The parameters in place at
+    the forward are the ones put back: FSDP2 swaps in its gathered ones before."""
+    held = {}
+
+    def to_local(module, args):
+        for key, param in module._parameters.items():
+            if isinstance(param, DTensor):
+                held[key] = param
+                module._parameters[key] = param.to_local()
+
+    def put_back(module, args, output):
+        module._parameters.update(held)
+        held.clear()
+
+    module.register_forward_pre_hook(to_local)
+    module.register_forward_hook(put_back, always_call=True)
 
 
 def _to_local(module, output, mesh):
