@@ -12,9 +12,9 @@ A rename, a delete or a new folder takes the view's path, where it moves or remo
 Redirected: ``open`` and ``io.open`` (so pathlib, numpy's ``save``/``savez``, PIL's ``Image.save``
 and ``shutil``'s copies), ``os.open``, ``os.truncate``, ``os.chmod``, ``os.utime``, ``os.rename``,
 ``os.replace``, ``os.remove``, ``os.unlink``, ``os.rmdir``, ``os.mkdir`` (so ``os.makedirs``),
-``os.symlink``, ``os.link``, ``shutil.rmtree`` and ``torch.save``, which writes from C++. A path
-relative to a folder's descriptor (``dir_fd``) is left as it is: ``shutil.rmtree`` walks the
-view's folders so. A write from C code (``ndarray.tofile``, an extension's own files) or from a
+``os.symlink``, ``os.link``, ``shutil.rmtree`` and ``torch.save``, which writes from C++
+(numpy's ``tofile`` opens its file with ``io.open``). A path relative to a folder's descriptor
+(``dir_fd``) is left as it is: ``shutil.rmtree`` walks the view's folders so. A write from C code (an extension's own files, through ``fopen``) or from a
 process without Python is not redirected: verify finds it after the side by the sizes and times
 of the user's files (``Workspace.written``) and says so.
 

@@ -258,7 +258,7 @@ def written_line(side: str, paths: list[Path]) -> str:
     """What verify says of the user's files a side wrote where it could not redirect the write."""
     named = ", ".join(str(path) for path in paths[:_SHOWN])
     more = f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else ""
-    return (f"{side} wrote your files: {named}{more}; a write from C code (numpy's tofile, an extension) or a "
+    return (f"{side} wrote your files: {named}{more}; a write from C code (an extension's own files) or a "
             f"process without Python is not redirected into the side's view: put them back from a copy")
 
 
