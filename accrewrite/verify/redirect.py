@@ -14,9 +14,10 @@ and ``shutil``'s copies), ``os.open``, ``os.truncate``, ``os.chmod``, ``os.utime
 ``os.replace``, ``os.remove``, ``os.unlink``, ``os.rmdir``, ``os.mkdir`` (so ``os.makedirs``),
 ``os.symlink``, ``os.link``, ``shutil.rmtree`` and ``torch.save``, which writes from C++
 (numpy's ``tofile`` opens its file with ``io.open``). A path relative to a folder's descriptor
-(``dir_fd``) is left as it is: ``shutil.rmtree`` walks the view's folders so. A write from C code (an extension's own files, through ``fopen``) or from a
-process without Python is not redirected: verify finds it after the side by the sizes and times
-of the user's files (``Workspace.written``) and says so.
+(``dir_fd``) is left as it is: ``shutil.rmtree`` walks the view's folders so. A write from C
+code (an extension's own files, through ``fopen``) or from a process without Python is not
+redirected: verify finds it after the side by the sizes and times of the user's files
+(``Workspace.written``) and says so.
 
 ``ACCREWRITE_VERIFY_FOLDERS`` names a JSON file: ``{"workspace": W, "folders": {REAL: VIEW}}``,
 each of the user's folders (its real path) and the side's folder for it. Nothing under W is the
