@@ -9,8 +9,13 @@ The project is a training script beside ``data/``: ``--files`` sparse files (``t
 then makes ``--steps`` optimizer steps. verify runs it with ``--steps 2 --keep`` (an original,
 its runtime migration, a nudged rerun); then:
 
-* first side: seconds from verify's start to the first line the script prints, the preflight
-  (each interpreter asked to import what its side needs) included;
+* first side: seconds from verify's start to the launch of its first side (when verify wrote the
+  side's redirection, just before it starts the side's process), verify's own start and the
+  preflight (each interpreter asked to import torch and what its side needs) included;
+* the workspace's part of it: the project surveyed and the first side's view made, timed apart
+  in this process;
+* first line: seconds from verify's start to the first line the script prints, its
+  interpreter's start (torch imported by the probe) included;
 * written: the bytes the kept workspace holds on disk (its files' blocks, links and folders
   included), the sides' records and logs left out;
 * whole: verify's seconds to its end.
@@ -27,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from accrewrite.verify.workspace import Workspace
 
 SCRIPT = """\
 import time
@@ -85,6 +92,17 @@ def on_disk(workspace: Path) -> int:
     return total
 
 
+def workspace_seconds(project: Path, temp: Path) -> float:
+    """Seconds to survey the project and make the first side's view, as verify does."""
+    root = Path(tempfile.mkdtemp(dir=temp))
+    started = time.perf_counter()
+    workspace = Workspace(root, project, project / "train.py", project)
+    workspace.survey()
+    workspace.view("original", None, [])
+    workspace.redirection("original")
+    return time.perf_counter() - started
+
+
 def run(gib: int, files: int, linked: bool) -> dict:
     with tempfile.TemporaryDirectory() as top:
         top = Path(top)
@@ -102,7 +120,8 @@ def run(gib: int, files: int, linked: bool) -> dict:
                     if line.startswith("started"))
         if fingerprint(project) != before:
             raise SystemExit("the user's tree changed")
-        return {"linked": linked, "returncode": done.returncode, "first side": float(line.split()[1]) - started,
+        return {"returncode": done.returncode, "first side": (workspace / "original.folders.json").stat().st_mtime - started,
+                "workspace": workspace_seconds(project, temp), "first line": float(line.split()[1]) - started,
                 "written": on_disk(workspace), "whole": whole, "workspace line": done.stderr.splitlines()[0]}
 
 
@@ -114,7 +133,8 @@ def main() -> None:
     args = parser.parse_args()
     result = run(args.gib, args.files, args.linked)
     print(f"{args.gib} GiB in {args.files} files, {'linked' if args.linked else 'in the project'}: "
-          f"verify exit {result['returncode']}; first side started after {result['first side']:.2f} s; "
+          f"verify exit {result['returncode']}; first side launched after {result['first side']:.2f} s "
+          f"(survey and view {result['workspace']:.3f} s), its first line after {result['first line']:.2f} s; "
           f"{result['written'] / 2**20:.2f} MiB written outside the records; {result['whole']:.1f} s in all")
     print(result["workspace line"])
 
