@@ -82,7 +82,7 @@ class Run:
         cwd, script = self.workspace.view(side.name, side.target, side.migration_errors)
         records = root / "records" / side.name
         env = {**sides.environment(side, records, self.steps, self.nproc), **self.workspace.redirection(side.name)}
-        argv = sides.command(side.python, script, self.args, self.nproc)
+        argv = self.workspace.isolated(side.name, sides.command(side.python, script, self.args, self.nproc))
         try:
             sides.run(side, argv, cwd, env, records, root / f"{side.name}.log", self.timeout, self.progress)
         finally:

@@ -28,7 +28,7 @@ from pathlib import Path
 from accrewrite.engine import Options, migrate_source
 from accrewrite.notebook import Notebook, is_notebook
 from accrewrite.project import Decisions, decide, member, needs_deciding
-from accrewrite.verify import redirect
+from accrewrite.verify import overlay, redirect
 
 WORKSPACE_PREFIX = "accrewrite-verify-"
 # Not copied: version control and caches. (Unlike migrate's discovery, `build` or `env` folders
@@ -72,6 +72,7 @@ class Workspace:
         self._files: list[tuple[Path, Path]] = []  # (the user's file, its place in a view)
         self._real: dict[str, Path] = {}  # the real path of a folder of the user's -> its place in a view
         self._states: dict[Path, tuple] = {}  # the user's file or folder -> (mode, size, mtime) when last seen
+        self._overlaid: list[str] = []  # the user's top folders each side sees through an overlay of its own
 
     # The user's files ----------------------------------------------------------------------------
 
@@ -89,8 +90,22 @@ class Workspace:
                 else:
                     self._files.append((source, place))
                     size += found.st_size
+        self._overlaid = self._overlaid_folders()
+        layers = " and an overlay of your folders" if self._overlaid else ""
         return (f"workspace: {len(self._files)} files ({_mib(size)}) of {self.trees[0].source} read where they "
-                f"are; each side writes into its own view in {self.root}")
+                f"are; each side writes into its own view{layers} in {self.root}")
+
+    def _overlaid_folders(self) -> list[str]:
+        """The user's top folders that each side sees through an overlay of its own; none where the
+        system forbids it, or where the workspace is inside one (the side's records would be
+        hidden in its layer)."""
+        folders = overlay.tops(list(self._real))
+        root = os.path.realpath(self.root)
+        if any(Path(root).is_relative_to(folder) for folder in folders):
+            return []
+        if not all(map(overlay.mountable, [*folders, root])) or not overlay.permitted(self.root / "overlay-check"):
+            return []
+        return folders
 
     def _walk(self, top: Path):
         """(path, path relative to top, its stat) of every folder and regular file under top,
@@ -164,6 +179,15 @@ class Workspace:
         folders.write_text(json.dumps({"workspace": str(self.root),
                                        "folders": {real: str(home / place) for real, place in self._real.items()}}))
         return {redirect.FOLDERS: str(folders)}
+
+    def isolated(self, name: str, argv: list[str]) -> list[str]:
+        """The command that runs ``argv`` as the side ``name``, over an overlay of the user's
+        folders where the system permits it (``overlay``)."""
+        if not self._overlaid:
+            return argv
+        layers = self.root / f"{name}.layers"
+        return overlay.command([(Path(folder), layers / str(index)) for index, folder in enumerate(self._overlaid)],
+                               argv)
 
     def users_line(self, site: str) -> str:
         """A line a side ran (``path:line``, in its view) as the user knows it: ``train.py:12``

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from accrewrite.cli import main
-from accrewrite.verify import workspace
+from accrewrite.verify import overlay, workspace
 
 WRITER = """\
 import os, shutil
@@ -202,8 +202,14 @@ optimizer.step()
 """
 
 
+@pytest.fixture
+def no_overlay(monkeypatch):
+    """A system that forbids an overlay in a user namespace: the sides' processes redirect alone."""
+    monkeypatch.setattr(overlay, "permitted", lambda scratch: False)
+
+
 @pytest.mark.slow
-def test_every_way_a_script_writes_is_redirected_into_its_view(user_tree, capsys):
+def test_every_way_a_script_writes_is_redirected_into_its_view(user_tree, no_overlay, capsys):
     Path("writers.py").write_text(WRITERS)
     before = tree(user_tree)
     assert main(["verify", "writers.py"]) == 0, capsys.readouterr()
@@ -224,11 +230,33 @@ optimizer.step()
 
 
 @pytest.mark.slow
-def test_a_write_verify_cannot_redirect_is_named(user_tree, capsys):
+def test_a_write_verify_cannot_redirect_is_named(user_tree, no_overlay, capsys):
     Path("shell.py").write_text(UNREDIRECTED)
     main(["verify", "shell.py", "--steps", "1"])
     err = capsys.readouterr().err
+    assert "and an overlay" not in err
     assert f"original wrote your files: {Path.cwd() / 'big.bin'}; a write from C code" in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not overlay.permitted(Path(tempfile.mkdtemp()) / "check"),
+                    reason="this system forbids an overlay mounted in a user namespace")
+def test_an_overlay_takes_the_writes_of_a_process_without_python(user_tree, capsys):
+    Path("shell.py").write_text(UNREDIRECTED.replace("of=big.bin", "of=data/scale.txt"))
+    before = tree(user_tree)
+    assert main(["verify", "shell.py", "--steps", "1", "--keep"]) == 0, capsys.readouterr()
+    err = capsys.readouterr().err
+    assert "and an overlay of your folders" in err and "wrote your files" not in err
+    assert tree(user_tree) == before
+    workspace, = workspaces(user_tree / "temp")
+    layers = sorted((workspace / "original.layers").glob("*/upper"))
+    assert len(layers) == 2  # the repository, and the data folder its link leads to outside it
+    written, = (layer / "scale.txt" for layer in layers if (layer / "scale.txt").exists())
+    assert written.read_text() == "scribbled"
+
+
+def test_the_overlaid_folders_are_the_top_ones():
+    assert overlay.tops(["/repo", "/repo/data", "/store", "/repository"]) == ["/repo", "/repository", "/store"]
 
 
 @pytest.mark.slow
