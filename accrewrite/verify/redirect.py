@@ -114,19 +114,15 @@ def _own(path: str, source: str, keep: bool) -> None:
         shutil.copymode(source, path)
 
 
-def _opens_for_writing(mode: str) -> tuple[bool, bool]:
-    """(writes, keeps what is there) for an ``open`` mode."""
-    if "x" in mode:  # fails where a file (or a link) is there: nothing to make the side's own
-        return False, False
-    return any(letter in mode for letter in "wa+"), "w" not in mode
-
-
 _builtin_open = builtins.open
 
 
 def _open(file, mode="r", *args, **kwargs):
-    writes, keep = _opens_for_writing(mode) if isinstance(mode, str) else (False, False)
-    return _builtin_open(written(file, keep) if writes else file, mode, *args, **kwargs)
+    if not isinstance(mode, str) or not any(letter in mode for letter in "wax+"):
+        return _builtin_open(file, mode, *args, **kwargs)
+    if "x" in mode:  # made only where nothing is there: the view's path, nothing to copy
+        return _builtin_open(entry(file), mode, *args, **kwargs)
+    return _builtin_open(written(file, keep="w" not in mode), mode, *args, **kwargs)
 
 
 def _wrap_os(name: str, redirect) -> None:
@@ -142,8 +138,10 @@ def _wrap_os(name: str, redirect) -> None:
 
 def _os_open(args, kwargs):
     flags = args[1] if len(args) > 1 else kwargs.get("flags", 0)
-    if not flags & _WRITES or flags & os.O_EXCL:
+    if not flags & _WRITES:
         return args
+    if flags & os.O_EXCL:  # made only where nothing is there (tempfile's files)
+        return (entry(args[0], kwargs.get("dir_fd")), *args[1:])
     return (written(args[0], not flags & os.O_TRUNC, kwargs.get("dir_fd")), *args[1:])
 
 

@@ -10,8 +10,10 @@ it is (through the project's own links). A side runs in its view of the working 
 that ``../data`` resolves as it does for the user. What a side writes goes to its view: a new file
 lands in the view's folder, a rename or a delete moves or removes a link, and a write that would
 follow a link, or names a path of the user's tree, is redirected into the view in the side's
-processes first (``redirect``), the link made a copy of its file (copy-on-write). After each side
-the user's files and folders are stat-ed again: a write verify could not redirect is named.
+processes first (``redirect``), the link made a copy of its file (copy-on-write). Where the system
+permits it, the side also sees the user's top folders through an overlay of its own
+(``overlay``), which takes the writes no redirection sees. After each side the user's files and
+folders are stat-ed again: a write that reached them is named.
 No side is given a path of the user's, and the workspace never surveys itself.
 """
 

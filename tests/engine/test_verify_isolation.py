@@ -189,8 +189,9 @@ shutil.rmtree(os.path.realpath("../sibling/folder"))
 pathlib.Path("checkpoints/note.txt").write_text("pathlib")
 pathlib.Path("touched.txt").touch()
 pathlib.Path("renamed.txt").unlink()
-with tempfile.NamedTemporaryFile(dir=here) as temporary:
+with tempfile.NamedTemporaryFile(dir=data) as temporary:  # os.open(O_CREAT | O_EXCL) in the linked folder
     temporary.write(b"temporary")
+open(os.path.join(data, "exclusive.txt"), "x").write("made")
 assert open("log.txt").read() == "os.open" and not os.path.exists("config.txt")
 assert open(os.path.join(data, "written.txt")).read() == "by its full path"
 assert torch.load("ckpt.pt")["w"].sum() == 2 and not os.path.exists("../sibling/folder")
