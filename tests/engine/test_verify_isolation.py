@@ -268,6 +268,31 @@ def test_a_temporary_folder_inside_the_project_is_not_copied_into_itself(user_tr
     assert main(["verify", "train.py", "--steps", "1"]) == 0, capsys.readouterr()
 
 
+SMALL_FILES = """\
+import os, pathlib
+import torch
+
+total = sum(float(path.read_text()) for path in sorted(pathlib.Path("data/shards").iterdir()))
+open("data/shards/" + "n" * 300, "w")  # a name too long: the original fails as it does for you
+"""
+
+
+@pytest.mark.slow
+def test_a_dataset_of_small_files_is_linked_and_a_name_too_long_fails_as_it_does_for_the_user(user_tree, capsys):
+    shards = user_tree / "datastore" / "shards"
+    shards.mkdir()
+    for index in range(2000):
+        (shards / f"{index:04d}.txt").write_text("0.5")
+    Path("small.py").write_text(SMALL_FILES)
+    before = tree(user_tree)
+    assert main(["verify", "small.py", "--keep"]) == 2
+    err = capsys.readouterr().err
+    assert "2012 files" in err and "File name too long" in err and "wrote your files" not in err
+    assert tree(user_tree) == before
+    workspace, = workspaces(user_tree / "temp")
+    assert all(path.is_symlink() for path in (workspace / "original" / "project" / "projects" / "exp" / "data" / "shards").iterdir())
+
+
 def test_a_view_that_cannot_be_made_is_an_error_with_the_folder(user_tree, monkeypatch, capsys):
     def full(self, name, target, errors):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.root / name))
