@@ -18,23 +18,25 @@ from pathlib import Path
 _CHECK_TIMEOUT = 10  # seconds
 _UNSHARE = ("unshare", "--user", "--map-current-user", "--mount", "--")
 _UNSAFE = ",:\\"  # characters mount's lowerdir/upperdir options cannot hold
+_CHECK = ".accrewrite-verify-overlay-check"  # the file the check makes in each overlay
 
 
-def permitted(scratch: Path) -> bool:
-    """Whether this system mounts an overlay in a user namespace: tried in ``scratch``, then
+def permitted(scratch: Path, folders: list[str]) -> bool:
+    """Whether this system mounts an overlay of each of ``folders`` in a user namespace: tried
+    in ``scratch``, mounted there, a file made in each (it must land in the upper layer), then
     removed."""
     if shutil.which("unshare") is None or shutil.which("mount") is None:
         return False
-    layers = {name: scratch / name for name in ("lower", "upper", "work", "merged")}
+    mounts = [(Path(folder), scratch / str(index), scratch / str(index) / "merged")
+              for index, folder in enumerate(folders)]
     try:
-        for folder in layers.values():
-            folder.mkdir(parents=True)
-        (layers["lower"] / "file").write_text("lower")
-        done = subprocess.run(command([(layers["lower"], scratch)], ["sh", "-c", "echo upper > file"],
-                                      at=layers["merged"]),
-                              cwd="/", capture_output=True, timeout=_CHECK_TIMEOUT)
-        return (done.returncode == 0 and (layers["lower"] / "file").read_text() == "lower"
-                and (scratch / "upper" / "file").read_text() == "upper\n")
+        for _, _, merged in mounts:
+            merged.mkdir(parents=True)
+        made = " && ".join(f"echo upper > {shlex.quote(str(merged / _CHECK))}" for _, _, merged in mounts)
+        done = subprocess.run(command(mounts, ["sh", "-c", made]), cwd="/", capture_output=True,
+                              timeout=_CHECK_TIMEOUT)
+        return done.returncode == 0 and all((layers / "upper" / _CHECK).is_file() and not (folder / _CHECK).exists()
+                                            for folder, layers, _ in mounts)
     except (OSError, subprocess.SubprocessError):
         return False
     finally:
@@ -52,18 +54,15 @@ def mountable(folder: str) -> bool:
     return not any(character in folder for character in _UNSAFE)
 
 
-def command(mounts: list[tuple[Path, Path]], argv: list[str], at: Path | None = None) -> list[str]:
-    """``argv`` run with each (folder, layers) of ``mounts`` covered by an overlay whose upper
-    layer is in ``layers`` (its ``upper`` and ``work`` folders, made here); at ``at`` instead of
-    over the folder where given (the check)."""
+def command(mounts: list[tuple[Path, Path, Path]], argv: list[str]) -> list[str]:
+    """``argv`` run where each (folder, layers, place) of ``mounts`` has an overlay of the folder
+    mounted at the place, its upper layer in ``layers`` (``upper`` and ``work``, made here)."""
     lines = ["set -e"]
-    for folder, layers in mounts:
+    for folder, layers, place in mounts:
         upper, work = layers / "upper", layers / "work"
         upper.mkdir(parents=True, exist_ok=True)
         work.mkdir(parents=True, exist_ok=True)
         options = f"lowerdir={folder},upperdir={upper},workdir={work}"
-        lines.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(str(at or folder))}")
-    if at is not None:
-        lines.append(f"cd {shlex.quote(str(at))}")
+        lines.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(str(place))}")
     lines.append('exec "$@"')
     return [*_UNSHARE, "sh", "-c", "\n".join(lines), "sh", *argv]

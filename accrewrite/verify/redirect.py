@@ -1,6 +1,6 @@
 """What ``accrewrite verify`` installs in every Python process of a side, beside the probe, so
-that the side never writes the user's files. ``hooks/sitecustomize.py`` loads it by its path
-wherever ``ACCREWRITE_VERIFY_FOLDERS`` is set.
+that the side never writes the user's files. ``hooks/sitecustomize.py`` loads it by its path; it
+acts wherever ``ACCREWRITE_VERIFY_FOLDERS`` is set.
 
 A side's view (``workspace``) holds a link to each of the user's files, which the side reads
 where it is. A write that would follow such a link, or that names a path in the user's tree
@@ -182,6 +182,8 @@ def _save_through(torch) -> None:
 def start() -> None:
     """Install the redirection, where verify gave the side its folders."""
     global _workspace, _folders
+    if not os.environ.get(FOLDERS):
+        return
     with _builtin_open(os.environ[FOLDERS]) as given:
         found = json.load(given)
     _workspace, _folders = os.path.realpath(found["workspace"]), found["folders"]

@@ -105,9 +105,9 @@ class Workspace:
         root = os.path.realpath(self.root)
         if any(Path(root).is_relative_to(folder) for folder in folders):
             return []
-        if not all(map(overlay.mountable, [*folders, root])) or not overlay.permitted(self.root / "overlay-check"):
+        if not all(map(overlay.mountable, [*folders, root])):
             return []
-        return folders
+        return folders if overlay.permitted(self.root / "overlay-check", folders) else []
 
     def _walk(self, top: Path):
         """(path, path relative to top, its stat) of every folder and regular file under top,
@@ -188,8 +188,8 @@ class Workspace:
         if not self._overlaid:
             return argv
         layers = self.root / f"{name}.layers"
-        return overlay.command([(Path(folder), layers / str(index)) for index, folder in enumerate(self._overlaid)],
-                               argv)
+        return overlay.command([(Path(folder), layers / str(index), Path(folder))
+                                for index, folder in enumerate(self._overlaid)], argv)
 
     def users_line(self, site: str) -> str:
         """A line a side ran (``path:line``, in its view) as the user knows it: ``train.py:12``
@@ -285,7 +285,8 @@ def written_line(side: str, paths: list[Path]) -> str:
     named = ", ".join(str(path) for path in paths[:_SHOWN])
     more = f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else ""
     return (f"{side} wrote your files: {named}{more}; a write from C code (an extension's own files) or a "
-            f"process without Python is not redirected into the side's view: put them back from a copy")
+            f"process without Python is not redirected where the system forbids an overlay: restore them from "
+            f"version control or a backup")
 
 
 def _mib(size: int) -> str:

@@ -206,7 +206,7 @@ optimizer.step()
 @pytest.fixture
 def no_overlay(monkeypatch):
     """A system that forbids an overlay in a user namespace: the sides' processes redirect alone."""
-    monkeypatch.setattr(overlay, "permitted", lambda scratch: False)
+    monkeypatch.setattr(overlay, "permitted", lambda scratch, folders: False)
 
 
 @pytest.mark.slow
@@ -240,7 +240,7 @@ def test_a_write_verify_cannot_redirect_is_named(user_tree, no_overlay, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not overlay.permitted(Path(tempfile.mkdtemp()) / "check"),
+@pytest.mark.skipif(not overlay.permitted(Path(tempfile.mkdtemp()) / "check", [tempfile.gettempdir()]),
                     reason="this system forbids an overlay mounted in a user namespace")
 def test_an_overlay_takes_the_writes_of_a_process_without_python(user_tree, capsys):
     Path("shell.py").write_text(UNREDIRECTED.replace("of=big.bin", "of=data/scale.txt"))
@@ -256,8 +256,10 @@ def test_an_overlay_takes_the_writes_of_a_process_without_python(user_tree, caps
     assert written.read_text() == "scribbled"
 
 
-def test_the_overlaid_folders_are_the_top_ones():
+def test_the_overlaid_folders_are_the_top_ones_and_each_is_tried(tmp_path):
     assert overlay.tops(["/repo", "/repo/data", "/store", "/repository"]) == ["/repo", "/repository", "/store"]
+    assert not overlay.permitted(tmp_path / "check", [str(tmp_path / "no such folder")])
+    assert not (tmp_path / "check").exists()
 
 
 @pytest.mark.slow

@@ -34,6 +34,5 @@ def _chain() -> None:
 
 
 _start("probe")
-if os.environ.get("ACCREWRITE_VERIFY_FOLDERS"):  # redirect.FOLDERS; after the probe, which imports torch
-    _start("redirect")
+_start("redirect")  # after the probe, which imports torch
 _chain()
