@@ -2,9 +2,9 @@
 
 Before anything runs, each side's interpreter is asked to import what its side needs
 (``preflight``). Each side runs in a view of the project of its own (``workspace``): it reads the
-user's files where they are, and what it writes is redirected into its view. Each side runs the script, to
-its end unless ``--steps`` says otherwise, with the probe in every Python process it starts
-(``sides``, ``probe``); a notebook runs as its code cells in order, its IPython lines (magics,
+user's files where they are, and what it writes is redirected into its view. Each side runs the
+script, to its end unless ``--steps`` says otherwise, with the probe in every Python process it
+starts (``sides``, ``probe``); a notebook runs as its code cells in order, its IPython lines (magics,
 shell escapes) skipped with a note. The first side is then rerun with its parameters nudged, to measure the
 noise that each step's tolerance is made of (``verdict``).
 

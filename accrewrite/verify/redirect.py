@@ -125,10 +125,16 @@ def _open(file, mode="r", *args, **kwargs):
     return _builtin_open(written(file, keep="w" not in mode), mode, *args, **kwargs)
 
 
-def _wrap_os(name: str, redirect) -> None:
+def _wrap_os(name: str, redirect, leading=("path",)) -> None:
+    """``os.NAME`` with its paths redirected; its ``leading`` parameters, where named by keyword,
+    passed by position."""
     original = getattr(os, name)
 
     def wrapper(*args, **kwargs):
+        for parameter in leading[len(args):]:
+            if parameter not in kwargs:
+                break
+            args = (*args, kwargs.pop(parameter))
         return original(*redirect(args, kwargs), **kwargs)
 
     wrapper.__name__ = wrapper.__qualname__ = name
@@ -137,7 +143,9 @@ def _wrap_os(name: str, redirect) -> None:
 
 
 def _os_open(args, kwargs):
-    flags = args[1] if len(args) > 1 else kwargs.get("flags", 0)
+    if len(args) < 2:  # no flags: os.open says what is wrong
+        return args
+    flags = args[1]
     if not flags & _WRITES:
         return args
     if flags & os.O_EXCL:  # made only where nothing is there (tempfile's files)
@@ -147,6 +155,8 @@ def _os_open(args, kwargs):
 
 def _followed(args, kwargs):
     """``truncate``, ``chmod``, ``utime``: they follow a link unless told not to."""
+    if not args:
+        return args
     if not kwargs.get("follow_symlinks", True):
         return (entry(args[0], kwargs.get("dir_fd")), *args[1:])
     return (written(args[0], True, kwargs.get("dir_fd")), *args[1:])
@@ -188,15 +198,15 @@ def start() -> None:
         found = json.load(given)
     _workspace, _folders = os.path.realpath(found["workspace"]), found["folders"]
     builtins.open = io.open = _open
-    _wrap_os("open", _os_open)
+    _wrap_os("open", _os_open, ("path", "flags"))
     for name in ("truncate", "chmod", "utime"):
         _wrap_os(name, _followed)
     for name in ("remove", "unlink", "rmdir", "mkdir"):
         _wrap_os(name, _entries(1))
     for name in ("rename", "replace"):
-        _wrap_os(name, _entries(2, ("src_dir_fd", "dst_dir_fd")))
-    for name in ("symlink", "link"):
-        _wrap_os(name, lambda args, kwargs: (args[0], *_entries(1)(args[1:], kwargs)))
+        _wrap_os(name, _entries(2, ("src_dir_fd", "dst_dir_fd")), ("src", "dst"))
+    for name in ("symlink", "link"):  # the link made is redirected, not what it points to
+        _wrap_os(name, lambda args, kwargs: (*args[:1], *_entries(1)(args[1:], kwargs)), ("src", "dst"))
     shutil.rmtree = _rmtree
     if "torch" in sys.modules:  # the probe imported it
         _save_through(sys.modules["torch"])

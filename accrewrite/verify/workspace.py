@@ -13,8 +13,8 @@ follow a link, or names a path of the user's tree, is redirected into the view i
 processes first (``redirect``), the link made a copy of its file (copy-on-write). Where the system
 permits it, the side also sees the user's top folders through an overlay of its own
 (``overlay``), which takes the writes no redirection sees. After each side the user's files and
-folders are stat-ed again: a write that reached them is named.
-No side is given a path of the user's, and the workspace never surveys itself.
+folders are stat-ed again: a write that reached them is named. The workspace never surveys
+itself.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from accrewrite.project import Decisions, decide, member, needs_deciding
 from accrewrite.verify import overlay, redirect
 
 WORKSPACE_PREFIX = "accrewrite-verify-"
-# Not copied: version control and caches. (Unlike migrate's discovery, `build` or `env` folders
-# are copied: a script may import from them.) Virtual environments are known by pyvenv.cfg.
+# Not in a view: version control and caches. (Unlike migrate's discovery, `build` or `env` folders
+# are: a script may import from them.) Virtual environments are known by pyvenv.cfg.
 _SKIPPED = frozenset({".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
                       ".tox", ".nox", "node_modules"})
 _SHOWN = 3  # of the user's files a side wrote, the ones named
