@@ -120,7 +120,8 @@ def run(gib: int, files: int, linked: bool) -> dict:
                     if line.startswith("started"))
         if fingerprint(project) != before:
             raise SystemExit("the user's tree changed")
-        return {"returncode": done.returncode, "first side": (workspace / "original.folders.json").stat().st_mtime - started,
+        launched = (workspace / "original.folders.json").stat().st_mtime  # written just before the side starts
+        return {"returncode": done.returncode, "first side": launched - started,
                 "workspace": workspace_seconds(project, temp), "first line": float(line.split()[1]) - started,
                 "written": on_disk(workspace), "whole": whole, "workspace line": done.stderr.splitlines()[0]}
 

@@ -142,7 +142,8 @@ def test_nothing_a_side_only_reads_is_copied(user_tree, capsys):
     assert "read where they are" in capsys.readouterr().err
     workspace, = workspaces(user_tree / "temp")
     assert bytes_written(workspace) < 2**20  # the Python files, for each side; not the 21 MB it read
-    assert os.readlink(workspace / "original" / "project" / "projects" / "exp" / "big.bin") == str(Path.cwd() / "big.bin")
+    view = workspace / "original" / "project" / "projects" / "exp"
+    assert os.readlink(view / "big.bin") == str(Path.cwd() / "big.bin")
 
 
 @pytest.mark.slow
@@ -292,7 +293,8 @@ def test_a_dataset_of_small_files_is_linked_and_a_name_too_long_fails_as_it_does
     assert "2012 files" in err and "File name too long" in err and "wrote your files" not in err
     assert tree(user_tree) == before
     workspace, = workspaces(user_tree / "temp")
-    assert all(path.is_symlink() for path in (workspace / "original" / "project" / "projects" / "exp" / "data" / "shards").iterdir())
+    in_view = workspace / "original" / "project" / "projects" / "exp" / "data" / "shards"
+    assert all(path.is_symlink() for path in in_view.iterdir())
 
 
 def test_a_view_that_cannot_be_made_is_an_error_with_the_folder(user_tree, monkeypatch, capsys):
