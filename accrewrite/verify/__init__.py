@@ -1,10 +1,10 @@
 """``accrewrite verify``: run a training script and its migration side by side and compare them.
 
 Before anything runs, each side's interpreter is asked to import what its side needs
-(``preflight``). The project is copied once into a workspace, and each side runs in a view of
-it (``workspace``): the user's files are never given to a side. Each side runs the script, to
-its end unless ``--steps`` says otherwise, with the probe in every Python process it starts
-(``sides``, ``probe``); a notebook runs as its code cells in order, its IPython lines (magics,
+(``preflight``). Each side runs in a view of the project of its own (``workspace``): it reads the
+user's files where they are, and what it writes is redirected into its view. Each side runs the
+script, to its end unless ``--steps`` says otherwise, with the probe in every Python process it
+starts (``sides``, ``probe``); a notebook runs as its code cells in order, its IPython lines (magics,
 shell escapes) skipped with a note. The first side is then rerun with its parameters nudged, to measure the
 noise that each step's tolerance is made of (``verdict``).
 
@@ -35,7 +35,7 @@ from accrewrite.errors import MigrationError
 from accrewrite.notebook import is_notebook
 from accrewrite.verify import html_report, preflight, report, sides, verdict
 from accrewrite.verify.sides import Side
-from accrewrite.verify.workspace import Workspace, WorkspaceError, project_root, skipped_in_notebook
+from accrewrite.verify.workspace import Workspace, WorkspaceError, project_root, skipped_in_notebook, written_line
 
 # Nudged reruns, each with its own random nudge, until their drift accounts for a difference: one
 # nudge may flip no ReLU where another kernel's rounding flips several.
@@ -85,12 +85,14 @@ class Run:
         root = self.workspace.root
         cwd, script = self.workspace.view(side.name, side.target, side.migration_errors)
         records = root / "records" / side.name
-        env = sides.environment(side, records, self.steps, self.nproc)
-        argv = sides.command(side.python, script, self.args, self.nproc)
+        env = {**sides.environment(side, records, self.steps, self.nproc), **self.workspace.redirection(side.name)}
+        argv = self.workspace.isolated(side.name, sides.command(side.python, script, self.args, self.nproc))
         try:
             sides.run(side, argv, cwd, env, records, root / f"{side.name}.log", self.timeout, self.progress)
         finally:
-            self.workspace.restore()
+            written = self.workspace.written()
+            if written:
+                self.progress.console.print(written_line(side.name, written), highlight=False, soft_wrap=True)
         return side
 
 
@@ -148,7 +150,7 @@ def _verify(script: str, args: list[str], pair: list[Side], steps: int | None, n
         with _stoppable():
             try:
                 workspace = Workspace(folder, cwd, path, project, unsafe_fixes)
-                err.print(workspace.copy(), highlight=False, soft_wrap=True)
+                err.print(workspace.survey(), highlight=False, soft_wrap=True)
             except (WorkspaceError, OSError) as exc:
                 return report.error(err, f"cannot make the workspace: {exc}")
             run = Run(workspace, args, steps, nproc, timeout, progress)

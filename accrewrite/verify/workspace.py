@@ -2,37 +2,42 @@
 writing them.
 
 The project (``--root``, else the git repository holding the working directory, else the working
-directory) is copied once into a *snapshot* (cloned where the filesystem can, so it costs no
-space there). Symbolic links are followed, so a linked data folder is copied as a folder.
-Each side gets a *view*: the project's folders made anew, its Python files copied (migrated on
-a migrated side, under the script's folder), every other file a link into the snapshot. A side
-runs in its view of the working directory, so that ``../data`` resolves as it does for the user.
-The sides share the snapshot; after each side, whatever it wrote into it is put back as copied.
-No side is given a path of the user's, and the workspace never copies itself.
+directory) is surveyed once: its folders and files, symbolic links followed (a linked data folder
+is walked as a folder), and each one's size and time. Nothing the sides only read is copied. Each
+side gets a *view*: the project's folders made anew, its Python files copied (migrated on a
+migrated side, under the script's folder), every other file a link to the user's file, read where
+it is (through the project's own links). A side runs in its view of the working directory, so
+that ``../data`` resolves as it does for the user. What a side writes goes to its view: a new file
+lands in the view's folder, a rename or a delete moves or removes a link, and a write that would
+follow a link, or names a path of the user's tree, is redirected into the view in the side's
+processes first (``redirect``), the link made a copy of its file (copy-on-write). Where the system
+permits it, the side also sees the user's top folders through an overlay of its own
+(``overlay``), which takes the writes no redirection sees. After each side the user's files and
+folders are stat-ed again: a write that reached them is named. The workspace never surveys
+itself.
 """
 
 from __future__ import annotations
 
 import difflib
-import errno
+import json
 import os
 import shutil
 import stat
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accrewrite.engine import Options, migrate_source
 from accrewrite.notebook import Notebook, is_notebook
 from accrewrite.project import Decisions, decide, member, needs_deciding
+from accrewrite.verify import overlay, redirect
 
 WORKSPACE_PREFIX = "accrewrite-verify-"
-# Not copied: version control and caches. (Unlike migrate's discovery, `build` or `env` folders
-# are copied: a script may import from them.) Virtual environments are known by pyvenv.cfg.
+# Not in a view: version control and caches. (Unlike migrate's discovery, `build` or `env` folders
+# are: a script may import from them.) Virtual environments are known by pyvenv.cfg.
 _SKIPPED = frozenset({".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
                       ".tox", ".nox", "node_modules"})
-_FREE_MARGIN = 0.9  # of the free space a snapshot may take
-_FICLONE = 0x40049409  # Linux's ioctl to share a file's blocks copy-on-write (btrfs, XFS)
+_SHOWN = 3  # of the user's files a side wrote, the ones named
 
 
 class WorkspaceError(Exception):
@@ -53,7 +58,7 @@ def project_root(cwd: Path, given: Path | None) -> Path:
 @dataclass(frozen=True)
 class _Tree:
     source: Path  # the user's folder
-    name: str  # its folder in the snapshot and in each view
+    name: str  # its folder in each view
 
 
 class Workspace:
@@ -65,35 +70,48 @@ class Workspace:
         self.trees = [_Tree(project, "project")]
         if not script.parent.is_relative_to(project):
             self.trees.append(_Tree(script.parent, "script"))
-        self.snapshot = root / "snapshot"
-        self._manifest: dict[Path, tuple] = {}  # snapshot path -> (mode, size, mtime) as copied
-        self._sources: dict[Path, Path] = {}  # snapshot file -> the user's file
+        self._folders: list[tuple[Path, Path]] = []  # (the user's folder, its place in a view)
+        self._files: list[tuple[Path, Path]] = []  # (the user's file, its place in a view)
+        self._real: dict[str, Path] = {}  # the real path of a folder of the user's -> its place in a view
+        self._states: dict[Path, tuple] = {}  # the user's file or folder -> (mode, size, mtime) when last seen
+        self._overlaid: list[str] = []  # the user's top folders each side sees through an overlay of its own
 
-    # The snapshot ------------------------------------------------------------------------------
+    # The user's files ----------------------------------------------------------------------------
 
-    def copy(self) -> str:
-        """Copy the project into the snapshot; a line saying what was copied."""
-        folders, files, size = [], [], 0
+    def survey(self) -> str:
+        """Find the project's folders and files and note their sizes and times; a line saying
+        what the sides read."""
+        size = 0
         for tree in self.trees:
             for source, relative, found in self._walk(tree.source):
-                (files if found else folders).append((source, self.snapshot / tree.name / relative))
-                size += found.st_size if found else 0
-        free = shutil.disk_usage(self.root).free
-        if size > _FREE_MARGIN * free:
-            raise WorkspaceError(
-                f"verify copies {self.trees[0].source} ({_mib(size)}) into {self.root.parent}, which has "
-                f"{_mib(free)} free: set TMPDIR to a larger disk, or --root to a smaller folder")
-        for _, copy in folders:
-            copy.mkdir(parents=True, exist_ok=True)  # an empty one too: a script may write into it
-        for source, copy in files:
-            _clone(source, copy)
-            self._sources[copy] = source
-        self._record()
-        return f"workspace: {len(files)} files ({_mib(size)}) of {self.trees[0].source} copied into {self.root}"
+                place = Path(tree.name, relative)
+                self._states[source] = _state(found)
+                if stat.S_ISDIR(found.st_mode):
+                    self._folders.append((source, place))
+                    self._real[os.path.realpath(source)] = place
+                else:
+                    self._files.append((source, place))
+                    size += found.st_size
+        self._overlaid = self._overlaid_folders()
+        layers = " and an overlay of your folders" if self._overlaid else ""
+        return (f"workspace: {len(self._files)} files ({_mib(size)}) of {self.trees[0].source} read where they "
+                f"are; each side writes into its own view{layers} in {self.root}")
+
+    def _overlaid_folders(self) -> list[str]:
+        """The user's top folders that each side sees through an overlay of its own; none where the
+        system forbids it, or where the workspace is inside one (the side's records would be
+        hidden in its layer)."""
+        folders = overlay.tops(list(self._real))
+        root = os.path.realpath(self.root)
+        if any(Path(root).is_relative_to(folder) for folder in folders):
+            return []
+        if not all(map(overlay.mountable, [*folders, root])):
+            return []
+        return folders if overlay.permitted(self.root / "overlay-check", folders) else []
 
     def _walk(self, top: Path):
-        """(path, path relative to top, its stat for a file or None for a folder) of every folder
-        and regular file under top, links followed once, each folder before what it holds."""
+        """(path, path relative to top, its stat) of every folder and regular file under top,
+        links followed once, each folder before what it holds."""
         seen = set()
         for directory, subdirs, files in os.walk(top, followlinks=True):
             here = Path(directory)
@@ -102,7 +120,7 @@ class Workspace:
                 subdirs[:] = []
                 continue
             seen.add(real)
-            yield here, here.relative_to(top), None
+            yield here, here.relative_to(top), here.stat()
             subdirs[:] = [d for d in subdirs if d not in _SKIPPED and not d.startswith(WORKSPACE_PREFIX)
                           and not (here / d / "pyvenv.cfg").exists()]
             for name in files:
@@ -114,35 +132,15 @@ class Workspace:
                 if stat.S_ISREG(found.st_mode):
                     yield path, path.relative_to(top), found
 
-    def _record(self) -> None:
-        self._manifest = {}
-        for directory, subdirs, files in os.walk(self.snapshot):
-            for name in (*subdirs, *files):
-                path = Path(directory) / name
-                self._manifest[path] = _state(path)
-
-    def restore(self) -> list[Path]:
-        """Put back what a side changed in the snapshot; the paths it had changed."""
+    def written(self) -> list[Path]:
+        """The user's files and folders whose size or time changed since they were last seen: a
+        write verify did not redirect (C code, a process without Python)."""
         changed = []
-        for directory, subdirs, files in os.walk(self.snapshot, topdown=False):
-            for name in (*files, *subdirs):
-                path = Path(directory) / name
-                if path not in self._manifest:
-                    changed.append(path)
-                    _remove(path)
-        for path, state in self._manifest.items():
-            if _state(path) != state:
+        for path, state in self._states.items():
+            now = _state(_stat(path))
+            if now != state:
                 changed.append(path)
-                if stat.S_ISDIR(state[0]):
-                    if not path.is_dir() or path.is_symlink():
-                        _remove(path)
-                    path.mkdir(parents=True, exist_ok=True)
-                else:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    _remove(path)
-                    _clone(self._sources[path], path)
-        if changed:
-            self._record()
+                self._states[path] = now
         return changed
 
     # A side's view ------------------------------------------------------------------------------
@@ -154,20 +152,16 @@ class Workspace:
         options = Options(target=target, unsafe_fixes=self.unsafe_fixes) if target else None
         home = self.root / name
         migrated: dict[Path, Path] = {}  # the user's file -> its copy in the view
-        for tree in self.trees:
-            copy, view = self.snapshot / tree.name, home / tree.name
-            for directory, subdirs, files in os.walk(copy):
-                here = Path(directory)
-                made = view / here.relative_to(copy)
-                made.mkdir(parents=True, exist_ok=True)
-                for file in files:
-                    source = here / file
-                    if not file.endswith(".py") and self._sources[source] != self.script:
-                        (made / file).symlink_to(source)
-                        continue
-                    shutil.copy2(source, made / file)  # a real file: Python resolves a script's links
-                    if options and self._sources[source].parent.is_relative_to(self.script.parent):
-                        migrated[self._sources[source]] = made / file  # its migration is written below
+        for _, place in self._folders:
+            (home / place).mkdir(parents=True, exist_ok=True)  # an empty one too: a script may write into it
+        for source, place in self._files:
+            made = home / place
+            if not source.name.endswith(".py") and source != self.script:
+                made.symlink_to(source)
+                continue
+            shutil.copy2(source, made)  # a real file: Python resolves a script's links
+            if options and source.parent.is_relative_to(self.script.parent):
+                migrated[source] = made  # its migration is written below
         if migrated:
             for path, output in _migrated(list(migrated), options, self.script.parent, errors).items():
                 migrated[path].write_bytes(output)
@@ -180,6 +174,22 @@ class Workspace:
             script = home / self.trees[1].name / self.script.name
         return cwd, _runnable(script) if is_notebook(script.name) else script
 
+    def redirection(self, name: str) -> dict[str, str]:
+        """The environment that has the side ``name``'s processes write into its view (``redirect``)."""
+        folders = self.root / f"{name}.folders.json"
+        home = self.root / name
+        folders.write_text(json.dumps({"workspace": str(self.root),
+                                       "folders": {real: str(home / place) for real, place in self._real.items()}}))
+        return {redirect.FOLDERS: str(folders)}
+
+    def isolated(self, name: str, argv: list[str]) -> list[str]:
+        """The command that runs ``argv`` as the side ``name``, over an overlay of the user's
+        folders where the system permits it (``overlay``)."""
+        if not self._overlaid:
+            return argv
+        layers = self.root / f"{name}.layers"
+        return overlay.command([(Path(folder), layers / str(index), Path(folder))
+                                for index, folder in enumerate(self._overlaid)], argv)
 
     def users_line(self, site: str) -> str:
         """A line a side ran (``path:line``, in its view) as the user knows it: ``train.py:12``
@@ -198,7 +208,7 @@ class Workspace:
         users = source.joinpath(*rest)
         name = str(users.relative_to(self.cwd)) if users.is_relative_to(self.cwd) else str(users)
         migrated = _lines(Path(path))
-        original = _original_line(_lines(self.snapshot.joinpath(tree, *rest)), migrated, number)
+        original = _original_line(_lines(users), migrated, number)
         if original is not None:
             return f"{name}:{original}"
         said = migrated[number - 1].strip() if 0 < number <= len(migrated) else ""
@@ -257,37 +267,26 @@ def _migrated(paths: list[Path], options: Options, root: Path, errors: list[str]
     return outputs
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
-
-
-def _state(path: Path) -> tuple:
+def _stat(path: Path) -> os.stat_result | None:
     try:
-        found = path.lstat()
-    except FileNotFoundError:
+        return path.stat()
+    except OSError:
+        return None
+
+
+def _state(found: os.stat_result | None) -> tuple:
+    if found is None:
         return ()
-    if stat.S_ISDIR(found.st_mode):
-        return (found.st_mode,)
     return found.st_mode, found.st_size, found.st_mtime_ns
 
 
-def _clone(source: Path, copy: Path) -> None:
-    """Copy a file with its times, sharing its blocks where the filesystem can."""
-    if sys.platform == "linux":
-        try:
-            import fcntl
-
-            with open(source, "rb") as reading, open(copy, "wb") as writing:
-                fcntl.ioctl(writing.fileno(), _FICLONE, reading.fileno())
-            shutil.copystat(source, copy)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EBADF):
-                raise
-    shutil.copy2(source, copy)
+def written_line(side: str, paths: list[Path]) -> str:
+    """What verify says of the user's files a side wrote where it could not redirect the write."""
+    named = ", ".join(str(path) for path in paths[:_SHOWN])
+    more = f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else ""
+    return (f"{side} wrote your files: {named}{more}; a write from C code (an extension's own files) or a "
+            f"process without Python is not redirected where the system forbids an overlay: restore them from "
+            f"version control or a backup")
 
 
 def _mib(size: int) -> str:

@@ -1,7 +1,7 @@
 """Put first on ``PYTHONPATH`` by ``accrewrite verify``, so that every Python process of a side
-(the script, torchrun's workers, the processes the script starts) records its optimizer steps:
-the probe beside this folder is loaded by its path. Then the interpreter's own sitecustomize, if
-any, runs as it would have."""
+(the script, torchrun's workers, the processes the script starts) records its optimizer steps
+and writes none of the user's files: the probe and the redirection beside this folder are loaded
+by their paths. Then the interpreter's own sitecustomize, if any, runs as it would have."""
 
 import importlib.util
 import os
@@ -10,13 +10,13 @@ import sys
 _here = os.path.dirname(os.path.abspath(__file__))
 
 
-def _start_probe() -> None:
-    path = os.path.join(os.path.dirname(_here), "probe.py")
-    spec = importlib.util.spec_from_file_location("_accrewrite_verify_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = probe
-    spec.loader.exec_module(probe)
-    probe.start()
+def _start(name: str) -> None:
+    path = os.path.join(os.path.dirname(_here), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_accrewrite_verify_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.start()
 
 
 def _chain() -> None:
@@ -33,5 +33,6 @@ def _chain() -> None:
         sys.path[:] = saved
 
 
-_start_probe()
+_start("probe")
+_start("redirect")  # after the probe, which imports torch
 _chain()
