@@ -7,6 +7,7 @@
     config.memory.gc = True                         # activation checkpointing of those blocks
     config.compute.bf16 = True                      # FSDP2 mixed precision
     config.compute.compile = True                   # accrewrite.runtime.compile, per block
+    config.dataloader.buckets = [128, 256, 512]     # each batch padded to the nearest length
 
 The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
 ``fsdp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
@@ -55,6 +56,17 @@ class MemoryConfig:
 
 
 @dataclass
+class DataLoaderConfig:
+    # The lengths a batch's last dimension is padded up to (bucketing.py); or ``max_length``
+    # cut into ``num_buckets`` equal steps. None: batches as the loader gives them.
+    buckets: list[int] | None = None
+    max_length: int | None = None
+    num_buckets: int | None = None
+    # Pad value per dict key or tuple position; unnamed tensors are padded with 0, ``labels`` with -100.
+    pad_value_dict: dict | None = None
+
+
+@dataclass
 class ComputeConfig:
     bf16: bool = False
     fp16: bool = False
@@ -66,6 +78,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
+    dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
 
 
 def parallel_config(kind: str) -> Config:
