@@ -5,6 +5,8 @@
     config.dist.tp.size = 2                         # and split each block's matmuls over 2
     config.dist.fsdp.wrap_layer_cls = {"Block"}     # default: the model's repeated blocks
     config.memory.gc = True                         # activation checkpointing of those blocks
+    config.memory.gc_cnt = 6                        # of the first 6 of them only
+    config.memory.cpu_offload = True                # FSDP2's shards and optimizer state on the host
     config.compute.bf16 = True                      # FSDP2 mixed precision
     config.compute.compile = True                   # accrewrite.runtime.compile, per block
     config.dataloader.buckets = [128, 256, 512]     # each batch padded to the nearest length
@@ -53,6 +55,8 @@ class DistConfig:
 class MemoryConfig:
     gc: bool = False  # activation checkpointing (accrewrite.runtime.activation_checkpoint)
     gc_cls: set | None = None  # classes or names to checkpoint; None: the wrapped layers
+    gc_cnt: int | None = None  # checkpoint only the first gc_cnt of them; None: all
+    cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy: sharded state and the optimizer step on the host
 
 
 @dataclass
