@@ -1,6 +1,10 @@
 """auto_checkpoint on a CPU GPT: peak memory and step time of forward + backward, side by side.
 
-    python benchmarks/checkpoint_memory.py [--blocks 12] [--dim 128] [--seq 256] [--batch 8]
+    python benchmarks/checkpoint_memory.py [--model gpt] [--blocks 12] [--dim 128] [--seq 256] [--batch 8]
+
+``--model gpt`` is the GPT below; ``--model hf-gpt2`` is transformers' GPT-2 of the same sizes,
+built from its config (nothing downloaded): blocks of another layout (``Conv1D`` projections,
+its own attention module), on which ``auto_checkpoint``'s policy and estimate were not tuned.
 
 Goals: every block checkpointed brings the peak to at most 0.40x the un-checkpointed
 peak at most 1.25x the step time; with a budget b the measured peak ratio is at most b + 0.04
@@ -101,6 +105,24 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
+class HFGPT2(nn.Module):
+    """transformers' ``GPT2LMHeadModel`` from a config, returning its logits."""
+
+    def __init__(self, vocab=2048, dim=128, heads=4, blocks=12, max_len=4096):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        super().__init__()
+        config = GPT2Config(vocab_size=vocab, n_positions=max_len, n_embd=dim, n_layer=blocks, n_head=heads,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        self.gpt2 = GPT2LMHeadModel(config)
+
+    def forward(self, input_ids):
+        return self.gpt2(input_ids).logits
+
+
+MODELS = {"gpt": GPT, "hf-gpt2": HFGPT2}
+
+
 def lm_loss(model, batch):
     logits = model(batch)
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
@@ -109,7 +131,7 @@ def lm_loss(model, batch):
 def make(args, budget):
     """The benchmark model and batch; ``budget`` is "plain", "selective", "full" or a fraction."""
     torch.manual_seed(0)
-    model = GPT(dim=args.dim, blocks=args.blocks)
+    model = MODELS[args.model](dim=args.dim, blocks=args.blocks)
     batch = torch.randint(0, 2048, (args.batch, args.seq))
     if budget in ("selective", "full"):
         auto_checkpoint(model, selective=budget == "selective")
@@ -151,7 +173,7 @@ def measure_peak(args):
 def peak_in_subprocess(args, budget):
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     command = [sys.executable, __file__, "--worker", str(budget),
-               *(f"--{name}={getattr(args, name)}" for name in ("blocks", "dim", "seq", "batch"))]
+               *(f"--{name}={getattr(args, name)}" for name in ("model", "blocks", "dim", "seq", "batch"))]
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -176,6 +198,7 @@ def step_times(args, repeats, budgets):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="gpt")
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--seq", type=int, default=256)
@@ -187,7 +210,7 @@ def main():
     if args.worker:
         return measure_peak(args)
 
-    print(f"GPT: {args.blocks} blocks, dim {args.dim}, seq {args.seq}, batch {args.batch}, fp32, CPU")
+    print(f"{args.model}: {args.blocks} blocks, dim {args.dim}, seq {args.seq}, batch {args.batch}, fp32, CPU")
     budgets = [float(budget) for budget in args.budgets.split(",")]
     times = step_times(args, args.repeats, budgets)
     plain = peak_in_subprocess(args, "plain")
