@@ -18,7 +18,9 @@ everything (plain ``torch.utils.checkpoint``, the least memory).
 most ``budget`` times the un-checkpointed peak. ``None`` checkpoints every block. With a budget,
 the first training forward runs with every block fully checkpointed (the safest memory) and
 measures, with saved-tensor hooks, what each block and the rest of the model keep for the
-backward; a timeline of the backward then estimates the peak of each plan on a ladder from
+backward (the rest split at the last block: what is saved after it, as a head's, is freed
+before the blocks' backward); a timeline of the backward, which starts with the output's
+gradient beside everything saved, then estimates the peak of each plan on a ladder from
 cheap to lean (checkpoint the first ``k`` blocks selectively, k = 0..n, then recompute the first
 ``j`` of them fully), and the first plan within budget is kept. The earliest blocks go first:
 their memory is held longest. That forward runs the first block of each repeated group once
@@ -309,7 +311,7 @@ class _Calibration:
             wrapper.run(*args, **kwargs)  # output dropped: its graph and activations go with it
         self.probed[group] = (saved.bytes, kept.bytes)
 
-    def decide(self, outside: "_Outside") -> None:
+    def decide(self, outside: _Outside) -> None:
         """Keep the first plan of the ladder whose estimated peak is within budget."""
         plan = self.plan
         blocks = [block for block, _ in self.calls]
