@@ -476,7 +476,8 @@ def checkpoint_peaks(results: Results, tiny: bool) -> None:
     (activations, gradients, temporaries), as that script measures on the CPU."""
     import torch
 
-    shape = dict(model="gpt", blocks=2, dim=64, seq=32, batch=2) if tiny else dict(model="gpt", blocks=12, dim=1024, seq=1024, batch=8)
+    shape = dict(blocks=2, dim=64, seq=32, batch=2) if tiny else dict(blocks=12, dim=1024, seq=1024, batch=8)
+    shape["model"] = "gpt"
     results.data["notes"].append(
         f"auto_checkpoint: checkpoint_memory.py's GPT, {shape['blocks']} blocks, dim {shape['dim']}, "
         f"seq {shape['seq']}, batch {shape['batch']}, fp32; peak of forward + backward above the "
