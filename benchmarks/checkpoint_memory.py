@@ -109,11 +109,14 @@ class HFGPT2(nn.Module):
     """transformers' ``GPT2LMHeadModel`` from a config, returning its logits."""
 
     def __init__(self, vocab=2048, dim=128, heads=4, blocks=12, max_len=4096):
+        # This folder's kernels.py would shadow the `kernels` package that transformers imports.
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path[:] = [path for path in sys.path if os.path.abspath(path or ".") != here]
         from transformers import GPT2Config, GPT2LMHeadModel
 
         super().__init__()
         config = GPT2Config(vocab_size=vocab, n_positions=max_len, n_embd=dim, n_layer=blocks, n_head=heads,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
         self.gpt2 = GPT2LMHeadModel(config)
 
     def forward(self, input_ids):
