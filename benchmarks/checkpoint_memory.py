@@ -116,7 +116,8 @@ class HFGPT2(nn.Module):
 
         super().__init__()
         config = GPT2Config(vocab_size=vocab, n_positions=max_len, n_embd=dim, n_layer=blocks, n_head=heads,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                            use_cache=False)  # a cache grown in the forward differs in the recomputation
         self.gpt2 = GPT2LMHeadModel(config)
 
     def forward(self, input_ids):
