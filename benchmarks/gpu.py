@@ -477,11 +477,12 @@ def checkpoint_peaks(results: Results, tiny: bool) -> None:
     import torch
 
     shape = dict(blocks=2, dim=64, seq=32, batch=2) if tiny else dict(blocks=12, dim=1024, seq=1024, batch=8)
+    shape["model"] = "gpt"
     results.data["notes"].append(
         f"auto_checkpoint: checkpoint_memory.py's GPT, {shape['blocks']} blocks, dim {shape['dim']}, "
         f"seq {shape['seq']}, batch {shape['batch']}, fp32; peak of forward + backward above the "
         "memory held before it (its goals: every block <= 0.40x the peak at <= 1.25x the time; "
-        "a budget met within 10%)")
+        "a budget b met within b + 0.04)")
     rows = results.table("auto_checkpoint", ["configuration", "checkpointed", "peak MiB", "peak ratio",
                                              "ms", "time ratio"])
     labels = {"plain": "none", "selective": "every block, selective", "full": "every block, full",

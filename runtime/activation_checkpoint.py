@@ -18,7 +18,9 @@ everything (plain ``torch.utils.checkpoint``, the least memory).
 most ``budget`` times the un-checkpointed peak. ``None`` checkpoints every block. With a budget,
 the first training forward runs with every block fully checkpointed (the safest memory) and
 measures, with saved-tensor hooks, what each block and the rest of the model keep for the
-backward; a timeline of the backward then estimates the peak of each plan on a ladder from
+backward (the rest split at the last block: what is saved after it, as a head's, is freed
+before the blocks' backward); a timeline of the backward, which starts with the output's
+gradient beside everything saved, then estimates the peak of each plan on a ladder from
 cheap to lean (checkpoint the first ``k`` blocks selectively, k = 0..n, then recompute the first
 ``j`` of them fully), and the first plan within budget is kept. The earliest blocks go first:
 their memory is held longest. That forward runs the first block of each repeated group once
@@ -250,6 +252,16 @@ class _BlockCost:
         return {PLAIN: self.activations, SELECTIVE: self.inputs + self.kept, FULL: self.inputs}[mode]
 
 
+@dataclass
+class _Outside:
+    """Bytes the model saves outside its blocks: ``before`` its last block's call (held through
+    the blocks' backward), ``after`` it (freed before the blocks' backward), and its ``output``."""
+
+    before: int
+    after: int
+    output: int
+
+
 class _Calibration:
     """The first training forward of a budgeted model: measure, then choose the plan."""
 
@@ -258,6 +270,8 @@ class _Calibration:
         self.plan = plan
         self.original = model.__dict__.get("forward")
         self.calls: list[tuple[nn.Module, int]] = []  # blocks as called, with their input bytes
+        self.outside: _SavedBytes | None = None  # what the model saves outside its blocks
+        self.outside_before_last = 0  # of which, saved before the last block's call
         self.probed: dict[int, tuple[int, int]] = {}  # group -> (activations, kept) of one block
         self.group_of = {id(block): g for g, group in enumerate(plan.groups) for block in group}
         self.parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -273,19 +287,21 @@ class _Calibration:
         wrappers = [block.forward for group in self.plan.groups for block in group]
         for wrapper in wrappers:
             wrapper.observer = self.observe
-        outside_blocks = _SavedBytes(self.parameter_storages)
+        self.outside = _SavedBytes(self.parameter_storages)
         try:
-            with outside_blocks:
+            with self.outside:
                 output = forward(*args, **kwargs)
         finally:
             for wrapper in wrappers:
                 wrapper.observer = None
-        self.decide(outside_blocks.bytes + _tensor_bytes(output))
+        self.decide(_Outside(self.outside_before_last, self.outside.bytes - self.outside_before_last,
+                             _tensor_bytes(output)))
         return output
 
     def observe(self, wrapper: _Checkpointed, args, kwargs) -> None:
         group = self.group_of[id(wrapper.module)]
         self.calls.append((wrapper.module, _tensor_bytes((args, kwargs))))
+        self.outside_before_last = self.outside.bytes
         if group in self.probed:
             return
         devices = sorted({t.device.index or 0 for t in compat.tree_leaves((args, kwargs))
@@ -295,14 +311,14 @@ class _Calibration:
             wrapper.run(*args, **kwargs)  # output dropped: its graph and activations go with it
         self.probed[group] = (saved.bytes, kept.bytes)
 
-    def decide(self, other_bytes: int) -> None:
+    def decide(self, outside: _Outside) -> None:
         """Keep the first plan of the ladder whose estimated peak is within budget."""
         plan = self.plan
         blocks = [block for block, _ in self.calls]
         costs = [_BlockCost(size, *self.probed[self.group_of[id(block)]], _grad_bytes(block.parameters()))
                  for block, size in self.calls]
         other_grads = _grad_bytes(self.model.parameters()) - sum(cost.grads for cost in costs)
-        plan.ladder = [(modes, _estimate_peak(modes, costs, other_bytes, other_grads))
+        plan.ladder = [(modes, _estimate_peak(modes, costs, outside, other_grads))
                        for modes in _ladder(len(blocks), plan.selective)]
         plain_peak = plan.ladder[0][1]
         within = [(modes, peak) for modes, peak in plan.ladder if peak <= plan.budget * plain_peak]
@@ -333,21 +349,21 @@ def _restore_forward(model: nn.Module, original) -> None:
         model.forward = original
 
 
-def _estimate_peak(modes: list[str], costs: list[_BlockCost], other: int, other_grads: int) -> int:
+def _estimate_peak(modes: list[str], costs: list[_BlockCost], outside: _Outside, other_grads: int) -> int:
     """Estimated peak bytes of forward + backward with the blocks run as ``modes``.
 
-    Forward: everything outside the blocks (``other``, with the output) stays saved, and each
-    block what its mode keeps. Backward, block by block from the last: the blocks before it
-    still hold what they saved, it holds its activations (recomputed or saved) and the gradients
-    flowing in and out, and the parameter gradients of the blocks after it (and of the rest of
-    the model) exist.
+    The backward starts with everything saved held (what the blocks keep by their mode and what
+    the model saves outside them) and the output's gradient. Then, block by block from the last:
+    what the model saved after the blocks is gone, the blocks before this one still hold what
+    they saved, it holds its activations (recomputed or saved) and the gradients flowing in and
+    out, and the parameter gradients of the blocks after it (and of the rest of the model) exist.
     """
     saved = [cost.saved(mode) for cost, mode in zip(costs, modes)]
     held = sum(saved)
-    peak = other + held
+    peak = outside.before + outside.after + outside.output + held + outside.output
     grads = other_grads
     for j in reversed(range(len(costs))):
         held -= saved[j]
-        peak = max(peak, other + held + costs[j].activations + 2 * costs[j].inputs + grads)
+        peak = max(peak, outside.before + held + costs[j].activations + 2 * costs[j].inputs + grads)
         grads += costs[j].grads
-    return max(peak, other + grads, 1)
+    return max(peak, outside.before + grads, 1)

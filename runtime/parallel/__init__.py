@@ -15,6 +15,7 @@ accelerate API):
 - ``tp_plan.py``: the plans derived from what a block computes (its torch.fx trace).
 - ``mha.py``: ``nn.MultiheadAttention`` as separate projections that split by head.
 - ``loader.py``: the dataloader split over the data-parallel ranks.
+- ``bucketing.py``: the loader whose batches are padded up to the nearest bucket length.
 - ``checkpoint.py``: ``save_checkpoint``/``load_checkpoint``: sharded, resharding, atomic
   checkpoints through torch.distributed.checkpoint, and the full-state export.
 - the kinds of ``migrate --parallel`` and the sizes each sets are ``accrewrite.base.parallel_kinds``

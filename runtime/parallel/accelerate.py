@@ -36,7 +36,8 @@ order (the ranks of one pipeline or tensor-parallel group read the same batches;
 The original's order must be the same on every rank (one random state on all of them, as DDP
 scripts set); an uneven tail of batches is dropped so that every rank steps as often. A loader with a
 ``DistributedSampler`` is returned as it is when that sampler already splits over the
-data-parallel ranks.
+data-parallel ranks. With ``config.dataloader`` buckets (``buckets``, or ``max_length`` and
+``num_buckets``), each of its batches is padded up to the nearest bucket (``bucketing.py``).
 """
 
 import torch.distributed as dist
@@ -44,6 +45,7 @@ from torch import nn
 
 from .. import xla_model as xm
 from . import apply
+from .bucketing import BucketingLoader, bucket_lengths
 from .config import Config
 from .loader import data_parallel_loader
 from .parallel_dims import ParallelDims
@@ -57,6 +59,10 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
     config = Config() if config is None else config
     if not isinstance(config, Config):
         raise TypeError(f"config must be an accrewrite.runtime.Config, got {type(config).__name__}")
+    buckets = bucket_lengths(config.dataloader)
+    if buckets is not None and dataloader is None:
+        raise ValueError("config.dataloader pads a dataloader's batches: pass it, "
+                         "model, loader = accelerate(model, loader, config)")
     xm._default_group()  # the process group, created from torchrun's environment if needed
     dims = ParallelDims.from_config(config, dist.get_world_size() if dist.is_initialized() else 1)
     for part in apply.PARTS:
@@ -78,4 +84,7 @@ def accelerate(model: nn.Module, dataloader=None, config: Config | None = None):
     model.accelerate_mesh = dims.mesh
     if dataloader is None:
         return model
-    return model, data_parallel_loader(dataloader, dims)
+    loader = data_parallel_loader(dataloader, dims)
+    if buckets is not None:
+        loader = BucketingLoader(loader, buckets, config.dataloader.pad_value_dict)
+    return model, loader

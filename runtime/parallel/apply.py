@@ -7,9 +7,10 @@ order it applies them in (torchtitan's):
 2. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
    by DTensor's ``parallelize_module`` (``tensor_parallel.py``), the model's other parameters
    replicated on it;
-3. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``);
+3. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``)
+   of the first ``memory.gc_cnt`` checkpointed modules;
 4. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
-5. ``apply_fsdp(model, layers, fsdp, compute, mesh)``: FSDP2 over a ``dp x fsdp`` mesh, last,
+5. ``apply_fsdp(model, layers, fsdp, compute, mesh, cpu_offload)``: FSDP2 over a ``dp x fsdp`` mesh, last,
    so that it shards the DTensors tensor parallel made and its all-gathers wrap what
    checkpointing and compilation made of each layer.
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from ..blocks import repeated_blocks
 from ..activation_checkpoint import checkpoint_modules
@@ -99,9 +100,10 @@ def _check_same_inputs(model: nn.Module, mesh) -> None:
 
 
 def apply_ac(model: nn.Module, layers: list[nn.Module], memory: MemoryConfig) -> None:
-    """Activation checkpointing of the ``memory.gc_cls`` modules of ``model`` (None: ``layers``)."""
+    """Activation checkpointing of the ``memory.gc_cls`` modules of ``model`` (None: ``layers``),
+    the first ``memory.gc_cnt`` of them (None: all): the earliest hold their activations longest."""
     checkpointed = layers if memory.gc_cls is None else find_layers(model, memory.gc_cls, "config.memory.gc_cls")
-    checkpoint_modules(checkpointed)
+    checkpoint_modules(checkpointed[:memory.gc_cnt])
 
 
 def apply_compile(layers: list[nn.Module]) -> None:
@@ -114,16 +116,20 @@ def apply_compile(layers: list[nn.Module]) -> None:
 
 
 def apply_fsdp(model: nn.Module, layers: list[nn.Module], fsdp: FSDPConfig, compute: ComputeConfig,
-               mesh) -> None:
+               mesh, cpu_offload: bool = False) -> None:
     """FSDP2 (``fully_shard``) of each of ``layers``, then of ``model``, over ``mesh`` (2-D
     ``dp x fsdp``: sharded over the last dim, replicated over the first), in
     ``compute.bf16``/``fp16`` with float32 gradient reduction. Each layer frees its gathered
     parameters after its forward (``fsdp.reshard_after_forward``) and issues the all-gather of
-    the next ``fsdp.prefetch`` layers before it computes, in both passes."""
+    the next ``fsdp.prefetch`` layers before it computes, in both passes. With ``cpu_offload``
+    the shards, their gradients and the optimizer step stay on the host (pinned where the mesh
+    is on an accelerator)."""
     dtype = torch.bfloat16 if compute.bf16 else torch.float16 if compute.fp16 else None
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    offload = CPUOffloadPolicy(pin_memory=mesh.device_type != "cpu") if cpu_offload else OffloadPolicy()
     for module in (*layers, model):
-        fully_shard(module, mesh=mesh, reshard_after_forward=fsdp.reshard_after_forward, mp_policy=policy)
+        fully_shard(module, mesh=mesh, reshard_after_forward=fsdp.reshard_after_forward, mp_policy=policy,
+                    offload_policy=offload)
     if fsdp.prefetch > 0:
         for i, layer in enumerate(layers):
             layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + fsdp.prefetch])
@@ -139,6 +145,17 @@ def _check_precision(config: Config, dims: ParallelDims) -> None:
             "config.compute.bf16/fp16 run through FSDP2's MixedPrecisionPolicy, which needs more than "
             "one process; in one process leave them off and use accrewrite.runtime.amp.autocast"
         )
+
+
+def _check_memory(config: Config, dims: ParallelDims) -> None:
+    memory = config.memory
+    if memory.gc_cnt is not None:
+        if isinstance(memory.gc_cnt, bool) or not isinstance(memory.gc_cnt, int) or memory.gc_cnt < 0:
+            raise ValueError(f"config.memory.gc_cnt is how many modules to checkpoint, got {memory.gc_cnt!r}")
+        if not memory.gc:
+            raise ValueError("config.memory.gc_cnt counts checkpointed modules: set config.memory.gc = True too")
+    if memory.cpu_offload and not dims.fsdp_enabled:
+        raise ValueError("config.memory.cpu_offload offloads FSDP2's shards: set config.dist.fsdp.size > 1 too")
 
 
 def _fsdp_wanted(config: Config, dims: ParallelDims) -> bool:
@@ -182,7 +199,7 @@ PARTS = [
     Part("tensor parallel (config.dist.tp.size > 1)",
          wanted=lambda config, dims: dims.tp_enabled,
          apply=lambda model, layers, config, dims: apply_tp(model, layers, config.dist.tp, dims.tp_mesh)),
-    Part("activation checkpointing (config.memory.gc)",
+    Part("activation checkpointing (config.memory.gc)", check=_check_memory,
          wanted=lambda config, dims: config.memory.gc,
          apply=lambda model, layers, config, dims: apply_ac(model, layers, config.memory)),
     Part("compilation (config.compute.compile)",
@@ -190,5 +207,5 @@ PARTS = [
          apply=lambda model, layers, config, dims: apply_compile(layers)),
     Part("FSDP2", per_layer=False, check=_check_precision, wanted=_fsdp_wanted,
          apply=lambda model, layers, config, dims: apply_fsdp(model, layers, config.dist.fsdp, config.compute,
-                                                              dims.shard_mesh)),
+                                                              dims.shard_mesh, config.memory.cpu_offload)),
 ]

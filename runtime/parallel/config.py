@@ -5,11 +5,14 @@
     config.dist.tp.size = 2                         # and split each block's matmuls over 2
     config.dist.fsdp.wrap_layer_cls = {"Block"}     # default: the model's repeated blocks
     config.memory.gc = True                         # activation checkpointing of those blocks
+    config.memory.gc_cnt = 6                        # of the first 6 of them only
+    config.memory.cpu_offload = True                # FSDP2's shards and optimizer state on the host
     config.compute.bf16 = True                      # FSDP2 mixed precision
     config.compute.compile = True                   # accrewrite.runtime.compile, per block
     config.dist.pp.size = 2                         # two pipeline stages, cut at the middle block
     config.dist.pp.num_micro_batches = 4            # model.forward_backward(*inputs) splits the batch
     config.dist.topology = ["dp", "fsdp", "pp", "tp"]  # tp on neighbouring ranks
+    config.dataloader.buckets = [128, 256, 512]     # each batch padded to the nearest length
 
 The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
 ``fsdp.size * pp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
@@ -70,6 +73,19 @@ class DistConfig:
 class MemoryConfig:
     gc: bool = False  # activation checkpointing (accrewrite.runtime.activation_checkpoint)
     gc_cls: set | None = None  # classes or names to checkpoint; None: the wrapped layers
+    gc_cnt: int | None = None  # checkpoint only the first gc_cnt of them; None: all
+    cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy: sharded state and the optimizer step on the host
+
+
+@dataclass
+class DataLoaderConfig:
+    # The lengths a batch's last dimension is padded up to (bucketing.py); or ``max_length``
+    # cut into ``num_buckets`` equal steps. None: batches as the loader gives them.
+    buckets: list[int] | None = None
+    max_length: int | None = None
+    num_buckets: int | None = None
+    # Pad value per dict key or tuple position; unnamed tensors are padded with 0, ``labels`` with -100.
+    pad_value_dict: dict | None = None
 
 
 @dataclass
@@ -84,6 +100,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
+    dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
 
 
 def parallel_config(kind: str) -> Config:

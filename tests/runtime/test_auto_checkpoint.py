@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from accrewrite.runtime import auto_checkpoint
-from accrewrite.runtime.activation_checkpoint import FULL, PLAIN, SELECTIVE, _BlockCost, _estimate_peak
+from accrewrite.runtime.activation_checkpoint import FULL, PLAIN, SELECTIVE, _BlockCost, _estimate_peak, _Outside
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -205,18 +205,86 @@ def test_evaluation_does_not_calibrate():
 
 def test_estimate_follows_the_backward_timeline():
     # Two blocks: inputs 1, activations 10 (4 of them kept by selective), parameter gradients 2;
-    # 5 bytes outside the blocks.
+    # 5 bytes saved outside the blocks before them.
     costs = [_BlockCost(inputs=1, activations=10, kept=4, grads=2)] * 2
-    plain = _estimate_peak([PLAIN, PLAIN], costs, 5, 0)
+    before = _Outside(before=5, after=0, output=0)
+    plain = _estimate_peak([PLAIN, PLAIN], costs, before, 0)
     assert plain == 5 + 10 + 10 + 2  # backward of the last block: both saved, its grad flow
-    full = _estimate_peak([FULL, FULL], costs, 5, 0)
+    full = _estimate_peak([FULL, FULL], costs, before, 0)
     assert full == 5 + 10 + 2 + 2  # backward of the first block: recomputed, grad flow, grads
-    selective = _estimate_peak([SELECTIVE, SELECTIVE], costs, 5, 0)
+    selective = _estimate_peak([SELECTIVE, SELECTIVE], costs, before, 0)
     assert selective == 5 + (1 + 4) + 10 + 2  # backward of the last: the first keeps 1 + 4
     assert plain > selective > full
     # Checkpointing only the first block helps; only the last does not (its backward is the peak).
-    assert plain > _estimate_peak([SELECTIVE, PLAIN], costs, 5, 0) >= selective
-    assert _estimate_peak([PLAIN, SELECTIVE], costs, 5, 0) == plain
+    assert plain > _estimate_peak([SELECTIVE, PLAIN], costs, before, 0) >= selective
+    assert _estimate_peak([PLAIN, SELECTIVE], costs, before, 0) == plain
+
+
+def test_the_backward_starts_with_the_output_and_its_gradient_and_frees_what_follows_the_blocks():
+    costs = [_BlockCost(inputs=1, activations=10, kept=4, grads=2)] * 2
+    head = _Outside(before=5, after=3, output=2)  # a head saves 3 and returns 2 bytes
+    # All saved, the output and its gradient: the peak where every block keeps its activations.
+    assert _estimate_peak([PLAIN, PLAIN], costs, head, 0) == 5 + 3 + 2 + 10 + 10 + 2
+    # Freed before the blocks' backward, where the recomputing blocks peak.
+    assert _estimate_peak([FULL, FULL], costs, head, 0) == 5 + 10 + 2 + 2
+
+
+def live_peak(step) -> int:
+    """The peak of the bytes the CPU allocator holds during ``step()``, above its start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    changes = sorted((event.time_range.start, event.self_cpu_memory_usage)
+                     for event in prof.events() if event.self_cpu_memory_usage)
+    live = peak = 0
+    for _, change in changes:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class LM(nn.Module):
+    """Blocks under a head four times their width, as a language model's vocabulary is."""
+
+    def __init__(self, dim=32, depth=8, vocab=128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList([MLPBlock(dim) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def lm_step(model, ids):
+    model.zero_grad(set_to_none=True)
+    logits = model(ids)
+    F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
+
+
+@pytest.mark.parametrize("budget", [0.3, 0.4, 0.6])
+def test_the_budget_holds_for_the_peak_the_allocator_reaches(budget):
+    torch.manual_seed(0)
+    plain, ids = LM(), torch.randint(0, 128, (8, 64))
+    model = auto_checkpoint(copy.deepcopy(plain), budget=budget)
+    lm_step(model, ids)  # the calibration step
+    assert model.checkpoint_plan.estimated_ratio <= budget
+    assert live_peak(lambda: lm_step(model, ids)) <= (budget + 0.04) * live_peak(lambda: lm_step(plain, ids))
 
 
 @pytest.mark.parametrize(
