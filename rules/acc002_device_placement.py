@@ -304,7 +304,10 @@ class DevicePlacement(Rule):
         facts = self.ctx.facts
         delayed = self._delayed_optimizers()
         order = facts.order.get(move, 0)
+        moved = placed_model(move, facts.file.models)
         for binding in facts.optimizer_bindings:
+            if moved is not None and moved.partition(".")[0] not in read_names(binding.statement):
+                continue  # another model's optimizer (a notebook's first model, trained before)
             if binding.scope is self.ctx.scope and binding.order < order and binding.statement not in delayed:
                 self.ctx.refuse(
                     move, f"`{binding.name}` is built before this move, after a forward pass; file left as it is",

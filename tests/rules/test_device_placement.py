@@ -188,6 +188,13 @@ def test_an_optimizer_that_cannot_be_built_after_the_move_leaves_the_file():
         "`optimizer` is built before this move, after a forward pass; file left as it is"]
 
 
+def test_another_models_optimizer_before_a_move_after_a_forward_pass_stays():
+    # A notebook's first model, trained with its optimizer; the second model is called before it moves.
+    source = SIZED_BY_A_FORWARD_PASS.replace(b"head.parameters()", b"model.parameters()")
+    result = migrate_source(source, "t.py", Options(target="torch_xla"))
+    assert not result.refused and b"head.to(torch_xla.device())" in result.output
+
+
 def test_a_docstring_naming_the_setting_does_not_stand_for_it():
     source = b'"""It needs torch.__future__.set_swap_module_params_on_conversion(True) on XLA."""\n' + OPTIMIZER_FIRST
     output = migrate_source(source, "t.py", Options(target="torch_xla", select=("ACC002",))).output.decode()
