@@ -189,10 +189,14 @@ def test_an_optimizer_that_cannot_be_built_after_the_move_leaves_the_file():
 
 
 def test_another_models_optimizer_before_a_move_after_a_forward_pass_stays():
-    # A notebook's first model, trained with its optimizer; the second model is called before it moves.
-    source = SIZED_BY_A_FORWARD_PASS.replace(b"head.parameters()", b"model.parameters()")
+    # A notebook's first model, trained on the host with its optimizer; the second is called before it moves.
+    source = (b"import torch\n\nmodel = torch.nn.Linear(4, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              b"model(torch.randn(2, 4)).sum().backward()\noptimizer.step()\n"
+              b"head = torch.nn.Linear(4, 1)\npreds = head(torch.randn(2, 4))\nhead.cuda()\n")
     result = migrate_source(source, "t.py", Options(target="torch_xla"))
     assert not result.refused and b"head.to(torch_xla.device())" in result.output
+    moved_first = source.replace(b"model.parameters()", b"head.parameters()")
+    assert migrate_source(moved_first, "t.py", Options(target="torch_xla")).refused
 
 
 def test_a_docstring_naming_the_setting_does_not_stand_for_it():
