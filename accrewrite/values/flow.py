@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from accrewrite.nodes import children, descendants, dotted, node_types, walk
 from accrewrite.persistent import PersistentMap, merge
 from accrewrite.values.kinds import (
-    ADDS, HOST, ITERATE_THROUGH, NAMED_ITEMS, TENSORS, Kind, element_kind, is_initialiser, join,
+    ADDS, DEVICE_LOADERS, HOST, ITERATE_THROUGH, NAMED_ITEMS, TENSORS, Kind, element_kind, is_initialiser, join,
 )
 from accrewrite.values.names import read_names, target_names, target_nodes
 
@@ -471,7 +471,7 @@ class ScopeFlow:
             if method in NAMED_ITEMS and len(elements) == 2:
                 env = self._assign(elements[0], Kind.STR if method != "items" else Kind.PYTHON, False, None, env)
                 return self._assign(elements[1], self._item_kind(source), False, None, env)
-            if wraps_iterable(source):
+            if wraps_iterable(source) or self.facts.qualname(func) in DEVICE_LOADERS and args:
                 return self._bind_loop(target, args[0], env)
         return self._assign(target, self._element_of(iterable), False, None, env)
 
