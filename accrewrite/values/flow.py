@@ -471,7 +471,10 @@ class ScopeFlow:
             if method in NAMED_ITEMS and len(elements) == 2:
                 env = self._assign(elements[0], Kind.STR if method != "items" else Kind.PYTHON, False, None, env)
                 return self._assign(elements[1], self._item_kind(source), False, None, env)
-            if wraps_iterable(source) or self.facts.qualname(func) in DEVICE_LOADERS and args:
+            if wraps_iterable(source):
+                return self._bind_loop(target, args[0], env)
+            # (a loader rebound to its device loader, ``loader = MpDeviceLoader(loader, d)``, ends here)
+            if self.facts.qualname(func) in DEVICE_LOADERS and args and self.assigned_value(args[0]) is not source:
                 return self._bind_loop(target, args[0], env)
         return self._assign(target, self._element_of(iterable), False, None, env)
 
