@@ -210,8 +210,8 @@ class _Search:
         return found
 
     def _scopes(self):
-        for loop in self.facts.loops:
-            yield loop.scope, self.facts.values(loop.scope)
+        for scope in dict.fromkeys(loop.scope for loop in self.facts.loops):
+            yield scope, self.facts.values(scope)
 
     @staticmethod
     def _class_made(binding) -> str | None:
