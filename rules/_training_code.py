@@ -261,7 +261,7 @@ class LoopDiagnostic:
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         pending = self._closure_state()["pending"].pop(original_node, ())
-        if not is_step_closure_line(updated_node) and not keeps_on_device(original_node, updated_node):
+        if pending and not is_step_closure_line(updated_node) and not keeps_on_device(original_node, updated_node):
             for node, message, help in pending:
                 self.ctx.diagnose(node, message, help)
         return updated_node
