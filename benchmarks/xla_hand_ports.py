@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling benchmark modules
 
-from real_scripts import (SITE, XLA_MARK, Recipe, image_folder, mnist, mnist_above, no_data, prepare,  # noqa: E402
+from real_scripts import (RECIPES, SITE, XLA_MARK, Recipe, image_folder, mnist, mnist_above, no_data, prepare,  # noqa: E402
                           wikitext)
 
 WARM_UP = 2  # steps whose compilations are expected: the first step's graph, and the second's (its optimizer state)
@@ -163,6 +163,7 @@ class Side:
     data: Callable[[Path, str], None] = no_data  # writes the data, given the working directory and the interpreter
     migrate: bool = False
     edits: tuple[tuple[str, str], ...] = ()  # a hand port's sizes its flags do not reach, and renamed names
+    recipe: Recipe | None = None  # a tutorial recipe of benchmarks/real_scripts.py, run as it says
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,14 @@ class Profile:
                 "s/step": round(statistics.median(s["time"] for s in settled), 2)}
 
 
+def tutorial_recipes(tutorials: Path) -> tuple[Pair, ...]:
+    """The recipes of benchmarks/real_scripts.py whose script the tutorial corpus holds, each
+    migrated, one process: whether it compiles after warm-up, and the ACC103 lines it got."""
+    return tuple(Pair(recipe.suffix, None, Side("tutorials", recipe.suffix, recipe.args, recipe.data, migrate=True,
+                                                   recipe=recipe))
+                 for recipe in RECIPES if recipe.nproc == 1 and recipe.on_device and (tutorials / recipe.suffix).is_file())
+
+
 def source_of(side: Side, roots: dict[str, Path], into: Path) -> Path:
     """The script to copy: under its directory argument, or CHAR_RNN written into ``into``."""
     if side.root == "written":
@@ -328,7 +337,7 @@ def run(side: Side, roots: dict[str, Path], args) -> Profile:
         scratch = Path(scratch)
         try:
             source = source_of(side, roots, scratch / "source")
-            recipe = Recipe(side.path, side.args, side.data)
+            recipe = side.recipe or Recipe(side.path, side.args, side.data)
             ready = prepare(source, recipe, scratch / "run", args.xla_python)
             (scratch / "run" / "site" / "sitecustomize.py").write_text(SITE + HOOK)
             script = notebook_script(ready.script) if ready.script.suffix == ".ipynb" else ready.script
@@ -377,13 +386,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per script")
     parser.add_argument("--only", action="append", default=[], metavar="TEXT", help="rows whose name holds TEXT")
     parser.add_argument("--json", metavar="OUT", help="write every step's metrics as JSON")
+    parser.add_argument("--recipes", action="store_true",
+                        help="profile the recipes of benchmarks/real_scripts.py found under --tutorials instead")
     args = parser.parse_args(argv)
     if not args.xla_python:
         parser.error("--xla-python (or $ACCREWRITE_XLA_PYTHON) is needed")
     if args.steps <= WARM_UP:
         parser.error(f"--steps must be above the {WARM_UP} warm-up steps")
     roots = {"xla": args.xla, "examples": args.examples, "tutorials": args.tutorials}
-    chosen = [p for p in (*PAIRS, *RECURRENT) if not args.only or any(text in p.name for text in args.only)]
+    if args.recipes and not args.tutorials:
+        parser.error("--recipes needs --tutorials")
+    pairs = tutorial_recipes(args.tutorials) if args.recipes else (*PAIRS, *RECURRENT)
+    chosen = [p for p in pairs if not args.only or any(text in p.name for text in args.only)]
     print("| script | side | " + " | ".join(COLUMNS) + " |")
     print("|---|---|" + "---|" * len(COLUMNS), flush=True)
     results, profiles = [], {}
@@ -395,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"name": pair.name, "side": label, "script": f"{side.root}/{side.path}",
                             "summary": profile.summary(), "steps": profile.steps(), "findings": profile.findings})
     print("".join(f"\n{pair.name}: {pair.note}" for pair in chosen if pair.note))
+    late = [result for result in results if result["summary"].get("compilations after warm-up")]
+    for result in late:  # each compiles after warm-up: does accrewrite name the line?
+        named = [finding for finding in result["findings"] if "ACC103" in finding]
+        print(f"{result['name']}: compiles after warm-up; ACC103: {'; '.join(named) or 'none'}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -112,17 +112,24 @@ def host_read(value: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
 
 
 def keeps_on_device(original: cst.CSTNode, updated: cst.CSTNode) -> bool:
-    """A statement line ``name = x.item()`` that ACC009 made ``name = x.detach()``: the value
-    stays on the device, and its step closure reads it."""
-    assigns = [line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
-               for line in (original, updated)]
-    if not all(isinstance(assign, cst.Assign) for assign in assigns):
-        return False
-    value = assigns[1].value
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "clone":
-        value = value.func.value
-    detached = isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "detach"
-    return detached and host_read(assigns[0].value) is not None
+    """A statement line whose host reads a rule kept on the device: ACC009's ``name = x.item()``
+    made ``name = x.detach()``, ACC033's ``total += x.item()`` made ``total += x.detach()``."""
+    reads = [_host_reads(line) for line in (original, updated)]
+    return bool(reads[0]) and not reads[1] and contains_call(updated, "detach")
+
+
+def _host_reads(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found = []
+    walk(node, lambda child: found.append(child) if host_read(child) is not None else None)
+    return found
+
+
+def contains_call(node: cst.CSTNode, method: str) -> bool:
+    """Whether ``node`` calls a method named ``method``."""
+    found = []
+    walk(node, lambda child: found.append(child) if type(child) is cst.Call and type(child.func) is cst.Attribute
+         and child.func.attr.value == method else None)
+    return bool(found)
 
 
 def root_name(node: cst.CSTNode) -> str | None:
@@ -254,7 +261,7 @@ class LoopDiagnostic:
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         pending = self._closure_state()["pending"].pop(original_node, ())
-        if not is_step_closure_line(updated_node) and not keeps_on_device(original_node, updated_node):
+        if pending and not is_step_closure_line(updated_node) and not keeps_on_device(original_node, updated_node):
             for node, message, help in pending:
                 self.ctx.diagnose(node, message, help)
         return updated_node

@@ -304,7 +304,10 @@ class DevicePlacement(Rule):
         facts = self.ctx.facts
         delayed = self._delayed_optimizers()
         order = facts.order.get(move, 0)
+        moved = self._moved_model(move)
         for binding in facts.optimizer_bindings:
+            if moved is not None and moved.partition(".")[0] not in read_names(binding.statement):
+                continue  # another model's optimizer (a notebook's first model, trained before)
             if binding.scope is self.ctx.scope and binding.order < order and binding.statement not in delayed:
                 self.ctx.refuse(
                     move, f"`{binding.name}` is built before this move, after a forward pass; file left as it is",
@@ -312,6 +315,17 @@ class DevicePlacement(Rule):
                     "step the old ones, and PyTorch's setting that keeps them fails while the forward pass's output "
                     "holds the weights. Build the optimizer after the move and migrate again.",
                 )
+
+    def _moved_model(self, move: cst.CSTNode) -> str | None:
+        """The name of the model ``move`` moves (``model.to(d)``, ``model = model.cuda()``)."""
+        named = placed_model(move, self.ctx.facts.file.models)
+        if named is not None or not isinstance(move, cst.SimpleStatementLine) or len(move.body) != 1:
+            return named
+        value = move.body[0].value if isinstance(move.body[0], (cst.Expr, cst.Assign)) else None
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+            if self.ctx.facts.values(self.ctx.scope).is_model(value.func.value):
+                return dotted(value.func.value)
+        return None
 
     def _delayed_optimizers(self) -> dict[cst.CSTNode, cst.CSTNode]:
         """The optimizers built before the first model move of their block, after a forward pass

@@ -309,6 +309,8 @@ class DeviceLoader(Rule):
         self._planned: Plan | None = None
         # Fed loops being walked, innermost last.
         self._open: list[cst.For] = []
+        # One-line loops that end each step with the mark on their line, and why.
+        self._suite_marks: dict[cst.CSTNode, str] = {}
 
     def applies(self) -> bool:
         return bool(self.ctx.facts.file.loaders or self.ctx.facts.loops or self.ctx.target.has("lazy_execution"))
@@ -400,11 +402,13 @@ class DeviceLoader(Rule):
         spelled = {self.ctx.code(mark).strip() for mark in marks}
         if not body or any(mark in self.ctx.code(statement) for statement in body for mark in spelled):
             return  # marked already (guarded or not)
-        self.ctx.insert_after(body[-1], marks)
-        if generates:
-            self.ctx.fix(node, "each generated token ends the device's graph (it would grow with every token)")
+        why = ("each generated token ends the device's graph (it would grow with every token)" if generates
+               else "the step loop marks each step's end (no device loader does it)")
+        if type(node.body) is cst.SimpleStatementSuite:  # ``for ...: a; b`` ends with the mark on its line
+            self._suite_marks[node] = why
         else:
-            self.ctx.fix(node, "the step loop marks each step's end (no device loader does it)")
+            self.ctx.insert_after(body[-1], marks)
+            self.ctx.fix(node, why)
 
     def _generates(self, node) -> bool:
         return grown_sequence(self.ctx.facts, node, self.ctx.facts.values(self.ctx.scope)) is not None
@@ -421,9 +425,21 @@ class DeviceLoader(Rule):
         self.ctx.fix(original_node, f"iter({loader}) reads from the target's device loader")
         return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=wrapped)])
 
+    def leave_While(self, original_node, updated_node):
+        return self._end_suite(original_node, updated_node)
+
+    def _end_suite(self, original_node, updated_node):
+        why = self._suite_marks.pop(original_node, None)
+        if why is None:
+            return updated_node
+        marks = [small for line in self.ctx.statements("mark_step") for small in line.body]  # its imports go with this fix
+        self.ctx.fix(original_node, why)
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=[*updated_node.body.body, *marks]))
+
     def leave_For(self, original_node, updated_node):
         if self._open and self._open[-1] is original_node:
             self._open.pop()
+        updated_node = self._end_suite(original_node, updated_node)
         wrap = self._plan.wraps.get(original_node)
         if wrap is None:
             return updated_node

@@ -4,6 +4,7 @@ import libcst as cst
 
 from accrewrite.nodes import dotted, origins, rebuilt, walk
 from accrewrite.rule import Example, Rule
+from accrewrite.rules._running_sums import running_sums
 from accrewrite.rules._training_code import (
     BUILTIN_NAMES,
     LoopDiagnostic,
@@ -308,7 +309,7 @@ class StepClosure(LoopDiagnostic, Rule):
             return updated_node
         tensors = self.tensors()
         region = self.ctx.loop.node if self.ctx.loop is not None else self.ctx.scope
-        on_device = self._device_reads(region) if self.ctx.loop is not None and self.in_loop else {}
+        on_device = self._on_device_in(region) if self.ctx.loop is not None and self.in_loop else {}
         if not self._moves(original_node, call, tensors, region, on_device):
             return updated_node
         prints = not records_only(self.ctx.facts, call)
@@ -378,6 +379,12 @@ class StepClosure(LoopDiagnostic, Rule):
         if not self.tensors().is_tensor(receiver):
             return None
         return assign.targets[0].target.value, form, receiver
+
+    def _on_device_in(self, loop: cst.CSTNode) -> dict[str, str]:
+        """The names of ``loop`` that hold a tensor where the original held a number: its host
+        reads kept for logging, and the running sums ACC033 keeps (read as they are)."""
+        sums = running_sums(self.ctx).names.get(loop, ())
+        return {**self._device_reads(loop), **dict.fromkeys(sums, "value")}
 
     def _device_reads(self, loop: cst.CSTNode) -> dict[str, str]:
         """The names ``loop`` assigns a host read whose every read is in logging that moves into
@@ -636,7 +643,7 @@ class _Extract:
         form = self._host_reads.get(original_node)
         if form == "float":
             return cst.Call(func=cst.Name("float"), args=[cst.Arg(param)])
-        if form is not None:
+        if form is not None and form != "value":
             return cst.Call(func=cst.Attribute(value=param, attr=cst.Name(form)))
         return param.with_changes(lpar=(), rpar=())
 

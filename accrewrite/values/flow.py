@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from accrewrite.nodes import children, descendants, dotted, node_types, walk
 from accrewrite.persistent import PersistentMap, merge
 from accrewrite.values.kinds import (
-    ADDS, HOST, ITERATE_THROUGH, NAMED_ITEMS, TENSORS, Kind, element_kind, is_initialiser, join,
+    ADDS, DEVICE_LOADERS, HOST, ITERATE_THROUGH, NAMED_ITEMS, TENSORS, Kind, element_kind, is_initialiser, join,
 )
 from accrewrite.values.names import read_names, target_names, target_nodes
 
@@ -472,6 +472,9 @@ class ScopeFlow:
                 env = self._assign(elements[0], Kind.STR if method != "items" else Kind.PYTHON, False, None, env)
                 return self._assign(elements[1], self._item_kind(source), False, None, env)
             if wraps_iterable(source):
+                return self._bind_loop(target, args[0], env)
+            # (a loader rebound to its device loader, ``loader = MpDeviceLoader(loader, d)``, ends here)
+            if self.facts.qualname(func) in DEVICE_LOADERS and args and self.assigned_value(args[0]) is not source:
                 return self._bind_loop(target, args[0], env)
         return self._assign(target, self._element_of(iterable), False, None, env)
 

@@ -146,6 +146,8 @@ NUMBER_MODULES = ("math.", "statistics.")
 
 # torch.cuda.synchronize() and the targets' spellings of it (xm.wait_device_ops()).
 WAITS = frozenset({"torch.cuda.synchronize", *spelled_callees("synchronize")})
+# The targets' device loaders: iterating one gives its loader's elements, their tensors moved.
+DEVICE_LOADERS = frozenset(spelled_callees("device_loader"))
 # The words of the host reads that ``ScopeValues.sync`` finds (a rule's trigger words), and the
 # nodes that read a tensor's value without a word of their own (its truth value, an f-string).
 SYNC_WORDS = frozenset({

@@ -66,6 +66,20 @@ def test_loop_counters_config_values_and_item_results_are_python_numbers():
     ]
 
 
+def test_a_device_loader_gives_what_its_loader_gives():
+    # A migrated notebook's loop over its progress bar: the counter stays a number.
+    code = """
+    import torch_xla.distributed.parallel_loader as pl
+    from tqdm.auto import tqdm
+
+    progress_bar = tqdm(enumerate(dataloader), total=len(dataloader))
+    for batch, (X, y) in pl.MpDeviceLoader(progress_bar, device):
+        loss = loss_fn(model(X), y)
+        print(batch + 1, X)
+    """
+    assert kinds(code, "batch + 1", "X") == [Kind.INT, Kind.TENSOR]
+
+
 def test_values_from_a_checkpoint_dict_are_not_tensors():
     code = """
     import torch

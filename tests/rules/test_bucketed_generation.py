@@ -163,3 +163,16 @@ def test_loops_that_padding_could_change_are_left_with_the_reason(change, reason
 def test_the_model_itself_is_padded():
     result = migrate_source(_MODEL.encode(), "gpt.py", Options(target="torch_xla", select=("ACC028", "ACC103")))
     assert b"idx = idx.cpu()" in result.output and not result.diagnostics
+
+
+@pytest.mark.parametrize("target, mark", [("torch_xla", "torch_xla.sync()"), ("torchacc", "xm.mark_step()")])
+def test_a_one_line_generation_loop_ends_each_token_on_its_line(target, mark):
+    one_line = ("        for _ in range(max_new_tokens): logits = self(idx[:, -8:]); "
+                "idx = torch.cat((idx, torch.multinomial(F.softmax(logits[:, -1, :], dim=-1), 1)), dim=1)\n")
+    start = _MODEL.index("        for _ in range(max_new_tokens):")
+    source = _MODEL[:start] + one_line + _MODEL[_MODEL.index("        return idx\n"):]
+    result = migrate_source(source.encode(), "gpt.py", Options(target=target))
+    assert result.error is None
+    assert f"dim=1); {mark}\n" in result.output.decode()
+    again = migrate_source(result.output, "gpt.py", Options(target=target))
+    assert again.output == result.output

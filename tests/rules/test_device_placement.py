@@ -188,6 +188,17 @@ def test_an_optimizer_that_cannot_be_built_after_the_move_leaves_the_file():
         "`optimizer` is built before this move, after a forward pass; file left as it is"]
 
 
+def test_another_models_optimizer_before_a_move_after_a_forward_pass_stays():
+    # A notebook's first model, trained on the host with its optimizer; the second is called before it moves.
+    source = (b"import torch\n\nmodel = torch.nn.Linear(4, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              b"model(torch.randn(2, 4)).sum().backward()\noptimizer.step()\n"
+              b"head = torch.nn.Linear(4, 1)\npreds = head(torch.randn(2, 4))\nhead.cuda()\n")
+    result = migrate_source(source, "t.py", Options(target="torch_xla"))
+    assert not result.refused and b"head.to(torch_xla.device())" in result.output
+    moved_first = source.replace(b"model.parameters()", b"head.parameters()")
+    assert migrate_source(moved_first, "t.py", Options(target="torch_xla")).refused
+
+
 def test_a_docstring_naming_the_setting_does_not_stand_for_it():
     source = b'"""It needs torch.__future__.set_swap_module_params_on_conversion(True) on XLA."""\n' + OPTIMIZER_FIRST
     output = migrate_source(source, "t.py", Options(target="torch_xla", select=("ACC002",))).output.decode()

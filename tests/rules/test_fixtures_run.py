@@ -65,6 +65,8 @@ RUNNABLE = {
     "word_lm_corpus": True,
     # a network traced before training on the device it was moved to, the traced module saved
     "trace_tools": True,
+    # running sums of the loss logged every few steps: a sum read by a format, a meter's update
+    "running_sums": True,
 }
 TOLERANCE = 1e-4
 _LOSS = re.compile(r"^loss ([-\d. e+]+)$", re.MULTILINE)
