@@ -169,7 +169,7 @@ class RuleContext:
     facts: Facts
     target: Target
     source_text: str
-    parallel: str | None = None  # migrate --parallel: "fsdp", "tp" or "fsdp,tp"
+    parallel: str | None = None  # migrate --parallel: a kind of base/parallel_kinds.py
     # Why DistributedDataParallel stays, where the project's pass says so (``Options.keep_ddp``).
     keep_ddp: str | None = None
     # The codes of the rules that run on the file (selected, and the target has their concepts).

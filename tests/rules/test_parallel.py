@@ -103,7 +103,7 @@ def test_the_option_and_the_config_key(tmp_path, capsys):
 
     (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\nparallel = "zero3"\n')
     assert main(["migrate", str(script)]) == 2
-    assert "parallel must be one of fsdp, tp, fsdp,tp, got 'zero3'" in capsys.readouterr().err
+    assert "parallel must be one of fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp, got 'zero3'" in capsys.readouterr().err
 
 
 def _losses(command, cwd):
