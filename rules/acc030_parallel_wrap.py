@@ -12,9 +12,9 @@ _SAMPLERS = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.
 
 
 class ParallelWrap(Rule):
-    """`migrate --parallel fsdp|tp|fsdp,tp`: DistributedDataParallel becomes FSDP2 and/or tensor
-    parallelism through `accelerate` (TorchAcc 2.x's accelerate API), for models that do not
-    fit one device.
+    """`migrate --parallel fsdp|tp|pp` (or a combination, `fsdp,tp,pp`): DistributedDataParallel
+    becomes FSDP2, tensor and/or pipeline parallelism through `accelerate` (TorchAcc 2.x's
+    accelerate API), for models that do not fit one device.
 
     - `model = DDP(model, ...)` becomes `model = accrt.accelerate(model,
       config=accrt.parallel_config("fsdp"))` (the kind given to `--parallel`); FSDP2 reduces
@@ -26,8 +26,9 @@ class ParallelWrap(Rule):
       gradient-accumulation switch `model.require_backward_grad_sync = flag` becomes FSDP2's
       `model.set_requires_gradient_sync(flag)`.
 
-    With `tp` in the kind, a `DistributedSampler` is reported: it splits the data over every
-    rank, where the ranks of a tensor-parallel group must read the same batches.
+    With `tp` or `pp` in the kind, a `DistributedSampler` is reported: it splits the data over
+    every rank, where the ranks of a tensor-parallel group, and the stages of a pipeline, must
+    read the same batches. The training step of a pipeline is ACC035's.
 
     `torch.nn.utils.clip_grad_norm_` keeps working: every parameter is a DTensor on one mesh.
     Saving the model's state is ACC031's. Targets without `accelerate` (the XLA ones) get a
@@ -38,7 +39,7 @@ class ParallelWrap(Rule):
 
     code = "ACC030"
     name = "parallel-wrap"
-    summary = "--parallel: DDP -> accrt.accelerate(model, config=...) (FSDP2 / tensor parallel)"
+    summary = "--parallel: DDP -> accrt.accelerate(model, config=...) (FSDP2 / tensor / pipeline parallel)"
     opt_in = True
     parallel = True
     supersedes = ("ACC005", "ACC006")
@@ -188,10 +189,11 @@ class ParallelWrap(Rule):
     # Expressions -----------------------------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
-        if "tp" in self._kind.split(",") and self.ctx.facts.file.qualname(node.func) in _SAMPLERS:
+        if {"tp", "pp"} & set(self._kind.split(",")) and self.ctx.facts.file.qualname(node.func) in _SAMPLERS:
             self.ctx.diagnose(
-                node, "a sampler over every rank: tensor-parallel ranks would read different batches",
-                "The ranks of one tensor-parallel group must read the same batches. Pass the loader to "
+                node, "a sampler over every rank: tensor-parallel or pipeline ranks would read different batches",
+                "The ranks of one tensor-parallel group, and the stages of one pipeline, must read the same "
+                "batches. Pass the loader to "
                 "accrt.accelerate(model, loader, config=...) without this sampler (it returns the loader "
                 "split over the data-parallel ranks), or build the sampler over the 'dp' and 'fsdp' dims of "
                 "model.accelerate_mesh.",

@@ -1,6 +1,7 @@
 """``migrate --parallel``: a DDP script becomes one that calls ``accelerate`` (ACC030, ACC031),
-the option and its config key, the XLA targets left alone, and the migrated example training
-under FSDP2 as the DDP original does."""
+and trains a pipeline with ``forward_backward`` (ACC035); the option and its config key, the
+XLA targets left alone, and the migrated scripts training under FSDP2 and pipeline parallel as
+the DDP originals do."""
 
 import os
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from accrewrite.base.parallel_kinds import PARALLEL_KINDS
 from accrewrite.cli import main
 from accrewrite.engine import Options, migrate_source
 
@@ -24,7 +26,7 @@ def _migrate(source: bytes, **options):
     return result
 
 
-@pytest.mark.parametrize("kind", ["fsdp", "tp", "fsdp,tp"])
+@pytest.mark.parametrize("kind", PARALLEL_KINDS)
 def test_the_example_calls_accelerate_instead_of_ddp(kind):
     result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
     output = result.output.decode()
@@ -38,11 +40,54 @@ def test_the_example_calls_accelerate_instead_of_ddp(kind):
     assert _migrate(result.output, parallel=kind).output == result.output  # a second run changes nothing
 
 
-@pytest.mark.parametrize("kind, reported", [("fsdp", False), ("tp", True), ("fsdp,tp", True)])
-def test_a_sampler_over_every_rank_is_reported_under_tensor_parallel(kind, reported):
+@pytest.mark.parametrize("kind, reported", [("fsdp", False), ("tp", True), ("fsdp,tp", True), ("pp", True),
+                                            ("fsdp,pp", True)])
+def test_a_sampler_over_every_rank_is_reported_under_tensor_or_pipeline_parallel(kind, reported):
     result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
     sampler = [d for d in result.diagnostics if d.code == "ACC030" and "sampler" in d.message]
     assert bool(sampler) == reported
+
+
+@pytest.mark.parametrize("kind", ["pp", "fsdp,pp", "tp,pp", "fsdp,tp,pp"])
+def test_a_pipeline_trains_with_forward_backward(kind):
+    result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
+    output = result.output.decode()
+    step = "optimizer.zero_grad(set_to_none=True)\n        loss = model.forward_backward(tokens, targets)\n"
+    assert step in output and "loss.backward()" not in output and "= model(" not in output
+    found = {(d.code, d.message) for d in result.diagnostics}
+    assert ("ACC035", "clip_grad_norm_ sees one pipeline stage's gradients") in found
+    assert _migrate(result.output, parallel=kind).output == result.output
+    assert "forward_backward" not in _migrate(EXAMPLE.read_bytes(), parallel="fsdp,tp").output.decode()
+
+
+PIPELINE_LEFT_AS_IT_IS = b"""import torch
+
+model = torch.nn.parallel.DistributedDataParallel(Net().cuda())
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    loss = model(x, y)
+    loss += aux
+    loss.backward()
+    loss = model(x, y)
+    print(loss.item())
+    loss.backward()
+print(model(x_val))
+torch.save(model.module.state_dict(), "weights.pt")
+"""
+
+
+def test_what_a_pipeline_cannot_train_as_it_is_is_reported_and_left():
+    result = _migrate(PIPELINE_LEFT_AS_IT_IS, parallel="pp")
+    output = result.output.decode()
+    assert "forward_backward" not in output and output.count("loss.backward()") == 3
+    assert "torch.save(model.state_dict()" in output  # ACC030's unwrap; rank 0's stage is not the model
+    found = [(d.code, d.line, d.message.split(" ")[0]) for d in result.diagnostics]
+    assert found == [("ACC035", 5, "`loss`"), ("ACC035", 7, "`loss`"), ("ACC035", 10, "`loss`"),
+                     ("ACC035", 13, "under"), ("ACC031", 14, "under")]
+    assert "is computed from model's output outside the model" in result.diagnostics[0].message
+    assert "def forward(self, x, y): return criterion(self.net(x), y)" in result.diagnostics[0].help
+    assert "changed or read between" in result.diagnostics[1].message
 
 
 def test_full_state_export_replaces_a_state_dict_save():
@@ -126,3 +171,73 @@ def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
     original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
     migrated = _losses([sys.executable, "-m", "accrewrite.launcher", *launch], tmp_path / "migrated")
     assert migrated == pytest.approx(original, abs=2e-4)  # printed with 4 decimals
+
+
+# A DDP script whose ranks read the same batches, as the stages of a pipeline must: its losses
+# are one process's, and so are those of the pipeline it is migrated to. The model is the
+# example's GPT, whose forward returns the loss.
+PIPELINE_DDP = """import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+from gpt import GPT, token_dataset
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    loader = DataLoader(token_dataset(args.steps * 8), batch_size=8)
+    model = GPT(4).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = DDP(model, device_ids=[local_rank] if torch.cuda.is_available() else None)
+    for step, (tokens, targets) in enumerate(loader):
+        tokens, targets = tokens.to(device), targets.to(device)
+        loss = model(tokens, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.4f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _original_and_migrated(tmp_path, kind, ranks):
+    for side in ("original", "migrated"):
+        (tmp_path / side).mkdir()
+        shutil.copyfile(EXAMPLE, tmp_path / side / "gpt.py")
+    (tmp_path / "original" / "train.py").write_text(PIPELINE_DDP)
+    result = _migrate(PIPELINE_DDP.encode(), parallel=kind)
+    assert "loss = model.forward_backward(tokens, targets)" in result.output.decode()
+    (tmp_path / "migrated" / "train.py").write_bytes(result.output)
+    launch = ["--standalone", "--nproc_per_node", str(ranks), "train.py", "--steps", "20"]
+    original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
+    migrated = _losses([sys.executable, "-m", "accrewrite.launcher", *launch], tmp_path / "migrated")
+    return original, migrated
+
+
+@pytest.mark.launches_ranks
+def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp_path):
+    original, migrated = _original_and_migrated(tmp_path, "pp", 2)
+    assert migrated == pytest.approx(original, abs=2e-4)  # printed with 4 decimals
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_the_migrated_script_trains_sharded_pipeline_stages_as_the_ddp_original(tmp_path):
+    original, migrated = _original_and_migrated(tmp_path, "fsdp,pp", 4)  # two stages, each sharded over two ranks
+    assert migrated == pytest.approx(original, abs=2e-4)

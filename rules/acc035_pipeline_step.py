@@ -1,0 +1,236 @@
+import libcst as cst
+
+from accrewrite.nodes import call_arg, descendants, dotted
+from accrewrite.rule import Example, Rule
+from accrewrite.toolbox import wrapped_models_of
+from accrewrite.values import read_chains
+
+_CLIP = frozenset({"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_"})
+_TRAIN_WITH = ("A pipeline stage holds part of the model, and `{model}(...)` runs the whole pipeline forward "
+               "only, returning its mean loss. Make the model's forward take the targets and return the loss "
+               "(`def forward(self, x, y): return criterion(self.net(x), y)`), then train with "
+               "`loss = {model}.forward_backward(x, y)` in place of the forward and `loss.backward()`.")
+
+
+class PipelineStep(Rule):
+    """`migrate --parallel pp` (and `fsdp,pp`, `tp,pp`, `fsdp,tp,pp`): the training step of a
+    model cut into pipeline stages becomes `loss = model.forward_backward(*inputs)`.
+
+    Under pipeline parallel `accelerate` returns this rank's stage, and one call runs the
+    forward and backward of every stage over the micro-batches (TorchAcc 2.x's spelling):
+
+    - `loss = model(x, y)` (a model whose forward returns the loss) and, later in the same
+      block, `loss.backward()` become `loss = model.forward_backward(x, y)` where the
+      backward was: the gradients are those of the mean of the micro-batches' losses, which is
+      returned on every rank. Calls between the two (`optimizer.zero_grad()`) stay before it.
+
+    Reported and left as they are (ACC035), each with what to write:
+
+    - a loss computed from the model's output outside the model (`criterion(model(x), y)`):
+      the last stage computes each micro-batch's loss from the model's output only, so the
+      loss moves into the model's forward, which then takes the targets;
+    - a loss changed between the forward and its backward (`loss = loss / accum`), or read
+      there: `forward_backward` takes the gradients of the loss the model returns;
+    - any other call of the model (evaluation): it runs the pipeline forward only and returns
+      the mean loss, not the model's output;
+    - `clip_grad_norm_` over the model's parameters: they are one stage's, and so is the norm;
+      the whole model's norm sums the stages' squared norms over `model.accelerate_mesh["pp"]`.
+    """
+
+    code = "ACC035"
+    name = "pipeline-step"
+    summary = "--parallel with pp: loss = model(...); loss.backward() -> loss = model.forward_backward(...)"
+    opt_in = True
+    parallel = True
+    concepts = ("pipeline_step",)
+    triggers = None  # a model's calls are named by the script's own names
+    examples = (
+        Example(
+            before="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(GPT(config))
+            for tokens, targets in loader:
+                loss = model(tokens, targets)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """,
+            after="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(GPT(config))
+            for tokens, targets in loader:
+                optimizer.zero_grad()
+                loss = model.forward_backward(tokens, targets)
+                optimizer.step()
+            """,
+        ),
+        Example(
+            before="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(Net())
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+            print(model(x_val))
+            """,
+            diagnostics=("ACC035:5", "ACC035:7", "ACC035:9"),
+        ),
+    )
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._wrapped: set[str] = set()
+        self._steps: dict[cst.CSTNode, cst.SimpleStatementLine] = {}  # backward statement -> forward statement
+        self._forwards: set[cst.CSTNode] = set()  # forward statements that move to their backward
+        self._reported: set[cst.CSTNode] = set()  # model calls already reported
+
+    def applies(self) -> bool:
+        # selected by its code without --parallel, it is asked for by name: the kind is pp
+        if "pp" not in (self.ctx.parallel or "pp").split(","):
+            return False
+        self._wrapped = wrapped_models_of(self.ctx) or set()
+        return bool(self._wrapped)
+
+    # Forward and backward, paired in one block --------------------------------------------
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._pair_steps(node.body)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._pair_steps(node.body)
+
+    def _pair_steps(self, body) -> None:
+        statements = list(body)
+        for i, statement in enumerate(statements):
+            loss = _backward_of(statement)
+            if loss is None:
+                continue
+            j = _forward_of(statements[:i], loss)
+            if j is None:
+                continue
+            forward = statements[j]
+            value = forward.body[0].value if _single_assign(forward) else None
+            if not (isinstance(value, cst.Call) and dotted(value.func) in self._wrapped):
+                self._report_loss_outside(forward, loss)
+            elif all(_calls_only(between) and loss not in read_chains(between) for between in statements[j + 1:i]):
+                self._steps[statement] = forward
+                self._forwards.add(forward)
+            else:
+                self._reported.add(value)
+                self.ctx.diagnose(
+                    forward, f"`{loss}` is changed or read between the model's forward and its backward",
+                    "Under pipeline parallel, model.forward_backward(*inputs) runs the forward and the backward "
+                    "together and takes the gradients of the mean loss that the model returns: compute the loss "
+                    "whole in the model's forward (scaling for gradient accumulation included), then "
+                    f"`{loss} = model.forward_backward(...)` in place of the forward and `{loss}.backward()`.",
+                )
+
+    def _report_loss_outside(self, forward: cst.CSTNode, loss: str) -> None:
+        calls = [call for call in descendants(forward)
+                 if isinstance(call, cst.Call) and dotted(call.func) in self._wrapped]
+        if not calls:
+            return
+        self._reported.update(calls)
+        model = dotted(calls[0].func)
+        self.ctx.diagnose(forward, f"`{loss}` is computed from {model}'s output outside the model",
+                          _TRAIN_WITH.format(model=model))
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if original_node in self._forwards:
+            self.ctx.fix(original_node, "the model's forward moves into model.forward_backward(...), at the backward")
+            return cst.RemovalSentinel.REMOVE
+        forward = self._steps.get(original_node)
+        if forward is None:
+            return updated_node
+        assign = forward.body[0]
+        call = assign.value
+        self.ctx.fix(original_node, "loss.backward() -> loss = model.forward_backward(...): over the pipeline stages")
+        step = self.ctx.expr("pipeline_step", model=self.ctx.code(call.func),
+                             inputs=", ".join(self.ctx.code(arg).rstrip(", ") for arg in call.args))
+        return updated_node.with_changes(body=[assign.with_changes(value=step)])
+
+    # The model's other calls, and the norm of its gradients --------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = dotted(node.func)
+        if name in self._wrapped and node not in self._reported and not self._in_step(node):
+            self.ctx.diagnose(node, f"under pipeline parallel, {name}(...) runs the forward only and returns the "
+                                    f"mean loss", _TRAIN_WITH.format(model=name))
+        elif self.ctx.facts.file.qualname(node.func) in _CLIP:
+            parameters = call_arg(node, 0, "parameters")
+            model = next(iter(read_chains(parameters.value) & self._wrapped), None) if parameters else None
+            if model is not None:
+                self.ctx.diagnose(
+                    node, "clip_grad_norm_ sees one pipeline stage's gradients",
+                    f"Each rank holds one stage's parameters, so the norm is that stage's and the ranks clip "
+                    f"differently. For the whole model's norm, sum the stages' squared norms over "
+                    f"{model}.accelerate_mesh['pp'] (dist.all_reduce), take the root and clip with "
+                    f"torch.nn.utils.clip_grads_with_norm_.",
+                )
+
+    def _in_step(self, node: cst.Call) -> bool:
+        return any(statement in self._forwards and statement.body[0].value is node
+                   for statement in self.ctx.open_statements)
+
+
+def _single_assign(statement) -> bool:
+    return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1)
+
+
+def _backward_of(statement) -> str | None:
+    """``X`` when ``statement`` is ``X.backward()``, X a name."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Expr)):
+        return None
+    call = statement.body[0].value
+    if (isinstance(call, cst.Call) and not call.args and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "backward" and isinstance(call.func.value, cst.Name)):
+        return call.func.value.value
+    return None
+
+
+def _forward_of(statements: list, loss: str) -> int | None:
+    """The index of the statement that computes ``loss`` from the forward: the last that binds
+    it, or, past bindings that compute it from itself (``loss = loss / accum``, ``loss += aux``),
+    the one before."""
+    for j in range(len(statements) - 1, -1, -1):
+        if loss in _bound_by(statements[j]) and not _from_itself(statements[j], loss):
+            return j
+    return None
+
+
+def _from_itself(statement, loss: str) -> bool:
+    small = statement.body[0]
+    return len(statement.body) == 1 and (isinstance(small, cst.AugAssign)
+                                         or _single_assign(statement) and loss in read_chains(small.value))
+
+
+def _bound_by(statement) -> set[str]:
+    """The names a simple statement assigns (``x = ...``, ``x += ...``, ``a, x = ...``)."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return set()
+    targets = []
+    for small in statement.body:
+        if isinstance(small, cst.Assign):
+            targets.extend(target.target for target in small.targets)
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+            targets.append(small.target)
+    names = set()
+    for target in targets:
+        for element in [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]:
+            if isinstance(element, cst.Name):
+                names.add(element.value)
+    return names
+
+
+def _calls_only(statement) -> bool:
+    """A line of calls whose results are dropped: it binds nothing the step reads."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) for small in statement.body)
+
