@@ -7,9 +7,11 @@ from accrewrite.values import read_chains
 
 _CLIP = frozenset({"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_"})
 _TRAIN_WITH = ("A pipeline stage holds part of the model, and `{model}(...)` runs the whole pipeline forward "
-               "only, returning its mean loss. Make the model's forward take the targets and return the loss "
-               "(`def forward(self, x, y): return criterion(self.net(x), y)`), then train with "
-               "`loss = {model}.forward_backward(x, y)` in place of the forward and `loss.backward()`.")
+               "only and returns the mean of the micro-batches' losses: what a forward that returns the loss "
+               "gave, never the model's output. For a loss computed from the output, make the model's forward "
+               "take the targets and return the loss (`def forward(self, x, y): return criterion(self.net(x), "
+               "y)`), then train with `loss = {model}.forward_backward(x, y)` in place of the forward and "
+               "`loss.backward()`.")
 
 
 class PipelineStep(Rule):
@@ -160,7 +162,7 @@ class PipelineStep(Rule):
         name = dotted(node.func)
         if name in self._wrapped and node not in self._reported and not self._in_step(node):
             self.ctx.diagnose(node, f"under pipeline parallel, {name}(...) runs the forward only and returns the "
-                                    f"mean loss", _TRAIN_WITH.format(model=name))
+                                    f"mean loss, not the output", _TRAIN_WITH.format(model=name))
         elif self.ctx.facts.file.qualname(node.func) in _CLIP:
             parameters = call_arg(node, 0, "parameters")
             model = next(iter(read_chains(parameters.value) & self._wrapped), None) if parameters else None
