@@ -61,3 +61,11 @@ KINDS = MappingProxyType({
     "fsdp,tp,pp": _stages_split_in_a_machine_sharded,
 })
 PARALLEL_KINDS = tuple(KINDS)
+
+
+def unknown_kind(kind: str) -> str:
+    """Why ``kind`` is not a kind, for ``--parallel`` and ``[tool.accrewrite] parallel``."""
+    why = f"must be one of {', '.join(PARALLEL_KINDS)}, got {kind!r}"
+    if "cp" in kind.split(","):
+        return f"{why}: context parallel (cp) is not there yet"
+    return why

@@ -150,6 +150,12 @@ def test_the_option_and_the_config_key(tmp_path, capsys):
     assert main(["migrate", str(script)]) == 2
     assert "parallel must be one of fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp, got 'zero3'" in capsys.readouterr().err
 
+    # context parallel is not there yet: refused, and said so
+    (tmp_path / "pyproject.toml").unlink()
+    with pytest.raises(SystemExit):
+        main(["migrate", str(script), "--parallel", "fsdp,cp"])
+    assert "got 'fsdp,cp': context parallel (cp) is not there yet" in capsys.readouterr().err
+
 
 def _losses(command, cwd):
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300,
