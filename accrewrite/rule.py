@@ -31,13 +31,16 @@ class Example:
     only this rule selected (and the rules of ``with_rules``, whose work the rule's relies on)
     and expects ``after`` exactly, and the diagnostics listed in ``diagnostics`` as
     ``"CODE:LINE"`` (lines of ``before``), in order. A diagnostic rule's example changes
-    nothing: it leaves out ``after``, which then equals ``before``."""
+    nothing: it leaves out ``after``, which then equals ``before``. ``parallel`` is the
+    ``--parallel`` kind it is migrated with, which runs every parallel rule (their findings are
+    listed with ``with_rules``)."""
 
     before: str
     after: str | None = None
     target: str = "runtime"
     diagnostics: tuple[str, ...] = ()
     with_rules: tuple[str, ...] = ()
+    parallel: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "before", textwrap.dedent(self.before).lstrip("\n"))

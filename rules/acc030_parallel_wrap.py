@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, holds, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import wrapped_models_of, wrapped_module, wraps_model
+from accrewrite.toolbox import single_assign, wrapped_models_of, wrapped_module, wraps_model
 from accrewrite.values import read_chains
 
 _SYNC_FLAG = "require_backward_grad_sync"
@@ -140,7 +140,7 @@ class ParallelWrap(Rule):
             return
         statements = list(body)
         for i, statement in enumerate(statements):
-            assign = _single_assign(statement)
+            assign = single_assign(statement)
             name = dotted(assign.targets[0].target) if assign is not None else None
             if name not in self.ctx.facts.optimizers:
                 continue
@@ -175,7 +175,7 @@ class ParallelWrap(Rule):
             self.ctx.fix(original_node, "optimizer moved after accelerate: it must see the sharded parameters")
             self.ctx.insert_after(self._moved[original_node], [updated_node])
             return cst.RemovalSentinel.REMOVE
-        assign = _single_assign(original_node)
+        assign = single_assign(original_node)
         if assign is None or not isinstance(assign.targets[0].target, cst.Attribute):
             return updated_node
         flag = assign.targets[0].target
@@ -229,9 +229,3 @@ class ParallelWrap(Rule):
             return updated_node.value
         return updated_node
 
-
-def _single_assign(statement) -> cst.Assign | None:
-    if (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1):
-        return statement.body[0]
-    return None

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, descendants, dotted
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import wrapped_models_of
+from accrewrite.toolbox import single_assign, wrapped_models_of
 from accrewrite.values import read_chains
 
 _CLIP = frozenset({"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_"})
@@ -48,6 +48,8 @@ class PipelineStep(Rule):
     triggers = None  # a model's calls are named by the script's own names
     examples = (
         Example(
+            parallel="pp",
+            with_rules=("ACC030",),
             before="""
             import torch
 
@@ -60,8 +62,9 @@ class PipelineStep(Rule):
             """,
             after="""
             import torch
+            import accrewrite.runtime as accrt
 
-            model = torch.nn.parallel.DistributedDataParallel(GPT(config))
+            model = accrt.accelerate(GPT(config), config=accrt.parallel_config("pp"))
             for tokens, targets in loader:
                 optimizer.zero_grad()
                 loss = model.forward_backward(tokens, targets)
@@ -80,6 +83,20 @@ class PipelineStep(Rule):
                 optimizer.step()
             print(model(x_val))
             """,
+            after="""
+            import torch
+            import accrewrite.runtime as accrt
+
+            model = accrt.accelerate(Net(), config=accrt.parallel_config("fsdp,pp"))
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+            print(model(x_val))
+            """,
+            parallel="fsdp,pp",
+            with_rules=("ACC030",),
             diagnostics=("ACC035:5", "ACC035:7", "ACC035:9"),
         ),
     )
@@ -92,8 +109,8 @@ class PipelineStep(Rule):
         self._reported: set[cst.CSTNode] = set()  # model calls already reported
 
     def applies(self) -> bool:
-        # selected by its code without --parallel, it is asked for by name: the kind is pp
-        if "pp" not in (self.ctx.parallel or "pp").split(","):
+        # Without stages (or without --parallel, DDP kept) the model has no forward_backward.
+        if "pp" not in (self.ctx.parallel or "").split(","):
             return False
         self._wrapped = wrapped_models_of(self.ctx) or set()
         return bool(self._wrapped)
@@ -116,7 +133,7 @@ class PipelineStep(Rule):
             if j is None:
                 continue
             forward = statements[j]
-            value = forward.body[0].value if _single_assign(forward) else None
+            value = forward.body[0].value if single_assign(forward) else None
             if not (isinstance(value, cst.Call) and dotted(value.func) in self._wrapped):
                 self._report_loss_outside(forward, loss)
             elif all(_calls_only(between) and loss not in read_chains(between) for between in statements[j + 1:i]):
@@ -180,11 +197,6 @@ class PipelineStep(Rule):
                    for statement in self.ctx.open_statements)
 
 
-def _single_assign(statement) -> bool:
-    return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1)
-
-
 def _backward_of(statement) -> str | None:
     """``X`` when ``statement`` is ``X.backward()``, X a name."""
     if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
@@ -210,7 +222,7 @@ def _forward_of(statements: list, loss: str) -> int | None:
 def _from_itself(statement, loss: str) -> bool:
     small = statement.body[0]
     return len(statement.body) == 1 and (isinstance(small, cst.AugAssign)
-                                         or _single_assign(statement) and loss in read_chains(small.value))
+                                         or single_assign(statement) and loss in read_chains(small.value))
 
 
 def _bound_by(statement) -> set[str]:
