@@ -24,7 +24,9 @@ class ParallelWrap(Rule):
       parameters with DTensors, and an optimizer built earlier would update the old ones;
     - `model.module` becomes `model` (accelerate returns the model itself), and DDP's
       gradient-accumulation switch `model.require_backward_grad_sync = flag` becomes FSDP2's
-      `model.set_requires_gradient_sync(flag)`.
+      `model.set_requires_gradient_sync(flag)` (with `fsdp` in the kind: without it, every
+      rank is a tensor-parallel rank or a stage, no gradients are reduced over data-parallel
+      ranks, and the line is left setting an attribute nothing reads).
 
     With `tp` or `pp` in the kind, a `DistributedSampler` is reported: it splits the data over
     every rank, where the ranks of a tensor-parallel group, and the stages of a pipeline, must
@@ -180,6 +182,10 @@ class ParallelWrap(Rule):
             return updated_node
         flag = assign.targets[0].target
         if flag.attr.value != _SYNC_FLAG or dotted(flag.value) not in self._wrapped:
+            return updated_node
+        if "fsdp" not in self._kind.split(","):
+            # tp and pp alone take every rank: no data-parallel ranks reduce, and the plain
+            # attribute the line sets does nothing, where the method FSDP2 alone has would fail
             return updated_node
         self.ctx.fix(original_node, "require_backward_grad_sync -> set_requires_gradient_sync (FSDP2)")
         [statement] = self.ctx.statements("gradient_sync_switch", model=dotted(flag.value),

@@ -60,6 +60,30 @@ def test_a_pipeline_trains_with_forward_backward(kind):
     assert "forward_backward" not in _migrate(EXAMPLE.read_bytes(), parallel="fsdp,tp").output.decode()
 
 
+ACCUMULATING = b"""import torch
+
+model = torch.nn.parallel.DistributedDataParallel(GPT(config).cuda())
+for micro_step in range(accum):
+    model.require_backward_grad_sync = micro_step == accum - 1
+    loss = model(x, y)
+    loss.backward()
+"""
+
+
+@pytest.mark.parametrize("kind, switch", [
+    ("fsdp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),
+    ("fsdp,pp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),
+    # every rank is a tensor-parallel rank or a stage: nothing is reduced over data-parallel ranks
+    ("tp", "model.require_backward_grad_sync = micro_step == accum - 1"),
+    ("pp", "model.require_backward_grad_sync = micro_step == accum - 1"),
+    ("tp,pp", "model.require_backward_grad_sync = micro_step == accum - 1"),
+])
+def test_the_gradient_sync_switch_is_fsdp2s_where_ranks_shard(kind, switch):
+    output = _migrate(ACCUMULATING, parallel=kind).output.decode()
+    assert f"    {switch}\n" in output
+    assert ("loss = model.forward_backward(x, y)" in output) == ("pp" in kind)
+
+
 PIPELINE_LEFT_AS_IT_IS = b"""import torch
 
 model = torch.nn.parallel.DistributedDataParallel(Net().cuda())
