@@ -145,6 +145,9 @@ _DEFINITIONS = (
     Definition("pipeline_step", EXPRESSION,
                "one training step's forward and backward over a pipeline-parallel model's micro-batches, "
                "the mean loss", ("model", "inputs")),
+    Definition("pipeline_step_of_output", EXPRESSION,
+               "pipeline_step where the model's forward returns several values, the loss at {index}",
+               ("model", "inputs", "index")),
     Definition("full_state_export", STATEMENTS, "writes a sharded model's unsharded state dict", ("path", "model")),
     # Hugging Face's Trainer (ACC017)
     Definition("trainer_setup", STATEMENTS,

@@ -25,6 +25,10 @@ class PipelineStep(Rule):
       block, `loss.backward()` become `loss = model.forward_backward(x, y)` where the
       backward was: the gradients are those of the mean of the micro-batches' losses, which is
       returned on every rank. Calls between the two (`optimizer.zero_grad()`) stay before it.
+    - `logits, loss = model(x, y)` (a forward that returns the loss among other values, as
+      nanoGPT's does), the other values read nowhere in the function, becomes
+      `loss = model.forward_backward(x, y, output_fn=lambda output: output[1])`: the loss is
+      taken from the last stage's output.
 
     Reported and left as they are (ACC035), each with what to write:
 
@@ -44,7 +48,7 @@ class PipelineStep(Rule):
     summary = "--parallel with pp: loss = model(...); loss.backward() -> loss = model.forward_backward(...)"
     opt_in = True
     parallel = True
-    concepts = ("pipeline_step",)
+    concepts = ("pipeline_step", "pipeline_step_of_output")
     triggers = None  # a model's calls are named by the script's own names
     examples = (
         Example(
@@ -137,8 +141,7 @@ class PipelineStep(Rule):
             if not (isinstance(value, cst.Call) and dotted(value.func) in self._wrapped):
                 self._report_loss_outside(forward, loss)
             elif all(_calls_only(between) and loss not in read_chains(between) for between in statements[j + 1:i]):
-                self._steps[statement] = forward
-                self._forwards.add(forward)
+                self._pair(statement, forward, loss)
             else:
                 self._reported.add(value)
                 self.ctx.diagnose(
@@ -148,6 +151,32 @@ class PipelineStep(Rule):
                     "whole in the model's forward (scaling for gradient accumulation included), then "
                     f"`{loss} = model.forward_backward(...)` in place of the forward and `{loss}.backward()`.",
                 )
+
+    def _pair(self, backward: cst.CSTNode, forward: cst.SimpleStatementLine, loss: str) -> None:
+        """Note the step, with where the loss is in the values the forward returns (None: it is
+        the value), or report the values that forward_backward would not give."""
+        target = forward.body[0].targets[0].target
+        if isinstance(target, cst.Name):
+            self._steps[backward] = (forward, None)
+            self._forwards.add(forward)
+            return
+        names = [element.value for element in target.elements]
+        index = next(k for k, name in enumerate(names) if isinstance(name, cst.Name) and name.value == loss)
+        others = [name for k, name in enumerate(names) if k != index]
+        read = [self.ctx.code(name) for name in others if not isinstance(name, cst.Name)
+                or _read_elsewhere(self.ctx.scope or self.ctx.module, name.value, target)]
+        if read:
+            self._reported.add(forward.body[0].value)
+            self.ctx.diagnose(
+                forward, f"{', '.join(read)} of the forward's values read: forward_backward gives the loss only",
+                f"Under pipeline parallel the last stage's output reaches the loss only: "
+                f"`{loss} = model.forward_backward(..., output_fn=lambda output: output[{index}])` returns the mean "
+                f"loss. Compute what {', '.join(read)} served for inside the model, or with model.forward(...) "
+                f"in evaluation (it returns the mean loss as well).",
+            )
+            return
+        self._steps[backward] = (forward, index)
+        self._forwards.add(forward)
 
     def _report_loss_outside(self, forward: cst.CSTNode, loss: str) -> None:
         calls = [call for call in descendants(forward)
@@ -163,15 +192,19 @@ class PipelineStep(Rule):
         if original_node in self._forwards:
             self.ctx.fix(original_node, "the model's forward moves into model.forward_backward(...), at the backward")
             return cst.RemovalSentinel.REMOVE
-        forward = self._steps.get(original_node)
-        if forward is None:
+        if original_node not in self._steps:
             return updated_node
+        forward, index = self._steps[original_node]
         assign = forward.body[0]
         call = assign.value
         self.ctx.fix(original_node, "loss.backward() -> loss = model.forward_backward(...): over the pipeline stages")
-        step = self.ctx.expr("pipeline_step", model=self.ctx.code(call.func),
-                             inputs=", ".join(self.ctx.code(arg).rstrip(", ") for arg in call.args))
-        return updated_node.with_changes(body=[assign.with_changes(value=step)])
+        values = {"model": self.ctx.code(call.func),
+                  "inputs": ", ".join(self.ctx.code(arg).rstrip(", ") for arg in call.args)}
+        if index is None:
+            return updated_node.with_changes(body=[assign.with_changes(value=self.ctx.expr("pipeline_step", **values))])
+        step = self.ctx.expr("pipeline_step_of_output", index=str(index), **values)
+        loss = _backward_of(original_node)
+        return updated_node.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(loss))], step)])
 
     # The model's other calls, and the norm of its gradients --------------------------------
 
@@ -217,6 +250,13 @@ def _forward_of(statements: list, loss: str) -> int | None:
         if loss in _bound_by(statements[j]) and not _from_itself(statements[j], loss):
             return j
     return None
+
+
+def _read_elsewhere(scope: cst.CSTNode, name: str, target: cst.CSTNode) -> bool:
+    """Whether ``name`` appears in ``scope`` other than in ``target`` (a binding elsewhere counts)."""
+    bound = {id(node) for node in descendants(target)}
+    return any(isinstance(node, cst.Name) and node.value == name and id(node) not in bound
+               for node in descendants(scope))
 
 
 def _from_itself(statement, loss: str) -> bool:

@@ -101,6 +101,30 @@ torch.save(model.module.state_dict(), "weights.pt")
 """
 
 
+SEVERAL_VALUES = b"""import torch
+
+model = torch.nn.parallel.DistributedDataParallel(GPT(config).cuda())
+for x, y in loader:
+    logits, loss = model(x, y)
+    loss.backward()
+for x, y in loader:
+    out, loss, _ = model(x, y)
+    loss.backward()
+    print(out.shape)
+"""
+
+
+def test_a_forward_that_returns_the_loss_among_other_values_gives_it_by_output_fn():
+    result = _migrate(SEVERAL_VALUES, parallel="pp")
+    output = result.output.decode()
+    assert "    loss = model.forward_backward(x, y, output_fn=lambda output: output[1])\n" in output
+    assert "    out, loss, _ = model(x, y)\n    loss.backward()\n" in output  # out is read: left
+    [diagnostic] = result.diagnostics
+    assert (diagnostic.line, diagnostic.message) == (8, "out of the forward's values read: forward_backward gives "
+                                                        "the loss only")
+    assert "output_fn=lambda output: output[1]" in diagnostic.help
+
+
 def test_what_a_pipeline_cannot_train_as_it_is_is_reported_and_left():
     result = _migrate(PIPELINE_LEFT_AS_IT_IS, parallel="pp")
     output = result.output.decode()
@@ -172,7 +196,8 @@ def test_the_option_and_the_config_key(tmp_path, capsys):
 
     (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\nparallel = "zero3"\n')
     assert main(["migrate", str(script)]) == 2
-    assert "parallel must be one of fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp, got 'zero3'" in capsys.readouterr().err
+    kinds = "fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp"
+    assert f"parallel must be one of {kinds}, got 'zero3'" in capsys.readouterr().err
 
     # context parallel is not there yet: refused, and said so
     (tmp_path / "pyproject.toml").unlink()
@@ -205,16 +230,26 @@ def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
 
 # A DDP script whose ranks read the same batches, as the stages of a pipeline must: its losses
 # are one process's, and so are those of the pipeline it is migrated to. The model is the
-# example's GPT, whose forward returns the loss.
+# example's GPT, whose forward returns the loss, or the same returning its logits too.
 PIPELINE_DDP = """import argparse
 import os
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from gpt import GPT, token_dataset
+
+
+class GPTWithLogits(GPT):
+    def forward(self, tokens, targets):
+        x = self.embed(tokens) + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.head(self.norm(x))
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def main():
@@ -227,12 +262,12 @@ def main():
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     loader = DataLoader(token_dataset(args.steps * 8), batch_size=8)
-    model = GPT(4).to(device)
+    model = MODEL(4).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model = DDP(model, device_ids=[local_rank] if torch.cuda.is_available() else None)
     for step, (tokens, targets) in enumerate(loader):
         tokens, targets = tokens.to(device), targets.to(device)
-        loss = model(tokens, targets)
+        FORWARD = model(tokens, targets)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -246,13 +281,14 @@ if __name__ == "__main__":
 """
 
 
-def _original_and_migrated(tmp_path, kind, ranks):
+def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss", step="(tokens, targets)"):
     for side in ("original", "migrated"):
         (tmp_path / side).mkdir()
         shutil.copyfile(EXAMPLE, tmp_path / side / "gpt.py")
-    (tmp_path / "original" / "train.py").write_text(PIPELINE_DDP)
-    result = _migrate(PIPELINE_DDP.encode(), parallel=kind)
-    assert "loss = model.forward_backward(tokens, targets)" in result.output.decode()
+    script = PIPELINE_DDP.replace("MODEL", model).replace("FORWARD", forward)
+    (tmp_path / "original" / "train.py").write_text(script)
+    result = _migrate(script.encode(), parallel=kind)
+    assert f"loss = model.forward_backward{step}" in result.output.decode()
     (tmp_path / "migrated" / "train.py").write_bytes(result.output)
     launch = ["--standalone", "--nproc_per_node", str(ranks), "train.py", "--steps", "20"]
     original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
@@ -261,8 +297,12 @@ def _original_and_migrated(tmp_path, kind, ranks):
 
 
 @pytest.mark.launches_ranks
-def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp_path):
-    original, migrated = _original_and_migrated(tmp_path, "pp", 2)
+@pytest.mark.parametrize("model, forward, step", [
+    ("GPT", "loss", "(tokens, targets)"),
+    ("GPTWithLogits", "logits, loss", "(tokens, targets, output_fn=lambda output: output[1])"),
+])
+def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp_path, model, forward, step):
+    original, migrated = _original_and_migrated(tmp_path, "pp", 2, model, forward, step)
     assert migrated == pytest.approx(original, abs=2e-4)  # printed with 4 decimals
 
 
