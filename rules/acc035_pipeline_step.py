@@ -160,15 +160,17 @@ class PipelineStep(Rule):
             self._steps[backward] = (forward, None)
             self._forwards.add(forward)
             return
-        names = [element.value for element in target.elements]
-        index = next(k for k, name in enumerate(names) if isinstance(name, cst.Name) and name.value == loss)
-        others = [name for k, name in enumerate(names) if k != index]
-        read = [self.ctx.code(name) for name in others if not isinstance(name, cst.Name)
-                or _read_elsewhere(self.ctx.scope or self.ctx.module, name.value, target)]
+        elements = target.elements
+        index = next(k for k, element in enumerate(elements)
+                     if isinstance(element.value, cst.Name) and element.value.value == loss)
+        # a starred value stands for a count of values: the loss's index is not known
+        read = [self.ctx.code(element.value) for k, element in enumerate(elements) if k != index and (
+            isinstance(element, cst.StarredElement) or not isinstance(element.value, cst.Name)
+            or _read_elsewhere(self.ctx.scope or self.ctx.module, element.value.value, target))]
         if read:
             self._reported.add(forward.body[0].value)
             self.ctx.diagnose(
-                forward, f"{', '.join(read)} of the forward's values read: forward_backward gives the loss only",
+                forward, f"{', '.join(read)} of the forward's values kept: forward_backward gives the loss only",
                 f"Under pipeline parallel the last stage's output reaches the loss only: "
                 f"`{loss} = model.forward_backward(..., output_fn=lambda output: output[{index}])` returns the mean "
                 f"loss. Compute what {', '.join(read)} served for inside the model, or with model.forward(...) "

@@ -111,6 +111,9 @@ for x, y in loader:
     out, loss, _ = model(x, y)
     loss.backward()
     print(out.shape)
+for x, y in loader:
+    *rest, loss = model(x, y)  # the loss's index is not known
+    loss.backward()
 """
 
 
@@ -119,8 +122,9 @@ def test_a_forward_that_returns_the_loss_among_other_values_gives_it_by_output_f
     output = result.output.decode()
     assert "    loss = model.forward_backward(x, y, output_fn=lambda output: output[1])\n" in output
     assert "    out, loss, _ = model(x, y)\n    loss.backward()\n" in output  # out is read: left
-    [diagnostic] = result.diagnostics
-    assert (diagnostic.line, diagnostic.message) == (8, "out of the forward's values read: forward_backward gives "
+    diagnostic, starred = result.diagnostics
+    assert (starred.line, starred.message.split(" ")[0]) == (12, "rest")
+    assert (diagnostic.line, diagnostic.message) == (8, "out of the forward's values kept: forward_backward gives "
                                                         "the loss only")
     assert "output_fn=lambda output: output[1]" in diagnostic.help
 
