@@ -30,6 +30,10 @@ class PipelineStep(Rule):
       `loss = model.forward_backward(x, y, output_fn=lambda output: output[1])`: the loss is
       taken from the last stage's output.
 
+    The mean of the micro-batches' losses is the batch's where the loss is a mean over equal
+    samples; a mean over a count that varies (tokens not ignored by `ignore_index`) weighs the
+    micro-batches alike, as TorchAcc's pipeline does.
+
     Reported and left as they are (ACC035), each with what to write:
 
     - a loss computed from the model's output outside the model (`criterion(model(x), y)`):
@@ -37,6 +41,8 @@ class PipelineStep(Rule):
       loss moves into the model's forward, which then takes the targets;
     - a loss changed between the forward and its backward (`loss = loss / accum`), or read
       there: `forward_backward` takes the gradients of the loss the model returns;
+    - other values of the forward kept (read elsewhere, stored, or unpacked with a star):
+      `forward_backward` gives the loss only;
     - any other call of the model (evaluation): it runs the pipeline forward only and returns
       the mean loss, not the model's output;
     - `clip_grad_norm_` over the model's parameters: they are one stage's, and so is the norm;
