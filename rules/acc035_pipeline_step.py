@@ -145,7 +145,7 @@ class PipelineStep(Rule):
             forward = statements[j]
             value = forward.body[0].value if single_assign(forward) else None
             if not (isinstance(value, cst.Call) and dotted(value.func) in self._wrapped):
-                self._report_loss_outside(forward, loss)
+                self._report_loss_outside(statements[:j], forward, loss)
             elif all(_calls_only(between) and loss not in read_chains(between) for between in statements[j + 1:i]):
                 self._pair(statement, forward, loss)
             else:
@@ -186,15 +186,24 @@ class PipelineStep(Rule):
         self._steps[backward] = (forward, index)
         self._forwards.add(forward)
 
-    def _report_loss_outside(self, forward: cst.CSTNode, loss: str) -> None:
-        calls = [call for call in descendants(forward)
-                 if isinstance(call, cst.Call) and dotted(call.func) in self._wrapped]
+    def _report_loss_outside(self, before: list, forward: cst.CSTNode, loss: str) -> None:
+        """Report ``forward`` where it computes ``loss`` from a call of the model in it, or in
+        the statement before it that binds an output it reads (``output = model(x)``)."""
+        calls = self._model_calls(forward)
+        if not calls and single_assign(forward):
+            read = read_chains(forward.body[0].value)
+            output = next((statement for statement in reversed(before) if _bound_by(statement) & read), None)
+            calls = self._model_calls(output) if single_assign(output) else []
         if not calls:
             return
         self._reported.update(calls)
         model = dotted(calls[0].func)
         self.ctx.diagnose(forward, f"`{loss}` is computed from {model}'s output outside the model",
                           _TRAIN_WITH.format(model=model))
+
+    def _model_calls(self, statement: cst.CSTNode) -> list[cst.Call]:
+        return [node for node in descendants(statement)
+                if isinstance(node, cst.Call) and dotted(node.func) in self._wrapped]
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if original_node in self._forwards:

@@ -88,7 +88,8 @@ PIPELINE_LEFT_AS_IT_IS = b"""import torch
 
 model = torch.nn.parallel.DistributedDataParallel(Net().cuda())
 for x, y in loader:
-    loss = criterion(model(x), y)
+    output = model(x)
+    loss = criterion(output, y)
     loss.backward()
     loss = model(x, y)
     loss += aux
@@ -135,8 +136,8 @@ def test_what_a_pipeline_cannot_train_as_it_is_is_reported_and_left():
     assert "forward_backward" not in output and output.count("loss.backward()") == 3
     assert "torch.save(model.state_dict()" in output  # ACC030's unwrap; rank 0's stage is not the model
     found = [(d.code, d.line, d.message.split(" ")[0]) for d in result.diagnostics]
-    assert found == [("ACC035", 5, "`loss`"), ("ACC035", 7, "`loss`"), ("ACC035", 10, "`loss`"),
-                     ("ACC035", 13, "under"), ("ACC031", 14, "under")]
+    assert found == [("ACC035", 6, "`loss`"), ("ACC035", 8, "`loss`"), ("ACC035", 11, "`loss`"),
+                     ("ACC035", 14, "under"), ("ACC031", 15, "under")]
     assert "is computed from model's output outside the model" in result.diagnostics[0].message
     assert "def forward(self, x, y): return criterion(self.net(x), y)" in result.diagnostics[0].help
     assert "changed or read between" in result.diagnostics[1].message
