@@ -138,7 +138,8 @@ _DEFINITIONS = (
     Definition("auto_checkpoint", STATEMENTS, "activation checkpointing chosen for a model", ("model",)),
     # migrate --parallel (ACC030, ACC031, ACC035)
     Definition("parallel_accelerate", EXPRESSION,
-               'a model sharded, tensor- or pipeline-parallel; {kind} is a --parallel kind, "fsdp" to "fsdp,tp,pp"', ("model", "kind"),
+               'a model sharded, tensor- or pipeline-parallel; {kind} is a --parallel kind, "fsdp" to "fsdp,tp,pp"',
+               ("model", "kind"),
                needs=("gradient_sync_switch",)),
     Definition("gradient_sync_switch", STATEMENTS, "DDP's require_backward_grad_sync for a sharded model",
                ("model", "value")),
