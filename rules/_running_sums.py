@@ -28,6 +28,7 @@ import libcst as cst
 from accrewrite.nodes import walk
 from accrewrite.rule import RuleContext
 from accrewrite.rules._training_code import host_read
+from accrewrite.values import target_names
 
 RUNNING_SUMS_RULE = "ACC033"
 # Reductions of a whole tensor, and torch's loss functions: each gives one value (a loss's
@@ -113,6 +114,8 @@ class _Search:
             if self._is_sum(line, values):
                 continue
             use = _use(statement, read)
+            if use == "number" and self._is_sum(binding, values) and self._added_to_next(name, line, lines, values):
+                return None  # a step closure given the sum would read it after this step's addition
             if use == "assigned":
                 target = statement.targets[0].target.value
                 more = self._read_as_numbers(target, line, values, lines, depth - 1)
@@ -122,6 +125,17 @@ class _Search:
             elif use != "number":
                 return None
         return derived
+
+    def _added_to_next(self, name: str, line, lines, values) -> bool:
+        """Whether the next line after ``line`` in the loop that binds ``name`` adds to it in place,
+        rather than binding it anew (``total = 0``)."""
+        order = list(lines.values())
+        for later in order[order.index(line) + 1:]:
+            if self._is_sum(later, values) and later.body[0].target.value == name:
+                return True
+            if name in _bound_by(later):
+                return False
+        return False
 
     def _bound_as(self, name: str, statement, binding, values) -> bool:
         """Whether every value ``name`` may hold at ``statement`` comes from ``binding``, or, for a
@@ -332,6 +346,15 @@ def _own_lines(loop: cst.CSTNode) -> list[cst.SimpleStatementLine]:
 
     walk(loop, enter)
     return found
+
+
+def _bound_by(line) -> set[str]:
+    statement = line.body[0]
+    if type(statement) is cst.Assign:
+        return {name for target in statement.targets for name in target_names(target.target)}
+    if type(statement) in (cst.AugAssign, cst.AnnAssign):
+        return target_names(statement.target)
+    return set()
 
 
 def _is_update(node) -> bool:

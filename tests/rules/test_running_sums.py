@@ -49,6 +49,8 @@ KEPT = [
     loop("total += loss.item()", "if step % 10 == 0:", "    cur = total / 10", "    print(f'{cur:.3f} {math.exp(cur):.2f}')",
          "    total = 0"),
     loop("total += float(loss)", "print('%.4f' % (total / 2))"),
+    # read, then set anew before the next addition
+    loop("if step % 10 == 0:", "    print(f'{total:.2f}')", "    total = 0", "total += loss.item()"),
     loop("total += loss.item() * x.size(0)", "print('{:.2f}'.format(total))"),
     loop("total += loss.mean().item()", "print('{:.2f}'.format(int(total)))"),
     loop("total += torch.nn.functional.cross_entropy(model(x), y).item()", "print(f'{total}')"),
@@ -64,6 +66,8 @@ LEFT = [
     loop("total += loss.item()", "if total > 3:", "    break"),
     loop("total += loss.item()", "log(total)"),
     loop("total += loss.item()", "history.append(total)"),
+    # read before this step's addition: a step closure given the sum would see it added
+    loop("if step % 10 == 0:", "    print(f'{total:.2f}')", "total += loss.item()"),
     # bound to something else on a path
     loop("total += loss.item()", "print(f'{total:.2f}')", before="total = start\n"),
     # a read of a tensor that may hold more than one value in a 0-d tensor ([1]: formatting fails)
