@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 VOCAB, WIDTH, HEADS, CONTEXT, BLOCKS = 32, 16, 4, 8, 4
-IMAGE, PATCH, CLASSES = 8, 4, 5
+IMAGE, PATCH, CLASSES = 12, 4, 5  # 9 patches and the class token: a sequence of 10
 STEPS, GLOBAL_BATCH = 10, 8
 
 
