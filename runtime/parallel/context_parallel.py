@@ -44,11 +44,17 @@ def shard_sequence(layer: nn.Module, mesh) -> None:
 
     def split(module, args, kwargs):
         _check_one_tensor_input(module, args, kwargs)
+        hidden = _Split.apply(args[0], mesh)
         attention.__enter__()
-        return (_Split.apply(args[0], mesh), *args[1:]), kwargs
+        return (hidden, *args[1:]), kwargs
 
     def gather(module, args, kwargs, output):
+        # always called, after a forward that raised too (output None), to leave the attention
+        if not attention.entered:
+            return None
         attention.__exit__(None, None, None)
+        if output is None:
+            return None
         if isinstance(output, tuple):
             return (_Gather.apply(output[0], mesh), *output[1:])
         return _Gather.apply(output, mesh)
@@ -154,6 +160,15 @@ class _UlyssesAttention(TorchFunctionMode):
     def __init__(self, mesh):
         super().__init__()
         self.mesh = mesh
+        self.entered = False
+
+    def __enter__(self):
+        self.entered = True
+        return super().__enter__()
+
+    def __exit__(self, *exception):
+        self.entered = False
+        return super().__exit__(*exception)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -100,7 +100,7 @@ class ParallelDims:
 
     @property
     def data_parallel_size(self) -> int:
-        """The ranks that read different batches (the ranks of a ``pp`` or ``tp`` group read the same)."""
+        """The ranks that read different batches (the ranks of a ``pp``, ``sp`` or ``tp`` group read the same)."""
         return self.dp * self.fsdp
 
     @property
