@@ -8,7 +8,11 @@ swaps the sequence split for a split of the heads by an all-to-all (``all_to_all
 that each rank attends over the whole sequence with ``heads / sp`` heads, and swaps back after.
 An ``nn.MultiheadAttention`` is first converted into separate projections (``mha.py``) whose
 forward calls ``scaled_dot_product_attention``. What runs between the layers (embeddings,
-positional embeddings, the loss) sees the whole sequence, so positions need no offset.
+positional embeddings, the loss) sees the whole sequence, so positions need no offset; a
+layer's other inputs (a rotary table, position ids) are cut along their dim of the sequence's
+length, where they have one. Only attention is made to see the whole sequence, so at a layer's
+first forward its parts, gathered, are checked against the layer on the whole sequence: a
+layer that mixes tokens otherwise is refused rather than trained wrong.
 
 The ranks of ``mesh`` read the same batches and compute the same loss. Each layer's parameters
 get from each rank the gradient of that rank's part of the sequence; the whole gradient is
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .._tensor_tree import map_tensors
 from .mha import SplitQKVMultiheadAttention
 
 SEQUENCE_DIM = 1  # of a layer's hidden states (batch, sequence, ...)
@@ -41,12 +46,21 @@ def shard_sequence(layer: nn.Module, mesh) -> None:
             converted.register_forward_pre_hook(_refuse_attention_weights, with_kwargs=True)
             setattr(layer.get_submodule(parent), attribute, converted)
     attention = _UlyssesAttention(mesh)
+    name = type(layer).__name__  # FSDP2 renames the class later
+    checked, whole = False, None  # whole: the first call's inputs, until its forward is checked
 
     def split(module, args, kwargs):
-        _check_one_tensor_input(module, args, kwargs)
-        hidden = _Split.apply(args[0], mesh)
+        nonlocal whole
+        if not args or not isinstance(args[0], torch.Tensor):
+            raise ValueError(f"context parallel splits the hidden states a {name} gets as its first argument, "
+                             f"but it got {type(args[0]).__name__ if args else 'none'}")
+        length = args[0].shape[SEQUENCE_DIM]
+        if not checked:
+            whole = map_tensors(torch.Tensor.detach, (args, kwargs))
+        hidden = _Split.apply(args[0], mesh, SEQUENCE_DIM)
+        others = map_tensors(lambda tensor: _split_along_sequence(tensor, length, mesh), (args[1:], kwargs))
         attention.__enter__()
-        return (hidden, *args[1:]), kwargs
+        return (hidden, *others[0]), others[1]
 
     def gather(module, args, kwargs, output):
         # always called, after a forward that raised too (output None), to leave the attention
@@ -55,12 +69,48 @@ def shard_sequence(layer: nn.Module, mesh) -> None:
         attention.__exit__(None, None, None)
         if output is None:
             return None
+        nonlocal checked, whole
+        if not checked:
+            _check_parts_match_whole(module, name, whole, (args, kwargs), attention)
+            checked, whole = True, None
         if isinstance(output, tuple):
             return (_Gather.apply(output[0], mesh), *output[1:])
         return _Gather.apply(output, mesh)
 
     layer.register_forward_pre_hook(split, with_kwargs=True)
     layer.register_forward_hook(gather, with_kwargs=True, always_call=True)
+
+
+def _check_parts_match_whole(layer: nn.Module, name: str, whole, part, attention: _UlyssesAttention) -> None:
+    """Only ``scaled_dot_product_attention`` is made to see the whole sequence: a layer that
+    mixes tokens otherwise (attention written with a matmul and a softmax, positions taken from
+    its input's length, a convolution over the sequence) would compute each part on its own and
+    train silently wrong; so would another input cut along the wrong dim. At its first forward
+    the layer runs once more on the ``whole`` inputs and once on this rank's ``part`` (each an
+    ``(args, kwargs)`` pair; in eval mode, so that dropout draws nothing, without gradients):
+    the parts gathered must be the whole's result."""
+    modes = {module: module.training for module in layer.modules()}
+    layer.eval()
+    try:
+        with torch.no_grad():
+            expected = _first(layer.forward(*whole[0], **whole[1]))
+            with attention:
+                computed = _all_gather(_first(layer.forward(*part[0], **part[1])), attention.mesh, SEQUENCE_DIM)
+    finally:
+        for module, training in modes.items():
+            module.training = training
+    tolerance = 1e-4 if expected.dtype == torch.float32 else 1e-2
+    if not torch.allclose(computed, expected, rtol=tolerance, atol=tolerance):
+        raise ValueError(f"context parallel computes {name} on parts of the sequence, and it gives "
+                         f"another result than on the whole: it mixes tokens outside F.scaled_dot_product_attention "
+                         f"(an attention written with matmul and softmax, positions from its input's length, a "
+                         f"convolution over the sequence), or an input is not cut along its sequence; write its "
+                         f"attention with F.scaled_dot_product_attention and take positions before the layers, "
+                         f"or leave config.dist.sp.size at 1")
+
+
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
 
 
 def _refuse_attention_weights(attention, args, kwargs):
@@ -72,14 +122,12 @@ def _refuse_attention_weights(attention, args, kwargs):
                          "need_weights=False")
 
 
-def _check_one_tensor_input(layer: nn.Module, args, kwargs) -> None:
-    """A layer given other tensors than its hidden states (rotary tables, masks) would get them
-    whole beside a part of the sequence, and could broadcast them silently wrong."""
-    others = [value for value in (*args[1:], *kwargs.values()) if isinstance(value, torch.Tensor)]
-    if not args or not isinstance(args[0], torch.Tensor) or others:
-        raise ValueError(f"context parallel splits the hidden states a {type(layer).__name__} gets as its only "
-                         f"tensor input, but it got {len(others) + len(args[:1])} tensors; compute rotary "
-                         f"tables and masks inside the layer, or leave config.dist.sp.size at 1")
+def _split_along_sequence(tensor: torch.Tensor, length: int, mesh) -> torch.Tensor:
+    """A layer's other input (a rotary table ``(sequence, dim)``, position ids) cut along its one
+    dim of the sequence's ``length``; whole where it has none (or several, as a mask): the first
+    forward's check finds a guess that was wrong."""
+    dims = [dim for dim, size in enumerate(tensor.shape) if size == length]
+    return _Split.apply(tensor, mesh, dims[0]) if len(dims) == 1 else tensor
 
 
 def _sequence_part(length: int, mesh) -> tuple[int, int]:
@@ -98,18 +146,18 @@ def _all_gather(tensor: torch.Tensor, mesh, dim: int) -> torch.Tensor:
 
 
 class _Split(torch.autograd.Function):
-    """This rank's part of the sequence; backward: the whole gradient, from every rank's part,
-    divided by ``sp`` (the layers' gradients come scaled by ``sp``, see ``_Gather``)."""
+    """This rank's part of the sequence, along ``dim``; backward: the whole gradient, from every
+    rank's part, divided by ``sp`` (the layers' gradients come scaled by ``sp``, see ``_Gather``)."""
 
     @staticmethod
-    def forward(ctx, hidden, mesh):
-        ctx.mesh = mesh
-        start, part = _sequence_part(hidden.shape[SEQUENCE_DIM], mesh)
-        return hidden.narrow(SEQUENCE_DIM, start, part).clone()
+    def forward(ctx, tensor, mesh, dim):
+        ctx.mesh, ctx.dim = mesh, dim
+        start, part = _sequence_part(tensor.shape[dim], mesh)
+        return tensor.narrow(dim, start, part).clone()
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather(grad, ctx.mesh, SEQUENCE_DIM) / ctx.mesh.size(), None
+        return _all_gather(grad, ctx.mesh, ctx.dim) / ctx.mesh.size(), None, None
 
 
 class _Gather(torch.autograd.Function):

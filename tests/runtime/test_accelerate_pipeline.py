@@ -2,8 +2,8 @@
 a GPT's positional embedding, a ViT's ``cls_token`` and ``pos_embed``), on real gloo processes:
 tensor parallel, pipeline parallel and their combinations with FSDP train as one process does
 on the same global batch: 10 SGD steps, losses and final parameters within 1e-5; so does context
-parallel (Ulysses over causal ``scaled_dot_product_attention`` and ``nn.MultiheadAttention``),
-alone and with FSDP. In one process: how a model is cut into stages, and how
+parallel (Ulysses over causal ``scaled_dot_product_attention`` and ``nn.MultiheadAttention``,
+a Llama's rotary table cut with the sequence), alone and with FSDP. In one process: how a model is cut into stages, and how
 ``config.dist.topology`` lays the parallelisms over the ranks.
 """
 
@@ -110,13 +110,13 @@ def test_pipeline_fsdp_and_tensor_parallel_over_eight_ranks_match_one_process():
 @pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_context_parallel_over_two_ranks_matches_one_process():
-    _run([("gpt", {"sp": 2}), ("vit", {"sp": 2})], 2)
+    _run([("gpt", {"sp": 2}), ("llama", {"sp": 2}), ("vit", {"sp": 2})], 2)
 
 
 @pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_context_parallel_with_fsdp_over_four_ranks_matches_one_process():
-    _run([("gpt", {"fsdp": 2, "sp": 2}), ("vit", {"fsdp": 2, "sp": 2})], 4)
+    _run([("gpt", {"fsdp": 2, "sp": 2}), ("llama", {"fsdp": 2, "sp": 2}), ("vit", {"fsdp": 2, "sp": 2})], 4)
 
 
 # -- one process: stages and topology ------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Context parallel (``context_parallel.py``) in one process: what it refuses, and why, before
-anything is computed wrong. The layers are split over a fake process group (no data moves);
-that the split trains as one process does is ``test_accelerate_pipeline.py``'s, on real ranks.
+"""What context parallel (``context_parallel.py``) refuses, and why, before anything is computed
+wrong: in one process, the layers split over a fake process group (no data moves); on two real
+ranks, the layers that mix tokens outside attention. That the split trains as one process does
+is ``test_accelerate_pipeline.py``'s, on real ranks.
 """
 
 import pytest
@@ -10,12 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from accrewrite.runtime import Config
+from accrewrite.runtime import Config, accelerate
 from accrewrite.runtime.parallel import apply
 from accrewrite.runtime.parallel.apply import apply_sp, find_layers
 from accrewrite.runtime.parallel.parallel_dims import ParallelDims
 
 import _parallel_models as models
+from _ranks import run_ranks
 
 
 @pytest.fixture
@@ -79,13 +81,6 @@ def test_heads_the_ranks_do_not_divide_ask_for_another_size(sp_mesh):
         model(*_inputs("gpt"))
 
 
-def test_a_layer_given_a_rotary_table_beside_its_hidden_states_is_refused(sp_mesh):
-    model = _split(models.build("llama"), sp_mesh(2))
-    with pytest.raises(ValueError, match=r"splits the hidden states a LlamaBlock gets as its only tensor input, but "
-                                         r"it got 2 tensors; compute rotary tables and masks inside the layer"):
-        model(*_inputs("llama"))
-
-
 def test_an_attention_mask_built_for_one_part_of_the_sequence_is_refused(sp_mesh):
     class MaskedAttention(models.Attention):
         def forward(self, x, rotation=None):
@@ -113,3 +108,63 @@ def test_multihead_attention_asked_for_its_weights_is_refused(sp_mesh):
     assert not any(isinstance(m, nn.MultiheadAttention) for m in model.modules())  # split into projections
     with pytest.raises(ValueError, match=r"cannot return nn.MultiheadAttention's attention weights.*need_weights=False"):
         model(torch.randn(2, 4, models.WIDTH))
+
+
+class MatmulAttention(models.Attention):
+    """Attention written out, as nanoGPT's slow path: the matmul sees one rank's part only."""
+
+    def forward(self, x, rotation=None):
+        q, k, v = (proj(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim ** -0.5
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        return self.o_proj((weights @ v).transpose(1, 2).flatten(2))
+
+
+class PositionsInside(nn.Module):
+    """Positions numbered from the layer's input length: 0 on every rank's part."""
+
+    def __init__(self):
+        super().__init__()
+        self.block, self.positions = models.GPTBlock(), nn.Embedding(models.CONTEXT, models.WIDTH)
+
+    def forward(self, x):
+        return self.block(x + self.positions(torch.arange(x.shape[1])))
+
+
+def _mixing_gpt(kind):
+    model = models.build("gpt")
+    for index, block in enumerate(model.h):
+        if kind == "matmul":
+            block.attn = MatmulAttention()
+        else:
+            model.h[index] = PositionsInside()
+    return model
+
+
+def _first_forward_error(rank, kinds):
+    errors = []
+    for kind in kinds:
+        config = Config()
+        config.dist.sp.size = 2
+        model = accelerate(_mixing_gpt(kind), config=config)
+        try:
+            model(*_inputs("gpt"))
+        except ValueError as error:
+            errors.append(str(error))
+    return errors
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_a_layer_that_mixes_tokens_outside_attention_is_refused_at_its_first_forward():
+    for errors in run_ranks(_first_forward_error, 2, ["matmul", "positions"]):
+        assert errors == [
+            f"context parallel computes {layer} on parts of the sequence, and it gives another result than on the "
+            f"whole: it mixes tokens outside F.scaled_dot_product_attention (an attention written with matmul and "
+            f"softmax, positions from its input's length, a convolution over the sequence), or an input is not "
+            f"cut along its sequence; write its attention with F.scaled_dot_product_attention and take positions "
+            f"before the layers, or leave config.dist.sp.size at 1"
+            for layer in ("GPTBlock", "PositionsInside")
+        ]
