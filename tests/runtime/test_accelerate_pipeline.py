@@ -3,8 +3,8 @@ a GPT's positional embedding, a ViT's ``cls_token`` and ``pos_embed``), on real 
 tensor parallel, pipeline parallel and their combinations with FSDP train as one process does
 on the same global batch: 10 SGD steps, losses and final parameters within 1e-5; so does context
 parallel (Ulysses over causal ``scaled_dot_product_attention`` and ``nn.MultiheadAttention``,
-a Llama's rotary table cut with the sequence), alone and with FSDP. In one process: how a model is cut into stages, and how
-``config.dist.topology`` lays the parallelisms over the ranks.
+a Llama's rotary table cut with the sequence), alone and with FSDP. In one process: how a model
+is cut into stages, and how ``config.dist.topology`` lays the parallelisms over the ranks.
 """
 
 import os
