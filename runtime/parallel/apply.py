@@ -186,7 +186,7 @@ def _check_context_parallel(config: Config, dims: ParallelDims) -> None:
     if not dims.sp_enabled:
         return
     others = {"config.dist.pp.size > 1": dims.pp_enabled, "config.dist.tp.size > 1": dims.tp_enabled,
-              "config.memory.gc": config.memory.gc, "config.compute.compile": config.compute.compile}
+              "config.compute.compile": config.compute.compile}
     given = [name for name, on in others.items() if on]
     if given:
         raise ValueError(f"context parallel (config.dist.sp.size > 1) does not combine with {', '.join(given)} "

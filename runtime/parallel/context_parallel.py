@@ -59,29 +59,46 @@ def shard_sequence(layer: nn.Module, mesh) -> None:
             whole = map_tensors(torch.Tensor.detach, (args, kwargs))
         hidden = _Split.apply(args[0], mesh, SEQUENCE_DIM)
         others = map_tensors(lambda tensor: _split_along_sequence(tensor, length, mesh), (args[1:], kwargs))
-        attention.__enter__()
         return (hidden, *others[0]), others[1]
 
     def gather(module, args, kwargs, output):
-        # always called, after a forward that raised too (output None), to leave the attention
-        if not attention.entered:
-            return None
-        attention.__exit__(None, None, None)
-        if output is None:
-            return None
         nonlocal checked, whole
         if not checked:
-            _check_parts_match_whole(module, name, whole, (args, kwargs), attention)
+            _check_parts_match_whole(module, name, forward, whole, (args, kwargs))
             checked, whole = True, None
         if isinstance(output, tuple):
             return (_Gather.apply(output[0], mesh), *output[1:])
         return _Gather.apply(output, mesh)
 
+    forward = _WithAttentionOverParts(layer, layer.__dict__.get("forward"), attention)
+    layer.forward = forward
     layer.register_forward_pre_hook(split, with_kwargs=True)
-    layer.register_forward_hook(gather, with_kwargs=True, always_call=True)
+    layer.register_forward_hook(gather, with_kwargs=True)
 
 
-def _check_parts_match_whole(layer: nn.Module, name: str, whole, part, attention: _UlyssesAttention) -> None:
+class _WithAttentionOverParts:
+    """A layer's forward with its ``scaled_dot_product_attention`` calls made Ulysses'. Set on
+    the instance, so that activation checkpointing, which wraps it, recomputes through it.
+    ``original`` is a forward set on the instance before (None: the class's); the module is held
+    rather than its bound ``forward`` so that pickling and deepcopy do not follow a bound method
+    back to this object."""
+
+    def __init__(self, module: nn.Module, original, attention: _UlyssesAttention):
+        self.module, self.original, self.attention = module, original, attention
+
+    def whole(self, *args, **kwargs):
+        """The forward on the whole sequence."""
+        if self.original is not None:
+            return self.original(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        with self.attention:
+            return self.whole(*args, **kwargs)
+
+
+def _check_parts_match_whole(layer: nn.Module, name: str, forward: _WithAttentionOverParts, whole,
+                             part) -> None:
     """Only ``scaled_dot_product_attention`` is made to see the whole sequence: a layer that
     mixes tokens otherwise (attention written with a matmul and a softmax, positions taken from
     its input's length, a convolution over the sequence) would compute each part on its own and
@@ -93,9 +110,8 @@ def _check_parts_match_whole(layer: nn.Module, name: str, whole, part, attention
     layer.eval()
     try:
         with torch.no_grad():
-            expected = _first(layer.forward(*whole[0], **whole[1]))
-            with attention:
-                computed = _all_gather(_first(layer.forward(*part[0], **part[1])), attention.mesh, SEQUENCE_DIM)
+            expected = _first(forward.whole(*whole[0], **whole[1]))
+            computed = _all_gather(_first(forward(*part[0], **part[1])), forward.attention.mesh, SEQUENCE_DIM)
     finally:
         for module, training in modes.items():
             module.training = training
@@ -208,15 +224,6 @@ class _UlyssesAttention(TorchFunctionMode):
     def __init__(self, mesh):
         super().__init__()
         self.mesh = mesh
-        self.entered = False
-
-    def __enter__(self):
-        self.entered = True
-        return super().__enter__()
-
-    def __exit__(self, *exception):
-        self.entered = False
-        return super().__exit__(*exception)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

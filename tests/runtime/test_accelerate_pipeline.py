@@ -3,10 +3,12 @@ a GPT's positional embedding, a ViT's ``cls_token`` and ``pos_embed``), on real 
 tensor parallel, pipeline parallel and their combinations with FSDP train as one process does
 on the same global batch: 10 SGD steps, losses and final parameters within 1e-5; so does context
 parallel (Ulysses over causal ``scaled_dot_product_attention`` and ``nn.MultiheadAttention``,
-a Llama's rotary table cut with the sequence), alone and with FSDP. In one process: how a model
-is cut into stages, and how ``config.dist.topology`` lays the parallelisms over the ranks.
+a Llama's rotary table cut with the sequence), alone, with activation checkpointing and with
+FSDP. In one process: how a model is cut into stages, and how ``config.dist.topology`` lays the
+parallelisms over the ranks.
 """
 
+import operator
 import os
 
 import pytest
@@ -41,11 +43,13 @@ def _pipeline_step(model, inputs):
 
 def _accelerated_rank(rank, cases):
     results = []
-    for name, sizes, *topology in cases:
+    for name, sizes, *settings in cases:
         config = Config()
         for section, size in sizes.items():
             getattr(config.dist, section).size = size
-        config.dist.topology = topology[0] if topology else config.dist.topology
+        for path, value in (settings[0] if settings else {}).items():  # {"dist.topology": [...]}
+            section, field = path.rsplit(".", 1)
+            setattr(operator.attrgetter(section)(config), field, value)
         config.dist.pp.num_micro_batches = 2
         data_ranks = int(os.environ["WORLD_SIZE"]) // (sizes.get("tp", 1) * sizes.get("pp", 1) * sizes.get("sp", 1))
         model, loader = accelerate(models.build(name), models.loader(name, models.GLOBAL_BATCH // data_ranks), config)
@@ -97,7 +101,7 @@ def test_pipeline_with_fsdp_or_tensor_parallel_over_four_ranks_matches_one_proce
     pipeline_neighbours = ["tp", "dp", "fsdp", "pp"]
     _run([("gpt", {"fsdp": 2, "pp": 2}), ("llama", {"fsdp": 2, "pp": 2}), ("vit", {"fsdp": 2, "pp": 2}),
           ("gpt", {"tp": 2, "pp": 2}), ("llama", {"tp": 2, "pp": 2}), ("vit", {"tp": 2, "pp": 2}),
-          ("gpt", {"tp": 2, "pp": 2}, pipeline_neighbours)], 4)
+          ("gpt", {"tp": 2, "pp": 2}, {"dist.topology": pipeline_neighbours})], 4)
 
 
 @pytest.mark.launches_ranks
@@ -110,7 +114,8 @@ def test_pipeline_fsdp_and_tensor_parallel_over_eight_ranks_match_one_process():
 @pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_context_parallel_over_two_ranks_matches_one_process():
-    _run([("gpt", {"sp": 2}), ("llama", {"sp": 2}), ("vit", {"sp": 2})], 2)
+    _run([("gpt", {"sp": 2}), ("llama", {"sp": 2}), ("vit", {"sp": 2}), ("gpt", {"sp": 2}, {"memory.gc": True})],
+         2)
 
 
 @pytest.mark.launches_ranks

@@ -51,7 +51,6 @@ def _inputs(name, length=models.CONTEXT):
                               r"only; give \"ulysses\""),
         ({"pp.size": 2, "pp.num_micro_batches": 2}, r"does not combine with config.dist.pp.size > 1 yet"),
         ({"tp.size": 2}, r"does not combine with config.dist.tp.size > 1 yet"),
-        ({"memory.gc": True}, r"does not combine with config.memory.gc yet"),
         ({"compute.compile": True}, r"does not combine with config.compute.compile yet"),
     ],
 )
