@@ -87,9 +87,20 @@ def apply_sp(model: nn.Module, layers: list[nn.Module], mesh) -> None:
     """Each of ``layers`` computes on this rank's part of the sequence of the 1-D ``mesh``, its
     attention by Ulysses' all-to-all over the heads; checks at the first forward that the ranks
     of ``mesh`` got the same inputs."""
+    _check_not_nested(layers)
     for layer in layers:
         shard_sequence(layer, mesh)
     _check_same_inputs(model, mesh, "context-parallel")
+
+
+def _check_not_nested(layers: list[nn.Module]) -> None:
+    """A layer inside another would cut its part of the sequence again."""
+    for outer in layers:
+        inner = [layer for layer in layers if layer is not outer and any(layer is m for m in outer.modules())]
+        if inner:
+            raise ValueError(f"context parallel cuts each wrapped layer's sequence once, but {type(inner[0]).__name__} "
+                             f"is inside {type(outer).__name__}; give config.dist.fsdp.wrap_layer_cls classes that do "
+                             f"not hold one another")
 
 
 def _check_same_inputs(model: nn.Module, mesh, group: str) -> None:

@@ -67,6 +67,24 @@ def test_settings_context_parallel_does_not_honour_are_refused_before_anything_r
             part.check(config, dims)
 
 
+def test_wrapped_layers_inside_one_another_are_refused():
+    model = models.build("gpt")
+    with pytest.raises(ValueError, match=r"cuts each wrapped layer's sequence once, but Attention is inside GPTBlock"):
+        apply_sp(model, find_layers(model, {"GPTBlock", "Attention"}, "config.dist.fsdp.wrap_layer_cls"), None)
+
+
+def test_a_layer_whose_first_argument_is_not_its_hidden_states_is_refused(sp_mesh):
+    class KeywordBlock(models.GPTBlock):
+        def forward(self, x=None):
+            return super().forward(x)
+
+    model = nn.Sequential(KeywordBlock(), KeywordBlock())
+    _split(model, sp_mesh(2))
+    with pytest.raises(ValueError, match=r"splits the hidden states a KeywordBlock gets as its first argument, but "
+                                         r"it got none"):
+        model[0](x=torch.randn(2, 4, models.WIDTH))
+
+
 def test_a_sequence_the_ranks_do_not_divide_asks_for_padding(sp_mesh):
     model = _split(models.build("gpt"), sp_mesh(2))
     with pytest.raises(ValueError, match=r"sequence of length 7 does not split over config.dist.sp.size = 2 ranks; "
