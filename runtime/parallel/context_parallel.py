@@ -39,9 +39,9 @@ HEAD_DIM = 1  # of attention's q, k, v (batch, heads, sequence, head_dim)
 def shard_sequence(layer: nn.Module, mesh) -> None:
     """``layer`` computes on this rank's part of the sequence, its attention over all of it
     (see the module docstring)."""
-    for name, module in list(layer.named_modules()):
+    for path, module in list(layer.named_modules()):
         if isinstance(module, nn.MultiheadAttention):
-            parent, _, attribute = name.rpartition(".")
+            parent, _, attribute = path.rpartition(".")
             converted = SplitQKVMultiheadAttention.from_module(module)
             converted.register_forward_pre_hook(_refuse_attention_weights, with_kwargs=True)
             setattr(layer.get_submodule(parent), attribute, converted)
