@@ -2,10 +2,10 @@
 a GPT's positional embedding, a ViT's ``cls_token`` and ``pos_embed``), on real gloo processes:
 tensor parallel, pipeline parallel and their combinations with FSDP train as one process does
 on the same global batch: 10 SGD steps, losses and final parameters within 1e-5; so does context
-parallel (Ulysses over causal ``scaled_dot_product_attention`` and ``nn.MultiheadAttention``,
-a Llama's rotary table cut with the sequence), alone, with activation checkpointing and with
-FSDP. In one process: how a model is cut into stages, and how ``config.dist.topology`` lays the
-parallelisms over the ranks.
+parallel (Ulysses over causal ``scaled_dot_product_attention``, ``nn.MultiheadAttention``
+causal or not, a Llama's rotary table cut with the sequence), alone, with activation
+checkpointing and with FSDP. In one process: how a model is cut into stages, and how
+``config.dist.topology`` lays the parallelisms over the ranks.
 """
 
 import operator
@@ -114,8 +114,8 @@ def test_pipeline_fsdp_and_tensor_parallel_over_eight_ranks_match_one_process():
 @pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_context_parallel_over_two_ranks_matches_one_process():
-    _run([("gpt", {"sp": 2}), ("llama", {"sp": 2}), ("vit", {"sp": 2}), ("gpt", {"sp": 2}, {"memory.gc": True})],
-         2)
+    _run([("gpt", {"sp": 2}), ("gpt_mha", {"sp": 2}), ("llama", {"sp": 2}), ("vit", {"sp": 2}),
+          ("gpt", {"sp": 2}, {"memory.gc": True})], 2)
 
 
 @pytest.mark.launches_ranks
