@@ -307,6 +307,8 @@ def _config(**sizes):
         ({"fsdp": 3}, r"pp.size \* sp.size \* tp.size = 3 \* 1 \* 1 \* 1 does not divide the world size 4"),
         ({"dp": 2, "fsdp": 4}, r"= 8, but the world size is 4"),
         ({"tp": 0}, "config.dist.tp.size must be a positive int"),
+        ({"sp": 0}, "config.dist.sp.size must be a positive int"),
+        ({"fsdp": 2, "sp": 4}, r"sp.size \* tp.size = 2 \* 1 \* 4 \* 1 does not divide the world size 4"),
     ],
 )
 def test_sizes_that_do_not_fit_the_world_say_what_to_change(sizes, message):
