@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from accrewrite import __version__
-from accrewrite.base.parallel_kinds import PARALLEL_KINDS  # the runtime's table too; torch-free
+from accrewrite.base.parallel_kinds import PARALLEL_KINDS, unknown_kind  # the runtime's table too; torch-free
 from accrewrite.choices import FORMATS, ORIGINAL, positive
 from accrewrite.targets import DEFAULT_TARGET, ProfileError, all_targets, unknown_target
 
@@ -87,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     modes.add_argument("--check", dest="mode", action="store_const", const="check",
                        help="exit 1 when a file would change; write nothing")
     modes.add_argument("--output-dir", metavar="DIR", help="write migrated copies under DIR")
-    migrate.add_argument("--parallel", choices=PARALLEL_KINDS, metavar="|".join(PARALLEL_KINDS),
-                         help="target runtime: DDP becomes FSDP2 and/or tensor parallel through accelerate()")
+    migrate.add_argument("--parallel", type=_parallel, metavar="|".join(PARALLEL_KINDS),
+                         help="target runtime: DDP becomes FSDP2, tensor and/or pipeline parallel through accelerate()")
     migrate.add_argument("--guard", metavar="ENV_VAR",
                          help="write the dual-path form: the target path runs only when ENV_VAR is set")
     migrate.add_argument("--select", type=_codes, metavar="CODES", help="rules to run: codes, prefixes, names, ALL")
@@ -150,6 +150,12 @@ def _parser() -> argparse.ArgumentParser:
 def _target(value: str) -> str:
     if value not in all_targets():
         raise argparse.ArgumentTypeError(unknown_target(value))
+    return value
+
+
+def _parallel(value: str) -> str:
+    if value not in PARALLEL_KINDS:
+        raise argparse.ArgumentTypeError(unknown_kind(value))
     return value
 
 

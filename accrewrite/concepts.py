@@ -136,12 +136,19 @@ _DEFINITIONS = (
     Definition("fused_adam", SPELLING, "torch.optim.Adam's fused replacement", hook=True),
     Definition("fused_adamw", SPELLING, "torch.optim.AdamW's fused replacement", hook=True),
     Definition("auto_checkpoint", STATEMENTS, "activation checkpointing chosen for a model", ("model",)),
-    # migrate --parallel (ACC030, ACC031)
+    # migrate --parallel (ACC030, ACC031, ACC035)
     Definition("parallel_accelerate", EXPRESSION,
-               'a model sharded or tensor-parallel; {kind} is "fsdp", "tp" or "fsdp,tp"', ("model", "kind"),
+               'a model sharded, tensor- or pipeline-parallel; {kind} is a --parallel kind, "fsdp" to "fsdp,tp,pp"',
+               ("model", "kind"),
                needs=("gradient_sync_switch",)),
     Definition("gradient_sync_switch", STATEMENTS, "DDP's require_backward_grad_sync for a sharded model",
                ("model", "value")),
+    Definition("pipeline_step", EXPRESSION,
+               "one training step's forward and backward over a pipeline-parallel model's micro-batches, "
+               "the mean loss", ("model", "inputs")),
+    Definition("pipeline_step_of_output", EXPRESSION,
+               "pipeline_step where the model's forward returns several values, the loss at {index}",
+               ("model", "inputs", "index")),
     Definition("full_state_export", STATEMENTS, "writes a sharded model's unsharded state dict", ("path", "model")),
     # Hugging Face's Trainer (ACC017)
     Definition("trainer_setup", STATEMENTS,

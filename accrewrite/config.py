@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from accrewrite.base.parallel_kinds import PARALLEL_KINDS  # the runtime's table too; torch-free
+from accrewrite.base.parallel_kinds import PARALLEL_KINDS, unknown_kind  # the runtime's table too; torch-free
 from accrewrite.discovery import excluded, real
 from accrewrite.targets import all_targets, unknown_target
 
@@ -92,6 +92,5 @@ def _validate(path: Path, table: dict) -> dict:
     if "target" in table and table["target"] not in all_targets():
         raise ConfigError(f"{path}: [tool.accrewrite] target: {unknown_target(table['target'])}")
     if table.get("parallel", PARALLEL_KINDS[0]) not in PARALLEL_KINDS:
-        raise ConfigError(f"{path}: [tool.accrewrite] parallel must be one of {', '.join(PARALLEL_KINDS)}, "
-                          f"got {table['parallel']!r}")
+        raise ConfigError(f"{path}: [tool.accrewrite] parallel {unknown_kind(table['parallel'])}")
     return table

@@ -44,7 +44,7 @@ class Options:
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
     guard: str | None = None
-    parallel: str | None = None  # --parallel: "fsdp", "tp" or "fsdp,tp"
+    parallel: str | None = None  # --parallel: a kind of base/parallel_kinds.py
     # Why DistributedDataParallel stays (the project's pass: the module that steps does not reduce).
     keep_ddp: str | None = None
 

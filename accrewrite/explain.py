@@ -39,6 +39,7 @@ def markdown(rule: type[Rule]) -> str:
     ]
     for number, example in enumerate(rule.examples, start=1):
         together = f", with {', '.join(example.with_rules)}" if example.with_rules else ""
+        together += f", --parallel {example.parallel}" if example.parallel else ""
         parts.append(f"## Example {number} (target {example.target}{together})")
         parts += ["Before:", _code_block(example.before)]
         if example.after != example.before:

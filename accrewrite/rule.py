@@ -31,13 +31,16 @@ class Example:
     only this rule selected (and the rules of ``with_rules``, whose work the rule's relies on)
     and expects ``after`` exactly, and the diagnostics listed in ``diagnostics`` as
     ``"CODE:LINE"`` (lines of ``before``), in order. A diagnostic rule's example changes
-    nothing: it leaves out ``after``, which then equals ``before``."""
+    nothing: it leaves out ``after``, which then equals ``before``. ``parallel`` is the
+    ``--parallel`` kind it is migrated with, which runs every parallel rule (their findings are
+    listed with ``with_rules``)."""
 
     before: str
     after: str | None = None
     target: str = "runtime"
     diagnostics: tuple[str, ...] = ()
     with_rules: tuple[str, ...] = ()
+    parallel: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "before", textwrap.dedent(self.before).lstrip("\n"))
@@ -169,7 +172,7 @@ class RuleContext:
     facts: Facts
     target: Target
     source_text: str
-    parallel: str | None = None  # migrate --parallel: "fsdp", "tp" or "fsdp,tp"
+    parallel: str | None = None  # migrate --parallel: a kind of base/parallel_kinds.py
     # Why DistributedDataParallel stays, where the project's pass says so (``Options.keep_ddp``).
     keep_ddp: str | None = None
     # The codes of the rules that run on the file (selected, and the target has their concepts).

@@ -160,6 +160,14 @@ def wrapped_module(ctx: RuleContext, original: cst.Call, updated: cst.Call, by_h
     return module
 
 
+def single_assign(statement) -> cst.Assign | None:
+    """The assignment when ``statement`` is a line of one ``target = value``, else None."""
+    if (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1):
+        return statement.body[0]
+    return None
+
+
 def wrapped_models_of(ctx: RuleContext) -> set[str] | None:
     """``wrapped_models`` of the rule context's file, or None where the file never names
     DataParallel (a cheap gate before any name is resolved)."""

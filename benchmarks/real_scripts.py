@@ -1832,7 +1832,7 @@ def run_to_end(script: Path, relative: str, recipe: Recipe, side: str, args) -> 
             ready = prepare(script, recipe, Path(scratch), args.python)
             (Path(scratch) / "sides").mkdir()
             workspace = Workspace(Path(scratch) / "sides", ready.cwd, ready.script, Path(scratch))
-            workspace.copy()
+            workspace.survey()
             errors: list[str] = []
             home, path = workspace.view(side, None if side == "original" else side, errors)
         except Exception as exc:  # noqa: BLE001 - one recipe never stops the run

@@ -21,9 +21,10 @@ script written here in the shape of the tutorials' character models (aladdinpers
 Every script runs on torch_xla's CPU device (``PJRT_DEVICE=CPU``, ``--xla-python``), small
 sizes, one process. ``HOOK``, imported first by every process (``sitecustomize``), reads
 torch_xla's metrics after each step of the first optimizer that steps (a GAN's discriminator)
-and stops the process after ``--steps`` + 1 of them: step k is what runs between the ends of its
-optimizer steps k and k + 1, so it holds step k's graph execution (XLA runs a step's graph after
-its optimizer step) and the next step's work up to its optimizer step. Counted per step: graph
+and stops the process after ``--steps`` + 1 of them (a script that ends sooner is counted over the
+steps it made): step k is what runs between the ends of its optimizer steps k and k + 1, so it
+holds step k's graph execution (XLA runs a step's graph after its optimizer step) and the next
+step's work up to its optimizer step. Counted per step: graph
 executions (``ExecuteTime``), compilations (``CompileTime``) and transfers from the device to the
 host (``TransferFromDeviceTime``: ``.item()``, a print of a tensor, a Python ``if`` on one).
 Printed per script: the seconds spent compiling until step 3's optimizer step (the warm-up), then
@@ -57,6 +58,7 @@ HOOK = '''
 
 # Appended by benchmarks/xla_hand_ports.py: see its HOOK.
 def _profile_steps():
+    import atexit
     import json
     import os
     import time
@@ -83,17 +85,22 @@ def _profile_steps():
                 "compilations": compilations, "compile_s": compile_ns / 1e9,
                 "transfers": metric("TransferFromDeviceTime")[0], "time": time.monotonic()}
 
+    def write():
+        if marks:
+            with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as out:
+                json.dump(marks, out)
+
     def after_step(optimizer, args, kwargs):
         first[:] = first or [optimizer]
         if optimizer is not first[0]:
             return
         marks.append(mark())
         if len(marks) > steps:
-            with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as out:
-                json.dump(marks, out)
+            write()
             os._exit(0)  # the steps are counted: what the script does after them is not measured
 
     register_optimizer_step_post_hook(after_step)
+    atexit.register(write)  # a script that ends sooner: the steps it made
 
 
 _profile_steps()
@@ -358,10 +365,10 @@ def run(side: Side, roots: dict[str, Path], args) -> Profile:
         except subprocess.TimeoutExpired:
             tail = [f"still running after {args.timeout} s (--timeout)"]
         written = sorted(out.glob("*.json"))
-        if written:
-            profile.marks = json.loads(written[0].read_text())
-        else:
-            profile.error = "made fewer than --steps + 1 optimizer steps: " + " | ".join(tail)
+        profile.marks = json.loads(written[0].read_text()) if written else []
+        if len(profile.marks) <= WARM_UP + 1:
+            profile.error = (f"made {len(profile.marks)} optimizer steps, none after warm-up: "
+                             + " | ".join(tail))
     return profile
 
 

@@ -2,7 +2,7 @@ import libcst as cst
 
 from accrewrite.nodes import call_arg, dotted, holds, walk
 from accrewrite.rule import Example, Rule
-from accrewrite.toolbox import wrapped_models_of, wrapped_module, wraps_model
+from accrewrite.toolbox import single_assign, wrapped_models_of, wrapped_module, wraps_model
 from accrewrite.values import read_chains
 
 _SYNC_FLAG = "require_backward_grad_sync"
@@ -12,9 +12,9 @@ _SAMPLERS = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.
 
 
 class ParallelWrap(Rule):
-    """`migrate --parallel fsdp|tp|fsdp,tp`: DistributedDataParallel becomes FSDP2 and/or tensor
-    parallelism through `accelerate` (TorchAcc 2.x's accelerate API), for models that do not
-    fit one device.
+    """`migrate --parallel fsdp|tp|pp` (or a combination, `fsdp,tp,pp`): DistributedDataParallel
+    becomes FSDP2, tensor and/or pipeline parallelism through `accelerate` (TorchAcc 2.x's
+    accelerate API), for models that do not fit one device.
 
     - `model = DDP(model, ...)` becomes `model = accrt.accelerate(model,
       config=accrt.parallel_config("fsdp"))` (the kind given to `--parallel`); FSDP2 reduces
@@ -24,10 +24,13 @@ class ParallelWrap(Rule):
       parameters with DTensors, and an optimizer built earlier would update the old ones;
     - `model.module` becomes `model` (accelerate returns the model itself), and DDP's
       gradient-accumulation switch `model.require_backward_grad_sync = flag` becomes FSDP2's
-      `model.set_requires_gradient_sync(flag)`.
+      `model.set_requires_gradient_sync(flag)` (with `fsdp` in the kind: without it, every
+      rank is a tensor-parallel rank or a stage, no gradients are reduced over data-parallel
+      ranks, and the line is left setting an attribute nothing reads).
 
-    With `tp` in the kind, a `DistributedSampler` is reported: it splits the data over every
-    rank, where the ranks of a tensor-parallel group must read the same batches.
+    With `tp` or `pp` in the kind, a `DistributedSampler` is reported: it splits the data over
+    every rank, where the ranks of a tensor-parallel group, and the stages of a pipeline, must
+    read the same batches. The training step of a pipeline is ACC035's.
 
     `torch.nn.utils.clip_grad_norm_` keeps working: every parameter is a DTensor on one mesh.
     Saving the model's state is ACC031's. Targets without `accelerate` (the XLA ones) get a
@@ -38,7 +41,7 @@ class ParallelWrap(Rule):
 
     code = "ACC030"
     name = "parallel-wrap"
-    summary = "--parallel: DDP -> accrt.accelerate(model, config=...) (FSDP2 / tensor parallel)"
+    summary = "--parallel: DDP -> accrt.accelerate(model, config=...) (FSDP2 / tensor / pipeline parallel)"
     opt_in = True
     parallel = True
     supersedes = ("ACC005", "ACC006")
@@ -139,7 +142,7 @@ class ParallelWrap(Rule):
             return
         statements = list(body)
         for i, statement in enumerate(statements):
-            assign = _single_assign(statement)
+            assign = single_assign(statement)
             name = dotted(assign.targets[0].target) if assign is not None else None
             if name not in self.ctx.facts.optimizers:
                 continue
@@ -174,11 +177,15 @@ class ParallelWrap(Rule):
             self.ctx.fix(original_node, "optimizer moved after accelerate: it must see the sharded parameters")
             self.ctx.insert_after(self._moved[original_node], [updated_node])
             return cst.RemovalSentinel.REMOVE
-        assign = _single_assign(original_node)
+        assign = single_assign(original_node)
         if assign is None or not isinstance(assign.targets[0].target, cst.Attribute):
             return updated_node
         flag = assign.targets[0].target
         if flag.attr.value != _SYNC_FLAG or dotted(flag.value) not in self._wrapped:
+            return updated_node
+        if "fsdp" not in self._kind.split(","):
+            # tp and pp alone take every rank: no data-parallel ranks reduce, and the plain
+            # attribute the line sets does nothing, where the method FSDP2 alone has would fail
             return updated_node
         self.ctx.fix(original_node, "require_backward_grad_sync -> set_requires_gradient_sync (FSDP2)")
         [statement] = self.ctx.statements("gradient_sync_switch", model=dotted(flag.value),
@@ -188,10 +195,11 @@ class ParallelWrap(Rule):
     # Expressions -----------------------------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
-        if "tp" in self._kind.split(",") and self.ctx.facts.file.qualname(node.func) in _SAMPLERS:
+        if {"tp", "pp"} & set(self._kind.split(",")) and self.ctx.facts.file.qualname(node.func) in _SAMPLERS:
             self.ctx.diagnose(
-                node, "a sampler over every rank: tensor-parallel ranks would read different batches",
-                "The ranks of one tensor-parallel group must read the same batches. Pass the loader to "
+                node, "a sampler over every rank: tensor-parallel or pipeline ranks would read different batches",
+                "The ranks of one tensor-parallel group, and the stages of one pipeline, must read the same "
+                "batches. Pass the loader to "
                 "accrt.accelerate(model, loader, config=...) without this sampler (it returns the loader "
                 "split over the data-parallel ranks), or build the sampler over the 'dp' and 'fsdp' dims of "
                 "model.accelerate_mesh.",
@@ -227,9 +235,3 @@ class ParallelWrap(Rule):
             return updated_node.value
         return updated_node
 
-
-def _single_assign(statement) -> cst.Assign | None:
-    if (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-            and isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1):
-        return statement.body[0]
-    return None

@@ -25,6 +25,9 @@ class ParallelStateDict(Rule):
     resumable checkpoint is `accrt.save_checkpoint(path, model, optimizer, **extra)` (sharded,
     resharding, atomic), read back with `accrt.load_checkpoint`; so is any other use of the
     model's `state_dict()`, which now holds this rank's shards.
+
+    Under pipeline parallel (`pp` in the kind) the save is reported and left: each rank holds
+    one stage, and the export writes rank 0's.
     """
 
     code = "ACC031"
@@ -135,6 +138,14 @@ class ParallelStateDict(Rule):
                 original_node, "the full-state export must run on every rank, not under this `if`",
                 f"Replace this save by accrt.export_full_state_dict({self.ctx.code(path.value)}, {model}) "
                 "outside the `if`: it gathers the shards from every rank and writes from rank 0.",
+            )
+            return updated_node
+        if "pp" in (self.ctx.parallel or "").split(","):
+            self.ctx.diagnose(
+                original_node, "under pipeline parallel this rank's model is one stage, not the whole model",
+                "Each rank holds one stage's parameters (named as in the whole model), and "
+                "accrt.export_full_state_dict writes rank 0's only. Save every stage: each rank's "
+                f"{model}.state_dict() to its own file, or gathered to one rank (dist.gather_object) and merged.",
             )
             return updated_node
         self.ctx.fix(original_node, "state_dict save -> export_full_state_dict: unsharded, from rank 0")

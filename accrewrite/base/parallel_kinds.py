@@ -4,6 +4,10 @@ parallel``) read. It imports nothing, so that the codemod reads it without torch
 
 Each kind maps to a function of torchrun's ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` (the ranks of
 one machine) that gives ``{dist section: size}``, the sizes left out staying at 1.
+
+Pipeline parallel sends activations only where the model is cut: with another kind, its stages
+take the machines when there are several and two halves of one machine's ranks otherwise, the
+other kind the ranks of a stage (tensor parallel within a machine, as in ``fsdp,tp``).
 """
 
 from types import MappingProxyType
@@ -22,9 +26,46 @@ def _split_in_a_machine_shard_over_machines(world: int, local: int) -> dict[str,
     return {"tp": local, "fsdp": world // local}
 
 
+def _stages(world: int, local: int) -> int:
+    machines = world // local
+    return machines if machines > 1 else min(2, world)
+
+
+def _stages_over_every_rank(world: int, local: int) -> dict[str, int]:
+    return {"pp": world}
+
+
+def _stages_sharded(world: int, local: int) -> dict[str, int]:
+    stages = _stages(world, local)
+    return {"pp": stages, "fsdp": world // stages}
+
+
+def _stages_split(world: int, local: int) -> dict[str, int]:
+    stages = _stages(world, local)
+    return {"pp": stages, "tp": world // stages}
+
+
+def _stages_split_in_a_machine_sharded(world: int, local: int) -> dict[str, int]:
+    stages = _stages(world, local)
+    split = local if world // local > 1 else local // stages
+    return {"pp": stages, "tp": split, "fsdp": world // (stages * split)}
+
+
 KINDS = MappingProxyType({
     "fsdp": _shard_over_every_rank,
     "tp": _split_over_every_rank,
     "fsdp,tp": _split_in_a_machine_shard_over_machines,
+    "pp": _stages_over_every_rank,
+    "fsdp,pp": _stages_sharded,
+    "tp,pp": _stages_split,
+    "fsdp,tp,pp": _stages_split_in_a_machine_sharded,
 })
 PARALLEL_KINDS = tuple(KINDS)
+
+
+def unknown_kind(kind: str) -> str:
+    """Why ``kind`` is not a kind, for ``--parallel`` and ``[tool.accrewrite] parallel``."""
+    why = f"must be one of {', '.join(PARALLEL_KINDS)}, got {kind!r}"
+    if "cp" in kind.split(","):
+        return f"{why}: context parallel (cp) is not there yet"
+    return why

@@ -117,7 +117,12 @@ def parallel_config(kind: str) -> Config:
     """The ``Config`` that ``migrate --parallel KIND`` writes into a DDP script, sized from
     torchrun's ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` by the table of kinds (``accrewrite.base.parallel_kinds``):
     ``"fsdp"`` shards over every rank; ``"tp"`` splits every block over every rank;
-    ``"fsdp,tp"`` splits blocks over the ranks of a machine and shards over the machines."""
+    ``"fsdp,tp"`` splits blocks over the ranks of a machine and shards over the machines;
+    ``"pp"`` cuts the model into one stage per rank, and ``"fsdp,pp"``, ``"tp,pp"``,
+    ``"fsdp,tp,pp"`` into a stage per machine (two on one machine), sharded or split within
+    each. With stages, the batch is split into as many micro-batches as there are stages (the
+    fewest the 1F1B schedule takes) and the stages are the outermost dim, so that the other
+    kinds keep a machine's links."""
     if kind not in PARALLEL_KINDS:
         raise ValueError(f"parallel_config({kind!r}): expected one of {', '.join(PARALLEL_KINDS)}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -125,4 +130,7 @@ def parallel_config(kind: str) -> Config:
     config = Config()
     for section, size in KINDS[kind](world, local).items():
         getattr(config.dist, section).size = size
+    if config.dist.pp.size > 1:
+        config.dist.pp.num_micro_batches = config.dist.pp.size
+        config.dist.topology = ["pp", *(dim for dim in config.dist.topology if dim != "pp")]
     return config

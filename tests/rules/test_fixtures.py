@@ -1,6 +1,7 @@
 """Golden fixtures (torchfix-style ``x.in.py`` -> ``x.<target>.out.py``), migrated with the default
-rule selection on every target. Set ACCREWRITE_REGENERATE=1 to rewrite the goldens after an
-intended change, then review the diff."""
+rule selection on every target; those of ``fixtures/parallel`` (``x.in.py`` -> ``x.<kind>.out.py``,
+commas in the kind written as ``_``) with ``--parallel`` on the runtime target. Set
+ACCREWRITE_REGENERATE=1 to rewrite the goldens after an intended change, then review the diff."""
 
 import io
 import os
@@ -18,6 +19,13 @@ CASES = [
     (source, target)
     for source in sorted(FIXTURES.glob("*.in.py"))
     for target in all_targets()
+]
+
+# The kinds that tell the parallel rules apart: sharding alone, stages alone, and every part.
+PARALLEL_CASES = [
+    (source, kind)
+    for source in sorted((FIXTURES / "parallel").glob("*.in.py"))
+    for kind in ("fsdp", "pp", "fsdp,tp,pp")
 ]
 
 
@@ -44,3 +52,17 @@ def test_fixture(source, target):
     assert all(comment in kept for comment in comments(before))
     again = migrate_source(result.output, str(golden), Options(target=target))
     assert again.output == result.output and again.fixes == []
+
+
+@pytest.mark.parametrize("source, kind", PARALLEL_CASES, ids=[f"{s.name[:-6]}-{k}" for s, k in PARALLEL_CASES])
+def test_parallel_fixture(source, kind):
+    golden = source.with_name(source.name.replace(".in.py", f".{kind.replace(',', '_')}.out.py"))
+    options = Options(target="runtime", parallel=kind)
+    result = migrate_source(source.read_bytes(), str(source), options)
+    assert result.error is None
+    if os.environ.get("ACCREWRITE_REGENERATE"):
+        golden.write_bytes(result.output)
+    assert result.output.decode() == golden.read_text()
+    compile(result.output, str(golden), "exec")
+    assert all(comment in comments(result.output) for comment in comments(source.read_bytes()))
+    assert migrate_source(result.output, str(golden), options).output == result.output

@@ -1,6 +1,7 @@
 """``migrate --parallel``: a DDP script becomes one that calls ``accelerate`` (ACC030, ACC031),
-the option and its config key, the XLA targets left alone, and the migrated example training
-under FSDP2 as the DDP original does."""
+and trains a pipeline with ``forward_backward`` (ACC035); the option and its config key, the
+XLA targets left alone, and the migrated scripts training under FSDP2 and pipeline parallel as
+the DDP originals do."""
 
 import os
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from accrewrite.base.parallel_kinds import PARALLEL_KINDS
 from accrewrite.cli import main
 from accrewrite.engine import Options, migrate_source
 
@@ -24,7 +26,7 @@ def _migrate(source: bytes, **options):
     return result
 
 
-@pytest.mark.parametrize("kind", ["fsdp", "tp", "fsdp,tp"])
+@pytest.mark.parametrize("kind", PARALLEL_KINDS)
 def test_the_example_calls_accelerate_instead_of_ddp(kind):
     result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
     output = result.output.decode()
@@ -38,11 +40,107 @@ def test_the_example_calls_accelerate_instead_of_ddp(kind):
     assert _migrate(result.output, parallel=kind).output == result.output  # a second run changes nothing
 
 
-@pytest.mark.parametrize("kind, reported", [("fsdp", False), ("tp", True), ("fsdp,tp", True)])
-def test_a_sampler_over_every_rank_is_reported_under_tensor_parallel(kind, reported):
+@pytest.mark.parametrize("kind, reported", [("fsdp", False), ("tp", True), ("fsdp,tp", True), ("pp", True),
+                                            ("fsdp,pp", True)])
+def test_a_sampler_over_every_rank_is_reported_under_tensor_or_pipeline_parallel(kind, reported):
     result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
     sampler = [d for d in result.diagnostics if d.code == "ACC030" and "sampler" in d.message]
     assert bool(sampler) == reported
+
+
+@pytest.mark.parametrize("kind", ["pp", "fsdp,pp", "tp,pp", "fsdp,tp,pp"])
+def test_a_pipeline_trains_with_forward_backward(kind):
+    result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
+    output = result.output.decode()
+    step = "optimizer.zero_grad(set_to_none=True)\n        loss = model.forward_backward(tokens, targets)\n"
+    assert step in output and "loss.backward()" not in output and "= model(" not in output
+    found = {(d.code, d.message) for d in result.diagnostics}
+    assert ("ACC035", "clip_grad_norm_ sees one pipeline stage's gradients") in found
+    assert _migrate(result.output, parallel=kind).output == result.output
+    assert "forward_backward" not in _migrate(EXAMPLE.read_bytes(), parallel="fsdp,tp").output.decode()
+
+
+ACCUMULATING = b"""import torch
+
+model = torch.nn.parallel.DistributedDataParallel(GPT(config).cuda())
+for micro_step in range(accum):
+    model.require_backward_grad_sync = micro_step == accum - 1
+    loss = model(x, y)
+    loss.backward()
+"""
+
+
+@pytest.mark.parametrize("kind, switch", [
+    ("fsdp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),
+    ("fsdp,pp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),
+    # every rank is a tensor-parallel rank or a stage: nothing is reduced over data-parallel ranks
+    ("tp", "model.require_backward_grad_sync = micro_step == accum - 1"),
+    ("pp", "model.require_backward_grad_sync = micro_step == accum - 1"),
+    ("tp,pp", "model.require_backward_grad_sync = micro_step == accum - 1"),
+])
+def test_the_gradient_sync_switch_is_fsdp2s_where_ranks_shard(kind, switch):
+    output = _migrate(ACCUMULATING, parallel=kind).output.decode()
+    assert f"    {switch}\n" in output
+    assert ("loss = model.forward_backward(x, y)" in output) == ("pp" in kind)
+
+
+PIPELINE_LEFT_AS_IT_IS = b"""import torch
+
+model = torch.nn.parallel.DistributedDataParallel(Net().cuda())
+for x, y in loader:
+    output = model(x)
+    loss = criterion(output, y)
+    loss.backward()
+    loss = model(x, y)
+    loss += aux
+    loss.backward()
+    loss = model(x, y)
+    print(loss.item())
+    loss.backward()
+print(model(x_val))
+torch.save(model.module.state_dict(), "weights.pt")
+"""
+
+
+SEVERAL_VALUES = b"""import torch
+
+model = torch.nn.parallel.DistributedDataParallel(GPT(config).cuda())
+for x, y in loader:
+    logits, loss = model(x, y)
+    loss.backward()
+for x, y in loader:
+    out, loss, _ = model(x, y)
+    loss.backward()
+    print(out.shape)
+for x, y in loader:
+    *rest, loss = model(x, y)  # the loss's index is not known
+    loss.backward()
+"""
+
+
+def test_a_forward_that_returns_the_loss_among_other_values_gives_it_by_output_fn():
+    result = _migrate(SEVERAL_VALUES, parallel="pp")
+    output = result.output.decode()
+    assert "    loss = model.forward_backward(x, y, output_fn=lambda output: output[1])\n" in output
+    assert "    out, loss, _ = model(x, y)\n    loss.backward()\n" in output  # out is read: left
+    diagnostic, starred = result.diagnostics
+    assert (starred.line, starred.message.split(" ")[0]) == (12, "rest")
+    assert (diagnostic.line, diagnostic.message) == (8, "out of the forward's values kept: forward_backward gives "
+                                                        "the loss only")
+    assert "output_fn=lambda output: output[1]" in diagnostic.help
+
+
+def test_what_a_pipeline_cannot_train_as_it_is_is_reported_and_left():
+    result = _migrate(PIPELINE_LEFT_AS_IT_IS, parallel="pp")
+    output = result.output.decode()
+    assert "forward_backward" not in output and output.count("loss.backward()") == 3
+    assert "torch.save(model.state_dict()" in output  # ACC030's unwrap; rank 0's stage is not the model
+    found = [(d.code, d.line, d.message.split(" ")[0]) for d in result.diagnostics]
+    assert found == [("ACC035", 6, "`loss`"), ("ACC035", 8, "`loss`"), ("ACC035", 11, "`loss`"),
+                     ("ACC035", 14, "under"), ("ACC031", 15, "under")]
+    assert "is computed from model's output outside the model" in result.diagnostics[0].message
+    assert "def forward(self, x, y): return criterion(self.net(x), y)" in result.diagnostics[0].help
+    assert "changed or read between" in result.diagnostics[1].message
 
 
 def test_full_state_export_replaces_a_state_dict_save():
@@ -103,7 +201,14 @@ def test_the_option_and_the_config_key(tmp_path, capsys):
 
     (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\nparallel = "zero3"\n')
     assert main(["migrate", str(script)]) == 2
-    assert "parallel must be one of fsdp, tp, fsdp,tp, got 'zero3'" in capsys.readouterr().err
+    kinds = "fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp"
+    assert f"parallel must be one of {kinds}, got 'zero3'" in capsys.readouterr().err
+
+    # context parallel is not there yet: refused, and said so
+    (tmp_path / "pyproject.toml").unlink()
+    with pytest.raises(SystemExit):
+        main(["migrate", str(script), "--parallel", "fsdp,cp"])
+    assert "got 'fsdp,cp': context parallel (cp) is not there yet" in capsys.readouterr().err
 
 
 def _losses(command, cwd):
@@ -126,3 +231,88 @@ def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
     original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
     migrated = _losses([sys.executable, "-m", "accrewrite.launcher", *launch], tmp_path / "migrated")
     assert migrated == pytest.approx(original, abs=2e-4)  # printed with 4 decimals
+
+
+# A DDP script whose ranks read the same batches, as the stages of a pipeline must: its losses
+# are one process's, and so are those of the pipeline it is migrated to. The model is the
+# example's GPT, whose forward returns the loss, or the same returning its logits too.
+PIPELINE_DDP = """import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from gpt import GPT, token_dataset
+
+
+class GPTWithLogits(GPT):
+    def forward(self, tokens, targets):
+        x = self.embed(tokens) + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.head(self.norm(x))
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    loader = DataLoader(token_dataset(args.steps * 8), batch_size=8)
+    model = MODEL(4).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = DDP(model, device_ids=[local_rank] if torch.cuda.is_available() else None)
+    for step, (tokens, targets) in enumerate(loader):
+        tokens, targets = tokens.to(device), targets.to(device)
+        FORWARD = model(tokens, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.4f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss", step="(tokens, targets)"):
+    for side in ("original", "migrated"):
+        (tmp_path / side).mkdir()
+        shutil.copyfile(EXAMPLE, tmp_path / side / "gpt.py")
+    script = PIPELINE_DDP.replace("MODEL", model).replace("FORWARD", forward)
+    (tmp_path / "original" / "train.py").write_text(script)
+    result = _migrate(script.encode(), parallel=kind)
+    assert f"loss = model.forward_backward{step}" in result.output.decode()
+    (tmp_path / "migrated" / "train.py").write_bytes(result.output)
+    launch = ["--standalone", "--nproc_per_node", str(ranks), "train.py", "--steps", "20"]
+    original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
+    migrated = _losses([sys.executable, "-m", "accrewrite.launcher", *launch], tmp_path / "migrated")
+    return original, migrated
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.parametrize("model, forward, step", [
+    ("GPT", "loss", "(tokens, targets)"),
+    ("GPTWithLogits", "logits, loss", "(tokens, targets, output_fn=lambda output: output[1])"),
+])
+def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp_path, model, forward, step):
+    original, migrated = _original_and_migrated(tmp_path, "pp", 2, model, forward, step)
+    assert migrated == pytest.approx(original, abs=2e-4)  # printed with 4 decimals
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_the_migrated_script_trains_sharded_pipeline_stages_as_the_ddp_original(tmp_path):
+    original, migrated = _original_and_migrated(tmp_path, "fsdp,pp", 4)  # two stages, each sharded over two ranks
+    assert migrated == pytest.approx(original, abs=2e-4)

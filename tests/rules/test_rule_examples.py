@@ -19,7 +19,7 @@ def test_every_rule_documents_itself():
     "rule, number, example", EXAMPLES, ids=[f"{rule.code}-{number}" for rule, number, _ in EXAMPLES]
 )
 def test_example(rule, number, example):
-    options = Options(target=example.target, select=(rule.code, *example.with_rules))
+    options = Options(target=example.target, select=(rule.code, *example.with_rules), parallel=example.parallel)
     result = migrate_source(example.before.encode(), f"{rule.code}-example-{number}.py", options)
     assert result.error is None
     assert result.output.decode() == example.after

@@ -353,14 +353,22 @@ def test_both_half_precisions_is_an_error():
 @pytest.mark.parametrize(
     "kind, environment, sizes",
     [("fsdp", {"WORLD_SIZE": "4"}, (1, 4, 1, 1, 1)), ("tp", {"WORLD_SIZE": "4"}, (1, 1, 1, 1, 4)),
-     ("fsdp,tp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (1, 2, 1, 1, 4))],
+     ("fsdp,tp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (1, 2, 1, 1, 4)),
+     # with stages, the topology is pp, dp, fsdp, (sp,) tp: a stage per machine, two on one machine
+     ("pp", {"WORLD_SIZE": "4"}, (4, 1, 1, 1, 1)), ("fsdp,pp", {"WORLD_SIZE": "4"}, (2, 1, 2, 1, 1)),
+     ("tp,pp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (2, 1, 1, 1, 4)),
+     ("fsdp,tp,pp", {"WORLD_SIZE": "8"}, (2, 1, 1, 1, 4)),
+     ("fsdp,tp,pp", {"WORLD_SIZE": "32", "LOCAL_WORLD_SIZE": "8"}, (4, 1, 1, 1, 8)),
+     ("fsdp,tp,pp", {"WORLD_SIZE": "1"}, (1, 1, 1, 1, 1))],
 )
 def test_the_configs_that_migrate_parallel_writes(kind, environment, sizes, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    assert ParallelDims.from_config(parallel_config(kind), int(environment["WORLD_SIZE"])).shape == sizes
-    with pytest.raises(ValueError, match="expected one of fsdp, tp, fsdp,tp"):
+    config = parallel_config(kind)
+    assert ParallelDims.from_config(config, int(environment["WORLD_SIZE"])).shape == sizes
+    assert config.dist.pp.num_micro_batches == config.dist.pp.size  # the fewest that 1F1B takes
+    with pytest.raises(ValueError, match="expected one of fsdp, tp, fsdp,tp, pp"):
         parallel_config("zero3")
 
 
