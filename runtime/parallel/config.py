@@ -11,13 +11,13 @@
     config.compute.compile = True                   # accrewrite.runtime.compile, per block
     config.dist.pp.size = 2                         # two pipeline stages, cut at the middle block
     config.dist.pp.num_micro_batches = 4            # model.forward_backward(*inputs) splits the batch
-    config.dist.sp.size = 2                         # each block on half the sequence (Ulysses)
-    config.dist.topology = ["dp", "fsdp", "sp", "pp", "tp"]  # tp on neighbouring ranks
+    config.dist.topology = ["dp", "fsdp", "pp", "tp"]  # tp on neighbouring ranks ("sp" just after "fsdp")
+    config.dist.sp.size = 2   # instead of pp, tp and compile (not combined yet): each block on half the sequence
     config.dataloader.buckets = [128, 256, 512]     # each batch padded to the nearest length
 
 The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
-``fsdp.size * pp.size * sp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
-spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` against the model
+``fsdp.size * pp.size * sp.size * tp.size``. Layer classes are given as classes or as class names
+(TorchAcc's spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` against the model
 and the world (the sizes by ``ParallelDims``), and a mistake is reported with what to change.
 """
 
