@@ -1,15 +1,20 @@
-"""FSDP, tensor parallel (TP) and FSDP x TP through ``accelerate`` against DDP: per-rank peak
-memory and step time at 2 and 4 ranks, on a GPT built from standard PyTorch modules
+"""FSDP, tensor parallel (TP), FSDP x TP and context parallel (SP) through ``accelerate`` against
+DDP: per-rank peak memory and step time at 2 and 4 ranks, on a GPT built from standard PyTorch modules
 (``nn.MultiheadAttention``, an ``nn.Sequential`` MLP) and on a Llama-shaped model (RMSNorm,
 grouped-query attention with rotary embeddings, a gated SiLU MLP). TP's plans are the ones
-``accelerate`` derives from the blocks' structure.
+``accelerate`` derives from the blocks' structure. Context parallel (Ulysses) runs on the GPT
+only: the Llama's layers hold rotary tables for the whole sequence, which do not broadcast
+against a part of it.
 
     python benchmarks/fsdp_memory.py [--models gpt,llama] [--blocks 4] [--dim 256] [--heads 8]
                                      [--vocab 2048] [--seq 64] [--batch 2] [--steps 3] [--worlds 2,4]
+                                     [--setups "DDP,SP 2"]
 
 Every setup trains on the same global batch: ``--batch`` sequences per data-parallel rank of
-DDP and FSDP, ``--batch * tp`` per tensor-parallel group (its ranks read the same batch). At 2
-ranks: DDP, FSDP over 2, TP over 2; at 4: DDP, FSDP over 4, TP over 4, FSDP over 2 x TP over 2.
+DDP and FSDP, ``--batch * tp * sp`` per tensor- or context-parallel group (its ranks read the
+same batch). At 2 ranks: DDP, FSDP over 2, TP over 2, SP over 2; at 4: DDP, FSDP over 4, TP over
+4, FSDP over 2 x TP over 2, SP over 4, FSDP over 2 x SP over 2; ``--setups`` keeps the named
+ones and DDP.
 
 Peak memory, on the CPU: each rank's resident-set high-water mark during the steps (warm-up
 included), above its resident set before the model was built, after one untimed round of every
@@ -147,12 +152,17 @@ class Llama(nn.Module):
 MODELS = {"gpt": GPT, "llama": Llama}
 
 
-def setups(world: int) -> dict:
-    """``{name: (fsdp size, tp size)}``; DDP is ``None``."""
-    found = {"DDP": None, f"FSDP {world}": (world, 1), f"TP {world}": (1, world)}
+def setups(world: int, model_name: str, args) -> dict:
+    """``{name: {config.dist section: size}}``; DDP is ``None``."""
+    found = {"DDP": None, f"FSDP {world}": {"fsdp": world}, f"TP {world}": {"tp": world}}
     if world >= 4:
-        found[f"FSDP {world // 2} x TP 2"] = (world // 2, 2)
-    return found
+        found[f"FSDP {world // 2} x TP 2"] = {"fsdp": world // 2, "tp": 2}
+    if model_name == "gpt":  # see the module docstring
+        found[f"SP {world}"] = {"sp": world}
+        if world >= 4:
+            found[f"FSDP {world // 2} x SP 2"] = {"fsdp": world // 2, "sp": 2}
+    wanted = set(found) if args.setups is None else {"DDP", *args.setups.split(",")}  # DDP: the baseline
+    return {name: sizes for name, sizes in found.items() if name in wanted}
 
 
 def _bytes(tensor) -> int:
@@ -188,15 +198,16 @@ def _measure(model_name, setup, args, device, rank, steps) -> dict:
     _reset_high_water_mark()
     torch.manual_seed(0)
     model = MODELS[model_name](args).to(device)
-    tp = 1 if setup is None else setup[1]
+    group = 1 if setup is None else setup.get("tp", 1) * setup.get("sp", 1)
     if setup is None:
         wrapped = DistributedDataParallel(model)
     else:
         config = Config()
-        config.dist.fsdp.size, config.dist.tp.size = setup
+        for section, size in setup.items():
+            getattr(config.dist, section).size = size
         wrapped = model = accelerate(model, config=config)
-    generator = torch.Generator().manual_seed(rank // tp)  # the ranks of a TP group read one batch
-    tokens = torch.randint(args.vocab, (args.batch * tp, args.seq + 1), generator=generator).to(device)
+    generator = torch.Generator().manual_seed(rank // group)  # the ranks of a TP or SP group read one batch
+    tokens = torch.randint(args.vocab, (args.batch * group, args.seq + 1), generator=generator).to(device)
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4)
     times = []
     for step in range(steps + 1):
@@ -224,11 +235,11 @@ def run(rank, world, port, args, outdir):
     if cuda:
         torch.cuda.set_device(device)
     for model_name in args.models.split(","):  # what the first use of each loads or caches stays loaded
-        for setup in setups(world).values():
+        for setup in setups(world, model_name, args).values():
             _measure(model_name, setup, args, device, rank, steps=0)
     results = {}
     for model_name in args.models.split(","):
-        for name, setup in setups(world).items():
+        for name, setup in setups(world, model_name, args).items():
             measured = _measure(model_name, setup, args, device, rank, args.steps)
             every = [None] * world
             dist.all_gather_object(every, measured)
@@ -257,6 +268,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=2, help="sequences per data-parallel rank")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--worlds", default="2,4")
+    parser.add_argument("--setups", default=None, help="comma-separated setup names, as the table gives them")
     args = parser.parse_args(argv)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # read by the ranks' glibc at start
     mib = 1 << 20
@@ -271,7 +283,7 @@ def main(argv=None):
             results = torch.load(os.path.join(outdir, f"{world}.pt"))
             for model_name in args.models.split(","):
                 ddp = results[model_name, "DDP"]
-                for name in setups(world):
+                for name in setups(world, model_name, args):
                     r = results[model_name, name]
                     print(f"| {model_name} | {world} | {name} | {r['at_rest'] / mib:.1f} | {r['peak'] / mib:.1f} | "
                           f"{r['peak'] / ddp['peak']:.2f}x | {r['step_s']:.3f} | {r['step_s'] / ddp['step_s']:.2f}x |")

@@ -123,6 +123,12 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     return tensor._local_tensor
 
 
+def reshape_mesh(mesh, shape: tuple[int, ...], names: tuple[str, ...]):
+    """DeviceMesh ``mesh``'s ranks, in its order, as a mesh of ``shape`` with dims ``names``
+    (``DeviceMesh._flatten`` then ``_unflatten``; collective: every rank calls it)."""
+    return mesh._flatten("_".join(mesh.mesh_dim_names))._unflatten(0, shape, names)
+
+
 def version_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a torch version string such as "2.13.0+cpu"."""
     major, minor = version.split("+")[0].split(".")[:2]

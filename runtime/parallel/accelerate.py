@@ -4,7 +4,7 @@ torch.distributed.
 It places the model on this process's device, copies rank 0's parameters and buffers to every
 rank (as DDP's constructor did: ranks may have built different weights), checks ``config``
 against the world (``ParallelDims``), builds the DeviceMesh of dims ``dp``, ``fsdp``, ``pp``,
-``tp`` in the order of ``dist.topology`` and applies, in order, the parts that ``config`` asks
+``sp``, ``tp`` in the order of ``dist.topology`` and applies, in order, the parts that ``config`` asks
 for (``apply.py``):
 
 0. pipeline parallel (``dist.pp.size > 1``): the model cut before each ``dist.pp.split_points``
@@ -14,11 +14,14 @@ for (``apply.py``):
    over ``dist.pp.num_micro_batches`` micro-batches;
 1. tensor parallel (``dist.tp.size > 1``): each wrapped layer's projections split over the
    ``tp`` ranks by DTensor's ``parallelize_module`` (``tensor_parallel.py``);
-2. activation checkpointing (``memory.gc``) of the ``memory.gc_cls`` layers (default: the
+2. context parallel (``dist.sp.size > 1``): each wrapped layer computes on its part of the
+   sequence, its attention (``scaled_dot_product_attention``, ``nn.MultiheadAttention``) on
+   its part of the heads, by Ulysses' all-to-all (``context_parallel.py``);
+3. activation checkpointing (``memory.gc``) of the ``memory.gc_cls`` layers (default: the
    wrapped ones), through ``accrewrite.runtime.activation_checkpoint``;
-3. ``accrewrite.runtime.compile`` of each wrapped layer (``compute.compile``);
-4. FSDP2 (``fully_shard``) of each wrapped layer, then of the whole model, over ``dp x fsdp``
-   (hybrid: sharded over ``fsdp``, replicated over ``dp``), with ``MixedPrecisionPolicy`` for
+4. ``accrewrite.runtime.compile`` of each wrapped layer (``compute.compile``);
+5. FSDP2 (``fully_shard``) of each wrapped layer, then of the whole model, over ``dp x fsdp``
+   (hybrid: sharded over ``fsdp``, and ``sp`` with it, replicated over ``dp``), with ``MixedPrecisionPolicy`` for
    ``compute.bf16``/``fp16``. Each layer frees its gathered parameters after its forward
    (``fsdp.reshard_after_forward``) and issues the all-gather of the next ``fsdp.prefetch``
    layers before it computes, so communication overlaps compute in both passes.
@@ -27,12 +30,12 @@ The wrapped layers are ``dist.fsdp.wrap_layer_cls`` (classes or class names), by
 repeated blocks of the model (``accrewrite.runtime.blocks``). The parameters become DTensors:
 build the optimizer after ``accelerate``; ``torch.nn.utils.clip_grad_norm_`` works on them.
 Checkpoints: ``save_checkpoint``/``load_checkpoint`` (``checkpoint.py``). The mesh is
-``model.accelerate_mesh`` (dims ``dp``, ``fsdp``, ``pp``, ``tp``; None with one process), for
+``model.accelerate_mesh`` (dims ``dp``, ``fsdp``, ``pp``, ``sp``, ``tp``; None with one process), for
 code that shards its own data or builds its own DTensors.
 
 With a ``dataloader``, the second return value is a loader over the same dataset and collate
 function that gives this data-parallel rank every ``dp * fsdp``-th batch of the original's batch
-order (the ranks of one pipeline or tensor-parallel group read the same batches; ``loader.py``).
+order (the ranks of one pipeline, context- or tensor-parallel group read the same batches; ``loader.py``).
 The original's order must be the same on every rank (one random state on all of them, as DDP
 scripts set); an uneven tail of batches is dropped so that every rank steps as often. A loader with a
 ``DistributedSampler`` is returned as it is when that sampler already splits over the

@@ -7,10 +7,14 @@ order it applies them in (torchtitan's):
 2. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
    by DTensor's ``parallelize_module`` (``tensor_parallel.py``), the model's other parameters
    replicated on it;
-3. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``)
+3. ``apply_sp(model, layers, mesh)``: context parallel by Ulysses: each layer computes on its
+   part of the sequence over the 1-D ``mesh``, its attention on its part of the heads
+   (``context_parallel.py``);
+4. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``)
    of the first ``memory.gc_cnt`` checkpointed modules;
-4. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
-5. ``apply_fsdp(model, layers, fsdp, compute, mesh, cpu_offload)``: FSDP2 over a ``dp x fsdp`` mesh, last,
+5. ``apply_compile(layers)``: ``accrewrite.runtime.compile`` of each layer;
+6. ``apply_fsdp(model, layers, fsdp, compute, mesh, cpu_offload)``: FSDP2 over a ``dp x fsdp`` mesh (``fsdp``
+   and ``sp`` flattened, with context parallel), last,
    so that it shards the DTensors tensor parallel made and its all-gathers wrap what
    checkpointing and compilation made of each layer.
 
@@ -35,6 +39,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from ..blocks import repeated_blocks
 from ..activation_checkpoint import checkpoint_modules
 from .config import ComputeConfig, Config, FSDPConfig, MemoryConfig, PipelineParallelConfig, TensorParallelConfig
+from .context_parallel import shard_sequence
 from .parallel_dims import ParallelDims
 from .pipeline import PipelineModel, split_point_names, split_stages
 from .tensor_parallel import derive_plan, parallelize_block, replicate_the_rest
@@ -75,13 +80,33 @@ def apply_tp(model: nn.Module, layers: list[nn.Module], tp: TensorParallelConfig
     for layer in layers:
         parallelize_block(layer, derive_plan(layer) if tp.plan is None else tp.plan, mesh)
     replicate_the_rest(model, mesh)
-    _check_same_inputs(model, mesh)
+    _check_same_inputs(model, mesh, "tensor-parallel")
 
 
-def _check_same_inputs(model: nn.Module, mesh) -> None:
+def apply_sp(model: nn.Module, layers: list[nn.Module], mesh) -> None:
+    """Each of ``layers`` computes on this rank's part of the sequence of the 1-D ``mesh``, its
+    attention by Ulysses' all-to-all over the heads; checks at the first forward that the ranks
+    of ``mesh`` got the same inputs."""
+    _check_not_nested(layers)
+    for layer in layers:
+        shard_sequence(layer, mesh)
+    _check_same_inputs(model, mesh, "context-parallel")
+
+
+def _check_not_nested(layers: list[nn.Module]) -> None:
+    """A layer inside another would cut its part of the sequence again."""
+    for outer in layers:
+        inner = [layer for layer in layers if layer is not outer and any(layer is m for m in outer.modules())]
+        if inner:
+            raise ValueError(f"context parallel cuts each wrapped layer's sequence once, but {type(inner[0]).__name__} "
+                             f"is inside {type(outer).__name__}; give config.dist.fsdp.wrap_layer_cls classes that do "
+                             f"not hold one another")
+
+
+def _check_same_inputs(model: nn.Module, mesh, group: str) -> None:
     """A loader split over every rank (a DDP script's ``DistributedSampler``) would give the
-    ranks of a tensor-parallel group different inputs, and the split layers would silently mix
-    them: the first forward compares them."""
+    ranks of a ``group`` group (tensor- or context-parallel) different inputs, and the split
+    layers would silently mix them: the first forward compares them."""
 
     def check(module, args, kwargs):
         handle.remove()
@@ -91,7 +116,7 @@ def _check_same_inputs(model: nn.Module, mesh) -> None:
         dist.all_gather(gathered, digest, group=mesh.get_group())
         if any(not torch.equal(other, gathered[0]) for other in gathered):
             raise ValueError(
-                "the tensor-parallel ranks got different inputs; they must read the same batches: pass "
+                f"the {group} ranks got different inputs; they must read the same batches: pass "
                 "the dataloader to accelerate(model, dataloader, config), or split the data over the "
                 "data-parallel ranks only (the 'dp' and 'fsdp' dims of model.accelerate_mesh)"
             )
@@ -159,8 +184,24 @@ def _check_memory(config: Config, dims: ParallelDims) -> None:
 
 
 def _fsdp_wanted(config: Config, dims: ParallelDims) -> bool:
-    # Half precision runs through FSDP2 even where there is nothing to shard (tp over every rank).
-    return dims.fsdp_enabled or (dims.distributed and (config.compute.bf16 or config.compute.fp16))
+    # Half precision runs through FSDP2 even where there is nothing to shard (tp over every rank);
+    # context parallel's gradients are summed over the sp ranks by FSDP2's reduction.
+    half = config.compute.bf16 or config.compute.fp16
+    return dims.fsdp_enabled or dims.sp_enabled or (dims.distributed and half)
+
+
+def _check_context_parallel(config: Config, dims: ParallelDims) -> None:
+    if config.dist.sp.mode != "ulysses":
+        raise ValueError(f"config.dist.sp.mode = {config.dist.sp.mode!r}: context parallel runs Ulysses' all-to-all "
+                         f"over the heads only; give \"ulysses\" (ring attention is not supported yet)")
+    if not dims.sp_enabled:
+        return
+    others = {"config.dist.pp.size > 1": dims.pp_enabled, "config.dist.tp.size > 1": dims.tp_enabled,
+              "config.compute.compile": config.compute.compile}
+    given = [name for name, on in others.items() if on]
+    if given:
+        raise ValueError(f"context parallel (config.dist.sp.size > 1) does not combine with {', '.join(given)} "
+                         f"yet; leave one of them out")
 
 
 def _check_micro_batches(config: Config, dims: ParallelDims) -> None:
@@ -199,6 +240,9 @@ PARTS = [
     Part("tensor parallel (config.dist.tp.size > 1)",
          wanted=lambda config, dims: dims.tp_enabled,
          apply=lambda model, layers, config, dims: apply_tp(model, layers, config.dist.tp, dims.tp_mesh)),
+    Part("context parallel (config.dist.sp.size > 1)", check=_check_context_parallel,
+         wanted=lambda config, dims: dims.sp_enabled,
+         apply=lambda model, layers, config, dims: apply_sp(model, layers, dims.sp_mesh)),
     Part("activation checkpointing (config.memory.gc)", check=_check_memory,
          wanted=lambda config, dims: config.memory.gc,
          apply=lambda model, layers, config, dims: apply_ac(model, layers, config.memory)),

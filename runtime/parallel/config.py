@@ -11,12 +11,13 @@
     config.compute.compile = True                   # accrewrite.runtime.compile, per block
     config.dist.pp.size = 2                         # two pipeline stages, cut at the middle block
     config.dist.pp.num_micro_batches = 4            # model.forward_backward(*inputs) splits the batch
-    config.dist.topology = ["dp", "fsdp", "pp", "tp"]  # tp on neighbouring ranks
+    config.dist.topology = ["dp", "fsdp", "pp", "tp"]  # tp on neighbouring ranks ("sp" just after "fsdp")
+    config.dist.sp.size = 2   # instead of pp, tp and compile (not combined yet): each block on half the sequence
     config.dataloader.buckets = [128, 256, 512]     # each batch padded to the nearest length
 
 The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
-``fsdp.size * pp.size * tp.size``. Layer classes are given as classes or as class names (TorchAcc's
-spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` against the model
+``fsdp.size * pp.size * sp.size * tp.size``. Layer classes are given as classes or as class names
+(TorchAcc's spelling: ``{"LlamaDecoderLayer"}``). Every field is checked by ``accelerate`` against the model
 and the world (the sizes by ``ParallelDims``), and a mistake is reported with what to change.
 """
 
@@ -59,13 +60,22 @@ class PipelineParallelConfig:
 
 
 @dataclass
+class SequenceParallelConfig:
+    size: int = 1
+    # "ulysses": an all-to-all swaps the sequence split for a split of the heads around each
+    # attention (context_parallel.py). TorchAcc's SPConfig has the size only; the mode is ours.
+    mode: str = "ulysses"
+
+
+@dataclass
 class DistConfig:
     dp: DataParallelConfig = field(default_factory=DataParallelConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     tp: TensorParallelConfig = field(default_factory=TensorParallelConfig)
     pp: PipelineParallelConfig = field(default_factory=PipelineParallelConfig)
+    sp: SequenceParallelConfig = field(default_factory=SequenceParallelConfig)
     # The order of the parallelisms over the ranks, outermost first: the last gets neighbouring
-    # ranks (one machine's fast links).
+    # ranks (one machine's fast links). An order without "sp" has it just after "fsdp".
     topology: list = field(default_factory=lambda: ["dp", "fsdp", "pp", "tp"])
 
 

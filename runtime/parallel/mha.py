@@ -86,7 +86,10 @@ class SplitQKVMultiheadAttention(nn.Module):
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
                    for t in (self.q_proj(query), self.k_proj(key), self.v_proj(value)))
-        mask = self._additive_mask(attn_mask, key_padding_mask, q)
+        # As nn.MultiheadAttention: without padding or weights, is_causal says attn_mask is causal,
+        # and attention takes the hint rather than the mask (context parallel needs no mask).
+        causal = is_causal and key_padding_mask is None and not need_weights
+        mask = None if causal else self._additive_mask(attn_mask, key_padding_mask, q)
         dropout = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
@@ -94,7 +97,7 @@ class SplitQKVMultiheadAttention(nn.Module):
             weights = (scores if mask is None else scores + mask).softmax(-1)
             out = (F.dropout(weights, dropout) if dropout else weights) @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
         out = self.out_proj(out.transpose(1, 2).flatten(2))
         if not batched:
             out = out.squeeze(0)

@@ -1,9 +1,9 @@
-"""Three models of standard modules that hold parameters of their own at the top, for the
+"""Models of standard modules that hold parameters of their own at the top, for the
 parallel runs (``test_accelerate_pipeline.py``), each with its batches and its training loop:
 
 - ``GPT``: token embedding, a learned positional embedding as an ``nn.Parameter`` of the top
   module, pre-norm blocks of q/k/v/o projections and an MLP, final norm and head; the loss in
-  its forward;
+  its forward; ``CausalMHAGPT``, the same with causal ``nn.MultiheadAttention`` blocks;
 - ``Llama``: ``nn.RMSNorm``, rotary positions from a buffer of the top module passed to every
   block, SwiGLU MLP, no biases;
 - ``ViT``: a patch-embedding convolution, ``cls_token`` and ``pos_embed`` parameters, blocks of
@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 VOCAB, WIDTH, HEADS, CONTEXT, BLOCKS = 32, 16, 4, 8, 4
-IMAGE, PATCH, CLASSES = 8, 4, 5
+IMAGE, PATCH, CLASSES = 12, 4, 5  # 9 patches and the class token: a sequence of 10
 STEPS, GLOBAL_BATCH = 10, 8
 
 
@@ -60,6 +60,27 @@ class GPT(nn.Module):
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class CausalMHABlock(GPTBlock):
+    """The block with ``nn.MultiheadAttention``, called as a causal GPT calls it: a mask and the
+    ``is_causal`` hint."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(WIDTH, HEADS, batch_first=True)
+
+    def forward(self, x):
+        h = self.ln_1(x)
+        mask = torch.ones(h.shape[1], h.shape[1], dtype=torch.bool).triu(1)
+        x = x + self.attn(h, h, h, attn_mask=mask, is_causal=True, need_weights=False)[0]
+        return x + self.down_proj(F.gelu(self.up_proj(self.ln_2(x))))
+
+
+class CausalMHAGPT(GPT):
+    def __init__(self):
+        super().__init__()
+        self.h = nn.ModuleList(CausalMHABlock() for _ in range(BLOCKS))
 
 
 class LlamaBlock(nn.Module):
@@ -122,7 +143,7 @@ class ViT(nn.Module):
         return F.cross_entropy(self.head(x[:, 0]), labels)
 
 
-MODELS = {"gpt": GPT, "llama": Llama, "vit": ViT}
+MODELS = {"gpt": GPT, "gpt_mha": CausalMHAGPT, "llama": Llama, "vit": ViT}
 
 
 def build(name):

@@ -304,9 +304,11 @@ def _config(**sizes):
 @pytest.mark.parametrize(
     "sizes, message",
     [
-        ({"fsdp": 3}, r"fsdp.size \* pp.size \* tp.size = 3 \* 1 \* 1 does not divide the world size 4"),
+        ({"fsdp": 3}, r"pp.size \* sp.size \* tp.size = 3 \* 1 \* 1 \* 1 does not divide the world size 4"),
         ({"dp": 2, "fsdp": 4}, r"= 8, but the world size is 4"),
         ({"tp": 0}, "config.dist.tp.size must be a positive int"),
+        ({"sp": 0}, "config.dist.sp.size must be a positive int"),
+        ({"fsdp": 2, "sp": 4}, r"sp.size \* tp.size = 2 \* 1 \* 4 \* 1 does not divide the world size 4"),
     ],
 )
 def test_sizes_that_do_not_fit_the_world_say_what_to_change(sizes, message):
@@ -315,9 +317,9 @@ def test_sizes_that_do_not_fit_the_world_say_what_to_change(sizes, message):
 
 
 def test_sizes_default_data_parallel_to_what_is_left():
-    assert ParallelDims.from_config(_config(tp=2), 8).shape == (4, 1, 1, 2)
+    assert ParallelDims.from_config(_config(tp=2), 8).shape == (4, 1, 1, 1, 2)
     dims = ParallelDims.from_config(_config(fsdp=2, tp=2, dp=2), 8)
-    assert dims.shape == (2, 2, 1, 2) and dims.data_parallel_size == 4
+    assert dims.shape == (2, 2, 1, 1, 2) and dims.data_parallel_size == 4
     assert dims.fsdp_enabled and dims.tp_enabled
     alone = ParallelDims.from_config(_config(), 1)
     assert not alone.fsdp_enabled and not alone.tp_enabled and alone.build_mesh("cpu") is None
@@ -350,14 +352,14 @@ def test_both_half_precisions_is_an_error():
 
 @pytest.mark.parametrize(
     "kind, environment, sizes",
-    [("fsdp", {"WORLD_SIZE": "4"}, (1, 4, 1, 1)), ("tp", {"WORLD_SIZE": "4"}, (1, 1, 1, 4)),
-     ("fsdp,tp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (1, 2, 1, 4)),
-     # with stages, the topology is pp, dp, fsdp, tp: a stage per machine, two on one machine
-     ("pp", {"WORLD_SIZE": "4"}, (4, 1, 1, 1)), ("fsdp,pp", {"WORLD_SIZE": "4"}, (2, 1, 2, 1)),
-     ("tp,pp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (2, 1, 1, 4)),
-     ("fsdp,tp,pp", {"WORLD_SIZE": "8"}, (2, 1, 1, 4)),
-     ("fsdp,tp,pp", {"WORLD_SIZE": "32", "LOCAL_WORLD_SIZE": "8"}, (4, 1, 1, 8)),
-     ("fsdp,tp,pp", {"WORLD_SIZE": "1"}, (1, 1, 1, 1))],
+    [("fsdp", {"WORLD_SIZE": "4"}, (1, 4, 1, 1, 1)), ("tp", {"WORLD_SIZE": "4"}, (1, 1, 1, 1, 4)),
+     ("fsdp,tp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (1, 2, 1, 1, 4)),
+     # with stages, the topology is pp, dp, fsdp, (sp,) tp: a stage per machine, two on one machine
+     ("pp", {"WORLD_SIZE": "4"}, (4, 1, 1, 1, 1)), ("fsdp,pp", {"WORLD_SIZE": "4"}, (2, 1, 2, 1, 1)),
+     ("tp,pp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (2, 1, 1, 1, 4)),
+     ("fsdp,tp,pp", {"WORLD_SIZE": "8"}, (2, 1, 1, 1, 4)),
+     ("fsdp,tp,pp", {"WORLD_SIZE": "32", "LOCAL_WORLD_SIZE": "8"}, (4, 1, 1, 1, 8)),
+     ("fsdp,tp,pp", {"WORLD_SIZE": "1"}, (1, 1, 1, 1, 1))],
 )
 def test_the_configs_that_migrate_parallel_writes(kind, environment, sizes, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

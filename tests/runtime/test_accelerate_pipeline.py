@@ -1,11 +1,14 @@
 """``accelerate`` on models that hold parameters of their own at the top (``_parallel_models.py``:
 a GPT's positional embedding, a ViT's ``cls_token`` and ``pos_embed``), on real gloo processes:
 tensor parallel, pipeline parallel and their combinations with FSDP train as one process does
-on the same global batch: 10 SGD steps, losses and final parameters within 1e-5. In one
-process: how a model is cut into stages, and how ``config.dist.topology`` lays the
-parallelisms over the ranks.
+on the same global batch: 10 SGD steps, losses and final parameters within 1e-5; so does context
+parallel (Ulysses over causal ``scaled_dot_product_attention``, ``nn.MultiheadAttention``
+causal or not, a Llama's rotary table cut with the sequence), alone, with activation
+checkpointing and with FSDP. In one process: how a model is cut into stages, and how
+``config.dist.topology`` lays the parallelisms over the ranks.
 """
 
+import operator
 import os
 
 import pytest
@@ -40,13 +43,15 @@ def _pipeline_step(model, inputs):
 
 def _accelerated_rank(rank, cases):
     results = []
-    for name, sizes, *topology in cases:
+    for name, sizes, *settings in cases:
         config = Config()
         for section, size in sizes.items():
             getattr(config.dist, section).size = size
-        config.dist.topology = topology[0] if topology else config.dist.topology
+        for path, value in (settings[0] if settings else {}).items():  # {"dist.topology": [...]}
+            section, field = path.rsplit(".", 1)
+            setattr(operator.attrgetter(section)(config), field, value)
         config.dist.pp.num_micro_batches = 2
-        data_ranks = int(os.environ["WORLD_SIZE"]) // (sizes.get("tp", 1) * sizes.get("pp", 1))
+        data_ranks = int(os.environ["WORLD_SIZE"]) // (sizes.get("tp", 1) * sizes.get("pp", 1) * sizes.get("sp", 1))
         model, loader = accelerate(models.build(name), models.loader(name, models.GLOBAL_BATCH // data_ranks), config)
         losses = models.train(model, loader, _pipeline_step if "pp" in sizes else models.backward_step)
         losses = [_data_parallel_mean(loss, model.accelerate_mesh) for loss in losses]
@@ -96,7 +101,7 @@ def test_pipeline_with_fsdp_or_tensor_parallel_over_four_ranks_matches_one_proce
     pipeline_neighbours = ["tp", "dp", "fsdp", "pp"]
     _run([("gpt", {"fsdp": 2, "pp": 2}), ("llama", {"fsdp": 2, "pp": 2}), ("vit", {"fsdp": 2, "pp": 2}),
           ("gpt", {"tp": 2, "pp": 2}), ("llama", {"tp": 2, "pp": 2}), ("vit", {"tp": 2, "pp": 2}),
-          ("gpt", {"tp": 2, "pp": 2}, pipeline_neighbours)], 4)
+          ("gpt", {"tp": 2, "pp": 2}, {"dist.topology": pipeline_neighbours})], 4)
 
 
 @pytest.mark.launches_ranks
@@ -104,6 +109,19 @@ def test_pipeline_with_fsdp_or_tensor_parallel_over_four_ranks_matches_one_proce
 def test_pipeline_fsdp_and_tensor_parallel_over_eight_ranks_match_one_process():
     _run([("gpt", {"fsdp": 2, "tp": 2, "pp": 2}), ("llama", {"fsdp": 2, "tp": 2, "pp": 2}),
           ("vit", {"fsdp": 2, "tp": 2, "pp": 2})], 8)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_context_parallel_over_two_ranks_matches_one_process():
+    _run([("gpt", {"sp": 2}), ("gpt_mha", {"sp": 2}), ("llama", {"sp": 2}), ("vit", {"sp": 2}),
+          ("gpt", {"sp": 2}, {"memory.gc": True})], 2)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_context_parallel_with_fsdp_over_four_ranks_matches_one_process():
+    _run([("gpt", {"fsdp": 2, "sp": 2}), ("llama", {"fsdp": 2, "sp": 2}), ("vit", {"fsdp": 2, "sp": 2})], 4)
 
 
 # -- one process: stages and topology ------------------------------------------------------------
@@ -221,26 +239,36 @@ def _group_ranks(topology, rank, **sizes):
     try:
         dims = ParallelDims(world_size=8, topology=topology, **sizes)
         mesh = dims.build_mesh("cpu")
-        return dims.shape, {name: mesh[name].mesh.tolist() for name in topology}, dims.data_parallel_rank
+        groups = {name: mesh[name].mesh.tolist() for name in topology}
+        if dims.sp_enabled:
+            groups["shard"] = dims.shard_mesh.mesh.tolist()
+        return dims.shape, groups, dims.data_parallel_rank
     finally:
         dist.destroy_process_group()
 
 
 def test_the_topology_orders_the_parallelisms_over_the_ranks_the_last_on_neighbours():
     shape, groups, data_rank = _group_ranks(("dp", "fsdp", "pp", "tp"), 5, dp=None, fsdp=2, pp=2, tp=2)
-    assert shape == (1, 2, 2, 2) and data_rank == 1
+    assert shape == (1, 2, 1, 2, 2) and data_rank == 1  # sp, left out, just after fsdp
     assert groups == {"dp": [5], "fsdp": [1, 5], "pp": [5, 7], "tp": [4, 5]}
     shape, groups, data_rank = _group_ranks(("tp", "pp", "dp", "fsdp"), 5, dp=None, fsdp=2, pp=2, tp=2)
-    assert shape == (2, 2, 1, 2) and data_rank == 1
+    assert shape == (2, 2, 1, 2, 1) and data_rank == 1
     assert groups == {"tp": [1, 5], "pp": [5, 7], "dp": [5], "fsdp": [4, 5]}
+
+
+def test_fsdp_shards_over_the_context_parallel_ranks_too():
+    shape, groups, data_rank = _group_ranks(("dp", "fsdp", "pp", "sp", "tp"), 5, dp=None, fsdp=2, pp=2, sp=2, tp=1)
+    assert shape == (1, 2, 2, 2, 1) and data_rank == 1
+    assert groups == {"dp": [5], "fsdp": [1, 5], "pp": [5, 7], "sp": [4, 5], "tp": [5], "shard": [[0, 1, 4, 5]]}
 
 
 @pytest.mark.parametrize(
     "topology, message",
     [
-        (["dp", "fsdp", "tp"], r"must order each of \['dp', 'fsdp', 'pp', 'tp'\] once"),
+        (["dp", "fsdp", "tp"], r"must order each of \['dp', 'fsdp', 'pp', 'tp'\] once \(and \"sp\", or leave it out\)"),
         (["dp", "fsdp", "pp", "tp", "tp"], r"must order each of"),
         (["fsdp", "dp", "pp", "tp"], r"puts fsdp before dp, but FSDP2 shards within the replicas of dp"),
+        (["dp", "sp", "fsdp", "pp", "tp"], r"puts sp before fsdp, but FSDP2 shards over fsdp and sp together"),
     ],
 )
 def test_a_topology_that_is_not_an_order_of_the_dims_says_what_to_give(topology, message):
