@@ -349,8 +349,10 @@ def test_a_signal_to_verify_ends_every_process_of_the_side_and_the_workspace(tmp
     temp.mkdir()
     pids = tmp_path / "pids"
     env = {**os.environ, "TMPDIR": str(temp), "PIDS": str(pids)}
+    # Default dispositions: a test run started in the background ignores SIGINT, which its children inherit.
     verify = subprocess.Popen([sys.executable, "-m", "accrewrite.cli", "verify", "spawner.py"], cwd=project,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (pids.exists() and len(pids.read_text().split()) == 3) and time.monotonic() < deadline:
         time.sleep(0.1)
