@@ -111,10 +111,10 @@ def test_a_new_part_in_parts_is_applied_in_its_place_with_its_config_and_the_dim
     scaled = tiny_gpt()
     apply_output_scale(list(scaled.h), OutputScaleConfig(scale=0.5))
     want_losses = train(scaled, DataLoader(token_dataset(), batch_size=GLOBAL_BATCH))
-    names = ("dp", "fsdp", "pp", "tp")
+    names = ("dp", "fsdp", "sp", "pp", "tp")
     # after tensor parallel (its DTensors), before FSDP2 (not yet an FSDPModule)
     assert [(seen, wrapped) for seen, wrapped, _ in results] == [
-        ((False, False, (1, 2, 1, 1), names), True), ((True, False, (1, 1, 1, 2), names), False)]
+        ((False, False, (1, 2, 1, 1, 1), names), True), ((True, False, (1, 1, 1, 1, 2), names), False)]
     for _, _, (losses, state) in results:
         assert losses == pytest.approx(want_losses, abs=1e-5)
         for key, value in scaled.state_dict().items():
