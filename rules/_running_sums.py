@@ -186,9 +186,7 @@ class _Search:
         return self._beside_fed(statement, read)
 
     def _makes_fed_meter(self, binding) -> bool:
-        small = binding.body[0] if isinstance(binding, cst.SimpleStatementLine) and len(binding.body) == 1 else None
-        value = small.value if type(small) is cst.Assign and len(small.targets) == 1 else None
-        return isinstance(value, cst.Call) and type(value.func) is cst.Name and value.func.value in self._fed_classes
+        return _class_made(binding) in self._fed_classes
 
     @property
     def _fed_classes(self) -> set[str]:
@@ -214,7 +212,7 @@ class _Search:
                     return False
                 if _is_update(node) and node.args and host_read(node.args[0].value) is None:
                     statement = values.statement_of(node)
-                    made = {self._class_made(binding) for binding in values.bindings_at(node.func.value.value, statement)} \
+                    made = {_class_made(binding) for binding in values.bindings_at(node.func.value.value, statement)} \
                         if statement is not None else set()
                     if len(made) == 1 and None not in made:
                         found.setdefault(scope, []).append((node, made.pop()))
@@ -226,12 +224,6 @@ class _Search:
     def _scopes(self):
         for scope in dict.fromkeys(loop.scope for loop in self.facts.loops):
             yield scope, self.facts.values(scope)
-
-    @staticmethod
-    def _class_made(binding) -> str | None:
-        small = binding.body[0] if isinstance(binding, cst.SimpleStatementLine) and len(binding.body) == 1 else None
-        value = small.value if type(small) is cst.Assign and len(small.targets) == 1 else None
-        return value.func.value if isinstance(value, cst.Call) and type(value.func) is cst.Name else None
 
     def _beside_fed(self, statement, read: cst.Name) -> bool:
         """Whether ``read`` is the receiver of an ``update`` call, or an element of a list or
@@ -360,6 +352,12 @@ def _bound_by(line) -> set[str]:
 def _is_update(node) -> bool:
     return (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "update"
             and type(node.func.value) is cst.Name)
+
+
+def _class_made(binding) -> str | None:
+    """``C`` where ``binding`` is ``name = C(...)``."""
+    value = _assigned(binding)
+    return value.func.value if isinstance(value, cst.Call) and type(value.func) is cst.Name else None
 
 
 def _assigned(binding) -> cst.BaseExpression | None:
