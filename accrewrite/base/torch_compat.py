@@ -125,8 +125,49 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
 
 def reshape_mesh(mesh, shape: tuple[int, ...], names: tuple[str, ...]):
     """DeviceMesh ``mesh``'s ranks, in its order, as a mesh of ``shape`` with dims ``names``
-    (``DeviceMesh._flatten`` then ``_unflatten``; collective: every rank calls it)."""
-    return mesh._flatten("_".join(mesh.mesh_dim_names))._unflatten(0, shape, names)
+    (``DeviceMesh._flatten``, where it has several dims, then ``_unflatten``; collective: every
+    rank calls it)."""
+    flat = mesh if mesh.ndim == 1 else mesh._flatten("_".join(mesh.mesh_dim_names))
+    return flat._unflatten(0, shape, names)
+
+
+class _Ring:
+    """torch's ring attention engine (``torch.distributed.tensor.experimental._context_parallel``):
+    ``forward(group, seq_dim, op, q, k, v, is_causal=, **op_kwargs)`` gives ``(out, logsumexp,
+    *rest)`` of an SDPA kernel ``op`` run over the keys and values of each rank of ``group``;
+    ``backward(group, seq_dim, op, grad_out, grad_out_name, q, k, v, out, logsumexp, is_causal,
+    **op_kwargs)`` the gradients of q, k and v. ``load_balanced(on)`` sets, for the calls inside
+    it, whether the sequence is laid out head-tail (torch's one global option, which its ring
+    reads at each call)."""
+
+    def __init__(self, module):
+        self.forward = module._templated_ring_attention
+        self.backward = module._templated_ring_attention_backward
+        self._options = module._cp_options
+
+    @contextlib.contextmanager
+    def load_balanced(self, on: bool):
+        before = self._options.enable_load_balance
+        self._options.enable_load_balance = on
+        try:
+            yield
+        finally:
+            self._options.enable_load_balance = before
+
+
+_RING_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
+
+
+@functools.cache
+def ring_attention() -> _Ring:
+    """torch's ring attention (``_Ring``); raises saying what to give instead where this torch
+    has it elsewhere or not at all."""
+    try:
+        return _Ring(importlib.import_module(_RING_MODULE))
+    except (ImportError, AttributeError) as error:
+        raise RuntimeError(f"ring attention runs on torch's own ring ({_RING_MODULE}: _templated_ring_attention, "
+                           f"_templated_ring_attention_backward, _cp_options), which torch {torch.__version__} does "
+                           f"not have ({error}); use config.dist.sp.mode = \"ulysses\"") from None
 
 
 def version_tuple(version: str) -> tuple[int, int]:
@@ -175,5 +216,5 @@ def trace_forward(module: torch.nn.Module, is_leaf, inputs=None) -> "torch.fx.Gr
 
 __all__ = [
     *_NAMES, "SUPPORTED", "backend_plugins", "builtin_backend", "check_version", "dtensor_class",
-    "local_shard", "own_compile_metrics", "trace_forward", "version_tuple",
+    "local_shard", "own_compile_metrics", "ring_attention", "trace_forward", "version_tuple",
 ]

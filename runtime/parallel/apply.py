@@ -7,8 +7,8 @@ order it applies them in (torchtitan's):
 2. ``apply_tp(model, layers, tp, mesh)``: each layer's projections split over the 1-D ``mesh``
    by DTensor's ``parallelize_module`` (``tensor_parallel.py``), the model's other parameters
    replicated on it;
-3. ``apply_sp(model, layers, mesh)``: context parallel by Ulysses: each layer computes on its
-   part of the sequence over the 1-D ``mesh``, its attention on its part of the heads
+3. ``apply_sp(model, layers, mesh, sp)``: context parallel: each layer computes on its part of the
+   sequence over the 1-D ``mesh``, its attention over all of it by Ulysses, ring attention or both
    (``context_parallel.py``);
 4. ``apply_ac(model, layers, memory)``: activation checkpointing (``accrewrite.runtime.activation_checkpoint``)
    of the first ``memory.gc_cnt`` checkpointed modules;
@@ -38,8 +38,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from ..blocks import repeated_blocks
 from ..activation_checkpoint import checkpoint_modules
-from .config import ComputeConfig, Config, FSDPConfig, MemoryConfig, PipelineParallelConfig, TensorParallelConfig
-from .context_parallel import shard_sequence
+from ...base import torch_compat
+from .config import (ComputeConfig, Config, FSDPConfig, MemoryConfig, PipelineParallelConfig,
+                     SequenceParallelConfig, TensorParallelConfig)
+from .context_parallel import MODES, SequenceLayout, shard_sequence
 from .parallel_dims import ParallelDims
 from .pipeline import PipelineModel, split_point_names, split_stages
 from .tensor_parallel import derive_plan, parallelize_block, replicate_the_rest
@@ -83,13 +85,16 @@ def apply_tp(model: nn.Module, layers: list[nn.Module], tp: TensorParallelConfig
     _check_same_inputs(model, mesh, "tensor-parallel")
 
 
-def apply_sp(model: nn.Module, layers: list[nn.Module], mesh) -> None:
+def apply_sp(model: nn.Module, layers: list[nn.Module], mesh, sp: SequenceParallelConfig | None = None) -> None:
     """Each of ``layers`` computes on this rank's part of the sequence of the 1-D ``mesh``, its
-    attention by Ulysses' all-to-all over the heads; checks at the first forward that the ranks
-    of ``mesh`` got the same inputs."""
+    attention by Ulysses' all-to-all over the heads, ring attention or both, as ``sp.mode``
+    says (None: Ulysses); checks at the first forward that the ranks of ``mesh`` got the same
+    inputs."""
     _check_not_nested(layers)
+    sp = sp or SequenceParallelConfig()
+    layout = SequenceLayout.build(mesh, sp.mode, sp.ulysses_size)
     for layer in layers:
-        shard_sequence(layer, mesh)
+        shard_sequence(layer, layout)
     _check_same_inputs(model, mesh, "context-parallel")
 
 
@@ -191,11 +196,21 @@ def _fsdp_wanted(config: Config, dims: ParallelDims) -> bool:
 
 
 def _check_context_parallel(config: Config, dims: ParallelDims) -> None:
-    if config.dist.sp.mode != "ulysses":
-        raise ValueError(f"config.dist.sp.mode = {config.dist.sp.mode!r}: context parallel runs Ulysses' all-to-all "
-                         f"over the heads only; give \"ulysses\" (ring attention is not supported yet)")
+    sp = config.dist.sp
+    if sp.mode not in MODES:
+        raise ValueError(f"config.dist.sp.mode = {sp.mode!r}: context parallel runs {', '.join(map(repr, MODES))}")
+    if (sp.mode == "2d") != (sp.ulysses_size is not None):
+        raise ValueError(f"config.dist.sp.ulysses_size = {sp.ulysses_size!r} with config.dist.sp.mode = {sp.mode!r}: "
+                         f"the size of the Ulysses groups is given with mode \"2d\", and only there")
+    if sp.mode == "2d" and (not isinstance(sp.ulysses_size, int) or sp.ulysses_size < 2
+                            or sp.size % sp.ulysses_size or sp.size == sp.ulysses_size):
+        raise ValueError(f"config.dist.sp.ulysses_size = {sp.ulysses_size!r} does not split config.dist.sp.size = "
+                         f"{sp.size} ranks into Ulysses groups of 2 or more and a ring of 2 or more; give a divisor "
+                         f"of {sp.size} between 2 and {sp.size // 2}")
     if not dims.sp_enabled:
         return
+    if sp.mode != "ulysses":
+        torch_compat.ring_attention()  # raises where this torch has none
     others = {"config.dist.pp.size > 1": dims.pp_enabled, "config.dist.tp.size > 1": dims.tp_enabled,
               "config.compute.compile": config.compute.compile}
     given = [name for name, on in others.items() if on]
@@ -242,7 +257,7 @@ PARTS = [
          apply=lambda model, layers, config, dims: apply_tp(model, layers, config.dist.tp, dims.tp_mesh)),
     Part("context parallel (config.dist.sp.size > 1)", check=_check_context_parallel,
          wanted=lambda config, dims: dims.sp_enabled,
-         apply=lambda model, layers, config, dims: apply_sp(model, layers, dims.sp_mesh)),
+         apply=lambda model, layers, config, dims: apply_sp(model, layers, dims.sp_mesh, config.dist.sp)),
     Part("activation checkpointing (config.memory.gc)", check=_check_memory,
          wanted=lambda config, dims: config.memory.gc,
          apply=lambda model, layers, config, dims: apply_ac(model, layers, config.memory)),

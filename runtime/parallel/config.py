@@ -62,9 +62,14 @@ class PipelineParallelConfig:
 @dataclass
 class SequenceParallelConfig:
     size: int = 1
-    # "ulysses": an all-to-all swaps the sequence split for a split of the heads around each
-    # attention (context_parallel.py). TorchAcc's SPConfig has the size only; the mode is ours.
+    # How each attention sees the whole sequence (context_parallel.py): "ulysses", an all-to-all
+    # swaps the sequence split for a split of the heads; "ring", each rank's queries attend to
+    # every rank's keys and values in turn (torch's ring attention); "2d", Ulysses within groups
+    # of ulysses_size neighbouring ranks and the ring across the groups (TorchAcc's
+    # context_parallel_2d, whose intra_parallel_size is ulysses_size). TorchAcc's SPConfig has
+    # the size only; the mode is ours.
     mode: str = "ulysses"
+    ulysses_size: int | None = None  # "2d" only: divides size, the ring has size / ulysses_size ranks
 
 
 @dataclass

@@ -21,6 +21,8 @@ STEPS, GLOBAL_BATCH = 10, 8
 
 
 class Attention(nn.Module):
+    causal = True
+
     def __init__(self, bias=True):
         super().__init__()
         self.num_heads, self.head_dim = HEADS, WIDTH // HEADS
@@ -31,7 +33,7 @@ class Attention(nn.Module):
         q, k, v = (proj(x).view(shape).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
         if rotation is not None:
             q, k = q * rotation, k * rotation
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.o_proj(y.transpose(1, 2).reshape(*x.shape[:-1], -1))
 
 
@@ -60,6 +62,15 @@ class GPT(nn.Module):
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class EncoderGPT(GPT):
+    """The GPT with attention that is not causal: every token sees the whole sequence."""
+
+    def __init__(self):
+        super().__init__()
+        for block in self.h:
+            block.attn.causal = False
 
 
 class CausalMHABlock(GPTBlock):
@@ -143,7 +154,7 @@ class ViT(nn.Module):
         return F.cross_entropy(self.head(x[:, 0]), labels)
 
 
-MODELS = {"gpt": GPT, "gpt_mha": CausalMHAGPT, "llama": Llama, "vit": ViT}
+MODELS = {"gpt": GPT, "gpt_encoder": EncoderGPT, "gpt_mha": CausalMHAGPT, "llama": Llama, "vit": ViT}
 
 
 def build(name):

@@ -124,6 +124,21 @@ def test_context_parallel_with_fsdp_over_four_ranks_matches_one_process():
     _run([("gpt", {"fsdp": 2, "sp": 2}), ("llama", {"fsdp": 2, "sp": 2}), ("vit", {"fsdp": 2, "sp": 2})], 4)
 
 
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_ring_attention_over_two_ranks_matches_one_process():
+    ring = {"dist.sp.mode": "ring"}
+    _run([("gpt", {"sp": 2}, ring), ("gpt_encoder", {"sp": 2}, ring), ("gpt_mha", {"sp": 2}, ring),
+          ("llama", {"sp": 2}, ring), ("gpt", {"sp": 2}, {**ring, "memory.gc": True})], 2)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_ulysses_within_groups_and_a_ring_across_them_over_four_ranks_match_one_process():
+    two_d = {"dist.sp.mode": "2d", "dist.sp.ulysses_size": 2}
+    _run([("gpt", {"sp": 4}, two_d), ("gpt_encoder", {"sp": 4}, two_d), ("gpt_mha", {"sp": 4}, two_d)], 4)
+
+
 # -- one process: stages and topology ------------------------------------------------------------
 
 
