@@ -202,11 +202,11 @@ def _check_context_parallel(config: Config, dims: ParallelDims) -> None:
     if (sp.mode == "2d") != (sp.ulysses_size is not None):
         raise ValueError(f"config.dist.sp.ulysses_size = {sp.ulysses_size!r} with config.dist.sp.mode = {sp.mode!r}: "
                          f"the size of the Ulysses groups is given with mode \"2d\", and only there")
-    if sp.mode == "2d" and (not isinstance(sp.ulysses_size, int) or sp.ulysses_size < 2
-                            or sp.size % sp.ulysses_size or sp.size == sp.ulysses_size):
+    groups = [size for size in range(2, sp.size // 2 + 1) if sp.size % size == 0]
+    if sp.mode == "2d" and sp.ulysses_size not in groups:
+        hint = f"give one of {groups}" if groups else "give a size of 4 ranks or more that is not prime, or mode \"ring\""
         raise ValueError(f"config.dist.sp.ulysses_size = {sp.ulysses_size!r} does not split config.dist.sp.size = "
-                         f"{sp.size} ranks into Ulysses groups of 2 or more and a ring of 2 or more; give a divisor "
-                         f"of {sp.size} between 2 and {sp.size // 2}")
+                         f"{sp.size} ranks into Ulysses groups of 2 or more and a ring of 2 or more; {hint}")
     if not dims.sp_enabled:
         return
     if sp.mode != "ulysses":

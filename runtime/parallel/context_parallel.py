@@ -90,7 +90,7 @@ class SequenceLayout:
         multiple = self.mesh.size() if self.ring is None else math.lcm(2 * self.ring_size, self.mesh.size())
         if length % multiple:
             raise ValueError(f"the sequence of length {length} does not split over config.dist.sp.size = "
-                             f"{self.mesh.size()} ranks{' (two chunks per ring rank)' if self.ring else ''}; pad "
+                             f"{self.mesh.size()} ranks{'' if self.ring is None else ' (two chunks per ring rank)'}; pad "
                              f"it to a multiple of {multiple} (config.dataloader.buckets)")
         chunks = torch.arange(length).chunk(2 * self.ring_size)
         return torch.cat([chunks[index] for j in range(self.ring_size) for index in (j, -1 - j)])
@@ -102,7 +102,7 @@ class SequenceLayout:
 
     def whole(self, parts: torch.Tensor, dim: int) -> torch.Tensor:
         """The sequence in its own order from the ranks' ``parts``, joined along ``dim``."""
-        return parts.index_select(dim, self.order(parts.shape[dim]).argsort())
+        return parts.index_select(dim, self.order(parts.shape[dim]).argsort().to(parts.device))
 
 
 def shard_sequence(layer: nn.Module, layout: SequenceLayout) -> None:

@@ -11,9 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
+from accrewrite.base import torch_compat
 from accrewrite.runtime import Config, accelerate
 from accrewrite.runtime.parallel import apply
 from accrewrite.runtime.parallel.apply import apply_sp, find_layers
+from accrewrite.runtime.parallel.config import SequenceParallelConfig
+from accrewrite.runtime.parallel.context_parallel import SequenceLayout
 from accrewrite.runtime.parallel.parallel_dims import ParallelDims
 
 import _parallel_models as models
@@ -47,8 +50,14 @@ def _inputs(name, length=models.CONTEXT):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"sp.mode": "ring"}, r"config.dist.sp.mode = 'ring': context parallel runs Ulysses' all-to-all over the heads "
-                              r"only; give \"ulysses\""),
+        ({"sp.mode": "rings"}, r"config.dist.sp.mode = 'rings': context parallel runs 'ulysses', 'ring', '2d'"),
+        ({"sp.ulysses_size": 2}, r"config.dist.sp.ulysses_size = 2 with config.dist.sp.mode = 'ulysses': the size of "
+                                 r"the Ulysses groups is given with mode \"2d\", and only there"),
+        ({"sp.mode": "2d"}, r"ulysses_size = None with config.dist.sp.mode = '2d'"),
+        ({"sp.mode": "2d", "sp.ulysses_size": 4, "sp.size": 6},
+         r"ulysses_size = 4 does not split config.dist.sp.size = 6 ranks into Ulysses groups of 2 or more and a ring "
+         r"of 2 or more; give one of \[2, 3\]"),
+        ({"sp.mode": "2d", "sp.ulysses_size": 2}, r"give a size of 4 ranks or more that is not prime, or mode \"ring\""),
         ({"pp.size": 2, "pp.num_micro_batches": 2}, r"does not combine with config.dist.pp.size > 1 yet"),
         ({"tp.size": 2}, r"does not combine with config.dist.tp.size > 1 yet"),
         ({"compute.compile": True}, r"does not combine with config.compute.compile yet"),
@@ -61,7 +70,7 @@ def test_settings_context_parallel_does_not_honour_are_refused_before_anything_r
         section, field = path.rsplit(".", 1)
         owner = getattr(config, section) if section in ("memory", "compute") else getattr(config.dist, section)
         setattr(owner, field, value)
-    dims = ParallelDims.from_config(config, 8)
+    dims = ParallelDims.from_config(config, 12)
     with pytest.raises(ValueError, match=message):
         for part in apply.PARTS:
             part.check(config, dims)
@@ -90,6 +99,49 @@ def test_a_sequence_the_ranks_do_not_divide_asks_for_padding(sp_mesh):
     with pytest.raises(ValueError, match=r"sequence of length 7 does not split over config.dist.sp.size = 2 ranks; "
                                          r"pad it to a multiple of 2"):
         model(*_inputs("gpt", 7))
+
+
+def test_a_sequence_a_ring_does_not_cut_into_two_chunks_per_rank_asks_for_padding(sp_mesh):
+    model = models.build("gpt")
+    apply_sp(model, list(model.h), sp_mesh(2), SequenceParallelConfig(size=2, mode="ring"))
+    with pytest.raises(ValueError, match=r"sequence of length 6 does not split over config.dist.sp.size = 2 ranks "
+                                         r"\(two chunks per ring rank\); pad it to a multiple of 4"):
+        model(*_inputs("gpt", 6))
+
+
+def test_a_ring_lays_the_sequence_out_head_tail_and_gathers_it_back_in_order(sp_mesh):
+    mesh = sp_mesh(2)  # rank 0 of a ring of 2: chunks 0 and 3 of 4
+    layout = SequenceLayout.build(mesh, "ring")
+    assert layout.positions(8).tolist() == [0, 1, 6, 7]
+    assert layout.order(8).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+    assert layout.whole(torch.tensor([[0, 1, 6, 7, 2, 3, 4, 5]]), 1).tolist() == [list(range(8))]
+    assert SequenceLayout.build(mesh, "ulysses").positions(8).tolist() == [0, 1, 2, 3]
+
+
+def test_ring_attention_with_dropout_is_refused(sp_mesh):
+    class DropoutBlock(models.ViTBlock):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(models.WIDTH, models.HEADS, dropout=0.1, batch_first=True)
+
+    model = nn.Sequential(DropoutBlock(), DropoutBlock())
+    apply_sp(model, list(model), sp_mesh(2), SequenceParallelConfig(size=2, mode="ring"))
+    with pytest.raises(ValueError, match=r"ring attention \(config.dist.sp.mode = \"ring\" or \"2d\"\) runs SDPA "
+                                         r"without dropout; give dropout_p=0.0, or config.dist.sp.mode = \"ulysses\""):
+        model(torch.randn(2, 4, models.WIDTH))
+
+
+def test_a_torch_without_the_ring_engine_is_told_to_use_ulysses(monkeypatch):
+    monkeypatch.setattr(torch_compat, "_RING_MODULE", "torch.distributed.tensor.experimental._no_such_module")
+    torch_compat.ring_attention.cache_clear()
+    config = Config()
+    config.dist.sp.size, config.dist.sp.mode = 2, "ring"
+    try:
+        with pytest.raises(RuntimeError, match=r"ring attention runs on torch's own ring .*which torch .* does not "
+                                               r"have .*; use config.dist.sp.mode = \"ulysses\""):
+            apply._check_context_parallel(config, ParallelDims.from_config(config, 2))
+    finally:
+        torch_compat.ring_attention.cache_clear()
 
 
 def test_heads_the_ranks_do_not_divide_ask_for_another_size(sp_mesh):

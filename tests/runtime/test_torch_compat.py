@@ -23,6 +23,15 @@ def test_each_name_resolves_on_this_torch(name):
     assert getattr(compat, name) is not None
 
 
+def test_the_ring_attention_engine_resolves_and_sets_its_load_balancing_for_its_calls_only():
+    ring = compat.ring_attention()
+    assert callable(ring.forward) and callable(ring.backward)
+    before = ring._options.enable_load_balance
+    with ring.load_balanced(not before):
+        assert ring._options.enable_load_balance is not before
+    assert ring._options.enable_load_balance is before
+
+
 def test_this_torch_is_in_the_supported_range():
     assert compat.check_version() is None
 
