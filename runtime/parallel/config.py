@@ -13,6 +13,7 @@
     config.dist.pp.num_micro_batches = 4            # model.forward_backward(*inputs) splits the batch
     config.dist.topology = ["dp", "fsdp", "pp", "tp"]  # tp on neighbouring ranks ("sp" just after "fsdp")
     config.dist.sp.size = 2   # instead of pp, tp and compile (not combined yet): each block on half the sequence
+    config.dist.sp.mode = "ring"                    # attention by torch's ring ("ulysses": by all-to-all)
     config.dataloader.buckets = [128, 256, 512]     # each batch padded to the nearest length
 
 The data-parallel size ``dist.dp.size`` defaults to what the world size leaves over
