@@ -4,7 +4,8 @@ tensor parallel, pipeline parallel and their combinations with FSDP train as one
 on the same global batch: 10 SGD steps, losses and final parameters within 1e-5; so does context
 parallel (Ulysses over causal ``scaled_dot_product_attention``, ``nn.MultiheadAttention``
 causal or not, a Llama's rotary table cut with the sequence), alone, with activation
-checkpointing and with FSDP. In one process: how a model is cut into stages, and how
+checkpointing and with FSDP; and ring attention, alone, with Ulysses (``mode = "2d"``) and with
+FSDP, over SDPA causal or not and causal ``nn.MultiheadAttention``. In one process: how a model is cut into stages, and how
 ``config.dist.topology`` lays the parallelisms over the ranks.
 """
 
@@ -134,9 +135,10 @@ def test_ring_attention_over_two_ranks_matches_one_process():
 
 @pytest.mark.launches_ranks
 @pytest.mark.slow
-def test_ulysses_within_groups_and_a_ring_across_them_over_four_ranks_match_one_process():
+def test_ulysses_within_groups_and_a_ring_across_them_or_ring_with_fsdp_over_four_ranks_match_one_process():
     two_d = {"dist.sp.mode": "2d", "dist.sp.ulysses_size": 2}
-    _run([("gpt", {"sp": 4}, two_d), ("gpt_encoder", {"sp": 4}, two_d), ("gpt_mha", {"sp": 4}, two_d)], 4)
+    _run([("gpt", {"sp": 4}, two_d), ("gpt_encoder", {"sp": 4}, two_d), ("gpt_mha", {"sp": 4}, two_d),
+          ("gpt", {"fsdp": 2, "sp": 2}, {"dist.sp.mode": "ring"})], 4)
 
 
 # -- one process: stages and topology ------------------------------------------------------------
