@@ -204,7 +204,7 @@ def _check_context_parallel(config: Config, dims: ParallelDims) -> None:
                          f"the size of the Ulysses groups is given with mode \"2d\", and only there")
     groups = [size for size in range(2, sp.size // 2 + 1) if sp.size % size == 0]
     if sp.mode == "2d" and sp.ulysses_size not in groups:
-        hint = f"give one of {groups}" if groups else "give a size of 4 ranks or more that is not prime, or mode \"ring\""
+        hint = f"give one of {groups}" if groups else "give a size of 4 or more that is not prime, or mode \"ring\""
         raise ValueError(f"config.dist.sp.ulysses_size = {sp.ulysses_size!r} does not split config.dist.sp.size = "
                          f"{sp.size} ranks into Ulysses groups of 2 or more and a ring of 2 or more; {hint}")
     if not dims.sp_enabled:

@@ -11,14 +11,14 @@ sees the whole sequence:
   swaps back after;
 - ``"ring"``: torch's own ring attention (its templated ring of ``torch_compat.ring_attention``):
   each rank keeps its queries and attends to every rank's keys and values in turn, merging the
-  parts by their logsumexp; the kernel is SDPA's flash kernel of the device (``_RING_KERNELS``);
+  parts by their logsumexp; the kernel is SDPA's flash kernel of the device (``_ring_kernel``);
 - ``"2d"``: Ulysses over the heads within groups of ``config.dist.sp.ulysses_size`` neighbouring
   ranks, then the ring across the groups (TorchAcc's ``context_parallel_2d``).
 
-For causal attention the ring's ranks would wait on one another (the first rank's queries see
-one part of the keys, the last's all of them), so with a ring the sequence is cut into
-``2 * ring`` chunks and ring rank ``j`` holds chunks ``j`` and ``2 * ring - 1 - j`` (torch's
-head-tail load balancing): every rank computes as much. Only the layers see this order; what
+For causal attention on contiguous parts the ring's ranks would do unequal work (the first
+rank's queries see one part of the keys, the last's all of them), so with a ring the sequence
+is cut into ``2 * ring`` chunks and ring rank ``j`` holds chunks ``j`` and ``2 * ring - 1 - j``
+(torch's head-tail load balancing): every rank computes as much. Only the layers see this order; what
 gets their output sees the sequence in its own order.
 
 An ``nn.MultiheadAttention`` is first converted into separate projections (``mha.py``) whose
@@ -89,9 +89,10 @@ class SequenceLayout:
         and ``2 * ring - 1 - j`` of ``2 * ring``, which its Ulysses group shares in turn."""
         multiple = self.mesh.size() if self.ring is None else math.lcm(2 * self.ring_size, self.mesh.size())
         if length % multiple:
+            chunks = "" if self.ring is None else " (two chunks per ring rank)"
             raise ValueError(f"the sequence of length {length} does not split over config.dist.sp.size = "
-                             f"{self.mesh.size()} ranks{'' if self.ring is None else ' (two chunks per ring rank)'}; pad "
-                             f"it to a multiple of {multiple} (config.dataloader.buckets)")
+                             f"{self.mesh.size()} ranks{chunks}; pad it to a multiple of {multiple} "
+                             f"(config.dataloader.buckets)")
         chunks = torch.arange(length).chunk(2 * self.ring_size)
         return torch.cat([chunks[index] for j in range(self.ring_size) for index in (j, -1 - j)])
 

@@ -5,8 +5,8 @@ on the same global batch: 10 SGD steps, losses and final parameters within 1e-5;
 parallel (Ulysses over causal ``scaled_dot_product_attention``, ``nn.MultiheadAttention``
 causal or not, a Llama's rotary table cut with the sequence), alone, with activation
 checkpointing and with FSDP; and ring attention, alone, with Ulysses (``mode = "2d"``) and with
-FSDP, over SDPA causal or not and causal ``nn.MultiheadAttention``. In one process: how a model is cut into stages, and how
-``config.dist.topology`` lays the parallelisms over the ranks.
+FSDP, over SDPA causal or not and causal ``nn.MultiheadAttention``. In one process: how a model
+is cut into stages, and how ``config.dist.topology`` lays the parallelisms over the ranks.
 """
 
 import operator

@@ -57,7 +57,7 @@ def _inputs(name, length=models.CONTEXT):
         ({"sp.mode": "2d", "sp.ulysses_size": 4, "sp.size": 6},
          r"ulysses_size = 4 does not split config.dist.sp.size = 6 ranks into Ulysses groups of 2 or more and a ring "
          r"of 2 or more; give one of \[2, 3\]"),
-        ({"sp.mode": "2d", "sp.ulysses_size": 2}, r"give a size of 4 ranks or more that is not prime, or mode \"ring\""),
+        ({"sp.mode": "2d", "sp.ulysses_size": 2}, r"give a size of 4 or more that is not prime, or mode \"ring\""),
         ({"pp.size": 2, "pp.num_micro_batches": 2}, r"does not combine with config.dist.pp.size > 1 yet"),
         ({"tp.size": 2}, r"does not combine with config.dist.tp.size > 1 yet"),
         ({"compute.compile": True}, r"does not combine with config.compute.compile yet"),
