@@ -270,7 +270,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
         given = call_arg(trainer, 99, "processing_class") or call_arg(trainer, 99, "tokenizer")
         if given is None or call_arg(trainer, 99, "data_collator") is not None:
             return
-        collator = f"DataCollatorWithPadding({' '.join(self.ctx.code(given.value).split())}, pad_to_multiple_of={_MULTIPLE})"
+        collator = f"DataCollatorWithPadding({_one_line(self.ctx.code(given.value))}, pad_to_multiple_of={_MULTIPLE})"
         self.report(trainer, "the Trainer's default collator pads each batch to its longest sample",
                     f"Given a tokenizer and no data_collator, the Trainer collates with DataCollatorWithPadding. "
                     f"{_NEW_SHAPES} Round each batch's length up to a multiple of {_MULTIPLE}: pass "
@@ -280,8 +280,10 @@ class DynamicShapes(LoopDiagnostic, Rule):
     def _bucketing_loader(self, collator: cst.Call) -> tuple[str, ...]:
         """The lines that give the loader ``collator`` feeds the target's bucketing loader, where
         the target has one and exactly one loader of the file is given the collator."""
+        if not self.ctx.target.has("bucketing_loader"):
+            return ()
         loaders = self._loaders_fed.get(collator, set())
-        if not self.ctx.target.has("bucketing_loader") or len(loaders) != 1:
+        if len(loaders) != 1:
             return ()
         concept = self.ctx.concept("bucketing_loader")
         name = next(iter(loaders))
@@ -313,10 +315,10 @@ class DynamicShapes(LoopDiagnostic, Rule):
         which is the batch's where ``pad_sequence`` puts the length first."""
         batch_first = call_arg(call, 1, "batch_first")
         value = call_arg(call, 2, "padding_value")
-        fill = " ".join(self.ctx.code(value.value).split()) if value is not None else "0"
+        fill = _one_line(self.ctx.code(value.value)) if value is not None else "0"
         statement = self.ctx.facts.values(self.ctx.scope).statement_of(call)
         name = _assigned_name(statement, call)
-        first = "" if name else f"`padded = {' '.join(self.ctx.code(call).split())}`, then "
+        first = "" if name else f"`padded = {_one_line(self.ctx.code(call))}`, then "
         name = name or "padded"
         if batch_first is not None and isinstance(batch_first.value, cst.Name) and batch_first.value.value == "True":
             shape, pad = "(batch, length)", f"(0, -{name}.size(1) % {_MULTIPLE})"
@@ -407,7 +409,11 @@ def _rounded(call: cst.Call) -> str:
             if arg.keyword is None or arg.keyword.value != "pad_to_multiple_of"]
     multiple = cst.Arg(cst.Integer(str(_MULTIPLE)), keyword=cst.Name("pad_to_multiple_of"), equal=_EQUAL)
     code = cst.Module([]).code_for_node(call.with_changes(args=[*kept, multiple]))
-    return f"round each batch's length up to a multiple of {_MULTIPLE}: `{' '.join(code.split())}`"
+    return f"round each batch's length up to a multiple of {_MULTIPLE}: `{_one_line(code)}`"
+
+
+def _one_line(code: str) -> str:
+    return " ".join(code.split())
 
 
 def _assigned_name(statement: cst.CSTNode | None, value: cst.CSTNode) -> str | None:
