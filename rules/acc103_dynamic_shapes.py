@@ -60,7 +60,17 @@ class DynamicShapes(LoopDiagnostic, Rule):
       `accelerator.pad_across_processes(...)` before a gather, Hugging Face's `Trainer` given a
       tokenizer (`processing_class=`) and no `data_collator` (its default is
       `DataCollatorWithPadding`). What to
-      do: pack variable-length samples into fixed-length rows with
+      do: pad to a few lengths. The help gives the lines: a collator or tokenizer the same call
+      with `pad_to_multiple_of=128` (each of them takes it); `pad_sequence` its result rounded up
+      along the length with `torch.nn.functional.pad` (dim 1 with `batch_first=True`, else dim 0);
+      and where the target has a bucketing loader (runtime: `BucketingLoader`, the loader of
+      `accelerate`'s `config.dataloader`) and one `DataLoader` of the file is given the collator
+      as its `collate_fn`, that loader named as its device loader, each batch's last dimension
+      padded up to the nearest of `[128, 256, 512, 1024]`. torch_xla has none; TorchAcc 2.x's
+      `AsyncLoader(..., buckets=...)` pads only plain dict batches (a collator's `BatchEncoding`
+      passes unpadded), so it is not offered. `pad_sequence` is not offered one either: a
+      bucketing loader pads the last dimension, the batch's where the length comes first. Or
+      pack variable-length samples into fixed-length rows with
       `accrewrite.runtime.io.PackedDataset` (TorchAcc's migration guide, "Pack dataset"), or pad to a fixed
       `max_length`. These are reported wherever they are, since the loop sees their batches;
     - in the training loop: boolean-mask indexing (`x[mask]`, `logits[labels != -100]`),
@@ -177,6 +187,36 @@ class DynamicShapes(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC103:6",),
         ),
+        # The loader the collator feeds is known: the help gives it the target's bucketing loader.
+        Example(
+            before="""
+            import torch
+            from torch.utils.data import DataLoader
+            from transformers import DataCollatorWithPadding
+            device = torch.device("cuda")
+            model = Net().to(device)
+            collator = DataCollatorWithPadding(tokenizer)
+            train_loader = DataLoader(rows, batch_size=16, shuffle=True, collate_fn=collator)
+            for batch in train_loader:
+                batch = {k: v.to(device) for k, v in batch.items()}
+                model(**batch).loss.backward()
+                optimizer.step()
+            """,
+            diagnostics=("ACC103:6",),
+        ),
+        # Where the target has none, the same collator and a tokenizer are told to round up.
+        Example(
+            target="torchacc",
+            before="""
+            import torch
+            from torch.utils.data import DataLoader
+            from transformers import DataCollatorForSeq2Seq
+            model = Net().cuda()
+            encoded = raw.map(lambda rows: tokenizer(rows["text"], padding="longest"), batched=True)
+            train_loader = DataLoader(encoded, batch_size=16, collate_fn=DataCollatorForSeq2Seq(tokenizer))
+            """,
+            diagnostics=("ACC103:5", "ACC103:6"),
+        ),
         # Given a tokenizer and no collator, a Trainer pads each batch with DataCollatorWithPadding.
         Example(
             target="torch_xla",
@@ -287,9 +327,14 @@ class DynamicShapes(LoopDiagnostic, Rule):
             return ()
         concept = self.ctx.concept("bucketing_loader")
         name = next(iter(loaders))
+        keys = list(concept.imports)
         devices = {binding.name for binding in self.ctx.facts.devices}
-        device = devices.pop() if len(devices) == 1 else self.ctx.concept("device").render_expr()
-        imports = ", ".join(f"`{self.ctx.target.import_line(key)}`" for key in concept.imports)
+        if len(devices) == 1:
+            device = devices.pop()
+        else:  # the target's device call, with its imports
+            device = self.ctx.concept("device").render_expr()
+            keys += self.ctx.concept("device").imports
+        imports = ", ".join(f"`{self.ctx.target.import_line(key)}`" for key in dict.fromkeys(keys))
         line = f"{name} = {concept.render_expr(loader=name, buckets=_BUCKETS, device=device)}"
         return (f"pad each batch up to the nearest of a few lengths (the last at least the longest sample): "
                 f"with {imports}, make `{line}` the device loader of `{name}`",)

@@ -3,6 +3,7 @@ word-level tokenizer built here, nothing downloaded), and each batch comes out a
 lengths, its real tokens unchanged."""
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +131,11 @@ encoded = raw.map(lambda batch: tokenizer(batch["text"], truncation=True, paddin
 '''
     help = helps("torch_xla", script)[3]
     assert '`tokenizer(batch["text"], truncation=True, padding=True, pad_to_multiple_of=128)`' in help
+
+
+def test_the_fixture_names_the_loader_its_collator_feeds_and_rounds_its_pad_sequence():
+    script = (Path(__file__).parent / "fixtures" / "hf_collator_loop.in.py").read_bytes()
+    runtime, torch_xla = helps("runtime", script), helps("torch_xla", script)
+    assert "`train_loader = pl.MpDeviceLoader(BucketingLoader(train_loader, [128, 256, 512, 1024]), device)`" in runtime[21]
+    assert "BucketingLoader" not in torch_xla[21] and "pad_to_multiple_of=128" in torch_xla[21]
+    assert runtime[12] == torch_xla[12] and "`ids = torch.nn.functional.pad(ids, (0, -ids.size(1) % 128), value=0)`" in runtime[12]
