@@ -102,13 +102,13 @@ class DynamicShapes(LoopDiagnostic, Rule):
          "attention_mask", "loss_mask", "valid", "cat", "concat", "concatenate",
          "processing_class", "tokenizer"}  # a Trainer's default collator pads
     )
-    trigger_nodes = (cst.Slice,)
+    trigger_nodes = (cst.Slice,)  # an offset that changes every step has no word of its own
     defines = (
         Definition("bucketing_loader", EXPRESSION,
                    "a data loader whose batches arrive on the device, the last dimension of each of their "
                    "tensors (a collator's dict of them included) padded up to the nearest of `buckets`",
                    ("loader", "buckets", "device")),
-    )  # an offset that changes every step has no word of its own
+    )
     examples = (
         Example(
             before="""
