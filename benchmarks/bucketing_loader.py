@@ -2,7 +2,7 @@
 and to the longest possible one: distinct shapes, padding, and torch_xla's compilations.
 
     python benchmarks/bucketing_loader.py [--samples 4096] [--batch 16] [--max-length 1024]
-        [--epochs 3] [--xla-steps 48] [--xla-python PY]
+        [--multiple 128] [--epochs 3] [--xla-steps 48] [--xla-python PY]
 
 The samples are token rows of lognormal lengths (median 128, sigma 0.8, clipped to
 [8, max-length]: a chat or instruction corpus's shape), shuffled each epoch and collated by a
@@ -10,7 +10,9 @@ collator that pads to the longest: ``pad_sequence`` into ``input_ids``/``attenti
 ``labels``, and, where transformers imports, ``DataCollatorWithPadding`` with a word-level
 tokenizer built here (nothing is downloaded). Each collator's batches are then taken as they are
 (pad to longest), through the bucketing loader (``max_length`` in 8 uniform buckets, TorchAcc's
-default; and power-of-two buckets from 16), or padded to ``max-length`` (pad to max).
+default; and power-of-two buckets from 16), rounded up to a multiple of ``--multiple`` (what
+ACC103's help writes where the target has no bucketing loader: ``pad_to_multiple_of=128``), or
+padded to ``max-length`` (pad to max).
 
 Printed per collator and padding: the distinct batch shapes per epoch (mean over epochs) and the
 padding overhead, padded positions over real tokens. On torch_xla (``--xla-python``, default
@@ -74,7 +76,11 @@ def padded_to(length: int, batch: dict) -> dict:
             for key, value in batch.items()}
 
 
-def paddings(max_length: int) -> dict:
+def rounded_up(multiple: int, batch: dict) -> dict:
+    return padded_to(-(-batch["input_ids"].shape[-1] // multiple) * multiple, batch)
+
+
+def paddings(max_length: int, multiple: int) -> dict:
     """Each padding's loader over a collated loader: the batches as they are, bucketed, or at max."""
     # Imported here: the torch_xla worker runs this file where accrewrite is not installed.
     from accrewrite.runtime.parallel.bucketing import BucketingLoader, bucket_lengths
@@ -86,6 +92,7 @@ def paddings(max_length: int) -> dict:
         "pad to longest": lambda loader: loader,
         f"buckets: max_length, {len(uniform)} uniform": lambda loader: BucketingLoader(loader, uniform, LM_PADS),
         f"buckets: {len(powers)} powers of two": lambda loader: BucketingLoader(loader, powers, LM_PADS),
+        f"rounded up to a multiple of {multiple}": lambda loader: (rounded_up(multiple, batch) for batch in loader),
         "pad to max": lambda loader: (padded_to(max_length, batch) for batch in loader),
     }
 
@@ -109,7 +116,7 @@ def xla_compilations(rows, args) -> dict:
     """Compilations of a small LM's training steps on torch_xla, per padding (a subprocess)."""
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name, loader_of in paddings(args.max_length).items():
+        for name, loader_of in paddings(args.max_length, args.multiple).items():
             torch.manual_seed(0)
             loader = DataLoader(rows, batch_size=args.batch, shuffle=True, collate_fn=pad_sequence_collate)
             batches = [(batch["input_ids"], batch["labels"])
@@ -152,6 +159,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=1024)
+    parser.add_argument("--multiple", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--xla-steps", type=int, default=48)
     parser.add_argument("--xla-python", default=os.environ.get(
@@ -172,7 +180,7 @@ def main() -> None:
         collators["DataCollatorWithPadding"] = built
     print(f"{'collator':<25}{'padding':<34}{'shapes/epoch':>13}{'padding overhead':>18}")
     for collator, (dataset, collate) in collators.items():
-        for name, loader_of in paddings(args.max_length).items():
+        for name, loader_of in paddings(args.max_length, args.multiple).items():
             shapes, overhead = shapes_and_overhead(loader_of, dataset, collate, args)
             print(f"{collator:<25}{name:<34}{shapes:>13.1f}{overhead:>17.1%}")
     if not Path(args.xla_python).exists():

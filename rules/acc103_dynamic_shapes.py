@@ -3,10 +3,13 @@ import re
 
 import libcst as cst
 
+from accrewrite.analysis import LOADER_NAMES
+from accrewrite.concepts import EXPRESSION, Definition
 from accrewrite.nodes import call_arg, dotted, string_value, walk
 from accrewrite.rule import Example, Rule, excerpt
 from accrewrite.rules._generation import BUCKETED, Generation, grown_sequence, planned_generation
 from accrewrite.rules._host_corpus import HOST_CORPUS_RULE, host_corpus
+from accrewrite.rules._loader_feeds import calls_in
 from accrewrite.rules._training_code import LoopDiagnostic
 from accrewrite.values import read_names
 
@@ -19,11 +22,15 @@ _PADDING_COLLATORS = frozenset(
 _PADDING_WORDS = re.compile("DataCollator|pad")
 # Ops whose output size depends on the data.
 _DATA_SIZED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"})
-_PADDED = (
-    "Every batch has a new shape, and each new shape compiles a new graph. Pack samples into "
-    "fixed-length rows (accrewrite.runtime.io.PackedDataset) or pad to a fixed length "
-    "(padding=\"max_length\", max_length=N)."
+_NEW_SHAPES = "Every batch has a new shape, and each new shape compiles a new graph."
+_FIXED = (
+    "pack samples into fixed-length rows (accrewrite.runtime.io.PackedDataset) or pad to a fixed "
+    "length (padding=\"max_length\", max_length=N)"
 )
+# What a suggested padding rounds lengths up to: a few lengths (8 up to 1024), little padding.
+_MULTIPLE = 128
+_BUCKETS = "[128, 256, 512, 1024]"
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 _GROWING_HELP = (
     "On a lazy device every new shape compiles a new graph, so N generated tokens compile N graphs "
     "(minutes where eager takes seconds). ACC028 pads the context of a causal model to a few bucket "
@@ -53,7 +60,17 @@ class DynamicShapes(LoopDiagnostic, Rule):
       `accelerator.pad_across_processes(...)` before a gather, Hugging Face's `Trainer` given a
       tokenizer (`processing_class=`) and no `data_collator` (its default is
       `DataCollatorWithPadding`). What to
-      do: pack variable-length samples into fixed-length rows with
+      do: pad to a few lengths. The help gives the lines: a collator or tokenizer the same call
+      with `pad_to_multiple_of=128` (each of them takes it); `pad_sequence` its result rounded up
+      along the length with `torch.nn.functional.pad` (dim 1 with `batch_first=True`, else dim 0);
+      and where the target has a bucketing loader (runtime: `BucketingLoader`, the loader of
+      `accelerate`'s `config.dataloader`) and one `DataLoader` of the file is given the collator
+      as its `collate_fn`, that loader named as its device loader, each batch's last dimension
+      padded up to the nearest of `[128, 256, 512, 1024]`. torch_xla has none; TorchAcc 2.x's
+      `AsyncLoader(..., buckets=...)` pads only plain dict batches (a collator's `BatchEncoding`
+      passes unpadded), so it is not offered. `pad_sequence` is not offered one either: a
+      bucketing loader pads the last dimension, the batch's where the length comes first. Or
+      pack variable-length samples into fixed-length rows with
       `accrewrite.runtime.io.PackedDataset` (TorchAcc's migration guide, "Pack dataset"), or pad to a fixed
       `max_length`. These are reported wherever they are, since the loop sees their batches;
     - in the training loop: boolean-mask indexing (`x[mask]`, `logits[labels != -100]`),
@@ -86,6 +103,12 @@ class DynamicShapes(LoopDiagnostic, Rule):
          "processing_class", "tokenizer"}  # a Trainer's default collator pads
     )
     trigger_nodes = (cst.Slice,)  # an offset that changes every step has no word of its own
+    defines = (
+        Definition("bucketing_loader", EXPRESSION,
+                   "a data loader whose batches arrive on the device, the last dimension of each of their "
+                   "tensors (a collator's dict of them included) padded up to the nearest of `buckets`",
+                   ("loader", "buckets", "device")),
+    )
     examples = (
         Example(
             before="""
@@ -164,6 +187,36 @@ class DynamicShapes(LoopDiagnostic, Rule):
             """,
             diagnostics=("ACC103:6",),
         ),
+        # The loader the collator feeds is known: the help gives it the target's bucketing loader.
+        Example(
+            before="""
+            import torch
+            from torch.utils.data import DataLoader
+            from transformers import DataCollatorWithPadding
+            device = torch.device("cuda")
+            model = Net().to(device)
+            collator = DataCollatorWithPadding(tokenizer)
+            train_loader = DataLoader(rows, batch_size=16, shuffle=True, collate_fn=collator)
+            for batch in train_loader:
+                batch = {k: v.to(device) for k, v in batch.items()}
+                model(**batch).loss.backward()
+                optimizer.step()
+            """,
+            diagnostics=("ACC103:6",),
+        ),
+        # Where the target has none, the same collator and a tokenizer are told to round up.
+        Example(
+            target="torchacc",
+            before="""
+            import torch
+            from torch.utils.data import DataLoader
+            from transformers import DataCollatorForSeq2Seq
+            model = Net().cuda()
+            encoded = raw.map(lambda rows: tokenizer(rows["text"], padding="longest"), batched=True)
+            train_loader = DataLoader(encoded, batch_size=16, collate_fn=DataCollatorForSeq2Seq(tokenizer))
+            """,
+            diagnostics=("ACC103:5", "ACC103:6"),
+        ),
         # Given a tokenizer and no collator, a Trainer pads each batch with DataCollatorWithPadding.
         Example(
             target="torch_xla",
@@ -220,13 +273,14 @@ class DynamicShapes(LoopDiagnostic, Rule):
         if last in _PADDING_COLLATORS:
             padding = call_arg(node, 99, "padding")
             if padding is None or string_value(padding.value) not in ("max_length", "do_not_pad"):
-                self.report(node, f"`{last}` pads each batch to its longest sample", _PADDED)
+                self._padded(node, f"`{last}` pads each batch to its longest sample",
+                             *self._bucketing_loader(node), _rounded(node))
             return
         if last == "pad_sequence":
-            self.report(node, "`pad_sequence` pads each batch to its longest sequence", _PADDED)
+            self._padded(node, "`pad_sequence` pads each batch to its longest sequence", self._rounded_sequence(node))
             return
         if last == "pad_across_processes":
-            self.report(node, "`pad_across_processes` pads each batch to the longest of any process", _PADDED)
+            self._padded(node, "`pad_across_processes` pads each batch to the longest of any process")
             return
         padding = call_arg(node, 99, "padding")
         if padding is not None and (
@@ -234,7 +288,7 @@ class DynamicShapes(LoopDiagnostic, Rule):
             or isinstance(padding.value, cst.Name) and padding.value.value == "True"
         ):
             shown = excerpt(self.ctx.code(padding.value))
-            self.report(node, f"`padding={shown}` pads each batch to its longest sample", _PADDED)
+            self._padded(node, f"`padding={shown}` pads each batch to its longest sample", _rounded(node))
             return
         if not self.in_loop:
             return
@@ -245,14 +299,78 @@ class DynamicShapes(LoopDiagnostic, Rule):
         elif callee == "torch.where" and len(node.args) == 1:
             self._data_sized(node, "one-argument `torch.where`")
 
+    def _padded(self, node: cst.CSTNode, message: str, *ways: str) -> None:
+        """Report padding to the longest, with the ways to keep the shapes few, best first."""
+        first, *others = (*ways, _FIXED)
+        self.report(node, message, " ".join([_NEW_SHAPES, f"{first[0].upper()}{first[1:]}.",
+                                             *(f"Or {way}." for way in others)]))
+
     def _default_collator(self, trainer: cst.Call) -> None:
         """A Trainer given a tokenizer and no collator collates with DataCollatorWithPadding."""
         given = call_arg(trainer, 99, "processing_class") or call_arg(trainer, 99, "tokenizer")
         if given is None or call_arg(trainer, 99, "data_collator") is not None:
             return
+        collator = f"DataCollatorWithPadding({_one_line(self.ctx.code(given.value))}, pad_to_multiple_of={_MULTIPLE})"
         self.report(trainer, "the Trainer's default collator pads each batch to its longest sample",
                     f"Given a tokenizer and no data_collator, the Trainer collates with DataCollatorWithPadding. "
-                    f"{_PADDED} Rows padded already: pass data_collator=default_data_collator.")
+                    f"{_NEW_SHAPES} Round each batch's length up to a multiple of {_MULTIPLE}: pass "
+                    f"`data_collator={collator}`. Or {_FIXED}. Rows padded already: pass "
+                    f"data_collator=default_data_collator.")
+
+    def _bucketing_loader(self, collator: cst.Call) -> tuple[str, ...]:
+        """The lines that give the loader ``collator`` feeds the target's bucketing loader, where
+        the target has one and exactly one loader of the file is given the collator."""
+        if not self.ctx.target.has("bucketing_loader"):
+            return ()
+        loaders = self._loaders_fed.get(collator, set())
+        if len(loaders) != 1:
+            return ()
+        concept = self.ctx.concept("bucketing_loader")
+        name = next(iter(loaders))
+        keys = list(concept.imports)
+        devices = {binding.name for binding in self.ctx.facts.devices}
+        if len(devices) == 1:
+            device = devices.pop()
+        else:  # the target's device call, with its imports
+            device = self.ctx.concept("device").render_expr()
+            keys += self.ctx.concept("device").imports
+        imports = ", ".join(f"`{self.ctx.target.import_line(key)}`" for key in dict.fromkeys(keys))
+        line = f"{name} = {concept.render_expr(loader=name, buckets=_BUCKETS, device=device)}"
+        return (f"pad each batch up to the nearest of a few lengths (the last at least the longest sample): "
+                f"with {imports}, make `{line}` the device loader of `{name}`",)
+
+    @functools.cached_property
+    def _loaders_fed(self) -> dict[cst.Call, set[str]]:
+        """Each collator call given to a DataLoader of the file as its ``collate_fn`` (there or
+        through the name it is bound to) -> the names of those loaders."""
+        facts = self.ctx.facts
+        fed: dict[cst.Call, set[str]] = {}
+        for binding in facts.loader_bindings:
+            for call in calls_in(binding.statement):
+                collate = call_arg(call, 6, "collate_fn")
+                if collate is None or facts.file.qualname(call.func) not in LOADER_NAMES:
+                    continue
+                collator = facts.values(binding.scope).assigned_value(collate.value)
+                if isinstance(collator, cst.Call):
+                    fed.setdefault(collator, set()).add(binding.name)
+        return fed
+
+    def _rounded_sequence(self, call: cst.Call) -> str:
+        """The padded length rounded up, by hand: the bucketing loaders pad the last dimension,
+        which is the batch's where ``pad_sequence`` puts the length first."""
+        batch_first = call_arg(call, 1, "batch_first")
+        value = call_arg(call, 2, "padding_value")
+        fill = _one_line(self.ctx.code(value.value)) if value is not None else "0"
+        statement = self.ctx.facts.values(self.ctx.scope).statement_of(call)
+        name = _assigned_name(statement, call)
+        first = "" if name else f"`padded = {_one_line(self.ctx.code(call))}`, then "
+        name = name or "padded"
+        if batch_first is not None and isinstance(batch_first.value, cst.Name) and batch_first.value.value == "True":
+            shape, pad = "(batch, length)", f"(0, -{name}.size(1) % {_MULTIPLE})"
+        else:
+            shape, pad = "(length, batch)", f"(0, 0, 0, -{name}.size(0) % {_MULTIPLE})"
+        return (f"round the length up to a multiple of {_MULTIPLE} ({shape} tensors): "
+                f"{first}`{name} = torch.nn.functional.pad({name}, {pad}, value={fill})`")
 
     def _data_sized(self, node: cst.CSTNode, what: str) -> None:
         self.report(node, f"{what} returns as many elements as the data selects", _DATA_SIZED_HELP)
@@ -327,6 +445,28 @@ class DynamicShapes(LoopDiagnostic, Rule):
                         if isinstance(argument, cst.Name) and argument.value in calls.get(call, ()):
                             counters.setdefault(statement, set()).add(param)
         return counters
+
+
+def _rounded(call: cst.Call) -> str:
+    """What to write for a Hugging Face call that pads to the longest (a collator, a
+    tokenizer): the same call with ``pad_to_multiple_of``, which each of them takes."""
+    kept = [arg.with_changes(comma=cst.MaybeSentinel.DEFAULT) for arg in call.args
+            if arg.keyword is None or arg.keyword.value != "pad_to_multiple_of"]
+    multiple = cst.Arg(cst.Integer(str(_MULTIPLE)), keyword=cst.Name("pad_to_multiple_of"), equal=_EQUAL)
+    code = cst.Module([]).code_for_node(call.with_changes(args=[*kept, multiple]))
+    return f"round each batch's length up to a multiple of {_MULTIPLE}: `{_one_line(code)}`"
+
+
+def _one_line(code: str) -> str:
+    return " ".join(code.split())
+
+
+def _assigned_name(statement: cst.CSTNode | None, value: cst.CSTNode) -> str | None:
+    """The name ``statement`` binds ``value`` to (``padded = value``), if it does."""
+    if isinstance(statement, cst.Assign) and statement.value is value and len(statement.targets) == 1:
+        target = statement.targets[0].target
+        return target.value if isinstance(target, cst.Name) else None
+    return None
 
 
 def _steps(loop) -> bool:
