@@ -18,8 +18,8 @@ shard them as they would the model's), named as in the model.
   only (None elsewhere) without. The schedule is 1F1B (``Schedule1F1B``).
 - ``output_fn``'s parameters after the output name keyword arguments that it takes, split into
   micro-batches as the inputs are (TorchAcc's spelling): ``model.forward_backward(x,
-  output_fn=criterion, target=y)`` is ``criterion(model(x), y)``. Keyword arguments the
-  forward takes go to the forward as well.
+  output_fn=criterion, target=y)`` is ``criterion(model(x), y)``. The other keyword arguments
+  go to the forward; one that both take is an error, as it is not known which it was for.
 - The loss returned, and its gradients, are the whole batch's as ``output_fn`` computes it: a
   loss module with ``reduction="sum"`` gives the sum of the micro-batches' losses, and a
   mean over the targets that cross entropy and NLL keep (``ignore_index``, class ``weight``)
@@ -241,14 +241,20 @@ class PipelineModel(nn.Module):
         return loss
 
     def _keywords_of_forward_and_loss(self, kwargs, output_fn):
-        """``kwargs`` split into the forward's and ``output_fn``'s (a keyword both take goes to both)."""
+        """``kwargs`` split into the forward's and ``output_fn``'s."""
         for_loss = _parameters_after_output(output_fn)
         unknown = [key for key in kwargs if key not in for_loss and key not in self._input_names]
         if unknown:
             raise TypeError(f"pipeline parallel got keyword arguments {unknown}, which neither the model's forward "
                             f"(inputs {sorted(self._input_names)}) nor output_fn takes; output_fn is given, after "
                             f"the output, the keyword arguments named as its parameters")
-        return ({key: value for key, value in kwargs.items() if key in self._input_names},
+        # Given to both, a forward's optional input would change what the model computes.
+        both = sorted(for_loss & self._input_names & kwargs.keys())
+        if both:
+            raise TypeError(f"pipeline parallel got keyword arguments {both}, which both the model's forward and "
+                            f"output_fn take; give output_fn parameters of other names (output_fn=lambda output, "
+                            f"labels: criterion(output, labels), labels=...)")
+        return ({key: value for key, value in kwargs.items() if key not in for_loss},
                 {key: value for key, value in kwargs.items() if key in for_loss})
 
     def _schedule(self, inputs, kwargs):
