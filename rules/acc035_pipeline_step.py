@@ -19,6 +19,18 @@ _TRAIN_WITH = ("A pipeline stage holds part of the model, and `{model}(...)` run
                "mean over equal micro-batches is the batch's.")
 
 
+class _Step(NamedTuple):
+    """A step that becomes ``loss = model.forward_backward(...)``: the forward's line, and the
+    line before it that binds the output, where the loss is computed outside the model; the
+    loss's index among the forward's values, where it returns several."""
+
+    loss: str
+    forward: cst.SimpleStatementLine
+    output_line: cst.SimpleStatementLine | None = None
+    index: int | None = None
+    outside: bool = False
+
+
 class _LossOutside(NamedTuple):
     """A step's loss computed from the model's output: ``criterion(model(x), y)``, or
     ``criterion(output, y)`` after ``output = model(x)`` (``output_line``)."""
@@ -182,8 +194,9 @@ class PipelineStep(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._wrapped: set[str] = set()
-        self._steps: dict[cst.CSTNode, tuple[str, str, dict]] = {}  # backward -> loss, concept, placeholders
+        self._steps: dict[cst.CSTNode, _Step] = {}  # by the backward's statement
         self._forwards: set[cst.CSTNode] = set()  # forward statements that move to their backward
+        self._left: dict[cst.CSTNode, cst.SimpleStatementLine] = {}  # those as the other rules left them
         self._moved: set[cst.Call] = set()  # the model calls in them
         self._reported: set[cst.CSTNode] = set()  # model calls already reported
 
@@ -238,9 +251,8 @@ class PipelineStep(Rule):
         the value), or report the values that forward_backward would not give."""
         target = forward.body[0].targets[0].target
         call = forward.body[0].value
-        values = {"model": self.ctx.code(call.func), "inputs": _inputs(self.ctx, call)}
         if isinstance(target, cst.Name):
-            self._move(backward, (loss, "pipeline_step", values), forward, call)
+            self._move(backward, _Step(loss, forward), call)
             return
         elements = target.elements
         index = next(k for k, element in enumerate(elements)
@@ -259,7 +271,7 @@ class PipelineStep(Rule):
                 f"in evaluation (it returns the mean loss as well).",
             )
             return
-        self._move(backward, (loss, "pipeline_step_of_output", {**values, "index": str(index)}), forward, call)
+        self._move(backward, _Step(loss, forward, index=index), call)
 
     def _loss_outside(self, previous, forward: cst.CSTNode) -> _LossOutside | None:
         """``forward``'s loss where the last stage can compute it: torch's loss (``is_loss_call``)
@@ -287,18 +299,14 @@ class PipelineStep(Rule):
 
     def _pair_loss_outside(self, backward: cst.CSTNode, forward: cst.SimpleStatementLine, loss: str,
                            outside: _LossOutside) -> None:
-        values = {"model": self.ctx.code(outside.model.func), "inputs": _inputs(self.ctx, outside.model),
-                  "loss_fn": self.ctx.code(outside.criterion.func),
-                  "target": self.ctx.code(outside.criterion.args[1].value)}
-        self._move(backward, (loss, "pipeline_step_of_loss", values), forward, outside.model)
+        self._move(backward, _Step(loss, forward, outside.output_line, outside=True), outside.model)
         if outside.output_line is not None:
             self._forwards.add(outside.output_line)
 
-    def _move(self, backward: cst.CSTNode, step: tuple[str, str, dict], forward: cst.CSTNode,
-              model: cst.Call) -> None:
-        """Note that ``forward``, which calls ``model``, moves to ``backward``, which becomes ``step``."""
+    def _move(self, backward: cst.CSTNode, step: _Step, model: cst.Call) -> None:
+        """Note that ``step``'s forward, which calls ``model``, moves to ``backward``."""
         self._steps[backward] = step
-        self._forwards.add(forward)
+        self._forwards.add(step.forward)
         self._moved.add(model)
 
     def _report_loss_outside(self, before: list, forward: cst.CSTNode, loss: str) -> None:
@@ -323,13 +331,27 @@ class PipelineStep(Rule):
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if original_node in self._forwards:
             self.ctx.fix(original_node, "the model's forward moves into model.forward_backward(...), at the backward")
+            self._left[original_node] = updated_node
             return cst.RemovalSentinel.REMOVE
         if original_node not in self._steps:
             return updated_node
-        loss, concept, values = self._steps[original_node]
+        step = self._steps[original_node]
         self.ctx.fix(original_node, "loss.backward() -> loss = model.forward_backward(...): over the pipeline stages")
-        return updated_node.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(loss))],
-                                                          self.ctx.expr(concept, **values))])
+        return updated_node.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(step.loss))],
+                                                          self._forward_backward(step))])
+
+    def _forward_backward(self, step: _Step) -> cst.BaseExpression:
+        """The step's call, written from its lines as the other rules left them (an input's
+        move to the device dropped where the loader moves it)."""
+        value = self._left[step.forward].body[0].value
+        if not step.outside:
+            values = {"model": self.ctx.code(value.func), "inputs": _inputs(self.ctx, value)}
+            if step.index is None:
+                return self.ctx.expr("pipeline_step", **values)
+            return self.ctx.expr("pipeline_step_of_output", index=str(step.index), **values)
+        model = self._left[step.output_line].body[0].value if step.output_line else value.args[0].value
+        return self.ctx.expr("pipeline_step_of_loss", model=self.ctx.code(model.func), inputs=_inputs(self.ctx, model),
+                             loss_fn=self.ctx.code(value.func), target=self.ctx.code(value.args[1].value))
 
     # The model's other calls, and the norm of its gradients --------------------------------
 
