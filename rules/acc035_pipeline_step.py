@@ -55,16 +55,24 @@ class PipelineStep(Rule):
       nanoGPT's does), the other values read nowhere in the function, becomes
       `loss = model.forward_backward(x, y, output_fn=lambda output: output[1])`: the loss is
       taken from the last stage's output.
+    - `loss = criterion(model(x), y)`, or `output = model(x)` on the line before and
+      `loss = criterion(output, y)` with `output` read nowhere else in the function, where
+      `criterion` is torch's loss without a `reduction` (a loss function, or a name bound only
+      to a loss module), becomes `loss = model.forward_backward(x, output_fn=criterion,
+      target=y)`: the targets are split into micro-batches with the inputs, and the last stage
+      computes each micro-batch's `criterion(output, target)`.
 
     The mean of the micro-batches' losses is the batch's where the loss is a mean over equal
     samples; a mean over a count that varies (tokens not ignored by `ignore_index`) weighs the
-    micro-batches alike, as TorchAcc's pipeline does.
+    micro-batches alike, as TorchAcc's pipeline does, where the model's forward computes it.
+    Given as `output_fn`, cross entropy's and NLL's mean weighs each micro-batch by the targets
+    it keeps, and a loss module's `reduction="sum"` is summed: the batch's loss either way.
 
     Reported and left as they are (ACC035), each with what to write:
 
-    - a loss computed from the model's output outside the model (`criterion(model(x), y)`):
-      the last stage computes each micro-batch's loss from the model's output only, so the
-      loss moves into the model's forward, which then takes the targets;
+    - any other loss computed from the model's output outside the model (a criterion of the
+      script's own, given a `reduction`, or an output read elsewhere): `forward_backward(x,
+      output_fn=..., target=y)` where its mean over equal micro-batches is the batch's;
     - a loss changed between the forward and its backward (`loss = loss / accum`), or read
       there: `forward_backward` takes the gradients of the loss the model returns;
     - other values of the forward kept (read elsewhere, stored, or unpacked with a star):

@@ -330,3 +330,10 @@ def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp
 def test_the_migrated_script_trains_sharded_pipeline_stages_as_the_ddp_original(tmp_path):
     original, migrated = _original_and_migrated(tmp_path, "fsdp,pp", 4)  # two stages, each sharded over two ranks
     assert migrated == pytest.approx(original, abs=2e-4)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_the_migrated_script_trains_tensor_parallel_pipeline_stages_as_the_ddp_original(tmp_path):
+    original, migrated = _original_and_migrated(tmp_path, "tp,pp", 4)  # two stages, each split over two ranks
+    assert migrated == pytest.approx(original, abs=2e-4)

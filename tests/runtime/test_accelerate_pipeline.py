@@ -21,7 +21,7 @@ from accrewrite.runtime.parallel import apply
 from accrewrite.runtime.parallel.apply import find_layers
 from accrewrite.runtime.parallel.config import PipelineParallelConfig
 from accrewrite.runtime.parallel.parallel_dims import ParallelDims
-from accrewrite.runtime.parallel.pipeline import split_point_names, split_stages
+from accrewrite.runtime.parallel.pipeline import _micro_batch_weights, split_point_names, split_stages
 
 import _parallel_models as models
 from _ranks import run_ranks
@@ -193,6 +193,12 @@ def test_a_loss_outside_the_model_given_the_targets_trains_as_one_process():
         assert state.keys() == want_state.keys()
         for key, value in want_state.items():
             torch.testing.assert_close(state[key], value, rtol=0, atol=1e-5, msg=f"{name}: {key}")
+
+
+def test_a_loss_of_one_value_per_sample_is_refused_as_the_pipelines_loss():
+    with pytest.raises(ValueError, match=r"CrossEntropyLoss has reduction='none', but a micro-batch's loss must be "
+                                         r"one value: give reduction 'mean' or 'sum'"):
+        _micro_batch_weights(torch.nn.CrossEntropyLoss(reduction="none"), [{"target": torch.zeros(2)}] * 2, 2)
 
 
 # -- one process: stages and topology ------------------------------------------------------------
