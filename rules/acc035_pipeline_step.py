@@ -303,7 +303,14 @@ class PipelineStep(Rule):
         if not (isinstance(output, cst.Call) and dotted(output.func) in self._wrapped and not any(
                 arg.keyword is not None and arg.keyword.value in ("output_fn", "target") for arg in output.args)):
             return None
-        return _LossOutside(output, criterion, output_line)
+        return None if self._forward_takes_target() else _LossOutside(output, criterion, output_line)
+
+    def _forward_takes_target(self) -> bool:
+        """Whether a forward of the file's classes takes ``target``, which the pipeline refuses
+        to give both the model and the loss."""
+        definitions = self.ctx.facts.file.definitions
+        return any("target" in definitions.functions[methods["forward"]].params
+                   for methods in definitions.methods.values() if "forward" in methods)
 
     def _pair_loss_outside(self, backward: cst.CSTNode, forward: cst.SimpleStatementLine, loss: str,
                            outside: _LossOutside) -> None:

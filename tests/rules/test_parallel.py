@@ -220,6 +220,26 @@ def _losses(command, cwd):
     return [float(loss) for _, loss in steps]
 
 
+LOSS_OUTSIDE_A_FORWARD_THAT_TAKES_THE_TARGET = b"""import torch
+
+class Net(torch.nn.Module):
+    def forward(self, x, target=None):
+        return self.head(x) if target is None else self.loss(x, target)
+
+model = torch.nn.parallel.DistributedDataParallel(Net().cuda())
+criterion = torch.nn.CrossEntropyLoss()
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+"""
+
+
+def test_a_loss_outside_a_model_whose_forward_takes_the_target_too_is_reported_and_left():
+    result = _migrate(LOSS_OUTSIDE_A_FORWARD_THAT_TAKES_THE_TARGET, parallel="pp")
+    assert "forward_backward" not in result.output.decode()
+    assert [(d.code, d.line) for d in result.diagnostics] == [("ACC035", 10)]
+
+
 @pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
