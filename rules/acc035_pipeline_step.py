@@ -71,8 +71,10 @@ class PipelineStep(Rule):
     Reported and left as they are (ACC035), each with what to write:
 
     - any other loss computed from the model's output outside the model (a criterion of the
-      script's own, given a `reduction`, or an output read elsewhere): `forward_backward(x,
-      output_fn=..., target=y)` where its mean over equal micro-batches is the batch's;
+      script's own, given a `reduction`, an output read elsewhere, or a file whose classes'
+      forward takes `target`, which the pipeline would not know to give the model or the
+      loss): `forward_backward(x, output_fn=..., target=y)` where its mean over equal
+      micro-batches is the batch's;
     - a loss changed between the forward and its backward (`loss = loss / accum`), or read
       there: `forward_backward` takes the gradients of the loss the model returns;
     - other values of the forward kept (read elsewhere, stored, or unpacked with a star):
