@@ -27,17 +27,13 @@ import libcst as cst
 
 from accrewrite.nodes import walk
 from accrewrite.rule import RuleContext
+from accrewrite.rules._losses import is_loss_call
 from accrewrite.rules._training_code import host_read
 from accrewrite.values import target_names
 
 RUNNING_SUMS_RULE = "ACC033"
-# Reductions of a whole tensor, and torch's loss functions: each gives one value (a loss's
-# ``reduction='none'`` does not).
+# Reductions of a whole tensor: each gives one value.
 _REDUCTIONS = frozenset({"mean", "sum", "norm", "std", "var", "prod"})
-_LOSS_FUNCTIONS = frozenset({
-    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
-    "binary_cross_entropy", "binary_cross_entropy_with_logits", "cosine_embedding_loss", "margin_ranking_loss",
-})
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Power)
 _NUMBER_CALLS = frozenset({"float", "int"})
 # How deep names computed from a sum are followed (``cur = total / n``, then ``ppl = ...``).
@@ -269,7 +265,7 @@ class _Search:
             func = tensor.func
             if type(func) is cst.Attribute and func.attr.value in _REDUCTIONS and not tensor.args:
                 return True
-            return self._is_loss(tensor)
+            return is_loss_call(self.facts, tensor)
         if type(tensor) is cst.BinaryOperation:
             return any(self._one_value(side, values, depth) for side in (tensor.left, tensor.right)) and not any(
                 values.is_tensor(side) and not self._one_value(side, values, depth) for side in (tensor.left, tensor.right))
@@ -279,47 +275,6 @@ class _Search:
             assigned = [_assigned(binding) for binding in bindings]
             return bool(assigned) and all(a is not None and self._one_value(a, values, depth - 1) for a in assigned)
         return False
-
-    def _is_loss(self, call: cst.Call) -> bool:
-        """A call of torch's loss functions, or of a loss module, without ``reduction='none'``."""
-        if any(arg.keyword is not None and arg.keyword.value == "reduction" for arg in call.args):
-            return False
-        callee = self.facts.file.qualname(call.func) or ""
-        if callee.startswith("torch.nn.functional."):
-            return callee.rpartition(".")[2] in _LOSS_FUNCTIONS
-        return type(call.func) is cst.Name and self._loss_module(call.func.value, set())
-
-    def _loss_module(self, name: str, seen: set[str]) -> bool:
-        """Whether ``name`` is bound only to torch's loss modules, where it is assigned, and where
-        it is a parameter, by every caller."""
-        if name in seen:
-            return False
-        seen.add(name)
-        made = self.facts.file.assignments.get(name, ())
-        params = [(function, call_arguments) for function in self._functions_taking(name)
-                  for _, _, call_arguments in self.facts.passed(function)]
-        if not made and not params:
-            return False
-        for value in made:
-            while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in ("to", "cuda"):
-                value = value.func.value
-            callee = self.facts.file.qualname(value.func) if type(value) is cst.Call else None
-            if not callee or not callee.startswith("torch.nn.") or not callee.endswith("Loss"):
-                return False
-            if any(arg.keyword is not None and arg.keyword.value == "reduction" for arg in value.args):
-                return False
-        for _, arguments in params:
-            argument = arguments.get(name)
-            if type(argument) is not cst.Name:
-                return False
-            # A caller's name of the same spelling is the one whose assignments were just read.
-            if argument.value == name and not made or argument.value != name and not self._loss_module(argument.value, seen):
-                return False
-        return True
-
-    def _functions_taking(self, name: str) -> list[cst.FunctionDef]:
-        return [function for function in self.facts.file.definitions.functions
-                if any(param.name.value == name for param in function.params.params)]
 
 
 def _own_lines(loop: cst.CSTNode) -> list[cst.SimpleStatementLine]:

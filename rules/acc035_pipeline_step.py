@@ -1,17 +1,43 @@
+from typing import NamedTuple
+
 import libcst as cst
 
+from accrewrite.concepts import EXPRESSION, Definition
 from accrewrite.nodes import call_arg, descendants, dotted
 from accrewrite.rule import Example, Rule
+from accrewrite.rules._losses import is_loss_call
 from accrewrite.toolbox import single_assign, wrapped_models_of
 from accrewrite.values import read_chains
 
 _CLIP = frozenset({"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_"})
 _TRAIN_WITH = ("A pipeline stage holds part of the model, and `{model}(...)` runs the whole pipeline forward "
                "only and returns the mean of the micro-batches' losses: what a forward that returns the loss "
-               "gave, never the model's output. For a loss computed from the output, make the model's forward "
-               "take the targets and return the loss (`def forward(self, x, y): return criterion(self.net(x), "
-               "y)`), then train with `loss = {model}.forward_backward(x, y)` in place of the forward and "
-               "`loss.backward()`.")
+               "gave, never the model's output. For a loss computed from the output, train with "
+               "`loss = {model}.forward_backward(x, output_fn=criterion, target=y)` in place of the forward, the "
+               "loss and `loss.backward()`: the last stage computes each micro-batch's `criterion(output, "
+               "target)`, where criterion is torch's loss (module or function, mean or sum), or a function whose "
+               "mean over equal micro-batches is the batch's.")
+
+
+class _Step(NamedTuple):
+    """A step that becomes ``loss = model.forward_backward(...)``: the forward's line, and the
+    line before it that binds the output, where the loss is computed outside the model; the
+    loss's index among the forward's values, where it returns several."""
+
+    loss: str
+    forward: cst.SimpleStatementLine
+    output_line: cst.SimpleStatementLine | None = None
+    index: int | None = None
+    outside: bool = False
+
+
+class _LossOutside(NamedTuple):
+    """A step's loss computed from the model's output: ``criterion(model(x), y)``, or
+    ``criterion(output, y)`` after ``output = model(x)`` (``output_line``)."""
+
+    model: cst.Call
+    criterion: cst.Call
+    output_line: cst.SimpleStatementLine | None
 
 
 class PipelineStep(Rule):
@@ -29,16 +55,26 @@ class PipelineStep(Rule):
       nanoGPT's does), the other values read nowhere in the function, becomes
       `loss = model.forward_backward(x, y, output_fn=lambda output: output[1])`: the loss is
       taken from the last stage's output.
+    - `loss = criterion(model(x), y)`, or `output = model(x)` on the line before and
+      `loss = criterion(output, y)` with `output` read nowhere else in the function, where
+      `criterion` is torch's loss without a `reduction` (a loss function, or a name bound only
+      to a loss module), becomes `loss = model.forward_backward(x, output_fn=criterion,
+      target=y)`: the targets are split into micro-batches with the inputs, and the last stage
+      computes each micro-batch's `criterion(output, target)`.
 
     The mean of the micro-batches' losses is the batch's where the loss is a mean over equal
     samples; a mean over a count that varies (tokens not ignored by `ignore_index`) weighs the
-    micro-batches alike, as TorchAcc's pipeline does.
+    micro-batches alike, as TorchAcc's pipeline does, where the model's forward computes it.
+    Given as `output_fn`, cross entropy's and NLL's mean weighs each micro-batch by the targets
+    it keeps, and a loss module's `reduction="sum"` is summed: the batch's loss either way.
 
     Reported and left as they are (ACC035), each with what to write:
 
-    - a loss computed from the model's output outside the model (`criterion(model(x), y)`):
-      the last stage computes each micro-batch's loss from the model's output only, so the
-      loss moves into the model's forward, which then takes the targets;
+    - any other loss computed from the model's output outside the model (a criterion of the
+      script's own, given a `reduction`, an output read elsewhere, or a file whose classes'
+      forward takes `target`, which the pipeline would not know to give the model or the
+      loss): `forward_backward(x, output_fn=..., target=y)` where its mean over equal
+      micro-batches is the batch's;
     - a loss changed between the forward and its backward (`loss = loss / accum`), or read
       there: `forward_backward` takes the gradients of the loss the model returns;
     - other values of the forward kept (read elsewhere, stored, or unpacked with a star):
@@ -54,7 +90,10 @@ class PipelineStep(Rule):
     summary = "--parallel with pp: loss = model(...); loss.backward() -> loss = model.forward_backward(...)"
     opt_in = True
     parallel = True
-    concepts = ("pipeline_step", "pipeline_step_of_output")
+    concepts = ("pipeline_step", "pipeline_step_of_output", "pipeline_step_of_loss")
+    defines = (Definition("pipeline_step_of_loss", EXPRESSION,
+                          "pipeline_step where the loss is {loss_fn}(output, {target}), computed on the last stage "
+                          "from each micro-batch's output and targets", ("model", "inputs", "loss_fn", "target")),)
     triggers = None  # a model's calls are named by the script's own names
     examples = (
         Example(
@@ -78,6 +117,57 @@ class PipelineStep(Rule):
             for tokens, targets in loader:
                 optimizer.zero_grad()
                 loss = model.forward_backward(tokens, targets)
+                optimizer.step()
+            """,
+        ),
+        Example(
+            parallel="pp",
+            with_rules=("ACC030",),
+            before="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(Net())
+            criterion = torch.nn.CrossEntropyLoss(ignore_index=-1)
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+            after="""
+            import torch
+            import accrewrite.runtime as accrt
+
+            model = accrt.accelerate(Net(), config=accrt.parallel_config("pp"))
+            criterion = torch.nn.CrossEntropyLoss(ignore_index=-1)
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = model.forward_backward(x, output_fn=criterion, target=y)
+                optimizer.step()
+            """,
+        ),
+        Example(
+            parallel="pp",
+            with_rules=("ACC030",),
+            before="""
+            import torch
+            import torch.nn.functional as F
+
+            model = torch.nn.parallel.DistributedDataParallel(Net())
+            for x, y in loader:
+                output = model(x)
+                loss = F.mse_loss(output, y)
+                loss.backward()
+                optimizer.step()
+            """,
+            after="""
+            import torch
+            import torch.nn.functional as F
+            import accrewrite.runtime as accrt
+
+            model = accrt.accelerate(Net(), config=accrt.parallel_config("pp"))
+            for x, y in loader:
+                loss = model.forward_backward(x, output_fn=F.mse_loss, target=y)
                 optimizer.step()
             """,
         ),
@@ -114,8 +204,10 @@ class PipelineStep(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._wrapped: set[str] = set()
-        self._steps: dict[cst.CSTNode, cst.SimpleStatementLine] = {}  # backward statement -> forward statement
+        self._steps: dict[cst.CSTNode, _Step] = {}  # by the backward's statement
         self._forwards: set[cst.CSTNode] = set()  # forward statements that move to their backward
+        self._left: dict[cst.CSTNode, cst.SimpleStatementLine] = {}  # those as the other rules left them
+        self._moved: set[cst.Call] = set()  # the model calls in them
         self._reported: set[cst.CSTNode] = set()  # model calls already reported
 
     def applies(self) -> bool:
@@ -144,12 +236,14 @@ class PipelineStep(Rule):
                 continue
             forward = statements[j]
             value = forward.body[0].value if single_assign(forward) else None
+            outside = None
             if not (isinstance(value, cst.Call) and dotted(value.func) in self._wrapped):
-                self._report_loss_outside(statements[:j], forward, loss)
-            elif all(_calls_only(between) and loss not in read_chains(between) for between in statements[j + 1:i]):
-                self._pair(statement, forward, loss)
-            else:
-                self._reported.add(value)
+                outside = self._loss_outside(statements[j - 1] if j else None, forward)
+                if outside is None:
+                    self._report_loss_outside(statements[:j], forward, loss)
+                    continue
+            if not all(_calls_only(between) and loss not in read_chains(between) for between in statements[j + 1:i]):
+                self._reported.add(value if outside is None else outside.model)
                 self.ctx.diagnose(
                     forward, f"`{loss}` is changed or read between the model's forward and its backward",
                     "Under pipeline parallel, model.forward_backward(*inputs) runs the forward and the backward "
@@ -157,14 +251,18 @@ class PipelineStep(Rule):
                     "whole in the model's forward (scaling for gradient accumulation included), then "
                     f"`{loss} = model.forward_backward(...)` in place of the forward and `{loss}.backward()`.",
                 )
+            elif outside is None:
+                self._pair(statement, forward, loss)
+            else:
+                self._pair_loss_outside(statement, forward, loss, outside)
 
     def _pair(self, backward: cst.CSTNode, forward: cst.SimpleStatementLine, loss: str) -> None:
         """Note the step, with where the loss is in the values the forward returns (None: it is
         the value), or report the values that forward_backward would not give."""
         target = forward.body[0].targets[0].target
+        call = forward.body[0].value
         if isinstance(target, cst.Name):
-            self._steps[backward] = (forward, None)
-            self._forwards.add(forward)
+            self._move(backward, _Step(loss, forward), call)
             return
         elements = target.elements
         index = next(k for k, element in enumerate(elements)
@@ -183,8 +281,50 @@ class PipelineStep(Rule):
                 f"in evaluation (it returns the mean loss as well).",
             )
             return
-        self._steps[backward] = (forward, index)
-        self._forwards.add(forward)
+        self._move(backward, _Step(loss, forward, index=index), call)
+
+    def _loss_outside(self, previous, forward: cst.CSTNode) -> _LossOutside | None:
+        """``forward``'s loss where the last stage can compute it: torch's loss (``is_loss_call``)
+        of two arguments, the model's output and the targets, the output computed in ``forward``
+        or bound by ``previous`` and read nowhere else."""
+        assign = single_assign(forward)
+        criterion = assign.value if assign and isinstance(assign.targets[0].target, cst.Name) else None
+        if not (isinstance(criterion, cst.Call) and len(criterion.args) == 2
+                and all(arg.keyword is None and not arg.star for arg in criterion.args)
+                and is_loss_call(self.ctx.facts, criterion)):
+            return None
+        output, output_line = criterion.args[0].value, None
+        if isinstance(output, cst.Name):
+            bound = single_assign(previous)
+            target = bound.targets[0].target if bound else None
+            if not (isinstance(target, cst.Name) and target.value == output.value) or _read_elsewhere(
+                    self.ctx.scope or self.ctx.module, output.value, target, output):
+                return None
+            output, output_line = bound.value, previous
+        # forward_backward's own keywords, given to the model, would reach the loss instead
+        if not (isinstance(output, cst.Call) and dotted(output.func) in self._wrapped and not any(
+                arg.keyword is not None and arg.keyword.value in ("output_fn", "target") for arg in output.args)):
+            return None
+        return None if self._forward_takes_target() else _LossOutside(output, criterion, output_line)
+
+    def _forward_takes_target(self) -> bool:
+        """Whether a forward of the file's classes takes ``target``, which the pipeline refuses
+        to give both the model and the loss."""
+        definitions = self.ctx.facts.file.definitions
+        return any("target" in definitions.functions[methods["forward"]].params
+                   for methods in definitions.methods.values() if "forward" in methods)
+
+    def _pair_loss_outside(self, backward: cst.CSTNode, forward: cst.SimpleStatementLine, loss: str,
+                           outside: _LossOutside) -> None:
+        self._move(backward, _Step(loss, forward, outside.output_line, outside=True), outside.model)
+        if outside.output_line is not None:
+            self._forwards.add(outside.output_line)
+
+    def _move(self, backward: cst.CSTNode, step: _Step, model: cst.Call) -> None:
+        """Note that ``step``'s forward, which calls ``model``, moves to ``backward``."""
+        self._steps[backward] = step
+        self._forwards.add(step.forward)
+        self._moved.add(model)
 
     def _report_loss_outside(self, before: list, forward: cst.CSTNode, loss: str) -> None:
         """Report ``forward`` where it computes ``loss`` from a call of the model in it, or in
@@ -208,26 +348,33 @@ class PipelineStep(Rule):
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if original_node in self._forwards:
             self.ctx.fix(original_node, "the model's forward moves into model.forward_backward(...), at the backward")
+            self._left[original_node] = updated_node
             return cst.RemovalSentinel.REMOVE
         if original_node not in self._steps:
             return updated_node
-        forward, index = self._steps[original_node]
-        assign = forward.body[0]
-        call = assign.value
+        step = self._steps[original_node]
         self.ctx.fix(original_node, "loss.backward() -> loss = model.forward_backward(...): over the pipeline stages")
-        values = {"model": self.ctx.code(call.func),
-                  "inputs": ", ".join(self.ctx.code(arg).rstrip(", ") for arg in call.args)}
-        if index is None:
-            return updated_node.with_changes(body=[assign.with_changes(value=self.ctx.expr("pipeline_step", **values))])
-        step = self.ctx.expr("pipeline_step_of_output", index=str(index), **values)
-        loss = _backward_of(original_node)
-        return updated_node.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(loss))], step)])
+        return updated_node.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(step.loss))],
+                                                          self._forward_backward(step))])
+
+    def _forward_backward(self, step: _Step) -> cst.BaseExpression:
+        """The step's call, written from its lines as the other rules left them (an input's
+        move to the device dropped where the loader moves it)."""
+        value = self._left[step.forward].body[0].value
+        if not step.outside:
+            values = {"model": self.ctx.code(value.func), "inputs": _inputs(self.ctx, value)}
+            if step.index is None:
+                return self.ctx.expr("pipeline_step", **values)
+            return self.ctx.expr("pipeline_step_of_output", index=str(step.index), **values)
+        model = self._left[step.output_line].body[0].value if step.output_line else value.args[0].value
+        return self.ctx.expr("pipeline_step_of_loss", model=self.ctx.code(model.func), inputs=_inputs(self.ctx, model),
+                             loss_fn=self.ctx.code(value.func), target=self.ctx.code(value.args[1].value))
 
     # The model's other calls, and the norm of its gradients --------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
         name = dotted(node.func)
-        if name in self._wrapped and node not in self._reported and not self._in_step(node):
+        if name in self._wrapped and node not in self._reported and node not in self._moved:
             self.ctx.diagnose(node, f"under pipeline parallel, {name}(...) runs the forward only and returns the "
                                     f"mean loss, not the output", _TRAIN_WITH.format(model=name))
         elif self.ctx.facts.file.qualname(node.func) in _CLIP:
@@ -241,10 +388,6 @@ class PipelineStep(Rule):
                     f"{model}.accelerate_mesh['pp'] (dist.all_reduce), take the root and clip with "
                     f"torch.nn.utils.clip_grads_with_norm_.",
                 )
-
-    def _in_step(self, node: cst.Call) -> bool:
-        return any(statement in self._forwards and statement.body[0].value is node
-                   for statement in self.ctx.open_statements)
 
 
 def _backward_of(statement) -> str | None:
@@ -269,9 +412,14 @@ def _forward_of(statements: list, loss: str) -> int | None:
     return None
 
 
-def _read_elsewhere(scope: cst.CSTNode, name: str, target: cst.CSTNode) -> bool:
-    """Whether ``name`` appears in ``scope`` other than in ``target`` (a binding elsewhere counts)."""
-    bound = {id(node) for node in descendants(target)}
+def _inputs(ctx, call: cst.Call) -> str:
+    """The arguments of the model's ``call``, as written."""
+    return ", ".join(ctx.code(arg).rstrip(", ") for arg in call.args)
+
+
+def _read_elsewhere(scope: cst.CSTNode, name: str, *places: cst.CSTNode) -> bool:
+    """Whether ``name`` appears in ``scope`` other than in ``places`` (a binding elsewhere counts)."""
+    bound = {id(node) for place in places for node in (place, *descendants(place))}
     return any(isinstance(node, cst.Name) and node.value == name and id(node) not in bound
                for node in descendants(scope))
 

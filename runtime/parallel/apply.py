@@ -43,7 +43,7 @@ from .config import (ComputeConfig, Config, FSDPConfig, MemoryConfig, PipelinePa
                      SequenceParallelConfig, TensorParallelConfig)
 from .context_parallel import MODES, SequenceLayout, shard_sequence
 from .parallel_dims import ParallelDims
-from .pipeline import PipelineModel, split_point_names, split_stages
+from .pipeline import PipelineModel, forward_input_names, split_point_names, split_stages
 from .tensor_parallel import derive_plan, parallelize_block, replicate_the_rest
 
 
@@ -70,7 +70,7 @@ def apply_pp(model: nn.Module, layers: list[nn.Module], pp: PipelineParallelConf
     stages = split_stages(model, split_point_names(model, pp, layers), layers, pp.input_names)
     index = mesh.get_local_rank()
     device = next(model.parameters()).device
-    stage = PipelineModel(stages[index], index, pp, mesh, device)
+    stage = PipelineModel(stages[index], index, pp, mesh, device, forward_input_names(stages[0]))
     held = {id(module) for module in stage.modules()}
     return stage, [layer for layer in layers if id(layer) in held]
 

@@ -16,6 +16,15 @@ shard them as they would the model's), named as in the model.
   or the forward's result itself when it is the loss), the gradients are those of the mean
   loss, and that mean is returned: on every rank with ``broadcast_loss``, on the last stage
   only (None elsewhere) without. The schedule is 1F1B (``Schedule1F1B``).
+- ``output_fn``'s parameters after the output name keyword arguments that it takes, split into
+  micro-batches as the inputs are (TorchAcc's spelling): ``model.forward_backward(x,
+  output_fn=criterion, target=y)`` is ``criterion(model(x), y)``. The other keyword arguments
+  go to the forward; one that both take is an error, as it is not known which it was for.
+- The loss returned, and its gradients, are the whole batch's as ``output_fn`` computes it: a
+  loss module with ``reduction="sum"`` gives the sum of the micro-batches' losses, and a
+  mean over the targets that cross entropy and NLL keep (``ignore_index``, class ``weight``)
+  weighs each micro-batch by the targets it keeps. Any other ``output_fn`` is taken to give a
+  mean over equal samples, whose mean over the micro-batches is the batch's.
 - ``model.forward(*inputs, **kwargs)`` (TorchAcc's spelling): the same, forward only
   (evaluation).
 
@@ -27,9 +36,12 @@ new shapes passes a first micro-batch through the stages, one after the other, t
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.distributed as dist
 import torch.fx
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
@@ -159,7 +171,8 @@ class PipelineModel(nn.Module):
     """One stage of a model cut for pipeline parallel (see the module docstring), holding the
     stage's modules and parameters under their names in the model."""
 
-    def __init__(self, stage: torch.fx.GraphModule, index: int, pp: PipelineParallelConfig, mesh, device):
+    def __init__(self, stage: torch.fx.GraphModule, index: int, pp: PipelineParallelConfig, mesh, device,
+                 input_names: list[str]):
         super().__init__()
         for name, child in stage.named_children():
             self.add_module(name, child)
@@ -172,10 +185,12 @@ class PipelineModel(nn.Module):
         self._pp, self._group = pp, mesh.get_group()
         self._last_rank = dist.get_global_rank(self._group, pp.size - 1)
         self._schedules = {}  # by the shapes of the inputs: the stages pass tensors of known shapes
+        self._input_names = frozenset(input_names)  # the forward's, as traced
         self._in_schedule = False
         self._output_fn = None
+        self._loss_inputs, self._loss_weights = [], []  # per micro-batch, during a call
 
-    def forward(self, *inputs, **kwargs):
+    def forward(self, *inputs, output_fn=None, **kwargs):
         """Run by the schedule: this stage's part of the forward. Called by the training
         script (``model.forward(...)``): the whole pipeline, forward only (the loss as
         ``forward_backward`` gives it)."""
@@ -185,17 +200,20 @@ class PipelineModel(nn.Module):
                 _check_sendable(outputs, self._index)
             return outputs
         with torch.no_grad():
-            return self._run("eval", inputs, kwargs, None)
+            return self._run("eval", inputs, kwargs, output_fn)
 
     def forward_backward(self, *inputs, output_fn=None, **kwargs):
         """One training step's forward and backward over the micro-batches: the mean loss."""
         return self._run("step", inputs, kwargs, output_fn)
 
-    def _micro_batch_loss(self, output, _):
-        return output if self._output_fn is None else self._output_fn(output)
+    def _micro_batch_loss(self, output, index):
+        index = int(index)
+        loss = output if self._output_fn is None else self._output_fn(output, **self._loss_inputs[index])
+        return loss * self._loss_weights[index]
 
     def _run(self, method, inputs, kwargs, output_fn):
-        tensors = [t for t in (*inputs, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        kwargs, loss_kwargs = self._keywords_of_forward_and_loss(kwargs, output_fn)
+        tensors = [t for t in (*inputs, *kwargs.values(), *loss_kwargs.values()) if isinstance(t, torch.Tensor)]
         micro = self._pp.num_micro_batches
         if not tensors or any(t.dim() == 0 or t.shape[0] % micro for t in tensors):
             raise ValueError(
@@ -203,19 +221,41 @@ class PipelineModel(nn.Module):
                 f"= {micro}; inputs of shapes {[tuple(t.shape) for t in tensors]} do not split evenly")
         losses = []
         self._in_schedule, self._output_fn = True, output_fn
+        self._loss_inputs = [{key: _micro_batch(value, micro, index) for key, value in loss_kwargs.items()}
+                             for index in range(micro)]
+        self._loss_weights = _micro_batch_weights(output_fn, self._loss_inputs, micro)
         try:
             schedule = self._schedule(inputs, kwargs)
-            # The schedule splits a target for its loss function: the batch stands in (the loss
-            # is the last stage's output).
-            getattr(schedule, method)(*inputs, target=tensors[0], losses=losses, return_outputs=False, **kwargs)
+            # The schedule splits the target it is given into the micro-batches: given their
+            # indices, each micro-batch's loss finds its own keyword arguments.
+            getattr(schedule, method)(*inputs, target=torch.arange(micro, device=self._device), losses=losses,
+                                      return_outputs=False, **kwargs)
         finally:
             self._in_schedule, self._output_fn = False, None
+            self._loss_inputs, self._loss_weights = [], []
         loss = torch.stack([loss.detach().float() for loss in losses]).mean() if self._last else None
         if not self._pp.broadcast_loss:
             return loss
         loss = torch.zeros((), device=self._device) if loss is None else loss
         dist.broadcast(loss, src=self._last_rank, group=self._group)
         return loss
+
+    def _keywords_of_forward_and_loss(self, kwargs, output_fn):
+        """``kwargs`` split into the forward's and ``output_fn``'s."""
+        for_loss = _parameters_after_output(output_fn)
+        unknown = [key for key in kwargs if key not in for_loss and key not in self._input_names]
+        if unknown:
+            raise TypeError(f"pipeline parallel got keyword arguments {unknown}, which neither the model's forward "
+                            f"(inputs {sorted(self._input_names)}) nor output_fn takes; output_fn is given, after "
+                            f"the output, the keyword arguments named as its parameters")
+        # Given to both, a forward's optional input would change what the model computes.
+        both = sorted(for_loss & self._input_names & kwargs.keys())
+        if both:
+            raise TypeError(f"pipeline parallel got keyword arguments {both}, which both the model's forward and "
+                            f"output_fn take; give output_fn parameters of other names (output_fn=lambda output, "
+                            f"labels: criterion(output, labels), labels=...)")
+        return ({key: value for key, value in kwargs.items() if key not in for_loss},
+                {key: value for key, value in kwargs.items() if key in for_loss})
 
     def _schedule(self, inputs, kwargs):
         """The 1F1B schedule for inputs of these shapes, its stage given the shapes of the
@@ -246,8 +286,62 @@ class PipelineModel(nn.Module):
         return tuple(t for t in args if isinstance(t, torch.Tensor)), outputs
 
 
+def forward_input_names(first_stage: torch.fx.GraphModule) -> list[str]:
+    """The forward's inputs as traced: the first stage's."""
+    return [node.target for node in first_stage.graph.nodes if node.op == "placeholder"]
+
+
 def _first_micro_batch(value, micro: int):
-    return value.tensor_split(micro)[0] if isinstance(value, torch.Tensor) else value
+    return _micro_batch(value, micro, 0)
+
+
+def _micro_batch(value, micro: int, index: int):
+    """Micro-batch ``index`` of ``value``: its part along the first dim, as the schedule splits
+    the inputs; a value that is not a tensor whole."""
+    return value.tensor_split(micro)[index] if isinstance(value, torch.Tensor) else value
+
+
+def _parameters_after_output(output_fn) -> frozenset[str]:
+    """The names of ``output_fn``'s parameters after its first, the output (a loss module's
+    forward's: ``target``)."""
+    if output_fn is None:
+        return frozenset()
+    function = output_fn.forward if isinstance(output_fn, nn.Module) else output_fn  # its call takes *args
+    parameters = list(inspect.signature(function).parameters.values())[1:]
+    return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _micro_batch_weights(output_fn, loss_inputs: list[dict], micro: int) -> list:
+    """What each micro-batch's loss is multiplied by so that their mean, whose gradients the
+    schedule takes (it scales them by 1 / micro), is the whole batch's loss as ``output_fn``
+    computes it."""
+    reduction = getattr(output_fn, "reduction", "mean")
+    if reduction == "sum":
+        return [micro] * micro
+    if reduction not in ("mean", "batchmean"):
+        raise ValueError(f"output_fn {type(output_fn).__name__} has reduction={reduction!r}, but a micro-batch's "
+                         f"loss must be one value: give reduction 'mean' or 'sum'")
+    kept = _kept_targets(output_fn, [inputs.get("target") for inputs in loss_inputs])
+    if kept is None:
+        return [1] * micro
+    total = sum(kept)
+    return [micro * count / total for count in kept]
+
+
+def _kept_targets(output_fn, targets: list) -> list | None:
+    """How much of each micro-batch's targets cross entropy or NLL keeps, whose mean is over
+    those: the targets other than ``ignore_index``, weighed by the class ``weight``. None for
+    another loss, or class probabilities as targets: a mean over equal samples."""
+    if isinstance(output_fn, (nn.CrossEntropyLoss, nn.NLLLoss)):
+        ignore_index, weight = output_fn.ignore_index, output_fn.weight
+    elif output_fn in (F.cross_entropy, F.nll_loss):
+        ignore_index, weight = -100, None  # their defaults: called with the target only
+    else:
+        return None
+    if any(not isinstance(target, torch.Tensor) or target.is_floating_point() for target in targets):
+        return None
+    kept = [target[target != ignore_index] for target in targets]
+    return [classes.numel() if weight is None else weight[classes].sum() for classes in kept]
 
 
 def _check_sendable(outputs, index: int) -> None:

@@ -139,7 +139,7 @@ def test_what_a_pipeline_cannot_train_as_it_is_is_reported_and_left():
     assert found == [("ACC035", 6, "`loss`"), ("ACC035", 8, "`loss`"), ("ACC035", 11, "`loss`"),
                      ("ACC035", 14, "under"), ("ACC031", 15, "under")]
     assert "is computed from model's output outside the model" in result.diagnostics[0].message
-    assert "def forward(self, x, y): return criterion(self.net(x), y)" in result.diagnostics[0].help
+    assert "loss = model.forward_backward(x, output_fn=criterion, target=y)" in result.diagnostics[0].help
     assert "changed or read between" in result.diagnostics[1].message
 
 
@@ -220,6 +220,26 @@ def _losses(command, cwd):
     return [float(loss) for _, loss in steps]
 
 
+LOSS_OUTSIDE_A_FORWARD_THAT_TAKES_THE_TARGET = b"""import torch
+
+class Net(torch.nn.Module):
+    def forward(self, x, target=None):
+        return self.head(x) if target is None else self.loss(x, target)
+
+model = torch.nn.parallel.DistributedDataParallel(Net().cuda())
+criterion = torch.nn.CrossEntropyLoss()
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+"""
+
+
+def test_a_loss_outside_a_model_whose_forward_takes_the_target_too_is_reported_and_left():
+    result = _migrate(LOSS_OUTSIDE_A_FORWARD_THAT_TAKES_THE_TARGET, parallel="pp")
+    assert "forward_backward" not in result.output.decode()
+    assert [(d.code, d.line) for d in result.diagnostics] == [("ACC035", 10)]
+
+
 @pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
@@ -235,7 +255,8 @@ def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
 
 # A DDP script whose ranks read the same batches, as the stages of a pipeline must: its losses
 # are one process's, and so are those of the pipeline it is migrated to. The model is the
-# example's GPT, whose forward returns the loss, or the same returning its logits too.
+# example's GPT, whose forward returns the loss, the same returning its logits too, or its logits
+# only, classes along dim 1, for a loss computed outside it.
 PIPELINE_DDP = """import argparse
 import os
 
@@ -257,6 +278,14 @@ class GPTWithLogits(GPT):
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+class GPTLogits(GPT):
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x)).transpose(1, 2)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
@@ -270,9 +299,10 @@ def main():
     model = MODEL(4).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model = DDP(model, device_ids=[local_rank] if torch.cuda.is_available() else None)
+    criterion = torch.nn.CrossEntropyLoss()
     for step, (tokens, targets) in enumerate(loader):
         tokens, targets = tokens.to(device), targets.to(device)
-        FORWARD = model(tokens, targets)
+        FORWARD
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -286,7 +316,8 @@ if __name__ == "__main__":
 """
 
 
-def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss", step="(tokens, targets)"):
+def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss = model(tokens, targets)",
+                           step="(tokens, targets)"):
     for side in ("original", "migrated"):
         (tmp_path / side).mkdir()
         shutil.copyfile(EXAMPLE, tmp_path / side / "gpt.py")
@@ -303,8 +334,11 @@ def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss", s
 
 @pytest.mark.launches_ranks
 @pytest.mark.parametrize("model, forward, step", [
-    ("GPT", "loss", "(tokens, targets)"),
-    ("GPTWithLogits", "logits, loss", "(tokens, targets, output_fn=lambda output: output[1])"),
+    ("GPT", "loss = model(tokens, targets)", "(tokens, targets)"),
+    ("GPTWithLogits", "logits, loss = model(tokens, targets)", "(tokens, targets, output_fn=lambda output: output[1])"),
+    ("GPTLogits", "loss = criterion(model(tokens), targets)", "(tokens, output_fn=criterion, target=targets)"),
+    ("GPTLogits", "output = model(tokens)\n        loss = F.cross_entropy(output, targets)",
+     "(tokens, output_fn=F.cross_entropy, target=targets)"),
 ])
 def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp_path, model, forward, step):
     original, migrated = _original_and_migrated(tmp_path, "pp", 2, model, forward, step)
@@ -315,4 +349,11 @@ def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp
 @pytest.mark.slow
 def test_the_migrated_script_trains_sharded_pipeline_stages_as_the_ddp_original(tmp_path):
     original, migrated = _original_and_migrated(tmp_path, "fsdp,pp", 4)  # two stages, each sharded over two ranks
+    assert migrated == pytest.approx(original, abs=2e-4)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_the_migrated_script_trains_tensor_parallel_pipeline_stages_as_the_ddp_original(tmp_path):
+    original, migrated = _original_and_migrated(tmp_path, "tp,pp", 4)  # two stages, each split over two ranks
     assert migrated == pytest.approx(original, abs=2e-4)

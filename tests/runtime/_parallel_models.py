@@ -4,6 +4,7 @@ parallel runs (``test_accelerate_pipeline.py``), each with its batches and its t
 - ``GPT``: token embedding, a learned positional embedding as an ``nn.Parameter`` of the top
   module, pre-norm blocks of q/k/v/o projections and an MLP, final norm and head; the loss in
   its forward; ``CausalMHAGPT``, the same with causal ``nn.MultiheadAttention`` blocks;
+  ``LogitsGPT``, the same returning its logits, for a loss outside the model;
 - ``Llama``: ``nn.RMSNorm``, rotary positions from a buffer of the top module passed to every
   block, SwiGLU MLP, no biases;
 - ``ViT``: a patch-embedding convolution, ``cls_token`` and ``pos_embed`` parameters, blocks of
@@ -71,6 +72,17 @@ class EncoderGPT(GPT):
         super().__init__()
         for block in self.h:
             block.attn.causal = False
+
+
+class LogitsGPT(GPT):
+    """The GPT whose forward returns the logits, classes along dim 1, for a loss computed
+    outside the model (``criterion(model(tokens), targets)``)."""
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.pos[:tokens.shape[1]]
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x)).transpose(1, 2)
 
 
 class CausalMHABlock(GPTBlock):
@@ -154,7 +166,8 @@ class ViT(nn.Module):
         return F.cross_entropy(self.head(x[:, 0]), labels)
 
 
-MODELS = {"gpt": GPT, "gpt_encoder": EncoderGPT, "gpt_mha": CausalMHAGPT, "llama": Llama, "vit": ViT}
+MODELS = {"gpt": GPT, "gpt_encoder": EncoderGPT, "gpt_logits": LogitsGPT, "gpt_mha": CausalMHAGPT, "llama": Llama,
+          "vit": ViT}
 
 
 def build(name):
@@ -175,10 +188,10 @@ def loader(name, batch=GLOBAL_BATCH):
     return DataLoader(dataset(name), batch_size=batch)
 
 
-def train(model, batches, step):
+def train(model, batches, step, lr=0.1):
     """Per-step losses of SGD with momentum, ``step(model, inputs)`` giving a step's loss after
     its backward."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses = []
     for inputs in batches:
         optimizer.zero_grad()

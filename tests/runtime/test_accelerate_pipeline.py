@@ -22,7 +22,7 @@ from accrewrite.runtime.parallel import apply
 from accrewrite.runtime.parallel.apply import find_layers
 from accrewrite.runtime.parallel.config import PipelineParallelConfig
 from accrewrite.runtime.parallel.parallel_dims import ParallelDims
-from accrewrite.runtime.parallel.pipeline import split_point_names, split_stages
+from accrewrite.runtime.parallel.pipeline import _micro_batch_weights, split_point_names, split_stages
 
 import _parallel_models as models
 from _ranks import run_ranks
@@ -133,12 +133,89 @@ def test_ring_attention_over_two_ranks_matches_one_process():
           ("llama", {"sp": 2}, ring), ("gpt", {"sp": 2}, {**ring, "memory.gc": True})], 2)
 
 
+# -- a loss computed outside the model: output_fn given the targets -------------------------------
+
+# Losses whose mean over the micro-batches is not the batch's: tokens ignored unevenly, classes
+# weighed, a sum (its steps as small as a mean's); and torch's function, called as the model's
+# output's criterion. Each with its learning rate.
+CRITERIA = {
+    "mean over kept tokens": (lambda: torch.nn.CrossEntropyLoss(), 0.1),
+    "weighed classes, smoothed": (lambda: torch.nn.CrossEntropyLoss(
+        weight=torch.linspace(0.5, 2, models.VOCAB), label_smoothing=0.1), 0.1),
+    "sum": (lambda: torch.nn.CrossEntropyLoss(reduction="sum"), 0.1 / (models.GLOBAL_BATCH * models.CONTEXT)),
+    "function": (lambda: torch.nn.functional.cross_entropy, 0.1),
+}
+
+
+def _ignoring_loader():
+    """The GPT's batches with about a third of the targets ignored (-100), unevenly over the
+    micro-batches."""
+    tokens, targets = models.dataset("gpt").tensors
+    targets = targets.masked_fill(torch.rand(targets.shape, generator=torch.Generator().manual_seed(2)) < 0.3, -100)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens, targets), batch_size=models.GLOBAL_BATCH)
+
+
+def _criterion_rank(rank, names):
+    results = []
+    for name in names:
+        make, lr = CRITERIA[name]
+        criterion = make()
+        config = Config()
+        config.dist.pp.size = config.dist.pp.num_micro_batches = 2
+        model = accelerate(models.build("gpt_logits"), config=config)
+        losses = models.train(model, _ignoring_loader(), lambda model, inputs: model.forward_backward(
+            inputs[0], output_fn=criterion, target=inputs[1]), lr)
+        tokens, targets = next(iter(_ignoring_loader()))
+        evaluated = model.forward(tokens, output_fn=criterion, target=targets)
+        results.append(([loss.item() for loss in losses], model.state_dict(), evaluated.item()))
+    return results
+
+
+def _criterion_reference(name):
+    make, lr = CRITERIA[name]
+    criterion = make()
+    model = models.build("gpt_logits")
+
+    def step(model, inputs):
+        loss = criterion(model(inputs[0]), inputs[1])
+        loss.backward()
+        return loss.detach().item()
+
+    losses = models.train(model, _ignoring_loader(), step, lr)
+    tokens, targets = next(iter(_ignoring_loader()))
+    with torch.no_grad():
+        return losses, model.state_dict(), criterion(model(tokens), targets).item()
+
+
 @pytest.mark.launches_ranks
 @pytest.mark.slow
 def test_ulysses_within_groups_and_a_ring_across_them_or_ring_with_fsdp_over_four_ranks_match_one_process():
     two_d = {"dist.sp.mode": "2d", "dist.sp.ulysses_size": 2}
     _run([("gpt", {"sp": 4}, two_d), ("gpt_encoder", {"sp": 4}, two_d), ("gpt_mha", {"sp": 4}, two_d),
           ("gpt", {"fsdp": 2, "sp": 2}, {"dist.sp.mode": "ring"})], 4)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_a_loss_outside_the_model_given_the_targets_trains_as_one_process():
+    names = list(CRITERIA)
+    per_rank = run_ranks(_criterion_rank, 2, names)
+    for index, name in enumerate(names):
+        want_losses, want_state, want_evaluated = _criterion_reference(name)
+        state = {}
+        for losses, stage_state, evaluated in (results[index] for results in per_rank):
+            assert losses == pytest.approx(want_losses, rel=1e-5, abs=1e-5), name
+            assert evaluated == pytest.approx(want_evaluated, rel=1e-5, abs=1e-5), name
+            state.update(stage_state)
+        assert state.keys() == want_state.keys()
+        for key, value in want_state.items():
+            torch.testing.assert_close(state[key], value, rtol=0, atol=1e-5, msg=f"{name}: {key}")
+
+
+def test_a_loss_of_one_value_per_sample_is_refused_as_the_pipelines_loss():
+    with pytest.raises(ValueError, match=r"CrossEntropyLoss has reduction='none', but a micro-batch's loss must be "
+                                         r"one value: give reduction 'mean' or 'sum'"):
+        _micro_batch_weights(torch.nn.CrossEntropyLoss(reduction="none"), [{"target": torch.zeros(2)}] * 2, 2)
 
 
 # -- one process: stages and topology ------------------------------------------------------------
