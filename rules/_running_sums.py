@@ -105,8 +105,12 @@ class _Search:
         for read in reads:
             statement = values.statement_of(read)
             line = lines.get(statement)
-            if line is None or not self._bound_as(name, statement, binding, values):
+            if not self._bound_as(name, statement, binding, values):
                 return None
+            if line is None:  # after the loop: read once, and only as a number
+                if _use(statement, read) != "number":
+                    return None
+                continue
             if self._is_sum(line, values):
                 continue
             use = _use(statement, read)

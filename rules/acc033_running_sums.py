@@ -20,8 +20,8 @@ class RunningSumsOnDevice(Rule):
     torch's loss functions or modules, a `.mean()` or `.sum()`), the sum is otherwise only set
     to a number and read formatted (`'{:5.2f}'.format(t)`, an f-string, `'%.2f' % t`), by
     `math`, `float` or `int`, or through arithmetic assigned to a name read the same way, in
-    the loop, and not before the step adds to it in place (a step closure would read the
-    addition); a meter's instance is read only by its `update`, as an attribute formatted, or
+    the loop (or formatted after it), and not before the step adds to it in place (a step
+    closure would read the addition); a meter's instance is read only by its `update`, as an attribute formatted, or
     beside an instance given tensors. The sum is then a float32 on the device rather than
     Python's float64.
     """

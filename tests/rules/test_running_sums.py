@@ -54,14 +54,17 @@ KEPT = [
     loop("total += loss.item() * x.size(0)", "print('{:.2f}'.format(total))"),
     loop("total += loss.mean().item()", "print('{:.2f}'.format(int(total)))"),
     loop("total += torch.nn.functional.cross_entropy(model(x), y).item()", "print(f'{total}')"),
+    # formatted once after the loop, as well as in it
+    loop("total += loss.item()", "if step % 10 == 0:", "    print(f'{total / 10:.3f}')",
+         after="print(f'epoch: {total / len(loader):.6f}')\n"),
 ]
 LEFT = [
     # printed whole: a tensor prints as `tensor(...)`
     loop("total += loss.item()", "print(total)"),
     loop("total += loss.item()", "print('%s' % total)"),
     loop("total += loss.item()", "print('{!r}'.format(total))"),
-    # read after the loop, returned, compared, passed on, kept in a list
-    loop("total += loss.item()", after="print(f'{total:.2f}')\n"),
+    # assigned after the loop, returned, compared, passed on, kept in a list
+    loop("total += loss.item()", after="avg = total / 2\nprint(f'{avg:.2f}')\n"),
     loop("total += loss.item()", after="return total\n"),
     loop("total += loss.item()", "if total > 3:", "    break"),
     loop("total += loss.item()", "log(total)"),
