@@ -328,12 +328,15 @@ def edit(script: Path, edits: tuple[tuple[str, str], ...]) -> None:
     script.write_text(text)
 
 
-def migrate(folder: Path) -> list[str]:
-    """The folder's scripts migrated to torch_xla in place; accrewrite's findings."""
+def migrate(folder: Path, script: Path) -> list[str]:
+    """The folder's scripts migrated to torch_xla in place; accrewrite's findings. A file of the
+    folder that does not parse (a notebook beside the script) stops only its own migration."""
     done = subprocess.run([sys.executable, "-m", "accrewrite.cli", "migrate", "--target", "torch_xla", "--in-place",
                            str(folder)], capture_output=True, text=True, timeout=600)
-    if done.returncode not in (0, 1):
-        raise RuntimeError(f"accrewrite migrate: exit {done.returncode}: {done.stderr.strip()[-300:]}")
+    errors = [line for line in done.stdout.splitlines() if ": error: " in line]
+    if done.returncode not in (0, 1, 2) or done.returncode == 2 and (not errors or any(
+            line.startswith(f"{script}:") for line in errors)):
+        raise RuntimeError(f"accrewrite migrate: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
     return [line.strip().replace(f"{folder}{os.sep}", "") for line in done.stdout.splitlines() if " ACC" in line]
 
 
@@ -350,7 +353,7 @@ def run(side: Side, roots: dict[str, Path], args) -> Profile:
             script = notebook_script(ready.script) if ready.script.suffix == ".ipynb" else ready.script
             edit(script, side.edits)
             if side.migrate:
-                profile.findings = migrate(ready.cwd)
+                profile.findings = migrate(ready.cwd, script)
         except (LookupError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
             profile.error = f"could not prepare it: {exc}"
             return profile
