@@ -41,7 +41,7 @@ def test_the_example_calls_accelerate_instead_of_ddp(kind):
 
 
 @pytest.mark.parametrize("kind, reported", [("fsdp", False), ("tp", True), ("fsdp,tp", True), ("pp", True),
-                                            ("fsdp,pp", True)])
+                                            ("fsdp,pp", True), ("cp", True), ("fsdp,cp", True)])
 def test_a_sampler_over_every_rank_is_reported_under_tensor_or_pipeline_parallel(kind, reported):
     result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
     sampler = [d for d in result.diagnostics if d.code == "ACC030" and "sampler" in d.message]
@@ -73,6 +73,7 @@ for micro_step in range(accum):
 @pytest.mark.parametrize("kind, switch", [
     ("fsdp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),
     ("fsdp,pp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),
+    ("cp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),  # through FSDP2
     # every rank is a tensor-parallel rank or a stage: nothing is reduced over data-parallel ranks
     ("tp", "model.require_backward_grad_sync = micro_step == accum - 1"),
     ("pp", "model.require_backward_grad_sync = micro_step == accum - 1"),
@@ -201,14 +202,16 @@ def test_the_option_and_the_config_key(tmp_path, capsys):
 
     (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\nparallel = "zero3"\n')
     assert main(["migrate", str(script)]) == 2
-    kinds = "fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp"
+    kinds = "fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp, cp, fsdp,cp"
     assert f"parallel must be one of {kinds}, got 'zero3'" in capsys.readouterr().err
 
-    # context parallel is not there yet: refused, and said so
+    # the runtime does not combine context parallel with tp or pp: refused, and said so
     (tmp_path / "pyproject.toml").unlink()
-    with pytest.raises(SystemExit):
-        main(["migrate", str(script), "--parallel", "fsdp,cp"])
-    assert "got 'fsdp,cp': context parallel (cp) is not there yet" in capsys.readouterr().err
+    for kind in ("tp,cp", "fsdp,pp,cp"):
+        with pytest.raises(SystemExit):
+            main(["migrate", str(script), "--parallel", kind])
+        assert (f"got '{kind}': context parallel (cp) does not combine with tensor or pipeline parallel (tp, pp) "
+                f"yet") in capsys.readouterr().err
 
 
 def _losses(command, cwd):
