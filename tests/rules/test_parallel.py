@@ -1,7 +1,8 @@
 """``migrate --parallel``: a DDP script becomes one that calls ``accelerate`` (ACC030, ACC031),
-and trains a pipeline with ``forward_backward`` (ACC035); the option and its config key, the
-XLA targets left alone, and the migrated scripts training under FSDP2 and pipeline parallel as
-the DDP originals do."""
+trains a pipeline with ``forward_backward`` (ACC035), and has the attention that context
+parallel cannot split reported (ACC036); the option and its config key, the XLA targets left
+alone, and the migrated scripts training under FSDP2, pipeline and context parallel as the DDP
+originals do."""
 
 import os
 import re
@@ -142,6 +143,48 @@ def test_what_a_pipeline_cannot_train_as_it_is_is_reported_and_left():
     assert "is computed from model's output outside the model" in result.diagnostics[0].message
     assert "def forward(self, x, y): return criterion(self.net(x), y)" in result.diagnostics[0].help
     assert "changed or read between" in result.diagnostics[1].message
+
+
+ATTENTION = b"""import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+
+    def forward(self, x, causal, padding):
+        y = self.attn(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)[0]
+        y = y + self.attn(x, x, x, key_padding_mask=padding, need_weights=False)[0]
+        y = y + self.attn(x, x, x, None, False, causal)[0]
+        y = y + self.attn(x, x, x)[0]
+        q = F.scaled_dot_product_attention(y, y, y, None, is_causal=True)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=causal)
+
+
+model = torch.nn.parallel.DistributedDataParallel(Block(32, 4))
+"""
+
+
+def test_attention_that_context_parallel_cannot_split_is_reported():
+    result = _migrate(ATTENTION, parallel="cp")
+    assert 'accrt.parallel_config("cp")' in result.output.decode()
+    found = [(d.code, d.line, d.message) for d in result.diagnostics]
+    assert found == [
+        ("ACC036", 13, "self.attn is given a key_padding_mask, which context parallel cannot split"),
+        ("ACC036", 14, "self.attn is given an attn_mask without is_causal=True, which context parallel cannot split"),
+        ("ACC036", 15, "self.attn returns its attention weights, which context parallel does not compute whole"),
+        ("ACC036", 17, "scaled_dot_product_attention is given an attn_mask, which context parallel cannot split"),
+    ]
+    assert "pass is_causal=True in its place" in result.diagnostics[3].help
+    assert "pass need_weights=False" in result.diagnostics[2].help
+    # without context parallel, or on a target without accelerate, masks are no finding
+    assert not [d for d in _migrate(ATTENTION, parallel="fsdp").diagnostics if d.code == "ACC036"]
+    assert not [d for d in _migrate(ATTENTION, parallel="cp", target="torch_xla").diagnostics if d.code == "ACC036"]
+    # the example's attention is causal scaled_dot_product_attention: nothing to report
+    assert not [d for d in _migrate(EXAMPLE.read_bytes(), parallel="fsdp,cp").diagnostics if d.code == "ACC036"]
 
 
 def test_full_state_export_replaces_a_state_dict_save():
@@ -289,14 +332,15 @@ if __name__ == "__main__":
 """
 
 
-def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss", step="(tokens, targets)"):
+def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss",
+                           step="loss = model.forward_backward(tokens, targets)"):
     for side in ("original", "migrated"):
         (tmp_path / side).mkdir()
         shutil.copyfile(EXAMPLE, tmp_path / side / "gpt.py")
     script = PIPELINE_DDP.replace("MODEL", model).replace("FORWARD", forward)
     (tmp_path / "original" / "train.py").write_text(script)
     result = _migrate(script.encode(), parallel=kind)
-    assert f"loss = model.forward_backward{step}" in result.output.decode()
+    assert step in result.output.decode()
     (tmp_path / "migrated" / "train.py").write_bytes(result.output)
     launch = ["--standalone", "--nproc_per_node", str(ranks), "train.py", "--steps", "20"]
     original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
@@ -306,8 +350,9 @@ def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss", s
 
 @pytest.mark.launches_ranks
 @pytest.mark.parametrize("model, forward, step", [
-    ("GPT", "loss", "(tokens, targets)"),
-    ("GPTWithLogits", "logits, loss", "(tokens, targets, output_fn=lambda output: output[1])"),
+    ("GPT", "loss", "loss = model.forward_backward(tokens, targets)"),
+    ("GPTWithLogits", "logits, loss",
+     "loss = model.forward_backward(tokens, targets, output_fn=lambda output: output[1])"),
 ])
 def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp_path, model, forward, step):
     original, migrated = _original_and_migrated(tmp_path, "pp", 2, model, forward, step)
@@ -318,4 +363,21 @@ def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp
 @pytest.mark.slow
 def test_the_migrated_script_trains_sharded_pipeline_stages_as_the_ddp_original(tmp_path):
     original, migrated = _original_and_migrated(tmp_path, "fsdp,pp", 4)  # two stages, each sharded over two ranks
+    assert migrated == pytest.approx(original, abs=2e-4)
+
+
+# Context parallel: the model's forward is called as it was, each block on half the sequence
+@pytest.mark.launches_ranks
+@pytest.mark.parametrize("model, forward", [("GPT", "loss"), ("GPTWithLogits", "logits, loss")])
+def test_the_migrated_script_trains_with_context_parallel_as_the_ddp_original(tmp_path, model, forward):
+    step = f"{forward} = model(tokens, targets)"  # left as it was
+    original, migrated = _original_and_migrated(tmp_path, "cp", 2, model, forward, step)
+    assert migrated == pytest.approx(original, abs=2e-4)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_the_migrated_script_trains_sharded_context_parallel_groups_as_the_ddp_original(tmp_path):
+    # two data-parallel groups of two ranks, each group reading the same batches, FSDP2 over all four
+    original, migrated = _original_and_migrated(tmp_path, "fsdp,cp", 4, step="loss = model(tokens, targets)")
     assert migrated == pytest.approx(original, abs=2e-4)
