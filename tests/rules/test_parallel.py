@@ -333,15 +333,23 @@ if __name__ == "__main__":
 
 
 def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss",
-                           step="loss = model.forward_backward(tokens, targets)"):
+                           step="loss = model.forward_backward(tokens, targets)", sizes=None):
+    """The losses of the DDP script and of its migration with ``kind``, each on ``ranks``
+    processes; ``sizes`` (``{dim: size}``) are checked in the migrated script's mesh, where
+    another layout would train to the same losses."""
     for side in ("original", "migrated"):
         (tmp_path / side).mkdir()
         shutil.copyfile(EXAMPLE, tmp_path / side / "gpt.py")
     script = PIPELINE_DDP.replace("MODEL", model).replace("FORWARD", forward)
     (tmp_path / "original" / "train.py").write_text(script)
-    result = _migrate(script.encode(), parallel=kind)
-    assert step in result.output.decode()
-    (tmp_path / "migrated" / "train.py").write_bytes(result.output)
+    output = _migrate(script.encode(), parallel=kind).output.decode()
+    assert step in output
+    if sizes:
+        wrap = f'config=accrt.parallel_config("{kind}"))\n'
+        check = f"    assert {{dim: model.accelerate_mesh[dim].size() for dim in {sizes}}} == {sizes}\n"
+        output = output.replace(wrap, wrap + check)
+        assert check in output
+    (tmp_path / "migrated" / "train.py").write_text(output)
     launch = ["--standalone", "--nproc_per_node", str(ranks), "train.py", "--steps", "20"]
     original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
     migrated = _losses([sys.executable, "-m", "accrewrite.launcher", *launch], tmp_path / "migrated")
@@ -371,7 +379,7 @@ def test_the_migrated_script_trains_sharded_pipeline_stages_as_the_ddp_original(
 @pytest.mark.parametrize("model, forward", [("GPT", "loss"), ("GPTWithLogits", "logits, loss")])
 def test_the_migrated_script_trains_with_context_parallel_as_the_ddp_original(tmp_path, model, forward):
     step = f"{forward} = model(tokens, targets)"  # left as it was
-    original, migrated = _original_and_migrated(tmp_path, "cp", 2, model, forward, step)
+    original, migrated = _original_and_migrated(tmp_path, "cp", 2, model, forward, step, sizes={"sp": 2})
     assert migrated == pytest.approx(original, abs=2e-4)
 
 
@@ -379,5 +387,6 @@ def test_the_migrated_script_trains_with_context_parallel_as_the_ddp_original(tm
 @pytest.mark.slow
 def test_the_migrated_script_trains_sharded_context_parallel_groups_as_the_ddp_original(tmp_path):
     # two data-parallel groups of two ranks, each group reading the same batches, FSDP2 over all four
-    original, migrated = _original_and_migrated(tmp_path, "fsdp,cp", 4, step="loss = model(tokens, targets)")
+    original, migrated = _original_and_migrated(tmp_path, "fsdp,cp", 4, step="loss = model(tokens, targets)",
+                                                sizes={"fsdp": 2, "sp": 2})
     assert migrated == pytest.approx(original, abs=2e-4)
