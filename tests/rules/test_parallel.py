@@ -390,3 +390,16 @@ def test_the_migrated_script_trains_sharded_context_parallel_groups_as_the_ddp_o
     original, migrated = _original_and_migrated(tmp_path, "fsdp,cp", 4, step="loss = model(tokens, targets)",
                                                 sizes={"fsdp": 2, "sp": 2})
     assert migrated == pytest.approx(original, abs=2e-4)
+
+
+@pytest.mark.launches_ranks
+def test_a_sampler_over_every_rank_left_under_context_parallel_stops_the_first_step(tmp_path):
+    # reported by ACC030 and left: the ranks of a group would train on halves of different batches
+    result = _migrate(EXAMPLE.read_bytes(), parallel="cp")
+    assert any(d.code == "ACC030" and "sampler" in d.message for d in result.diagnostics)
+    (tmp_path / "train.py").write_bytes(result.output)
+    run = subprocess.run([sys.executable, "-m", "accrewrite.launcher", "--standalone", "--nproc_per_node", "2",
+                          "train.py", "--steps", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode != 0 and not LOSS.findall(run.stdout)
+    assert "the context-parallel ranks got different inputs; they must read the same batches" in run.stderr
