@@ -160,8 +160,9 @@ class Block(nn.Module):
         y = y + self.attn(x, x, x, key_padding_mask=padding, need_weights=False)[0]
         y = y + self.attn(x, x, x, None, False, causal)[0]
         y = y + self.attn(x, x, x)[0]
-        q = F.scaled_dot_product_attention(y, y, y, None, is_causal=True)
-        return F.scaled_dot_product_attention(q, q, q, attn_mask=causal)
+        out, weights = self.attn(x, x, x)
+        q = F.scaled_dot_product_attention(y + out, y, y, None, is_causal=True)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=causal), weights
 
 
 model = torch.nn.parallel.DistributedDataParallel(Block(32, 4))
@@ -170,19 +171,26 @@ model = torch.nn.parallel.DistributedDataParallel(Block(32, 4))
 
 def test_attention_that_context_parallel_cannot_split_is_reported():
     result = _migrate(ATTENTION, parallel="cp")
-    assert 'accrt.parallel_config("cp")' in result.output.decode()
+    output = result.output.decode()
+    assert 'accrt.parallel_config("cp")' in output
+    # weights thrown away are not asked for; those read are reported
+    assert "        y = y + self.attn(x, x, x, need_weights=False)[0]\n" in output
+    assert [(f.code, f.line) for f in result.fixes if f.code == "ACC036"] == [("ACC036", 15)]
     found = [(d.code, d.line, d.message) for d in result.diagnostics]
     assert found == [
         ("ACC036", 13, "self.attn is given a key_padding_mask, which context parallel cannot split"),
         ("ACC036", 14, "self.attn is given an attn_mask without is_causal=True, which context parallel cannot split"),
-        ("ACC036", 15, "self.attn returns its attention weights, which context parallel does not compute whole"),
-        ("ACC036", 17, "scaled_dot_product_attention is given an attn_mask, which context parallel cannot split"),
+        ("ACC036", 16, "self.attn returns its attention weights, which context parallel does not compute whole"),
+        ("ACC036", 18, "scaled_dot_product_attention is given an attn_mask, which context parallel cannot split"),
     ]
+    assert _migrate(result.output, parallel="cp").output == result.output
     assert "pass is_causal=True in its place" in result.diagnostics[3].help
     assert "pass need_weights=False" in result.diagnostics[2].help
     # without context parallel, or on a target without accelerate, masks are no finding
-    assert not [d for d in _migrate(ATTENTION, parallel="fsdp").diagnostics if d.code == "ACC036"]
-    assert not [d for d in _migrate(ATTENTION, parallel="cp", target="torch_xla").diagnostics if d.code == "ACC036"]
+    for options in ({"parallel": "fsdp"}, {"parallel": "cp", "target": "torch_xla"}):
+        result = _migrate(ATTENTION, **options)
+        assert "self.attn(x, x, x)[0]" in result.output.decode()
+        assert not [f for f in (*result.diagnostics, *result.fixes) if f.code == "ACC036"]
     # the example's attention is causal scaled_dot_product_attention: nothing to report
     assert not [d for d in _migrate(EXAMPLE.read_bytes(), parallel="fsdp,cp").diagnostics if d.code == "ACC036"]
 
