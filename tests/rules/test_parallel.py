@@ -289,7 +289,8 @@ def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
 
 # A DDP script whose ranks read the same batches, as the stages of a pipeline must: its losses
 # are one process's, and so are those of the pipeline it is migrated to. The model is the
-# example's GPT, whose forward returns the loss, or the same returning its logits too.
+# example's GPT, whose forward returns the loss, the same returning its logits too, or the same
+# with causal nn.MultiheadAttention blocks.
 PIPELINE_DDP = """import argparse
 import os
 
@@ -309,6 +310,24 @@ class GPTWithLogits(GPT):
             x = layer(x)
         logits = self.head(self.norm(x))
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class CausalBlock(torch.nn.Module):
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.attn = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+
+    def forward(self, x):
+        h = self.norm(x)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        return x + self.attn(h, h, h, attn_mask=mask, is_causal=True)[0]
+
+
+class GPTWithMultiheadAttention(GPT):
+    def __init__(self, layers):
+        super().__init__(layers)
+        self.layers = torch.nn.ModuleList(CausalBlock() for _ in range(layers))
 
 
 def main():
@@ -384,7 +403,8 @@ def test_the_migrated_script_trains_sharded_pipeline_stages_as_the_ddp_original(
 
 # Context parallel: the model's forward is called as it was, each block on half the sequence
 @pytest.mark.launches_ranks
-@pytest.mark.parametrize("model, forward", [("GPT", "loss"), ("GPTWithLogits", "logits, loss")])
+@pytest.mark.parametrize("model, forward", [("GPT", "loss"), ("GPTWithLogits", "logits, loss"),
+                                            ("GPTWithMultiheadAttention", "loss")])  # given need_weights=False
 def test_the_migrated_script_trains_with_context_parallel_as_the_ddp_original(tmp_path, model, forward):
     step = f"{forward} = model(tokens, targets)"  # left as it was
     original, migrated = _original_and_migrated(tmp_path, "cp", 2, model, forward, step, sizes={"sp": 2})
