@@ -106,14 +106,13 @@ class ContextParallelAttention(Rule):
     # The weights thrown away: `attn(...)[0]` and `y, _ = attn(...)`; seen before the call itself.
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
-        [element] = node.slice if len(node.slice) == 1 else [None]
-        if element is not None and isinstance(element.slice, cst.Index) and _is_zero(element.slice.value):
+        index = node.slice[0].slice if len(node.slice) == 1 else None
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer) and index.value.value == "0":
             self._note_weights_unread(node.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        target = node.targets[0].target
-        if len(node.targets) == 1 and isinstance(target, cst.Tuple) and len(target.elements) == 2 \
-                and _is(target.elements[1], "_"):
+        target = node.targets[0].target if len(node.targets) == 1 else None
+        if isinstance(target, cst.Tuple) and len(target.elements) == 2 and _is(target.elements[1], "_"):
             self._note_weights_unread(node.value)
 
     def _note_weights_unread(self, value: cst.BaseExpression) -> None:
@@ -167,6 +166,3 @@ def _given(arg: cst.Arg | None) -> bool:
 def _is(arg: cst.Arg | cst.Element | None, literal: str) -> bool:
     return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == literal
 
-
-def _is_zero(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Integer) and value.value == "0"
