@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="exit 1 when a file would change; write nothing")
     modes.add_argument("--output-dir", metavar="DIR", help="write migrated copies under DIR")
     migrate.add_argument("--parallel", type=_parallel, metavar="|".join(PARALLEL_KINDS),
-                         help="target runtime: DDP becomes FSDP2, tensor and/or pipeline parallel through accelerate()")
+                         help="target runtime: DDP becomes FSDP2, tensor, pipeline and/or context parallel through "
+                              "accelerate()")
     migrate.add_argument("--guard", metavar="ENV_VAR",
                          help="write the dual-path form: the target path runs only when ENV_VAR is set")
     migrate.add_argument("--select", type=_codes, metavar="CODES", help="rules to run: codes, prefixes, names, ALL")

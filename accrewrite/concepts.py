@@ -136,9 +136,9 @@ _DEFINITIONS = (
     Definition("fused_adam", SPELLING, "torch.optim.Adam's fused replacement", hook=True),
     Definition("fused_adamw", SPELLING, "torch.optim.AdamW's fused replacement", hook=True),
     Definition("auto_checkpoint", STATEMENTS, "activation checkpointing chosen for a model", ("model",)),
-    # migrate --parallel (ACC030, ACC031, ACC035)
+    # migrate --parallel (ACC030, ACC031, ACC035, ACC036)
     Definition("parallel_accelerate", EXPRESSION,
-               'a model sharded, tensor- or pipeline-parallel; {kind} is a --parallel kind, "fsdp" to "fsdp,tp,pp"',
+               'a model sharded, tensor-, pipeline- or context-parallel; {kind} is a --parallel kind ("fsdp", "cp")',
                ("model", "kind"),
                needs=("gradient_sync_switch",)),
     Definition("gradient_sync_switch", STATEMENTS, "DDP's require_backward_grad_sync for a sharded model",

@@ -12,9 +12,10 @@ _SAMPLERS = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.
 
 
 class ParallelWrap(Rule):
-    """`migrate --parallel fsdp|tp|pp` (or a combination, `fsdp,tp,pp`): DistributedDataParallel
-    becomes FSDP2, tensor and/or pipeline parallelism through `accelerate` (TorchAcc 2.x's
-    accelerate API), for models that do not fit one device.
+    """`migrate --parallel fsdp|tp|pp|cp` (or a combination, `fsdp,tp,pp`, `fsdp,cp`):
+    DistributedDataParallel becomes FSDP2, tensor, pipeline and/or context parallelism through
+    `accelerate` (TorchAcc 2.x's accelerate API), for models or sequences that do not fit one
+    device.
 
     - `model = DDP(model, ...)` becomes `model = accrt.accelerate(model,
       config=accrt.parallel_config("fsdp"))` (the kind given to `--parallel`); FSDP2 reduces
@@ -24,13 +25,15 @@ class ParallelWrap(Rule):
       parameters with DTensors, and an optimizer built earlier would update the old ones;
     - `model.module` becomes `model` (accelerate returns the model itself), and DDP's
       gradient-accumulation switch `model.require_backward_grad_sync = flag` becomes FSDP2's
-      `model.set_requires_gradient_sync(flag)` (with `fsdp` in the kind: without it, every
-      rank is a tensor-parallel rank or a stage, no gradients are reduced over data-parallel
-      ranks, and the line is left setting an attribute nothing reads).
+      `model.set_requires_gradient_sync(flag)` (with `fsdp` or `cp` in the kind, which run
+      through FSDP2: without them, every rank is a tensor-parallel rank or a stage, no
+      gradients are reduced over data-parallel ranks, and the line is left setting an
+      attribute nothing reads).
 
-    With `tp` or `pp` in the kind, a `DistributedSampler` is reported: it splits the data over
-    every rank, where the ranks of a tensor-parallel group, and the stages of a pipeline, must
-    read the same batches. The training step of a pipeline is ACC035's.
+    With `tp`, `pp` or `cp` in the kind, a `DistributedSampler` is reported: it splits the data
+    over every rank, where the ranks of a tensor-parallel or context-parallel group, and the
+    stages of a pipeline, must read the same batches. The training step of a pipeline is
+    ACC035's; the attention that context parallel cannot split is ACC036's.
 
     `torch.nn.utils.clip_grad_norm_` keeps working: every parameter is a DTensor on one mesh.
     Saving the model's state is ACC031's. Targets without `accelerate` (the XLA ones) get a
@@ -41,7 +44,7 @@ class ParallelWrap(Rule):
 
     code = "ACC030"
     name = "parallel-wrap"
-    summary = "--parallel: DDP -> accrt.accelerate(model, config=...) (FSDP2 / tensor / pipeline parallel)"
+    summary = "--parallel: DDP -> accrt.accelerate(model, config=...) (FSDP2 / tensor / pipeline / context parallel)"
     opt_in = True
     parallel = True
     supersedes = ("ACC005", "ACC006")
@@ -183,9 +186,10 @@ class ParallelWrap(Rule):
         flag = assign.targets[0].target
         if flag.attr.value != _SYNC_FLAG or dotted(flag.value) not in self._wrapped:
             return updated_node
-        if "fsdp" not in self._kind.split(","):
+        if not {"fsdp", "cp"} & set(self._kind.split(",")):
             # tp and pp alone take every rank: no data-parallel ranks reduce, and the plain
             # attribute the line sets does nothing, where the method FSDP2 alone has would fail
+            # (context parallel runs through FSDP2, which sums the parts' gradients)
             return updated_node
         self.ctx.fix(original_node, "require_backward_grad_sync -> set_requires_gradient_sync (FSDP2)")
         [statement] = self.ctx.statements("gradient_sync_switch", model=dotted(flag.value),
@@ -195,11 +199,13 @@ class ParallelWrap(Rule):
     # Expressions -----------------------------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
-        if {"tp", "pp"} & set(self._kind.split(",")) and self.ctx.facts.file.qualname(node.func) in _SAMPLERS:
+        shared_batches = {"tp", "pp", "cp"} & set(self._kind.split(","))
+        if shared_batches and self.ctx.facts.file.qualname(node.func) in _SAMPLERS:
             self.ctx.diagnose(
-                node, "a sampler over every rank: tensor-parallel or pipeline ranks would read different batches",
-                "The ranks of one tensor-parallel group, and the stages of one pipeline, must read the same "
-                "batches. Pass the loader to "
+                node, "a sampler over every rank: tensor-parallel, pipeline or context-parallel ranks would read "
+                      "different batches",
+                "The ranks of one tensor-parallel or context-parallel group, and the stages of one pipeline, "
+                "must read the same batches. Pass the loader to "
                 "accrt.accelerate(model, loader, config=...) without this sampler (it returns the loader "
                 "split over the data-parallel ranks), or build the sampler over the 'dp' and 'fsdp' dims of "
                 "model.accelerate_mesh.",

@@ -126,7 +126,9 @@ def parallel_config(kind: str) -> Config:
     ``"fsdp,tp"`` splits blocks over the ranks of a machine and shards over the machines;
     ``"pp"`` cuts the model into one stage per rank, and ``"fsdp,pp"``, ``"tp,pp"``,
     ``"fsdp,tp,pp"`` into a stage per machine (two on one machine), sharded or split within
-    each. With stages, the batch is split into as many micro-batches as there are stages (the
+    each; ``"cp"`` splits each layer's sequence over every rank (context parallel), and
+    ``"fsdp,cp"`` over the ranks of a machine (two on one machine), sharded over the rest. With
+    stages, the batch is split into as many micro-batches as there are stages (the
     fewest the 1F1B schedule takes) and the stages are the outermost dim, so that the other
     kinds keep a machine's links."""
     if kind not in PARALLEL_KINDS:

@@ -282,7 +282,7 @@ def test_argument_errors_name_the_fix(tmp_path, cli, capsys):
     assert "the script's own arguments go after `--`" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli("migrate", "--help")
-    assert "--parallel fsdp|tp|fsdp,tp|pp|fsdp,pp|tp,pp|fsdp,tp,pp" in capsys.readouterr().out
+    assert "--parallel fsdp|tp|fsdp,tp|pp|fsdp,pp|tp,pp|fsdp,tp,pp|cp|fsdp,cp" in capsys.readouterr().out
 
 
 def test_version_imports_neither_libcst_nor_the_rules_and_reads_no_installed_packages():

@@ -21,11 +21,12 @@ CASES = [
     for target in all_targets()
 ]
 
-# The kinds that tell the parallel rules apart: sharding alone, stages alone, and every part.
+# The kinds that tell the parallel rules apart: sharding alone, stages alone, every part that
+# combines, and context parallel.
 PARALLEL_CASES = [
     (source, kind)
     for source in sorted((FIXTURES / "parallel").glob("*.in.py"))
-    for kind in ("fsdp", "pp", "fsdp,tp,pp")
+    for kind in ("fsdp", "pp", "fsdp,tp,pp", "cp")
 ]
 
 

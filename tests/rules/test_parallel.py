@@ -1,7 +1,8 @@
 """``migrate --parallel``: a DDP script becomes one that calls ``accelerate`` (ACC030, ACC031),
-and trains a pipeline with ``forward_backward`` (ACC035); the option and its config key, the
-XLA targets left alone, and the migrated scripts training under FSDP2 and pipeline parallel as
-the DDP originals do."""
+trains a pipeline with ``forward_backward`` (ACC035), and has the attention that context
+parallel cannot split reported (ACC036); the option and its config key, the XLA targets left
+alone, and the migrated scripts training under FSDP2, pipeline and context parallel as the DDP
+originals do."""
 
 import os
 import re
@@ -41,7 +42,7 @@ def test_the_example_calls_accelerate_instead_of_ddp(kind):
 
 
 @pytest.mark.parametrize("kind, reported", [("fsdp", False), ("tp", True), ("fsdp,tp", True), ("pp", True),
-                                            ("fsdp,pp", True)])
+                                            ("fsdp,pp", True), ("cp", True), ("fsdp,cp", True)])
 def test_a_sampler_over_every_rank_is_reported_under_tensor_or_pipeline_parallel(kind, reported):
     result = _migrate(EXAMPLE.read_bytes(), parallel=kind)
     sampler = [d for d in result.diagnostics if d.code == "ACC030" and "sampler" in d.message]
@@ -73,6 +74,7 @@ for micro_step in range(accum):
 @pytest.mark.parametrize("kind, switch", [
     ("fsdp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),
     ("fsdp,pp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),
+    ("cp", "model.set_requires_gradient_sync(micro_step == accum - 1)"),  # through FSDP2
     # every rank is a tensor-parallel rank or a stage: nothing is reduced over data-parallel ranks
     ("tp", "model.require_backward_grad_sync = micro_step == accum - 1"),
     ("pp", "model.require_backward_grad_sync = micro_step == accum - 1"),
@@ -143,6 +145,56 @@ def test_what_a_pipeline_cannot_train_as_it_is_is_reported_and_left():
     assert "changed or read between" in result.diagnostics[1].message
 
 
+ATTENTION = b"""import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+
+    def forward(self, x, causal, padding):
+        y = self.attn(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)[0]
+        y = y + self.attn(x, x, x, key_padding_mask=padding, need_weights=False)[0]
+        y = y + self.attn(x, x, x, None, False, causal)[0]
+        y = y + self.attn(x, x, x)[0]
+        out, weights = self.attn(x, x, x)
+        q = F.scaled_dot_product_attention(y + out, y, y, None, is_causal=True)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=causal), weights
+
+
+model = torch.nn.parallel.DistributedDataParallel(Block(32, 4))
+"""
+
+
+def test_attention_that_context_parallel_cannot_split_is_reported():
+    result = _migrate(ATTENTION, parallel="cp")
+    output = result.output.decode()
+    assert 'accrt.parallel_config("cp")' in output
+    # weights thrown away are not asked for; those read are reported
+    assert "        y = y + self.attn(x, x, x, need_weights=False)[0]\n" in output
+    assert [(f.code, f.line) for f in result.fixes if f.code == "ACC036"] == [("ACC036", 15)]
+    found = [(d.code, d.line, d.message) for d in result.diagnostics]
+    assert found == [
+        ("ACC036", 13, "self.attn is given a key_padding_mask, which context parallel cannot split"),
+        ("ACC036", 14, "self.attn is given an attn_mask without is_causal=True, which context parallel cannot split"),
+        ("ACC036", 16, "self.attn returns its attention weights, which context parallel does not compute whole"),
+        ("ACC036", 18, "scaled_dot_product_attention is given an attn_mask, which context parallel cannot split"),
+    ]
+    assert _migrate(result.output, parallel="cp").output == result.output
+    assert "pass is_causal=True in its place" in result.diagnostics[3].help
+    assert "pass need_weights=False" in result.diagnostics[2].help
+    # without context parallel, or on a target without accelerate, masks are no finding
+    for options in ({"parallel": "fsdp"}, {"parallel": "cp", "target": "torch_xla"}):
+        result = _migrate(ATTENTION, **options)
+        assert "self.attn(x, x, x)[0]" in result.output.decode()
+        assert not [f for f in (*result.diagnostics, *result.fixes) if f.code == "ACC036"]
+    # the example's attention is causal scaled_dot_product_attention: nothing to report
+    assert not [d for d in _migrate(EXAMPLE.read_bytes(), parallel="fsdp,cp").diagnostics if d.code == "ACC036"]
+
+
 def test_full_state_export_replaces_a_state_dict_save():
     source = b"""import torch
 
@@ -201,14 +253,16 @@ def test_the_option_and_the_config_key(tmp_path, capsys):
 
     (tmp_path / "pyproject.toml").write_text('[tool.accrewrite]\nparallel = "zero3"\n')
     assert main(["migrate", str(script)]) == 2
-    kinds = "fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp"
+    kinds = "fsdp, tp, fsdp,tp, pp, fsdp,pp, tp,pp, fsdp,tp,pp, cp, fsdp,cp"
     assert f"parallel must be one of {kinds}, got 'zero3'" in capsys.readouterr().err
 
-    # context parallel is not there yet: refused, and said so
+    # the runtime does not combine context parallel with tp or pp: refused, and said so
     (tmp_path / "pyproject.toml").unlink()
-    with pytest.raises(SystemExit):
-        main(["migrate", str(script), "--parallel", "fsdp,cp"])
-    assert "got 'fsdp,cp': context parallel (cp) is not there yet" in capsys.readouterr().err
+    for kind in ("tp,cp", "fsdp,pp,cp"):
+        with pytest.raises(SystemExit):
+            main(["migrate", str(script), "--parallel", kind])
+        assert (f"got '{kind}': context parallel (cp) does not combine with tensor or pipeline parallel (tp, pp) "
+                f"yet") in capsys.readouterr().err
 
 
 def _losses(command, cwd):
@@ -255,8 +309,9 @@ def test_the_migrated_example_trains_under_fsdp_as_the_ddp_original(tmp_path):
 
 # A DDP script whose ranks read the same batches, as the stages of a pipeline must: its losses
 # are one process's, and so are those of the pipeline it is migrated to. The model is the
-# example's GPT, whose forward returns the loss, the same returning its logits too, or its logits
-# only, classes along dim 1, for a loss computed outside it.
+# example's GPT, whose forward returns the loss, the same returning its logits too, its logits
+# only, classes along dim 1, for a loss computed outside it, or the first with causal
+# nn.MultiheadAttention blocks.
 PIPELINE_DDP = """import argparse
 import os
 
@@ -284,6 +339,24 @@ class GPTLogits(GPT):
         for layer in self.layers:
             x = layer(x)
         return self.head(self.norm(x)).transpose(1, 2)
+
+
+class CausalBlock(torch.nn.Module):
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.attn = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+
+    def forward(self, x):
+        h = self.norm(x)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        return x + self.attn(h, h, h, attn_mask=mask, is_causal=True)[0]
+
+
+class GPTWithMultiheadAttention(GPT):
+    def __init__(self, layers):
+        super().__init__(layers)
+        self.layers = torch.nn.ModuleList(CausalBlock() for _ in range(layers))
 
 
 def main():
@@ -317,15 +390,23 @@ if __name__ == "__main__":
 
 
 def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss = model(tokens, targets)",
-                           step="(tokens, targets)"):
+                           step="loss = model.forward_backward(tokens, targets)", sizes=None):
+    """The losses of the DDP script and of its migration with ``kind``, each on ``ranks``
+    processes; ``sizes`` (``{dim: size}``) are checked in the migrated script's mesh, where
+    another layout would train to the same losses."""
     for side in ("original", "migrated"):
         (tmp_path / side).mkdir()
         shutil.copyfile(EXAMPLE, tmp_path / side / "gpt.py")
     script = PIPELINE_DDP.replace("MODEL", model).replace("FORWARD", forward)
     (tmp_path / "original" / "train.py").write_text(script)
-    result = _migrate(script.encode(), parallel=kind)
-    assert f"loss = model.forward_backward{step}" in result.output.decode()
-    (tmp_path / "migrated" / "train.py").write_bytes(result.output)
+    output = _migrate(script.encode(), parallel=kind).output.decode()
+    assert step in output
+    if sizes:
+        wrap = f'config=accrt.parallel_config("{kind}"))\n'
+        check = f"    assert {{dim: model.accelerate_mesh[dim].size() for dim in {sizes}}} == {sizes}\n"
+        output = output.replace(wrap, wrap + check)
+        assert check in output
+    (tmp_path / "migrated" / "train.py").write_text(output)
     launch = ["--standalone", "--nproc_per_node", str(ranks), "train.py", "--steps", "20"]
     original = _losses([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path / "original")
     migrated = _losses([sys.executable, "-m", "accrewrite.launcher", *launch], tmp_path / "migrated")
@@ -334,11 +415,13 @@ def _original_and_migrated(tmp_path, kind, ranks, model="GPT", forward="loss = m
 
 @pytest.mark.launches_ranks
 @pytest.mark.parametrize("model, forward, step", [
-    ("GPT", "loss = model(tokens, targets)", "(tokens, targets)"),
-    ("GPTWithLogits", "logits, loss = model(tokens, targets)", "(tokens, targets, output_fn=lambda output: output[1])"),
-    ("GPTLogits", "loss = criterion(model(tokens), targets)", "(tokens, output_fn=criterion, target=targets)"),
+    ("GPT", "loss = model(tokens, targets)", "loss = model.forward_backward(tokens, targets)"),
+    ("GPTWithLogits", "logits, loss = model(tokens, targets)",
+     "loss = model.forward_backward(tokens, targets, output_fn=lambda output: output[1])"),
+    ("GPTLogits", "loss = criterion(model(tokens), targets)",
+     "loss = model.forward_backward(tokens, output_fn=criterion, target=targets)"),
     ("GPTLogits", "output = model(tokens)\n        loss = F.cross_entropy(output, targets)",
-     "(tokens, output_fn=F.cross_entropy, target=targets)"),
+     "loss = model.forward_backward(tokens, output_fn=F.cross_entropy, target=targets)"),
 ])
 def test_the_migrated_script_trains_a_two_stage_pipeline_as_the_ddp_original(tmp_path, model, forward, step):
     original, migrated = _original_and_migrated(tmp_path, "pp", 2, model, forward, step)
@@ -357,3 +440,37 @@ def test_the_migrated_script_trains_sharded_pipeline_stages_as_the_ddp_original(
 def test_the_migrated_script_trains_tensor_parallel_pipeline_stages_as_the_ddp_original(tmp_path):
     original, migrated = _original_and_migrated(tmp_path, "tp,pp", 4)  # two stages, each split over two ranks
     assert migrated == pytest.approx(original, abs=2e-4)
+
+
+# Context parallel: the model's forward is called as it was, each block on half the sequence
+@pytest.mark.launches_ranks
+@pytest.mark.parametrize("model, forward", [
+    ("GPT", "loss = model(tokens, targets)"), ("GPTWithLogits", "logits, loss = model(tokens, targets)"),
+    ("GPTWithMultiheadAttention", "loss = model(tokens, targets)"),  # given need_weights=False
+])
+def test_the_migrated_script_trains_with_context_parallel_as_the_ddp_original(tmp_path, model, forward):
+    # the step is left as it was
+    original, migrated = _original_and_migrated(tmp_path, "cp", 2, model, forward, forward, sizes={"sp": 2})
+    assert migrated == pytest.approx(original, abs=2e-4)
+
+
+@pytest.mark.launches_ranks
+@pytest.mark.slow
+def test_the_migrated_script_trains_sharded_context_parallel_groups_as_the_ddp_original(tmp_path):
+    # two data-parallel groups of two ranks, each group reading the same batches, FSDP2 over all four
+    original, migrated = _original_and_migrated(tmp_path, "fsdp,cp", 4, step="loss = model(tokens, targets)",
+                                                sizes={"fsdp": 2, "sp": 2})
+    assert migrated == pytest.approx(original, abs=2e-4)
+
+
+@pytest.mark.launches_ranks
+def test_a_sampler_over_every_rank_left_under_context_parallel_stops_the_first_step(tmp_path):
+    # reported by ACC030 and left: the ranks of a group would train on halves of different batches
+    result = _migrate(EXAMPLE.read_bytes(), parallel="cp")
+    assert any(d.code == "ACC030" and "sampler" in d.message for d in result.diagnostics)
+    (tmp_path / "train.py").write_bytes(result.output)
+    run = subprocess.run([sys.executable, "-m", "accrewrite.launcher", "--standalone", "--nproc_per_node", "2",
+                          "train.py", "--steps", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode != 0 and not LOSS.findall(run.stdout)
+    assert "the context-parallel ranks got different inputs; they must read the same batches" in run.stderr

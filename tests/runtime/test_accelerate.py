@@ -359,7 +359,11 @@ def test_both_half_precisions_is_an_error():
      ("tp,pp", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, (2, 1, 1, 1, 4)),
      ("fsdp,tp,pp", {"WORLD_SIZE": "8"}, (2, 1, 1, 1, 4)),
      ("fsdp,tp,pp", {"WORLD_SIZE": "32", "LOCAL_WORLD_SIZE": "8"}, (4, 1, 1, 1, 8)),
-     ("fsdp,tp,pp", {"WORLD_SIZE": "1"}, (1, 1, 1, 1, 1))],
+     ("fsdp,tp,pp", {"WORLD_SIZE": "1"}, (1, 1, 1, 1, 1)),
+     # context parallel: dp, fsdp, sp, pp, tp; a group per machine, two ranks on one machine
+     ("cp", {"WORLD_SIZE": "4"}, (1, 1, 4, 1, 1)), ("fsdp,cp", {"WORLD_SIZE": "4"}, (1, 2, 2, 1, 1)),
+     ("fsdp,cp", {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, (1, 2, 8, 1, 1)),
+     ("fsdp,cp", {"WORLD_SIZE": "1"}, (1, 1, 1, 1, 1))],
 )
 def test_the_configs_that_migrate_parallel_writes(kind, environment, sizes, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
