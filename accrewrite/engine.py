@@ -131,21 +131,17 @@ def _round_trips(printed: bytes, source: bytes) -> None:
     ))
 
 
-def _verify(original: bytes, output: bytes, path: str) -> ast.Module | None:
-    """The rewrite must compile wherever the original did: anything else is a rule's bug, and
-    the file is left as it was. (CPython's compiler may give up on nesting its parser took:
-    RecursionError, MemoryError.) The rewrite's syntax tree, parsed once for the compiler and the
-    net; None when neither side compiles."""
-    failures = (SyntaxError, RecursionError, MemoryError)
+def _verify(original: ast.Module, output: bytes, path: str) -> ast.Module:
+    """The rewrite must compile, as the original does (``original``, its syntax tree): anything
+    else is a rule's bug, and the file is left as it was. (CPython's compiler may give up on
+    nesting its parser took: RecursionError, MemoryError.) The rewrite's syntax tree, parsed once
+    for the compiler and the net."""
     try:
         tree = _syntax(output, path)
         compile(tree, path, "exec", dont_inherit=True)
         return tree
-    except failures as exc:
-        try:
-            compile(original, path, "exec", dont_inherit=True)
-        except failures:
-            return None
+    except (SyntaxError, RecursionError, MemoryError) as exc:
+        limits.compiles(original, path)  # the user's own error first
         raise MigrationError(
             FileError(
                 f"internal error: the migration produced code that does not compile "
@@ -163,13 +159,11 @@ def _syntax(code: bytes, path: str) -> ast.Module:
 @limits.on_deep_stack
 def _checked(source: bytes, tree: ast.Module, output: bytes, path: str, options: Options,
              selection: Selection, fixes: list[Finding]) -> bool:
-    """The rewrite compiles where the source did (``_verify``), reads no name unbound that the
+    """The source and its rewrite compile (``_verify``), the rewrite reads no name unbound that the
     source bound (``_no_name_left_unbound``), and drops no DDP wrap with a step left unreduced
     (``reduction``); ``tree`` is the source's syntax tree. Whether it drops a DDP wrap and
     steps no optimizer itself (``FileResult.drops_ddp_alone``)."""
-    output_tree = _verify(source, output, path)
-    if output_tree is None:
-        return False
+    output_tree = _verify(tree, output, path)
     _no_name_left_unbound(source, tree, output, output_tree, path, options, selection, fixes)
     return reduction.no_step_left_unreduced(source, tree, output_tree, selection, fixes,
                                             lambda rest: _migrate(source, options, rest))
@@ -239,6 +233,8 @@ def migrate_source(source: bytes, path: str = "<string>", options: Options = Opt
         tree = limits.check(source, path)
         selection = options.selection()
         migrated = _migrate(source, options, selection)
+        if migrated is None or migrated[0] == source:
+            limits.compiles(tree, path)  # a rewrite is compiled with its source in _checked
         if migrated is not None:
             output, ctx = migrated
             if output != source:

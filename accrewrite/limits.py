@@ -41,17 +41,13 @@ def check(source: bytes, path: str) -> ast.Module:
             f"file too large ({len(source):,} bytes; the limit is {MAX_BYTES:,}): "
             "split it into modules, or migrate it by hand"
         ))
-    version = f"Python {sys.version_info.major}.{sys.version_info.minor}"
     try:
         tree = compile(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as exc:
-        raise MigrationError(FileError(
-            f"syntax error ({version}): {exc.msg}; fix it, the file must parse as Python",
-            exc.lineno or 0, max((exc.offset or 1) - 1, 0),
-        )) from None
+        raise _syntax_error(exc) from None
     except (RecursionError, MemoryError):  # CPython's parser gives up on the nesting
         raise MigrationError(FileError(
-            f"nested too deeply for {version} to parse: split the deepest expression"
+            f"nested too deeply for {_VERSION} to parse: split the deepest expression"
         )) from None
     depth, line = _depth(tree)
     if depth > MAX_DEPTH:
@@ -60,6 +56,29 @@ def check(source: bytes, path: str) -> ast.Module:
             "split the expression, e.g. a long sum into partial sums", line,
         ))
     return tree
+
+
+def compiles(tree: ast.Module, path: str) -> None:
+    """MigrationError where Python's compiler rejects what its parser read (``tree``): a
+    duplicate argument, ``return`` outside a function, ``nonlocal`` at the top level."""
+    try:
+        compile(tree, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise _syntax_error(exc) from None
+    except (RecursionError, MemoryError):
+        raise MigrationError(FileError(
+            f"nested too deeply for {_VERSION} to compile: split the deepest expression"
+        )) from None
+
+
+_VERSION = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+
+
+def _syntax_error(exc: SyntaxError) -> MigrationError:
+    return MigrationError(FileError(
+        f"syntax error ({_VERSION}): {exc.msg}; fix it, the file must parse as Python",
+        exc.lineno or 0, max((exc.offset or 1) - 1, 0),
+    ))
 
 
 # A node on one line nests at most about one level per byte of its text ("-", ".b", "f(*"), and

@@ -24,6 +24,11 @@ def migrate_file(tmp_path, name, data, mode="in-place"):
         (b"import torch\n\ndef f(:\n    pass\n", 3, "syntax error"),
         (b"import torch\nx = (1,\n", 2, "syntax error"),
         (b"import torch\nif x:\nreturn\n", 3, "syntax error"),
+        # rejected by the compiler rather than the parser, in a file a rule changes and in one it does not
+        (b"import torch\n\ndef f(model, model):\n    return model.cuda()\n", 3, "duplicate argument 'model'"),
+        (b"import torch\n\ndef f(model, model):\n    return model\n", 3, "duplicate argument 'model'"),
+        (b"import torch\nmodel = torch.nn.Linear(2, 2).cuda()\nreturn model\n", 3, "'return' outside function"),
+        (b"import torch\nnonlocal x\n", 2, "nonlocal declaration not allowed at module level"),
     ],
 )
 def test_syntax_errors_name_line_and_reason(source, line, words):
