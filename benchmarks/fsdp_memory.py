@@ -1,6 +1,8 @@
-"""FSDP, tensor parallel (TP), FSDP x TP, context parallel (SP) and pipeline parallel (PP) through
-``accelerate`` against DDP: per-rank peak memory and step time at 2 and 4 ranks, on a GPT built from standard PyTorch modules
-(``nn.MultiheadAttention``, an ``nn.Sequential`` MLP) and on a Llama-shaped model (RMSNorm,
+"""Per-rank peak memory and step time of ``accelerate``'s parallelisms against DDP at 2 and 4 ranks.
+
+FSDP, tensor parallel (TP), FSDP x TP, context parallel (SP) and pipeline parallel (PP), on a GPT
+built from standard PyTorch modules (``nn.MultiheadAttention``, an ``nn.Sequential`` MLP) and on
+a Llama-shaped model (RMSNorm,
 grouped-query attention with rotary embeddings, a gated SiLU MLP). TP's plans are the ones
 ``accelerate`` derives from the blocks' structure. Context parallel (Ulysses) runs on the GPT
 only: the Llama's layers hold rotary tables for the whole sequence, which do not broadcast
