@@ -2,9 +2,8 @@
 
 FSDP, tensor parallel (TP), FSDP x TP, context parallel (SP) and pipeline parallel (PP), on a GPT
 built from standard PyTorch modules (``nn.MultiheadAttention``, an ``nn.Sequential`` MLP) and on
-a Llama-shaped model (RMSNorm,
-grouped-query attention with rotary embeddings, a gated SiLU MLP). TP's plans are the ones
-``accelerate`` derives from the blocks' structure. Context parallel (Ulysses) runs on the GPT
+a Llama-shaped model (RMSNorm, grouped-query attention with rotary embeddings, a gated SiLU
+MLP). TP's plans are the ones ``accelerate`` derives from the blocks' structure. Context parallel (Ulysses) runs on the GPT
 only: the Llama's layers hold rotary tables for the whole sequence, which do not broadcast
 against a part of it.
 
