@@ -1,8 +1,9 @@
-"""FSDP, tensor parallel (TP), FSDP x TP and context parallel (SP) through ``accelerate`` against
-DDP: per-rank peak memory and step time at 2 and 4 ranks, on a GPT built from standard PyTorch modules
-(``nn.MultiheadAttention``, an ``nn.Sequential`` MLP) and on a Llama-shaped model (RMSNorm,
-grouped-query attention with rotary embeddings, a gated SiLU MLP). TP's plans are the ones
-``accelerate`` derives from the blocks' structure. Context parallel (Ulysses) runs on the GPT
+"""Per-rank peak memory and step time of ``accelerate``'s parallelisms against DDP at 2 and 4 ranks.
+
+FSDP, tensor parallel (TP), FSDP x TP, context parallel (SP) and pipeline parallel (PP), on a GPT
+built from standard PyTorch modules (``nn.MultiheadAttention``, an ``nn.Sequential`` MLP) and on
+a Llama-shaped model (RMSNorm, grouped-query attention with rotary embeddings, a gated SiLU
+MLP). TP's plans are the ones ``accelerate`` derives from the blocks' structure. Context parallel (Ulysses) runs on the GPT
 only: the Llama's layers hold rotary tables for the whole sequence, which do not broadcast
 against a part of it.
 
@@ -11,10 +12,11 @@ against a part of it.
                                      [--setups "DDP,SP 2"]
 
 Every setup trains on the same global batch: ``--batch`` sequences per data-parallel rank of
-DDP and FSDP, ``--batch * tp * sp`` per tensor- or context-parallel group (its ranks read the
-same batch). At 2 ranks: DDP, FSDP over 2, TP over 2, SP over 2; at 4: DDP, FSDP over 4, TP over
-4, FSDP over 2 x TP over 2, SP over 4, FSDP over 2 x SP over 2; ``--setups`` keeps the named
-ones and DDP.
+DDP and FSDP, ``--batch * tp * sp * pp`` per tensor-, context- or pipeline-parallel group (its
+ranks read the same batch; a pipeline splits it into one micro-batch per stage, of ``--batch``
+sequences, with the 1F1B schedule). At 2 ranks: DDP, FSDP over 2, TP over 2, SP over 2, PP over
+2; at 4: DDP, FSDP over 4, TP over 4, FSDP over 2 x TP over 2, SP over 4, FSDP over 2 x SP over
+2, PP over 4, FSDP over 2 x PP over 2; ``--setups`` keeps the named ones and DDP.
 
 Peak memory, on the CPU: each rank's resident-set high-water mark during the steps (warm-up
 included), above its resident set before the model was built, after one untimed round of every
@@ -153,10 +155,13 @@ MODELS = {"gpt": GPT, "llama": Llama}
 
 
 def setups(world: int, model_name: str, args) -> dict:
-    """``{name: {config.dist section: size}}``; DDP is ``None``."""
-    found = {"DDP": None, f"FSDP {world}": {"fsdp": world}, f"TP {world}": {"tp": world}}
+    """``{name: {config.dist section: size}}``; DDP is ``{}``."""
+    found = {"DDP": {}, f"FSDP {world}": {"fsdp": world}, f"TP {world}": {"tp": world}}
     if world >= 4:
         found[f"FSDP {world // 2} x TP 2"] = {"fsdp": world // 2, "tp": 2}
+    found[f"PP {world}"] = {"pp": world}
+    if world >= 4:
+        found[f"FSDP {world // 2} x PP 2"] = {"fsdp": world // 2, "pp": 2}
     if model_name == "gpt":  # see the module docstring
         found[f"SP {world}"] = {"sp": world}
         if world >= 4:
@@ -188,6 +193,14 @@ def _reset_high_water_mark() -> None:
         clear.write("5")  # Linux >= 4.0
 
 
+def _step(model, inputs, targets):
+    model(inputs, targets).backward()
+
+
+def _pipeline_step(model, inputs, targets):
+    model.forward_backward(inputs, targets)
+
+
 def _measure(model_name, setup, args, device, rank, steps) -> dict:
     cuda = device.type == "cuda"
     gc.collect()
@@ -198,23 +211,27 @@ def _measure(model_name, setup, args, device, rank, steps) -> dict:
     _reset_high_water_mark()
     torch.manual_seed(0)
     model = MODELS[model_name](args).to(device)
-    group = 1 if setup is None else setup.get("tp", 1) * setup.get("sp", 1)
-    if setup is None:
+    group = setup.get("tp", 1) * setup.get("sp", 1) * setup.get("pp", 1)
+    if not setup:
         wrapped = DistributedDataParallel(model)
     else:
         config = Config()
         for section, size in setup.items():
             getattr(config.dist, section).size = size
+        config.dist.pp.num_micro_batches = setup.get("pp", 1)  # one micro-batch of --batch per stage
         wrapped = model = accelerate(model, config=config)
-    generator = torch.Generator().manual_seed(rank // group)  # the ranks of a TP or SP group read one batch
+    train_step = _pipeline_step if "pp" in setup else _step
+    generator = torch.Generator().manual_seed(rank // group)  # the ranks of a TP, SP or PP group read one batch
     tokens = torch.randint(args.vocab, (args.batch * group, args.seq + 1), generator=generator).to(device)
+    # contiguous: a pipeline sends the targets on to the last stage, and torch's p2p sends refuse views
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4)
     times = []
     for step in range(steps + 1):
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=False)
-        wrapped(tokens[:, :-1], tokens[:, 1:]).backward()
+        train_step(wrapped, inputs, targets)
         optimizer.step()
         if cuda:
             torch.cuda.synchronize()

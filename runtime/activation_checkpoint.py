@@ -198,7 +198,9 @@ class _SavedBytes(saved_tensors_hooks):
 
         def pack(tensor):
             self.bytes += _new_bytes(tensor, self._seen)
-            return tensor
+            # Not the tensor itself: an op's saved output would hold its own graph node, a cycle
+            # that keeps the graph (a probed block's, whose output is dropped) alive for good.
+            return tensor.detach()
 
         super().__init__(pack, lambda tensor: tensor)
 
