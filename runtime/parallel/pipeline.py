@@ -198,6 +198,9 @@ class PipelineModel(nn.Module):
             outputs = self._stage_forward(self, *inputs, **kwargs)
             if not self._last:
                 _check_sendable(outputs, self._index)
+                # torch's point-to-point send takes contiguous tensors only; a carried input may
+                # be a view (tokens[:, 1:])
+                outputs = tuple(t.contiguous() for t in outputs) if isinstance(outputs, tuple) else outputs.contiguous()
             return outputs
         with torch.no_grad():
             return self._run("eval", inputs, kwargs, output_fn)
