@@ -1,6 +1,7 @@
 """benchmarks/xla_hand_ports.py: a step's counts are the differences of the metrics read after
 consecutive optimizer steps, the warm-up left out; a notebook loses the cells that need Colab; a
-hand port whose text moved is refused rather than measured unedited; and, with torch_xla, a CUDA
+hand port whose text moved is refused rather than measured unedited; a folder's file that does
+not parse stops only its own migration; and, with torch_xla, a CUDA
 script migrated and run for its steps, its host read counted in each."""
 
 import argparse
@@ -51,6 +52,17 @@ def test_a_hand_port_whose_text_moved_is_refused(tmp_path):
     assert script.read_text() == "FLAGS['batch_size'] = 16\n"
     with pytest.raises(LookupError, match="the hand port changed"):
         hp.edit(script, (("FLAGS['num_cores'] = 8", "FLAGS['num_cores'] = 1"),))
+
+
+def test_a_file_beside_the_script_that_does_not_parse_stops_only_its_own_migration(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2).cuda()\n")
+    (tmp_path / "other.py").write_text("import torch\n  x = 1\n")
+    hp.migrate(tmp_path, script)
+    assert "torch_xla" in script.read_text()
+    script.write_text("import torch\ndef f(:\n")
+    with pytest.raises(RuntimeError, match="exit 2"):
+        hp.migrate(tmp_path, script)
 
 
 CUDA_SCRIPT = textwrap.dedent("""\
