@@ -123,7 +123,8 @@ def _check_same_inputs(model: nn.Module, mesh, group: str) -> None:
             raise ValueError(
                 f"the {group} ranks got different inputs; they must read the same batches: pass "
                 "the dataloader to accelerate(model, dataloader, config), or split the data over the "
-                "data-parallel ranks only (the 'dp' and 'fsdp' dims of model.accelerate_mesh)"
+                "data-parallel ranks only (the 'dp' and 'fsdp' dims of model.accelerate_mesh), where a "
+                "DistributedSampler over every rank gives each rank batches of its own"
             )
 
     handle = model.register_forward_pre_hook(check, with_kwargs=True)

@@ -474,3 +474,4 @@ def test_a_sampler_over_every_rank_left_under_context_parallel_stops_the_first_s
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode != 0 and not LOSS.findall(run.stdout)
     assert "the context-parallel ranks got different inputs; they must read the same batches" in run.stderr
+    assert "a DistributedSampler over every rank gives each rank batches of its own" in run.stderr
