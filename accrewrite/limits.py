@@ -31,6 +31,7 @@ MAX_BYTES = 1 << 20
 MAX_DEPTH = 2000
 _STACK_BYTES = 512 << 20  # reserved, not touched: the pages that a deep tree uses are all it costs
 _RECURSION_LIMIT = 200_000
+_VERSION = f"Python {sys.version_info.major}.{sys.version_info.minor}"
 
 
 def check(source: bytes, path: str) -> ast.Module:
@@ -69,9 +70,6 @@ def compiles(tree: ast.Module, path: str) -> None:
         raise MigrationError(FileError(
             f"nested too deeply for {_VERSION} to compile: split the deepest expression"
         )) from None
-
-
-_VERSION = f"Python {sys.version_info.major}.{sys.version_info.minor}"
 
 
 def _syntax_error(exc: SyntaxError) -> MigrationError:

@@ -333,7 +333,8 @@ def _micro_batch_weights(output_fn, loss_inputs: list[dict], micro: int) -> list
 
 def _kept_targets(output_fn, targets: list) -> list | None:
     """How much of each micro-batch's targets cross entropy or NLL keeps, whose mean is over
-    those: the targets other than ``ignore_index``, weighed by the class ``weight``. None for
+    those: the targets other than ``ignore_index``, weighed by the class ``weight``; tensors on
+    the targets' device, so that the step does not wait for a count on the host. None for
     another loss, or class probabilities as targets: a mean over equal samples."""
     if isinstance(output_fn, (nn.CrossEntropyLoss, nn.NLLLoss)):
         ignore_index, weight = output_fn.ignore_index, output_fn.weight
@@ -343,8 +344,10 @@ def _kept_targets(output_fn, targets: list) -> list | None:
         return None
     if any(not isinstance(target, torch.Tensor) or target.is_floating_point() for target in targets):
         return None
-    kept = [target[target != ignore_index] for target in targets]
-    return [classes.numel() if weight is None else weight[classes].sum() for classes in kept]
+    kept = [target != ignore_index for target in targets]
+    if weight is None:
+        return [mask.sum() for mask in kept]
+    return [(weight[target.masked_fill(~mask, 0)] * mask).sum() for target, mask in zip(targets, kept)]
 
 
 def _check_sendable(outputs, index: int) -> None:
